@@ -1,0 +1,206 @@
+// Package topology is the pure model at the centre of kube-mvp: which apiservers exist, which
+// are alive, and which of them serve each group/version/resource. Both the Envoy route tables
+// (internal/snapshot) and the per-request choice (internal/extproc) are derived from one
+// Topology through one Decide function, so they cannot disagree.
+//
+// Nothing here talks to Kubernetes or reads a clock: internal/inventory builds a Topology from
+// watched objects, and everything downstream is a function of it.
+package topology
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// APIServer is one kube-apiserver identity, as published by its identity Lease.
+type APIServer struct {
+	// ID is the Lease name, "apiserver-<hash of hostname>"; StorageVersions refer to it.
+	ID string `json:"id"`
+	// Hostname comes from the Lease label kubernetes.io/hostname.
+	Hostname string `json:"hostname,omitempty"`
+	// Address is host:port that peers (and Envoy) dial; empty when unknown.
+	Address string `json:"address,omitempty"`
+	// Alive means the Lease was renewed within the liveness window.
+	Alive bool `json:"alive"`
+}
+
+// Resource names a group/version/resource, optionally narrowed to one subresource.
+// Core resources have Group "".
+type Resource struct {
+	Group       string `json:"group"`
+	Version     string `json:"version"`
+	Resource    string `json:"resource"`
+	Subresource string `json:"subresource,omitempty"`
+}
+
+// GroupVersion is the group/version part of r.
+func (r Resource) GroupVersion() GroupVersion {
+	return GroupVersion{Group: r.Group, Version: r.Version}
+}
+
+// Parent is r without its subresource.
+func (r Resource) Parent() Resource {
+	r.Subresource = ""
+	return r
+}
+
+func (r Resource) String() string {
+	gv := r.GroupVersion().String()
+	s := gv + "/" + r.Resource
+	if r.Subresource != "" {
+		s += "/" + r.Subresource
+	}
+	return s
+}
+
+func compareResources(a, b Resource) int {
+	return cmp.Or(
+		cmp.Compare(a.Group, b.Group),
+		cmp.Compare(a.Version, b.Version),
+		cmp.Compare(a.Resource, b.Resource),
+		cmp.Compare(a.Subresource, b.Subresource),
+	)
+}
+
+// GroupVersion is an API group and version; the core group is "".
+type GroupVersion struct {
+	Group   string `json:"group"`
+	Version string `json:"version"`
+}
+
+// PathPrefix is the URL prefix under which every request for gv starts, with a trailing slash:
+// "/api/v1/" for core, "/apis/<group>/<version>/" otherwise.
+func (gv GroupVersion) PathPrefix() string {
+	if gv.Group == "" {
+		return "/api/" + gv.Version + "/"
+	}
+	return "/apis/" + gv.Group + "/" + gv.Version + "/"
+}
+
+func (gv GroupVersion) String() string {
+	if gv.Group == "" {
+		return "core/" + gv.Version
+	}
+	return gv.Group + "/" + gv.Version
+}
+
+// Topology is a complete, self-consistent picture of the control plane at one moment.
+// Build it with New; the zero value is an empty control plane.
+type Topology struct {
+	// APIServers is sorted by ID.
+	APIServers []APIServer `json:"apiservers"`
+	// Served maps each published resource (and subresource, where discovery told) to the IDs of
+	// the apiservers that serve it, sorted. IDs may name apiservers that are dead or unknown:
+	// StorageVersions keep stale IDs until they are garbage collected.
+	Served map[Resource][]string `json:"-"`
+	// ServedEverywhere lists groups that every apiserver serves through its own handler chain
+	// (CRDs, aggregated APIs behind an APIService), so they never need a specific peer.
+	ServedEverywhere map[string]bool `json:"-"`
+	// LocalID, in sidecar mode, is the apiserver this Envoy sits beside; empty for a front
+	// load balancer.
+	LocalID string `json:"localID,omitempty"`
+
+	byID map[string]int
+}
+
+// New builds a Topology, normalising its input: servers sorted and de-duplicated by ID, every
+// serving list sorted and de-duplicated, empty serving lists dropped. The result shares no
+// memory with the arguments.
+func New(servers []APIServer, served map[Resource][]string, everywhere []string) (*Topology, error) {
+	t := &Topology{
+		Served:           make(map[Resource][]string, len(served)),
+		ServedEverywhere: make(map[string]bool, len(everywhere)),
+		byID:             make(map[string]int, len(servers)),
+	}
+	t.APIServers = slices.Clone(servers)
+	slices.SortFunc(t.APIServers, func(a, b APIServer) int { return cmp.Compare(a.ID, b.ID) })
+	for i, s := range t.APIServers {
+		if s.ID == "" {
+			return nil, fmt.Errorf("apiserver with hostname %q has no ID", s.Hostname)
+		}
+		if i > 0 && t.APIServers[i-1].ID == s.ID {
+			return nil, fmt.Errorf("apiserver %s listed twice", s.ID)
+		}
+		t.byID[s.ID] = i
+	}
+	for r, ids := range served {
+		if r.Version == "" || r.Resource == "" {
+			return nil, fmt.Errorf("served resource %q lacks a version or resource name", r)
+		}
+		ids = slices.Compact(slices.Sorted(slices.Values(ids)))
+		ids = slices.DeleteFunc(ids, func(id string) bool { return id == "" })
+		if len(ids) > 0 {
+			t.Served[r] = ids
+		}
+	}
+	for _, g := range everywhere {
+		t.ServedEverywhere[g] = true
+	}
+	return t, nil
+}
+
+// WithLocal returns a copy of t for an Envoy running beside apiserver id (sidecar mode).
+func (t *Topology) WithLocal(id string) *Topology {
+	c := *t
+	c.LocalID = id
+	return &c
+}
+
+// Server returns the apiserver with the given ID.
+func (t *Topology) Server(id string) (APIServer, bool) {
+	if i, ok := t.byID[id]; ok {
+		return t.APIServers[i], true
+	}
+	return APIServer{}, false
+}
+
+// Live returns the IDs of the apiservers that are alive and dialable, sorted.
+func (t *Topology) Live() []string {
+	var ids []string
+	for _, s := range t.APIServers {
+		if s.Alive && s.Address != "" {
+			ids = append(ids, s.ID)
+		}
+	}
+	return ids
+}
+
+// Resources returns every published resource, sorted.
+func (t *Topology) Resources() []Resource {
+	rs := make([]Resource, 0, len(t.Served))
+	for r := range t.Served {
+		rs = append(rs, r)
+	}
+	slices.SortFunc(rs, compareResources)
+	return rs
+}
+
+// GroupVersions returns every group/version that has at least one published resource, sorted.
+func (t *Topology) GroupVersions() []GroupVersion {
+	seen := map[GroupVersion]bool{}
+	var gvs []GroupVersion
+	for r := range t.Served {
+		if gv := r.GroupVersion(); !seen[gv] {
+			seen[gv] = true
+			gvs = append(gvs, gv)
+		}
+	}
+	slices.SortFunc(gvs, func(a, b GroupVersion) int {
+		return cmp.Or(cmp.Compare(a.Group, b.Group), cmp.Compare(a.Version, b.Version))
+	})
+	return gvs
+}
+
+// ServerSet is a sorted list of apiserver IDs, used as a value (map key) via its Key.
+type ServerSet []string
+
+// Key is a stable string form of the set, usable as a map key.
+func (s ServerSet) Key() string { return strings.Join(s, ",") }
+
+// Contains reports whether id is in the set.
+func (s ServerSet) Contains(id string) bool {
+	_, ok := slices.BinarySearch(s, id)
+	return ok
+}
