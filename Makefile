@@ -1,0 +1,34 @@
+# kube-mvp: the two commands a newcomer needs are `make demo` and `make test`.
+GO ?= go
+KUBE_VERSIONS ?= v1.36.4 v1.37.1
+TEST_TIMEOUT ?= 75m
+
+.PHONY: all build test unit kube-binaries vet demo clean
+
+all: build
+
+## build: compile the product binaries into bin/
+build:
+	$(GO) build -o bin/ ./cmd/...
+
+## kube-binaries: build (or reuse from ~/.cache/kube-mvp) the kube-apiservers and etcd the tests run
+kube-binaries:
+	$(GO) run ./test/cmd/testcp build $(KUBE_VERSIONS)
+
+vet:
+	$(GO) vet ./...
+
+## test: every test, unit and end to end, against real apiservers of two versions
+test: vet kube-binaries
+	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+
+## unit: the tests that need no control plane (fast)
+unit:
+	$(GO) test -race -short ./...
+
+## demo: a two-version control plane, up until Ctrl-C (cp-b has batch/v1 turned off)
+demo: kube-binaries
+	$(GO) run ./test/cmd/testcp up --server cp-a=v1.37.1 --server cp-b=v1.36.4:batch/v1=false
+
+clean:
+	rm -rf bin/

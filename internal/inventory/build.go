@@ -1,0 +1,209 @@
+// Package inventory is the only part of kube-mvp that talks to the Kubernetes API. It watches
+// identity Leases, StorageVersions and APIServices, fetches each live apiserver's discovery,
+// and turns what it saw into a topology.Topology with Build.
+package inventory
+
+import (
+	"fmt"
+	"net"
+	"strings"
+	"time"
+
+	apidiscoveryv2 "k8s.io/api/apidiscovery/v2"
+	apiserverinternalv1alpha1 "k8s.io/api/apiserverinternal/v1alpha1"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kube-mvp/kube-mvp/internal/topology"
+)
+
+// Upstream names (k8s.io/apiserver controlplane/apiserver identity and peerproxy).
+const (
+	IdentityLeaseNamespace  = "kube-system"
+	IdentityLabel           = "apiserver.kubernetes.io/identity"
+	IdentityLabelValue      = "kube-apiserver"
+	HostnameLabel           = "kubernetes.io/hostname"
+	PeerAdvertiseAnnotation = "kubernetes.io/peer-advertise-address"
+	// AutomanagedLabel marks APIServices that kube-aggregator creates itself: "onstart" for
+	// built-in groups, "true" for CRD groups.
+	AutomanagedLabel = "kube-aggregator.kubernetes.io/automanaged"
+)
+
+// DefaultLivenessWindow is how stale a Lease renewal may be before its apiserver counts as
+// dead: three of upstream's 10 s renew intervals, not the Lease's 1 h duration, so a crashed
+// apiserver leaves the routes within seconds.
+const DefaultLivenessWindow = 30 * time.Second
+
+// APIService is the part of an apiregistration.k8s.io/v1 APIService that routing needs.
+type APIService struct {
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              struct {
+		Group   string `json:"group"`
+		Version string `json:"version"`
+		Service *struct {
+			Namespace string `json:"namespace"`
+			Name      string `json:"name"`
+		} `json:"service,omitempty"`
+	} `json:"spec"`
+}
+
+// ServedEverywhere reports whether every apiserver serves this group through its own chain:
+// an aggregated API (proxied to its service by any apiserver) or a CRD group.
+func (s *APIService) ServedEverywhere() bool {
+	return s.Spec.Service != nil || s.Labels[AutomanagedLabel] == "true"
+}
+
+// Objects is everything Build reads.
+type Objects struct {
+	Leases          []coordinationv1.Lease
+	StorageVersions []apiserverinternalv1alpha1.StorageVersion
+	APIServices     []APIService
+	// Discovery holds each apiserver's own discovery (the items of /api and /apis together),
+	// by apiserver ID. An apiserver without an entry is described by StorageVersions instead.
+	Discovery map[string]*apidiscoveryv2.APIGroupDiscoveryList
+}
+
+// Options tune Build.
+type Options struct {
+	// Now is the time liveness is judged at; zero means every Lease counts as alive.
+	Now time.Time
+	// LivenessWindow is how recent a Lease renewal must be; zero means DefaultLivenessWindow.
+	LivenessWindow time.Duration
+	// Addresses maps hostname to host:port for Leases without the peer-advertise annotation
+	// (the MVP feature gate off, or apiservers older than 1.36).
+	Addresses map[string]string
+}
+
+// Build turns watched objects into a Topology. It never stops at a bad object: each one it
+// cannot use is skipped and reported in the returned errors, which name it.
+func Build(objs Objects, opts Options) (*topology.Topology, []error) {
+	var errs []error
+	window := opts.LivenessWindow
+	if window == 0 {
+		window = DefaultLivenessWindow
+	}
+
+	var servers []topology.APIServer
+	for i := range objs.Leases {
+		s, err := apiserverFromLease(&objs.Leases[i], opts.Now, window, opts.Addresses)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		if s.ID != "" {
+			servers = append(servers, s)
+		}
+	}
+
+	var everywhere []string
+	for _, svc := range objs.APIServices {
+		if svc.ServedEverywhere() && svc.Spec.Group != "" {
+			everywhere = append(everywhere, svc.Spec.Group)
+		}
+	}
+	isEverywhere := map[string]bool{}
+	for _, g := range everywhere {
+		isEverywhere[g] = true
+	}
+
+	served := map[topology.Resource][]string{}
+	add := func(r topology.Resource, id string) {
+		if !isEverywhere[r.Group] {
+			served[r] = append(served[r], id)
+		}
+	}
+	for id, list := range objs.Discovery {
+		if list == nil {
+			continue
+		}
+		for _, g := range list.Items {
+			for _, v := range g.Versions {
+				for _, res := range v.Resources {
+					if res.Resource == "" || v.Version == "" {
+						errs = append(errs, fmt.Errorf("discovery of %s: group %q version %q: resource without a name or version skipped", id, g.Name, v.Version))
+						continue
+					}
+					r := topology.Resource{Group: g.Name, Version: v.Version, Resource: res.Resource}
+					add(r, id)
+					for _, sub := range res.Subresources {
+						if sub.Subresource != "" {
+							r.Subresource = sub.Subresource
+							add(r, id)
+						}
+					}
+				}
+			}
+		}
+	}
+	for i := range objs.StorageVersions {
+		errs = append(errs, addStorageVersion(&objs.StorageVersions[i], objs.Discovery, add)...)
+	}
+
+	t, err := topology.New(servers, served, everywhere)
+	if err != nil {
+		return nil, append(errs, err)
+	}
+	return t, errs
+}
+
+func apiserverFromLease(l *coordinationv1.Lease, now time.Time, window time.Duration, addresses map[string]string) (topology.APIServer, error) {
+	name := "Lease " + l.Namespace + "/" + l.Name
+	if l.Labels[IdentityLabel] != IdentityLabelValue {
+		return topology.APIServer{}, fmt.Errorf("%s skipped: not an apiserver identity Lease (label %s=%s missing)", name, IdentityLabel, IdentityLabelValue)
+	}
+	s := topology.APIServer{ID: l.Name, Hostname: l.Labels[HostnameLabel]}
+	var err error
+	if a, ok := l.Annotations[PeerAdvertiseAnnotation]; ok {
+		if _, _, splitErr := net.SplitHostPort(a); splitErr != nil {
+			err = fmt.Errorf("%s: annotation %s=%q is not host:port; address unknown: %v", name, PeerAdvertiseAnnotation, a, splitErr)
+		} else {
+			s.Address = a
+		}
+	}
+	if s.Address == "" && err == nil {
+		s.Address = addresses[s.Hostname]
+	}
+	switch {
+	case now.IsZero():
+		s.Alive = true
+	case l.Spec.RenewTime != nil:
+		s.Alive = now.Sub(l.Spec.RenewTime.Time) <= window
+	}
+	return s, err
+}
+
+// addStorageVersion adds what a StorageVersion says about the apiservers that have no
+// discovery. Its name is "<group>.<resource>" with "core" for the core group; servedVersions
+// are "v1" (core) or "<group>/<version>".
+func addStorageVersion(sv *apiserverinternalv1alpha1.StorageVersion, discovered map[string]*apidiscoveryv2.APIGroupDiscoveryList, add func(topology.Resource, string)) []error {
+	name := "StorageVersion " + sv.Name
+	dot := strings.LastIndexByte(sv.Name, '.')
+	if dot <= 0 || dot == len(sv.Name)-1 {
+		return []error{fmt.Errorf("%s skipped: name is not <group>.<resource>", name)}
+	}
+	group, resource := sv.Name[:dot], sv.Name[dot+1:]
+	if group == "core" {
+		group = ""
+	}
+	var errs []error
+	for _, e := range sv.Status.StorageVersions {
+		if e.APIServerID == "" {
+			errs = append(errs, fmt.Errorf("%s: entry without apiServerID skipped", name))
+			continue
+		}
+		if discovered[e.APIServerID] != nil {
+			continue
+		}
+		for _, gv := range e.ServedVersions {
+			g, v := "", gv
+			if slash := strings.IndexByte(gv, '/'); slash >= 0 {
+				g, v = gv[:slash], gv[slash+1:]
+			}
+			if g != group || v == "" || strings.Contains(v, "/") {
+				errs = append(errs, fmt.Errorf("%s: apiserver %s: servedVersion %q does not belong to group %q; skipped", name, e.APIServerID, gv, group))
+				continue
+			}
+			add(topology.Resource{Group: g, Version: v, Resource: resource}, e.APIServerID)
+		}
+	}
+	return errs
+}

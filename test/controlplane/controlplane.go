@@ -1,0 +1,459 @@
+package controlplane
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+)
+
+// ServerSpec describes one kube-apiserver.
+type ServerSpec struct {
+	// Name is the server's hostname inside its own UTS namespace; the apiserver ID, its identity
+	// Lease and its StorageVersion entries all derive from it, so it must differ per server.
+	Name string
+	// Version is one of Versions.
+	Version string
+	// RuntimeConfig entries are added to --runtime-config, e.g. "batch/v1=false".
+	RuntimeConfig []string
+	// PeerProxy turns on upstream's in-process Mixed Version Proxy (--peer-ca-file and the
+	// proxy client certificate); off, the feature gate is still on so the identity Lease carries
+	// the peer-advertise address.
+	PeerProxy bool
+	// Args are extra kube-apiserver flags, appended last.
+	Args []string
+}
+
+// Options configure a control plane.
+type Options struct {
+	Servers []ServerSpec
+	// Dir holds certificates, data and logs; empty means a new temporary directory, removed by
+	// Close.
+	Dir string
+	// Log receives progress lines; nil discards them.
+	Log io.Writer
+}
+
+// ControlPlane is a running etcd and its apiservers.
+type ControlPlane struct {
+	PKI *PKI
+
+	dir       string
+	removeDir bool
+	log       io.Writer
+	etcd      *process
+	etcdURL   string
+
+	mu      sync.Mutex
+	servers map[string]*Server
+}
+
+// Server is one running (or stopped) kube-apiserver.
+type Server struct {
+	Spec ServerSpec
+	Port int
+	cp   *ControlPlane
+	proc *process
+}
+
+// URL is the server's https base URL.
+func (s *Server) URL() string { return "https://127.0.0.1:" + strconv.Itoa(s.Port) }
+
+// Address is host:port, as in its identity Lease's peer-advertise annotation.
+func (s *Server) Address() string { return "127.0.0.1:" + strconv.Itoa(s.Port) }
+
+// Running reports whether the process is up.
+func (s *Server) Running() bool { return s.proc != nil && !s.proc.exited() }
+
+// RESTConfig returns an admin client config for this server.
+func (s *Server) RESTConfig() *rest.Config {
+	return &rest.Config{
+		Host: s.URL(),
+		TLSClientConfig: rest.TLSClientConfig{
+			CAData:   s.cp.PKI.ServerCA.CertPEM,
+			CertData: s.cp.PKI.Admin.CertPEM,
+			KeyData:  s.cp.PKI.Admin.KeyPEM,
+		},
+		QPS:   -1, // tests poll; client-side throttling would only slow them
+		Burst: -1,
+	}
+}
+
+// Client returns an admin clientset for this server.
+func (s *Server) Client() (*kubernetes.Clientset, error) { return kubernetes.NewForConfig(s.RESTConfig()) }
+
+// Start builds what is missing, then starts etcd and every server, and waits until each is
+// ready to serve writes. On error everything started is stopped again.
+func Start(ctx context.Context, opts Options) (cp *ControlPlane, err error) {
+	if len(opts.Servers) == 0 {
+		return nil, errors.New("controlplane: no servers")
+	}
+	seen := map[string]bool{}
+	for _, s := range opts.Servers {
+		if s.Name == "" || seen[s.Name] {
+			return nil, fmt.Errorf("controlplane: server names must be set and unique, got %q", s.Name)
+		}
+		seen[s.Name] = true
+	}
+	cp = &ControlPlane{dir: opts.Dir, log: opts.Log, servers: map[string]*Server{}}
+	if cp.log == nil {
+		cp.log = io.Discard
+	}
+	if cp.dir == "" {
+		if cp.dir, err = os.MkdirTemp("", "kube-mvp-cp-"); err != nil {
+			return nil, err
+		}
+		cp.removeDir = true
+	}
+	defer func() {
+		if err != nil {
+			cp.Close()
+			cp = nil
+		}
+	}()
+	if cp.PKI, err = NewPKI(cp.dir); err != nil {
+		return nil, err
+	}
+	versions := map[string]Binaries{}
+	for _, s := range opts.Servers {
+		if _, ok := versions[s.Version]; !ok {
+			if versions[s.Version], err = EnsureBinaries(ctx, s.Version, cp.log); err != nil {
+				return nil, err
+			}
+		}
+	}
+	// etcd's version is pinned by the newest release in use; all releases here share etcd 3.6+.
+	newest := slices.MaxFunc(opts.Servers, func(a, b ServerSpec) int { return strings.Compare(a.Version, b.Version) }).Version
+	if err = cp.startEtcd(ctx, versions[newest].Etcd); err != nil {
+		return nil, err
+	}
+	for _, spec := range opts.Servers {
+		s := &Server{Spec: spec, cp: cp}
+		cp.servers[spec.Name] = s
+		if err = s.start(ctx, versions[spec.Version]); err != nil {
+			return nil, err
+		}
+	}
+	for _, s := range cp.servers {
+		if err = s.WaitReady(ctx); err != nil {
+			return nil, err
+		}
+	}
+	return cp, nil
+}
+
+// Server returns the named server.
+func (cp *ControlPlane) Server(name string) *Server {
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	return cp.servers[name]
+}
+
+// Dir is the directory with certificates, data and logs.
+func (cp *ControlPlane) Dir() string { return cp.dir }
+
+// Close stops every process and removes the temporary directory. It is safe to call twice.
+func (cp *ControlPlane) Close() {
+	cp.mu.Lock()
+	servers := cp.servers
+	cp.servers = map[string]*Server{}
+	cp.mu.Unlock()
+	for _, s := range servers {
+		s.proc.kill()
+	}
+	cp.etcd.kill()
+	if cp.removeDir {
+		os.RemoveAll(cp.dir)
+	}
+}
+
+// Stop ends server name gracefully (SIGTERM), as a rolling upgrade would.
+func (cp *ControlPlane) Stop(name string) error { return cp.Server(name).proc.terminate(30 * time.Second) }
+
+// Kill ends server name at once (SIGKILL): its Lease is left to expire.
+func (cp *ControlPlane) Kill(name string) { cp.Server(name).proc.kill() }
+
+// Restart stops server name if it runs and starts it again with version (empty: the same),
+// on the same port and hostname, and waits until it is ready.
+func (cp *ControlPlane) Restart(ctx context.Context, name, version string) error {
+	s := cp.Server(name)
+	if s == nil {
+		return fmt.Errorf("no server %q", name)
+	}
+	if s.Running() {
+		if err := s.proc.terminate(30 * time.Second); err != nil {
+			return err
+		}
+	}
+	if version != "" {
+		s.Spec.Version = version
+	}
+	bins, err := EnsureBinaries(ctx, s.Spec.Version, cp.log)
+	if err != nil {
+		return err
+	}
+	if err := s.start(ctx, bins); err != nil {
+		return err
+	}
+	return s.WaitReady(ctx)
+}
+
+func (cp *ControlPlane) startEtcd(ctx context.Context, bin string) error {
+	client, peer := freePort(), freePort()
+	if client == 0 || peer == 0 {
+		return errors.New("no free port for etcd")
+	}
+	cp.etcdURL = "http://127.0.0.1:" + strconv.Itoa(client)
+	peerURL := "http://127.0.0.1:" + strconv.Itoa(peer)
+	var err error
+	cp.etcd, err = startProcess(filepath.Join(cp.dir, "etcd.log"), nil, bin,
+		"--name=kube-mvp-test",
+		"--data-dir="+filepath.Join(cp.dir, "etcd-data"),
+		"--listen-client-urls="+cp.etcdURL, "--advertise-client-urls="+cp.etcdURL,
+		"--listen-peer-urls="+peerURL, "--initial-advertise-peer-urls="+peerURL,
+		"--initial-cluster=kube-mvp-test="+peerURL,
+		"--unsafe-no-fsync", "--log-level=warn",
+	)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(cp.log, "etcd: listening on %s\n", cp.etcdURL)
+	return poll(ctx, 30*time.Second, cp.etcd, func() error {
+		resp, err := http.Get(cp.etcdURL + "/health")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("etcd /health: %s", resp.Status)
+		}
+		return nil
+	})
+}
+
+func (s *Server) start(ctx context.Context, bins Binaries) error {
+	if s.Port == 0 {
+		if s.Port = freePort(); s.Port == 0 {
+			return errors.New("no free port for kube-apiserver")
+		}
+	}
+	p := s.cp.PKI
+	runtimeConfig := append([]string{"internal.apiserver.k8s.io/v1alpha1=true"}, s.Spec.RuntimeConfig...)
+	args := []string{
+		"--etcd-servers=" + s.cp.etcdURL,
+		"--bind-address=127.0.0.1",
+		"--advertise-address=127.0.0.1",
+		"--secure-port=" + strconv.Itoa(s.Port),
+		"--tls-cert-file=" + p.Path("serving.crt"),
+		"--tls-private-key-file=" + p.Path("serving.key"),
+		"--client-ca-file=" + p.Path("client-ca.crt"),
+		"--requestheader-client-ca-file=" + p.Path("front-proxy-ca.crt"),
+		"--requestheader-allowed-names=" + ProxyClientCN,
+		"--requestheader-username-headers=X-Remote-User",
+		"--requestheader-group-headers=X-Remote-Group",
+		"--requestheader-extra-headers-prefix=X-Remote-Extra-",
+		"--proxy-client-cert-file=" + p.Path("proxy-client.crt"),
+		"--proxy-client-key-file=" + p.Path("proxy-client.key"),
+		"--service-account-key-file=" + p.Path("sa.pub"),
+		"--service-account-signing-key-file=" + p.Path("sa.key"),
+		"--service-account-issuer=https://" + UpstreamServerName,
+		"--service-cluster-ip-range=10.96.0.0/24",
+		"--authorization-mode=RBAC",
+		"--endpoint-reconciler-type=none",
+		"--feature-gates=StorageVersionAPI=true,APIServerIdentity=true,UnknownVersionInteroperabilityProxy=true",
+		"--runtime-config=" + strings.Join(runtimeConfig, ","),
+		"--profiling=false",
+		"--cert-dir=" + filepath.Join(s.cp.dir, s.Spec.Name+"-certs"),
+	}
+	if s.Spec.PeerProxy {
+		args = append(args, "--peer-ca-file="+p.Path("server-ca.crt"))
+	}
+	args = append(args, s.Spec.Args...)
+	// Each apiserver gets its own UTS namespace so it sees its own hostname: the apiserver ID
+	// is a hash of the hostname, and two servers with one ID would share a Lease.
+	wrapper := []string{"--uts", "--", "/bin/sh", "-c", `hostname "$0" && exec "$@"`, s.Spec.Name, bins.KubeAPIServer}
+	proc, err := startProcess(filepath.Join(s.cp.dir, s.Spec.Name+".log"), nil, "unshare", append(wrapper, args...)...)
+	if err != nil {
+		return err
+	}
+	s.proc = proc
+	fmt.Fprintf(s.cp.log, "kube-apiserver %s (%s): starting on %s\n", s.Spec.Name, s.Spec.Version, s.URL())
+	return nil
+}
+
+// WaitReady waits until /readyz is ok and writes are accepted: with StorageVersionAPI on, an
+// apiserver rejects writes until it has published its storage versions.
+func (s *Server) WaitReady(ctx context.Context) error {
+	client, err := s.Client()
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	err = poll(ctx, 90*time.Second, s.proc, func() error {
+		body, err := client.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+		if err != nil {
+			return fmt.Errorf("/readyz: %w: %s", err, firstLine(body))
+		}
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{GenerateName: "kube-mvp-write-probe-"}}
+		_, err = client.CoreV1().ConfigMaps("default").Create(ctx, cm, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("kube-apiserver %s: %w\n%s", s.Spec.Name, err, s.proc.logTail())
+	}
+	fmt.Fprintf(s.cp.log, "kube-apiserver %s (%s): ready in %s\n", s.Spec.Name, s.Spec.Version, time.Since(start).Round(100*time.Millisecond))
+	return nil
+}
+
+// HTTPClient returns an admin HTTP client that trusts the servers.
+func (cp *ControlPlane) HTTPClient() (*http.Client, error) {
+	cert, err := cp.PKI.Admin.TLS()
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(cp.PKI.ServerCA.CertPEM)
+	return &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{cert}}}}, nil
+}
+
+// WriteKubeconfig writes a kubeconfig with one context per server and returns its path.
+func (cp *ControlPlane) WriteKubeconfig() (string, error) {
+	cfg := clientcmdapi.NewConfig()
+	cfg.AuthInfos["admin"] = &clientcmdapi.AuthInfo{ClientCertificateData: cp.PKI.Admin.CertPEM, ClientKeyData: cp.PKI.Admin.KeyPEM}
+	cp.mu.Lock()
+	names := make([]string, 0, len(cp.servers))
+	for name, s := range cp.servers {
+		names = append(names, name)
+		cfg.Clusters[name] = &clientcmdapi.Cluster{Server: s.URL(), CertificateAuthorityData: cp.PKI.ServerCA.CertPEM}
+		cfg.Contexts[name] = &clientcmdapi.Context{Cluster: name, AuthInfo: "admin"}
+	}
+	cp.mu.Unlock()
+	slices.Sort(names)
+	cfg.CurrentContext = names[0]
+	path := filepath.Join(cp.dir, "kubeconfig")
+	return path, clientcmd.WriteToFile(*cfg, path)
+}
+
+// process is a child process whose output goes to a log file.
+type process struct {
+	cmd     *exec.Cmd
+	logPath string
+	done    chan struct{}
+}
+
+func startProcess(logPath string, env []string, bin string, args ...string) (*process, error) {
+	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd.Env = append(os.Environ(), env...)
+	// Its own process group, so a kill reaches everything it started; and killed with us, so
+	// a test binary that dies leaves nothing behind.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		logFile.Close()
+		return nil, fmt.Errorf("starting %s: %w", bin, err)
+	}
+	p := &process{cmd: cmd, logPath: logPath, done: make(chan struct{})}
+	go func() {
+		cmd.Wait()
+		logFile.Close()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+func (p *process) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+func (p *process) kill() {
+	if p == nil || p.exited() {
+		return
+	}
+	syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+	<-p.done
+}
+
+func (p *process) terminate(grace time.Duration) error {
+	if p == nil || p.exited() {
+		return nil
+	}
+	syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM)
+	select {
+	case <-p.done:
+		return nil
+	case <-time.After(grace):
+		p.kill()
+		return fmt.Errorf("process %d did not stop within %s; killed", p.cmd.Process.Pid, grace)
+	}
+}
+
+func (p *process) logTail() string {
+	b, _ := os.ReadFile(p.logPath)
+	if len(b) > 4000 {
+		b = b[len(b)-4000:]
+	}
+	return fmt.Sprintf("--- last lines of %s ---\n%s", p.logPath, b)
+}
+
+// poll calls check until it succeeds, the process exits, or the timeout passes.
+func poll(ctx context.Context, timeout time.Duration, p *process, check func() error) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var last error
+	for {
+		if last = check(); last == nil {
+			return nil
+		}
+		select {
+		case <-p.done:
+			return fmt.Errorf("process exited (%v); last check: %w", p.cmd.ProcessState, last)
+		case <-ctx.Done():
+			return fmt.Errorf("not ready after %s: %w", timeout, last)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+func freePort() int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func firstLine(b []byte) string {
+	line, _, _ := bytes.Cut(b, []byte("\n"))
+	return string(line)
+}

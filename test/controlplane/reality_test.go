@@ -1,0 +1,173 @@
+package controlplane_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/kube-mvp/kube-mvp/test/controlplane"
+)
+
+// TestUpstreamFacts documents what real apiservers publish, the facts kube-mvp is built on
+// (DESIGN.md §3): A is v1.37.1 with every API, B is v1.36.4 with batch/v1 turned off.
+func TestUpstreamFacts(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	cp, err := controlplane.Start(ctx, controlplane.Options{
+		Log: testLog{t},
+		Servers: []controlplane.ServerSpec{
+			{Name: "cp-a", Version: "v1.37.1"},
+			{Name: "cp-b", Version: "v1.36.4", RuntimeConfig: []string{"batch/v1=false"}},
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cp.Close()
+	a, b := cp.Server("cp-a"), cp.Server("cp-b")
+	client, err := a.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// Identity Leases: one per apiserver, named by its ID, with hostname label, holder
+	// "<id>_<uuid>" and the peer-advertise address taken from --advertise-address:--secure-port.
+	ids := map[string]string{} // hostname -> ID
+	waitFor(t, ctx, "both identity Leases", func() error {
+		leases, err := client.CoordinationV1().Leases("kube-system").List(ctx, metav1.ListOptions{LabelSelector: "apiserver.kubernetes.io/identity=kube-apiserver"})
+		if err != nil {
+			return err
+		}
+		if len(leases.Items) != 2 {
+			return fmt.Errorf("want 2 identity Leases, have %d", len(leases.Items))
+		}
+		for _, l := range leases.Items {
+			host := l.Labels["kubernetes.io/hostname"]
+			srv := cp.Server(host)
+			if srv == nil {
+				return fmt.Errorf("Lease %s has hostname label %q, not one of our servers", l.Name, host)
+			}
+			if !strings.HasPrefix(l.Name, "apiserver-") {
+				t.Errorf("Lease name %q does not start with apiserver-", l.Name)
+			}
+			if l.Spec.HolderIdentity == nil || !strings.HasPrefix(*l.Spec.HolderIdentity, l.Name+"_") {
+				t.Errorf("Lease %s holderIdentity %v is not <id>_<uuid>", l.Name, l.Spec.HolderIdentity)
+			}
+			if got := l.Annotations["kubernetes.io/peer-advertise-address"]; got != srv.Address() {
+				t.Errorf("Lease %s (%s): peer-advertise-address %q, want %q", l.Name, host, got, srv.Address())
+			}
+			if l.Spec.LeaseDurationSeconds == nil || *l.Spec.LeaseDurationSeconds != 3600 {
+				t.Errorf("Lease %s: leaseDurationSeconds %v, want 3600", l.Name, l.Spec.LeaseDurationSeconds)
+			}
+			ids[host] = l.Name
+		}
+		return nil
+	})
+	if ids["cp-a"] == ids["cp-b"] {
+		t.Fatalf("both servers share the ID %s: the UTS namespaces did not separate their hostnames", ids["cp-a"])
+	}
+
+	// StorageVersion batch.jobs lists only A as serving batch/v1.
+	waitFor(t, ctx, "StorageVersion batch.jobs", func() error {
+		sv, err := client.InternalV1alpha1().StorageVersions().Get(ctx, "batch.jobs", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		var serving []string
+		for _, e := range sv.Status.StorageVersions {
+			if slices.Contains(e.ServedVersions, "batch/v1") {
+				serving = append(serving, e.APIServerID)
+			}
+		}
+		if !slices.Equal(serving, []string{ids["cp-a"]}) {
+			return fmt.Errorf("batch/v1 served by %v, want only cp-a (%s)", serving, ids["cp-a"])
+		}
+		return nil
+	})
+	sv, err := client.InternalV1alpha1().StorageVersions().Get(ctx, "core.pods", metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("StorageVersion core.pods: %v", err)
+	}
+	for _, e := range sv.Status.StorageVersions {
+		if !slices.Equal(e.ServedVersions, []string{"v1"}) {
+			t.Errorf("core.pods entry for %s: servedVersions %v, want [v1]", e.APIServerID, e.ServedVersions)
+		}
+	}
+
+	// The 404 kube-mvp exists to prevent, and the 200 from the server that has the API.
+	for _, c := range []struct {
+		srv  *controlplane.Server
+		want int
+	}{{a, 200}, {b, 404}} {
+		cl, err := c.srv.Client()
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = cl.BatchV1().Jobs("default").List(ctx, metav1.ListOptions{})
+		got := 200
+		if err != nil {
+			got = httpCode(err)
+		}
+		if got != c.want {
+			t.Errorf("GET /apis/batch/v1/namespaces/default/jobs on %s: %d (%v), want %d", c.srv.Spec.Name, got, err, c.want)
+		}
+	}
+
+	// What each version publishes, for the README.
+	for _, srv := range []*controlplane.Server{a, b} {
+		cl, _ := srv.Client()
+		_, lists, err := cl.Discovery().ServerGroupsAndResources()
+		if err != nil {
+			t.Fatalf("discovery of %s: %v", srv.Spec.Name, err)
+		}
+		n := 0
+		var gvs []string
+		for _, l := range lists {
+			n += len(l.APIResources)
+			gv, _ := schema.ParseGroupVersion(l.GroupVersion)
+			gvs = append(gvs, gv.String())
+		}
+		slices.Sort(gvs)
+		t.Logf("%s (%s) publishes %d group/versions, %d resources incl. subresources: %s", srv.Spec.Name, srv.Spec.Version, len(gvs), n, strings.Join(gvs, " "))
+	}
+}
+
+func httpCode(err error) int {
+	if s, ok := err.(apierrors.APIStatus); ok {
+		return int(s.Status().Code)
+	}
+	return -1
+}
+
+type testLog struct{ t *testing.T }
+
+func (l testLog) Write(p []byte) (int, error) {
+	l.t.Log(strings.TrimRight(string(p), "\n"))
+	if os.Getenv("CI") != "" {
+		os.Stderr.Write(p) // builds take minutes; show progress as it happens
+	}
+	return len(p), nil
+}
+
+func waitFor(t *testing.T, ctx context.Context, what string, check func() error) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		err := check()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			t.Fatalf("waiting for %s: %v", what, err)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
