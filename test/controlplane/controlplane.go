@@ -101,7 +101,9 @@ func (s *Server) RESTConfig() *rest.Config {
 }
 
 // Client returns an admin clientset for this server.
-func (s *Server) Client() (*kubernetes.Clientset, error) { return kubernetes.NewForConfig(s.RESTConfig()) }
+func (s *Server) Client() (*kubernetes.Clientset, error) {
+	return kubernetes.NewForConfig(s.RESTConfig())
+}
 
 // Start builds what is missing, then starts etcd and every server, and waits until each is
 // ready to serve writes. On error everything started is stopped again.
@@ -189,7 +191,9 @@ func (cp *ControlPlane) Close() {
 }
 
 // Stop ends server name gracefully (SIGTERM), as a rolling upgrade would.
-func (cp *ControlPlane) Stop(name string) error { return cp.Server(name).proc.terminate(30 * time.Second) }
+func (cp *ControlPlane) Stop(name string) error {
+	return cp.Server(name).proc.terminate(30 * time.Second)
+}
 
 // Kill ends server name at once (SIGKILL): its Lease is left to expire.
 func (cp *ControlPlane) Kill(name string) { cp.Server(name).proc.kill() }
