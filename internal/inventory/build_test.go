@@ -1,0 +1,178 @@
+package inventory_test
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kube-mvp/kube-mvp/internal/inventory"
+	"github.com/kube-mvp/kube-mvp/internal/topology"
+)
+
+const mixedFixture = `
+apiVersion: coordination.k8s.io/v1
+kind: Lease
+metadata:
+  name: apiserver-aaa
+  namespace: kube-system
+  labels: {apiserver.kubernetes.io/identity: kube-apiserver, kubernetes.io/hostname: cp-a}
+  annotations: {kubernetes.io/peer-advertise-address: "10.0.0.1:6443"}
+spec: {holderIdentity: apiserver-aaa_1, leaseDurationSeconds: 3600, renewTime: "2026-11-23T10:00:00.000000Z"}
+---
+apiVersion: coordination.k8s.io/v1
+kind: Lease
+metadata:
+  name: apiserver-bbb
+  namespace: kube-system
+  labels: {apiserver.kubernetes.io/identity: kube-apiserver, kubernetes.io/hostname: cp-b}
+spec: {holderIdentity: apiserver-bbb_1, leaseDurationSeconds: 3600, renewTime: "2026-11-23T09:00:00.000000Z"}
+---
+# B's Lease has no address annotation (MVP gate off): Options.Addresses supplies it.
+apiVersion: internal.apiserver.k8s.io/v1alpha1
+kind: StorageVersion
+metadata: {name: batch.jobs}
+status:
+  storageVersions:
+  - {apiServerID: apiserver-aaa, encodingVersion: batch/v1, decodableVersions: [batch/v1], servedVersions: [batch/v1]}
+  - {apiServerID: apiserver-gone, encodingVersion: batch/v1, decodableVersions: [batch/v1], servedVersions: [batch/v1]}
+---
+apiVersion: v1
+kind: List
+items:
+- apiVersion: internal.apiserver.k8s.io/v1alpha1
+  kind: StorageVersion
+  metadata: {name: core.pods}
+  status:
+    storageVersions:
+    - {apiServerID: apiserver-aaa, encodingVersion: v1, decodableVersions: [v1], servedVersions: [v1]}
+    - {apiServerID: apiserver-bbb, encodingVersion: v1, decodableVersions: [v1], servedVersions: [v1, apps/v1]}
+- apiVersion: internal.apiserver.k8s.io/v1alpha1
+  kind: StorageVersion
+  metadata: {name: nodot}
+---
+apiVersion: apiregistration.k8s.io/v1
+kind: APIService
+metadata: {name: v1.example.com, labels: {kube-aggregator.kubernetes.io/automanaged: "true"}}
+spec: {group: example.com, version: v1}
+---
+apiVersion: kube-mvp.io/v1alpha1
+kind: APIServerDiscovery
+metadata: {name: apiserver-aaa}
+discovery:
+  items:
+  - metadata: {name: example.com}
+    versions:
+    - version: v1
+      resources: [{resource: widgets, scope: Namespaced, singularResource: widget, verbs: [get]}]
+  - metadata: {name: apps}
+    versions:
+    - version: v1
+      resources:
+      - resource: deployments
+        scope: Namespaced
+        singularResource: deployment
+        verbs: [get, list]
+        subresources: [{subresource: scale, verbs: [get]}]
+`
+
+func TestBuildFromFixture(t *testing.T) {
+	objs, err := inventory.DecodeFixture(strings.NewReader(mixedFixture))
+	if err != nil {
+		t.Fatal(err)
+	}
+	now, _ := time.Parse(time.RFC3339, "2026-11-23T10:00:10Z")
+	topo, errs := inventory.Build(objs, inventory.Options{Now: now, Addresses: map[string]string{"cp-b": "10.0.0.2:6443"}})
+
+	// Each bad piece is reported by name and nothing else is lost.
+	wantErrs := []string{`StorageVersion core.pods: apiserver apiserver-bbb: servedVersion "apps/v1" does not belong to group ""`, `StorageVersion nodot skipped`}
+	if len(errs) != len(wantErrs) {
+		t.Fatalf("errors: %v, want %d", errs, len(wantErrs))
+	}
+	for i, want := range wantErrs {
+		if !strings.Contains(errs[i].Error(), want) {
+			t.Errorf("error %d: %q, want it to contain %q", i, errs[i], want)
+		}
+	}
+
+	a, _ := topo.Server("apiserver-aaa")
+	b, _ := topo.Server("apiserver-bbb")
+	if !a.Alive || a.Address != "10.0.0.1:6443" || a.Hostname != "cp-a" {
+		t.Errorf("A: %+v", a)
+	}
+	if b.Alive || b.Address != "10.0.0.2:6443" {
+		t.Errorf("B (renewed an hour ago, address from Options): %+v", b)
+	}
+	for r, want := range map[topology.Resource][]string{
+		// A has discovery: its StorageVersion entries are not needed (and not used).
+		{Group: "apps", Version: "v1", Resource: "deployments"}:                       {"apiserver-aaa"},
+		{Group: "apps", Version: "v1", Resource: "deployments", Subresource: "scale"}: {"apiserver-aaa"},
+		{Version: "v1", Resource: "pods"}:                                             {"apiserver-bbb"},
+		{Group: "batch", Version: "v1", Resource: "jobs"}:                             {"apiserver-gone"},
+		// Served everywhere: never in the serving table.
+		{Group: "example.com", Version: "v1", Resource: "widgets"}: nil,
+	} {
+		if got := topo.Served[r]; !slices.Equal(got, want) {
+			t.Errorf("%s served by %v, want %v", r, got, want)
+		}
+	}
+	if d := topo.DecideResource(topology.Resource{Group: "batch", Version: "v1", Resource: "jobs"}); d.Outcome != topology.NotServed {
+		t.Errorf("jobs served only by an unknown ID: %v, want not_served", d.Outcome)
+	}
+	if d := topo.DecideResource(topology.Resource{Version: "v1", Resource: "pods"}); d.Outcome != topology.Unavailable {
+		t.Errorf("pods served only by dead B: %v, want unavailable", d.Outcome)
+	}
+}
+
+func TestBuildSkipsBadLeases(t *testing.T) {
+	objs, err := inventory.DecodeFixture(strings.NewReader(`
+apiVersion: coordination.k8s.io/v1
+kind: Lease
+metadata: {name: some-controller, namespace: kube-system}
+---
+apiVersion: coordination.k8s.io/v1
+kind: Lease
+metadata:
+  name: apiserver-ccc
+  namespace: kube-system
+  labels: {apiserver.kubernetes.io/identity: kube-apiserver}
+  annotations: {kubernetes.io/peer-advertise-address: "10.0.0.3"}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	topo, errs := inventory.Build(objs, inventory.Options{})
+	if len(errs) != 2 || !strings.Contains(errs[0].Error(), "Lease kube-system/some-controller skipped") ||
+		!strings.Contains(errs[1].Error(), `Lease kube-system/apiserver-ccc: annotation kubernetes.io/peer-advertise-address="10.0.0.3" is not host:port`) {
+		t.Fatalf("errors: %v", errs)
+	}
+	if len(topo.APIServers) != 1 || topo.APIServers[0].Address != "" || len(topo.Live()) != 0 {
+		t.Errorf("apiservers: %+v, want C kept without an address (so not routable)", topo.APIServers)
+	}
+}
+
+func TestDecodeFixtureNamesBadDocuments(t *testing.T) {
+	_, err := inventory.DecodeFixture(strings.NewReader(`
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: x}
+---
+apiVersion: coordination.k8s.io/v1
+kind: Lease
+metadata: {name: bad-lease}
+spec: {holderIdentity: 7, bogus: true}
+`))
+	if err == nil {
+		t.Fatal("no error")
+	}
+	for _, want := range []string{`document 1: v1 ConfigMap "x": unknown kind`, `document 2: coordination.k8s.io/v1 Lease "bad-lease"`} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not contain %q", err, want)
+		}
+	}
+	var joined interface{ Unwrap() []error }
+	if !errors.As(err, &joined) || len(joined.Unwrap()) != 2 {
+		t.Errorf("want both documents reported, got %v", err)
+	}
+}

@@ -1,0 +1,334 @@
+package inventory
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	apidiscoveryv2 "k8s.io/api/apidiscovery/v2"
+	apiserverinternalv1alpha1 "k8s.io/api/apiserverinternal/v1alpha1"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/kube-mvp/kube-mvp/internal/topology"
+)
+
+var apiServicesGVR = schema.GroupVersionResource{Group: "apiregistration.k8s.io", Version: "v1", Resource: "apiservices"}
+
+// WatchOptions configure a Watcher.
+type WatchOptions struct {
+	Options
+	// DiscoveryInterval is how often each live apiserver's discovery is fetched again even
+	// without a restart; zero means 60 s.
+	DiscoveryInterval time.Duration
+	// ServerName is the TLS name checked on apiservers dialled at their peer address; empty
+	// means "kubernetes.default.svc", as upstream's peer proxy checks.
+	ServerName string
+	// Clock returns the current time; nil means time.Now.
+	Clock func() time.Time
+	Log   *slog.Logger
+}
+
+// Watcher keeps a Topology current from a live cluster and hands every new one to OnChange.
+type Watcher struct {
+	cfg      *rest.Config
+	opts     WatchOptions
+	onChange func(*topology.Topology)
+
+	client  kubernetes.Interface
+	dynamic dynamic.Interface
+	leases  cache.Store
+	svs     cache.Store // nil when the StorageVersion API is off
+	apisvcs cache.Store
+
+	kick chan struct{}
+
+	mu        sync.Mutex
+	discovery map[string]discovered // by apiserver ID
+}
+
+type discovered struct {
+	holder  string // holderIdentity when fetched: a restart changes it
+	fetched time.Time
+	list    *apidiscoveryv2.APIGroupDiscoveryList
+}
+
+// NewWatcher prepares a watcher; Run starts it.
+func NewWatcher(cfg *rest.Config, opts WatchOptions, onChange func(*topology.Topology)) (*Watcher, error) {
+	if opts.DiscoveryInterval == 0 {
+		opts.DiscoveryInterval = 60 * time.Second
+	}
+	if opts.ServerName == "" {
+		opts.ServerName = "kubernetes.default.svc"
+	}
+	if opts.Clock == nil {
+		opts.Clock = time.Now
+	}
+	if opts.LivenessWindow == 0 {
+		opts.LivenessWindow = DefaultLivenessWindow
+	}
+	if opts.Log == nil {
+		opts.Log = slog.Default()
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &Watcher{
+		cfg: cfg, opts: opts, onChange: onChange, client: client, dynamic: dyn,
+		kick: make(chan struct{}, 1), discovery: map[string]discovered{},
+	}, nil
+}
+
+// Run watches until ctx ends. It returns an error only if the informers cannot start.
+func (w *Watcher) Run(ctx context.Context) error {
+	kick := cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { w.trigger() },
+		UpdateFunc: func(any, any) { w.trigger() },
+		DeleteFunc: func(any) { w.trigger() },
+	}
+	leaseFactory := informers.NewSharedInformerFactoryWithOptions(w.client, 0,
+		informers.WithNamespace(IdentityLeaseNamespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.LabelSelector = IdentityLabel + "=" + IdentityLabelValue
+		}))
+	leaseInformer := leaseFactory.Coordination().V1().Leases().Informer()
+	leaseInformer.AddEventHandler(kick)
+	w.leases = leaseInformer.GetStore()
+	synced := []cache.InformerSynced{leaseInformer.HasSynced}
+
+	if w.hasStorageVersionAPI(ctx) {
+		clusterFactory := informers.NewSharedInformerFactory(w.client, 0)
+		svInformer := clusterFactory.Internal().V1alpha1().StorageVersions().Informer()
+		svInformer.AddEventHandler(kick)
+		w.svs = svInformer.GetStore()
+		synced = append(synced, svInformer.HasSynced)
+		clusterFactory.Start(ctx.Done())
+	} else {
+		w.opts.Log.Warn("StorageVersion API (internal.apiserver.k8s.io/v1alpha1) is not served; routing from discovery only. Enable it with --feature-gates=StorageVersionAPI=true --runtime-config=internal.apiserver.k8s.io/v1alpha1=true")
+	}
+	dynFactory := dynamicinformer.NewDynamicSharedInformerFactory(w.dynamic, 0)
+	apisvcInformer := dynFactory.ForResource(apiServicesGVR).Informer()
+	apisvcInformer.AddEventHandler(kick)
+	w.apisvcs = apisvcInformer.GetStore()
+	synced = append(synced, apisvcInformer.HasSynced)
+
+	leaseFactory.Start(ctx.Done())
+	dynFactory.Start(ctx.Done())
+	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
+		return errors.New("inventory: informers did not sync")
+	}
+
+	// Leases expire without an event; look again well within the liveness window.
+	tick := time.NewTicker(max(w.opts.LivenessWindow/6, 500*time.Millisecond))
+	defer tick.Stop()
+	w.trigger()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-w.kick:
+		case <-tick.C:
+		}
+		w.rebuild(ctx)
+	}
+}
+
+func (w *Watcher) trigger() {
+	select {
+	case w.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (w *Watcher) hasStorageVersionAPI(ctx context.Context) bool {
+	_, err := w.client.Discovery().ServerResourcesForGroupVersion("internal.apiserver.k8s.io/v1alpha1")
+	return err == nil
+}
+
+// rebuild builds a Topology from the stores and hands it on. Discovery fetches for new or
+// restarted apiservers run in the background and trigger another rebuild when done.
+func (w *Watcher) rebuild(ctx context.Context) {
+	var objs Objects
+	for _, o := range w.leases.List() {
+		if l, ok := o.(*coordinationv1.Lease); ok {
+			objs.Leases = append(objs.Leases, *l)
+		}
+	}
+	if w.svs != nil {
+		for _, o := range w.svs.List() {
+			if sv, ok := o.(*apiserverinternalv1alpha1.StorageVersion); ok {
+				objs.StorageVersions = append(objs.StorageVersions, *sv)
+			}
+		}
+	}
+	for _, o := range w.apisvcs.List() {
+		u, ok := o.(*unstructured.Unstructured)
+		if !ok {
+			continue
+		}
+		var s APIService
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &s); err != nil {
+			w.opts.Log.Warn("APIService skipped", "name", u.GetName(), "error", err)
+			continue
+		}
+		objs.APIServices = append(objs.APIServices, s)
+	}
+	slices.SortFunc(objs.Leases, func(a, b coordinationv1.Lease) int { return strings.Compare(a.Name, b.Name) })
+
+	opts := w.opts.Options
+	opts.Now = w.opts.Clock()
+	objs.Discovery = w.discoveryFor(ctx, objs.Leases, opts)
+	t, errs := Build(objs, opts)
+	for _, err := range errs {
+		w.opts.Log.Warn("inventory: object skipped or partly used", "error", err)
+	}
+	if t != nil {
+		w.onChange(t)
+	}
+}
+
+// discoveryFor returns the discovery to use per live apiserver and starts fetches for those
+// whose copy is missing, stale, or from before a restart.
+func (w *Watcher) discoveryFor(ctx context.Context, leases []coordinationv1.Lease, opts Options) map[string]*apidiscoveryv2.APIGroupDiscoveryList {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := map[string]*apidiscoveryv2.APIGroupDiscoveryList{}
+	live := map[string]bool{}
+	for i := range leases {
+		l := &leases[i]
+		s, _ := apiserverFromLease(l, opts.Now, opts.LivenessWindow, opts.Addresses)
+		if !s.Alive || s.Address == "" {
+			continue
+		}
+		live[s.ID] = true
+		holder := ""
+		if l.Spec.HolderIdentity != nil {
+			holder = *l.Spec.HolderIdentity
+		}
+		d, have := w.discovery[s.ID]
+		if have && d.holder == holder && d.list != nil {
+			out[s.ID] = d.list
+		}
+		if !have || d.holder != holder || opts.Now.Sub(d.fetched) > w.opts.DiscoveryInterval {
+			// Mark as fetched now so one slow server is not asked again on every rebuild.
+			w.discovery[s.ID] = discovered{holder: holder, fetched: opts.Now, list: keepIf(d.holder == holder, d.list)}
+			go w.fetchDiscovery(ctx, s, holder)
+		}
+	}
+	for id := range maps.Keys(w.discovery) {
+		if !live[id] {
+			delete(w.discovery, id)
+		}
+	}
+	return out
+}
+
+func keepIf(ok bool, l *apidiscoveryv2.APIGroupDiscoveryList) *apidiscoveryv2.APIGroupDiscoveryList {
+	if ok {
+		return l
+	}
+	return nil
+}
+
+func (w *Watcher) fetchDiscovery(ctx context.Context, s topology.APIServer, holder string) {
+	list, err := FetchDiscovery(ctx, w.cfg, s.Address, w.opts.ServerName)
+	w.mu.Lock()
+	d, ok := w.discovery[s.ID]
+	if ok && d.holder == holder {
+		if err != nil {
+			w.opts.Log.Warn("discovery failed; using StorageVersions for this apiserver", "apiserver", s.ID, "address", s.Address, "error", err)
+		} else {
+			d.list = list
+			w.discovery[s.ID] = d
+		}
+	}
+	w.mu.Unlock()
+	if err == nil {
+		w.trigger()
+	}
+}
+
+// FetchDiscovery asks one apiserver, at its own address, what it serves itself: aggregated
+// discovery with profile=nopeer (so a peer-aware apiserver does not add its peers' APIs),
+// falling back to plain v2 and then v1, as client-go negotiates.
+func FetchDiscovery(ctx context.Context, base *rest.Config, address, serverName string) (*apidiscoveryv2.APIGroupDiscoveryList, error) {
+	cfg := rest.CopyConfig(base)
+	cfg.Host = "https://" + address
+	cfg.APIPath = ""
+	if !cfg.Insecure {
+		cfg.TLSClientConfig.ServerName = serverName
+	}
+	cfg.Timeout = 10 * time.Second
+	dc, err := discovery.NewDiscoveryClientForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	dc.NoPeerDiscovery = true
+	_, lists, err := dc.ServerGroupsAndResources()
+	if err != nil && len(lists) == 0 {
+		return nil, fmt.Errorf("discovery of %s: %w", address, err)
+	}
+	return fromResourceLists(lists), nil
+}
+
+// fromResourceLists regroups client-go's per-group/version lists ("jobs" and "jobs/status"
+// side by side) into the aggregated form Build reads.
+func fromResourceLists(lists []*metav1.APIResourceList) *apidiscoveryv2.APIGroupDiscoveryList {
+	out := &apidiscoveryv2.APIGroupDiscoveryList{}
+	groups := map[string]int{}
+	for _, l := range lists {
+		gv, err := schema.ParseGroupVersion(l.GroupVersion)
+		if err != nil {
+			continue
+		}
+		gi, ok := groups[gv.Group]
+		if !ok {
+			gi = len(out.Items)
+			groups[gv.Group] = gi
+			out.Items = append(out.Items, apidiscoveryv2.APIGroupDiscovery{ObjectMeta: metav1.ObjectMeta{Name: gv.Group}})
+		}
+		version := apidiscoveryv2.APIVersionDiscovery{Version: gv.Version}
+		parents := map[string]int{}
+		for _, r := range l.APIResources {
+			if !strings.Contains(r.Name, "/") {
+				parents[r.Name] = len(version.Resources)
+				version.Resources = append(version.Resources, apidiscoveryv2.APIResourceDiscovery{Resource: r.Name, Verbs: r.Verbs})
+			}
+		}
+		for _, r := range l.APIResources {
+			parent, sub, ok := strings.Cut(r.Name, "/")
+			if !ok {
+				continue
+			}
+			pi, ok := parents[parent]
+			if !ok {
+				continue
+			}
+			version.Resources[pi].Subresources = append(version.Resources[pi].Subresources,
+				apidiscoveryv2.APISubresourceDiscovery{Subresource: sub, Verbs: r.Verbs})
+		}
+		out.Items[gi].Versions = append(out.Items[gi].Versions, version)
+	}
+	return out
+}

@@ -1,0 +1,153 @@
+package inventory_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kube-mvp/kube-mvp/internal/inventory"
+	"github.com/kube-mvp/kube-mvp/internal/topology"
+	"github.com/kube-mvp/kube-mvp/test/controlplane"
+)
+
+// TestWatcherAgainstMixedControlPlane follows a real two-version control plane: A v1.37.1
+// with every API, B v1.36.4 with batch/v1 off. It then kills A, sees it leave, and brings it
+// back.
+func TestWatcherAgainstMixedControlPlane(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs a real control plane")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	cp, err := controlplane.Start(ctx, controlplane.Options{
+		Log: tlog{t},
+		Servers: []controlplane.ServerSpec{
+			{Name: "cp-a", Version: "v1.37.1"},
+			{Name: "cp-b", Version: "v1.36.4", RuntimeConfig: []string{"batch/v1=false"}},
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cp.Close()
+
+	var latest atomic.Pointer[topology.Topology]
+	// Leases renew every 10 s; 15 s notices a dead server quickly without flapping.
+	w, err := inventory.NewWatcher(cp.Server("cp-b").RESTConfig(), inventory.WatchOptions{
+		Options: inventory.Options{LivenessWindow: 15 * time.Second},
+		Log:     slog.New(slog.NewTextHandler(tlog{t}, nil)),
+	}, func(t *topology.Topology) { latest.Store(t) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	go func() {
+		if err := w.Run(wctx); err != nil {
+			t.Error(err)
+		}
+	}()
+
+	jobs := topology.Resource{Group: "batch", Version: "v1", Resource: "jobs"}
+	jobStatus := topology.Resource{Group: "batch", Version: "v1", Resource: "jobs", Subresource: "status"}
+	deployments := topology.Resource{Group: "apps", Version: "v1", Resource: "deployments"}
+	migrations := topology.Resource{Group: "storagemigration.k8s.io", Version: "v1", Resource: "storageversionmigrations"}
+	var idA, idB string
+	eventually(t, "both apiservers live with discovery", func() error {
+		topo := latest.Load()
+		if topo == nil {
+			return fmt.Errorf("no topology yet")
+		}
+		if len(topo.Live()) != 2 {
+			return fmt.Errorf("live: %v", topo.Live())
+		}
+		for _, s := range topo.APIServers {
+			switch s.Hostname {
+			case "cp-a":
+				idA = s.ID
+				if s.Address != cp.Server("cp-a").Address() {
+					return fmt.Errorf("cp-a address %q", s.Address)
+				}
+			case "cp-b":
+				idB = s.ID
+			}
+		}
+		if idA == "" || idB == "" || idA == idB {
+			return fmt.Errorf("IDs: cp-a %q, cp-b %q", idA, idB)
+		}
+		// Subresources come only from discovery: seeing one proves discovery was used.
+		if got := topo.Served[jobStatus]; !slices.Equal(got, []string{idA}) {
+			return fmt.Errorf("batch/v1 jobs/status served by %v, want cp-a only", got)
+		}
+		if got := topo.Served[deployments]; len(got) != 2 {
+			return fmt.Errorf("apps/v1 deployments served by %v, want both", got)
+		}
+		return nil
+	})
+	topo := latest.Load()
+	for _, c := range []struct {
+		r       topology.Resource
+		outcome topology.Outcome
+		servers []string
+	}{
+		{jobs, topology.Subset, []string{idA}},
+		{jobStatus, topology.Subset, []string{idA}},
+		{migrations, topology.Subset, []string{idA}},
+		{deployments, topology.Default, nil},
+		{topology.Resource{Version: "v1", Resource: "pods", Subresource: "log"}, topology.Default, nil},
+	} {
+		d := topo.DecideResource(c.r)
+		if d.Outcome != c.outcome || !slices.Equal(d.Servers, c.servers) {
+			t.Errorf("%s: %v %v, want %v %v", c.r, d.Outcome, d.Servers, c.outcome, c.servers)
+		}
+	}
+	if name := topo.ClusterFor(topo.DecideResource(jobs)); name != "kube-apiservers-only-cp-a" {
+		t.Errorf("cluster for batch/v1 jobs: %q", name)
+	}
+
+	cp.Kill("cp-a")
+	eventually(t, "cp-a dead (its Lease no longer renewed)", func() error {
+		d := latest.Load().DecideResource(jobs)
+		if d.Outcome != topology.Unavailable || !slices.Equal(d.Servers, []string{idA}) {
+			return fmt.Errorf("batch/v1 jobs: %v %v", d.Outcome, d.Servers)
+		}
+		return nil
+	})
+	if d := latest.Load().DecideResource(deployments); d.Outcome != topology.Default {
+		t.Errorf("apps/v1 deployments with cp-a dead: %v, want default (cp-b alone)", d.Outcome)
+	}
+
+	if err := cp.Restart(ctx, "cp-a", ""); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "cp-a back", func() error {
+		d := latest.Load().DecideResource(jobs)
+		if d.Outcome != topology.Subset || !slices.Equal(d.Servers, []string{idA}) {
+			return fmt.Errorf("batch/v1 jobs: %v %v", d.Outcome, d.Servers)
+		}
+		return nil
+	})
+}
+
+func eventually(t *testing.T, what string, check func() error) {
+	t.Helper()
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		err := check()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("waiting for %s: %v", what, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+type tlog struct{ t *testing.T }
+
+func (l tlog) Write(p []byte) (int, error) { l.t.Log(string(p)); return len(p), nil }
