@@ -32,3 +32,8 @@ demo: kube-binaries
 
 clean:
 	rm -rf bin/
+
+## proto: regenerate Go code from proto/ (needs protoc, protoc-gen-go, protoc-gen-go-grpc)
+proto:
+	protoc -I proto --go_out=proto --go_opt=paths=source_relative \
+		--go-grpc_out=proto --go-grpc_opt=paths=source_relative proto/kubemvp/table/v1/table.proto
