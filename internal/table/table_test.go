@@ -22,9 +22,9 @@ func sample(t *testing.T, aliveB bool) *topology.Topology {
 	topo, err := topology.New(
 		[]topology.APIServer{{ID: "apiserver-b", Hostname: "cp-b", Address: "10.0.0.2:6443", Alive: aliveB}, {ID: "apiserver-a", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: true}},
 		map[topology.Resource][]string{
-			{Group: "batch", Version: "v1", Resource: "jobs"}:                       {"apiserver-a"},
+			{Group: "batch", Version: "v1", Resource: "jobs"}:                        {"apiserver-a"},
 			{Group: "batch", Version: "v1", Resource: "jobs", Subresource: "status"}: {"apiserver-a"},
-			{Version: "v1", Resource: "pods"}:                                       {"apiserver-b", "apiserver-a"},
+			{Version: "v1", Resource: "pods"}:                                        {"apiserver-b", "apiserver-a"},
 		},
 		[]string{"example.com", "acme.io"})
 	if err != nil {
