@@ -1,0 +1,175 @@
+package xds_test
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	cluster "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	statuspb "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/kube-mvp/kube-mvp/internal/topology"
+	"github.com/kube-mvp/kube-mvp/internal/xds"
+)
+
+// clustersOnly is a minimal translator: one cluster named after the default cluster, so the
+// test sees front-proxy and sidecar nodes get different snapshots.
+func clustersOnly(t *topology.Topology) (*cachev3.Snapshot, error) {
+	name := t.DefaultClusterName()
+	return cachev3.NewSnapshot(name+"-"+strings.Join(t.Live(), ","), map[string][]types.Resource{
+		resourcev3.ClusterType: {&cluster.Cluster{Name: name}},
+	})
+}
+
+func topo(t *testing.T, liveB bool) *topology.Topology {
+	t.Helper()
+	tp, err := topology.New([]topology.APIServer{
+		{ID: "apiserver-a", Hostname: "cp-a", Address: "127.0.0.1:1", Alive: true},
+		{ID: "apiserver-b", Hostname: "cp-b", Address: "127.0.0.1:2", Alive: liveB},
+	}, map[topology.Resource][]string{{Group: "batch", Version: "v1", Resource: "jobs"}: {"apiserver-a"}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tp
+}
+
+type adsClient struct {
+	t      *testing.T
+	stream grpc.BidiStreamingClient[discovery.DiscoveryRequest, discovery.DiscoveryResponse]
+	node   *core.Node
+}
+
+func dial(t *testing.T, ctx context.Context, addr string, node *core.Node) *adsClient {
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	stream, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &adsClient{t: t, stream: stream, node: node}
+}
+
+func (c *adsClient) send(req *discovery.DiscoveryRequest) {
+	c.t.Helper()
+	req.Node, req.TypeUrl = c.node, resourcev3.ClusterType
+	if err := c.stream.Send(req); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+func (c *adsClient) recvCluster() (*discovery.DiscoveryResponse, string) {
+	c.t.Helper()
+	resp, err := c.stream.Recv()
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	var cl cluster.Cluster
+	if len(resp.Resources) != 1 || resp.Resources[0].UnmarshalTo(&cl) != nil {
+		c.t.Fatalf("response: %v", resp)
+	}
+	return resp, cl.Name
+}
+
+func TestADSPerNodeSnapshotsAndAcks(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	srv := xds.New(clustersOnly, slog.Default())
+	g := grpc.NewServer()
+	srv.Register(ctx, g)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go g.Serve(lis)
+	defer g.Stop()
+	srv.Update(topo(t, true))
+
+	front := dial(t, ctx, lis.Addr().String(), &core.Node{Id: "front-1"})
+	meta, _ := structpb.NewStruct(map[string]any{xds.LocalAPIServerMetadataKey: "cp-b"})
+	sidecar := dial(t, ctx, lis.Addr().String(), &core.Node{Id: "sidecar-b", Metadata: meta})
+
+	front.send(&discovery.DiscoveryRequest{})
+	resp, name := front.recvCluster()
+	if name != topology.DefaultCluster {
+		t.Errorf("front proxy got cluster %q", name)
+	}
+	front.send(&discovery.DiscoveryRequest{VersionInfo: resp.VersionInfo, ResponseNonce: resp.Nonce}) // ACK
+
+	sidecar.send(&discovery.DiscoveryRequest{})
+	sresp, name := sidecar.recvCluster()
+	if name != topology.LocalCluster {
+		t.Errorf("sidecar got cluster %q", name)
+	}
+	sidecar.send(&discovery.DiscoveryRequest{ResponseNonce: sresp.Nonce, ErrorDetail: &statuspb.Status{Message: "unknown field frobnicate"}}) // NACK
+
+	// A topology change reaches a connected node as a new version.
+	srv.Update(topo(t, false))
+	resp2, _ := front.recvCluster()
+	if resp2.VersionInfo == resp.VersionInfo {
+		t.Errorf("version unchanged after the topology changed: %s", resp2.VersionInfo)
+	}
+
+	var status []xds.NodeStatus
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		status = srv.Status()
+		if len(status) == 2 && status[1].Types[resourcev3.ClusterType].NackError != "" && status[0].Types[resourcev3.ClusterType].Acked == resp.VersionInfo {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("status never showed the ACK and the NACK: %+v", status)
+		}
+	}
+	if status[0].NodeID != "front-1" || status[0].Streams != 1 || status[1].LocalAPIServer != "cp-b" {
+		t.Errorf("status: %+v", status)
+	}
+
+	// The debug page shows the same.
+	rec := httptest.NewRecorder()
+	srv.AdminHandler(http.NotFoundHandler()).ServeHTTP(rec, httptest.NewRequest("GET", "/debug/syncz", nil))
+	if !strings.Contains(rec.Body.String(), "unknown field frobnicate") {
+		t.Errorf("/debug/syncz: %s", rec.Body)
+	}
+	srv.Update(topo(t, true)) // with B alive again, batch/v1 jobs is A's alone
+	rec = httptest.NewRecorder()
+	srv.AdminHandler(http.NotFoundHandler()).ServeHTTP(rec, httptest.NewRequest("GET", "/debug/topology", nil))
+	var view xds.TopologyView
+	if err := json.Unmarshal(rec.Body.Bytes(), &view); err != nil {
+		t.Fatal(err)
+	}
+	if len(view.GroupVersions) != 1 || view.GroupVersions[0].Resources[0].Cluster != "kube-apiservers-only-cp-a" {
+		t.Errorf("/debug/topology: %s", rec.Body)
+	}
+}
+
+func TestReadyzWaitsForTopology(t *testing.T) {
+	srv := xds.New(clustersOnly, slog.Default())
+	h := srv.AdminHandler(http.NotFoundHandler())
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest("GET", "/readyz", nil))
+	if rec.Code != http.StatusServiceUnavailable {
+		t.Errorf("/readyz before any topology: %d", rec.Code)
+	}
+	srv.Update(topo(t, true))
+	rec = httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest("GET", "/readyz", nil))
+	if rec.Code != http.StatusOK {
+		t.Errorf("/readyz after a topology: %d", rec.Code)
+	}
+}
