@@ -1,0 +1,81 @@
+// Command xds-server is kube-mvp's Envoy control plane: it turns what the control plane tells
+// about its apiservers into Envoy configuration (internal/snapshot).
+//
+//	xds-server translate -f FILE [-o json|yaml] [flags]   print the configuration for a fixture
+//	xds-server help [COMMAND]
+//
+// Each subcommand has its own flags (xds-server COMMAND --help). Exit codes: 0 success, 1 the
+// work failed, 2 bad input (command line, unreadable or undecodable file).
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"strings"
+)
+
+// command is one subcommand. run gets the arguments after the subcommand's name and returns
+// the exit code.
+type command struct {
+	name    string
+	summary string
+	usage   string
+	run     func(args []string, stdout, stderr io.Writer) int
+}
+
+// commands lists the subcommands in the order usage shows them.
+var commands = []*command{
+	translateCommand,
+}
+
+func findCommand(name string) *command {
+	for _, c := range commands {
+		if c.name == name {
+			return c
+		}
+	}
+	return nil
+}
+
+func usage() string {
+	var b strings.Builder
+	b.WriteString("usage: xds-server COMMAND [flags]\n\nkube-mvp's Envoy control plane.\n\ncommands:\n")
+	for _, c := range commands {
+		fmt.Fprintf(&b, "  %-10s %s\n", c.name, c.summary)
+	}
+	b.WriteString("  help       this text, or help COMMAND for a command's flags\n\nRun xds-server COMMAND --help for a command's flags.\n")
+	return b.String()
+}
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// run is main with its inputs and outputs made explicit; it returns the exit code.
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage())
+		return 2
+	}
+	switch name := args[0]; name {
+	case "help", "-h", "-help", "--help":
+		if len(args) > 1 {
+			if c := findCommand(args[1]); c != nil {
+				fmt.Fprint(stdout, c.usage)
+				return 0
+			}
+			fmt.Fprintf(stderr, "xds-server: unknown command %q\n\n%s", args[1], usage())
+			return 2
+		}
+		fmt.Fprint(stdout, usage())
+		return 0
+	default:
+		c := findCommand(name)
+		if c == nil {
+			fmt.Fprintf(stderr, "xds-server: unknown command %q\n\n%s", name, usage())
+			return 2
+		}
+		return c.run(args[1:], stdout, stderr)
+	}
+}

@@ -1,0 +1,212 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"encoding/pem"
+	"maps"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+const goldenDir = "../../internal/snapshot/testdata"
+
+// writeSecrets writes the fake PEM files the snapshot golden tests use (see
+// internal/snapshot/golden_test.go) and returns the flags naming them.
+func writeSecrets(t *testing.T) []string {
+	t.Helper()
+	dir := t.TempDir()
+	var flags []string
+	for _, s := range []struct{ flag, typ, what string }{
+		{"--serving-cert", "CERTIFICATE", "serving cert"},
+		{"--serving-key", "PRIVATE KEY", "serving key"},
+		{"--client-ca", "CERTIFICATE", "client CA"},
+		{"--proxy-client-cert", "CERTIFICATE", "proxy client cert"},
+		{"--proxy-client-key", "PRIVATE KEY", "proxy client key"},
+		{"--peer-ca", "CERTIFICATE", "peer CA"},
+	} {
+		path := filepath.Join(dir, strings.TrimPrefix(s.flag, "--")+".pem")
+		b := pem.EncodeToMemory(&pem.Block{Type: s.typ, Bytes: []byte("kube-mvp test " + s.what)})
+		if err := os.WriteFile(path, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		flags = append(flags, s.flag, path)
+	}
+	return flags
+}
+
+func runCmd(args ...string) (code int, stdout, stderr string) {
+	var out, errOut bytes.Buffer
+	code = run(args, &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+// TestTranslateGolden: the command prints exactly what the snapshot golden files hold for the
+// same fixture, time, secrets and extproc address, in front-proxy and sidecar mode.
+func TestTranslateGolden(t *testing.T) {
+	secrets := writeSecrets(t)
+	for _, tc := range []struct {
+		name  string
+		extra []string
+	}{
+		{"batch-off", nil},
+		{"sidecar", []string{"--node-id", "apiserver-nxibzygiy5v5qmcjmernh6erfe"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"translate", "-f", filepath.Join(goldenDir, tc.name+".in.yaml"), "-o", "yaml",
+				"--now", "2026-11-23T10:00:10Z", "--extproc-address=unix:/run/kube-mvp/extproc.sock"}, secrets...)
+			args = append(args, tc.extra...)
+			code, out, errOut := runCmd(args...)
+			if code != 0 {
+				t.Fatalf("exit %d: %s", code, errOut)
+			}
+			if errOut != "" {
+				t.Errorf("stderr: %s", errOut)
+			}
+			want, err := os.ReadFile(filepath.Join(goldenDir, tc.name+".out.yaml"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if out != string(want) {
+				t.Errorf("output differs from %s.out.yaml", tc.name)
+			}
+		})
+	}
+}
+
+// TestTranslateJSON: the default output is one JSON object with the resources by type; without
+// --now every Lease is live, and without secret flags no secret is emitted.
+func TestTranslateJSON(t *testing.T) {
+	code, out, errOut := runCmd("translate", "-f", filepath.Join(goldenDir, "dead-lease.in.yaml"))
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var doc struct {
+		Version   string            `json:"version"`
+		Listeners []json.RawMessage `json:"listeners"`
+		Routes    []json.RawMessage `json:"routes"`
+		Clusters  []json.RawMessage `json:"clusters"`
+		Endpoints []struct {
+			ClusterName string `json:"cluster_name"`
+			Endpoints   []struct {
+				LbEndpoints []json.RawMessage `json:"lb_endpoints"`
+			} `json:"endpoints"`
+		} `json:"endpoints"`
+		Secrets []json.RawMessage `json:"secrets"`
+	}
+	if err := json.Unmarshal([]byte(out), &doc); err != nil {
+		t.Fatalf("not JSON: %v\n%s", err, out)
+	}
+	if doc.Version == "" || len(doc.Listeners) != 1 || len(doc.Routes) != 1 || len(doc.Secrets) != 0 {
+		t.Errorf("version %q, %d listeners, %d routes, %d secrets", doc.Version, len(doc.Listeners), len(doc.Routes), len(doc.Secrets))
+	}
+	// Without --now every Lease is live: cp-c too, which alone serves storagemigration.
+	members := map[string]int{}
+	for _, e := range doc.Endpoints {
+		for _, l := range e.Endpoints {
+			members[e.ClusterName] += len(l.LbEndpoints)
+		}
+	}
+	if want := map[string]int{"kube-apiservers": 3, "kube-apiservers-only-cp-c": 1}; !maps.Equal(members, want) {
+		t.Errorf("endpoints per cluster = %v, want %v", members, want)
+	}
+	if !strings.Contains(out, `"@type": "type.googleapis.com/envoy.config.listener.v3.Listener"`) {
+		t.Error("elements lack their @type")
+	}
+}
+
+func TestTranslateBadInput(t *testing.T) {
+	dir := t.TempDir()
+	broken := filepath.Join(dir, "broken.yaml")
+	if err := os.WriteFile(broken, []byte(`apiVersion: coordination.k8s.io/v1
+kind: Lease
+metadata: {name: apiserver-aaa, namespace: kube-system}
+---
+apiVersion: coordination.k8s.io/v1
+kind: Lease
+metadata: {name: apiserver-bbb, namespace: kube-system}
+spec: {holderIdentity: [not, a, string]}
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		args []string
+		want []string
+	}{
+		{"missing file", []string{"translate", "-f", filepath.Join(dir, "nope.yaml")}, []string{"nope.yaml", "no such file"}},
+		{"undecodable document", []string{"translate", "-f", broken}, []string{"broken.yaml", "document 2", "apiserver-bbb"}},
+		{"directory", []string{"translate", "-f", dir}, []string{dir}},
+		{"flags, all at once", []string{"translate", "--now", "yesterday", "-o", "xml", "--listen-port", "99999", "--bogus", "x",
+			"--peer-ca", filepath.Join(dir, "missing.pem"), "--extproc-address", "nowhere", "--serving-cert", broken},
+			[]string{"-f FILE is required", `--now "yesterday"`, `--output "xml"`, `--listen-port "99999"`, `unknown flag "--bogus"`,
+				"--peer-ca", "missing.pem", `--extproc-address "nowhere"`, "--serving-key is missing", "--serving-cert " + broken + ": holds no PEM"}},
+		{"stray argument", []string{"translate", "-f", broken, "extra"}, []string{`unexpected argument "extra"`}},
+		{"repeated flag", []string{"translate", "-f", broken, "--file", broken}, []string{"--file given more than once"}},
+		{"no command", nil, []string{"usage: xds-server COMMAND"}},
+		{"unknown command", []string{"serve-forever"}, []string{`unknown command "serve-forever"`}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, out, errOut := runCmd(tc.args...)
+			if code != 2 {
+				t.Errorf("exit %d, want 2", code)
+			}
+			if out != "" {
+				t.Errorf("stdout: %s", out)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(errOut, w) {
+					t.Errorf("stderr does not mention %q:\n%s", w, errOut)
+				}
+			}
+		})
+	}
+}
+
+// TestTranslateWarnings: objects the inventory skips and an unknown --node-id are warned
+// about, naming them, and the translation still succeeds.
+func TestTranslateWarnings(t *testing.T) {
+	dir := t.TempDir()
+	f := filepath.Join(dir, "fixture.yaml")
+	if err := os.WriteFile(f, []byte(`apiVersion: coordination.k8s.io/v1
+kind: Lease
+metadata:
+  name: apiserver-aaa
+  namespace: kube-system
+  labels: {apiserver.kubernetes.io/identity: kube-apiserver, kubernetes.io/hostname: cp-a}
+  annotations: {kubernetes.io/peer-advertise-address: "10.0.0.1:6443"}
+spec: {holderIdentity: apiserver-aaa_1, renewTime: "2026-11-23T10:00:00.000000Z"}
+---
+apiVersion: coordination.k8s.io/v1
+kind: Lease
+metadata:
+  name: leader-election
+  namespace: kube-system
+spec: {holderIdentity: someone}
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := runCmd("translate", "-f", f, "--node-id", "apiserver-zzz")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	for _, w := range []string{"warning:", "Lease kube-system/leader-election", "--node-id apiserver-zzz"} {
+		if !strings.Contains(errOut, w) {
+			t.Errorf("stderr does not mention %q:\n%s", w, errOut)
+		}
+	}
+	if !strings.Contains(out, `"kube-apiserver-local"`) {
+		t.Error("sidecar output lacks the local cluster")
+	}
+}
+
+func TestHelp(t *testing.T) {
+	for _, args := range [][]string{{"help"}, {"--help"}, {"help", "translate"}, {"translate", "--help"}} {
+		code, out, errOut := runCmd(args...)
+		if code != 0 || errOut != "" || !strings.Contains(out, "usage: xds-server") {
+			t.Errorf("%v: exit %d, stdout %q, stderr %q", args, code, out, errOut)
+		}
+	}
+}

@@ -1,0 +1,260 @@
+package snapshot
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/kube-mvp/kube-mvp/internal/topology"
+)
+
+// Resource names. Cluster names of the apiserver clusters come from the topology package
+// (topology.DefaultCluster, topology.LocalCluster, Topology.ClusterName), because extproc names
+// them too.
+const (
+	ListenerName       = "kube-apiserver"
+	RouteConfigName    = "kube-apiserver"
+	VirtualHostName    = "kube-apiserver"
+	ExtProcClusterName = "kube-mvp-extproc"
+
+	SecretServingCert     = "kube-mvp-serving-cert"
+	SecretClientCA        = "kube-mvp-client-ca"
+	SecretProxyClientCert = "kube-mvp-proxy-client-cert"
+	SecretPeerCA          = "kube-mvp-peer-ca"
+
+	// MetadataNamespace keys kube-mvp's metadata on routes, clusters and endpoints.
+	MetadataNamespace = "kube-mvp"
+)
+
+// Envoy extension names (the well-known names under which Envoy registers them).
+const (
+	extProcFilterName        = "envoy.filters.http.ext_proc"
+	routerFilterName         = "envoy.filters.http.router"
+	hcmFilterName            = "envoy.filters.network.http_connection_manager"
+	tlsTransportSocketName   = "envoy.transport_sockets.tls"
+	httpProtocolOptionsKey   = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+	earlyHeaderMutationName  = "envoy.http.early_header_mutation.header_mutation"
+	previousHostsPredicateNm = "envoy.retry_host_predicates.previous_hosts"
+)
+
+// Headers kube-mvp strips from clients or reads.
+const (
+	headerRemotePrefix = "x-remote-"
+	headerPeerProxied  = "x-kubernetes-peer-proxied"
+	headerXFCC         = "x-forwarded-client-cert"
+)
+
+// Resources is one complete Envoy configuration, every list sorted by resource name. Treat it
+// as immutable: resources share sub-messages (the upstream TLS context of every apiserver
+// cluster is one message), and the versions are computed once.
+type Resources struct {
+	Listeners []types.Resource
+	Routes    []types.Resource
+	Clusters  []types.Resource
+	Endpoints []types.Resource
+	Secrets   []types.Resource
+	// TypeVersions holds the content hash of each type's resources, by type URL.
+	TypeVersions map[resource.Type]string
+	// Version is the content hash of everything: equal inputs give equal versions on every
+	// replica.
+	Version string
+}
+
+// AddressError reports an apiserver whose endpoint was left out because its address cannot be
+// an EDS endpoint. It is the one kind of error after which Build still returns Resources.
+type AddressError struct {
+	APIServer string // ID
+	Hostname  string
+	Address   string
+	Reason    string
+}
+
+func (e *AddressError) Error() string {
+	who := "apiserver " + e.APIServer
+	if e.Hostname != "" {
+		who += " (hostname " + e.Hostname + ")"
+	}
+	return fmt.Sprintf("%s: address %q %s; its endpoint is left out of every cluster", who, e.Address, e.Reason)
+}
+
+// Build translates a topology into Envoy resources. It is pure: the output depends only on t
+// and cfg, byte for byte.
+//
+// Every problem is reported (joined with errors.Join), not only the first. When every problem
+// is an *AddressError (an apiserver whose endpoint had to be left out), Build returns the
+// Resources without those endpoints together with the error, so a caller can choose degraded
+// service over none; any other error means no Resources.
+func Build(t *topology.Topology, cfg Config) (*Resources, error) {
+	if t == nil {
+		return nil, errors.New("snapshot: nil topology")
+	}
+	c, errs := cfg.check()
+	if len(errs) > 0 {
+		// Building from a bad config would only add noise to the report.
+		return nil, errors.Join(errs...)
+	}
+	b := &builder{t: t, cfg: c}
+	b.decide()
+	res := &Resources{}
+	secrets := b.secrets()
+	for _, s := range secrets {
+		res.Secrets = append(res.Secrets, s)
+	}
+	res.Listeners = []types.Resource{b.listener()}
+	res.Routes = []types.Resource{b.routeConfiguration()}
+	clusters, endpoints := b.clusters()
+	for _, c := range clusters {
+		res.Clusters = append(res.Clusters, c)
+	}
+	for _, e := range endpoints {
+		res.Endpoints = append(res.Endpoints, e)
+	}
+	b.validateTop(res)
+	if len(b.errs) == 0 {
+		b.errs = append(b.errs, checkReferences(res, b.producible)...)
+	}
+	fatal := slices.ContainsFunc(b.errs, func(err error) bool {
+		var ae *AddressError
+		return !errors.As(err, &ae)
+	})
+	if fatal {
+		return nil, errors.Join(b.errs...)
+	}
+	if err := res.computeVersions(); err != nil {
+		return nil, err
+	}
+	return res, errors.Join(b.errs...)
+}
+
+// builder carries one translation.
+type builder struct {
+	t    *topology.Topology
+	cfg  config
+	errs []error
+
+	// resources are every published serving-table key, sorted, with their decisions.
+	resources []topology.Resource
+	decisions []topology.Decision
+	// subsets are the serving sets a Subset decision can name, by cluster name.
+	subsets map[string]topology.ServerSet
+	// producible maps every cluster that extproc may name to one resource that leads there
+	// (for error messages).
+	producible map[string]string
+}
+
+func (b *builder) errorf(format string, args ...any) {
+	b.errs = append(b.errs, fmt.Errorf(format, args...))
+}
+
+// decide runs the one routing rule over every published key: the route table and the set of
+// clusters are derived from these decisions, as extproc derives its answers.
+func (b *builder) decide() {
+	b.resources = b.t.Resources()
+	b.decisions = make([]topology.Decision, len(b.resources))
+	b.subsets = map[string]topology.ServerSet{}
+	def := b.t.DefaultClusterName()
+	b.producible = map[string]string{def: "non-resource requests"}
+	for i, r := range b.resources {
+		d := b.t.DecideResource(r)
+		b.decisions[i] = d
+		if d.Outcome != topology.Subset {
+			continue
+		}
+		name := b.t.ClusterName(d.Servers)
+		if prev, ok := b.subsets[name]; ok && !slices.Equal(prev, d.Servers) {
+			b.errorf("cluster name %s stands for two serving sets, [%s] and [%s] (two apiservers share a hostname?)", name, prev.Key(), d.Servers.Key())
+			continue
+		}
+		b.subsets[name] = d.Servers
+		if _, ok := b.producible[name]; !ok {
+			b.producible[name] = r.String()
+		}
+	}
+}
+
+// validated is every generated Envoy message: PGV generates ValidateAll for each.
+type validated interface {
+	proto.Message
+	ValidateAll() error
+}
+
+// pack validates m and packs it into an Any with deterministic marshalling, so that equal
+// configurations have equal bytes (and hashes).
+func (b *builder) pack(what string, m validated) *anypb.Any {
+	if err := m.ValidateAll(); err != nil {
+		b.errorf("%s: %w", what, err)
+	}
+	a := &anypb.Any{}
+	if err := anypb.MarshalFrom(a, m, proto.MarshalOptions{Deterministic: true}); err != nil {
+		b.errorf("%s: packing: %w", what, err)
+	}
+	return a
+}
+
+// validateTop validates every top-level resource (typed configs inside were validated when
+// packed: PGV does not look inside an Any).
+func (b *builder) validateTop(res *Resources) {
+	for _, list := range [][]types.Resource{res.Listeners, res.Routes, res.Clusters, res.Endpoints, res.Secrets} {
+		for _, r := range list {
+			v, ok := r.(validated)
+			if !ok {
+				b.errorf("%T is not a validatable Envoy resource", r)
+				continue
+			}
+			if err := v.ValidateAll(); err != nil {
+				b.errorf("%s %q: %w", kindOf(r), nameOf(r), err)
+			}
+		}
+	}
+}
+
+func kindOf(r types.Resource) string {
+	switch r.(type) {
+	case *listenerv3.Listener:
+		return "listener"
+	case *routev3.RouteConfiguration:
+		return "route configuration"
+	case *clusterv3.Cluster:
+		return "cluster"
+	case *endpointv3.ClusterLoadAssignment:
+		return "endpoints of cluster"
+	case *tlsv3.Secret:
+		return "secret"
+	}
+	return fmt.Sprintf("%T", r)
+}
+
+func nameOf(r types.Resource) string {
+	switch r := r.(type) {
+	case *listenerv3.Listener:
+		return r.GetName()
+	case *routev3.RouteConfiguration:
+		return r.GetName()
+	case *clusterv3.Cluster:
+		return r.GetName()
+	case *endpointv3.ClusterLoadAssignment:
+		return r.GetClusterName()
+	case *tlsv3.Secret:
+		return r.GetName()
+	}
+	return ""
+}
+
+// ads is the config source of every dynamic resource: the ADS stream Envoy's bootstrap opens.
+func ads() *corev3.ConfigSource {
+	return &corev3.ConfigSource{
+		ResourceApiVersion:    corev3.ApiVersion_V3,
+		ConfigSourceSpecifier: &corev3.ConfigSource_Ads{Ads: &corev3.AggregatedConfigSource{}},
+	}
+}

@@ -1,0 +1,239 @@
+package snapshot
+
+import (
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	httpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/kube-mvp/kube-mvp/internal/topology"
+)
+
+// Cluster tuning (see the package doc for why).
+const (
+	apiserverConnectTimeout = 3 * time.Second
+	extProcConnectTimeout   = 1 * time.Second
+	// circuitBreakerLimit bounds connections, pending and active requests per cluster and
+	// priority. Every watch holds one request (and, over HTTP/1.1, one connection) for
+	// minutes; Envoy's default of 1024 would cap a control plane at about a thousand watchers.
+	circuitBreakerLimit = 100_000
+	retryLimit          = 10_000
+)
+
+// apiserverCluster is one cluster of apiservers to define.
+type apiserverCluster struct {
+	name    string
+	role    string // "default", "local" or "subset"
+	members topology.ServerSet
+}
+
+// apiserverClusters lists every apiserver cluster, sorted by name: the default cluster and one
+// per serving set that a Subset decision names.
+//
+// In sidecar mode the default cluster is the local apiserver alone and the all-live cluster is
+// not defined: no decision names it (a resource the local apiserver serves stays local; one it
+// does not serve goes to the subset of live apiservers that do), and every sidecar would
+// otherwise health-check every apiserver for nothing.
+func (b *builder) apiserverClusters() []apiserverCluster {
+	var out []apiserverCluster
+	if b.t.LocalID != "" {
+		var members topology.ServerSet
+		if slices.Contains(b.t.Live(), b.t.LocalID) {
+			members = topology.ServerSet{b.t.LocalID}
+		}
+		out = append(out, apiserverCluster{name: b.t.DefaultClusterName(), role: "local", members: members})
+	} else {
+		out = append(out, apiserverCluster{name: b.t.DefaultClusterName(), role: "default", members: b.t.Live()})
+	}
+	for name, set := range b.subsets {
+		if name == out[0].name {
+			continue // cannot happen with topology's names; the reference check would tell
+		}
+		out = append(out, apiserverCluster{name: name, role: "subset", members: set})
+	}
+	slices.SortFunc(out, func(a, b apiserverCluster) int { return strings.Compare(a.name, b.name) })
+	return out
+}
+
+// clusters returns every cluster, sorted by name, and the endpoints of the EDS ones.
+func (b *builder) clusters() ([]*clusterv3.Cluster, []*endpointv3.ClusterLoadAssignment) {
+	what := "apiserver clusters: "
+	// The typed configs shared by every apiserver cluster are packed (and validated) once.
+	tls := &corev3.TransportSocket{
+		Name:       tlsTransportSocketName,
+		ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: b.pack(what+"upstream TLS", b.upstreamTLS())},
+	}
+	http1 := map[string]*anypb.Any{httpProtocolOptionsKey: b.pack(what+"HTTP protocol options", &httpv3.HttpProtocolOptions{
+		UpstreamProtocolOptions: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_{ExplicitHttpConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig{
+			ProtocolConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_HttpProtocolOptions{HttpProtocolOptions: &corev3.Http1ProtocolOptions{}},
+		}},
+	})}
+	addrs := b.endpointAddresses()
+
+	var clusters []*clusterv3.Cluster
+	var cla []*endpointv3.ClusterLoadAssignment
+	for _, c := range b.apiserverClusters() {
+		clusters = append(clusters, &clusterv3.Cluster{
+			Name:                          c.name,
+			ClusterDiscoveryType:          &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS},
+			EdsClusterConfig:              &clusterv3.Cluster_EdsClusterConfig{EdsConfig: ads()},
+			ConnectTimeout:                durationpb.New(apiserverConnectTimeout),
+			LbPolicy:                      clusterv3.Cluster_LEAST_REQUEST,
+			TransportSocket:               tls,
+			TypedExtensionProtocolOptions: http1,
+			CircuitBreakers:               circuitBreakers(),
+			OutlierDetection: &clusterv3.OutlierDetection{
+				SplitExternalLocalOriginErrors:         true,
+				ConsecutiveLocalOriginFailure:          wrapperspb.UInt32(3),
+				EnforcingConsecutiveLocalOriginFailure: wrapperspb.UInt32(100),
+				EnforcingLocalOriginSuccessRate:        wrapperspb.UInt32(0),
+				EnforcingConsecutive_5Xx:               wrapperspb.UInt32(0),
+				EnforcingConsecutiveGatewayFailure:     wrapperspb.UInt32(0),
+				EnforcingSuccessRate:                   wrapperspb.UInt32(0),
+				Interval:                               durationpb.New(5 * time.Second),
+				BaseEjectionTime:                       durationpb.New(10 * time.Second),
+				MaxEjectionTime:                        durationpb.New(60 * time.Second),
+				MaxEjectionPercent:                     wrapperspb.UInt32(100),
+				SuccessfulActiveHealthCheckUnejectHost: wrapperspb.Bool(true),
+			},
+			HealthChecks: []*corev3.HealthCheck{{
+				Timeout:            durationpb.New(2 * time.Second),
+				Interval:           durationpb.New(5 * time.Second),
+				NoTrafficInterval:  durationpb.New(10 * time.Second),
+				UnhealthyThreshold: wrapperspb.UInt32(2),
+				HealthyThreshold:   wrapperspb.UInt32(1),
+				HealthChecker: &corev3.HealthCheck_HttpHealthCheck_{HttpHealthCheck: &corev3.HealthCheck_HttpHealthCheck{
+					Host: b.cfg.UpstreamServerName,
+					Path: "/readyz",
+				}},
+			}},
+			CommonLbConfig: &clusterv3.Cluster_CommonLbConfig{HealthyPanicThreshold: &typev3.Percent{Value: 0}},
+			Metadata:       b.clusterMetadata(c),
+		})
+		var lb []*endpointv3.LbEndpoint
+		for _, id := range c.members {
+			if e := addrs[id]; e != nil {
+				lb = append(lb, e)
+			}
+		}
+		a := &endpointv3.ClusterLoadAssignment{ClusterName: c.name}
+		if len(lb) > 0 {
+			a.Endpoints = []*endpointv3.LocalityLbEndpoints{{LbEndpoints: lb}}
+		}
+		cla = append(cla, a)
+	}
+	clusters = append(clusters, b.extProcCluster())
+	slices.SortFunc(clusters, func(a, b *clusterv3.Cluster) int { return strings.Compare(a.GetName(), b.GetName()) })
+	return clusters, cla
+}
+
+func circuitBreakers() *clusterv3.CircuitBreakers {
+	return &clusterv3.CircuitBreakers{Thresholds: []*clusterv3.CircuitBreakers_Thresholds{{
+		Priority:           corev3.RoutingPriority_DEFAULT,
+		MaxConnections:     wrapperspb.UInt32(circuitBreakerLimit),
+		MaxPendingRequests: wrapperspb.UInt32(circuitBreakerLimit),
+		MaxRequests:        wrapperspb.UInt32(circuitBreakerLimit),
+		MaxRetries:         wrapperspb.UInt32(retryLimit),
+		TrackRemaining:     true,
+	}}}
+}
+
+// endpointAddresses makes the endpoint of every live apiserver, by ID. EDS endpoints must be
+// IP:port (Envoy does not resolve names in EDS); an apiserver with another address is
+// reported and left out.
+func (b *builder) endpointAddresses() map[string]*endpointv3.LbEndpoint {
+	out := map[string]*endpointv3.LbEndpoint{}
+	for _, id := range b.t.Live() {
+		s, _ := b.t.Server(id)
+		host, portStr, err := net.SplitHostPort(s.Address)
+		if err != nil {
+			b.errs = append(b.errs, &AddressError{APIServer: s.ID, Hostname: s.Hostname, Address: s.Address, Reason: "is not host:port"})
+			continue
+		}
+		port, err := strconv.ParseUint(portStr, 10, 16)
+		if err != nil || port == 0 {
+			b.errs = append(b.errs, &AddressError{APIServer: s.ID, Hostname: s.Hostname, Address: s.Address, Reason: "has no valid port"})
+			continue
+		}
+		if net.ParseIP(host) == nil {
+			b.errs = append(b.errs, &AddressError{APIServer: s.ID, Hostname: s.Hostname, Address: s.Address, Reason: "is not an IP address (EDS endpoints cannot be DNS names)"})
+			continue
+		}
+		md, err := structpb.NewStruct(map[string]any{"apiserverID": s.ID, "hostname": s.Hostname})
+		if err != nil {
+			b.errorf("endpoint of apiserver %s: metadata: %w", s.ID, err)
+			continue
+		}
+		out[id] = &endpointv3.LbEndpoint{
+			HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{
+				Address:  socketAddress(host, uint32(port)),
+				Hostname: s.Hostname,
+			}},
+			Metadata: &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{MetadataNamespace: md}},
+		}
+	}
+	return out
+}
+
+// clusterMetadata tells an operator reading /config_dump who is inside a cluster and why.
+func (b *builder) clusterMetadata(c apiserverCluster) *corev3.Metadata {
+	members := make([]any, 0, len(c.members))
+	for _, id := range c.members {
+		s, _ := b.t.Server(id)
+		members = append(members, map[string]any{"id": id, "hostname": s.Hostname, "address": s.Address})
+	}
+	fields := map[string]any{"role": c.role, "apiservers": members}
+	if c.role == "local" {
+		fields["localAPIServer"] = b.t.LocalID
+	}
+	md, err := structpb.NewStruct(fields)
+	if err != nil {
+		b.errorf("cluster %s: metadata: %w", c.name, err)
+	}
+	return &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{MetadataNamespace: md}}
+}
+
+// extProcCluster is the static cluster of cmd/extproc: gRPC, so HTTP/2, over a unix socket or
+// TCP (STRICT_DNS when the host is a name).
+func (b *builder) extProcCluster() *clusterv3.Cluster {
+	a := b.cfg.extProc
+	var addr *corev3.Address
+	discovery := clusterv3.Cluster_STATIC
+	if a.pipe != "" {
+		addr = &corev3.Address{Address: &corev3.Address_Pipe{Pipe: &corev3.Pipe{Path: a.pipe}}}
+	} else {
+		addr = socketAddress(a.host, a.port)
+		if !a.isIP {
+			discovery = clusterv3.Cluster_STRICT_DNS
+		}
+	}
+	return &clusterv3.Cluster{
+		Name:                 ExtProcClusterName,
+		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: discovery},
+		ConnectTimeout:       durationpb.New(extProcConnectTimeout),
+		TypedExtensionProtocolOptions: map[string]*anypb.Any{httpProtocolOptionsKey: b.pack("cluster "+ExtProcClusterName+": HTTP protocol options", &httpv3.HttpProtocolOptions{
+			UpstreamProtocolOptions: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_{ExplicitHttpConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig{
+				ProtocolConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_Http2ProtocolOptions{Http2ProtocolOptions: &corev3.Http2ProtocolOptions{}},
+			}},
+		})},
+		// One ext_proc stream per request in flight; watches keep theirs open.
+		CircuitBreakers: circuitBreakers(),
+		LoadAssignment: &endpointv3.ClusterLoadAssignment{
+			ClusterName: ExtProcClusterName,
+			Endpoints: []*endpointv3.LocalityLbEndpoints{{LbEndpoints: []*endpointv3.LbEndpoint{{
+				HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{Address: addr}},
+			}}}},
+		},
+	}
+}

@@ -1,0 +1,244 @@
+package snapshot
+
+import (
+	"bytes"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Defaults for the zero fields of a Config.
+const (
+	DefaultListenAddress         = "0.0.0.0"
+	DefaultListenPort            = 6443
+	DefaultExtProcAddress        = "127.0.0.1:9001"
+	DefaultExtProcMessageTimeout = 200 * time.Millisecond
+	DefaultRoutingHeader         = "x-kube-mvp-cluster"
+	DefaultUpstreamServerName    = "kubernetes.default.svc"
+)
+
+// Config is everything besides the topology that shapes the Envoy configuration. The zero
+// value is usable: every empty field takes its default, and every empty secret leaves its
+// TLS piece out (see SecretsPEM).
+type Config struct {
+	// ListenAddress and ListenPort are where Envoy accepts clients; default 0.0.0.0:6443.
+	// The address must be an IP literal (Envoy listeners do not resolve names).
+	ListenAddress string
+	ListenPort    uint32
+	// ExtProcAddress is where cmd/extproc listens: "unix:/path/to.sock" (also
+	// "unix:///path/to.sock") or "host:port"; default 127.0.0.1:9001. A host that is not an IP
+	// literal is resolved by Envoy (STRICT_DNS).
+	ExtProcAddress string
+	// ExtProcMessageTimeout bounds how long Envoy waits for extproc's answer to one request's
+	// headers; default 200ms. When it expires the request fails (see the package doc).
+	ExtProcMessageTimeout time.Duration
+	// RoutingHeader is the request header in which extproc names the cluster; default
+	// x-kube-mvp-cluster. It must be what extproc sets.
+	RoutingHeader string
+	// UpstreamServerName is the SNI Envoy sends to the apiservers and the DNS SAN it requires
+	// in their serving certificates; default kubernetes.default.svc.
+	UpstreamServerName string
+	// Secrets are the certificates, delivered to Envoy by SDS.
+	Secrets SecretsPEM
+}
+
+// SecretsPEM holds PEM bytes; the caller reads the files. Any of them may be empty, and then
+// the TLS piece it feeds is left out, with these consequences:
+//
+//   - ServingCert+ServingKey (both or neither) empty: the listener speaks plain HTTP. For
+//     local experiments only: no client certificate can be presented, so only bearer tokens
+//     (or anonymous requests) authenticate.
+//   - ClientCA empty: Envoy does not ask clients for certificates; client-certificate users
+//     cannot authenticate through the proxy (bearer tokens still work). The
+//     x-forwarded-client-cert route (which engages extproc for identity mapping) is left out.
+//     A ClientCA without a serving certificate is an error: it could never be used.
+//   - ProxyClientCert+ProxyClientKey (both or neither) empty: Envoy presents no client
+//     certificate to the apiservers. They then ignore the X-Remote-* headers extproc sets, so
+//     client-certificate users reach them as anonymous; bearer tokens still work.
+//   - PeerCA empty: Envoy does NOT verify the apiservers' serving certificates (TLS is still
+//     used, and SNI still sent). Envoy refuses a SAN check without a trusted CA, so the
+//     UpstreamServerName check is left out too. Insecure; for experiments only.
+type SecretsPEM struct {
+	ServingCert, ServingKey         []byte
+	ClientCA                        []byte
+	ProxyClientCert, ProxyClientKey []byte
+	PeerCA                          []byte
+}
+
+// config is a Config with its defaults applied and its parts checked.
+type config struct {
+	Config
+	extProc extProcAddress
+}
+
+type extProcAddress struct {
+	pipe string // unix socket path; empty for host:port
+	host string
+	port uint32
+	isIP bool
+}
+
+func (c Config) withDefaults() Config {
+	if c.ListenAddress == "" {
+		c.ListenAddress = DefaultListenAddress
+	}
+	if c.ListenPort == 0 {
+		c.ListenPort = DefaultListenPort
+	}
+	if c.ExtProcAddress == "" {
+		c.ExtProcAddress = DefaultExtProcAddress
+	}
+	if c.ExtProcMessageTimeout == 0 {
+		c.ExtProcMessageTimeout = DefaultExtProcMessageTimeout
+	}
+	if c.RoutingHeader == "" {
+		c.RoutingHeader = DefaultRoutingHeader
+	}
+	if c.UpstreamServerName == "" {
+		c.UpstreamServerName = DefaultUpstreamServerName
+	}
+	return c
+}
+
+// ConfigError is one problem with one field of a Config.
+type ConfigError struct {
+	// Field is the Config field, e.g. "ExtProcAddress" or "Secrets.PeerCA".
+	Field string
+	// Problem completes the sentence that starts with the field, e.g. `"x" is not an IP address`.
+	Problem string
+}
+
+func (e *ConfigError) Error() string { return "Config." + e.Field + " " + e.Problem }
+
+// Validate reports every problem with c (after defaults), each a *ConfigError. Build calls it.
+func (c Config) Validate() []error {
+	_, errs := c.check()
+	return errs
+}
+
+// check applies the defaults and reports every problem with c, each naming its field.
+func (c Config) check() (config, []error) {
+	cfg := config{Config: c.withDefaults()}
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, &ConfigError{Field: field, Problem: fmt.Sprintf(format, args...)})
+	}
+	if ip := net.ParseIP(cfg.ListenAddress); ip == nil {
+		bad("ListenAddress", "%q is not an IP address", cfg.ListenAddress)
+	}
+	if cfg.ListenPort > 65535 {
+		bad("ListenPort", "%d is not a port number", cfg.ListenPort)
+	}
+	var err error
+	if cfg.extProc, err = parseExtProcAddress(cfg.ExtProcAddress); err != nil {
+		bad("ExtProcAddress", "%q: %v", cfg.ExtProcAddress, err)
+	}
+	if cfg.ExtProcMessageTimeout < time.Millisecond || cfg.ExtProcMessageTimeout > time.Hour {
+		bad("ExtProcMessageTimeout", "%v is not between 1ms and 1h", cfg.ExtProcMessageTimeout)
+	}
+	switch {
+	case !validHeaderName(cfg.RoutingHeader):
+		bad("RoutingHeader", "%q is not a lower-case HTTP header name", cfg.RoutingHeader)
+	case strings.HasPrefix(cfg.RoutingHeader, headerRemotePrefix) || cfg.RoutingHeader == headerPeerProxied || cfg.RoutingHeader == headerXFCC:
+		bad("RoutingHeader", "%q collides with a header kube-mvp strips or sets for another purpose", cfg.RoutingHeader)
+	}
+	if strings.ContainsAny(cfg.UpstreamServerName, " /:") || cfg.UpstreamServerName != strings.ToLower(cfg.UpstreamServerName) {
+		bad("UpstreamServerName", "%q is not a lower-case DNS name", cfg.UpstreamServerName)
+	}
+
+	s := cfg.Secrets
+	pair := func(certField string, cert []byte, keyField string, key []byte) {
+		switch {
+		case len(cert) == 0 && len(key) > 0:
+			bad("Secrets."+certField, "is missing: a key without its certificate")
+		case len(key) == 0 && len(cert) > 0:
+			bad("Secrets."+keyField, "is missing: a certificate without its key")
+		}
+		if len(cert) > 0 {
+			checkPEM(bad, certField, cert, "CERTIFICATE")
+		}
+		if len(key) > 0 {
+			checkPEM(bad, keyField, key, "PRIVATE KEY")
+		}
+	}
+	pair("ServingCert", s.ServingCert, "ServingKey", s.ServingKey)
+	pair("ProxyClientCert", s.ProxyClientCert, "ProxyClientKey", s.ProxyClientKey)
+	if len(s.ClientCA) > 0 {
+		checkPEM(bad, "ClientCA", s.ClientCA, "CERTIFICATE")
+		if len(s.ServingCert) == 0 {
+			bad("Secrets.ClientCA", "is given but there is no serving certificate: without TLS on the listener no client certificate can be verified")
+		}
+	}
+	if len(s.PeerCA) > 0 {
+		checkPEM(bad, "PeerCA", s.PeerCA, "CERTIFICATE")
+	}
+	return cfg, errs
+}
+
+func parseExtProcAddress(a string) (extProcAddress, error) {
+	if path, ok := strings.CutPrefix(a, "unix:"); ok {
+		if strings.HasPrefix(path, "///") {
+			path = path[2:] // unix:///abs/path, gRPC's spelling
+		}
+		if path == "" || strings.HasPrefix(path, "//") {
+			return extProcAddress{}, errors.New("want unix:/path/to.sock")
+		}
+		return extProcAddress{pipe: path}, nil
+	}
+	host, port, err := net.SplitHostPort(a)
+	if err != nil {
+		return extProcAddress{}, fmt.Errorf("want unix:/path or host:port: %v", err)
+	}
+	n, err := strconv.ParseUint(port, 10, 16)
+	if err != nil || n == 0 {
+		return extProcAddress{}, fmt.Errorf("port %q is not a number from 1 to 65535", port)
+	}
+	if host == "" {
+		return extProcAddress{}, errors.New("host is empty")
+	}
+	return extProcAddress{host: host, port: uint32(n), isIP: net.ParseIP(host) != nil}, nil
+}
+
+// validHeaderName accepts lower-case RFC 9110 tokens (Envoy keys headers in lower case).
+func validHeaderName(h string) bool {
+	if h == "" {
+		return false
+	}
+	for _, c := range h {
+		switch {
+		case c >= 'a' && c <= 'z', c >= '0' && c <= '9':
+		case strings.ContainsRune("!#$%&'*+-.^_`|~", c):
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// checkPEM requires at least one PEM block whose type ends in want ("CERTIFICATE", or
+// "PRIVATE KEY" for PKCS#8, RSA and EC keys), and nothing but PEM blocks and white space. It
+// does not parse the DER: Envoy does, and a snapshot with a bad key is NACKed naming it.
+func checkPEM(bad func(field, format string, args ...any), field string, data []byte, want string) {
+	rest := data
+	found := false
+	for {
+		var b *pem.Block
+		b, rest = pem.Decode(rest)
+		if b == nil {
+			break
+		}
+		if strings.HasSuffix(b.Type, want) {
+			found = true
+		}
+	}
+	switch {
+	case !found:
+		bad("Secrets."+field, "holds no PEM %q block", want)
+	case len(bytes.TrimSpace(rest)) > 0:
+		bad("Secrets."+field, "has trailing data that is not PEM")
+	}
+}

@@ -1,0 +1,124 @@
+// Package snapshot translates a topology.Topology into the Envoy configuration of kube-mvp: one
+// listener, one route table, the apiserver clusters and their endpoints, the extproc cluster
+// and the TLS secrets, all delivered over ADS. It is pure: no I/O, no clock; equal inputs give
+// byte-identical resources and equal content-hash versions on every replica.
+//
+// # Listener "kube-apiserver"
+//
+//   - Downstream TLS from SDS: the serving certificate (secret kube-mvp-serving-cert) and, when
+//     a client CA is configured (kube-mvp-client-ca), client certificates verified against it
+//     but not required, because bearer-token clients present none. ALPN h2 and http/1.1.
+//     Without a serving certificate the listener is plain HTTP (experiments only).
+//   - Early header mutation (envoy.http.early_header_mutation.header_mutation) removes every
+//     client-supplied x-remote-* header (prefix match, so -user, -group, -uid and every
+//     -extra-*), x-kubernetes-peer-proxied and the routing header before routing and before
+//     any filter: a spoofed X-Remote-User never reaches a route, extproc or an apiserver.
+//   - forward_client_cert_details SANITIZE_SET with subject and URI (not the certificate):
+//     Envoy replaces any client x-forwarded-client-cert with one describing the verified
+//     certificate, from which extproc derives X-Remote-User/-Group (CN/O).
+//   - upgrade_configs websocket and spdy/3.1 (exec, attach, port-forward);
+//     stream_idle_timeout and request_timeout 0 (watches last as long as the client wants);
+//     use_remote_address (x-forwarded-for carries the client, for the apiservers' audit log);
+//     server header passed through; the router adds no x-envoy-* headers.
+//   - HTTP filters: ext_proc, then router.
+//   - local_reply_config: Envoy's own failures become a Kubernetes Status (application/json,
+//     reason ServiceUnavailable, code 503): response flags UH, UF, UC, UR, UO, URX, NC, NR,
+//     and ext_proc failures (see below). NR is mapped to 503 too: the catch-all route makes
+//     "no route" impossible unless the configuration is inconsistent, and a 404 would tell
+//     the client the resource does not exist. There is no top-level body format, so every
+//     other local reply, notably extproc's own 503 Status for an unavailable serving set,
+//     passes untouched.
+//
+// # ext_proc filter
+//
+// gRPC to cluster kube-mvp-extproc; request headers SENT, response headers, bodies and
+// trailers skipped; message_timeout from Config (200ms). failure_mode_allow is false: a
+// request extproc cannot decide must not go on without it, because it would silently lose
+// the client certificate's identity (and could reach an apiserver that does not serve it);
+// it fails with status_on_error 500, which the local reply config turns into a 503 Status
+// (500 is used precisely so that extproc's deliberate 503s are not rewritten).
+// route_cache_action CLEAR: the route is matched again after extproc set the routing header.
+// mutation_rules: everything is disallowed except the headers extproc owns (the routing
+// header, x-kubernetes-peer-proxied, x-forwarded-client-cert and x-remote-*), and a
+// disallowed mutation fails the request rather than being dropped. Authorization, cookie
+// and proxy-authorization headers are not forwarded to extproc: it never needs credentials.
+// The filter is disabled per route (ExtProcPerRoute disabled) where no decision is needed.
+//
+// # Route configuration "kube-apiserver"
+//
+// One virtual host, domains "*". First match wins:
+//
+//  1. "extproc-decided": the routing header is present (only extproc can have set it) →
+//     cluster_header; ext_proc off.
+//  2. "client-certificate" (only with a client CA): x-forwarded-client-cert is present, i.e.
+//     the client presented a verified certificate → default cluster, ext_proc ON, because
+//     identity mapping needs extproc on every client-certificate request.
+//  3. one route per published group/version, named "core/v1", "batch/v1", …, prefix
+//     "/api/v1/" or "/apis/<g>/<v>/", with route metadata (filter_metadata "kube-mvp") naming
+//     the cluster each resource and subresource goes to (and those that are unavailable or
+//     not served), so /config_dump shows who serves what; the clusters' metadata names the
+//     apiservers inside. When every resource of it goes to the default cluster (outcome
+//     Default, or NotServed, which the default apiservers answer with 404 themselves) the
+//     route goes straight there with ext_proc off (line rate); otherwise ext_proc decides.
+//  4. "default": prefix "/" (non-resource paths, CRDs, aggregated APIs) → default cluster;
+//     ext_proc off.
+//
+// Every route: timeout 0 and idle_timeout 0 (watches must not be cut); retries only where the
+// request cannot have reached an apiserver (connect-failure, refused-stream,
+// reset-before-request), 2 retries on other hosts (previous_hosts, 5 host selection
+// attempts), so a dead peer costs a retry, not an error, while a capable peer remains.
+//
+// # Clusters
+//
+//   - The default cluster (topology.DefaultCluster: every live apiserver) or, in sidecar mode
+//     (Topology.LocalID set), topology.LocalCluster holding the local apiserver only. In
+//     sidecar mode the all-live cluster is not emitted: no decision names it (what the local
+//     apiserver serves stays local, what it does not goes to the subset that does), and every
+//     sidecar health-checking every apiserver would cost N² probes for nothing.
+//   - One cluster per serving set that some Subset decision produces (named by
+//     Topology.ClusterName, e.g. "kube-apiservers-only-cp-a+cp-c"), found by deciding every
+//     published resource exactly as extproc will.
+//   - All apiserver clusters: EDS over ADS; upstream TLS from SDS (the proxy client
+//     certificate kube-mvp-proxy-client-cert as client certificate; the peer CA
+//     kube-mvp-peer-ca with a DNS SAN match on UpstreamServerName; SNI UpstreamServerName);
+//     explicit HTTP/1.1 (SPDY upgrades need it); LEAST_REQUEST balancing (long watches make
+//     request counts, not round robin, the fair measure); circuit breakers at 100000
+//     connections/requests (default 1024 would cap the number of watches); outlier detection
+//     on local-origin failures only (split_external_local_origin_errors, 3 consecutive
+//     connect failures eject, max_ejection_percent 100) — 5xx answers are not ejected for,
+//     since an apiserver's 500 is usually about the request (a failing webhook), not the
+//     server; active health check GET /readyz over the cluster's TLS every 5s (needs
+//     anonymous access to /readyz, the Kubernetes default); healthy_panic_threshold 0, so a
+//     cluster with no healthy apiserver answers 503 instead of trying unhealthy ones;
+//     metadata listing the apiservers inside (ID, hostname, address).
+//   - "kube-mvp-extproc": static (STRICT_DNS for a host name) cluster for cmd/extproc,
+//     HTTP/2, a unix socket or host:port from Config.
+//
+// # Endpoints
+//
+// A ClusterLoadAssignment per apiserver cluster with the live apiservers' addresses, each
+// endpoint with its hostname and metadata (apiserver ID, hostname). EDS endpoints must be
+// IP:port: an apiserver whose address is a DNS name is left out with an *AddressError naming
+// it (Build still returns the rest). A cluster with nobody live is emitted with no endpoints,
+// so requests to it get a 503 Status.
+//
+// # Secrets
+//
+// kube-mvp-serving-cert, kube-mvp-client-ca, kube-mvp-proxy-client-cert and kube-mvp-peer-ca,
+// inline PEM bytes; each only when Config provides it (see SecretsPEM for what leaving one
+// out means).
+//
+// # Validation
+//
+// Every typed config is ValidateAll()ed before it is packed into an Any (with deterministic
+// marshalling), and every top-level resource after; all errors are collected. Reference
+// checks beyond Snapshot.Consistent: every cluster a route or extproc can name exists, the
+// ext_proc cluster exists, every SDS secret referred to exists, every EDS cluster has its
+// endpoints.
+//
+// # Versions
+//
+// Each type's version is a hash of its resources' deterministic bytes; nothing depends on map
+// iteration order, so two replicas with the same inputs serve the same versions and an Envoy
+// switching between them sees no change.
+package snapshot

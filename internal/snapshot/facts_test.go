@@ -1,0 +1,230 @@
+package snapshot_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"maps"
+	"slices"
+	"testing"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	"google.golang.org/protobuf/encoding/protojson"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kube-mvp/kube-mvp/internal/snapshot"
+	"github.com/kube-mvp/kube-mvp/internal/topology"
+)
+
+// routeFacts is what a route does, read back from the generated resources.
+type routeFacts struct {
+	name    string
+	prefix  string
+	header  string // the header a present_match requires, if any
+	cluster string // or "header:<name>" for cluster_header
+	extProc bool
+}
+
+func readRoutes(t *testing.T, res *snapshot.Resources) []routeFacts {
+	t.Helper()
+	if len(res.Routes) != 1 {
+		t.Fatalf("%d route configurations, want 1", len(res.Routes))
+	}
+	rc := res.Routes[0].(*routev3.RouteConfiguration)
+	var out []routeFacts
+	for _, r := range rc.GetVirtualHosts()[0].GetRoutes() {
+		f := routeFacts{name: r.GetName(), prefix: r.GetMatch().GetPrefix(), extProc: true}
+		for _, h := range r.GetMatch().GetHeaders() {
+			f.header = h.GetName()
+		}
+		if c := r.GetRoute().GetCluster(); c != "" {
+			f.cluster = c
+		} else {
+			f.cluster = "header:" + r.GetRoute().GetClusterHeader()
+		}
+		if a := r.GetTypedPerFilterConfig()["envoy.filters.http.ext_proc"]; a != nil {
+			var per extprocv3.ExtProcPerRoute
+			if err := a.UnmarshalTo(&per); err != nil {
+				t.Fatal(err)
+			}
+			f.extProc = !per.GetDisabled()
+		}
+		out = append(out, f)
+	}
+	return out
+}
+
+// readMembers maps each EDS cluster to the hostnames of its endpoints.
+func readMembers(res *snapshot.Resources) map[string][]string {
+	out := map[string][]string{}
+	for _, r := range res.Endpoints {
+		cla := r.(*endpointv3.ClusterLoadAssignment)
+		hosts := []string{}
+		for _, l := range cla.GetEndpoints() {
+			for _, e := range l.GetLbEndpoints() {
+				hosts = append(hosts, e.GetEndpoint().GetHostname())
+			}
+		}
+		slices.Sort(hosts)
+		out[cla.GetClusterName()] = hosts
+	}
+	return out
+}
+
+// TestRoutingFacts checks, per golden case, what the golden files show byte by byte: which
+// group/versions engage ext_proc and which apiservers each cluster holds.
+func TestRoutingFacts(t *testing.T) {
+	type want struct {
+		extProcGVs []string            // group/version routes with ext_proc on
+		directGVs  []string            // group/version routes with ext_proc off
+		members    map[string][]string // EDS cluster -> endpoint hostnames
+	}
+	all := []string{"cp-a", "cp-b", "cp-c"}
+	cases := map[string]want{
+		"all-equal": {
+			directGVs: []string{"core/v1", "apps/v1", "batch/v1", "rbac.authorization.k8s.io/v1"},
+			members:   map[string][]string{topology.DefaultCluster: all},
+		},
+		"batch-off": {
+			extProcGVs: []string{"batch/v1"},
+			directGVs:  []string{"core/v1", "apps/v1", "rbac.authorization.k8s.io/v1"},
+			members:    map[string][]string{topology.DefaultCluster: all, "kube-apiservers-only-cp-a+cp-c": {"cp-a", "cp-c"}},
+		},
+		"new-resource": {
+			extProcGVs: []string{"core/v1", "storage.k8s.io/v1"},
+			directGVs:  []string{"apps/v1", "batch/v1", "rbac.authorization.k8s.io/v1"},
+			members:    map[string][]string{topology.DefaultCluster: all, "kube-apiservers-only-cp-a": {"cp-a"}},
+		},
+		"dead-lease": {
+			// cp-c alone serves storagemigration: Unavailable, which extproc answers with 503.
+			extProcGVs: []string{"storagemigration.k8s.io/v1alpha1"},
+			directGVs:  []string{"core/v1", "apps/v1", "batch/v1", "rbac.authorization.k8s.io/v1"},
+			members:    map[string][]string{topology.DefaultCluster: {"cp-a", "cp-b"}},
+		},
+		"discovery-only": {
+			extProcGVs: []string{"apps/v1"},
+			directGVs:  []string{"core/v1", "batch/v1", "rbac.authorization.k8s.io/v1"},
+			members:    map[string][]string{topology.DefaultCluster: all, "kube-apiservers-only-cp-a+cp-c": {"cp-a", "cp-c"}},
+		},
+		"sidecar": {
+			extProcGVs: []string{"batch/v1"},
+			directGVs:  []string{"core/v1", "apps/v1", "rbac.authorization.k8s.io/v1"},
+			members:    map[string][]string{topology.LocalCluster: {"cp-b"}, "kube-apiservers-only-cp-a+cp-c": {"cp-a", "cp-c"}},
+		},
+		"storageversion-only": {
+			extProcGVs: []string{"batch/v1"},
+			// policy/v1beta1 is NotServed (only a stale ID): the default apiservers 404 it.
+			directGVs: []string{"core/v1", "apps/v1", "policy/v1beta1"},
+			members:   map[string][]string{topology.DefaultCluster: {"cp-a", "cp-b"}, "kube-apiservers-only-cp-a": {"cp-a"}},
+		},
+		"crd-apiservice": {
+			directGVs: []string{"core/v1", "apps/v1", "batch/v1", "rbac.authorization.k8s.io/v1"},
+			members:   map[string][]string{topology.DefaultCluster: {"cp-a", "cp-b"}},
+		},
+	}
+	for _, name := range goldenCases(t) {
+		t.Run(name, func(t *testing.T) {
+			w, ok := cases[name]
+			if !ok {
+				t.Fatalf("no expectations for testdata/%s.in.yaml: add them to TestRoutingFacts", name)
+			}
+			topo := loadCase(t, name)
+			res, err := snapshot.Build(topo, testConfig())
+			if err != nil {
+				t.Fatal(err)
+			}
+			routes := readRoutes(t, res)
+			def := topo.DefaultClusterName()
+
+			// Fixed routes first and last, in order.
+			if r := routes[0]; r.name != snapshot.RouteRoutingHeader || r.header != snapshot.DefaultRoutingHeader || r.cluster != "header:"+snapshot.DefaultRoutingHeader || r.extProc {
+				t.Errorf("first route = %+v, want the routing-header route with ext_proc off", r)
+			}
+			if r := routes[1]; r.name != snapshot.RouteClientCertificate || r.header != "x-forwarded-client-cert" || r.cluster != def || !r.extProc {
+				t.Errorf("second route = %+v, want the client-certificate route with ext_proc on", r)
+			}
+			if r := routes[len(routes)-1]; r.name != snapshot.RouteFallback || r.prefix != "/" || r.header != "" || r.cluster != def || r.extProc {
+				t.Errorf("last route = %+v, want the catch-all route with ext_proc off", r)
+			}
+
+			gvRoutes := map[string]routeFacts{}
+			for _, r := range routes[2 : len(routes)-1] {
+				gvRoutes[r.name] = r
+				if r.cluster != def {
+					t.Errorf("route %s goes to %s, want the default cluster %s", r.name, r.cluster, def)
+				}
+			}
+			for _, gv := range w.extProcGVs {
+				if r, ok := gvRoutes[gv]; !ok || !r.extProc {
+					t.Errorf("route %s: present %v, ext_proc %v; want ext_proc on", gv, ok, r.extProc)
+				}
+			}
+			for _, gv := range w.directGVs {
+				if r, ok := gvRoutes[gv]; !ok || r.extProc {
+					t.Errorf("route %s: present %v, ext_proc %v; want ext_proc off", gv, ok, r.extProc)
+				}
+			}
+			if n := len(w.extProcGVs) + len(w.directGVs); n != len(gvRoutes) {
+				t.Errorf("%d group/version routes %v, want %d", len(gvRoutes), slices.Sorted(maps.Keys(gvRoutes)), n)
+			}
+			if got := readMembers(res); !maps.EqualFunc(got, w.members, slices.Equal) {
+				t.Errorf("cluster members = %v, want %v", got, w.members)
+			}
+
+			// Whatever extproc may decide for any published resource names a defined cluster.
+			clusters := map[string]bool{}
+			for _, c := range res.Clusters {
+				clusters[c.(*clusterv3.Cluster).GetName()] = true
+			}
+			for _, r := range topo.Resources() {
+				if c := topo.ClusterFor(topo.DecideResource(r)); c != "" && !clusters[c] {
+					t.Errorf("extproc routes %s to %s, which is not defined", r, c)
+				}
+			}
+		})
+	}
+}
+
+// TestLocalReplyIsKubernetesStatus: the body Envoy renders for its own failures decodes as a
+// metav1.Status (the format strings aside).
+func TestLocalReplyIsKubernetesStatus(t *testing.T) {
+	res, err := snapshot.Build(loadCase(t, "batch-off"), testConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := res.Listeners[0].(*listenerv3.Listener)
+	var hcm hcmv3.HttpConnectionManager
+	if err := l.GetFilterChains()[0].GetFilters()[0].GetTypedConfig().UnmarshalTo(&hcm); err != nil {
+		t.Fatal(err)
+	}
+	mappers := hcm.GetLocalReplyConfig().GetMappers()
+	if len(mappers) == 0 || hcm.GetLocalReplyConfig().GetBodyFormat() != nil {
+		t.Fatalf("want mappers and no top-level body format (extproc's own 503 must pass untouched)")
+	}
+	for i, m := range mappers {
+		if m.GetStatusCode().GetValue() != 503 {
+			t.Errorf("mapper %d: status %d, want 503", i, m.GetStatusCode().GetValue())
+		}
+		f := m.GetBodyFormatOverride()
+		if f.GetContentType() != "application/json" {
+			t.Errorf("mapper %d: content type %q", i, f.GetContentType())
+		}
+		b, err := protojson.Marshal(f.GetJsonFormat())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var s metav1.Status
+		dec := json.NewDecoder(bytes.NewReader(b))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&s); err != nil {
+			t.Fatalf("mapper %d: %s does not decode as a Status: %v", i, b, err)
+		}
+		if s.Kind != "Status" || s.APIVersion != "v1" || s.Status != metav1.StatusFailure || s.Reason != metav1.StatusReasonServiceUnavailable || s.Code != 503 || s.Message == "" {
+			t.Errorf("mapper %d: %+v", i, s)
+		}
+	}
+}

@@ -1,0 +1,202 @@
+package snapshot
+
+import (
+	"regexp"
+
+	accesslogv3 "github.com/envoyproxy/go-control-plane/envoy/config/accesslog/v3"
+	mutationrulesv3 "github.com/envoyproxy/go-control-plane/envoy/config/common/mutation_rules/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	earlymutationv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/http/early_header_mutation/header_mutation/v3"
+	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+)
+
+// extProcErrorStatus is the status Envoy's ext_proc filter answers with when extproc fails
+// (stream error, message timeout, a rejected header mutation); the local reply config turns
+// exactly this status into a 503 Status. extproc's own deliberate answers are 503s with a
+// Status body already, which must pass untouched, so they cannot share the code.
+const extProcErrorStatus = 500
+
+func (b *builder) listener() *listenerv3.Listener {
+	chain := &listenerv3.FilterChain{
+		Filters: []*listenerv3.Filter{{
+			Name:       hcmFilterName,
+			ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: b.pack("listener "+ListenerName+": http_connection_manager", b.httpConnectionManager())},
+		}},
+	}
+	if len(b.cfg.Secrets.ServingCert) > 0 {
+		chain.TransportSocket = &corev3.TransportSocket{
+			Name:       tlsTransportSocketName,
+			ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: b.pack("listener "+ListenerName+": downstream TLS", b.downstreamTLS())},
+		}
+	}
+	return &listenerv3.Listener{
+		Name:         ListenerName,
+		Address:      socketAddress(b.cfg.ListenAddress, b.cfg.ListenPort),
+		FilterChains: []*listenerv3.FilterChain{chain},
+	}
+}
+
+func socketAddress(ip string, port uint32) *corev3.Address {
+	return &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
+		Address:       ip,
+		PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: port},
+	}}}
+}
+
+func (b *builder) httpConnectionManager() *hcmv3.HttpConnectionManager {
+	what := "listener " + ListenerName + ": "
+	return &hcmv3.HttpConnectionManager{
+		CodecType:  hcmv3.HttpConnectionManager_AUTO,
+		StatPrefix: "kube_apiserver",
+		RouteSpecifier: &hcmv3.HttpConnectionManager_Rds{Rds: &hcmv3.Rds{
+			ConfigSource:    ads(),
+			RouteConfigName: RouteConfigName,
+		}},
+		EarlyHeaderMutationExtensions: []*corev3.TypedExtensionConfig{{
+			Name:        earlyHeaderMutationName,
+			TypedConfig: b.pack(what+"early header mutation", b.stripClientHeaders()),
+		}},
+		HttpFilters: []*hcmv3.HttpFilter{
+			{Name: extProcFilterName, ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: b.pack(what+"ext_proc filter", b.extProcFilter())}},
+			{Name: routerFilterName, ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: b.pack(what+"router filter", &routerv3.Router{SuppressEnvoyHeaders: true})}},
+		},
+		ForwardClientCertDetails: hcmv3.HttpConnectionManager_SANITIZE_SET,
+		SetCurrentClientCertDetails: &hcmv3.HttpConnectionManager_SetCurrentClientCertDetails{
+			Subject: wrapperspb.Bool(true),
+			Cert:    false,
+			Uri:     true,
+		},
+		UpgradeConfigs: []*hcmv3.HttpConnectionManager_UpgradeConfig{
+			{UpgradeType: "websocket"},
+			{UpgradeType: "spdy/3.1"},
+		},
+		StreamIdleTimeout:          durationpb.New(0),
+		RequestTimeout:             durationpb.New(0),
+		UseRemoteAddress:           wrapperspb.Bool(true),
+		ServerHeaderTransformation: hcmv3.HttpConnectionManager_PASS_THROUGH,
+		LocalReplyConfig:           b.localReplyConfig(),
+	}
+}
+
+// stripClientHeaders removes, before routing and before any filter, every header a client
+// could use to claim an identity or steer routing: the front-proxy identity headers (every
+// x-remote-* header: -user, -group, -uid, -extra-*, whatever the apiservers'
+// --requestheader-*-headers name), upstream's loop guard, and our routing header.
+// x-forwarded-client-cert is left to forward_client_cert_details: SANITIZE_SET, which runs
+// after this and replaces it.
+func (b *builder) stripClientHeaders() *earlymutationv3.HeaderMutation {
+	remove := func(name string) *mutationrulesv3.HeaderMutation {
+		return &mutationrulesv3.HeaderMutation{Action: &mutationrulesv3.HeaderMutation_Remove{Remove: name}}
+	}
+	return &earlymutationv3.HeaderMutation{Mutations: []*mutationrulesv3.HeaderMutation{
+		{Action: &mutationrulesv3.HeaderMutation_RemoveOnMatch_{RemoveOnMatch: &mutationrulesv3.HeaderMutation_RemoveOnMatch{
+			KeyMatcher: &matcherv3.StringMatcher{
+				MatchPattern: &matcherv3.StringMatcher_Prefix{Prefix: headerRemotePrefix},
+				IgnoreCase:   true,
+			},
+		}}},
+		remove(headerPeerProxied),
+		remove(b.cfg.RoutingHeader),
+	}}
+}
+
+func (b *builder) extProcFilter() *extprocv3.ExternalProcessor {
+	// extproc may set or remove only the headers it owns; anything else fails the request
+	// (disallow_is_error) rather than being silently dropped.
+	allowed := "^(" + regexp.QuoteMeta(b.cfg.RoutingHeader) + "|" + regexp.QuoteMeta(headerPeerProxied) + "|" +
+		regexp.QuoteMeta(headerXFCC) + "|" + regexp.QuoteMeta(headerRemotePrefix) + ".+)$"
+	exact := func(s string) *matcherv3.StringMatcher {
+		return &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: s}}
+	}
+	return &extprocv3.ExternalProcessor{
+		GrpcService: &corev3.GrpcService{TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{
+			EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{ClusterName: ExtProcClusterName},
+		}},
+		FailureModeAllow: false,
+		StatusOnError:    &typev3.HttpStatus{Code: typev3.StatusCode_InternalServerError},
+		ProcessingMode: &extprocv3.ProcessingMode{
+			RequestHeaderMode:   extprocv3.ProcessingMode_SEND,
+			ResponseHeaderMode:  extprocv3.ProcessingMode_SKIP,
+			RequestBodyMode:     extprocv3.ProcessingMode_NONE,
+			ResponseBodyMode:    extprocv3.ProcessingMode_NONE,
+			RequestTrailerMode:  extprocv3.ProcessingMode_SKIP,
+			ResponseTrailerMode: extprocv3.ProcessingMode_SKIP,
+		},
+		MessageTimeout:   durationpb.New(b.cfg.ExtProcMessageTimeout),
+		StatPrefix:       "kube_mvp",
+		RouteCacheAction: extprocv3.ExternalProcessor_CLEAR,
+		MutationRules: &mutationrulesv3.HeaderMutationRules{
+			DisallowAll:     wrapperspb.Bool(true),
+			AllowExpression: &matcherv3.RegexMatcher{Regex: allowed},
+			DisallowIsError: wrapperspb.Bool(true),
+		},
+		// extproc decides on the path, the method and the client certificate; credentials
+		// never need to leave Envoy.
+		ForwardRules: &extprocv3.HeaderForwardingRules{DisallowedHeaders: &matcherv3.ListStringMatcher{
+			Patterns: []*matcherv3.StringMatcher{exact("authorization"), exact("cookie"), exact("proxy-authorization")},
+		}},
+	}
+}
+
+// localReplyConfig turns the failures Envoy answers itself into a Kubernetes Status, which
+// every Kubernetes client understands, instead of Envoy's text/plain body. Only these
+// mappers rewrite anything: there is no top-level body_format, so other local replies (in
+// particular extproc's own immediate 503s, which carry a Status already) pass untouched.
+func (b *builder) localReplyConfig() *hcmv3.LocalReplyConfig {
+	return &hcmv3.LocalReplyConfig{Mappers: []*hcmv3.ResponseMapper{
+		{
+			// No upstream could take the request: no healthy host (UH), connection failure
+			// (UF), connection termination or reset before the response (UC, UR), circuit
+			// breaker overflow (UO), retries exhausted (URX), a cluster name that does not
+			// exist (NC) and no route (NR, impossible with our catch-all route: it could
+			// only mean an inconsistent configuration, which a 404 would misreport as an
+			// absent resource).
+			Filter: &accesslogv3.AccessLogFilter{FilterSpecifier: &accesslogv3.AccessLogFilter_ResponseFlagFilter{
+				ResponseFlagFilter: &accesslogv3.ResponseFlagFilter{Flags: []string{"UH", "UF", "UC", "UR", "UO", "URX", "NC", "NR"}},
+			}},
+			StatusCode:         wrapperspb.UInt32(503),
+			BodyFormatOverride: statusBody("kube-mvp: no apiserver that can serve this request is available (%RESPONSE_CODE_DETAILS%)"),
+		},
+		{
+			// The ext_proc filter failed (status_on_error): extproc unreachable, too slow, or
+			// it asked for a forbidden header mutation.
+			Filter: &accesslogv3.AccessLogFilter{FilterSpecifier: &accesslogv3.AccessLogFilter_StatusCodeFilter{
+				StatusCodeFilter: &accesslogv3.StatusCodeFilter{Comparison: &accesslogv3.ComparisonFilter{
+					Op:    accesslogv3.ComparisonFilter_EQ,
+					Value: &corev3.RuntimeUInt32{DefaultValue: extProcErrorStatus, RuntimeKey: "kube_mvp.local_reply.extproc_error_status"},
+				}},
+			}},
+			StatusCode:         wrapperspb.UInt32(503),
+			BodyFormatOverride: statusBody("kube-mvp: the routing decision failed (%RESPONSE_CODE_DETAILS%)"),
+		},
+	}}
+}
+
+// statusBody is a metav1.Status for a 503, as JSON. Envoy's JSON formatter keeps numbers as
+// numbers and nested (also empty) objects as objects; message may use format commands.
+func statusBody(message string) *corev3.SubstitutionFormatString {
+	s, err := structpb.NewStruct(map[string]any{
+		"kind":       "Status",
+		"apiVersion": "v1",
+		"metadata":   map[string]any{},
+		"status":     "Failure",
+		"message":    message,
+		"reason":     "ServiceUnavailable",
+		"code":       503,
+	})
+	if err != nil {
+		panic(err) // a fixed map of strings and numbers always converts
+	}
+	return &corev3.SubstitutionFormatString{
+		Format:      &corev3.SubstitutionFormatString_JsonFormat{JsonFormat: s},
+		ContentType: "application/json",
+	}
+}

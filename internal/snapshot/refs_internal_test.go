@@ -1,0 +1,91 @@
+package snapshot
+
+import (
+	"strings"
+	"testing"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+
+	"github.com/kube-mvp/kube-mvp/internal/topology"
+)
+
+func testResources(t *testing.T) (*Resources, map[string]string) {
+	t.Helper()
+	topo, err := topology.New([]topology.APIServer{
+		{ID: "apiserver-aaa", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: true},
+		{ID: "apiserver-bbb", Hostname: "cp-b", Address: "10.0.0.2:6443", Alive: true},
+	}, map[topology.Resource][]string{{Group: "batch", Version: "v1", Resource: "jobs"}: {"apiserver-aaa"}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{Secrets: SecretsPEM{
+		ServingCert: []byte("-----BEGIN CERTIFICATE-----\nAA==\n-----END CERTIFICATE-----\n"),
+		ServingKey:  []byte("-----BEGIN PRIVATE KEY-----\nAA==\n-----END PRIVATE KEY-----\n"),
+		ClientCA:    []byte("-----BEGIN CERTIFICATE-----\nAA==\n-----END CERTIFICATE-----\n"),
+		PeerCA:      []byte("-----BEGIN CERTIFICATE-----\nAA==\n-----END CERTIFICATE-----\n"),
+	}}
+	res, err := Build(topo, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &builder{t: topo}
+	b.decide()
+	return res, b.producible
+}
+
+func without(list []types.Resource, name string) []types.Resource {
+	var out []types.Resource
+	for _, r := range list {
+		if nameOf(r) != name {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// TestCheckReferences corrupts a good configuration in the ways the reference check exists
+// for, and expects each to be named.
+func TestCheckReferences(t *testing.T) {
+	res, producible := testResources(t)
+	if errs := checkReferences(res, producible); len(errs) != 0 {
+		t.Fatalf("good configuration: %v", errs)
+	}
+	for _, tc := range []struct {
+		name    string
+		corrupt func(r *Resources)
+		want    []string
+	}{
+		{"secret missing", func(r *Resources) { r.Secrets = without(r.Secrets, SecretPeerCA) },
+			[]string{`cluster kube-apiservers refers to SDS secret "kube-mvp-peer-ca"`, `cluster kube-apiservers-only-cp-a refers to SDS secret "kube-mvp-peer-ca"`}},
+		{"serving secret missing", func(r *Resources) { r.Secrets = without(r.Secrets, SecretServingCert) },
+			[]string{`listener kube-apiserver refers to SDS secret "kube-mvp-serving-cert"`}},
+		{"subset cluster missing", func(r *Resources) {
+			r.Clusters = without(r.Clusters, "kube-apiservers-only-cp-a")
+			r.Endpoints = without(r.Endpoints, "kube-apiservers-only-cp-a")
+		}, []string{`extproc can route batch/v1/jobs to cluster "kube-apiservers-only-cp-a"`}},
+		{"default cluster missing", func(r *Resources) { r.Clusters = without(r.Clusters, topology.DefaultCluster) },
+			[]string{`route "default" of route configuration kube-apiserver goes to cluster "kube-apiservers"`, `endpoints resource "kube-apiservers" has no cluster`}},
+		{"extproc cluster missing", func(r *Resources) { r.Clusters = without(r.Clusters, ExtProcClusterName) },
+			[]string{`ext_proc filter uses cluster "kube-mvp-extproc"`}},
+		{"endpoints missing", func(r *Resources) { r.Endpoints = without(r.Endpoints, topology.DefaultCluster) },
+			[]string{`EDS cluster kube-apiservers has no endpoints resource`}},
+		{"duplicate", func(r *Resources) { r.Clusters = append(r.Clusters, r.Clusters[0].(*clusterv3.Cluster)) },
+			[]string{`cluster "kube-apiservers" is defined twice`}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res, producible := testResources(t)
+			tc.corrupt(res)
+			var msgs []string
+			for _, err := range checkReferences(res, producible) {
+				msgs = append(msgs, err.Error())
+			}
+			all := strings.Join(msgs, "\n")
+			for _, w := range tc.want {
+				if !strings.Contains(all, w) {
+					t.Errorf("errors do not mention %s:\n%s", w, all)
+				}
+			}
+		})
+	}
+}

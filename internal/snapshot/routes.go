@@ -1,0 +1,213 @@
+package snapshot
+
+import (
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	previoushostsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/retry/host/previous_hosts/v3"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/kube-mvp/kube-mvp/internal/topology"
+)
+
+// Route names of the fixed routes; the group/version routes are named by
+// topology.GroupVersion.String ("core/v1", "batch/v1").
+const (
+	RouteRoutingHeader     = "extproc-decided"
+	RouteClientCertificate = "client-certificate"
+	RouteFallback          = "default"
+)
+
+// routeConfiguration is the one route table. First match wins:
+//
+//  1. the routing header is present: it can only have come from extproc (the early header
+//     mutation strips it from clients), so go to the cluster it names; ext_proc off.
+//  2. (with a client CA) x-forwarded-client-cert is present: the client presented a verified
+//     certificate, whose identity extproc must turn into X-Remote-* headers; ext_proc on.
+//  3. per published group/version (prefix /api/v1/, /apis/<g>/<v>/): straight to the default
+//     cluster with ext_proc off when every resource of the group/version goes there anyway;
+//     otherwise ext_proc on (it sets the routing header and the route is matched again).
+//  4. prefix / (non-resource paths, unpublished group/versions such as CRDs and aggregated
+//     APIs): the default cluster; ext_proc off.
+func (b *builder) routeConfiguration() *routev3.RouteConfiguration {
+	def := b.t.DefaultClusterName()
+	what := "route configuration " + RouteConfigName + ": "
+	extProcOff := map[string]*anypb.Any{
+		extProcFilterName: b.pack(what+"ext_proc per-route config", &extprocv3.ExtProcPerRoute{
+			Override: &extprocv3.ExtProcPerRoute_Disabled{Disabled: true},
+		}),
+	}
+	retry := b.retryPolicy(what)
+	action := func(cluster string) *routev3.Route_Route {
+		return &routev3.Route_Route{Route: &routev3.RouteAction{
+			ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: cluster},
+			Timeout:          durationpb.New(0),
+			IdleTimeout:      durationpb.New(0),
+			RetryPolicy:      retry,
+		}}
+	}
+	present := func(header string) []*routev3.HeaderMatcher {
+		return []*routev3.HeaderMatcher{{
+			Name:                 header,
+			HeaderMatchSpecifier: &routev3.HeaderMatcher_PresentMatch{PresentMatch: true},
+		}}
+	}
+	prefix := func(p string, headers []*routev3.HeaderMatcher) *routev3.RouteMatch {
+		return &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: p}, Headers: headers}
+	}
+
+	routes := []*routev3.Route{{
+		Name:  RouteRoutingHeader,
+		Match: prefix("/", present(b.cfg.RoutingHeader)),
+		Action: &routev3.Route_Route{Route: &routev3.RouteAction{
+			ClusterSpecifier: &routev3.RouteAction_ClusterHeader{ClusterHeader: b.cfg.RoutingHeader},
+			Timeout:          durationpb.New(0),
+			IdleTimeout:      durationpb.New(0),
+			RetryPolicy:      retry,
+		}},
+		TypedPerFilterConfig: extProcOff,
+	}}
+	if len(b.cfg.Secrets.ClientCA) > 0 {
+		routes = append(routes, &routev3.Route{
+			Name:   RouteClientCertificate,
+			Match:  prefix("/", present(headerXFCC)),
+			Action: action(def),
+		})
+	}
+	for _, gv := range b.groupVersions() {
+		r := &routev3.Route{
+			Name:     gv.gv.String(),
+			Match:    prefix(gv.gv.PathPrefix(), nil),
+			Action:   action(def),
+			Metadata: gv.metadata,
+		}
+		if !gv.needsExtProc {
+			r.TypedPerFilterConfig = extProcOff
+		}
+		routes = append(routes, r)
+	}
+	routes = append(routes, &routev3.Route{
+		Name:                 RouteFallback,
+		Match:                prefix("/", nil),
+		Action:               action(def),
+		TypedPerFilterConfig: extProcOff,
+	})
+	return &routev3.RouteConfiguration{
+		Name: RouteConfigName,
+		VirtualHosts: []*routev3.VirtualHost{{
+			Name:    VirtualHostName,
+			Domains: []string{"*"},
+			Routes:  routes,
+		}},
+	}
+}
+
+// retryPolicy retries only what is safe to retry whatever the verb: the request never
+// reached an apiserver (connect failure, refused stream, reset before the request was sent).
+// Each retry goes to another host (previous_hosts) when the cluster has one.
+func (b *builder) retryPolicy(what string) *routev3.RetryPolicy {
+	return &routev3.RetryPolicy{
+		RetryOn:    "connect-failure,refused-stream,reset-before-request",
+		NumRetries: wrapperspb.UInt32(2),
+		RetryHostPredicate: []*routev3.RetryPolicy_RetryHostPredicate{{
+			Name: previousHostsPredicateNm,
+			ConfigType: &routev3.RetryPolicy_RetryHostPredicate_TypedConfig{
+				TypedConfig: b.pack(what+"retry host predicate", &previoushostsv3.PreviousHostsPredicate{}),
+			},
+		}},
+		HostSelectionRetryMaxAttempts: 5,
+	}
+}
+
+// gvRoute is what the route table needs to know about one group/version.
+type gvRoute struct {
+	gv           topology.GroupVersion
+	needsExtProc bool
+	metadata     *corev3.Metadata
+}
+
+// groupVersions summarises the decisions per published group/version. A group/version needs
+// extproc when some resource of it goes anywhere but the default cluster: to a subset, or to
+// an immediate 503 (Unavailable). NotServed goes to the default cluster, whose apiservers
+// answer 404 themselves, so it needs no extproc.
+//
+// The route metadata says where each resource (and subresource) of the group/version goes:
+//
+//	groupVersion: batch/v1
+//	extProc: true
+//	clusters: {kube-apiservers-only-cp-a+cp-c: [cronjobs, jobs, jobs/status]}
+//	unavailable: {storageversionmigrations: [apiserver-…]}  # serving apiservers all dead: 503
+//	notServed: [podsecuritypolicies]  # only stale IDs: the default apiservers answer 404
+//
+// The apiservers inside each cluster are in the cluster's own metadata.
+func (b *builder) groupVersions() []gvRoute {
+	def := b.t.DefaultClusterName()
+	var out []gvRoute
+	for i := 0; i < len(b.resources); {
+		gv := b.resources[i].GroupVersion()
+		route := gvRoute{gv: gv}
+		clusters := map[string]*structpb.ListValue{}
+		var unavailable map[string]*structpb.Value
+		var notServed []*structpb.Value
+		for ; i < len(b.resources) && b.resources[i].GroupVersion() == gv; i++ {
+			r, d := b.resources[i], b.decisions[i]
+			name := r.Resource
+			if r.Subresource != "" {
+				name += "/" + r.Subresource
+			}
+			switch d.Outcome {
+			case topology.Unavailable:
+				route.needsExtProc = true
+				if unavailable == nil {
+					unavailable = map[string]*structpb.Value{}
+				}
+				unavailable[name] = structpb.NewListValue(stringList(d.Servers))
+				continue
+			case topology.NotServed:
+				notServed = append(notServed, structpb.NewStringValue(name))
+				continue
+			}
+			cluster := b.t.ClusterFor(d)
+			if cluster != def {
+				route.needsExtProc = true
+			}
+			l := clusters[cluster]
+			if l == nil {
+				l = &structpb.ListValue{}
+				clusters[cluster] = l
+			}
+			l.Values = append(l.Values, structpb.NewStringValue(name))
+		}
+		md := &structpb.Struct{Fields: map[string]*structpb.Value{
+			"groupVersion": structpb.NewStringValue(gv.String()),
+			"extProc":      structpb.NewBoolValue(route.needsExtProc),
+		}}
+		if len(clusters) > 0 {
+			cs := &structpb.Struct{Fields: make(map[string]*structpb.Value, len(clusters))}
+			for c, l := range clusters {
+				cs.Fields[c] = structpb.NewListValue(l)
+			}
+			md.Fields["clusters"] = structpb.NewStructValue(cs)
+		}
+		if unavailable != nil {
+			md.Fields["unavailable"] = structpb.NewStructValue(&structpb.Struct{Fields: unavailable})
+		}
+		if notServed != nil {
+			md.Fields["notServed"] = structpb.NewListValue(&structpb.ListValue{Values: notServed})
+		}
+		route.metadata = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{MetadataNamespace: md}}
+		out = append(out, route)
+	}
+	return out
+}
+
+func stringList(ss []string) *structpb.ListValue {
+	l := &structpb.ListValue{Values: make([]*structpb.Value, len(ss))}
+	for i, s := range ss {
+		l.Values[i] = structpb.NewStringValue(s)
+	}
+	return l
+}

@@ -1,0 +1,233 @@
+package snapshot_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+
+	"github.com/kube-mvp/kube-mvp/internal/snapshot"
+	"github.com/kube-mvp/kube-mvp/internal/topology"
+)
+
+func mustTopology(t *testing.T, servers []topology.APIServer, served map[topology.Resource][]string) *topology.Topology {
+	t.Helper()
+	topo, err := topology.New(servers, served, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return topo
+}
+
+var jobs = topology.Resource{Group: "batch", Version: "v1", Resource: "jobs"}
+
+// TestHostnameAddress: EDS needs IP:port. An apiserver whose address is a DNS name is left out
+// with an error naming it, and the rest of the configuration is still returned.
+func TestHostnameAddress(t *testing.T) {
+	topo := mustTopology(t, []topology.APIServer{
+		{ID: "apiserver-aaa", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: true},
+		{ID: "apiserver-bbb", Hostname: "cp-b", Address: "cp-b.example.com:6443", Alive: true},
+		{ID: "apiserver-ccc", Hostname: "cp-c", Address: "10.0.0.3", Alive: true},
+	}, map[topology.Resource][]string{jobs: {"apiserver-aaa", "apiserver-bbb"}})
+	res, err := snapshot.Build(topo, testConfig())
+	if err == nil {
+		t.Fatal("no error for a DNS-name address")
+	}
+	for _, want := range []string{"apiserver apiserver-bbb (hostname cp-b)", `"cp-b.example.com:6443"`, "apiserver apiserver-ccc (hostname cp-c)"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not mention %s", err, want)
+		}
+	}
+	var ae *snapshot.AddressError
+	if !errors.As(err, &ae) {
+		t.Errorf("error is not an *AddressError: %v", err)
+	}
+	if res == nil {
+		t.Fatal("no Resources beside an address error")
+	}
+	members := readMembers(res)
+	if got := members[topology.DefaultCluster]; len(got) != 1 || got[0] != "cp-a" {
+		t.Errorf("default cluster endpoints = %v, want only cp-a", got)
+	}
+	if _, err := res.Snapshot(); err != nil {
+		t.Errorf("the degraded configuration is not a consistent snapshot: %v", err)
+	}
+}
+
+// TestConfigErrors: every problem of a Config is reported at once, each naming its field.
+func TestConfigErrors(t *testing.T) {
+	topo := mustTopology(t, nil, nil)
+	cfg := snapshot.Config{
+		ListenAddress:         "localhost",
+		ExtProcAddress:        "extproc",
+		ExtProcMessageTimeout: time.Microsecond,
+		RoutingHeader:         "X-Route",
+		UpstreamServerName:    "Kubernetes/default",
+		Secrets: snapshot.SecretsPEM{
+			ServingCert:     fakePEM("CERTIFICATE", "serving"),
+			ProxyClientCert: []byte("not pem"),
+			ProxyClientKey:  fakePEM("PRIVATE KEY", "key"),
+			PeerCA:          fakePEM("PRIVATE KEY", "not a cert"),
+		},
+	}
+	res, err := snapshot.Build(topo, cfg)
+	if res != nil || err == nil {
+		t.Fatalf("Build = %v, %v; want an error", res, err)
+	}
+	for _, e := range cfg.Validate() {
+		var ce *snapshot.ConfigError
+		if !errors.As(e, &ce) || ce.Field == "" {
+			t.Errorf("Validate: %v is not a *ConfigError with a field", e)
+		}
+	}
+	for _, want := range []string{
+		"Config.ListenAddress", "Config.ExtProcAddress", "Config.ExtProcMessageTimeout", "Config.RoutingHeader",
+		"Config.UpstreamServerName", "Config.Secrets.ServingKey is missing", "Config.Secrets.ProxyClientCert holds no PEM",
+		"Config.Secrets.PeerCA holds no PEM",
+	} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error does not mention %s:\n%v", want, err)
+		}
+	}
+
+	cfg = snapshot.Config{Secrets: snapshot.SecretsPEM{ClientCA: fakePEM("CERTIFICATE", "ca")}}
+	if _, err := snapshot.Build(topo, cfg); err == nil || !strings.Contains(err.Error(), "Config.Secrets.ClientCA is given but there is no serving certificate") {
+		t.Errorf("client CA without serving cert: %v", err)
+	}
+	cfg = snapshot.Config{RoutingHeader: "x-remote-cluster"}
+	if _, err := snapshot.Build(topo, cfg); err == nil || !strings.Contains(err.Error(), "collides") {
+		t.Errorf("routing header among the stripped identity headers: %v", err)
+	}
+	if _, err := snapshot.Build(nil, snapshot.Config{}); err == nil {
+		t.Error("nil topology accepted")
+	}
+}
+
+// TestClusterNameCollision: two different serving sets must never share a cluster name (the
+// name is made of hostnames); if they would, Build fails naming the cluster.
+func TestClusterNameCollision(t *testing.T) {
+	topo := mustTopology(t, []topology.APIServer{
+		{ID: "apiserver-aaa", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: true},
+		{ID: "apiserver-aab", Hostname: "cp-a", Address: "10.0.0.2:6443", Alive: true},
+		{ID: "apiserver-ccc", Hostname: "cp-c", Address: "10.0.0.3:6443", Alive: true},
+	}, map[topology.Resource][]string{
+		jobs: {"apiserver-aaa"},
+		{Group: "batch", Version: "v1", Resource: "cronjobs"}: {"apiserver-aab"},
+	})
+	res, err := snapshot.Build(topo, testConfig())
+	if res != nil || err == nil || !strings.Contains(err.Error(), "kube-apiservers-only-cp-a stands for two serving sets") {
+		t.Fatalf("Build = %v, %v; want a collision error", res != nil, err)
+	}
+}
+
+// TestNoSecrets: with no certificates at all the configuration is still valid: a plain-HTTP
+// listener, no client-certificate route, upstream TLS without a client certificate or
+// verification.
+func TestNoSecrets(t *testing.T) {
+	res, err := snapshot.Build(loadCase(t, "batch-off"), snapshot.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Secrets) != 0 {
+		t.Errorf("%d secrets, want none", len(res.Secrets))
+	}
+	l := res.Listeners[0].(*listenerv3.Listener)
+	if ts := l.GetFilterChains()[0].GetTransportSocket(); ts != nil {
+		t.Errorf("listener has a transport socket without a serving certificate: %v", ts)
+	}
+	for _, r := range readRoutes(t, res) {
+		if r.name == snapshot.RouteClientCertificate {
+			t.Error("client-certificate route without a client CA")
+		}
+	}
+	if _, err := res.Snapshot(); err != nil {
+		t.Error(err)
+	}
+}
+
+// TestExtProcAddress: the extproc cluster follows the address form.
+func TestExtProcAddress(t *testing.T) {
+	topo := mustTopology(t, nil, nil)
+	for addr, want := range map[string]string{
+		"unix:/run/x.sock":           "STATIC pipe /run/x.sock",
+		"unix:///run/x.sock":         "STATIC pipe /run/x.sock",
+		"127.0.0.1:9001":             "STATIC 127.0.0.1:9001",
+		"[::1]:9001":                 "STATIC ::1:9001",
+		"extproc.kube-system.svc:91": "STRICT_DNS extproc.kube-system.svc:91",
+	} {
+		res, err := snapshot.Build(topo, snapshot.Config{ExtProcAddress: addr})
+		if err != nil {
+			t.Errorf("%s: %v", addr, err)
+			continue
+		}
+		var got string
+		for _, r := range res.Clusters {
+			c := r.(*clusterv3.Cluster)
+			if c.GetName() != snapshot.ExtProcClusterName {
+				continue
+			}
+			a := c.GetLoadAssignment().GetEndpoints()[0].GetLbEndpoints()[0].GetEndpoint().GetAddress()
+			if p := a.GetPipe(); p != nil {
+				got = c.GetType().String() + " pipe " + p.GetPath()
+			} else {
+				got = c.GetType().String() + " " + a.GetSocketAddress().GetAddress() + ":" + itoa(int(a.GetSocketAddress().GetPortValue()))
+			}
+		}
+		if got != want {
+			t.Errorf("%s: extproc cluster %q, want %q", addr, got, want)
+		}
+	}
+	for _, bad := range []string{"unix:", "tcp://x:1", "host:0", ":9001"} {
+		if _, err := snapshot.Build(topo, snapshot.Config{ExtProcAddress: bad}); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
+
+// TestEmptyCluster: a cluster with nobody live is still defined, without endpoints.
+func TestEmptyCluster(t *testing.T) {
+	topo := mustTopology(t, []topology.APIServer{
+		{ID: "apiserver-aaa", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: false},
+	}, nil)
+	res, err := snapshot.Build(topo, testConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Endpoints) != 1 {
+		t.Fatalf("%d endpoint resources, want 1", len(res.Endpoints))
+	}
+	if cla := res.Endpoints[0].(*endpointv3.ClusterLoadAssignment); cla.GetClusterName() != topology.DefaultCluster || len(cla.GetEndpoints()) != 0 {
+		t.Errorf("endpoints = %v", cla)
+	}
+	if _, err := res.Snapshot(); err != nil {
+		t.Error(err)
+	}
+	// Sidecar mode beside an apiserver nobody knows: an empty local cluster, no error (it may
+	// just not have published its Lease yet).
+	res, err = snapshot.Build(topo.WithLocal("apiserver-new"), testConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := readMembers(res); len(m) != 1 || len(m[topology.LocalCluster]) != 0 {
+		t.Errorf("sidecar of an unknown apiserver: members %v", m)
+	}
+}
+
+// TestEnvoyValidation: what Config's own checks let through, Envoy's proto rules catch before
+// anything is packed; the error names the part of the configuration.
+func TestEnvoyValidation(t *testing.T) {
+	// Envoy limits SNI to 255 bytes.
+	res, err := snapshot.Build(mustTopology(t, nil, nil), snapshot.Config{UpstreamServerName: strings.Repeat("a", 300)})
+	if res != nil || err == nil {
+		t.Fatalf("Build = %v, %v; want a validation error", res != nil, err)
+	}
+	for _, want := range []string{"apiserver clusters: upstream TLS", "Sni"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error does not mention %q: %v", want, err)
+		}
+	}
+}
