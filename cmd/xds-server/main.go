@@ -1,6 +1,7 @@
 // Command xds-server is kube-mvp's Envoy control plane: it turns what the control plane tells
 // about its apiservers into Envoy configuration (internal/snapshot).
 //
+//	xds-server serve --kubeconfig FILE [flags]             watch a cluster, serve Envoy and extproc
 //	xds-server translate -f FILE [-o json|yaml] [flags]   print the configuration for a fixture
 //	xds-server help [COMMAND]
 //
@@ -26,6 +27,7 @@ type command struct {
 
 // commands lists the subcommands in the order usage shows them.
 var commands = []*command{
+	serveCommand,
 	translateCommand,
 }
 

@@ -4,8 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"strconv"
 	"time"
 
 	"github.com/hashicorp/go-multierror"
@@ -53,40 +51,13 @@ whose endpoint had to be left out. Exit codes: 0 printed, 1 the translation fail
 command line or fixture.
 `
 
-var translateFlags = []flagSpec{
+var translateFlags = append(envoyConfigFlags, []flagSpec{
 	{name: "file", short: "f"},
 	{name: "output", short: "o"},
 	{name: "node-id"},
 	{name: "now"},
 	{name: "liveness-window"},
-	{name: "listen-address"},
-	{name: "listen-port"},
-	{name: "extproc-address"},
-	{name: "extproc-message-timeout"},
-	{name: "upstream-server-name"},
-	{name: "serving-cert"},
-	{name: "serving-key"},
-	{name: "client-ca"},
-	{name: "proxy-client-cert"},
-	{name: "proxy-client-key"},
-	{name: "peer-ca"},
-}
-
-// configFlags names the flag behind each snapshot.Config field, to report a ConfigError in the
-// user's terms.
-var configFlags = map[string]string{
-	"ListenAddress":           "--listen-address",
-	"ListenPort":              "--listen-port",
-	"ExtProcAddress":          "--extproc-address",
-	"ExtProcMessageTimeout":   "--extproc-message-timeout",
-	"UpstreamServerName":      "--upstream-server-name",
-	"Secrets.ServingCert":     "--serving-cert",
-	"Secrets.ServingKey":      "--serving-key",
-	"Secrets.ClientCA":        "--client-ca",
-	"Secrets.ProxyClientCert": "--proxy-client-cert",
-	"Secrets.ProxyClientKey":  "--proxy-client-key",
-	"Secrets.PeerCA":          "--peer-ca",
-}
+}...)
 
 type translateOptions struct {
 	file   string
@@ -136,68 +107,7 @@ func parseTranslate(args []string) (translateOptions, error) {
 		}
 		opts.build.LivenessWindow = d
 	}
-	duration := func(flag string, into *time.Duration) {
-		if v, ok := raw[flag]; ok {
-			d, err := time.ParseDuration(v)
-			if err != nil || d <= 0 {
-				errs = multierror.Append(errs, fmt.Errorf("--%s %q is not a positive duration", flag, v))
-			}
-			*into = d
-		}
-	}
-	duration("extproc-message-timeout", &opts.cfg.ExtProcMessageTimeout)
-	if p, ok := raw["listen-port"]; ok {
-		n, err := strconv.ParseUint(p, 10, 16)
-		if err != nil || n == 0 {
-			errs = multierror.Append(errs, fmt.Errorf("--listen-port %q is not a port number from 1 to 65535", p))
-		}
-		opts.cfg.ListenPort = uint32(n)
-	}
-	opts.cfg.ListenAddress = raw["listen-address"]
-	opts.cfg.ExtProcAddress = raw["extproc-address"]
-	opts.cfg.UpstreamServerName = raw["upstream-server-name"]
-
-	files := map[string]string{} // flag -> path, for messages
-	secret := func(flag string, into *[]byte) {
-		path, ok := raw[flag]
-		if !ok {
-			return
-		}
-		files["--"+flag] = path
-		b, err := os.ReadFile(path)
-		if err != nil {
-			errs = multierror.Append(errs, fmt.Errorf("--%s: %v", flag, err))
-			return
-		}
-		if len(b) == 0 {
-			errs = multierror.Append(errs, fmt.Errorf("--%s %s is empty", flag, path))
-		}
-		*into = b
-	}
-	s := &opts.cfg.Secrets
-	secret("serving-cert", &s.ServingCert)
-	secret("serving-key", &s.ServingKey)
-	secret("client-ca", &s.ClientCA)
-	secret("proxy-client-cert", &s.ProxyClientCert)
-	secret("proxy-client-key", &s.ProxyClientKey)
-	secret("peer-ca", &s.PeerCA)
-
-	// What the flags parsed into must also make a valid configuration; say so in flag terms.
-	for _, err := range opts.cfg.Validate() {
-		var ce *snapshot.ConfigError
-		flag, known := "", false
-		if errors.As(err, &ce) {
-			flag, known = configFlags[ce.Field]
-		}
-		switch {
-		case !known:
-			errs = multierror.Append(errs, err)
-		case files[flag] != "":
-			errs = multierror.Append(errs, fmt.Errorf("%s %s: %s", flag, files[flag], ce.Problem))
-		default:
-			errs = multierror.Append(errs, fmt.Errorf("%s %s", flag, ce.Problem))
-		}
-	}
+	opts.cfg, errs = parseEnvoyConfig(raw, errs)
 	if errs != nil {
 		errs.ErrorFormat = listErrors
 	}

@@ -1,0 +1,295 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"github.com/hashicorp/go-multierror"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/kube-mvp/kube-mvp/internal/inventory"
+	"github.com/kube-mvp/kube-mvp/internal/snapshot"
+	"github.com/kube-mvp/kube-mvp/internal/table"
+	"github.com/kube-mvp/kube-mvp/internal/topology"
+	"github.com/kube-mvp/kube-mvp/internal/xds"
+	tablev1 "github.com/kube-mvp/kube-mvp/proto/kubemvp/table/v1"
+)
+
+var serveCommand = &command{
+	name:    "serve",
+	summary: "watch a cluster's apiservers and serve Envoy (ADS) and extproc (routing table)",
+	usage:   serveUsage,
+	run: func(args []string, stdout, stderr io.Writer) int {
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		return runServe(ctx, args, stdout, stderr, nil)
+	},
+}
+
+const serveUsage = `usage: xds-server serve [flags]
+
+Watches the apiserver identity Leases, StorageVersions, APIServices and each live apiserver's
+discovery, and serves on one gRPC port both Envoy's configuration (ADS, state of the world and
+delta) and the routing table extproc decides from.
+
+flags:
+      --kubeconfig FILE            cluster to watch (default: in-cluster, then $KUBECONFIG)
+      --xds-address ADDR           gRPC listen address for Envoy and extproc (default :18000)
+      --admin-address ADDR         HTTP: /healthz /readyz /metrics /debug/topology /debug/syncz
+                                   /debug/config_dump[?node=ID] (default 127.0.0.1:9100)
+      --liveness-window DURATION   a Lease renewed longer ago is a dead apiserver (default 30s)
+      --discovery-interval D       refetch each apiserver's discovery this often (default 60s)
+      --apiserver-addresses LIST   HOSTNAME=HOST:PORT,... for Leases without a peer-advertise address
+plus the Envoy configuration flags of translate:
+      --listen-address, --listen-port, --extproc-address, --extproc-message-timeout,
+      --upstream-server-name, --serving-cert, --serving-key, --client-ca,
+      --proxy-client-cert, --proxy-client-key, --peer-ca
+  -h, --help                       this text
+
+Certificates are read at start; restart to rotate them.
+`
+
+var serveFlags = append([]flagSpec{
+	{name: "kubeconfig"},
+	{name: "xds-address"},
+	{name: "admin-address"},
+	{name: "liveness-window"},
+	{name: "discovery-interval"},
+	{name: "apiserver-addresses"},
+}, envoyConfigFlags...)
+
+type serveOptions struct {
+	rest         *rest.Config
+	xdsAddress   string
+	adminAddress string
+	watch        inventory.WatchOptions
+	cfg          snapshot.Config
+}
+
+func parseServe(args []string) (serveOptions, error) {
+	opts := serveOptions{xdsAddress: ":18000", adminAddress: "127.0.0.1:9100"}
+	raw, errs := parseFlags(serveFlags, args)
+	if errs != nil && errors.Is(errs.Errors[0], errHelp) {
+		return opts, errHelp
+	}
+	if v, ok := raw["xds-address"]; ok {
+		opts.xdsAddress = v
+	}
+	if v, ok := raw["admin-address"]; ok {
+		opts.adminAddress = v
+	}
+	for flag, addr := range map[string]string{"--xds-address": opts.xdsAddress, "--admin-address": opts.adminAddress} {
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			errs = multierror.Append(errs, fmt.Errorf("%s %q is not host:port (e.g. :18000): %v", flag, addr, err))
+		}
+	}
+	duration := func(flag string, into *time.Duration, atLeast time.Duration, why string) {
+		v, ok := raw[flag]
+		if !ok {
+			return
+		}
+		d, err := time.ParseDuration(v)
+		if err != nil || d < atLeast {
+			errs = multierror.Append(errs, fmt.Errorf("--%s %q: want a duration of at least %s (%s)", flag, v, atLeast, why))
+		}
+		*into = d
+	}
+	duration("liveness-window", &opts.watch.LivenessWindow, 11*time.Second, "apiservers renew their Lease every 10s")
+	duration("discovery-interval", &opts.watch.DiscoveryInterval, time.Second, "a refetch per apiserver")
+	if v, ok := raw["apiserver-addresses"]; ok {
+		opts.watch.Addresses = map[string]string{}
+		for _, pair := range strings.Split(v, ",") {
+			host, addr, ok := strings.Cut(pair, "=")
+			if _, _, err := net.SplitHostPort(addr); !ok || host == "" || err != nil {
+				errs = multierror.Append(errs, fmt.Errorf("--apiserver-addresses: %q is not HOSTNAME=HOST:PORT", pair))
+				continue
+			}
+			opts.watch.Addresses[host] = addr
+		}
+	}
+	opts.cfg, errs = parseEnvoyConfig(raw, errs)
+	if errs == nil {
+		rules := clientcmd.NewDefaultClientConfigLoadingRules()
+		rules.ExplicitPath = raw["kubeconfig"]
+		var err error
+		if raw["kubeconfig"] == "" {
+			opts.rest, err = rest.InClusterConfig()
+		}
+		if opts.rest == nil {
+			opts.rest, err = clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, nil).ClientConfig()
+		}
+		if err != nil {
+			errs = multierror.Append(errs, fmt.Errorf("--kubeconfig: %v", err))
+		}
+	}
+	if errs != nil {
+		errs.ErrorFormat = listErrors
+	}
+	return opts, errs.ErrorOrNil()
+}
+
+// translator adapts snapshot.Build to the xds server. An apiserver with an unusable address
+// only loses its endpoint (logged); any other error keeps the previous snapshot.
+func translator(cfg snapshot.Config, log *slog.Logger) xds.Translator {
+	return func(t *topology.Topology) (*cachev3.Snapshot, error) {
+		res, err := snapshot.Build(t, cfg)
+		if res == nil {
+			return nil, err
+		}
+		for _, e := range unjoin(err) {
+			if e != nil {
+				log.Warn("apiserver left out of the endpoints", "error", e)
+			}
+		}
+		return res.Snapshot()
+	}
+}
+
+// runServe runs until ctx ends. ready, if not nil, receives the bound gRPC and admin
+// addresses once both listen (tests use port 0).
+func runServe(ctx context.Context, args []string, stdout, stderr io.Writer, ready chan<- [2]string) int {
+	opts, err := parseServe(args)
+	if errors.Is(err, errHelp) {
+		fmt.Fprint(stdout, serveUsage)
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "xds-server serve: %v\nRun xds-server serve --help for usage.\n", err)
+		return 2
+	}
+	log := slog.New(slog.NewTextHandler(stderr, nil))
+	if err := serve(ctx, opts, log, ready); err != nil {
+		log.Error("xds-server stopped", "error", err)
+		return 1
+	}
+	return 0
+}
+
+func serve(ctx context.Context, opts serveOptions, log *slog.Logger, ready chan<- [2]string) error {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m := newServeMetrics(reg)
+
+	xdsServer := xds.New(translator(opts.cfg, log), log)
+	xdsServer.OnBuild = m.observeBuild
+	tables := table.NewServer()
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "kube_mvp_xds_connected_nodes", Help: "Envoy nodes with at least one open xDS stream.",
+	}, func() float64 {
+		n := 0
+		for _, s := range xdsServer.Status() {
+			if s.Streams > 0 {
+				n++
+			}
+		}
+		return float64(n)
+	}))
+
+	opts.watch.Log = log
+	watcher, err := inventory.NewWatcher(opts.rest, opts.watch, func(t *topology.Topology) {
+		m.observeTopology(t)
+		xdsServer.Update(t)
+		tables.Publish(t, time.Now())
+	})
+	if err != nil {
+		return err
+	}
+
+	grpcLis, err := net.Listen("tcp", opts.xdsAddress)
+	if err != nil {
+		return fmt.Errorf("--xds-address: %w", err)
+	}
+	adminLis, err := net.Listen("tcp", opts.adminAddress)
+	if err != nil {
+		grpcLis.Close()
+		return fmt.Errorf("--admin-address: %w", err)
+	}
+	g := grpc.NewServer(
+		grpc.MaxConcurrentStreams(1<<20),
+		// Envoy and extproc hold their streams for days; keepalives find dead peers.
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+	)
+	xdsServer.Register(ctx, g)
+	tablev1.RegisterTableServiceServer(g, tables)
+	admin := &http.Server{Handler: xdsServer.AdminHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{})), ReadHeaderTimeout: 10 * time.Second}
+
+	errc := make(chan error, 3)
+	go func() { errc <- g.Serve(grpcLis) }()
+	go func() { errc <- admin.Serve(adminLis) }()
+	go func() { errc <- watcher.Run(ctx) }()
+	log.Info("xds-server serving", "xds", grpcLis.Addr().String(), "admin", adminLis.Addr().String(), "apiserver", opts.rest.Host)
+	if ready != nil {
+		ready <- [2]string{grpcLis.Addr().String(), adminLis.Addr().String()}
+	}
+	select {
+	case <-ctx.Done():
+		err = nil
+	case err = <-errc:
+	}
+	g.Stop()
+	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	admin.Shutdown(shutdown)
+	return err
+}
+
+type serveMetrics struct {
+	apiservers   *prometheus.GaugeVec
+	builds       *prometheus.CounterVec
+	buildSeconds prometheus.Histogram
+	updates      prometheus.Counter
+}
+
+func newServeMetrics(reg prometheus.Registerer) *serveMetrics {
+	m := &serveMetrics{
+		apiservers: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "kube_mvp_xds_apiservers", Help: "Apiservers known from identity Leases, by state (live, dead).",
+		}, []string{"state"}),
+		builds: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kube_mvp_xds_translations_total", Help: "Translations of the topology into Envoy config, by result.",
+		}, []string{"result"}),
+		buildSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "kube_mvp_xds_translation_duration_seconds", Help: "Time to translate the topology into Envoy config.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 12),
+		}),
+		updates: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kube_mvp_xds_topology_updates_total", Help: "Topologies built from the watched objects.",
+		}),
+	}
+	reg.MustRegister(m.apiservers, m.builds, m.buildSeconds, m.updates)
+	return m
+}
+
+func (m *serveMetrics) observeBuild(d time.Duration, err error) {
+	m.buildSeconds.Observe(d.Seconds())
+	if err != nil {
+		m.builds.WithLabelValues("error").Inc()
+		return
+	}
+	m.builds.WithLabelValues("ok").Inc()
+}
+
+func (m *serveMetrics) observeTopology(t *topology.Topology) {
+	m.updates.Inc()
+	live := len(t.Live())
+	m.apiservers.WithLabelValues("live").Set(float64(live))
+	m.apiservers.WithLabelValues("dead").Set(float64(len(t.APIServers) - live))
+}

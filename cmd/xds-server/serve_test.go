@@ -1,0 +1,284 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	cluster "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpoint "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	route "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/kube-mvp/kube-mvp/test/controlplane"
+)
+
+// TestServeAgainstMixedControlPlane runs `xds-server serve` on a real two-version control
+// plane (A v1.37.1, B v1.36.4 with batch/v1 off) and reads what a real ADS client receives:
+// /apis/batch/v1/ goes through extproc to a cluster holding only A, /apis/apps/v1/ straight to
+// both; when A dies it leaves every cluster, and it returns after a restart.
+func TestServeAgainstMixedControlPlane(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs a real control plane")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	cp, err := controlplane.Start(ctx, controlplane.Options{Servers: []controlplane.ServerSpec{
+		{Name: "cp-a", Version: "v1.37.1"},
+		{Name: "cp-b", Version: "v1.36.4", RuntimeConfig: []string{"batch/v1=false"}},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cp.Close()
+	kubeconfig, err := cp.WriteKubeconfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pki := cp.PKI
+	args := []string{
+		"--kubeconfig", kubeconfig, "--xds-address", "127.0.0.1:0", "--admin-address", "127.0.0.1:0",
+		"--liveness-window", "15s", "--extproc-address", "unix:" + filepath.Join(t.TempDir(), "extproc.sock"),
+		"--serving-cert", pki.Path("serving.crt"), "--serving-key", pki.Path("serving.key"),
+		"--client-ca", pki.Path("client-ca.crt"), "--peer-ca", pki.Path("server-ca.crt"),
+		"--proxy-client-cert", pki.Path("proxy-client.crt"), "--proxy-client-key", pki.Path("proxy-client.key"),
+	}
+	ready := make(chan [2]string, 1)
+	var stderr bytes.Buffer
+	stderrW := &lockedWriter{w: &stderr}
+	done := make(chan int)
+	go func() { done <- runServe(ctx, args, io.Discard, stderrW, ready) }()
+	var addrs [2]string
+	select {
+	case addrs = <-ready:
+	case code := <-done:
+		stderrW.mu.Lock()
+		t.Fatalf("serve exited %d: %s", code, stderr.String())
+	}
+	defer func() { cancel(); <-done }()
+
+	conn, err := grpc.NewClient(addrs[0], grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ads := newADS(t, ctx, conn)
+
+	a := cp.Server("cp-a").Address()
+	b := cp.Server("cp-b").Address()
+	ads.await(t, "batch/v1 routed via extproc to A only, apps/v1 straight to both", func(s *adsState) error {
+		if err := s.routeUsesExtProc("batch/v1", true); err != nil {
+			return err
+		}
+		if err := s.routeUsesExtProc("apps/v1", false); err != nil {
+			return err
+		}
+		if got := s.endpoints["kube-apiservers-only-cp-a"]; !slices.Equal(got, []string{a}) {
+			return fmt.Errorf("kube-apiservers-only-cp-a endpoints %v, want [%s]", got, a)
+		}
+		if got := s.endpoints["kube-apiservers"]; !sameSet(got, []string{a, b}) {
+			return fmt.Errorf("kube-apiservers endpoints %v, want %s and %s", got, a, b)
+		}
+		return nil
+	})
+
+	// The admin pages answer.
+	for _, path := range []string{"/readyz", "/metrics", "/debug/topology", "/debug/syncz", "/debug/config_dump"} {
+		resp, err := http.Get("http://" + addrs[1] + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Errorf("GET %s: %d %s", path, resp.StatusCode, body)
+		}
+		if path == "/debug/topology" && !strings.Contains(string(body), `"cluster": "kube-apiservers-only-cp-a"`) {
+			t.Errorf("/debug/topology does not route batch/v1 to cp-a: %s", body)
+		}
+		if path == "/metrics" && !strings.Contains(string(body), `kube_mvp_xds_apiservers{state="live"} 2`) {
+			t.Errorf("/metrics lacks the live apiserver count")
+		}
+	}
+
+	cp.Kill("cp-a")
+	ads.await(t, "A gone from every cluster once its Lease is stale", func(s *adsState) error {
+		for name, eps := range s.endpoints {
+			if slices.Contains(eps, a) {
+				return fmt.Errorf("cluster %s still has %s", name, a)
+			}
+		}
+		return s.routeUsesExtProc("batch/v1", true) // batch/v1 now answers 503 from extproc
+	})
+	if err := cp.Restart(ctx, "cp-a", ""); err != nil {
+		t.Fatal(err)
+	}
+	ads.await(t, "A back", func(s *adsState) error {
+		if got := s.endpoints["kube-apiservers-only-cp-a"]; !slices.Equal(got, []string{a}) {
+			return fmt.Errorf("kube-apiservers-only-cp-a endpoints %v", got)
+		}
+		return nil
+	})
+}
+
+// adsState is what an ADS client has received so far.
+type adsState struct {
+	routes    map[string]*route.Route // by route name
+	endpoints map[string][]string     // cluster -> addresses
+	clusters  map[string]bool
+}
+
+func (s *adsState) routeUsesExtProc(name string, want bool) error {
+	r, ok := s.routes[name]
+	if !ok {
+		return fmt.Errorf("no route %q", name)
+	}
+	_, disabled := r.TypedPerFilterConfig["envoy.filters.http.ext_proc"]
+	if disabled == want {
+		return fmt.Errorf("route %s: ext_proc engaged=%v, want %v", name, !disabled, want)
+	}
+	return nil
+}
+
+type adsClient struct {
+	mu      sync.Mutex
+	latest  *adsState
+	ended   bool
+	changed chan struct{} // one pending signal is enough: await re-reads latest
+}
+
+func (c *adsClient) publish(st *adsState, ended bool) {
+	c.mu.Lock()
+	c.latest, c.ended = st, ended
+	c.mu.Unlock()
+	select {
+	case c.changed <- struct{}{}:
+	default:
+	}
+}
+
+// newADS subscribes to everything over one ADS stream, ACKs every response and publishes the
+// accumulated state after each.
+func newADS(t *testing.T, ctx context.Context, conn *grpc.ClientConn) *adsClient {
+	stream, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	node := &core.Node{Id: "serve-test", Cluster: "test"}
+	for _, typ := range []string{resourcev3.ClusterType, resourcev3.EndpointType, resourcev3.RouteType} {
+		if err := stream.Send(&discovery.DiscoveryRequest{Node: node, TypeUrl: typ}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := &adsClient{changed: make(chan struct{}, 1)}
+	go func() {
+		st := &adsState{routes: map[string]*route.Route{}, endpoints: map[string][]string{}, clusters: map[string]bool{}}
+		for {
+			resp, err := stream.Recv()
+			if err != nil {
+				c.publish(st, true)
+				return
+			}
+			next := &adsState{routes: st.routes, endpoints: st.endpoints, clusters: st.clusters}
+			switch resp.TypeUrl {
+			case resourcev3.RouteType:
+				next.routes = map[string]*route.Route{}
+				for _, a := range resp.Resources {
+					var rc route.RouteConfiguration
+					if a.UnmarshalTo(&rc) == nil {
+						for _, vh := range rc.VirtualHosts {
+							for _, r := range vh.Routes {
+								next.routes[r.Name] = proto.Clone(r).(*route.Route)
+							}
+						}
+					}
+				}
+			case resourcev3.EndpointType:
+				next.endpoints = map[string][]string{}
+				for _, a := range resp.Resources {
+					var cla endpoint.ClusterLoadAssignment
+					if a.UnmarshalTo(&cla) == nil {
+						var addrs []string
+						for _, le := range cla.Endpoints {
+							for _, lb := range le.LbEndpoints {
+								sa := lb.GetEndpoint().GetAddress().GetSocketAddress()
+								addrs = append(addrs, fmt.Sprintf("%s:%d", sa.GetAddress(), sa.GetPortValue()))
+							}
+						}
+						next.endpoints[cla.ClusterName] = addrs
+					}
+				}
+			case resourcev3.ClusterType:
+				next.clusters = map[string]bool{}
+				for _, a := range resp.Resources {
+					var cl cluster.Cluster
+					if a.UnmarshalTo(&cl) == nil {
+						next.clusters[cl.Name] = true
+					}
+				}
+			}
+			st = next
+			stream.Send(&discovery.DiscoveryRequest{Node: node, TypeUrl: resp.TypeUrl, VersionInfo: resp.VersionInfo, ResponseNonce: resp.Nonce})
+			c.publish(st, false)
+		}
+	}()
+	return c
+}
+
+func (c *adsClient) await(t *testing.T, what string, check func(*adsState) error) {
+	t.Helper()
+	timeout := time.After(90 * time.Second)
+	for {
+		c.mu.Lock()
+		st, ended := c.latest, c.ended
+		c.mu.Unlock()
+		last := fmt.Errorf("nothing received")
+		if st != nil {
+			if last = check(st); last == nil {
+				return
+			}
+		}
+		if ended {
+			t.Fatalf("%s: ADS stream ended: %v", what, last)
+		}
+		select {
+		case <-c.changed:
+		case <-timeout:
+			t.Fatalf("%s: %v", what, last)
+		}
+	}
+}
+
+func sameSet(a, b []string) bool {
+	a, b = slices.Sorted(slices.Values(a)), slices.Sorted(slices.Values(b))
+	return slices.Equal(a, b)
+}
+
+// lockedWriter lets the test read what serve logs while it runs.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if os.Getenv("KUBE_MVP_TEST_VERBOSE") != "" {
+		os.Stderr.Write(p)
+	}
+	return l.w.Write(p)
+}
