@@ -1,0 +1,236 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+)
+
+const fixture = "../../internal/extproc/testdata/upgrade.yaml"
+
+// TestBadFlagsAllAtOnce: every problem of a command line is reported in one go, each saying
+// what to fix, with exit code 2.
+func TestBadFlagsAllAtOnce(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	code := run([]string{
+		"--source", "http://example.com/table",
+		"--listen=localhost",
+		"--admin-address", "127.0.0.1:http",
+		"--now", "yesterday",
+		"--poll-interval", "-1s",
+		"--verbose", "yes",
+		"stray",
+		"--local-id",
+	}, &stdout, &stderr)
+	if code != 2 {
+		t.Errorf("exit code %d, want 2", code)
+	}
+	for _, want := range []string{
+		`--source "http://example.com/table": unknown kind of source; the one supported is file:FILE`,
+		`--listen "localhost": address localhost: missing port in address; want unix:/path or host:port`,
+		`--admin-address "127.0.0.1:http": port "http" is not a number`,
+		`--now "yesterday" is not an RFC 3339 time, e.g. 2026-11-23T10:00:00Z`,
+		`--poll-interval "-1s" is not a non-negative duration`,
+		`unknown flag "--verbose"`,
+		`unexpected argument "stray"`,
+		`--local-id needs a value`,
+		"8 problem(s)",
+		"Run extproc --help for usage.",
+	} {
+		if !strings.Contains(stderr.String(), want) {
+			t.Errorf("stderr lacks %q:\n%s", want, stderr.String())
+		}
+	}
+	if stdout.Len() != 0 {
+		t.Errorf("stdout: %q", stdout.String())
+	}
+}
+
+func TestRequiredFlags(t *testing.T) {
+	var stderr bytes.Buffer
+	if code := run(nil, io.Discard, &stderr); code != 2 {
+		t.Errorf("exit code %d", code)
+	}
+	for _, want := range []string{"--source is required", "--listen is required", "2 problem(s)"} {
+		if !strings.Contains(stderr.String(), want) {
+			t.Errorf("stderr lacks %q:\n%s", want, stderr.String())
+		}
+	}
+	stderr.Reset()
+	missing := filepath.Join(t.TempDir(), "nope.yaml")
+	if code := run([]string{"--source", "file:" + missing, "--listen", "unix:", "--source", "file:" + t.TempDir()}, io.Discard, &stderr); code != 2 {
+		t.Errorf("exit code %d", code)
+	}
+	for _, want := range []string{"--source given more than once", "is a directory", "--listen unix: needs a socket path"} {
+		if !strings.Contains(stderr.String(), want) {
+			t.Errorf("stderr lacks %q:\n%s", want, stderr.String())
+		}
+	}
+}
+
+func TestHelp(t *testing.T) {
+	var stdout bytes.Buffer
+	if code := run([]string{"--help"}, &stdout, io.Discard); code != 0 || !strings.Contains(stdout.String(), "--source file:FILE") {
+		t.Errorf("exit %d, usage %q", code, stdout.String())
+	}
+}
+
+func TestBadSourceFailsFast(t *testing.T) {
+	var stderr bytes.Buffer
+	dir := shortTempDir(t)
+	code := run([]string{"--source", "file:../../internal/extproc/testdata/broken.yaml", "--listen", "unix:" + filepath.Join(dir, "s.sock"), "--admin-address", "127.0.0.1:0"}, io.Discard, &stderr)
+	if code != 1 || !strings.Contains(stderr.String(), "broken.yaml") {
+		t.Errorf("exit %d, stderr %s", code, stderr.String())
+	}
+}
+
+func shortTempDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "extproc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+// TestServe starts extproc on a unix socket left behind by a previous run, asks it for a
+// decision over gRPC, checks the admin endpoints, reloads on SIGHUP and stops gracefully.
+func TestServe(t *testing.T) {
+	dir := shortTempDir(t)
+	sock := filepath.Join(dir, "extproc.sock")
+	// A stale socket: bound, closed, file left behind.
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	l.Close()
+
+	cfg, err := parseArgs([]string{"--source", "file:" + fixture, "--listen", "unix:" + sock, "--admin-address", "127.0.0.1:0", "--now", "2026-11-23T10:00:10Z"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuffer
+	hup := make(chan os.Signal, 1)
+	a, err := start(cfg, slog.New(slog.NewTextHandler(&logs, nil)), hup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	waited := make(chan error, 1)
+	go func() { waited <- a.wait(ctx) }()
+
+	// A second instance on the same socket must not steal it.
+	if _, err := listen("unix:" + sock); err == nil || !strings.Contains(err.Error(), "another process") {
+		t.Errorf("second listener: %v", err)
+	}
+
+	conn, err := grpc.NewClient("unix:"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	rpcCtx, rpcCancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer rpcCancel()
+	stream, err := extprocv3.NewExternalProcessorClient(conn).Process(rpcCtx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hm := &corev3.HeaderMap{Headers: []*corev3.HeaderValue{
+		{Key: ":method", RawValue: []byte("GET")}, {Key: ":path", RawValue: []byte("/apis/batch/v1/jobs")}, {Key: ":authority", RawValue: []byte("k")},
+	}}
+	if err := stream.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: hm}}}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream.CloseSend()
+	set := resp.GetRequestHeaders().GetResponse().GetHeaderMutation().GetSetHeaders()
+	if len(set) == 0 || string(set[0].GetHeader().GetRawValue()) != "kube-apiservers-only-cp-a" {
+		t.Errorf("response %v", resp)
+	}
+	hc, err := healthpb.NewHealthClient(conn).Check(rpcCtx, &healthpb.HealthCheckRequest{Service: "envoy.service.ext_proc.v3.ExternalProcessor"})
+	if err != nil || hc.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Errorf("health %v %v", hc, err)
+	}
+
+	admin := "http://" + a.adminLis.Addr().String()
+	for path, want := range map[string]string{
+		"/healthz": "ok",
+		"/readyz":  "ok: routing table ",
+		"/metrics": `kube_mvp_extproc_decisions_total{group="batch",outcome="subset",resource="jobs",version="v1"} 1`,
+	} {
+		res, err := http.Get(admin + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if res.StatusCode != 200 || !strings.Contains(string(body), want) {
+			t.Errorf("%s: %d %q, want %q", path, res.StatusCode, body, want)
+		}
+	}
+
+	hup <- syscall.SIGHUP
+	for !strings.Contains(logs.String(), "reloaded") {
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	cancel()
+	if err := <-waited; err != nil {
+		t.Errorf("wait: %v", err)
+	}
+	if _, err := os.Stat(sock); !os.IsNotExist(err) {
+		t.Errorf("socket left behind: %v", err)
+	}
+}
+
+func TestListenDoesNotRemoveFiles(t *testing.T) {
+	path := filepath.Join(shortTempDir(t), "not-a-socket")
+	if err := os.WriteFile(path, []byte("keep me"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := listen("unix:" + path); err == nil || !strings.Contains(err.Error(), "not a socket") {
+		t.Errorf("listen on a regular file: %v", err)
+	}
+	if b, _ := os.ReadFile(path); string(b) != "keep me" {
+		t.Error("file removed")
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for the logger's goroutines and the test's reads.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}

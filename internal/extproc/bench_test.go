@@ -1,0 +1,151 @@
+package extproc
+
+import (
+	"context"
+	"errors"
+	"io"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc"
+
+	"github.com/kube-mvp/kube-mvp/internal/topology"
+)
+
+// emptyServer is the baseline: an ExternalProcessor that answers request_headers with an
+// empty HeadersResponse and does nothing else.
+type emptyServer struct {
+	extprocv3.UnimplementedExternalProcessorServer
+}
+
+func (emptyServer) Process(stream grpc.BidiStreamingServer[extprocv3.ProcessingRequest, extprocv3.ProcessingResponse]) error {
+	for {
+		if _, err := stream.Recv(); err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		}
+		if err := stream.Send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{}}}); err != nil {
+			return err
+		}
+	}
+}
+
+// benchRequests is a mix of what reaches extproc: requests on group/versions with mixed
+// serving sets (the only ones routed through ext_proc) and a few others, with the headers
+// kubectl and Envoy put on them (authorization and cookies are not forwarded to extproc:
+// the snapshot's forward_rules keep credentials inside Envoy).
+func benchRequests(withCert bool) []*extprocv3.ProcessingRequest {
+	common := []string{
+		"user-agent", "kubectl/v1.37.1 (linux/amd64) kubernetes/abcdef0",
+		"accept", "application/json;as=Table;v=v1;g=meta.k8s.io,application/json",
+		"x-forwarded-proto", "https",
+		"x-request-id", "9f1c1f9e-7a4e-4c8e-9d1e-2b6f2f0d8c11",
+		"x-envoy-expected-rq-timeout-ms", "0",
+	}
+	if withCert {
+		common = append(common, headerXFCC, "Hash="+strings.Repeat("5a", 32)+`;Subject="CN=system:node:worker-1,O=system:nodes";URI=`)
+	}
+	var reqs []*extprocv3.ProcessingRequest
+	for _, rl := range [][2]string{
+		{"GET", "/apis/batch/v1/namespaces/default/jobs?limit=500"},
+		{"POST", "/apis/batch/v1/namespaces/default/cronjobs"},
+		{"PATCH", "/api/v1/namespaces/default/pods/web-0/resize"},
+		{"GET", "/api/v1/namespaces/default/pods/web-0/log?follow=true"},
+		{"GET", "/apis/batch/v1/watch/namespaces/default/jobs?resourceVersion=1234"},
+		{"GET", "/apis/stable.example.com/v1/namespaces/default/crontabs"},
+		{"GET", "/apis/apps/v1/namespaces/default/deployments/web"},
+		{"GET", "/version"},
+	} {
+		reqs = append(reqs, &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{
+			RequestHeaders: request(rl[0], rl[1], common...),
+		}})
+	}
+	return reqs
+}
+
+// benchOverGRPC measures one HTTP request's worth of ext_proc exchange (open stream, send
+// request_headers, receive, half-close, see the end), serially and from parallel clients.
+func benchOverGRPC(b *testing.B, impl extprocv3.ExternalProcessorServer) {
+	client := serve(b, "tcp", impl)
+	for _, withCert := range []bool{false, true} {
+		name := "bearer"
+		if withCert {
+			name = "client-cert"
+		}
+		reqs := benchRequests(withCert)
+		b.Run(name+"/serial", func(b *testing.B) {
+			b.ReportAllocs()
+			ctx := context.Background()
+			for i := 0; b.Loop(); i++ {
+				if _, err := exchange(ctx, client, reqs[i%len(reqs)]); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "req/s")
+		})
+		b.Run(name+"/parallel", func(b *testing.B) {
+			b.ReportAllocs()
+			var n atomic.Int64
+			b.RunParallel(func(pb *testing.PB) {
+				ctx := context.Background()
+				for pb.Next() {
+					if _, err := exchange(ctx, client, reqs[int(n.Add(1))%len(reqs)]); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "req/s")
+		})
+	}
+}
+
+func benchServer(b *testing.B) *Server {
+	srv := New(Options{})
+	srv.SetTopology(loadFixture(b, "upgrade.yaml", fixtureNow), "bench")
+	return srv
+}
+
+func BenchmarkDecisionOverGRPC(b *testing.B) { benchOverGRPC(b, benchServer(b)) }
+
+func BenchmarkEmptyServerOverGRPC(b *testing.B) { benchOverGRPC(b, emptyServer{}) }
+
+// BenchmarkDecideInProcess is the pure part: from request headers to the response message.
+func BenchmarkDecideInProcess(b *testing.B) {
+	srv := benchServer(b)
+	for _, withCert := range []bool{false, true} {
+		name := "bearer"
+		if withCert {
+			name = "client-cert"
+		}
+		reqs := benchRequests(withCert)
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				if srv.respond(reqs[i%len(reqs)]) == nil {
+					b.Fatal("no response")
+				}
+			}
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "decisions/s")
+		})
+	}
+	// Parse and Decide alone, for comparison.
+	topo := srv.table.Load().topo
+	b.Run("parse+decide", func(b *testing.B) {
+		b.ReportAllocs()
+		reqs := benchRequests(false)
+		paths := make([][2]string, len(reqs))
+		for i, r := range reqs {
+			hs := r.GetRequestHeaders().GetHeaders().GetHeaders()
+			paths[i] = [2]string{string(hs[0].GetRawValue()), string(hs[1].GetRawValue())}
+		}
+		for i := 0; b.Loop(); i++ {
+			p := paths[i%len(paths)]
+			_ = topo.Decide(topology.ParsePathHeader(p[0], p[1]))
+		}
+	})
+}

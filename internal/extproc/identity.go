@@ -1,0 +1,500 @@
+package extproc
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+)
+
+// Client identity: the front-proxy half of DESIGN.md §4.
+//
+// Envoy terminates the client's TLS and verifies its certificate against the cluster client
+// CA; the apiservers then only see Envoy's own proxy client certificate. So that they still
+// know who the client is, we forward the identity with the front-proxy ("request header")
+// authentication headers, which an apiserver trusts only on a connection that presents a
+// certificate signed by --requestheader-client-ca-file:
+//
+//	X-Remote-User   the user name
+//	X-Remote-Uid    the user UID (read only with --requestheader-uid-headers)
+//	X-Remote-Group  one header per group, in order
+//	X-Remote-Extra-<key>  extra values, <key> percent-encoded and lower-cased
+//
+// Where the identity comes from. Our listener's HTTP connection manager is configured with
+// forward_client_cert_details: SANITIZE_SET and set_current_client_cert_details {subject,
+// uri}. SANITIZE_SET means Envoy drops whatever x-forwarded-client-cert (XFCC) header the
+// client sent and, on a connection with a verified client certificate, sets a fresh one with
+// exactly one element describing that certificate, for example
+//
+//	Hash=1f2e…;Subject="CN=alice,O=team-b,O=team-a";URI=
+//
+// Without a client certificate Envoy sets no XFCC at all. Hence an XFCC header that reaches
+// us was written by Envoy and describes this connection's certificate; the parser below is
+// still strict and fails closed: anything that is not exactly one well-formed element with
+// exactly one Subject is treated as "no identity" (the request goes on without identity
+// headers, so the apiserver authenticates it by its bearer token or as anonymous) and logged.
+//
+// The mapping is Kubernetes' own for client certificates (k8s.io/apiserver
+// pkg/authentication/request/x509, CommonNameUserConversion), applied to the subject Envoy
+// printed:
+//
+//   - user  = the subject's CommonName. Go keeps the last CN of the certificate's
+//     RDNSequence; Envoy (BoringSSL, XN_FLAG_RFC2253, which includes XN_FLAG_DN_REV) prints
+//     the attributes in reverse order, so that is the first CN printed. An empty CN is not
+//     authenticated by Kubernetes: no identity headers, the apiserver sees an anonymous (or
+//     bearer-token) request, exactly as without the proxy.
+//   - groups = every O, in certificate order (reverse of printed order).
+//   - uid = the UID attribute (0.9.2342.19200300.100.1.1) when exactly one is present, as
+//     with the AllowParsingUserUIDFromCertAuth gate (beta, on by default since 1.33). Several,
+//     or an empty one, make Kubernetes fail the authentication; we then forward no identity.
+//   - extra authentication.kubernetes.io/credential-id = "X509SHA256=<hex sha256 of the
+//     certificate>", which Kubernetes records for every certificate user (audit logs). Envoy's
+//     XFCC Hash element is that same digest in lower-case hex.
+//
+// Values that cannot travel in an HTTP header unchanged (control characters, leading or
+// trailing white space, which HTTP servers strip, turning " system:admin" into
+// "system:admin") make the whole identity rejected rather than altered.
+
+// Header names. Envoy hands us lower-case names; we compare case-insensitively anyway.
+const (
+	headerXFCC         = "x-forwarded-client-cert"
+	headerRemoteUser   = "x-remote-user"
+	headerRemoteGroup  = "x-remote-group"
+	headerRemoteUID    = "x-remote-uid"
+	headerRemoteExtra  = "x-remote-extra-" // a prefix
+	headerPeerProxied  = "x-kubernetes-peer-proxied"
+	headerRouteCluster = "x-kube-mvp-cluster"
+
+	// headerCredentialID is X-Remote-Extra- plus "authentication.kubernetes.io/credential-id"
+	// (k8s.io/apiserver user.CredentialIDKey) percent-encoded, as the requestheader
+	// authenticator path-unescapes extra keys.
+	headerCredentialID = headerRemoteExtra + "authentication.kubernetes.io%2fcredential-id"
+)
+
+// identityResult classifies what a request told about its client.
+type identityResult int
+
+const (
+	// identityNone: no XFCC header, i.e. no client certificate on the connection.
+	identityNone identityResult = iota
+	// identityForwarded: a certificate user; identity headers are set.
+	identityForwarded
+	// identityAnonymous: a certificate with an empty CommonName, which Kubernetes does not
+	// authenticate; no identity headers.
+	identityAnonymous
+	// identityRejected: an XFCC header we do not trust to mean one thing; no identity headers.
+	identityRejected
+	numIdentityResults
+)
+
+func (r identityResult) String() string {
+	return [...]string{"none", "forwarded", "anonymous", "rejected"}[r]
+}
+
+// identity is a client certificate's Kubernetes user.
+type identity struct {
+	user         string
+	uid          string
+	groups       []string
+	credentialID string
+}
+
+// identityFromXFCC maps the XFCC header values of one request to an identity. values are all
+// the x-forwarded-client-cert headers the request carries, normally zero or one.
+func identityFromXFCC(values []string) (identity, identityResult, error) {
+	switch len(values) {
+	case 0:
+		return identity{}, identityNone, nil
+	case 1:
+	default:
+		return identity{}, identityRejected, fmt.Errorf("%d %s headers; SANITIZE_SET leaves at most one", len(values), headerXFCC)
+	}
+	elements, err := splitXFCC(values[0])
+	if err != nil {
+		return identity{}, identityRejected, err
+	}
+	if len(elements) != 1 {
+		return identity{}, identityRejected, fmt.Errorf("%d %s elements; SANITIZE_SET sets exactly one (a comma in a URI SAN also splits it)", len(elements), headerXFCC)
+	}
+	var subject, hash string
+	var subjects, hashes int
+	for _, p := range elements[0] {
+		switch {
+		case strings.EqualFold(p.key, "Subject"):
+			subject, subjects = p.value, subjects+1
+			if !p.quoted {
+				return identity{}, identityRejected, errors.New("the Subject value is not quoted as Envoy writes it")
+			}
+		case strings.EqualFold(p.key, "Hash"):
+			hash, hashes = p.value, hashes+1
+		}
+	}
+	if subjects != 1 {
+		return identity{}, identityRejected, fmt.Errorf("%d Subject keys in %s, want 1 (the listener must set set_current_client_cert_details.subject)", subjects, headerXFCC)
+	}
+	if hashes > 1 || (hashes == 1 && !isLowerHex(hash, 64)) {
+		return identity{}, identityRejected, fmt.Errorf("%s Hash is not one SHA-256 digest", headerXFCC)
+	}
+	id, res, err := identityFromSubject(subject)
+	if res == identityForwarded && hashes == 1 {
+		id.credentialID = "X509SHA256=" + hash
+	}
+	return id, res, err
+}
+
+// identityFromSubject applies Kubernetes' CommonNameUserConversion to a subject printed by
+// Envoy (RFC 2253, BoringSSL flavour).
+func identityFromSubject(dn string) (identity, identityResult, error) {
+	avas, err := parseRFC2253(dn)
+	if err != nil {
+		return identity{}, identityRejected, fmt.Errorf("subject %q: %w", dn, err)
+	}
+	var id identity
+	var uids int
+	// The printed order is the reverse of the certificate's; walk it backwards so that
+	// "last CN wins" and the group order are the certificate's, as in Go's pkix.Name.
+	for i := len(avas) - 1; i >= 0; i-- {
+		a := avas[i]
+		kind := attributeKind(a.typ)
+		if kind == attrOther {
+			continue
+		}
+		if a.dumped {
+			return identity{}, identityRejected, fmt.Errorf("subject %q: %s is not a string", dn, a.typ)
+		}
+		switch kind {
+		case attrCN:
+			id.user = a.value
+		case attrO:
+			// The requestheader authenticator drops empty header values, so an empty O
+			// cannot be forwarded; it grants nothing in RBAC either.
+			if a.value != "" {
+				id.groups = append(id.groups, a.value)
+			}
+		case attrUID:
+			id.uid, uids = a.value, uids+1
+		}
+	}
+	if id.user == "" {
+		return identity{}, identityAnonymous, nil
+	}
+	if uids > 1 || (uids == 1 && id.uid == "") {
+		return identity{}, identityRejected, fmt.Errorf("subject %q: %d UID attributes or an empty one; Kubernetes rejects such a certificate", dn, uids)
+	}
+	bad := ""
+	switch {
+	case !forwardableHeaderValue(id.user):
+		bad = id.user
+	case !forwardableHeaderValue(id.uid):
+		bad = id.uid
+	}
+	for _, g := range id.groups {
+		if !forwardableHeaderValue(g) {
+			bad = g
+		}
+	}
+	if bad != "" {
+		return identity{}, identityRejected, fmt.Errorf("subject %q: value %q cannot be forwarded in a header unchanged", dn, bad)
+	}
+	return id, identityForwarded, nil
+}
+
+type attrKind int
+
+const (
+	attrOther attrKind = iota
+	attrCN
+	attrO
+	attrUID
+)
+
+// attributeKind recognises the attribute types that matter, by BoringSSL short name or OID.
+func attributeKind(typ string) attrKind {
+	switch {
+	case strings.EqualFold(typ, "CN") || typ == "2.5.4.3":
+		return attrCN
+	case strings.EqualFold(typ, "O") || typ == "2.5.4.10":
+		return attrO
+	case strings.EqualFold(typ, "UID") || typ == "0.9.2342.19200300.100.1.1":
+		return attrUID
+	}
+	return attrOther
+}
+
+// forwardableHeaderValue reports whether v survives as an HTTP header value byte for byte:
+// no control characters (Envoy rejects the whole mutation for CR, LF or NUL) and no leading
+// or trailing white space (servers trim it).
+func forwardableHeaderValue(v string) bool {
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; (c < 0x20 && c != '\t') || c == 0x7f {
+			return false
+		}
+	}
+	return v == strings.Trim(v, " \t")
+}
+
+func isLowerHex(s string, n int) bool {
+	if len(s) != n {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// xfccPair is one key=value of an XFCC element. A quoted value is kept as written between
+// the quotes, escapes included: for Subject that is the RFC 2253 string, whose own escapes
+// (\" among them) the DN parser undoes.
+type xfccPair struct {
+	key, value string
+	quoted     bool
+}
+
+// splitXFCC splits an XFCC header into elements (separated by ",") of key=value pairs
+// (separated by ";"); a value containing any of ",;=" is double-quoted, with a backslash
+// escaping the next character (Envoy's HTTP connection manager documentation, "x-forwarded-
+// client-cert"). Anything else, white space included, is an error.
+func splitXFCC(h string) ([][]xfccPair, error) {
+	var elements [][]xfccPair
+	var cur []xfccPair
+	i := 0
+	for {
+		start := i
+		for i < len(h) && h[i] != '=' && h[i] != ';' && h[i] != ',' && h[i] != '"' {
+			i++
+		}
+		if i == len(h) || h[i] != '=' || i == start {
+			return nil, fmt.Errorf("%s: expected key= at byte %d", headerXFCC, start)
+		}
+		p := xfccPair{key: h[start:i]}
+		i++
+		if i < len(h) && h[i] == '"' {
+			i++
+			start = i
+			for ; i < len(h) && h[i] != '"'; i++ {
+				if h[i] == '\\' {
+					i++
+				}
+			}
+			if i >= len(h) {
+				return nil, fmt.Errorf("%s: unterminated quoted value of %s", headerXFCC, p.key)
+			}
+			p.value, p.quoted = h[start:i], true
+			i++
+		} else {
+			start = i
+			for i < len(h) && h[i] != ';' && h[i] != ',' {
+				if h[i] == '"' {
+					return nil, fmt.Errorf("%s: stray quote in value of %s", headerXFCC, p.key)
+				}
+				i++
+			}
+			p.value = h[start:i]
+		}
+		cur = append(cur, p)
+		if i == len(h) {
+			return append(elements, cur), nil
+		}
+		switch h[i] {
+		case ';':
+		case ',':
+			elements, cur = append(elements, cur), nil
+		default:
+			return nil, fmt.Errorf("%s: unexpected %q after value of %s", headerXFCC, h[i], p.key)
+		}
+		i++
+	}
+}
+
+// ava is one attribute type and value of a distinguished name, in printed order.
+type ava struct {
+	typ, value string
+	// dumped: printed as #<hex of DER>, which BoringSSL does for values that are not strings.
+	dumped bool
+}
+
+// parseRFC2253 parses a distinguished name as BoringSSL prints it with XN_FLAG_RFC2253:
+// attributes "TYPE=value" joined by "," (between RDNs) or "+" (inside a multi-valued RDN),
+// no spaces; in values, the characters ,+"\<>; and a leading # or space and a trailing space
+// are escaped with a backslash, and control and non-ASCII bytes are written \XX in hex. A
+// value that starts with an unescaped # is hex DER. The RDN grouping does not matter to the
+// mapping, so the result is flat. Unescaped special characters are errors: BoringSSL never
+// writes them, so their presence means the string is not what we think it is.
+func parseRFC2253(s string) ([]ava, error) {
+	if s == "" {
+		return nil, nil
+	}
+	var avas []ava
+	i := 0
+	for {
+		start := i
+		for i < len(s) && s[i] != '=' {
+			switch s[i] {
+			case ',', '+', '\\', '"', ';', '<', '>':
+				return nil, fmt.Errorf("unexpected %q in attribute type at byte %d", s[i], i)
+			}
+			i++
+		}
+		if i == len(s) || i == start {
+			return nil, fmt.Errorf("attribute without type or '=' at byte %d", start)
+		}
+		a := ava{typ: s[start:i]}
+		i++
+		start = i
+		if i < len(s) && s[i] == '#' {
+			a.dumped = true
+			for i++; i < len(s) && s[i] != ',' && s[i] != '+'; i++ {
+				if unhex(s[i]) < 0 {
+					return nil, fmt.Errorf("%s: bad hex at byte %d", a.typ, i)
+				}
+			}
+			a.value = s[start:i]
+		} else {
+			var b *strings.Builder
+			for i < len(s) && s[i] != ',' && s[i] != '+' {
+				c := s[i]
+				switch c {
+				case '\\':
+					if b == nil {
+						b = &strings.Builder{}
+						b.WriteString(s[start:i])
+					}
+					if i+1 == len(s) {
+						return nil, fmt.Errorf("%s: dangling backslash", a.typ)
+					}
+					if hi := unhex(s[i+1]); hi >= 0 {
+						if i+2 == len(s) || unhex(s[i+2]) < 0 {
+							return nil, fmt.Errorf("%s: bad \\XX escape at byte %d", a.typ, i)
+						}
+						b.WriteByte(byte(hi<<4 | unhex(s[i+2])))
+						i += 3
+						continue
+					}
+					if strings.IndexByte(` ,+"\<>;#`, s[i+1]) < 0 {
+						return nil, fmt.Errorf("%s: unexpected escape \\%c at byte %d", a.typ, s[i+1], i)
+					}
+					b.WriteByte(s[i+1])
+					i += 2
+					continue
+				case '"', ';', '<', '>':
+					return nil, fmt.Errorf("%s: unescaped %q at byte %d", a.typ, c, i)
+				}
+				if b != nil {
+					b.WriteByte(c)
+				}
+				i++
+			}
+			if b != nil {
+				a.value = b.String()
+			} else {
+				a.value = s[start:i]
+			}
+		}
+		avas = append(avas, a)
+		if i == len(s) {
+			return avas, nil
+		}
+		i++ // the ',' or '+'
+		if i == len(s) {
+			return nil, errors.New("trailing separator")
+		}
+	}
+}
+
+func unhex(c byte) int {
+	switch {
+	case '0' <= c && c <= '9':
+		return int(c - '0')
+	case 'a' <= c && c <= 'f':
+		return int(c-'a') + 10
+	case 'A' <= c && c <= 'F':
+		return int(c-'A') + 10
+	}
+	return -1
+}
+
+// clientIdentity is the settled identity of one XFCC value: its result and the identity
+// headers to set. Shared between requests: never modified.
+type clientIdentity struct {
+	res identityResult
+	err error
+	set []*corev3.HeaderValueOption
+}
+
+var noIdentity = &clientIdentity{res: identityNone}
+
+func newClientIdentity(values []string) *clientIdentity {
+	id, res, err := identityFromXFCC(values)
+	ci := &clientIdentity{res: res, err: err}
+	if res != identityForwarded {
+		return ci
+	}
+	ci.set = append(ci.set, setHeader(headerRemoteUser, id.user, false))
+	if id.uid != "" {
+		ci.set = append(ci.set, setHeader(headerRemoteUID, id.uid, false))
+	}
+	for i, g := range id.groups {
+		// The first group replaces, each other adds a header: the requestheader
+		// authenticator reads one group per header value.
+		ci.set = append(ci.set, setHeader(headerRemoteGroup, g, i > 0))
+	}
+	if id.credentialID != "" {
+		ci.set = append(ci.set, setHeader(headerCredentialID, id.credentialID, false))
+	}
+	return ci
+}
+
+// identityCache memoises clientIdentity by XFCC value: a client reuses its certificate for
+// many requests (kubelets, controllers), and the XFCC value, which includes the certificate
+// hash, determines the identity completely. It keeps two generations of at most max entries
+// each; when the current one is full it becomes the previous one and the oldest is dropped,
+// so memory stays bounded and entries in use survive.
+type identityCache struct {
+	mu        sync.RWMutex
+	cur, prev map[string]*clientIdentity
+	max       int
+}
+
+func newIdentityCache(max int) *identityCache {
+	return &identityCache{cur: make(map[string]*clientIdentity), max: max}
+}
+
+// get returns the identity for the XFCC header hv (nil: the request has none).
+func (c *identityCache) get(hv *corev3.HeaderValue) *clientIdentity {
+	if hv == nil {
+		return noIdentity
+	}
+	raw, value := hv.GetRawValue(), hv.GetValue()
+	c.mu.RLock()
+	var ci *clientIdentity
+	if value != "" {
+		ci = c.cur[value]
+	} else {
+		ci = c.cur[string(raw)] // no allocation for a map index
+	}
+	c.mu.RUnlock()
+	if ci != nil {
+		return ci
+	}
+	if value == "" {
+		value = string(raw)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if ci = c.cur[value]; ci != nil {
+		return ci
+	}
+	if ci = c.prev[value]; ci == nil {
+		ci = newClientIdentity([]string{value})
+	}
+	if len(c.cur) >= c.max {
+		c.prev, c.cur = c.cur, make(map[string]*clientIdentity, c.max)
+	}
+	c.cur[value] = ci
+	return ci
+}

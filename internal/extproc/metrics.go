@@ -1,0 +1,126 @@
+package extproc
+
+import (
+	"math"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Outcome label values beyond topology.Outcome's own names.
+const (
+	outcomeNoTable       = "no_table"
+	outcomeInternalError = "internal_error"
+)
+
+// Message types that must not arrive (our processing mode sends request headers only).
+var unexpectedTypes = [...]string{
+	"response_headers", "request_body", "response_body", "request_trailers", "response_trailers", "unknown",
+}
+
+const (
+	unexpectedResponseHeaders = iota
+	unexpectedRequestBody
+	unexpectedResponseBody
+	unexpectedRequestTrailers
+	unexpectedResponseTrailers
+	unexpectedUnknown
+)
+
+// Client-supplied headers we strip, for kube_mvp_extproc_stripped_headers_total.
+var strippedNames = [...]string{
+	headerRemoteUser, headerRemoteGroup, headerRemoteUID, "x-remote-extra-*", headerPeerProxied, headerRouteCluster,
+}
+
+const (
+	strippedUser = 1 << iota
+	strippedGroup
+	strippedUID
+	strippedExtra
+	strippedPeerProxied
+	strippedRouteCluster
+)
+
+type metrics struct {
+	// decisions mirrors upstream's apiserver_rerouted_request_total{code,group,version,resource}
+	// (k8s.io/apiserver peerproxy), which counts only requests an apiserver proxied to a peer
+	// and labels them with the HTTP code; here every request is decided, so the label is the
+	// outcome (default, subset, not_served, unavailable, no_table, internal_error). The
+	// group/version/resource labels name the serving-table key the decision used ("resource"
+	// is "pods/log" for a subresource key) and are empty when there is none (non-resource
+	// requests, CRD and aggregated groups, resources nobody publishes), so their values come
+	// from the table, never from the client: a client cannot grow the label set.
+	decisions *prometheus.CounterVec
+	// unexpected counts messages our processing mode should never send (body, trailers,
+	// response headers); each is answered with an empty response of its type.
+	unexpected [len(unexpectedTypes)]prometheus.Counter
+	identity   [numIdentityResults]prometheus.Counter
+	stripped   [len(strippedNames)]prometheus.Counter
+	version    *prometheus.GaugeVec
+
+	// Children for the hot path, resolved once.
+	noTable, internalError prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
+	m := &metrics{
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kube_mvp_extproc_decisions_total",
+			Help: "Requests decided by extproc, by outcome and the group/version/resource of the serving-table entry used (empty when none). Mirrors apiserver_rerouted_request_total.",
+		}, []string{"outcome", "group", "version", "resource"}),
+		version: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "kube_mvp_extproc_table_version_info",
+			Help: "The version of the routing table in use (value 1).",
+		}, []string{"version"}),
+	}
+	unexpected := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kube_mvp_extproc_unexpected_messages_total",
+		Help: "ext_proc messages that the processing mode (request headers only) should never send, by type; each got an empty response of its type.",
+	}, []string{"type"})
+	for i, t := range unexpectedTypes {
+		m.unexpected[i] = unexpected.WithLabelValues(t)
+	}
+	identity := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kube_mvp_extproc_client_identity_total",
+		Help: "Requests by what their client certificate (XFCC) gave: none (no certificate), forwarded (X-Remote-* set), anonymous (empty CN), rejected (malformed or ambiguous XFCC; see the log).",
+	}, []string{"result"})
+	for r := range numIdentityResults {
+		m.identity[r] = identity.WithLabelValues(r.String())
+	}
+	stripped := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kube_mvp_extproc_stripped_headers_total",
+		Help: "Requests that arrived carrying a client-supplied identity or routing header, which was removed (Envoy's listener should already have removed them).",
+	}, []string{"header"})
+	for i, h := range strippedNames {
+		m.stripped[i] = stripped.WithLabelValues(h)
+	}
+	age := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "kube_mvp_extproc_table_age_seconds",
+		Help: "Seconds since the routing table in use was loaded; NaN before the first.",
+	}, func() float64 {
+		t := s.table.Load()
+		if t == nil {
+			return math.NaN()
+		}
+		return s.now().Sub(t.loadedAt).Seconds()
+	})
+	m.noTable = m.decisions.WithLabelValues(outcomeNoTable, "", "", "")
+	m.internalError = m.decisions.WithLabelValues(outcomeInternalError, "", "", "")
+	reg.MustRegister(m.decisions, m.version, unexpected, identity, stripped, age)
+	return m
+}
+
+func (m *metrics) countStripped(mask int) {
+	for i := range m.stripped {
+		if mask&(1<<i) != 0 {
+			m.stripped[i].Inc()
+		}
+	}
+}
+
+// setVersion makes version the only series of the version info gauge.
+func (m *metrics) setVersion(old, version string) {
+	if old != version {
+		m.version.DeleteLabelValues(old)
+	}
+	m.version.WithLabelValues(version).Set(1)
+}

@@ -1,0 +1,183 @@
+package extproc
+
+import (
+	"encoding/json"
+	"sync"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kube-mvp/kube-mvp/internal/topology"
+)
+
+// fixedRemovals are removed from every request, whether present or not (removing an absent
+// header is a no-op in Envoy). The listener's early header mutation already strips them
+// (x-remote-* by prefix); this is defence in depth for a listener configured by hand, and
+// the XFCC header, which Envoy set for us, must not reach the apiservers. ext_proc's
+// remove_headers takes exact names only, so client-supplied X-Remote-Extra-* headers are
+// added per request, by name. Shared by every response: never modified.
+var fixedRemovals = []string{
+	headerRemoteUser, headerRemoteGroup, headerRemoteUID, headerPeerProxied, headerRouteCluster, headerXFCC,
+}
+
+// table is one routing table with everything derived from it that requests need, so a
+// request sees one consistent table and does no work that depends only on the table.
+type table struct {
+	topo     *topology.Topology
+	version  string
+	loadedAt time.Time
+	m        *metrics
+	// def is the route for Decision{Outcome: Default} without a serving-table key.
+	def *route
+	// routes holds the route of every published serving-table key, precomputed with
+	// DecideResource: the responses (and cluster names) are built once per table, not per
+	// request, and the common response is sent as is.
+	routes map[topology.Resource]*route
+}
+
+func newTable(t *topology.Topology, version string, at time.Time, m *metrics) *table {
+	tb := &table{topo: t, version: version, loadedAt: at, m: m, routes: make(map[topology.Resource]*route, len(t.Served))}
+	tb.def = newRoute(t, topology.Decision{Outcome: topology.Default}, m)
+	for r := range t.Served {
+		if d := t.DecideResource(r); d.Resource == r {
+			tb.routes[r] = newRoute(t, d, m)
+		}
+	}
+	return tb
+}
+
+// route returns the route for a decision made on tb.topo.
+func (tb *table) route(d topology.Decision) *route {
+	if d.Resource == (topology.Resource{}) && d.Outcome == topology.Default {
+		return tb.def
+	}
+	if r := tb.routes[d.Resource]; r != nil && r.outcome == d.Outcome {
+		return r
+	}
+	// Not precomputed (DecideResource of the key gives the same decision, so this should not
+	// happen); correct, only slower.
+	return newRoute(tb.topo, d, tb.m)
+}
+
+// route is what a decision turns into: the response and the metric to count it in.
+type route struct {
+	outcome topology.Outcome
+	// cluster is the value of x-kube-mvp-cluster; empty for Unavailable.
+	cluster string
+	// set holds the routing header (and x-kubernetes-peer-proxied for a subset).
+	set []*corev3.HeaderValueOption
+	// resp is the whole answer for a request without client identity or X-Remote-Extra-*
+	// headers to remove; for Unavailable, the immediate 503 for every request.
+	resp *extprocv3.ProcessingResponse
+
+	labels      [4]string
+	counterOnce sync.Once
+	counter     prometheus.Counter
+	m           *metrics
+}
+
+func newRoute(t *topology.Topology, d topology.Decision, m *metrics) *route {
+	r := &route{outcome: d.Outcome, m: m}
+	res := d.Resource.Resource
+	if d.Resource.Subresource != "" {
+		res += "/" + d.Resource.Subresource
+	}
+	r.labels = [4]string{d.Outcome.String(), d.Resource.Group, d.Resource.Version, res}
+	if d.Outcome == topology.Unavailable {
+		r.resp = immediate503("no apiserver that serves "+d.Resource.String()+" is available", "kube_mvp_no_live_apiserver")
+		return r
+	}
+	r.cluster = t.ClusterFor(d)
+	r.set = []*corev3.HeaderValueOption{setHeader(headerRouteCluster, r.cluster, false)}
+	if d.Outcome == topology.Subset {
+		// An apiserver that runs upstream's in-process MVP must not proxy the request again.
+		r.set = append(r.set, setHeader(headerPeerProxied, "true", false))
+	}
+	r.resp = headersResponse(r.set, fixedRemovals)
+	return r
+}
+
+func (r *route) count() {
+	r.counterOnce.Do(func() { r.counter = r.m.decisions.WithLabelValues(r.labels[:]...) })
+	r.counter.Inc()
+}
+
+// response is r's answer for a request with identity headers to set (idSet, from a
+// clientIdentity) or client-supplied X-Remote-Extra-* headers to remove (extras, lower-case
+// names).
+func (r *route) response(idSet []*corev3.HeaderValueOption, extras []string) *extprocv3.ProcessingResponse {
+	remove := fixedRemovals
+	if len(extras) > 0 {
+		remove = make([]string, 0, len(fixedRemovals)+len(extras))
+		remove = append(append(remove, fixedRemovals...), extras...)
+	}
+	set := r.set
+	if len(idSet) > 0 {
+		set = make([]*corev3.HeaderValueOption, 0, len(r.set)+len(idSet))
+		set = append(append(set, r.set...), idSet...)
+	}
+	return headersResponse(set, remove)
+}
+
+// headersResponse answers request_headers by continuing with a header mutation.
+//
+// Route cache: the route was chosen before ext_proc ran, and it must be chosen again now that
+// x-kube-mvp-cluster is set. Envoy (ext_proc DecodingProcessorState::clearRouteCache)
+// considers clearing it only when a headers response carries a header_mutation (ours always
+// does), and then follows the filter's route_cache_action: CLEAR, which our snapshot sets,
+// clears it regardless of this response's clear_route_cache bit; DEFAULT clears it only when
+// the bit is set; RETAIN never does. We set the bit as well so a filter left at DEFAULT
+// routes correctly too.
+func headersResponse(set []*corev3.HeaderValueOption, remove []string) *extprocv3.ProcessingResponse {
+	return &extprocv3.ProcessingResponse{
+		Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{
+			Response: &extprocv3.CommonResponse{
+				HeaderMutation:  &extprocv3.HeaderMutation{SetHeaders: set, RemoveHeaders: remove},
+				ClearRouteCache: true,
+			},
+		}},
+	}
+}
+
+// setHeader sets key to value. Envoy reads header values from raw_value (the runtime flag
+// envoy.reloadable_features.send_header_raw_value, on by default; setting both value and
+// raw_value makes Envoy reject the mutation). In ext_proc, append defaults to false, which
+// replaces every existing value; ext_proc honours only the (deprecated) append flag, not
+// append_action, so appending needs append: true.
+func setHeader(key, value string, appendValue bool) *corev3.HeaderValueOption {
+	o := &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: key, RawValue: []byte(value)}}
+	if appendValue {
+		o.Append = wrapperspb.Bool(true)
+	}
+	return o
+}
+
+// immediate503 answers the client directly with a Kubernetes Status, as an apiserver would.
+func immediate503(message, details string) *extprocv3.ProcessingResponse {
+	body, err := json.Marshal(&metav1.Status{
+		TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"},
+		Status:   metav1.StatusFailure,
+		Message:  message,
+		Reason:   metav1.StatusReasonServiceUnavailable,
+		Code:     503,
+	})
+	if err != nil {
+		panic(err) // a fixed struct of strings always marshals
+	}
+	return &extprocv3.ProcessingResponse{
+		Response: &extprocv3.ProcessingResponse_ImmediateResponse{ImmediateResponse: &extprocv3.ImmediateResponse{
+			Status: &typev3.HttpStatus{Code: typev3.StatusCode_ServiceUnavailable},
+			Headers: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{
+				setHeader("content-type", "application/json", false),
+			}},
+			Body: body,
+			// Envoy's %RESPONSE_CODE_DETAILS% for the access log.
+			Details: details,
+		}},
+	}
+}

@@ -1,0 +1,359 @@
+// Package extproc is kube-mvp's Envoy external processor (envoy.service.ext_proc.v3): for
+// each request on a route whose group/version has mixed serving sets, Envoy sends us the
+// request headers; we decide where the request goes with topology.Decide (the same rule the
+// route tables are built from) and answer with a header mutation that names the cluster in
+// x-kube-mvp-cluster, strips client-supplied identity and routing headers, and forwards the
+// client certificate's identity as front-proxy headers (identity.go), or with an immediate
+// Kubernetes Status 503 when the apiservers that serve the resource are all down.
+//
+// The routing table is swapped atomically with SetTopology by whatever source feeds it:
+// FileSource here, the table stream from xds-server (internal/table.Follow, whose apply
+// callback has SetTopology's signature) next.
+package extproc
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/kube-mvp/kube-mvp/internal/topology"
+)
+
+// Options configure a Server.
+type Options struct {
+	// Logger receives rejected client identities and table changes; nil discards.
+	Logger *slog.Logger
+	// Registry receives the metrics; nil means a new one (see Server.Registry).
+	Registry *prometheus.Registry
+	// Now is the clock for the table age; nil means time.Now.
+	Now func() time.Time
+}
+
+// Server implements envoy.service.ext_proc.v3.ExternalProcessor.
+type Server struct {
+	extprocv3.UnimplementedExternalProcessorServer
+
+	table atomic.Pointer[table]
+	setMu sync.Mutex // serialises SetTopology (metrics bookkeeping)
+
+	log        *slog.Logger
+	now        func() time.Time
+	reg        *prometheus.Registry
+	m          *metrics
+	noTable    *extprocv3.ProcessingResponse
+	unexpected [len(unexpectedTypes)]*extprocv3.ProcessingResponse
+
+	identities            *identityCache
+	identityLog, errorLog logLimiter
+}
+
+// identityCacheSize is the number of distinct client certificates whose identity headers are
+// kept ready (per generation; see identityCache).
+const identityCacheSize = 4096
+
+// New returns a Server without a routing table: until the first SetTopology every request
+// is answered 503.
+func New(opts Options) *Server {
+	s := &Server{log: opts.Logger, now: opts.Now, reg: opts.Registry, identities: newIdentityCache(identityCacheSize)}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	if s.reg == nil {
+		s.reg = prometheus.NewRegistry()
+	}
+	s.m = newMetrics(s.reg, s)
+	s.noTable = immediate503("kube-mvp has no routing table yet", "kube_mvp_no_routing_table")
+	empty := &extprocv3.HeadersResponse{}
+	s.unexpected = [...]*extprocv3.ProcessingResponse{
+		unexpectedResponseHeaders:  {Response: &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: empty}},
+		unexpectedRequestBody:      {Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{}}},
+		unexpectedResponseBody:     {Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: &extprocv3.BodyResponse{}}},
+		unexpectedRequestTrailers:  {Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}},
+		unexpectedResponseTrailers: {Response: &extprocv3.ProcessingResponse_ResponseTrailers{ResponseTrailers: &extprocv3.TrailersResponse{}}},
+		// A request with no (or an unknown) type has no matching response type; an empty
+		// response changes nothing.
+		unexpectedUnknown: {},
+	}
+	return s
+}
+
+// Registry is where the Server's metrics are registered.
+func (s *Server) Registry() *prometheus.Registry { return s.reg }
+
+// SetTopology makes t the routing table; requests already being decided finish on the
+// previous one. version names it in metrics and logs (the table stream's content hash, or
+// FileSource's). The signature fits internal/table.Follow's apply callback. A nil t is
+// ignored.
+func (s *Server) SetTopology(t *topology.Topology, version string) {
+	if t == nil {
+		return
+	}
+	s.setMu.Lock()
+	defer s.setMu.Unlock()
+	tb := newTable(t, version, s.now(), s.m)
+	old := s.table.Swap(tb)
+	oldVersion := ""
+	if old != nil {
+		oldVersion = old.version
+	}
+	s.m.setVersion(oldVersion, version)
+	if old == nil || oldVersion != version {
+		s.log.Info("routing table in use", "version", version, "apiservers", len(t.APIServers), "live", len(t.Live()), "resources", len(t.Served))
+	}
+}
+
+// Ready reports whether a routing table is loaded.
+func (s *Server) Ready() bool { return s.table.Load() != nil }
+
+// Version is the version of the routing table in use, empty before the first.
+func (s *Server) Version() string {
+	if t := s.table.Load(); t != nil {
+		return t.version
+	}
+	return ""
+}
+
+// Process serves one ext_proc stream. Envoy opens one per HTTP request and, with our
+// processing mode (request headers SEND, everything else SKIP/NONE), sends a single
+// request_headers message and expects exactly one response to it.
+func (s *Server) Process(stream grpc.BidiStreamingServer[extprocv3.ProcessingRequest, extprocv3.ProcessingResponse]) error {
+	for {
+		req, err := stream.Recv()
+		if err != nil {
+			if errors.Is(err, io.EOF) || status.Code(err) == codes.Canceled {
+				return nil
+			}
+			return err
+		}
+		if err := stream.Send(s.respond(req)); err != nil {
+			return err
+		}
+	}
+}
+
+// respond answers one message. Messages other than request_headers cannot arrive with our
+// processing mode; each is counted and answered with an empty response of its own type
+// (which lets the request continue unchanged) rather than failing the stream, which with
+// failure_mode_allow: false would fail the client's request.
+func (s *Server) respond(req *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse {
+	var u int
+	switch r := req.GetRequest().(type) {
+	case *extprocv3.ProcessingRequest_RequestHeaders:
+		return s.requestHeaders(r.RequestHeaders)
+	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		u = unexpectedResponseHeaders
+	case *extprocv3.ProcessingRequest_RequestBody:
+		u = unexpectedRequestBody
+	case *extprocv3.ProcessingRequest_ResponseBody:
+		u = unexpectedResponseBody
+	case *extprocv3.ProcessingRequest_RequestTrailers:
+		u = unexpectedRequestTrailers
+	case *extprocv3.ProcessingRequest_ResponseTrailers:
+		u = unexpectedResponseTrailers
+	default:
+		u = unexpectedUnknown
+	}
+	s.m.unexpected[u].Inc()
+	return s.unexpected[u]
+}
+
+// requestHeaders is the whole per-request work: scan the headers, settle the client
+// identity, decide, answer.
+func (s *Server) requestHeaders(h *extprocv3.HttpHeaders) *extprocv3.ProcessingResponse {
+	var (
+		method, path string
+		xfcc         *corev3.HeaderValue
+		xfccCount    int
+		extras       []string
+		stripped     int
+	)
+	for _, hv := range h.GetHeaders().GetHeaders() {
+		k := hv.GetKey()
+		if len(k) < 5 {
+			continue
+		}
+		if k[0] == ':' { // pseudo-headers are lower case by definition (RFC 9113 8.3)
+			switch k {
+			case ":method":
+				method = methodValue(hv)
+			case ":path":
+				path = headerValue(hv)
+			}
+			continue
+		}
+		if k[0] != 'x' && k[0] != 'X' {
+			continue
+		}
+		switch {
+		case equalFold(k, headerXFCC):
+			xfcc, xfccCount = hv, xfccCount+1
+		case equalFold(k, headerRemoteUser):
+			stripped |= strippedUser
+		case equalFold(k, headerRemoteGroup):
+			stripped |= strippedGroup
+		case equalFold(k, headerRemoteUID):
+			stripped |= strippedUID
+		case equalFold(k, headerPeerProxied):
+			stripped |= strippedPeerProxied
+		case equalFold(k, headerRouteCluster):
+			stripped |= strippedRouteCluster
+		case len(k) > len(headerRemoteExtra) && equalFold(k[:len(headerRemoteExtra)], headerRemoteExtra):
+			stripped |= strippedExtra
+			extras = append(extras, toLower(k))
+		}
+	}
+	if stripped != 0 {
+		s.m.countStripped(stripped)
+	}
+
+	var id *clientIdentity
+	if xfccCount > 1 {
+		id = newClientIdentity(make([]string, xfccCount)) // rejected: several headers
+	} else {
+		id = s.identities.get(xfcc)
+	}
+	s.m.identity[id.res].Inc()
+	if id.err != nil {
+		if n, ok := s.identityLog.allow(s.now()); ok {
+			s.log.Warn("client identity not forwarded: the request goes on without X-Remote-* headers", "error", id.err, "similar_suppressed", n)
+		}
+	}
+
+	tb := s.table.Load()
+	if tb == nil {
+		s.m.noTable.Inc()
+		return s.noTable
+	}
+	rt, err := decide(tb, method, path)
+	if err != nil {
+		// The parser or Decide failed on this input: send it to the default set, whose
+		// handler chain answers it as it would without kube-mvp. Identity handling above is
+		// unaffected.
+		if n, ok := s.errorLog.allow(s.now()); ok {
+			s.log.Error("routing decision failed; using the default cluster", "method", method, "path", path, "error", err, "similar_suppressed", n)
+		}
+		s.m.internalError.Inc()
+		rt = tb.def
+	} else {
+		rt.count()
+	}
+	if rt.outcome == topology.Unavailable {
+		return rt.resp
+	}
+	if len(id.set) == 0 && len(extras) == 0 {
+		return rt.resp
+	}
+	return rt.response(id.set, extras)
+}
+
+// decide parses the request line and decides on tb. A request without :path (malformed;
+// Envoy's codecs reject those before filters run) is treated as non-resource. A panic in
+// the parser or Decide is turned into an error rather than taking the process down.
+func decide(tb *table, method, path string) (rt *route, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			rt, err = nil, fmt.Errorf("panic: %v", p)
+		}
+	}()
+	if path == "" {
+		return tb.def, nil
+	}
+	return tb.route(tb.topo.Decide(topology.ParsePathHeader(method, path))), nil
+}
+
+// headerValue returns a header's value: Envoy sends it in raw_value (runtime flag
+// envoy.reloadable_features.send_header_raw_value, on by default) or, older or with the flag
+// off, in value.
+func headerValue(hv *corev3.HeaderValue) string {
+	if hv.GetValue() != "" {
+		return hv.GetValue()
+	}
+	return string(hv.GetRawValue())
+}
+
+// methodValue is headerValue for :method, without allocating for the usual methods.
+func methodValue(hv *corev3.HeaderValue) string {
+	if hv.GetValue() != "" {
+		return hv.GetValue()
+	}
+	switch b := hv.GetRawValue(); string(b) {
+	case "GET":
+		return "GET"
+	case "POST":
+		return "POST"
+	case "PUT":
+		return "PUT"
+	case "PATCH":
+		return "PATCH"
+	case "DELETE":
+		return "DELETE"
+	case "HEAD":
+		return "HEAD"
+	case "OPTIONS":
+		return "OPTIONS"
+	default:
+		return string(b)
+	}
+}
+
+// equalFold reports whether s equals the lower-case ASCII lower, ignoring ASCII case.
+func equalFold(s, lower string) bool {
+	if len(s) != len(lower) {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		if c != lower[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func toLower(s string) string {
+	for i := 0; i < len(s); i++ {
+		if 'A' <= s[i] && s[i] <= 'Z' {
+			b := []byte(s)
+			for j := i; j < len(b); j++ {
+				if 'A' <= b[j] && b[j] <= 'Z' {
+					b[j] += 'a' - 'A'
+				}
+			}
+			return string(b)
+		}
+	}
+	return s
+}
+
+// logLimiter lets one log line through per second and counts the rest, so a flood of bad
+// requests cannot flood the log.
+type logLimiter struct {
+	next       atomic.Int64 // unix nanos before which lines are suppressed
+	suppressed atomic.Int64
+}
+
+func (l *logLimiter) allow(now time.Time) (suppressed int64, ok bool) {
+	n := l.next.Load()
+	if now.UnixNano() < n || !l.next.CompareAndSwap(n, now.Add(time.Second).UnixNano()) {
+		l.suppressed.Add(1)
+		return 0, false
+	}
+	return l.suppressed.Swap(0), true
+}

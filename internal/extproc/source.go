@@ -1,0 +1,135 @@
+package extproc
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/kube-mvp/kube-mvp/internal/inventory"
+	tablestream "github.com/kube-mvp/kube-mvp/internal/table"
+	"github.com/kube-mvp/kube-mvp/internal/topology"
+)
+
+// FileOptions tune a File source.
+type FileOptions struct {
+	// Now is the time Lease liveness is judged at; zero means every Lease counts as alive
+	// (inventory.Options.Now). A fixed time makes a fixture reproducible.
+	Now time.Time
+	// LocalID, when set, puts the table in sidecar mode beside that apiserver
+	// (topology.WithLocal).
+	LocalID string
+	// PollInterval, when positive, re-reads the file that often and applies it when its
+	// bytes changed. Zero means reload only on Reload.
+	PollInterval time.Duration
+	// Reload forces a re-read on every receive (cmd/extproc sends SIGHUP here).
+	Reload <-chan os.Signal
+	// Logger receives reload results; nil discards.
+	Logger *slog.Logger
+}
+
+// File is a routing-table source that reads an inventory fixture (internal/inventory's YAML
+// format: Leases, StorageVersions, APIServices, APIServerDiscovery) and builds the table with
+// inventory.Build. It suits demos, tests and static control planes; a live cluster feeds
+// extproc from xds-server's table stream instead.
+//
+// Reloading: on every Reload signal (an operator's explicit request, always applied) and,
+// with PollInterval, whenever the file's bytes change (a ConfigMap update swaps the file
+// under a mounted volume without any signal). A file that fails to load or build keeps the
+// previous table in use and is logged.
+type File struct {
+	path    string
+	opts    FileOptions
+	log     *slog.Logger
+	last    []byte // the bytes of the last file applied
+	lastBad []byte // the bytes of the last file that failed, not retried until they change
+}
+
+// FileSource returns a source reading the fixture at path.
+func FileSource(path string, opts FileOptions) *File {
+	f := &File{path: path, opts: opts, log: opts.Logger}
+	if f.log == nil {
+		f.log = slog.New(slog.DiscardHandler)
+	}
+	return f
+}
+
+// Load reads and builds the table once. The version is the table's content hash, the same
+// one xds-server's table stream gives an equal table (internal/table.ToProto), with
+// "+local=<id>" in sidecar mode. Objects Build skips are logged, not fatal.
+func (f *File) Load() (*topology.Topology, string, error) {
+	raw, err := os.ReadFile(f.path)
+	if err != nil {
+		return nil, "", err
+	}
+	t, version, err := f.build(raw)
+	if err != nil {
+		return nil, "", err
+	}
+	f.last = raw
+	return t, version, nil
+}
+
+func (f *File) build(raw []byte) (*topology.Topology, string, error) {
+	objs, err := inventory.DecodeFixture(bytes.NewReader(raw))
+	if err != nil {
+		return nil, "", fmt.Errorf("%s: %w", f.path, err)
+	}
+	t, errs := inventory.Build(objs, inventory.Options{Now: f.opts.Now})
+	for _, e := range errs {
+		f.log.Warn("routing table source: object skipped", "file", f.path, "error", e)
+	}
+	if t == nil {
+		return nil, "", fmt.Errorf("%s: no routing table could be built: %w", f.path, errors.Join(errs...))
+	}
+	version := tablestream.ToProto(t, time.Time{}).GetVersion()
+	if f.opts.LocalID != "" {
+		if _, ok := t.Server(f.opts.LocalID); !ok {
+			f.log.Warn("routing table source: the local apiserver is not in the table; requests will use the local cluster anyway", "local_id", f.opts.LocalID)
+		}
+		t = t.WithLocal(f.opts.LocalID)
+		version += "+local=" + f.opts.LocalID
+	}
+	return t, version, nil
+}
+
+// Run watches for reloads until ctx ends, calling apply with every table it loads. Call
+// Load (and apply its result) first: Run only reloads.
+func (f *File) Run(ctx context.Context, apply func(*topology.Topology, string)) {
+	var tick <-chan time.Time
+	if f.opts.PollInterval > 0 {
+		t := time.NewTicker(f.opts.PollInterval)
+		defer t.Stop()
+		tick = t.C
+	}
+	for {
+		forced := false
+		select {
+		case <-ctx.Done():
+			return
+		case <-f.opts.Reload:
+			forced = true
+		case <-tick:
+		}
+		raw, err := os.ReadFile(f.path)
+		if err != nil {
+			f.log.Error("routing table source: reload failed; keeping the table in use", "file", f.path, "error", err)
+			continue
+		}
+		if !forced && (bytes.Equal(raw, f.last) || bytes.Equal(raw, f.lastBad)) {
+			continue
+		}
+		t, version, err := f.build(raw)
+		if err != nil {
+			f.log.Error("routing table source: reload failed; keeping the table in use", "error", err)
+			f.lastBad = raw
+			continue
+		}
+		f.last = raw
+		f.log.Info("routing table source: reloaded", "file", f.path, "version", version, "forced", forced)
+		apply(t, version)
+	}
+}

@@ -1,0 +1,122 @@
+package extproc
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	tablestream "github.com/kube-mvp/kube-mvp/internal/table"
+	"github.com/kube-mvp/kube-mvp/internal/topology"
+)
+
+func TestFileSource(t *testing.T) {
+	orig, err := os.ReadFile(filepath.Join("testdata", "upgrade.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "fixture.yaml")
+	write := func(b []byte) {
+		t.Helper()
+		// Replace the file as a ConfigMap volume does: write aside, rename over.
+		tmp := path + ".tmp"
+		if err := os.WriteFile(tmp, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, path); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(orig)
+
+	reload := make(chan os.Signal, 1)
+	f := FileSource(path, FileOptions{Now: fixtureNow, PollInterval: 5 * time.Millisecond, Reload: reload})
+	topo, version, err := f.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := tablestream.ToProto(loadFixture(t, "upgrade.yaml", fixtureNow), time.Time{}).GetVersion(); version != want {
+		t.Errorf("version %q, want the table stream's content hash %q", version, want)
+	}
+	svm := topology.Resource{Group: "storagemigration.k8s.io", Version: "v1alpha1", Resource: "storageversionmigrations"}
+	if d := topo.DecideResource(svm); d.Outcome != topology.Unavailable {
+		t.Fatalf("cp-c should be dead at the fixed time: %+v", d)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	type applied struct {
+		topo    *topology.Topology
+		version string
+	}
+	got := make(chan applied, 10)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f.Run(ctx, func(t *topology.Topology, v string) { got <- applied{t, v} })
+	}()
+	next := func() applied {
+		t.Helper()
+		select {
+		case a := <-got:
+			return a
+		case <-time.After(20 * time.Second):
+			t.Fatal("no table applied")
+		}
+		return applied{}
+	}
+
+	// A broken file is not applied (the previous table stays), even when forced.
+	write([]byte("apiVersion: v1\nkind: Nonsense\n"))
+	reload <- syscall.SIGHUP
+	// cp-c renews its Lease: a new table, picked up by polling.
+	write([]byte(strings.Replace(string(orig), `renewTime: "2026-11-23T08:00:00.000000Z"`, `renewTime: "2026-11-23T10:00:09.000000Z"`, 1)))
+	a := next()
+	if a.version == version {
+		t.Errorf("changed table kept version %q", version)
+	}
+	if d := a.topo.DecideResource(svm); d.Outcome != topology.Subset {
+		t.Errorf("after the renewal: %+v", d)
+	}
+	// SIGHUP re-applies even an unchanged file.
+	reload <- syscall.SIGHUP
+	if b := next(); b.version != a.version {
+		t.Errorf("forced reload of the same file: version %q, want %q", b.version, a.version)
+	}
+	cancel()
+	<-done
+	select {
+	case a := <-got:
+		t.Errorf("unexpected extra table %q", a.version)
+	default:
+	}
+}
+
+func TestFileSourceOptions(t *testing.T) {
+	path := filepath.Join("testdata", "upgrade.yaml")
+	// Without a time, every Lease is live.
+	topo, _, err := FileSource(path, FileOptions{}).Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if live := topo.Live(); len(live) != 3 {
+		t.Errorf("live %v, want all three", live)
+	}
+	// Sidecar mode.
+	topo, version, err := FileSource(path, FileOptions{LocalID: "apiserver-bbb"}).Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if topo.LocalID != "apiserver-bbb" || !strings.HasSuffix(version, "+local=apiserver-bbb") {
+		t.Errorf("local %q version %q", topo.LocalID, version)
+	}
+	// Errors name the file.
+	for _, p := range []string{filepath.Join("testdata", "broken.yaml"), filepath.Join("testdata", "missing.yaml")} {
+		if _, _, err := FileSource(p, FileOptions{}).Load(); err == nil || !strings.Contains(err.Error(), p) {
+			t.Errorf("%s: error %v should name the file", p, err)
+		}
+	}
+}

@@ -1,0 +1,115 @@
+package extproc
+
+import (
+	"slices"
+	"strings"
+	"testing"
+)
+
+// TestSpoofedHeaders: whatever identity or routing headers a client sends, none reaches an
+// apiserver; the only identity forwarded is the one of the verified client certificate that
+// our listener put in XFCC.
+func TestSpoofedHeaders(t *testing.T) {
+	srv := New(Options{})
+	srv.SetTopology(loadFixture(t, "upgrade.yaml", fixtureNow), "v1")
+	client := serve(t, "unix", srv)
+
+	spoofed := []string{
+		"x-remote-user", "system:admin",
+		"x-remote-group", "system:masters",
+		"x-remote-group", "system:nodes",
+		"x-remote-extra-foo", "bar",
+		"x-remote-extra-authentication.kubernetes.io%2fcredential-id", "X509SHA256=forged",
+		"x-remote-uid", "0",
+		"x-kubernetes-peer-proxied", "true",
+		"x-kube-mvp-cluster", "kube-apiservers-only-cp-c",
+	}
+	mixedCase := []string{
+		"X-Remote-User", "system:admin",
+		"X-REMOTE-GROUP", "system:masters",
+		"X-Remote-Extra-Scopes", "everything",
+		"X-Remote-Uid", "0",
+		"X-Kubernetes-Peer-Proxied", "true",
+		"X-Kube-Mvp-Cluster", "kube-apiservers-only-cp-c",
+	}
+	hash := strings.Repeat("0f", 32)
+	xfcc := `Hash=` + hash + `;Subject="CN=alice,O=team-b,O=team-a";URI=`
+	innocent := []string{"authorization", "Bearer abc", "user-agent", "kubectl/v1.37.1", "x-request-id", "r-1", "impersonate-user", "bob"}
+
+	type identityWant struct {
+		user   string
+		groups []string
+		extra  string // the credential ID, or empty
+	}
+	alice := &identityWant{"alice", []string{"team-a", "team-b"}, "X509SHA256=" + hash}
+	cases := []struct {
+		name    string
+		path    string
+		extra   []string
+		want    want
+		ident   *identityWant // nil: no identity headers at all
+		removed []string      // names that must be gone (beyond the fixed list)
+	}{
+		{"spoofed, no certificate", "/api/v1/namespaces/default/pods", spoofed, routed("kube-apiservers"), nil, []string{"x-remote-extra-foo"}},
+		{"spoofed, no certificate, subset route", "/apis/batch/v1/jobs", spoofed, subset("kube-apiservers-only-cp-a"), nil, nil},
+		{"spoofed in mixed case", "/apis/batch/v1/jobs", mixedCase, subset("kube-apiservers-only-cp-a"), nil, []string{"x-remote-extra-scopes"}},
+		{"spoofed, non-resource", "/healthz", spoofed, routed("kube-apiservers"), nil, nil},
+		{"certificate only", "/api/v1/pods", []string{headerXFCC, xfcc}, routed("kube-apiservers"), alice, nil},
+		{"certificate and spoofed", "/api/v1/pods", append([]string{headerXFCC, xfcc}, spoofed...), routed("kube-apiservers"), alice, nil},
+		{"certificate and spoofed, subset route", "/apis/batch/v1/namespaces/x/cronjobs", append(slices.Clone(spoofed), headerXFCC, xfcc), subset("kube-apiservers-only-cp-a"), alice, nil},
+		{"certificate in a mixed-case header", "/api/v1/pods", append([]string{"X-Forwarded-Client-Cert", xfcc}, mixedCase...), routed("kube-apiservers"), alice, nil},
+		{"certificate without CN", "/api/v1/pods", append([]string{headerXFCC, `Hash=` + hash + `;Subject="O=system:masters";URI=`}, spoofed...), routed("kube-apiservers"), nil, nil},
+		{"two XFCC headers", "/api/v1/pods", append([]string{headerXFCC, xfcc, headerXFCC, `Subject="CN=system:admin"`}, spoofed...), routed("kube-apiservers"), nil, nil},
+		{"XFCC with two elements", "/api/v1/pods", append([]string{headerXFCC, `Subject="CN=mallory",` + xfcc}, spoofed...), routed("kube-apiservers"), nil, nil},
+		{"certificate, but no live server: 503 all the same", "/apis/storagemigration.k8s.io/v1alpha1/storageversionmigrations", append([]string{headerXFCC, xfcc}, spoofed...),
+			unavailable("storagemigration.k8s.io/v1alpha1/storageversionmigrations"), nil, nil},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			req := request("GET", c.path, append(slices.Clone(innocent), c.extra...)...)
+			resp := call(t, client, req)
+			checkResponse(t, req, resp, c.want)
+			if c.want.cluster == "" {
+				return
+			}
+			hs := applyMutation(t, req, resp)
+			var gotUser, gotUID, gotExtra []string
+			for _, h := range hs {
+				switch {
+				case h.name == headerRemoteUser:
+					gotUser = append(gotUser, h.value)
+				case h.name == headerRemoteUID:
+					gotUID = append(gotUID, h.value)
+				case strings.HasPrefix(h.name, headerRemoteExtra):
+					gotExtra = append(gotExtra, h.name+": "+h.value)
+				case h.name == headerXFCC:
+					t.Errorf("XFCC reaches the apiserver: %q", h.value)
+				}
+			}
+			gotGroups := values(hs, headerRemoteGroup)
+			if c.ident == nil {
+				if gotUser != nil || gotGroups != nil || gotUID != nil || gotExtra != nil {
+					t.Errorf("identity headers reach the apiserver: user %q groups %q uid %q extra %q", gotUser, gotGroups, gotUID, gotExtra)
+				}
+			} else {
+				if !slices.Equal(gotUser, []string{c.ident.user}) || !slices.Equal(gotGroups, c.ident.groups) || gotUID != nil {
+					t.Errorf("user %q groups %q uid %q; want %q %q none", gotUser, gotGroups, gotUID, c.ident.user, c.ident.groups)
+				}
+				if want := []string{headerCredentialID + ": " + c.ident.extra}; !slices.Equal(gotExtra, want) {
+					t.Errorf("extra %q, want %q", gotExtra, want)
+				}
+			}
+			for _, name := range c.removed {
+				if !slices.Contains(resp.GetRequestHeaders().GetResponse().GetHeaderMutation().GetRemoveHeaders(), name) {
+					t.Errorf("%s not in remove_headers", name)
+				}
+			}
+			// Everything else the client sent arrives untouched.
+			for i := 0; i < len(innocent); i += 2 {
+				if got := values(hs, innocent[i]); !slices.Equal(got, []string{innocent[i+1]}) {
+					t.Errorf("%s = %q, want %q", innocent[i], got, innocent[i+1])
+				}
+			}
+		})
+	}
+}
