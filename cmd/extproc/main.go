@@ -2,12 +2,12 @@
 // envoy.service.ext_proc.v3.ExternalProcessor, deciding per request which apiservers may
 // serve it (see internal/extproc).
 //
-//	extproc --source file:FILE --listen ADDR [--admin-address 127.0.0.1:9002] [--now RFC3339]
-//	        [--poll-interval DURATION] [--local-id APISERVER-ID]
+//	extproc --source xds:HOST:PORT|file:FILE --listen ADDR [--admin-address 127.0.0.1:9002]
+//	        [--now RFC3339] [--poll-interval DURATION] [--local-id APISERVER-ID]
 //
 // ADDR is unix:/path/to.sock or host:port. The admin address serves /healthz, /readyz (ready
-// once a routing table is loaded) and /metrics. SIGHUP re-reads the source file; SIGTERM or
-// SIGINT stops gracefully.
+// once a routing table is loaded) and /metrics. With a file source SIGHUP re-reads the file;
+// SIGTERM or SIGINT stops gracefully.
 package main
 
 import (
@@ -32,40 +32,52 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/kube-mvp/kube-mvp/internal/extproc"
+	"github.com/kube-mvp/kube-mvp/internal/table"
+	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 
-const usage = `usage: extproc --source file:FILE --listen ADDR [flags]
+const usage = `usage: extproc --source xds:HOST:PORT|file:FILE --listen ADDR [flags]
 
 Serves Envoy's ext_proc API for kube-mvp: names the apiserver cluster for each request,
 strips client-supplied identity headers and forwards the client certificate's identity.
 
 flags:
-  --source file:FILE         routing table source: an inventory fixture (YAML) (required)
+  --source SOURCE            where the routing table comes from (required):
+                               xds:HOST:PORT  xds-server's table stream (its --xds-address);
+                                              the last table is kept while it reconnects
+                               file:FILE      an inventory fixture (YAML), as read by
+                                              xds-server translate -f
   --listen ADDR              gRPC address: unix:/path/to.sock or host:port (required)
   --admin-address HOST:PORT  /healthz, /readyz and /metrics (default 127.0.0.1:9002)
-  --now RFC3339              judge Lease liveness at this time (default: every Lease is live)
-  --poll-interval DURATION   also re-read the source when it changes, checked this often
-                             (default 0: only on SIGHUP)
+  --now RFC3339              file source: judge Lease liveness at this time (default: every
+                             Lease is live)
+  --poll-interval DURATION   file source: also re-read the file when it changes, checked this
+                             often (default 0: only on SIGHUP)
   --local-id ID              sidecar mode: the apiserver ID this Envoy runs beside
   -h, --help                 this text
 
-SIGHUP re-reads the source; SIGTERM and SIGINT stop gracefully.
+SIGHUP re-reads a file source; SIGTERM and SIGINT stop gracefully.
 `
 
 // config is the validated command line.
 type config struct {
-	sourceFile   string
+	sourceFile   string // file:FILE
+	sourceXDS    string // xds:HOST:PORT
 	listen       string // "unix:/path" or host:port
 	adminAddress string
 	now          time.Time
 	pollInterval time.Duration
 	localID      string
 }
+
+// extprocService is the gRPC health service name of the ext_proc API.
+const extprocService = "envoy.service.ext_proc.v3.ExternalProcessor"
 
 // errHelp asks for the usage text.
 var errHelp = errors.New("help requested")
@@ -111,9 +123,14 @@ func parseArgs(args []string) (config, error) {
 
 	switch src, ok := raw["source"]; {
 	case !ok:
-		errs = multierror.Append(errs, errors.New("--source is required: --source file:/path/to/fixture.yaml"))
+		errs = multierror.Append(errs, errors.New("--source is required: --source xds:xds-server:18000 or --source file:/path/to/fixture.yaml"))
+	case strings.HasPrefix(src, "xds:"):
+		cfg.sourceXDS = strings.TrimPrefix(src, "xds:")
+		if err := checkHostPort(cfg.sourceXDS); err != nil {
+			errs = multierror.Append(errs, fmt.Errorf("--source %q: %v; want xds:HOST:PORT, xds-server's --xds-address", src, err))
+		}
 	case !strings.HasPrefix(src, "file:"):
-		errs = multierror.Append(errs, fmt.Errorf("--source %q: unknown kind of source; the one supported is file:FILE", src))
+		errs = multierror.Append(errs, fmt.Errorf("--source %q: unknown kind of source; use xds:HOST:PORT or file:FILE", src))
 	default:
 		cfg.sourceFile = strings.TrimPrefix(src, "file:")
 		if cfg.sourceFile == "" {
@@ -145,6 +162,13 @@ func parseArgs(args []string) (config, error) {
 			errs = multierror.Append(errs, fmt.Errorf("--admin-address %q: %v; want host:port, e.g. 127.0.0.1:9002", a, err))
 		}
 		cfg.adminAddress = a
+	}
+	if cfg.sourceXDS != "" {
+		for _, name := range []string{"now", "poll-interval"} {
+			if _, ok := raw[name]; ok {
+				errs = multierror.Append(errs, fmt.Errorf("--%s applies to a file source only; xds-server judges liveness and pushes every change", name))
+			}
+		}
 	}
 	if n, ok := raw["now"]; ok {
 		t, err := time.Parse(time.RFC3339, n)
@@ -234,28 +258,60 @@ type app struct {
 	admin     *http.Server
 	grpcLis   net.Listener
 	adminLis  net.Listener
-	source    *extproc.File
 	errs      chan error
 	stopWatch context.CancelFunc
 	watchDone chan struct{}
 }
 
-// start loads the first table (failing fast on a bad source), opens both listeners and
-// serves.
+// start opens both listeners and serves. A file source is loaded first, so a bad file stops
+// start-up; an xds source connects in the background (xds-server may start later), and
+// until its first table arrives every request is answered 503 and /readyz fails.
 func start(cfg config, log *slog.Logger, reload <-chan os.Signal) (*app, error) {
 	a := &app{log: log, errs: make(chan error, 2), watchDone: make(chan struct{})}
 	a.srv = extproc.New(extproc.Options{Logger: log})
 	reg := a.srv.Registry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-
-	a.source = extproc.FileSource(cfg.sourceFile, extproc.FileOptions{
-		Now: cfg.now, LocalID: cfg.localID, PollInterval: cfg.pollInterval, Reload: reload, Logger: log,
-	})
-	t, version, err := a.source.Load()
-	if err != nil {
-		return nil, fmt.Errorf("routing table source: %w", err)
+	// For Envoy's gRPC health checks of the ext_proc cluster: SERVING once a table is loaded.
+	a.health = health.NewServer()
+	a.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+	a.health.SetServingStatus(extprocService, healthpb.HealthCheckResponse_NOT_SERVING)
+	apply := func(t *topology.Topology, version string) {
+		a.srv.SetTopology(t, version)
+		a.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+		a.health.SetServingStatus(extprocService, healthpb.HealthCheckResponse_SERVING)
 	}
 
+	var follow func(ctx context.Context)
+	if cfg.sourceFile != "" {
+		source := extproc.FileSource(cfg.sourceFile, extproc.FileOptions{
+			Now: cfg.now, LocalID: cfg.localID, PollInterval: cfg.pollInterval, Reload: reload, Logger: log,
+		})
+		t, version, err := source.Load()
+		if err != nil {
+			return nil, fmt.Errorf("routing table source: %w", err)
+		}
+		apply(t, version)
+		follow = func(ctx context.Context) { source.Run(ctx, apply) }
+	} else {
+		conn, err := grpc.NewClient(cfg.sourceXDS, grpc.WithTransportCredentials(insecure.NewCredentials()),
+			// The table stream is idle between changes; keepalives notice a dead xds-server.
+			grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second, PermitWithoutStream: true}))
+		if err != nil {
+			return nil, fmt.Errorf("--source xds:%s: %w", cfg.sourceXDS, err)
+		}
+		clientID, _ := os.Hostname()
+		follow = func(ctx context.Context) {
+			defer conn.Close()
+			table.Follow(ctx, conn, clientID, log, func(t *topology.Topology, version string) {
+				if cfg.localID != "" {
+					t, version = t.WithLocal(cfg.localID), version+"+local="+cfg.localID
+				}
+				apply(t, version)
+			})
+		}
+	}
+
+	var err error
 	a.grpcLis, err = listen(cfg.listen)
 	if err != nil {
 		return nil, err
@@ -271,12 +327,7 @@ func start(cfg config, log *slog.Logger, reload <-chan os.Signal) (*app, error) 
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
 	)
 	extprocv3.RegisterExternalProcessorServer(a.grpc, a.srv)
-	// For Envoy's gRPC health checks of the ext_proc cluster: SERVING once a table is loaded.
-	a.health = health.NewServer()
 	healthpb.RegisterHealthServer(a.grpc, a.health)
-	a.srv.SetTopology(t, version)
-	a.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	a.health.SetServingStatus("envoy.service.ext_proc.v3.ExternalProcessor", healthpb.HealthCheckResponse_SERVING)
 
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
@@ -300,9 +351,9 @@ func start(cfg config, log *slog.Logger, reload <-chan os.Signal) (*app, error) 
 	a.stopWatch = cancel
 	go func() {
 		defer close(a.watchDone)
-		a.source.Run(watchCtx, a.srv.SetTopology)
+		follow(watchCtx)
 	}()
-	log.Info("extproc serving", "listen", addrString(a.grpcLis), "admin", a.adminLis.Addr().String(), "table", version)
+	log.Info("extproc serving", "listen", addrString(a.grpcLis), "admin", a.adminLis.Addr().String(), "table", a.srv.Version(), "source", cfg.sourceFile+cfg.sourceXDS)
 	return a, nil
 }
 

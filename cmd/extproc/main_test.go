@@ -20,6 +20,11 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/kube-mvp/kube-mvp/internal/extproc"
+	"github.com/kube-mvp/kube-mvp/internal/table"
+	"github.com/kube-mvp/kube-mvp/internal/topology"
+	tablev1 "github.com/kube-mvp/kube-mvp/proto/kubemvp/table/v1"
 )
 
 const fixture = "../../internal/extproc/testdata/upgrade.yaml"
@@ -42,7 +47,7 @@ func TestBadFlagsAllAtOnce(t *testing.T) {
 		t.Errorf("exit code %d, want 2", code)
 	}
 	for _, want := range []string{
-		`--source "http://example.com/table": unknown kind of source; the one supported is file:FILE`,
+		`--source "http://example.com/table": unknown kind of source; use xds:HOST:PORT or file:FILE`,
 		`--listen "localhost": address localhost: missing port in address; want unix:/path or host:port`,
 		`--admin-address "127.0.0.1:http": port "http" is not a number`,
 		`--now "yesterday" is not an RFC 3339 time, e.g. 2026-11-23T10:00:00Z`,
@@ -86,7 +91,7 @@ func TestRequiredFlags(t *testing.T) {
 
 func TestHelp(t *testing.T) {
 	var stdout bytes.Buffer
-	if code := run([]string{"--help"}, &stdout, io.Discard); code != 0 || !strings.Contains(stdout.String(), "--source file:FILE") {
+	if code := run([]string{"--help"}, &stdout, io.Discard); code != 0 || !strings.Contains(stdout.String(), "xds:HOST:PORT") {
 		t.Errorf("exit %d, usage %q", code, stdout.String())
 	}
 }
@@ -233,4 +238,155 @@ func (b *syncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+// TestXDSSource runs extproc on xds-server's table stream: before the first table it answers
+// 503 and is not ready; it follows the stream, keeps the last table while xds-server is away,
+// and picks up the next table when it is back.
+func TestXDSSource(t *testing.T) {
+	tableAddr := freeAddr(t)
+	dir := shortTempDir(t)
+	sock := filepath.Join(dir, "extproc.sock")
+	if _, err := parseArgs([]string{"--source", "xds:" + tableAddr, "--listen", "unix:" + sock, "--now", "2026-11-23T10:00:10Z"}); err == nil ||
+		!strings.Contains(err.Error(), "--now applies to a file source only") {
+		t.Errorf("--now with an xds source: %v", err)
+	}
+	cfg, err := parseArgs([]string{"--source", "xds:" + tableAddr, "--listen", "unix:" + sock, "--admin-address", "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := start(cfg, slog.New(slog.DiscardHandler), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	waited := make(chan error, 1)
+	go func() { waited <- a.wait(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-waited; err != nil {
+			t.Errorf("wait: %v", err)
+		}
+	}()
+	conn, err := grpc.NewClient("unix:"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	admin := "http://" + a.adminLis.Addr().String()
+
+	// No xds-server yet.
+	if code := immediateStatus(t, decideJobs(t, conn)); code != 503 {
+		t.Errorf("before the first table: status %d, want an immediate 503", code)
+	}
+	if code := httpStatus(t, admin+"/readyz"); code != 503 {
+		t.Errorf("/readyz before the first table: %d", code)
+	}
+
+	fileTable := func(now string) *topology.Topology {
+		at, _ := time.Parse(time.RFC3339, now)
+		topo, _, err := extproc.FileSource(fixture, extproc.FileOptions{Now: at}).Load()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return topo
+	}
+	tables := table.NewServer()
+	tables.Publish(fileTable("2026-11-23T10:00:10Z"), time.Now())
+	stopTables := serveTables(t, tableAddr, tables)
+	waitFor(t, func() bool { return cluster(decideJobs(t, conn)) == "kube-apiservers-only-cp-a" })
+	if code := httpStatus(t, admin+"/readyz"); code != 200 {
+		t.Errorf("/readyz with a table: %d", code)
+	}
+	first := a.srv.Version()
+
+	// xds-server goes away: the last table stays in use.
+	stopTables()
+	time.Sleep(200 * time.Millisecond)
+	if got := cluster(decideJobs(t, conn)); got != "kube-apiservers-only-cp-a" || a.srv.Version() != first {
+		t.Errorf("after the stream dropped: cluster %q, version %q (was %q)", got, a.srv.Version(), first)
+	}
+
+	// It comes back with a different table (cp-a's Lease has expired): extproc reconnects.
+	tables = table.NewServer()
+	tables.Publish(fileTable("2026-11-23T11:00:00Z"), time.Now())
+	defer serveTables(t, tableAddr, tables)()
+	waitFor(t, func() bool { return a.srv.Version() != first })
+}
+
+func freeAddr(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// serveTables serves the table stream on addr until the returned function is called.
+func serveTables(t *testing.T, addr string, tables *table.Server) (stop func()) {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer()
+	tablev1.RegisterTableServiceServer(g, tables)
+	go g.Serve(l) //nolint:errcheck // ends with Stop
+	return g.Stop
+}
+
+func decideJobs(t *testing.T, conn *grpc.ClientConn) *extprocv3.ProcessingResponse {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	stream, err := extprocv3.NewExternalProcessorClient(conn).Process(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hm := &corev3.HeaderMap{Headers: []*corev3.HeaderValue{
+		{Key: ":method", RawValue: []byte("GET")}, {Key: ":path", RawValue: []byte("/apis/batch/v1/jobs")}, {Key: ":authority", RawValue: []byte("k")},
+	}}
+	if err := stream.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: hm}}}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream.CloseSend()
+	return resp
+}
+
+func cluster(resp *extprocv3.ProcessingResponse) string {
+	for _, h := range resp.GetRequestHeaders().GetResponse().GetHeaderMutation().GetSetHeaders() {
+		if h.GetHeader().GetKey() == "x-kube-mvp-cluster" {
+			return string(h.GetHeader().GetRawValue())
+		}
+	}
+	return ""
+}
+
+func immediateStatus(t *testing.T, resp *extprocv3.ProcessingResponse) int {
+	return int(resp.GetImmediateResponse().GetStatus().GetCode())
+}
+
+func httpStatus(t *testing.T, url string) int {
+	t.Helper()
+	res, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	return res.StatusCode
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 30s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
