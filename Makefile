@@ -3,7 +3,7 @@ GO ?= go
 KUBE_VERSIONS ?= v1.36.4 v1.37.1
 TEST_TIMEOUT ?= 75m
 
-.PHONY: all build test unit kube-binaries vet demo clean
+.PHONY: all build test unit bench kube-binaries vet demo clean
 
 all: build
 
@@ -21,6 +21,12 @@ vet:
 ## test: every test, unit and end to end, against real apiservers of two versions
 test: vet kube-binaries
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+	# every benchmark once, so none of them rots (the numbers come from `make bench`)
+	$(GO) test -run '^$$' -bench . -benchtime 1x ./...
+
+## bench: the benchmarks behind the README's performance numbers
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem -count 3 ./...
 
 ## unit: the tests that need no control plane (fast)
 unit:
