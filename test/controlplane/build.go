@@ -94,14 +94,19 @@ func newRecipe(root, version string) (*recipe, error) {
 			break
 		}
 	}
-	major, minor, ok := strings.Cut(strings.TrimPrefix(version, "v"), ".")
-	if !ok {
+	if _, _, ok := strings.Cut(strings.TrimPrefix(version, "v"), "."); !ok {
 		return nil, fmt.Errorf("version %q is not vMAJOR.MINOR.PATCH", version)
 	}
+	return &recipe{version: version, moduleDir: dir, ldflags: stampFlags(version), goVersion: runtime.Version(), inputs: inputs.Bytes(), etcd: etcd}, nil
+}
+
+// stampFlags are the linker flags of a release build of version (vMAJOR.MINOR.PATCH): the
+// binaries report it in /version and `kubectl version`; without them they say v0.0.0.
+func stampFlags(version string) string {
+	major, minor, _ := strings.Cut(strings.TrimPrefix(version, "v"), ".")
 	minor, _, _ = strings.Cut(minor, ".")
-	// The apiserver reports these in /version; without them it calls itself v0.0.0.
 	stamp := "k8s.io/component-base/version"
-	ldflags := strings.Join([]string{
+	return strings.Join([]string{
 		"-s", "-w",
 		"-X", stamp + ".gitVersion=" + version,
 		"-X", stamp + ".gitMajor=" + major,
@@ -109,7 +114,6 @@ func newRecipe(root, version string) (*recipe, error) {
 		"-X", stamp + ".gitTreeState=clean",
 		"-X", stamp + ".buildDate=1970-01-01T00:00:00Z",
 	}, " ")
-	return &recipe{version: version, moduleDir: dir, ldflags: ldflags, goVersion: runtime.Version(), inputs: inputs.Bytes(), etcd: etcd}, nil
 }
 
 func (r *recipe) key() string {
@@ -131,59 +135,133 @@ func EnsureBinaries(ctx context.Context, version string, log io.Writer) (Binarie
 	if err != nil {
 		return Binaries{}, err
 	}
-	cache, err := CacheDir()
+	dir, err := cachedBuild(ctx, log, buildSpec{
+		label:     "kubernetes " + version,
+		what:      "kube-apiserver and etcd " + r.etcd,
+		key:       r.key(),
+		outputs:   []string{"kube-apiserver", "etcd"},
+		moduleDir: r.moduleDir,
+		ldflags:   r.ldflags,
+		packages:  []string{"k8s.io/kubernetes/cmd/kube-apiserver", "./etcd"},
+	})
 	if err != nil {
 		return Binaries{}, err
 	}
+	return Binaries{Version: version, KubeAPIServer: filepath.Join(dir, "kube-apiserver"), Etcd: filepath.Join(dir, "etcd")}, nil
+}
+
+// EnsureKubectl returns the path of kubectl built from the published k8s.io/kubectl module
+// pinned in tools/kubectl (a small build, about a minute cold), cached like the apiservers.
+func EnsureKubectl(ctx context.Context, log io.Writer) (string, error) {
+	root, err := RepoRoot()
+	if err != nil {
+		return "", err
+	}
+	dir := filepath.Join(root, "tools", "kubectl")
+	var inputs bytes.Buffer
+	for _, f := range []string{"go.mod", "go.sum", "main.go"} {
+		b, err := os.ReadFile(filepath.Join(dir, f))
+		if err != nil {
+			return "", err
+		}
+		fmt.Fprintf(&inputs, "%s %d\n", f, len(b))
+		inputs.Write(b)
+	}
+	// k8s.io/kubectl v0.X.Y is Kubernetes v1.X.Y.
+	version := ""
+	for line := range strings.Lines(inputs.String()) {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "k8s.io/kubectl" {
+			version = "v1." + strings.TrimPrefix(f[1], "v0.")
+			break
+		}
+	}
+	if version == "" {
+		return "", errors.New("tools/kubectl/go.mod does not require k8s.io/kubectl")
+	}
+	ldflags := stampFlags(version)
+	h := sha256.New()
+	fmt.Fprintf(h, "%s\n%s\n%s\n", runtime.Version(), ldflags, runtime.GOARCH)
+	h.Write(inputs.Bytes())
+	out, err := cachedBuild(ctx, log, buildSpec{
+		label:     "kubectl " + version,
+		what:      "kubectl",
+		key:       fmt.Sprintf("kubectl-%s-%s-%s", version, runtime.Version(), hex.EncodeToString(h.Sum(nil))[:12]),
+		outputs:   []string{"kubectl"},
+		moduleDir: dir,
+		ldflags:   ldflags,
+		packages:  []string{"."},
+	})
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(out, "kubectl"), nil
+}
+
+// buildSpec is one cached `go build` in a pinned wrapper module.
+type buildSpec struct {
+	label, what string // for progress lines
+	key         string // the cache directory's name: changes whenever the output would
+	outputs     []string
+	moduleDir   string
+	ldflags     string
+	packages    []string
+}
+
+// cachedBuild returns the cache directory holding spec's outputs, building them first (into
+// a temporary directory renamed into place, under a file lock) when they are missing.
+func cachedBuild(ctx context.Context, log io.Writer, spec buildSpec) (string, error) {
+	cache, err := CacheDir()
+	if err != nil {
+		return "", err
+	}
 	binDir := filepath.Join(cache, "bin")
 	if err := os.MkdirAll(binDir, 0o755); err != nil {
-		return Binaries{}, err
+		return "", err
 	}
-	dir := filepath.Join(binDir, r.key())
-	bins := Binaries{Version: version, KubeAPIServer: filepath.Join(dir, "kube-apiserver"), Etcd: filepath.Join(dir, "etcd")}
-	if complete(bins) {
-		fmt.Fprintf(log, "kubernetes %s: using cached binaries in %s\n", version, dir)
-		return bins, nil
+	dir := filepath.Join(binDir, spec.key)
+	if complete(dir, spec.outputs) {
+		fmt.Fprintf(log, "%s: using cached binaries in %s\n", spec.label, dir)
+		return dir, nil
 	}
 
 	unlock, err := lockFile(ctx, dir+".lock")
 	if err != nil {
-		return Binaries{}, err
+		return "", err
 	}
 	defer unlock()
-	if complete(bins) { // built by whoever held the lock before us
-		fmt.Fprintf(log, "kubernetes %s: using cached binaries in %s\n", version, dir)
-		return bins, nil
+	if complete(dir, spec.outputs) { // built by whoever held the lock before us
+		fmt.Fprintf(log, "%s: using cached binaries in %s\n", spec.label, dir)
+		return dir, nil
 	}
 
 	tmp, err := os.MkdirTemp(binDir, ".build-")
 	if err != nil {
-		return Binaries{}, err
+		return "", err
 	}
 	defer os.RemoveAll(tmp)
-	fmt.Fprintf(log, "kubernetes %s: building kube-apiserver and etcd %s from Go modules (a cold build takes several minutes)...\n", version, r.etcd)
+	fmt.Fprintf(log, "%s: building %s from Go modules (a cold build can take minutes)...\n", spec.label, spec.what)
 	start := time.Now()
-	cmd := exec.CommandContext(ctx, "go", "build", "-mod=readonly", "-trimpath", "-ldflags", r.ldflags,
-		"-o", tmp+string(filepath.Separator), "k8s.io/kubernetes/cmd/kube-apiserver", "./etcd")
-	cmd.Dir = r.moduleDir
+	args := append([]string{"build", "-mod=readonly", "-trimpath", "-ldflags", spec.ldflags, "-o", tmp + string(filepath.Separator)}, spec.packages...)
+	cmd := exec.CommandContext(ctx, "go", args...)
+	cmd.Dir = spec.moduleDir
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=-mod=readonly", "GOWORK=off")
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	done := make(chan struct{})
-	go progress(log, version, start, done)
+	go progress(log, spec.label, start, done)
 	err = cmd.Run()
 	close(done)
 	if err != nil {
-		return Binaries{}, fmt.Errorf("building kubernetes %s: %w\n%s", version, err, out.String())
+		return "", fmt.Errorf("building %s: %w\n%s", spec.label, err, out.String())
 	}
 	if err := os.Rename(tmp, dir); err != nil {
-		return Binaries{}, err
+		return "", err
 	}
-	fmt.Fprintf(log, "kubernetes %s: built in %s, cached in %s\n", version, time.Since(start).Round(time.Second), dir)
-	return bins, nil
+	fmt.Fprintf(log, "%s: built in %s, cached in %s\n", spec.label, time.Since(start).Round(time.Second), dir)
+	return dir, nil
 }
 
-func progress(log io.Writer, version string, start time.Time, done <-chan struct{}) {
+func progress(log io.Writer, label string, start time.Time, done <-chan struct{}) {
 	tick := time.NewTicker(30 * time.Second)
 	defer tick.Stop()
 	for {
@@ -191,14 +269,14 @@ func progress(log io.Writer, version string, start time.Time, done <-chan struct
 		case <-done:
 			return
 		case <-tick.C:
-			fmt.Fprintf(log, "kubernetes %s: still building (%s)\n", version, time.Since(start).Round(time.Second))
+			fmt.Fprintf(log, "%s: still building (%s)\n", label, time.Since(start).Round(time.Second))
 		}
 	}
 }
 
-func complete(b Binaries) bool {
-	for _, p := range []string{b.KubeAPIServer, b.Etcd} {
-		if fi, err := os.Stat(p); err != nil || fi.Mode()&0o111 == 0 {
+func complete(dir string, outputs []string) bool {
+	for _, name := range outputs {
+		if fi, err := os.Stat(filepath.Join(dir, name)); err != nil || fi.Mode()&0o111 == 0 {
 			return false
 		}
 	}

@@ -1,7 +1,7 @@
 // Command testcp builds and runs the test control plane by hand: the same etcd and
 // kube-apiservers the end-to-end tests use.
 //
-//	testcp build [VERSION...]            build (or find cached) binaries; default: every pinned version
+//	testcp build [VERSION...]            build (or find cached) binaries and kubectl; default: every pinned version
 //	testcp up --server cp-a=v1.37.1 --server cp-b=v1.36.4:batch/v1=false [--peer-proxy]
 //	                                     start them, print a kubeconfig, run until interrupted
 package main
@@ -45,7 +45,8 @@ func run(ctx context.Context, args []string) error {
 				return err
 			}
 		}
-		return nil
+		_, err := controlplane.EnsureKubectl(ctx, os.Stdout)
+		return err
 	case "up":
 		return up(ctx, args[1:])
 	}
