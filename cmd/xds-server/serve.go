@@ -63,7 +63,9 @@ plus the Envoy configuration flags of translate:
       --proxy-client-cert, --proxy-client-key, --peer-ca
   -h, --help                       this text
 
-Certificates are read at start; restart to rotate them.
+The certificate files are re-read every 10s; a rotated certificate reaches Envoy over SDS
+without a restart (a change that does not validate yet, such as a new certificate whose key
+has not been replaced, keeps the previous ones until it does).
 `
 
 var serveFlags = append([]flagSpec{
@@ -81,6 +83,7 @@ type serveOptions struct {
 	adminAddress string
 	watch        inventory.WatchOptions
 	cfg          snapshot.Config
+	envoyFlags   map[string]string // as given, for re-reading the certificate files
 }
 
 func parseServe(args []string) (serveOptions, error) {
@@ -125,6 +128,7 @@ func parseServe(args []string) (serveOptions, error) {
 		}
 	}
 	opts.cfg, errs = parseEnvoyConfig(raw, errs)
+	opts.envoyFlags = raw
 	if errs == nil {
 		rules := clientcmd.NewDefaultClientConfigLoadingRules()
 		rules.ExplicitPath = raw["kubeconfig"]
@@ -147,9 +151,9 @@ func parseServe(args []string) (serveOptions, error) {
 
 // translator adapts snapshot.Build to the xds server. An apiserver with an unusable address
 // only loses its endpoint (logged); any other error keeps the previous snapshot.
-func translator(cfg snapshot.Config, log *slog.Logger) xds.Translator {
+func translator(cfg func() snapshot.Config, log *slog.Logger) xds.Translator {
 	return func(t *topology.Topology) (*cachev3.Snapshot, error) {
-		res, err := snapshot.Build(t, cfg)
+		res, err := snapshot.Build(t, cfg())
 		if res == nil {
 			return nil, err
 		}
@@ -187,7 +191,8 @@ func serve(ctx context.Context, opts serveOptions, log *slog.Logger, ready chan<
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m := newServeMetrics(reg)
 
-	xdsServer := xds.New(translator(opts.cfg, log), log)
+	certs := newCertReloader(opts.envoyFlags, opts.cfg, log)
+	xdsServer := xds.New(translator(certs.Config, log), log)
 	xdsServer.OnBuild = m.observeBuild
 	tables := table.NewServer()
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
@@ -235,6 +240,11 @@ func serve(ctx context.Context, opts serveOptions, log *slog.Logger, ready chan<
 	go func() { errc <- g.Serve(grpcLis) }()
 	go func() { errc <- admin.Serve(adminLis) }()
 	go func() { errc <- watcher.Run(ctx) }()
+	go certs.run(ctx, certReloadInterval, func() {
+		if t := xdsServer.Topology(); t != nil {
+			xdsServer.Update(t)
+		}
+	})
 	log.Info("xds-server serving", "xds", grpcLis.Addr().String(), "admin", adminLis.Addr().String(), "apiserver", opts.rest.Host)
 	if ready != nil {
 		ready <- [2]string{grpcLis.Addr().String(), adminLis.Addr().String()}
@@ -250,6 +260,9 @@ func serve(ctx context.Context, opts serveOptions, log *slog.Logger, ready chan<
 	admin.Shutdown(shutdown)
 	return err
 }
+
+// certReloadInterval is how often the certificate files are re-read.
+const certReloadInterval = 10 * time.Second
 
 type serveMetrics struct {
 	apiservers   *prometheus.GaugeVec

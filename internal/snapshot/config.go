@@ -2,6 +2,7 @@ package snapshot
 
 import (
 	"bytes"
+	"crypto/tls"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -163,6 +164,13 @@ func (c Config) check() (config, []error) {
 		}
 		if len(key) > 0 {
 			checkPEM(bad, keyField, key, "PRIVATE KEY")
+		}
+		// Envoy refuses a certificate whose key does not match (the whole listener or
+		// cluster update fails); say so here, naming the pair. Typical mid-rotation.
+		if len(cert) > 0 && len(key) > 0 {
+			if _, err := tls.X509KeyPair(cert, key); err != nil && strings.Contains(err.Error(), "does not match") {
+				bad("Secrets."+keyField, "does not match its certificate (%s)", certField)
+			}
 		}
 	}
 	pair("ServingCert", s.ServingCert, "ServingKey", s.ServingKey)
