@@ -1,0 +1,425 @@
+package deploy
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/discovery/cached/memory"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/restmapper"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/kube-mvp/kube-mvp/test/controlplane"
+)
+
+// TestChartOnRealAPIServer applies every rendering of the chart with server-side dry-run to a
+// real kube-apiserver (so every object is valid for the API, field by field), then installs the
+// RBAC for real and checks, by SubjectAccessReview for the xds-server service account, that it
+// may read exactly what xds-server reads and nothing else. Last it runs xds-server and extproc
+// with exactly the arguments the chart gives them (paths and ports moved to the test's own),
+// xds-server with the service account's token: both must become ready, which proves the flags
+// exist, the certificate Secret's keys match the paths, and the RBAC suffices.
+func TestChartOnRealAPIServer(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a real kube-apiserver")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	cp, err := controlplane.Start(ctx, controlplane.Options{
+		Log:     testLog{t},
+		Servers: []controlplane.ServerSpec{{Name: "cp-a", Version: "v1.37.1"}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cp.Close()
+	srv := cp.Server("cp-a")
+	client, err := srv.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dyn, err := dynamic.NewForConfig(srv.RESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(client.Discovery()))
+
+	apply := func(t *testing.T, m manifest, dryRun bool) {
+		t.Helper()
+		gvk := m.obj.GroupVersionKind()
+		mapping, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+		if err != nil {
+			t.Fatalf("%s: %v", gvk, err)
+		}
+		js, err := m.obj.MarshalJSON()
+		if err != nil {
+			t.Fatal(err)
+		}
+		opts := metav1.PatchOptions{FieldManager: "kube-mvp-chart-test", Force: new(true), FieldValidation: "Strict"}
+		if dryRun {
+			opts.DryRun = []string{metav1.DryRunAll}
+		}
+		var ri dynamic.ResourceInterface = dyn.Resource(mapping.Resource)
+		if mapping.Scope.Name() == "namespace" {
+			ri = dyn.Resource(mapping.Resource).Namespace(m.obj.GetNamespace())
+		}
+		if _, err := ri.Patch(ctx, m.obj.GetName(), types.ApplyPatchType, js, opts); err != nil {
+			t.Errorf("apply %s %s/%s (dry run %v): %v", gvk.Kind, m.obj.GetNamespace(), m.obj.GetName(), dryRun, err)
+		}
+	}
+	createNamespace := func(t *testing.T, ns string) {
+		t.Helper()
+		if _, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	t.Run("dry-run", func(t *testing.T) {
+		for _, c := range chartCases {
+			t.Run(c.name, func(t *testing.T) {
+				ns := "kube-mvp-" + c.name
+				createNamespace(t, ns) // dry-run needs the namespace to exist
+				r, err := render(c.values(cp.PKI), ns)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, m := range r.objs {
+					apply(t, m, true)
+				}
+			})
+		}
+	})
+
+	// From here on: the chart with every certificate, installed in namespace kube-mvp.
+	const ns = "kube-mvp"
+	createNamespace(t, ns)
+	r, err := render(certificateValues(cp.PKI), ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range r.objs {
+		switch m.obj.GetKind() {
+		case "ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding":
+			apply(t, m, false)
+		}
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+	sa := fullname + "-xds-server"
+
+	t.Run("rbac", func(t *testing.T) {
+		type access struct {
+			verb, group, resource, namespace, path string
+		}
+		allowed := []access{
+			{verb: "get", group: "coordination.k8s.io", resource: "leases", namespace: "kube-system"},
+			{verb: "list", group: "coordination.k8s.io", resource: "leases", namespace: "kube-system"},
+			{verb: "watch", group: "coordination.k8s.io", resource: "leases", namespace: "kube-system"},
+			{verb: "get", group: "internal.apiserver.k8s.io", resource: "storageversions"},
+			{verb: "list", group: "internal.apiserver.k8s.io", resource: "storageversions"},
+			{verb: "watch", group: "internal.apiserver.k8s.io", resource: "storageversions"},
+			{verb: "list", group: "apiregistration.k8s.io", resource: "apiservices"},
+			{verb: "watch", group: "apiregistration.k8s.io", resource: "apiservices"},
+			// Discovery, from the built-in system:discovery role, not from the chart.
+			{verb: "get", path: "/api"},
+			{verb: "get", path: "/apis"},
+			{verb: "get", path: "/apis/batch/v1"},
+		}
+		denied := []access{
+			{verb: "list", group: "coordination.k8s.io", resource: "leases", namespace: "default"},
+			{verb: "list", group: "coordination.k8s.io", resource: "leases", namespace: ns},
+			{verb: "list", group: "coordination.k8s.io", resource: "leases"}, // all namespaces
+			{verb: "list", group: "coordination.k8s.io", resource: "leases", namespace: "kube-node-lease"},
+			{verb: "update", group: "coordination.k8s.io", resource: "leases", namespace: "kube-system"},
+			{verb: "create", group: "coordination.k8s.io", resource: "leases", namespace: "kube-system"},
+			{verb: "delete", group: "coordination.k8s.io", resource: "leases", namespace: "kube-system"},
+			{verb: "patch", group: "coordination.k8s.io", resource: "leases", namespace: "kube-system"},
+			{verb: "update", group: "internal.apiserver.k8s.io", resource: "storageversions"},
+			{verb: "delete", group: "internal.apiserver.k8s.io", resource: "storageversions"},
+			{verb: "update", group: "apiregistration.k8s.io", resource: "apiservices"},
+			{verb: "get", resource: "secrets", namespace: "kube-system"},
+			{verb: "get", resource: "secrets", namespace: ns},
+			{verb: "list", resource: "pods", namespace: "kube-system"},
+			{verb: "list", resource: "configmaps", namespace: "kube-system"},
+			{verb: "list", resource: "nodes"},
+			{verb: "list", resource: "endpoints", namespace: "default"},
+			{verb: "list", group: "discovery.k8s.io", resource: "endpointslices", namespace: "default"},
+			{verb: "create", group: "authentication.k8s.io", resource: "tokenreviews"},
+			{verb: "impersonate", resource: "users"},
+			{verb: "get", path: "/metrics"},
+		}
+		review := func(user string, groups []string, a access) (bool, error) {
+			spec := authorizationv1.SubjectAccessReviewSpec{User: user, Groups: groups}
+			if a.path != "" {
+				spec.NonResourceAttributes = &authorizationv1.NonResourceAttributes{Verb: a.verb, Path: a.path}
+			} else {
+				spec.ResourceAttributes = &authorizationv1.ResourceAttributes{Verb: a.verb, Group: a.group, Resource: a.resource, Namespace: a.namespace}
+			}
+			res, err := client.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{Spec: spec}, metav1.CreateOptions{})
+			if err != nil {
+				return false, err
+			}
+			return res.Status.Allowed, nil
+		}
+		// The groups the apiserver gives a service account token.
+		xdsUser := "system:serviceaccount:" + ns + ":" + sa
+		saGroups := []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"}
+		// RBAC reads the new roles from an informer: wait until the first grant shows.
+		waitFor(t, ctx, "the RBAC to take effect", func() error {
+			ok, err := review(xdsUser, saGroups, allowed[0])
+			if err == nil && !ok {
+				err = fmt.Errorf("%v still denied", allowed[0])
+			}
+			return err
+		})
+		for _, a := range allowed {
+			if ok, err := review(xdsUser, saGroups, a); err != nil || !ok {
+				t.Errorf("%s: %+v denied (%v), want allowed", xdsUser, a, err)
+			}
+		}
+		for _, a := range denied {
+			if ok, err := review(xdsUser, saGroups, a); err != nil || ok {
+				t.Errorf("%s: %+v allowed (%v), want denied", xdsUser, a, err)
+			}
+		}
+		// Envoy and extproc have no API access at all (and no token).
+		envoyUser := "system:serviceaccount:" + ns + ":" + fullname + "-envoy"
+		for _, a := range allowed[:8] {
+			if ok, err := review(envoyUser, saGroups, a); err != nil || ok {
+				t.Errorf("%s: %+v allowed (%v), want denied", envoyUser, a, err)
+			}
+		}
+	})
+
+	t.Run("binaries-with-chart-args", func(t *testing.T) {
+		root, err := controlplane.RepoRoot()
+		if err != nil {
+			t.Fatal(err)
+		}
+		bin := t.TempDir()
+		build := exec.CommandContext(ctx, "go", "build", "-o", bin+"/", "./cmd/xds-server", "./cmd/extproc")
+		build.Dir = root
+		if out, err := build.CombinedOutput(); err != nil {
+			t.Fatalf("go build: %v\n%s", err, out)
+		}
+
+		// The service account's credentials, as a pod would have them.
+		tok, err := client.CoreV1().ServiceAccounts(ns).CreateToken(ctx, sa, &authenticationv1.TokenRequest{
+			Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: new(int64(3600))},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		dir := t.TempDir()
+		kubeconfig := filepath.Join(dir, "kubeconfig")
+		kc := clientcmdapi.NewConfig()
+		kc.Clusters["cp"] = &clientcmdapi.Cluster{Server: srv.URL(), CertificateAuthorityData: cp.PKI.ServerCA.CertPEM}
+		kc.AuthInfos["sa"] = &clientcmdapi.AuthInfo{Token: tok.Status.Token}
+		kc.Contexts["sa"] = &clientcmdapi.Context{Cluster: "cp", AuthInfo: "sa"}
+		kc.CurrentContext = "sa"
+		if err := clientcmd.WriteToFile(*kc, kubeconfig); err != nil {
+			t.Fatal(err)
+		}
+
+		// The certificate files, from the rendered Secret, at the paths of the rendered mount.
+		xdsPod := podSpec(t, r.mustFind(t, "Deployment", fullname+"-xds-server"))
+		xdsC := container(t, xdsPod, "xds-server")
+		certDir := filepath.Join(dir, "certificates")
+		if err := os.Mkdir(certDir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		secret := r.mustFind(t, "Secret", fullname+"-certificates").typed.(*corev1.Secret)
+		for k, v := range secret.Data {
+			if err := os.WriteFile(filepath.Join(certDir, k), v, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		sockDir, err := os.MkdirTemp("", "kmvp-sock-") // short: unix socket paths are limited
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer os.RemoveAll(sockDir)
+
+		xdsPort, xdsAdmin, extprocAdmin := freePort(t), freePort(t), freePort(t)
+		relocate := func(arg string) string {
+			arg = strings.ReplaceAll(arg, xdsC.VolumeMounts[0].MountPath, certDir)
+			return strings.ReplaceAll(arg, "/var/run/kube-mvp", sockDir)
+		}
+		var xdsArgs []string
+		for _, a := range xdsC.Args {
+			switch {
+			case strings.HasPrefix(a, "--xds-address="):
+				a = "--xds-address=127.0.0.1:" + xdsPort
+			case strings.HasPrefix(a, "--admin-address="):
+				a = "--admin-address=127.0.0.1:" + xdsAdmin
+			}
+			xdsArgs = append(xdsArgs, relocate(a))
+		}
+		xdsArgs = append(xdsArgs, "--kubeconfig="+kubeconfig)
+		stopXDS := startProcess(t, filepath.Join(bin, "xds-server"), xdsArgs...)
+		defer stopXDS()
+
+		// xds-server is ready once its informers synced (the RBAC suffices) and it built a
+		// topology; discovery (fetched with the same token) adds subresources.
+		waitFor(t, ctx, "xds-server /readyz", func() error { return getOK("http://127.0.0.1:" + xdsAdmin + "/readyz") })
+		waitFor(t, ctx, "xds-server's topology from discovery", func() error {
+			var view struct {
+				APIServers []struct {
+					Hostname string `json:"hostname"`
+					Alive    bool   `json:"alive"`
+				} `json:"apiservers"`
+				GroupVersions []struct {
+					GroupVersion string `json:"groupVersion"`
+					Resources    []struct {
+						Resource string `json:"resource"`
+					} `json:"resources"`
+				} `json:"groupVersions"`
+			}
+			if err := getJSON("http://127.0.0.1:"+xdsAdmin+"/debug/topology", &view); err != nil {
+				return err
+			}
+			if len(view.APIServers) != 1 || view.APIServers[0].Hostname != "cp-a" || !view.APIServers[0].Alive {
+				return fmt.Errorf("apiservers %+v, want cp-a alive", view.APIServers)
+			}
+			for _, gv := range view.GroupVersions {
+				for _, res := range gv.Resources {
+					if gv.GroupVersion == "batch/v1" && res.Resource == "jobs/status" {
+						return nil
+					}
+				}
+			}
+			return fmt.Errorf("no batch/v1 jobs/status (a subresource only discovery knows) in %d group/versions", len(view.GroupVersions))
+		})
+		// The secrets made it into the configuration (Envoy gets them by SDS).
+		if err := getOK("http://127.0.0.1:" + xdsAdmin + "/debug/config_dump"); err != nil {
+			t.Error(err)
+		}
+
+		envoyPod := podSpec(t, r.mustFind(t, "Deployment", fullname+"-envoy"))
+		var extprocArgs []string
+		for _, a := range container(t, envoyPod, "extproc").Args {
+			switch {
+			case strings.HasPrefix(a, "--source=xds:"):
+				a = "--source=xds:127.0.0.1:" + xdsPort
+			case strings.HasPrefix(a, "--admin-address="):
+				a = "--admin-address=127.0.0.1:" + extprocAdmin
+			}
+			extprocArgs = append(extprocArgs, relocate(a))
+		}
+		stopExtproc := startProcess(t, filepath.Join(bin, "extproc"), extprocArgs...)
+		defer stopExtproc()
+		waitFor(t, ctx, "extproc /readyz (a routing table from xds-server)", func() error {
+			return getOK("http://127.0.0.1:" + extprocAdmin + "/readyz")
+		})
+		if _, err := os.Stat(filepath.Join(sockDir, "extproc.sock")); err != nil {
+			t.Errorf("extproc's socket is not where xds-server tells Envoy to find it: %v", err)
+		}
+	})
+}
+
+// startProcess runs a binary until the returned stop is called; its output goes to the test
+// log when the test fails.
+func startProcess(t *testing.T, path string, args ...string) (stop func()) {
+	t.Helper()
+	var out bytes.Buffer
+	cmd := exec.Command(path, args...)
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	return func() {
+		cmd.Process.Signal(os.Interrupt)
+		select {
+		case <-done:
+		case <-time.After(15 * time.Second):
+			cmd.Process.Kill()
+			<-done
+		}
+		if t.Failed() {
+			t.Logf("%s %s:\n%s", filepath.Base(path), strings.Join(args, " "), out.String())
+		}
+	}
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	_, port, _ := net.SplitHostPort(l.Addr().String())
+	return port
+}
+
+func getOK(url string) error {
+	resp, err := http.Get(url)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s %s", url, resp.Status, bytes.TrimSpace(body))
+	}
+	return nil
+}
+
+func getJSON(url string, into any) error {
+	resp, err := http.Get(url)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	return json.NewDecoder(resp.Body).Decode(into)
+}
+
+func waitFor(t *testing.T, ctx context.Context, what string, check func() error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, 90*time.Second)
+	defer cancel()
+	var err error
+	for {
+		if err = check(); err == nil {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("waiting for %s: %v", what, err)
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+type testLog struct{ t *testing.T }
+
+func (l testLog) Write(p []byte) (int, error) {
+	l.t.Log(strings.TrimRight(string(p), "\n"))
+	if os.Getenv("CI") != "" {
+		os.Stderr.Write(p) // builds take minutes; show progress as it happens
+	}
+	return len(p), nil
+}

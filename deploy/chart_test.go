@@ -1,0 +1,696 @@
+package deploy
+
+import (
+	"bytes"
+	"flag"
+	"fmt"
+	"maps"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+
+	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"                     // resolve the bootstrap's typed configs
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3" // resolve the bootstrap's typed configs
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"                          // resolve the bootstrap's typed configs
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/reflect/protoregistry"
+	"helm.sh/helm/v3/pkg/chart/loader"
+	"helm.sh/helm/v3/pkg/chartutil"
+	"helm.sh/helm/v3/pkg/engine"
+	"helm.sh/helm/v3/pkg/releaseutil"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/yaml"
+
+	"github.com/kube-mvp/kube-mvp/internal/xds"
+	"github.com/kube-mvp/kube-mvp/test/controlplane"
+)
+
+const (
+	chartDir = "kube-mvp"
+	release  = "kmvp"
+	// fullname is the object-name prefix for release "kmvp" of chart "kube-mvp".
+	fullname = "kmvp-kube-mvp"
+)
+
+// manifest is one rendered object, decoded twice: generically, and strictly into its Go type
+// (an unknown or duplicate field is an error).
+type manifest struct {
+	source string
+	raw    []byte
+	obj    *unstructured.Unstructured
+	typed  runtime.Object
+}
+
+type rendered struct {
+	objs  []manifest
+	notes string
+}
+
+// strict decodes YAML into the typed API objects, rejecting unknown and duplicate fields.
+var strict = serializer.NewCodecFactory(scheme.Scheme, serializer.EnableStrict).UniversalDeserializer()
+
+// render renders the chart as `helm template --namespace ns kmvp deploy/kube-mvp -f vals`
+// would (the values checked against values.schema.json) and decodes every manifest.
+func render(vals map[string]any, ns string) (*rendered, error) {
+	ch, err := loader.Load(chartDir)
+	if err != nil {
+		return nil, err
+	}
+	rv, err := chartutil.ToRenderValues(ch, vals, chartutil.ReleaseOptions{Name: release, Namespace: ns, Revision: 1, IsInstall: true}, chartutil.DefaultCapabilities.Copy())
+	if err != nil {
+		return nil, err
+	}
+	out, err := engine.Render(ch, rv)
+	if err != nil {
+		return nil, err
+	}
+	r := &rendered{}
+	for _, name := range slices.Sorted(maps.Keys(out)) {
+		if strings.HasSuffix(name, "NOTES.txt") {
+			r.notes = out[name]
+			continue
+		}
+		docs := releaseutil.SplitManifests(out[name])
+		keys := slices.Collect(maps.Keys(docs))
+		sort.Slice(keys, func(i, j int) bool { return docKey(keys[i]) < docKey(keys[j]) })
+		for _, k := range keys {
+			doc := []byte(docs[k])
+			js, err := yaml.YAMLToJSON(doc)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", name, err)
+			}
+			if string(bytes.TrimSpace(js)) == "null" {
+				continue // only comments
+			}
+			u := &unstructured.Unstructured{}
+			if err := u.UnmarshalJSON(js); err != nil {
+				return nil, fmt.Errorf("%s: %w\n%s", name, err, doc)
+			}
+			typed, _, err := strict.Decode(doc, nil, nil)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %s %s: %w", name, u.GetKind(), u.GetName(), err)
+			}
+			r.objs = append(r.objs, manifest{source: name, raw: doc, obj: u, typed: typed})
+		}
+	}
+	return r, nil
+}
+
+func docKey(k string) int {
+	var n int
+	fmt.Sscanf(k, "manifest-%d", &n)
+	return n
+}
+
+func (r *rendered) find(kind, name string) *manifest {
+	for i := range r.objs {
+		if r.objs[i].obj.GetKind() == kind && r.objs[i].obj.GetName() == name {
+			return &r.objs[i]
+		}
+	}
+	return nil
+}
+
+func (r *rendered) mustFind(t *testing.T, kind, name string) *manifest {
+	t.Helper()
+	m := r.find(kind, name)
+	if m == nil {
+		var have []string
+		for _, o := range r.objs {
+			have = append(have, o.obj.GetKind()+"/"+o.obj.GetName())
+		}
+		t.Fatalf("no %s %s; rendered %v", kind, name, have)
+	}
+	return m
+}
+
+func (r *rendered) kinds() map[string]int {
+	n := map[string]int{}
+	for _, o := range r.objs {
+		n[o.obj.GetKind()]++
+	}
+	return n
+}
+
+// podSpec returns the pod template of a Deployment or DaemonSet.
+func podSpec(t *testing.T, m *manifest) *corev1.PodSpec {
+	t.Helper()
+	switch o := m.typed.(type) {
+	case *appsv1.Deployment:
+		return &o.Spec.Template.Spec
+	case *appsv1.DaemonSet:
+		return &o.Spec.Template.Spec
+	}
+	t.Fatalf("%s is a %T, not a workload", m.obj.GetName(), m.typed)
+	return nil
+}
+
+func container(t *testing.T, spec *corev1.PodSpec, name string) *corev1.Container {
+	t.Helper()
+	for i := range spec.Containers {
+		if spec.Containers[i].Name == name {
+			return &spec.Containers[i]
+		}
+	}
+	t.Fatalf("no container %s", name)
+	return nil
+}
+
+// flags turns --name=value arguments into a map; every argument must have that form.
+func flags(t *testing.T, args []string) map[string]string {
+	t.Helper()
+	m := map[string]string{}
+	for _, a := range args {
+		name, value, ok := strings.Cut(strings.TrimPrefix(a, "--"), "=")
+		if !strings.HasPrefix(a, "--") || !ok {
+			t.Errorf("argument %q is not --flag=value", a)
+			continue
+		}
+		if _, dup := m[name]; dup {
+			t.Errorf("--%s given twice", name)
+		}
+		m[name] = value
+	}
+	return m
+}
+
+// The flags of `xds-server serve` (cmd/xds-server serveFlags and envoyConfigFlags) and of
+// extproc (cmd/extproc): the chart may use no other. TestChartOnRealAPIServer runs both
+// binaries with the rendered arguments, so a flag that does not exist fails there too.
+var (
+	xdsServerFlags = []string{"kubeconfig", "xds-address", "admin-address", "liveness-window", "discovery-interval",
+		"apiserver-addresses", "listen-address", "listen-port", "extproc-address", "extproc-message-timeout",
+		"upstream-server-name", "serving-cert", "serving-key", "client-ca", "proxy-client-cert", "proxy-client-key", "peer-ca"}
+	extprocFlags = []string{"source", "listen", "admin-address", "now", "poll-interval", "local-id"}
+)
+
+// decodeBootstrap decodes Envoy bootstrap YAML strictly (unknown fields are errors, as for
+// Envoy) and validates it with Envoy's proto rules.
+func decodeBootstrap(raw []byte) (*bootstrapv3.Bootstrap, error) {
+	js, err := yaml.YAMLToJSON(raw)
+	if err != nil {
+		return nil, err
+	}
+	var b bootstrapv3.Bootstrap
+	if err := (protojson.UnmarshalOptions{DiscardUnknown: false, Resolver: protoregistry.GlobalTypes}).Unmarshal(js, &b); err != nil {
+		return nil, fmt.Errorf("not a Bootstrap: %w", err)
+	}
+	if err := b.ValidateAll(); err != nil {
+		return nil, fmt.Errorf("invalid Bootstrap: %w", err)
+	}
+	return &b, nil
+}
+
+// testPKI is certificates for the cases that configure TLS.
+func testPKI(t *testing.T) *controlplane.PKI {
+	t.Helper()
+	p, err := controlplane.NewPKI(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// certificateValues puts all TLS parts of p into the chart values.
+func certificateValues(p *controlplane.PKI) map[string]any {
+	return map[string]any{"certificates": map[string]any{
+		"servingCert":     string(p.Serving.CertPEM),
+		"servingKey":      string(p.Serving.KeyPEM),
+		"clientCA":        string(p.ClientCA.CertPEM),
+		"proxyClientCert": string(p.ProxyClient.CertPEM),
+		"proxyClientKey":  string(p.ProxyClient.KeyPEM),
+		"peerCA":          string(p.ServerCA.CertPEM),
+	}}
+}
+
+// chartCase is one documented way to install the chart.
+type chartCase struct {
+	name   string
+	values func(*controlplane.PKI) map[string]any
+	check  func(t *testing.T, r *rendered, ns string)
+}
+
+var chartCases = []chartCase{
+	{
+		name:   "default",
+		values: func(*controlplane.PKI) map[string]any { return map[string]any{} },
+		check: func(t *testing.T, r *rendered, ns string) {
+			want := map[string]int{"ServiceAccount": 2, "Role": 1, "RoleBinding": 1, "ClusterRole": 1, "ClusterRoleBinding": 1,
+				"ConfigMap": 1, "Deployment": 2, "Service": 2, "PodDisruptionBudget": 2, "NetworkPolicy": 1}
+			if got := r.kinds(); !maps.Equal(got, want) {
+				t.Errorf("kinds %v, want %v (no Secret without certificates)", got, want)
+			}
+			d := r.mustFind(t, "Deployment", fullname+"-xds-server").typed.(*appsv1.Deployment)
+			if *d.Spec.Replicas != 2 {
+				t.Errorf("xds-server replicas %d, want 2", *d.Spec.Replicas)
+			}
+			c := container(t, &d.Spec.Template.Spec, "xds-server")
+			if c.Image != "ghcr.io/kube-mvp/xds-server:0.1.0" {
+				t.Errorf("xds-server image %s", c.Image)
+			}
+			f := flags(t, c.Args[1:])
+			for _, cert := range []string{"serving-cert", "serving-key", "client-ca", "proxy-client-cert", "proxy-client-key", "peer-ca"} {
+				if _, ok := f[cert]; ok {
+					t.Errorf("--%s without certificates", cert)
+				}
+			}
+			if f["listen-port"] != "6443" || f["extproc-address"] != "unix:/var/run/kube-mvp/extproc.sock" {
+				t.Errorf("xds-server flags %v", f)
+			}
+			e := podSpec(t, r.mustFind(t, "Deployment", fullname+"-envoy"))
+			if img := container(t, e, "envoy").Image; !strings.HasPrefix(img, "envoyproxy/envoy:v1.36.") {
+				t.Errorf("envoy image %s", img)
+			}
+			for _, w := range []string{"plain HTTP", "NOT verify", "anonymous"} {
+				if !strings.Contains(r.notes, w) {
+					t.Errorf("NOTES do not warn %q:\n%s", w, r.notes)
+				}
+			}
+		},
+	},
+	{
+		name: "certificates",
+		values: func(p *controlplane.PKI) map[string]any {
+			return certificateValues(p)
+		},
+		check: func(t *testing.T, r *rendered, ns string) {
+			s := r.mustFind(t, "Secret", fullname+"-certificates").typed.(*corev1.Secret)
+			c := container(t, podSpec(t, r.mustFind(t, "Deployment", fullname+"-xds-server")), "xds-server")
+			f := flags(t, c.Args[1:])
+			mount := c.VolumeMounts[0].MountPath
+			for flag, key := range map[string]string{"serving-cert": "serving.crt", "serving-key": "serving.key", "client-ca": "client-ca.crt",
+				"proxy-client-cert": "proxy-client.crt", "proxy-client-key": "proxy-client.key", "peer-ca": "peer-ca.crt"} {
+				if f[flag] != mount+"/"+key {
+					t.Errorf("--%s=%q, want %s/%s", flag, f[flag], mount, key)
+				}
+				if len(s.Data[key]) == 0 {
+					t.Errorf("Secret has no %s", key)
+				}
+			}
+			if strings.Contains(r.notes, "WARNING") {
+				t.Errorf("NOTES warn with every certificate given:\n%s", r.notes)
+			}
+		},
+	},
+	{
+		name: "existing-secret",
+		values: func(*controlplane.PKI) map[string]any {
+			return map[string]any{"certificates": map[string]any{"existingSecret": "my-certificates", "existingSecretParts": []any{"serving", "peerCA"}}}
+		},
+		check: func(t *testing.T, r *rendered, ns string) {
+			if r.kinds()["Secret"] != 0 {
+				t.Error("a Secret is rendered although existingSecret is set")
+			}
+			spec := podSpec(t, r.mustFind(t, "Deployment", fullname+"-xds-server"))
+			if spec.Volumes[0].Secret.SecretName != "my-certificates" {
+				t.Errorf("volume %v", spec.Volumes[0])
+			}
+			f := flags(t, container(t, spec, "xds-server").Args[1:])
+			if f["serving-cert"] == "" || f["peer-ca"] == "" || f["client-ca"] != "" || f["proxy-client-cert"] != "" {
+				t.Errorf("flags %v, want serving and peer CA only", f)
+			}
+		},
+	},
+	{
+		name: "sidecar",
+		values: func(*controlplane.PKI) map[string]any {
+			return map[string]any{"mode": "sidecar", "networkPolicy": map[string]any{"xdsFrom": []any{map[string]any{"ipBlock": map[string]any{"cidr": "10.0.0.0/24"}}}}}
+		},
+		check: func(t *testing.T, r *rendered, ns string) {
+			if r.find("Deployment", fullname+"-envoy") != nil || r.find("Service", fullname+"-envoy") != nil || r.find("PodDisruptionBudget", fullname+"-envoy") != nil {
+				t.Error("sidecar mode renders an Envoy Deployment, Service or PDB")
+			}
+			spec := podSpec(t, r.mustFind(t, "DaemonSet", fullname+"-envoy"))
+			if !spec.HostNetwork || spec.DNSPolicy != corev1.DNSClusterFirstWithHostNet {
+				t.Errorf("hostNetwork %v dnsPolicy %s", spec.HostNetwork, spec.DNSPolicy)
+			}
+			if _, ok := spec.NodeSelector["node-role.kubernetes.io/control-plane"]; !ok {
+				t.Errorf("nodeSelector %v", spec.NodeSelector)
+			}
+			envoy := container(t, spec, "envoy")
+			i := slices.Index(envoy.Args, "--config-yaml")
+			if i < 0 {
+				t.Fatalf("envoy args %v: no --config-yaml", envoy.Args)
+			}
+			// The override Envoy merges into its bootstrap names the local apiserver (the node
+			// name, which Kubernetes substitutes for $(NODE_NAME)) in the field xds-server reads.
+			b, err := decodeBootstrap([]byte(envoy.Args[i+1]))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := b.GetNode().GetMetadata().GetFields()[xds.LocalAPIServerMetadataKey].GetStringValue(); got != "$(NODE_NAME)" {
+				t.Errorf("node metadata %s = %q", xds.LocalAPIServerMetadataKey, got)
+			}
+			if !slices.ContainsFunc(envoy.Env, func(e corev1.EnvVar) bool {
+				return e.Name == "NODE_NAME" && e.ValueFrom != nil && e.ValueFrom.FieldRef.FieldPath == "spec.nodeName"
+			}) {
+				t.Errorf("envoy env %v has no NODE_NAME from spec.nodeName", envoy.Env)
+			}
+			if f := flags(t, container(t, spec, "extproc").Args); f["local-id"] != "$(NODE_NAME)" {
+				t.Errorf("extproc flags %v", f)
+			}
+			if f := flags(t, container(t, podSpec(t, r.mustFind(t, "Deployment", fullname+"-xds-server")), "xds-server").Args[1:]); f["listen-port"] != "6444" {
+				t.Errorf("xds-server --listen-port %s, want the sidecar port 6444", f["listen-port"])
+			}
+		},
+	},
+	{
+		name: "sidecar-pod-network",
+		values: func(*controlplane.PKI) map[string]any {
+			return map[string]any{"mode": "sidecar", "sidecar": map[string]any{"hostNetwork": false}}
+		},
+		check: func(t *testing.T, r *rendered, ns string) {
+			if spec := podSpec(t, r.mustFind(t, "DaemonSet", fullname+"-envoy")); spec.HostNetwork {
+				t.Error("hostNetwork although sidecar.hostNetwork=false")
+			}
+		},
+	},
+	{
+		name: "load-balancer",
+		values: func(*controlplane.PKI) map[string]any {
+			return map[string]any{"envoy": map[string]any{"replicas": 3, "service": map[string]any{
+				"type": "LoadBalancer", "port": 6443, "nodePort": 30443, "externalTrafficPolicy": "Local",
+				"annotations": map[string]any{"service.beta.kubernetes.io/aws-load-balancer-type": "nlb"}}}}
+		},
+		check: func(t *testing.T, r *rendered, ns string) {
+			s := r.mustFind(t, "Service", fullname+"-envoy").typed.(*corev1.Service)
+			if s.Spec.Type != corev1.ServiceTypeLoadBalancer || s.Spec.Ports[0].NodePort != 30443 || s.Spec.ExternalTrafficPolicy != corev1.ServiceExternalTrafficPolicyLocal {
+				t.Errorf("service spec %+v", s.Spec)
+			}
+			if d := r.mustFind(t, "Deployment", fullname+"-envoy").typed.(*appsv1.Deployment); *d.Spec.Replicas != 3 {
+				t.Errorf("envoy replicas %d", *d.Spec.Replicas)
+			}
+		},
+	},
+	{
+		name: "tuning",
+		values: func(*controlplane.PKI) map[string]any {
+			return map[string]any{
+				"xdsServer": map[string]any{"replicas": 3, "port": 18001, "adminPort": 9101, "livenessWindow": "45s", "discoveryInterval": "2m",
+					"upstreamServerName": "apiserver.example.com",
+					"apiserverAddresses": map[string]any{"cp-b": "10.0.0.2:6443", "cp-a": "10.0.0.1:6443"}},
+				"envoy":         map[string]any{"listenAddress": "::", "listenPort": 8443, "adminPort": 19901, "healthPort": 19902, "logLevel": "debug"},
+				"extproc":       map[string]any{"adminPort": 9003, "messageTimeout": "500ms"},
+				"clusterDomain": "k8s.example",
+			}
+		},
+		check: func(t *testing.T, r *rendered, ns string) {
+			f := flags(t, container(t, podSpec(t, r.mustFind(t, "Deployment", fullname+"-xds-server")), "xds-server").Args[1:])
+			want := map[string]string{"xds-address": ":18001", "admin-address": ":9101", "liveness-window": "45s", "discovery-interval": "2m",
+				"upstream-server-name": "apiserver.example.com", "apiserver-addresses": "cp-a=10.0.0.1:6443,cp-b=10.0.0.2:6443",
+				"listen-address": "::", "listen-port": "8443", "extproc-message-timeout": "500ms"}
+			for k, v := range want {
+				if f[k] != v {
+					t.Errorf("--%s=%q, want %q", k, f[k], v)
+				}
+			}
+			spec := podSpec(t, r.mustFind(t, "Deployment", fullname+"-envoy"))
+			ef := flags(t, container(t, spec, "extproc").Args)
+			if ef["source"] != "xds:"+fullname+"-xds-server."+ns+".svc.k8s.example:18001" || ef["admin-address"] != ":9003" {
+				t.Errorf("extproc flags %v", ef)
+			}
+		},
+	},
+	{
+		name: "minimal-objects",
+		values: func(*controlplane.PKI) map[string]any {
+			return map[string]any{"rbac": map[string]any{"create": false}, "networkPolicy": map[string]any{"enabled": false},
+				"xdsServer": map[string]any{"podDisruptionBudget": map[string]any{"enabled": false}},
+				"envoy":     map[string]any{"podDisruptionBudget": map[string]any{"enabled": false}}}
+		},
+		check: func(t *testing.T, r *rendered, ns string) {
+			k := r.kinds()
+			for _, kind := range []string{"Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding", "NetworkPolicy", "PodDisruptionBudget"} {
+				if k[kind] != 0 {
+					t.Errorf("%d %s rendered although disabled", k[kind], kind)
+				}
+			}
+			if !strings.Contains(r.notes, "networkPolicy.enabled=false") {
+				t.Errorf("NOTES do not warn about the open ports:\n%s", r.notes)
+			}
+		},
+	},
+	{
+		name: "customised",
+		values: func(*controlplane.PKI) map[string]any {
+			return map[string]any{
+				"fullnameOverride": fullname, // the same names, so the shared checks apply
+				"image": map[string]any{
+					"xdsServer": map[string]any{"repository": "registry.example/kube-mvp/xds-server", "tag": "v9.9.9", "pullPolicy": "Always"},
+					"extproc":   map[string]any{"repository": "registry.example/kube-mvp/extproc", "tag": "v9.9.9"},
+					"envoy":     map[string]any{"repository": "envoyproxy/envoy-distroless", "tag": "v1.36.2"},
+				},
+				"imagePullSecrets": []any{map[string]any{"name": "regcred"}},
+				"serviceAccount":   map[string]any{"name": "kube-mvp-reader", "annotations": map[string]any{"example.com/role": "reader"}},
+				"commonLabels":     map[string]any{"team": "control-plane"},
+				"networkPolicy":    map[string]any{"adminFrom": []any{map[string]any{"namespaceSelector": map[string]any{"matchLabels": map[string]any{"kubernetes.io/metadata.name": "monitoring"}}}}},
+				"xdsServer": map[string]any{
+					"nodeSelector":   map[string]any{"kubernetes.io/os": "linux"},
+					"tolerations":    []any{map[string]any{"key": "dedicated", "operator": "Equal", "value": "infra", "effect": "NoSchedule"}},
+					"podAnnotations": map[string]any{"prometheus.io/scrape": "true"},
+					"affinity": map[string]any{"nodeAffinity": map[string]any{"requiredDuringSchedulingIgnoredDuringExecution": map[string]any{
+						"nodeSelectorTerms": []any{map[string]any{"matchExpressions": []any{map[string]any{"key": "kubernetes.io/arch", "operator": "In", "values": []any{"amd64", "arm64"}}}}}}}},
+					"resources": map[string]any{"requests": map[string]any{"cpu": "100m", "memory": "128Mi"}, "limits": map[string]any{"memory": "1Gi"}},
+				},
+			}
+		},
+		check: func(t *testing.T, r *rendered, ns string) {
+			spec := podSpec(t, r.mustFind(t, "Deployment", fullname+"-xds-server"))
+			if spec.ServiceAccountName != "kube-mvp-reader" || spec.ImagePullSecrets[0].Name != "regcred" || spec.Affinity.NodeAffinity == nil {
+				t.Errorf("xds-server pod spec %+v", spec)
+			}
+			if c := container(t, spec, "xds-server"); c.Image != "registry.example/kube-mvp/xds-server:v9.9.9" || c.ImagePullPolicy != corev1.PullAlways {
+				t.Errorf("image %s %s", c.Image, c.ImagePullPolicy)
+			}
+			rb := r.mustFind(t, "RoleBinding", fullname+"-xds-server").obj
+			subjects, _, _ := unstructured.NestedSlice(rb.Object, "subjects")
+			if subjects[0].(map[string]any)["name"] != "kube-mvp-reader" {
+				t.Errorf("RoleBinding subjects %v", subjects)
+			}
+			for _, o := range r.objs {
+				if o.obj.GetLabels()["team"] != "control-plane" {
+					t.Errorf("%s %s lacks commonLabels", o.obj.GetKind(), o.obj.GetName())
+				}
+			}
+		},
+	},
+}
+
+// checkCommon checks what every rendering must satisfy.
+func checkCommon(t *testing.T, r *rendered, ns string) {
+	for _, o := range r.objs {
+		clusterScoped := o.obj.GetKind() == "ClusterRole" || o.obj.GetKind() == "ClusterRoleBinding"
+		switch {
+		case clusterScoped && o.obj.GetNamespace() != "":
+			t.Errorf("%s %s has a namespace", o.obj.GetKind(), o.obj.GetName())
+		case !clusterScoped && o.obj.GetNamespace() != ns && !(o.obj.GetNamespace() == "kube-system" && strings.HasPrefix(o.obj.GetKind(), "Role")):
+			t.Errorf("%s %s is in namespace %q, want %q", o.obj.GetKind(), o.obj.GetName(), o.obj.GetNamespace(), ns)
+		}
+		if o.obj.GetLabels()["app.kubernetes.io/instance"] != release {
+			t.Errorf("%s %s lacks the instance label", o.obj.GetKind(), o.obj.GetName())
+		}
+	}
+
+	// Workloads: probes, resource requests, locked-down containers.
+	for _, o := range r.objs {
+		if o.obj.GetKind() != "Deployment" && o.obj.GetKind() != "DaemonSet" {
+			continue
+		}
+		spec := podSpec(t, &o)
+		for _, c := range spec.Containers {
+			if c.ReadinessProbe == nil || c.LivenessProbe == nil {
+				t.Errorf("%s/%s: missing probes", o.obj.GetName(), c.Name)
+			}
+			if c.Resources.Requests.Cpu().IsZero() || c.Resources.Requests.Memory().IsZero() {
+				t.Errorf("%s/%s: no resource requests", o.obj.GetName(), c.Name)
+			}
+			if sc := c.SecurityContext; sc == nil || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
+				t.Errorf("%s/%s: security context %v", o.obj.GetName(), c.Name, sc)
+			}
+		}
+	}
+
+	// xds-server: only real flags; probes on its admin port.
+	xs := podSpec(t, r.mustFind(t, "Deployment", fullname+"-xds-server"))
+	x := container(t, xs, "xds-server")
+	if x.Args[0] != "serve" {
+		t.Errorf("xds-server args %v do not start with serve", x.Args)
+	}
+	xf := flags(t, x.Args[1:])
+	for name := range xf {
+		if !slices.Contains(xdsServerFlags, name) {
+			t.Errorf("xds-server serve has no flag --%s", name)
+		}
+	}
+	if x.ReadinessProbe.HTTPGet.Path != "/readyz" || x.LivenessProbe.HTTPGet.Path != "/healthz" || x.ReadinessProbe.HTTPGet.Port.StrVal != "admin" {
+		t.Errorf("xds-server probes %v %v", x.ReadinessProbe, x.LivenessProbe)
+	}
+	if !slices.ContainsFunc(x.Ports, func(p corev1.ContainerPort) bool {
+		return p.Name == "admin" && ":"+fmt.Sprint(p.ContainerPort) == xf["admin-address"]
+	}) {
+		t.Errorf("xds-server port admin does not match --admin-address=%s", xf["admin-address"])
+	}
+	if xs.AutomountServiceAccountToken != nil && !*xs.AutomountServiceAccountToken {
+		t.Error("xds-server gets no API token")
+	}
+
+	// Envoy and extproc share the socket directory xds-server names; extproc uses real flags
+	// and the xds source; Envoy's ServiceAccount has no token.
+	var ew *manifest
+	if ew = r.find("Deployment", fullname+"-envoy"); ew == nil {
+		ew = r.mustFind(t, "DaemonSet", fullname+"-envoy")
+	}
+	es := podSpec(t, ew)
+	if es.AutomountServiceAccountToken == nil || *es.AutomountServiceAccountToken {
+		t.Error("Envoy pods mount an API token they do not need")
+	}
+	envoy, extproc := container(t, es, "envoy"), container(t, es, "extproc")
+	pf := flags(t, extproc.Args)
+	for name := range pf {
+		if !slices.Contains(extprocFlags, name) {
+			t.Errorf("extproc has no flag --%s", name)
+		}
+	}
+	xdsHost := fmt.Sprintf("%s-xds-server.%s.svc.", fullname, ns)
+	if !strings.HasPrefix(pf["source"], "xds:"+xdsHost) || !strings.HasSuffix(pf["source"], ":"+strings.TrimPrefix(xf["xds-address"], ":")) {
+		t.Errorf("extproc --source=%s, want xds:%s...:<xds-server port>", pf["source"], xdsHost)
+	}
+	if "unix:"+strings.TrimPrefix(pf["listen"], "unix:") != xf["extproc-address"] || !strings.HasPrefix(pf["listen"], "unix:") {
+		t.Errorf("extproc --listen=%s, xds-server --extproc-address=%s", pf["listen"], xf["extproc-address"])
+	}
+	sockDir := strings.TrimSuffix(strings.TrimPrefix(pf["listen"], "unix:"), "/extproc.sock")
+	for _, c := range []*corev1.Container{envoy, extproc} {
+		if !slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool { return m.Name == "extproc-socket" && m.MountPath == sockDir }) {
+			t.Errorf("%s does not mount the socket directory %s: %v", c.Name, sockDir, c.VolumeMounts)
+		}
+	}
+	if !slices.ContainsFunc(es.Volumes, func(v corev1.Volume) bool { return v.Name == "extproc-socket" && v.EmptyDir != nil }) {
+		t.Error("the socket directory is not an emptyDir")
+	}
+	if extproc.ReadinessProbe.HTTPGet.Path != "/readyz" || extproc.LivenessProbe.HTTPGet.Path != "/healthz" {
+		t.Errorf("extproc probes %v %v", extproc.ReadinessProbe, extproc.LivenessProbe)
+	}
+	if envoy.ReadinessProbe.HTTPGet.Path != "/ready" {
+		t.Errorf("envoy readiness %v", envoy.ReadinessProbe)
+	}
+	if es.SecurityContext == nil || es.SecurityContext.RunAsUser == nil {
+		t.Error("Envoy and extproc need one pod-wide user: the socket is owner-writable")
+	}
+
+	// The bootstrap ConfigMap is a valid Envoy Bootstrap pointing at the xds-server Service.
+	cm := r.mustFind(t, "ConfigMap", fullname+"-envoy").typed.(*corev1.ConfigMap)
+	b, err := decodeBootstrap([]byte(cm.Data["envoy.yaml"]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ads := b.GetDynamicResources().GetAdsConfig()
+	if ads.GetApiType() != corev3.ApiConfigSource_GRPC || len(ads.GetGrpcServices()) != 1 || ads.GetGrpcServices()[0].GetEnvoyGrpc().GetClusterName() != "xds-server" {
+		t.Errorf("ads_config %v", ads)
+	}
+	if a := b.GetAdmin().GetAddress().GetSocketAddress(); a.GetAddress() != "127.0.0.1" {
+		t.Errorf("Envoy admin on %s, want 127.0.0.1", a.GetAddress())
+	}
+	for _, c := range b.GetStaticResources().GetClusters() {
+		if c.GetName() != "xds-server" {
+			continue
+		}
+		sa := c.GetLoadAssignment().GetEndpoints()[0].GetLbEndpoints()[0].GetEndpoint().GetAddress().GetSocketAddress()
+		if !strings.HasPrefix(sa.GetAddress(), xdsHost) || ":"+fmt.Sprint(sa.GetPortValue()) != xf["xds-address"] {
+			t.Errorf("Envoy dials xds-server at %s:%d; xds-server listens on %s", sa.GetAddress(), sa.GetPortValue(), xf["xds-address"])
+		}
+	}
+	if b.GetNode().GetCluster() != "kube-mvp" {
+		t.Errorf("node cluster %q", b.GetNode().GetCluster())
+	}
+	if _, ok := b.GetNode().GetMetadata().GetFields()[xds.LocalAPIServerMetadataKey]; ok {
+		t.Error("the shared bootstrap names a local apiserver; it is per node (--config-yaml)")
+	}
+}
+
+// dump prints what each case renders: go test ./deploy -run TestRender/sidecar -dump -v
+var dump = flag.Bool("dump", false, "log the rendered manifests and NOTES of each case")
+
+// TestRender renders the chart for the default values and every documented option.
+func TestRender(t *testing.T) {
+	p := testPKI(t)
+	for _, c := range chartCases {
+		t.Run(c.name, func(t *testing.T) {
+			ns := "kube-mvp"
+			r, err := render(c.values(p), ns)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if *dump {
+				for _, o := range r.objs {
+					t.Logf("# %s\n%s", o.source, o.raw)
+				}
+				t.Logf("NOTES:\n%s", r.notes)
+			}
+			checkCommon(t, r, ns)
+			c.check(t, r, ns)
+		})
+	}
+}
+
+// TestSchemaRejects: values.schema.json turns away values of the wrong type or shape, naming
+// the key, before anything renders.
+func TestSchemaRejects(t *testing.T) {
+	for _, c := range []struct {
+		vals map[string]any
+		want string
+	}{
+		{map[string]any{"xdsServer": map[string]any{"replicas": "two"}}, "replicas"},
+		{map[string]any{"xdsServer": map[string]any{"replicas": 0}}, "replicas"},
+		{map[string]any{"mode": "mesh"}, "mode"},
+		{map[string]any{"xdsServer": map[string]any{"livenessWindow": "30 seconds"}}, "livenessWindow"},
+		{map[string]any{"xdsServer": map[string]any{"apiserverAddresses": map[string]any{"cp-a": "10.0.0.1"}}}, "apiserverAddresses"},
+		{map[string]any{"envoy": map[string]any{"listenPort": 70000}}, "listenPort"},
+		{map[string]any{"envoy": map[string]any{"listenAddress": "localhost"}}, "listenAddress"},
+		{map[string]any{"envoy": map[string]any{"service": map[string]any{"type": "ExternalName"}}}, "type"},
+		{map[string]any{"certificates": map[string]any{"existingSecretParts": []any{"serving", "bogus"}}}, "existingSecretParts"},
+		{map[string]any{"replicas": 2}, "replicas"}, // misplaced key: additional properties are not allowed
+		{map[string]any{"xdsServer": map[string]any{"replica": 2}}, "replica"},
+	} {
+		t.Run(fmt.Sprint(c.vals), func(t *testing.T) {
+			_, err := render(c.vals, "kube-mvp")
+			if err == nil {
+				t.Fatalf("values %v accepted", c.vals)
+			}
+			if !strings.Contains(err.Error(), c.want) {
+				t.Errorf("error does not name %q: %v", c.want, err)
+			}
+		})
+	}
+}
+
+// TestTemplateRejects: combinations the schema cannot express fail with a message saying
+// what to change.
+func TestTemplateRejects(t *testing.T) {
+	p := testPKI(t)
+	for _, c := range []struct {
+		name string
+		vals map[string]any
+		want string
+	}{
+		{"cert-without-key", map[string]any{"certificates": map[string]any{"servingCert": string(p.Serving.CertPEM)}}, "servingCert and certificates.servingKey go together"},
+		{"proxy-key-without-cert", map[string]any{"certificates": map[string]any{"proxyClientKey": string(p.ProxyClient.KeyPEM)}}, "proxyClientCert and certificates.proxyClientKey go together"},
+		{"client-ca-without-serving", map[string]any{"certificates": map[string]any{"clientCA": string(p.ClientCA.CertPEM)}}, "client CA needs a serving certificate"},
+		{"sidecar-on-apiserver-port", map[string]any{"mode": "sidecar", "networkPolicy": map[string]any{"enabled": false}, "sidecar": map[string]any{"listenPort": 6443}}, "apiserver's own port"},
+		{"sidecar-host-network-policy", map[string]any{"mode": "sidecar"}, "networkPolicy.xdsFrom"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := render(c.vals, "kube-mvp")
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("error %v, want one saying %q", err, c.want)
+			}
+		})
+	}
+}

@@ -1,0 +1,89 @@
+{{/* Chart name, possibly overridden. */}}
+{{- define "kube-mvp.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Object-name prefix; short enough for the longest suffix ("-xds-server"). */}}
+{{- define "kube-mvp.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "kube-mvp.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/name: {{ include "kube-mvp.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* Selector labels of one component: include "kube-mvp.selector" (list . "xds-server") */}}
+{{- define "kube-mvp.selector" -}}
+{{- $ := index . 0 -}}
+app.kubernetes.io/name: {{ include "kube-mvp.name" $ }}
+app.kubernetes.io/instance: {{ $.Release.Name }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end }}
+
+{{- define "kube-mvp.xdsServer.name" -}}{{ include "kube-mvp.fullname" . }}-xds-server{{- end }}
+{{- define "kube-mvp.envoy.name" -}}{{ include "kube-mvp.fullname" . }}-envoy{{- end }}
+
+{{- define "kube-mvp.xdsServer.serviceAccount" -}}
+{{- default (include "kube-mvp.xdsServer.name" .) .Values.serviceAccount.name }}
+{{- end }}
+
+{{/* The certificates Secret: yours or the chart's. */}}
+{{- define "kube-mvp.certificates.secret" -}}
+{{- default (printf "%s-certificates" (include "kube-mvp.fullname" .)) .Values.certificates.existingSecret }}
+{{- end }}
+
+{{/* Fully qualified name of xds-server's (headless) Service, as Envoy and extproc dial it. */}}
+{{- define "kube-mvp.xdsServer.host" -}}
+{{ include "kube-mvp.xdsServer.name" . }}.{{ .Release.Namespace }}.svc.{{ .Values.clusterDomain }}
+{{- end }}
+
+{{/* The Envoy listener port for the mode. */}}
+{{- define "kube-mvp.listenPort" -}}
+{{- if eq .Values.mode "sidecar" }}{{ .Values.sidecar.listenPort }}{{ else }}{{ .Values.envoy.listenPort }}{{ end }}
+{{- end }}
+
+{{- define "kube-mvp.image" -}}
+{{- $ := index . 0 }}{{ $img := index . 1 -}}
+{{ $img.repository }}:{{ default $.Chart.AppVersion $img.tag }}
+{{- end }}
+
+{{/*
+Certificate parts in use, as a dict part -> true, with the pairs checked. From existingSecret:
+its declared parts; otherwise the parts whose PEM values are set.
+*/}}
+{{- define "kube-mvp.certificates.parts" -}}
+{{- $c := .Values.certificates }}
+{{- $parts := dict }}
+{{- if $c.existingSecret }}
+{{- range $c.existingSecretParts }}{{ $_ := set $parts . true }}{{ end }}
+{{- else }}
+{{- if or $c.servingCert $c.servingKey }}
+{{- if not (and $c.servingCert $c.servingKey) }}{{ fail "certificates.servingCert and certificates.servingKey go together: give both or neither" }}{{ end }}
+{{- $_ := set $parts "serving" true }}
+{{- end }}
+{{- if $c.clientCA }}{{ $_ := set $parts "clientCA" true }}{{ end }}
+{{- if or $c.proxyClientCert $c.proxyClientKey }}
+{{- if not (and $c.proxyClientCert $c.proxyClientKey) }}{{ fail "certificates.proxyClientCert and certificates.proxyClientKey go together: give both or neither" }}{{ end }}
+{{- $_ := set $parts "proxyClient" true }}
+{{- end }}
+{{- if $c.peerCA }}{{ $_ := set $parts "peerCA" true }}{{ end }}
+{{- end }}
+{{- if and $parts.clientCA (not $parts.serving) }}{{ fail "certificates: a client CA needs a serving certificate (without TLS on Envoy's listener no client certificate can be verified)" }}{{ end }}
+{{- toJson $parts }}
+{{- end }}
