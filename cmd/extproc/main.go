@@ -59,7 +59,8 @@ flags:
                              Lease is live)
   --poll-interval DURATION   file source: also re-read the file when it changes, checked this
                              often (default 0: only on SIGHUP)
-  --local-id ID              sidecar mode: the apiserver ID this Envoy runs beside
+  --local-id ID|HOSTNAME     sidecar mode: the apiserver this Envoy runs beside, by ID or by
+                             the hostname of its identity Lease (e.g. the node name)
   -h, --help                 this text
 
 SIGHUP re-reads a file source; SIGTERM and SIGINT stop gracefully.
@@ -186,7 +187,7 @@ func parseArgs(args []string) (config, error) {
 	}
 	if id, ok := raw["local-id"]; ok {
 		if id == "" {
-			errs = multierror.Append(errs, errors.New("--local-id needs an apiserver ID, e.g. apiserver-abc123"))
+			errs = multierror.Append(errs, errors.New("--local-id needs an apiserver ID or hostname, e.g. cp-a"))
 		}
 		cfg.localID = id
 	}
@@ -303,10 +304,7 @@ func start(cfg config, log *slog.Logger, reload <-chan os.Signal) (*app, error) 
 		follow = func(ctx context.Context) {
 			defer conn.Close()
 			table.Follow(ctx, conn, clientID, log, func(t *topology.Topology, version string) {
-				if cfg.localID != "" {
-					t, version = t.WithLocal(cfg.localID), version+"+local="+cfg.localID
-				}
-				apply(t, version)
+				apply(extproc.Sidecar(t, version, cfg.localID, log))
 			})
 		}
 	}

@@ -113,6 +113,9 @@ func TestServeAgainstMixedControlPlane(t *testing.T) {
 		if path == "/metrics" && !strings.Contains(string(body), `kube_mvp_xds_apiservers{state="live"} 2`) {
 			t.Errorf("/metrics lacks the live apiserver count")
 		}
+		if path == "/debug/config_dump" && (strings.Contains(string(body), "PRIVATE KEY") || !strings.Contains(string(body), "[redacted]")) {
+			t.Errorf("/debug/config_dump does not redact the private keys")
+		}
 	}
 
 	cp.Kill("cp-a")

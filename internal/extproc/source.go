@@ -19,8 +19,8 @@ type FileOptions struct {
 	// Now is the time Lease liveness is judged at; zero means every Lease counts as alive
 	// (inventory.Options.Now). A fixed time makes a fixture reproducible.
 	Now time.Time
-	// LocalID, when set, puts the table in sidecar mode beside that apiserver
-	// (topology.WithLocal).
+	// LocalID, when set, puts the table in sidecar mode beside that apiserver: its ID or
+	// hostname (see Sidecar).
 	LocalID string
 	// PollInterval, when positive, re-reads the file that often and applies it when its
 	// bytes changed. Zero means reload only on Reload.
@@ -86,14 +86,25 @@ func (f *File) build(raw []byte) (*topology.Topology, string, error) {
 		return nil, "", fmt.Errorf("%s: no routing table could be built: %w", f.path, errors.Join(errs...))
 	}
 	version := tablestream.ToProto(t, time.Time{}).GetVersion()
-	if f.opts.LocalID != "" {
-		if _, ok := t.Server(f.opts.LocalID); !ok {
-			f.log.Warn("routing table source: the local apiserver is not in the table; requests will use the local cluster anyway", "local_id", f.opts.LocalID)
-		}
-		t = t.WithLocal(f.opts.LocalID)
-		version += "+local=" + f.opts.LocalID
-	}
+	t, version = Sidecar(t, version, f.opts.LocalID, f.log)
 	return t, version, nil
+}
+
+// Sidecar puts table t (of the given version) in sidecar mode beside the apiserver named by
+// local (an apiserver ID or its hostname, e.g. a DaemonSet's node name), resolved anew on
+// every table because the ID is only known once its Lease is. When local is empty, or names
+// no apiserver in t, t is returned as is: xds-server then also serves that Envoy front-proxy
+// configuration, and extproc must name only clusters that exist there.
+func Sidecar(t *topology.Topology, version, local string, log *slog.Logger) (*topology.Topology, string) {
+	if local == "" {
+		return t, version
+	}
+	id := t.ResolveLocal(local)
+	if id == "" {
+		log.Warn("routing table: the local apiserver is not in it (yet); deciding as a front proxy, as xds-server configures Envoy", "local", local)
+		return t, version
+	}
+	return t.WithLocal(id), version + "+local=" + id
 }
 
 // Run watches for reloads until ctx ends, calling apply with every table it loads. Call

@@ -113,6 +113,22 @@ func TestFileSourceOptions(t *testing.T) {
 	if topo.LocalID != "apiserver-bbb" || !strings.HasSuffix(version, "+local=apiserver-bbb") {
 		t.Errorf("local %q version %q", topo.LocalID, version)
 	}
+	// By hostname (a DaemonSet knows its node name, not the apiserver ID): the same table.
+	byName, nameVersion, err := FileSource(path, FileOptions{LocalID: "cp-b"}).Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if byName.LocalID != "apiserver-bbb" || nameVersion != version {
+		t.Errorf("by hostname: local %q version %q, want apiserver-bbb %q", byName.LocalID, nameVersion, version)
+	}
+	// An apiserver not in the table: front-proxy decisions, as xds-server then configures Envoy.
+	unknown, _, err := FileSource(path, FileOptions{LocalID: "cp-x"}).Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if unknown.LocalID != "" {
+		t.Errorf("unknown local apiserver: table in sidecar mode for %q", unknown.LocalID)
+	}
 	// Errors name the file.
 	for _, p := range []string{filepath.Join("testdata", "broken.yaml"), filepath.Join("testdata", "missing.yaml")} {
 		if _, _, err := FileSource(p, FileOptions{}).Load(); err == nil || !strings.Contains(err.Error(), p) {

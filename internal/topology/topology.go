@@ -148,6 +148,20 @@ func (t *Topology) WithLocal(id string) *Topology {
 	return &c
 }
 
+// ResolveLocal returns the ID of the apiserver named by idOrHostname (its ID, or the hostname
+// of its identity Lease, which a DaemonSet knows as its node name), or "" when none matches.
+func (t *Topology) ResolveLocal(idOrHostname string) string {
+	if _, ok := t.byID[idOrHostname]; ok {
+		return idOrHostname
+	}
+	for _, a := range t.APIServers {
+		if a.Hostname == idOrHostname {
+			return a.ID
+		}
+	}
+	return ""
+}
+
 // Server returns the apiserver with the given ID.
 func (t *Topology) Server(id string) (APIServer, bool) {
 	if i, ok := t.byID[id]; ok {

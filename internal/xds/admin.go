@@ -7,10 +7,13 @@ import (
 	"slices"
 	"strings"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/kube-mvp/kube-mvp/internal/topology"
@@ -158,7 +161,7 @@ func ConfigDump(snap *cachev3.Snapshot) ([]byte, error) {
 			if j > 0 {
 				b.WriteString(",")
 			}
-			js, err := resourceJSON(items[name])
+			js, err := resourceJSON(redact(items[name]))
 			if err != nil {
 				return nil, fmt.Errorf("%s %s: %w", k.key, name, err)
 			}
@@ -170,6 +173,22 @@ func ConfigDump(snap *cachev3.Snapshot) ([]byte, error) {
 	// Re-indent through encoding/json so the dump is readable with curl.
 	var out json.RawMessage = []byte(b.String())
 	return json.MarshalIndent(out, "", "  ")
+}
+
+// redacted replaces private keys in the dump, as Envoy's own /config_dump does: the admin
+// port is reachable by probes and Prometheus, and must not hand out keys.
+const redacted = "[redacted]"
+
+// redact returns r with any private key replaced by redacted (a copy; r is shared with the
+// snapshot cache).
+func redact(r types.Resource) types.Resource {
+	sec, ok := r.(*tlsv3.Secret)
+	if !ok || sec.GetTlsCertificate().GetPrivateKey() == nil {
+		return r
+	}
+	c := proto.Clone(sec).(*tlsv3.Secret)
+	c.GetTlsCertificate().PrivateKey = &corev3.DataSource{Specifier: &corev3.DataSource_InlineString{InlineString: redacted}}
+	return c
 }
 
 func resourceJSON(r types.Resource) ([]byte, error) {

@@ -150,7 +150,7 @@ func (s *Server) setSnapshotLocked(n *NodeStatus, built map[string]*cachev3.Snap
 	t := s.topo
 	local := ""
 	if n.LocalAPIServer != "" {
-		local = resolveLocal(t, n.LocalAPIServer)
+		local = t.ResolveLocal(n.LocalAPIServer)
 		if local == "" {
 			n.SnapshotError = fmt.Sprintf("node metadata %s=%q names no known apiserver (ID or hostname); serving it front-proxy config", LocalAPIServerMetadataKey, n.LocalAPIServer)
 		} else {
@@ -195,15 +195,6 @@ func snapshotVersion(snap *cachev3.Snapshot) string {
 		}
 	}
 	return v
-}
-
-func resolveLocal(t *topology.Topology, want string) string {
-	for _, a := range t.APIServers {
-		if a.ID == want || a.Hostname == want {
-			return a.ID
-		}
-	}
-	return ""
 }
 
 func (s *Server) nodeLocked(node *core.Node) *NodeStatus {
