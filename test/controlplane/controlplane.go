@@ -175,6 +175,33 @@ func (cp *ControlPlane) Server(name string) *Server {
 // Dir is the directory with certificates, data and logs.
 func (cp *ControlPlane) Dir() string { return cp.dir }
 
+// Addresses are the host:port of every apiserver (running or not), sorted by name.
+func (cp *ControlPlane) Addresses() []string {
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	names := make([]string, 0, len(cp.servers))
+	for name := range cp.servers {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	addrs := make([]string, len(names))
+	for i, name := range names {
+		addrs[i] = cp.servers[name].Address()
+	}
+	return addrs
+}
+
+// WriteKubeconfigFor writes a kubeconfig (admin credentials) for one server URL, e.g. a
+// balancer in front of the apiservers, to path.
+func (cp *ControlPlane) WriteKubeconfigFor(path, server string) error {
+	cfg := clientcmdapi.NewConfig()
+	cfg.AuthInfos["admin"] = &clientcmdapi.AuthInfo{ClientCertificateData: cp.PKI.Admin.CertPEM, ClientKeyData: cp.PKI.Admin.KeyPEM}
+	cfg.Clusters["default"] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: cp.PKI.ServerCA.CertPEM}
+	cfg.Contexts["default"] = &clientcmdapi.Context{Cluster: "default", AuthInfo: "admin"}
+	cfg.CurrentContext = "default"
+	return clientcmd.WriteToFile(*cfg, path)
+}
+
 // Close stops every process and removes the temporary directory. It is safe to call twice.
 func (cp *ControlPlane) Close() {
 	cp.mu.Lock()
