@@ -93,6 +93,9 @@ func Build(objs Objects, opts Options) (*topology.Topology, []error) {
 			servers = append(servers, s)
 		}
 	}
+	if err := allStaleMeansStaleWatch(servers, objs.Leases, opts.Now, window); err != nil {
+		errs = append(errs, err)
+	}
 
 	var everywhere []string
 	for _, svc := range objs.APIServices {
@@ -206,4 +209,33 @@ func addStorageVersion(sv *apiserverinternalv1alpha1.StorageVersion, discovered 
 		}
 	}
 	return errs
+}
+
+// allStaleMeansStaleWatch handles the case where no identity Lease at all was renewed within
+// the window. Every apiserver crashing at once is far less likely than our own view of the
+// Leases having gone stale (xds-server cut off from the apiservers while Envoy still reaches
+// them), and acting on a stale view would tell every Envoy that nothing can serve anything.
+// So all apiservers with an address count as alive, and Envoy's active health checks on
+// /readyz decide; the returned error says so in the log. A truly dead control plane still
+// ends in 503s, from Envoy instead of extproc.
+func allStaleMeansStaleWatch(servers []topology.APIServer, leases []coordinationv1.Lease, now time.Time, window time.Duration) error {
+	if len(servers) == 0 || now.IsZero() {
+		return nil
+	}
+	for _, s := range servers {
+		if s.Alive {
+			return nil
+		}
+	}
+	var newest time.Time
+	for i := range leases {
+		if rt := leases[i].Spec.RenewTime; rt != nil && rt.After(newest) {
+			newest = rt.Time
+		}
+	}
+	for i := range servers {
+		servers[i].Alive = true
+	}
+	return fmt.Errorf("no identity Lease was renewed within %s (the newest %s ago): our watch is more likely stale than every apiserver dead, so all %d count as alive and Envoy's health checks decide",
+		window, now.Sub(newest).Round(time.Second), len(servers))
 }

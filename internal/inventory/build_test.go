@@ -176,3 +176,38 @@ spec: {holderIdentity: 7, bogus: true}
 		t.Errorf("want both documents reported, got %v", err)
 	}
 }
+
+// TestAllLeasesStale: when no Lease at all is fresh, the view is taken to be stale, not the
+// control plane dead: every apiserver counts as alive (Envoy's health checks decide), and the
+// error says why. One fresh Lease is enough to judge the others normally.
+func TestAllLeasesStale(t *testing.T) {
+	objs, err := inventory.DecodeFixture(strings.NewReader(mixedFixture))
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := inventory.Options{Addresses: map[string]string{"cp-b": "10.0.0.2:6443"}}
+
+	opts.Now = time.Date(2026, 11, 23, 10, 0, 10, 0, time.UTC) // A fresh, B an hour old
+	topo, errs := inventory.Build(objs, opts)
+	if live := topo.Live(); !slices.Equal(live, []string{"apiserver-aaa"}) {
+		t.Errorf("with A fresh: live %v, want only A", live)
+	}
+	for _, e := range errs {
+		if strings.Contains(e.Error(), "no identity Lease was renewed") {
+			t.Errorf("with A fresh: %v", e)
+		}
+	}
+
+	opts.Now = time.Date(2026, 11, 23, 11, 0, 0, 0, time.UTC) // both stale
+	topo, errs = inventory.Build(objs, opts)
+	if live := topo.Live(); !slices.Equal(live, []string{"apiserver-aaa", "apiserver-bbb"}) {
+		t.Errorf("all stale: live %v, want both", live)
+	}
+	found := false
+	for _, e := range errs {
+		found = found || strings.Contains(e.Error(), "no identity Lease was renewed within 30s (the newest 1h0m0s ago)")
+	}
+	if !found {
+		t.Errorf("all stale: no error says so: %v", errs)
+	}
+}
