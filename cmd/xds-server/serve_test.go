@@ -45,8 +45,10 @@ func TestServeAgainstMixedControlPlane(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cp.Close()
-	kubeconfig, err := cp.WriteKubeconfig()
-	if err != nil {
+	// xds-server watches through B: A is the one that dies below, and a watch through a dead
+	// server would (rightly) make every Lease look stale rather than A's alone.
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := cp.WriteKubeconfigFor(kubeconfig, "https://"+cp.Server("cp-b").Address()); err != nil {
 		t.Fatal(err)
 	}
 	pki := cp.PKI
