@@ -20,6 +20,7 @@ var envoyConfigFlags = []flagSpec{
 	{name: "extproc-address"},
 	{name: "extproc-message-timeout"},
 	{name: "upstream-server-name"},
+	{name: "anonymous-auth", boolean: true},
 	{name: "serving-cert"},
 	{name: "serving-key"},
 	{name: "client-ca"},
@@ -68,6 +69,7 @@ func parseEnvoyConfig(raw map[string]string, errs *multierror.Error) (snapshot.C
 	cfg.ListenAddress = raw["listen-address"]
 	cfg.ExtProcAddress = raw["extproc-address"]
 	cfg.UpstreamServerName = raw["upstream-server-name"]
+	cfg.DisableAnonymous = raw["anonymous-auth"] == "false"
 
 	files := map[string]string{} // flag -> path, for messages
 	secret := func(flag string, into *[]byte) {

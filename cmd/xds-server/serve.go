@@ -59,7 +59,7 @@ flags:
       --apiserver-addresses LIST   HOSTNAME=HOST:PORT,... for Leases without a peer-advertise address
 plus the Envoy configuration flags of translate:
       --listen-address, --listen-port, --extproc-address, --extproc-message-timeout,
-      --upstream-server-name, --serving-cert, --serving-key, --client-ca,
+      --upstream-server-name, --anonymous-auth, --serving-cert, --serving-key, --client-ca,
       --proxy-client-cert, --proxy-client-key, --peer-ca
   -h, --help                       this text
 

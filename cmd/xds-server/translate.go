@@ -38,6 +38,8 @@ flags:
       --extproc-address ADDR       extproc: unix:/path/to.sock or host:port (default 127.0.0.1:9001)
       --extproc-message-timeout D  how long Envoy waits for extproc (default 200ms)
       --upstream-server-name NAME  SNI and SAN expected of the apiservers (default kubernetes.default.svc)
+      --anonymous-auth=false       as the apiservers' own flag: with false, requests without
+                                   credentials are not forwarded as system:anonymous (default true)
       --serving-cert FILE          PEM files for the TLS secrets; each one left out leaves its
       --serving-key FILE             TLS piece out (see internal/snapshot.SecretsPEM)
       --client-ca FILE

@@ -210,3 +210,29 @@ func TestHelp(t *testing.T) {
 		}
 	}
 }
+
+// TestTranslateAnonymousAuth: --anonymous-auth=false (as on the apiservers) drops the
+// anonymous route, and the flag accepts only true or false.
+func TestTranslateAnonymousAuth(t *testing.T) {
+	secrets := writeSecrets(t)
+	base := append([]string{"translate", "-f", filepath.Join(goldenDir, "batch-off.in.yaml")}, secrets...)
+	for _, tc := range []struct {
+		flag          string
+		wantAnonymous bool
+	}{{"", true}, {"--anonymous-auth", true}, {"--anonymous-auth=true", true}, {"--anonymous-auth=false", false}} {
+		args := base
+		if tc.flag != "" {
+			args = append(append([]string{}, base...), tc.flag)
+		}
+		code, out, errOut := runCmd(args...)
+		if code != 0 {
+			t.Fatalf("%s: exit %d: %s", tc.flag, code, errOut)
+		}
+		if got := strings.Contains(out, `"name": "anonymous"`); got != tc.wantAnonymous {
+			t.Errorf("%q: anonymous route present %v, want %v", tc.flag, got, tc.wantAnonymous)
+		}
+	}
+	if code, _, errOut := runCmd(append(append([]string{}, base...), "--anonymous-auth=no")...); code != 2 || !strings.Contains(errOut, "--anonymous-auth") {
+		t.Errorf("--anonymous-auth=no: exit %d, %s; want 2 naming the flag", code, errOut)
+	}
+}

@@ -126,7 +126,7 @@ func BenchmarkDecideInProcess(b *testing.B) {
 		b.Run(name, func(b *testing.B) {
 			b.ReportAllocs()
 			for i := 0; b.Loop(); i++ {
-				if srv.respond(reqs[i%len(reqs)]) == nil {
+				if srv.respond(reqs[i%len(reqs)], false) == nil {
 					b.Fatal("no response")
 				}
 			}

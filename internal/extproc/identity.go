@@ -86,12 +86,29 @@ const (
 	identityAnonymous
 	// identityRejected: an XFCC header we do not trust to mean one thing; no identity headers.
 	identityRejected
+	// identityUnauthenticated: Envoy's "anonymous" route says the request has no credentials
+	// at all (see AnonymousCallerMetadata); forwarded as system:anonymous.
+	identityUnauthenticated
 	numIdentityResults
 )
 
 func (r identityResult) String() string {
-	return [...]string{"none", "forwarded", "anonymous", "rejected"}[r]
+	return [...]string{"none", "forwarded", "anonymous", "rejected", "unauthenticated"}[r]
 }
+
+// Requests without any credentials. Envoy's "anonymous" route (no verified client
+// certificate, no Authorization header) opens the ext_proc stream with
+// topology.AnonymousCallerMetadata. The apiserver would authenticate such a request as
+// system:anonymous; behind Envoy it sees only the proxy client certificate, and refuses a
+// front-proxy certificate without X-Remote-User (401). So extproc forwards the anonymous
+// user as the apiserver's own authenticator would, and authorization decides as for a direct
+// anonymous request. extproc never sees the Authorization header: only the route knows.
+
+// unauthenticatedIdentity is what the apiserver's anonymous authenticator yields.
+var unauthenticatedIdentity = &clientIdentity{res: identityUnauthenticated, set: []*corev3.HeaderValueOption{
+	setHeader(headerRemoteUser, "system:anonymous", false),
+	setHeader(headerRemoteGroup, "system:unauthenticated", false),
+}}
 
 // identity is a client certificate's Kubernetes user.
 type identity struct {

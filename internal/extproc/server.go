@@ -25,6 +25,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/kube-mvp/kube-mvp/internal/topology"
@@ -131,6 +132,9 @@ func (s *Server) Version() string {
 // processing mode (request headers SEND, everything else SKIP/NONE), sends a single
 // request_headers message and expects exactly one response to it.
 func (s *Server) Process(stream grpc.BidiStreamingServer[extprocv3.ProcessingRequest, extprocv3.ProcessingResponse]) error {
+	md, _ := metadata.FromIncomingContext(stream.Context())
+	caller := md.Get(topology.AnonymousCallerMetadata[0])
+	anonymous := len(caller) == 1 && caller[0] == topology.AnonymousCallerMetadata[1]
 	for {
 		req, err := stream.Recv()
 		if err != nil {
@@ -139,7 +143,7 @@ func (s *Server) Process(stream grpc.BidiStreamingServer[extprocv3.ProcessingReq
 			}
 			return err
 		}
-		if err := stream.Send(s.respond(req)); err != nil {
+		if err := stream.Send(s.respond(req, anonymous)); err != nil {
 			return err
 		}
 	}
@@ -149,11 +153,11 @@ func (s *Server) Process(stream grpc.BidiStreamingServer[extprocv3.ProcessingReq
 // processing mode; each is counted and answered with an empty response of its own type
 // (which lets the request continue unchanged) rather than failing the stream, which with
 // failure_mode_allow: false would fail the client's request.
-func (s *Server) respond(req *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse {
+func (s *Server) respond(req *extprocv3.ProcessingRequest, anonymous bool) *extprocv3.ProcessingResponse {
 	var u int
 	switch r := req.GetRequest().(type) {
 	case *extprocv3.ProcessingRequest_RequestHeaders:
-		return s.requestHeaders(r.RequestHeaders)
+		return s.requestHeaders(r.RequestHeaders, anonymous)
 	case *extprocv3.ProcessingRequest_ResponseHeaders:
 		u = unexpectedResponseHeaders
 	case *extprocv3.ProcessingRequest_RequestBody:
@@ -172,8 +176,8 @@ func (s *Server) respond(req *extprocv3.ProcessingRequest) *extprocv3.Processing
 }
 
 // requestHeaders is the whole per-request work: scan the headers, settle the client
-// identity, decide, answer.
-func (s *Server) requestHeaders(h *extprocv3.HttpHeaders) *extprocv3.ProcessingResponse {
+// identity, decide, answer. anonymous: Envoy's route says the request has no credentials.
+func (s *Server) requestHeaders(h *extprocv3.HttpHeaders, anonymous bool) *extprocv3.ProcessingResponse {
 	var (
 		method, path string
 		xfcc         *corev3.HeaderValue
@@ -221,9 +225,12 @@ func (s *Server) requestHeaders(h *extprocv3.HttpHeaders) *extprocv3.ProcessingR
 	}
 
 	var id *clientIdentity
-	if xfccCount > 1 {
+	switch {
+	case xfccCount > 1:
 		id = newClientIdentity(make([]string, xfccCount)) // rejected: several headers
-	} else {
+	case anonymous && xfccCount == 0: // the route also required no XFCC; fail closed if not
+		id = unauthenticatedIdentity
+	default:
 		id = s.identities.get(xfcc)
 	}
 	s.m.identity[id.res].Inc()

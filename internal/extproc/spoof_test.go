@@ -1,9 +1,16 @@
 package extproc
 
 import (
+	"context"
 	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 
 // TestSpoofedHeaders: whatever identity or routing headers a client sends, none reaches an
@@ -109,6 +116,64 @@ func TestSpoofedHeaders(t *testing.T) {
 				if got := values(hs, innocent[i]); !slices.Equal(got, []string{innocent[i+1]}) {
 					t.Errorf("%s = %q, want %q", innocent[i], got, innocent[i+1])
 				}
+			}
+		})
+	}
+}
+
+// TestAnonymousCaller: on a stream that Envoy's "anonymous" route opened (its gRPC metadata
+// says the request has no credentials), the apiserver is told system:anonymous, as its own
+// anonymous authenticator would; spoofed headers are still removed, the routing decision is
+// unchanged, and a client certificate (which that route excludes) would still win.
+func TestAnonymousCaller(t *testing.T) {
+	srv := New(Options{})
+	srv.SetTopology(loadFixture(t, "upgrade.yaml", fixtureNow), "v1")
+	client := serve(t, "tcp", srv)
+	xfcc := `Hash=` + strings.Repeat("0f", 32) + `;Subject="CN=alice,O=team-a";URI=`
+	spoofed := []string{"x-remote-user", "system:admin", "x-remote-group", "system:masters", "x-remote-extra-scopes", "all"}
+	anon := topology.AnonymousCallerMetadata[:]
+
+	cases := []struct {
+		name     string
+		metadata []string
+		extra    []string
+		path     string
+		want     want
+		user     []string
+		groups   []string
+	}{
+		{"anonymous, spoofed", anon, spoofed, "/apis/batch/v1/jobs",
+			subset("kube-apiservers-only-cp-a"), []string{"system:anonymous"}, []string{"system:unauthenticated"}},
+		{"anonymous, non-resource", anon, nil, "/readyz",
+			routed("kube-apiservers"), []string{"system:anonymous"}, []string{"system:unauthenticated"}},
+		{"anonymous route but a certificate", anon, []string{headerXFCC, xfcc}, "/api/v1/pods",
+			routed("kube-apiservers"), []string{"alice"}, []string{"team-a"}},
+		{"other metadata value", []string{topology.AnonymousCallerMetadata[0], "someone"}, spoofed, "/api/v1/pods",
+			routed("kube-apiservers"), nil, nil},
+		{"no metadata", nil, spoofed, "/api/v1/pods", routed("kube-apiservers"), nil, nil},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if c.metadata != nil {
+				ctx = metadata.AppendToOutgoingContext(ctx, c.metadata...)
+			}
+			req := request("GET", c.path, c.extra...)
+			resp, err := exchange(ctx, client, &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: req}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkResponse(t, req, resp, c.want)
+			hs := applyMutation(t, req, resp)
+			if got := values(hs, headerRemoteUser); !slices.Equal(got, c.user) {
+				t.Errorf("X-Remote-User %q, want %q", got, c.user)
+			}
+			if got := values(hs, headerRemoteGroup); !slices.Equal(got, c.groups) {
+				t.Errorf("X-Remote-Group %q, want %q", got, c.groups)
+			}
+			if got := values(hs, "x-remote-extra-scopes"); got != nil {
+				t.Errorf("spoofed extra reaches the apiserver: %q", got)
 			}
 		})
 	}

@@ -116,6 +116,10 @@ func (b *builder) clusters() ([]*clusterv3.Cluster, []*endpointv3.ClusterLoadAss
 				HealthChecker: &corev3.HealthCheck_HttpHealthCheck_{HttpHealthCheck: &corev3.HealthCheck_HttpHealthCheck{
 					Host: b.cfg.UpstreamServerName,
 					Path: "/readyz",
+					// The check presents the proxy client certificate (the cluster's TLS), and
+					// an apiserver answers 401 to that certificate without a user header. So
+					// it asks as the anonymous user, what /readyz sees from a plain prober.
+					RequestHeadersToAdd: anonymousIdentityHeaders(),
 				}},
 			}},
 			CommonLbConfig: &clusterv3.Cluster_CommonLbConfig{HealthyPanicThreshold: &typev3.Percent{Value: 0}},
@@ -236,4 +240,15 @@ func (b *builder) extProcCluster() *clusterv3.Cluster {
 			}}}},
 		},
 	}
+}
+
+// anonymousIdentityHeaders name the user the apiserver's anonymous authenticator would.
+func anonymousIdentityHeaders() []*corev3.HeaderValueOption {
+	set := func(k, v string) *corev3.HeaderValueOption {
+		return &corev3.HeaderValueOption{
+			Header:       &corev3.HeaderValue{Key: k, Value: v},
+			AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
+		}
+	}
+	return []*corev3.HeaderValueOption{set("x-remote-user", "system:anonymous"), set("x-remote-group", "system:unauthenticated")}
 }

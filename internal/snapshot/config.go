@@ -43,6 +43,14 @@ type Config struct {
 	// UpstreamServerName is the SNI Envoy sends to the apiservers and the DNS SAN it requires
 	// in their serving certificates; default kubernetes.default.svc.
 	UpstreamServerName string
+	// DisableAnonymous mirrors kube-apiserver --anonymous-auth=false. By default a request
+	// without credentials (no verified client certificate, no Authorization and no
+	// Sec-WebSocket-Protocol header) takes the "anonymous" route, on which extproc forwards
+	// it as system:anonymous: behind Envoy the apiserver sees only the proxy client
+	// certificate, and refuses that without a user header (401) where it would have served
+	// an anonymous client (/readyz, /version, kubeadm's cluster-info). Set it when the
+	// apiservers refuse anonymous requests, so that kube-mvp does too.
+	DisableAnonymous bool
 	// Secrets are the certificates, delivered to Envoy by SDS.
 	Secrets SecretsPEM
 }

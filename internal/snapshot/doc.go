@@ -53,14 +53,20 @@
 //  2. "client-certificate" (only with a client CA): x-forwarded-client-cert is present, i.e.
 //     the client presented a verified certificate → default cluster, ext_proc ON, because
 //     identity mapping needs extproc on every client-certificate request.
-//  3. one route per published group/version, named "core/v1", "batch/v1", …, prefix
+//  3. "anonymous" (with a proxy client certificate, unless Config.DisableAnonymous): no
+//     authorization, no x-forwarded-client-cert, no sec-websocket-protocol header, i.e. a
+//     request without credentials → default cluster, ext_proc ON with gRPC metadata
+//     topology.AnonymousCallerMetadata (ExtProcPerRoute overrides.grpc_initial_metadata), so
+//     extproc forwards system:anonymous: an apiserver refuses (401) the proxy certificate
+//     without a user header, where it would have served an anonymous client.
+//  4. one route per published group/version, named "core/v1", "batch/v1", …, prefix
 //     "/api/v1/" or "/apis/<g>/<v>/", with route metadata (filter_metadata "kube-mvp") naming
 //     the cluster each resource and subresource goes to (and those that are unavailable or
 //     not served), so /config_dump shows who serves what; the clusters' metadata names the
 //     apiservers inside. When every resource of it goes to the default cluster (outcome
 //     Default, or NotServed, which the default apiservers answer with 404 themselves) the
 //     route goes straight there with ext_proc off (line rate); otherwise ext_proc decides.
-//  4. "default": prefix "/" (non-resource paths, CRDs, aggregated APIs) → default cluster;
+//  5. "default": prefix "/" (non-resource paths, CRDs, aggregated APIs) → default cluster;
 //     ext_proc off.
 //
 // Every route: timeout 0 and idle_timeout 0 (watches must not be cut); retries only where the
@@ -87,8 +93,10 @@
 //     on local-origin failures only (split_external_local_origin_errors, 3 consecutive
 //     connect failures eject, max_ejection_percent 100) — 5xx answers are not ejected for,
 //     since an apiserver's 500 is usually about the request (a failing webhook), not the
-//     server; active health check GET /readyz over the cluster's TLS every 5s (needs
-//     anonymous access to /readyz, the Kubernetes default); healthy_panic_threshold 0, so a
+//     server; active health check GET /readyz over the cluster's TLS every 5s as
+//     X-Remote-User system:anonymous / X-Remote-Group system:unauthenticated (the proxy
+//     certificate without a user header gets a 401; /readyz is open to anonymous users
+//     under Kubernetes' default RBAC); healthy_panic_threshold 0, so a
 //     cluster with no healthy apiserver answers 503 instead of trying unhealthy ones;
 //     metadata listing the apiservers inside (ID, hostname, address).
 //   - "kube-mvp-extproc": static (STRICT_DNS for a host name) cluster for cmd/extproc,

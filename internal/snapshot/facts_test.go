@@ -22,11 +22,13 @@ import (
 
 // routeFacts is what a route does, read back from the generated resources.
 type routeFacts struct {
-	name    string
-	prefix  string
-	header  string // the header a present_match requires, if any
-	cluster string // or "header:<name>" for cluster_header
-	extProc bool
+	name     string
+	prefix   string
+	header   string   // the header a present_match requires, if any
+	absent   []string // the headers an inverted present_match requires absent
+	cluster  string   // or "header:<name>" for cluster_header
+	extProc  bool
+	metadata []string // ext_proc overrides.grpc_initial_metadata, "key=value"
 }
 
 func readRoutes(t *testing.T, res *snapshot.Resources) []routeFacts {
@@ -39,7 +41,11 @@ func readRoutes(t *testing.T, res *snapshot.Resources) []routeFacts {
 	for _, r := range rc.GetVirtualHosts()[0].GetRoutes() {
 		f := routeFacts{name: r.GetName(), prefix: r.GetMatch().GetPrefix(), extProc: true}
 		for _, h := range r.GetMatch().GetHeaders() {
-			f.header = h.GetName()
+			if h.GetInvertMatch() {
+				f.absent = append(f.absent, h.GetName())
+			} else {
+				f.header = h.GetName()
+			}
 		}
 		if c := r.GetRoute().GetCluster(); c != "" {
 			f.cluster = c
@@ -52,6 +58,9 @@ func readRoutes(t *testing.T, res *snapshot.Resources) []routeFacts {
 				t.Fatal(err)
 			}
 			f.extProc = !per.GetDisabled()
+			for _, m := range per.GetOverrides().GetGrpcInitialMetadata() {
+				f.metadata = append(f.metadata, m.GetKey()+"="+m.GetValue())
+			}
 		}
 		out = append(out, f)
 	}
@@ -147,12 +156,17 @@ func TestRoutingFacts(t *testing.T) {
 			if r := routes[1]; r.name != snapshot.RouteClientCertificate || r.header != "x-forwarded-client-cert" || r.cluster != def || !r.extProc {
 				t.Errorf("second route = %+v, want the client-certificate route with ext_proc on", r)
 			}
+			if r := routes[2]; r.name != snapshot.RouteAnonymous || r.cluster != def || !r.extProc ||
+				!slices.Equal(r.absent, []string{"authorization", "x-forwarded-client-cert", "sec-websocket-protocol"}) ||
+				!slices.Equal(r.metadata, []string{"x-kube-mvp-caller=anonymous"}) {
+				t.Errorf("third route = %+v, want the anonymous route: no credentials, ext_proc on, told so by gRPC metadata", r)
+			}
 			if r := routes[len(routes)-1]; r.name != snapshot.RouteFallback || r.prefix != "/" || r.header != "" || r.cluster != def || r.extProc {
 				t.Errorf("last route = %+v, want the catch-all route with ext_proc off", r)
 			}
 
 			gvRoutes := map[string]routeFacts{}
-			for _, r := range routes[2 : len(routes)-1] {
+			for _, r := range routes[3 : len(routes)-1] {
 				gvRoutes[r.name] = r
 				if r.cluster != def {
 					t.Errorf("route %s goes to %s, want the default cluster %s", r.name, r.cluster, def)
@@ -225,6 +239,27 @@ func TestLocalReplyIsKubernetesStatus(t *testing.T) {
 		}
 		if s.Kind != "Status" || s.APIVersion != "v1" || s.Status != metav1.StatusFailure || s.Reason != metav1.StatusReasonServiceUnavailable || s.Code != 503 || s.Message == "" {
 			t.Errorf("mapper %d: %+v", i, s)
+		}
+	}
+}
+
+// TestNoAnonymousRoute: with DisableAnonymous (apiservers run --anonymous-auth=false), or
+// without a proxy client certificate (the apiservers then see the client's own anonymity),
+// there is no anonymous route.
+func TestNoAnonymousRoute(t *testing.T) {
+	disabled := testConfig()
+	disabled.DisableAnonymous = true
+	noProxyCert := testConfig()
+	noProxyCert.Secrets.ProxyClientCert, noProxyCert.Secrets.ProxyClientKey = nil, nil
+	for name, cfg := range map[string]snapshot.Config{"DisableAnonymous": disabled, "no proxy client certificate": noProxyCert} {
+		res, err := snapshot.Build(loadCase(t, "batch-off"), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range readRoutes(t, res) {
+			if r.name == snapshot.RouteAnonymous {
+				t.Errorf("%s: anonymous route present", name)
+			}
 		}
 	}
 }

@@ -18,6 +18,7 @@ import (
 const (
 	RouteRoutingHeader     = "extproc-decided"
 	RouteClientCertificate = "client-certificate"
+	RouteAnonymous         = "anonymous"
 	RouteFallback          = "default"
 )
 
@@ -27,10 +28,14 @@ const (
 //     mutation strips it from clients), so go to the cluster it names; ext_proc off.
 //  2. (with a client CA) x-forwarded-client-cert is present: the client presented a verified
 //     certificate, whose identity extproc must turn into X-Remote-* headers; ext_proc on.
-//  3. per published group/version (prefix /api/v1/, /apis/<g>/<v>/): straight to the default
+//  3. (with a proxy client certificate, unless DisableAnonymous) no Authorization, no
+//     x-forwarded-client-cert and no Sec-WebSocket-Protocol (which can carry a bearer token):
+//     a request without credentials, which extproc forwards as system:anonymous; ext_proc on,
+//     told so by the stream's gRPC metadata (extproc never sees the Authorization header).
+//  4. per published group/version (prefix /api/v1/, /apis/<g>/<v>/): straight to the default
 //     cluster with ext_proc off when every resource of the group/version goes there anyway;
 //     otherwise ext_proc on (it sets the routing header and the route is matched again).
-//  4. prefix / (non-resource paths, unpublished group/versions such as CRDs and aggregated
+//  5. prefix / (non-resource paths, unpublished group/versions such as CRDs and aggregated
 //     APIs): the default cluster; ext_proc off.
 func (b *builder) routeConfiguration() *routev3.RouteConfiguration {
 	def := b.t.DefaultClusterName()
@@ -75,6 +80,27 @@ func (b *builder) routeConfiguration() *routev3.RouteConfiguration {
 			Name:   RouteClientCertificate,
 			Match:  prefix("/", present(headerXFCC)),
 			Action: action(def),
+		})
+	}
+	if len(b.cfg.Secrets.ProxyClientCert) > 0 && !b.cfg.DisableAnonymous {
+		absent := func(header string) *routev3.HeaderMatcher {
+			return &routev3.HeaderMatcher{
+				Name:                 header,
+				HeaderMatchSpecifier: &routev3.HeaderMatcher_PresentMatch{PresentMatch: true},
+				InvertMatch:          true,
+			}
+		}
+		routes = append(routes, &routev3.Route{
+			Name:   RouteAnonymous,
+			Match:  prefix("/", []*routev3.HeaderMatcher{absent("authorization"), absent(headerXFCC), absent("sec-websocket-protocol")}),
+			Action: action(def),
+			TypedPerFilterConfig: map[string]*anypb.Any{
+				extProcFilterName: b.pack(what+"ext_proc per-route config of the anonymous route", &extprocv3.ExtProcPerRoute{
+					Override: &extprocv3.ExtProcPerRoute_Overrides{Overrides: &extprocv3.ExtProcOverrides{
+						GrpcInitialMetadata: []*corev3.HeaderValue{{Key: topology.AnonymousCallerMetadata[0], Value: topology.AnonymousCallerMetadata[1]}},
+					}},
+				}),
+			},
 		})
 	}
 	for _, gv := range b.groupVersions() {

@@ -115,6 +115,11 @@ const (
 	subsetClusterPrefix = "kube-apiservers-only-"
 )
 
+// AnonymousCallerMetadata is the gRPC metadata (key, value) with which Envoy's "anonymous"
+// route (snapshot) tells extproc that a request carries no credentials at all, so that
+// extproc forwards it as system:anonymous. A contract between the two, like the names above.
+var AnonymousCallerMetadata = [2]string{"x-kube-mvp-caller", "anonymous"}
+
 // DefaultClusterName is the cluster for Outcome Default and NotServed.
 func (t *Topology) DefaultClusterName() string {
 	if t.LocalID != "" {
