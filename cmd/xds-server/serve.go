@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -57,6 +58,10 @@ flags:
       --liveness-window DURATION   a Lease renewed longer ago is a dead apiserver (default 30s)
       --discovery-interval D       refetch each apiserver's discovery this often (default 60s)
       --apiserver-addresses LIST   HOSTNAME=HOST:PORT,... for Leases without a peer-advertise address
+      --routing-table-delay D      send extproc a new routing table this long after Envoy got the
+                                   clusters it names, so they are warm (default 2s)
+      --cluster-linger D           keep a cluster no longer named this long, for requests routed by
+                                   an older table (default 30s; longer than the table delay)
 plus the Envoy configuration flags of translate:
       --listen-address, --listen-port, --extproc-address, --extproc-message-timeout,
       --upstream-server-name, --anonymous-auth, --serving-cert, --serving-key, --client-ca,
@@ -75,6 +80,8 @@ var serveFlags = append([]flagSpec{
 	{name: "liveness-window"},
 	{name: "discovery-interval"},
 	{name: "apiserver-addresses"},
+	{name: "routing-table-delay"},
+	{name: "cluster-linger"},
 }, envoyConfigFlags...)
 
 type serveOptions struct {
@@ -84,10 +91,12 @@ type serveOptions struct {
 	watch        inventory.WatchOptions
 	cfg          snapshot.Config
 	envoyFlags   map[string]string // as given, for re-reading the certificate files
+	// tableDelay and linger: make before break, see xds.Server.Update.
+	tableDelay, linger time.Duration
 }
 
 func parseServe(args []string) (serveOptions, error) {
-	opts := serveOptions{xdsAddress: ":18000", adminAddress: "127.0.0.1:9100"}
+	opts := serveOptions{xdsAddress: ":18000", adminAddress: "127.0.0.1:9100", tableDelay: 2 * time.Second, linger: 30 * time.Second}
 	raw, errs := parseFlags(serveFlags, args)
 	if errs != nil && errors.Is(errs.Errors[0], errHelp) {
 		return opts, errHelp
@@ -116,6 +125,11 @@ func parseServe(args []string) (serveOptions, error) {
 	}
 	duration("liveness-window", &opts.watch.LivenessWindow, 11*time.Second, "apiservers renew their Lease every 10s")
 	duration("discovery-interval", &opts.watch.DiscoveryInterval, time.Second, "a refetch per apiserver")
+	duration("routing-table-delay", &opts.tableDelay, 0, "0 sends each table at once")
+	duration("cluster-linger", &opts.linger, 0, "0 drops unnamed clusters at once")
+	if opts.linger <= opts.tableDelay && opts.linger > 0 {
+		errs = multierror.Append(errs, fmt.Errorf("--cluster-linger %s must be longer than --routing-table-delay %s: a cluster must outlive the tables that name it", opts.linger, opts.tableDelay))
+	}
 	if v, ok := raw["apiserver-addresses"]; ok {
 		opts.watch.Addresses = map[string]string{}
 		for _, pair := range strings.Split(v, ",") {
@@ -194,7 +208,9 @@ func serve(ctx context.Context, opts serveOptions, log *slog.Logger, ready chan<
 	certs := newCertReloader(opts.envoyFlags, opts.cfg, log)
 	xdsServer := xds.New(translator(certs.Config, log), log)
 	xdsServer.OnBuild = m.observeBuild
+	xdsServer.Linger = opts.linger
 	tables := table.NewServer()
+	publish := delayedPublisher(tables, opts.tableDelay)
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "kube_mvp_xds_connected_nodes", Help: "Envoy nodes with at least one open xDS stream.",
 	}, func() float64 {
@@ -211,7 +227,7 @@ func serve(ctx context.Context, opts serveOptions, log *slog.Logger, ready chan<
 	watcher, err := inventory.NewWatcher(opts.rest, opts.watch, func(t *topology.Topology) {
 		m.observeTopology(t)
 		xdsServer.Update(t)
-		tables.Publish(t, time.Now())
+		publish(t)
 	})
 	if err != nil {
 		return err
@@ -305,4 +321,36 @@ func (m *serveMetrics) observeTopology(t *topology.Topology) {
 	live := len(t.Live())
 	m.apiservers.WithLabelValues("live").Set(float64(live))
 	m.apiservers.WithLabelValues("dead").Set(float64(len(t.APIServers) - live))
+}
+
+// delayedPublisher publishes each topology's routing table delay after Envoy was given the
+// matching snapshot (at once while no table was published yet: nothing can be routed
+// without one). Envoy warms a new cluster (endpoints, first health check) before using it,
+// and extproc must not name it earlier; the clusters older tables name linger meanwhile
+// (xds.Server.Linger). A table never replaces a newer one.
+func delayedPublisher(tables *table.Server, delay time.Duration) func(*topology.Topology) {
+	var (
+		mu        sync.Mutex
+		seq       uint64
+		published uint64
+	)
+	publish := func(n uint64, t *topology.Topology) {
+		mu.Lock()
+		defer mu.Unlock()
+		if n > published {
+			published = n
+			tables.Publish(t, time.Now())
+		}
+	}
+	return func(t *topology.Topology) {
+		mu.Lock()
+		seq++
+		n, first := seq, published == 0
+		mu.Unlock()
+		if first || delay <= 0 {
+			publish(n, t)
+			return
+		}
+		time.AfterFunc(delay, func() { publish(n, t) })
+	}
 }

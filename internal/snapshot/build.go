@@ -148,6 +148,8 @@ type builder struct {
 	decisions []topology.Decision
 	// subsets are the serving sets a Subset decision can name, by cluster name.
 	subsets map[string]topology.ServerSet
+	// lingering marks the subsets that only Topology.Lingering asks for.
+	lingering map[string]bool
 	// producible maps every cluster that extproc may name to one resource that leads there
 	// (for error messages).
 	producible map[string]string
@@ -179,6 +181,15 @@ func (b *builder) decide() {
 		b.subsets[name] = d.Servers
 		if _, ok := b.producible[name]; !ok {
 			b.producible[name] = r.String()
+		}
+	}
+	// Clusters an older routing table may still name stay (with their live members) until
+	// the table stream has moved on; see topology.Topology.Lingering.
+	b.lingering = map[string]bool{}
+	for name, set := range b.t.Lingering {
+		if _, ok := b.subsets[name]; !ok && name != def {
+			b.subsets[name] = set
+			b.lingering[name] = true
 		}
 	}
 }

@@ -34,7 +34,7 @@ const (
 // apiserverCluster is one cluster of apiservers to define.
 type apiserverCluster struct {
 	name    string
-	role    string // "default", "local" or "subset"
+	role    string // "default", "local", "subset" or "lingering"
 	members topology.ServerSet
 }
 
@@ -60,7 +60,11 @@ func (b *builder) apiserverClusters() []apiserverCluster {
 		if name == out[0].name {
 			continue // cannot happen with topology's names; the reference check would tell
 		}
-		out = append(out, apiserverCluster{name: name, role: "subset", members: set})
+		role := "subset"
+		if b.lingering[name] {
+			role = "lingering" // no decision names it now; an older routing table may
+		}
+		out = append(out, apiserverCluster{name: name, role: role, members: set})
 	}
 	slices.SortFunc(out, func(a, b apiserverCluster) int { return strings.Compare(a.name, b.name) })
 	return out

@@ -263,3 +263,44 @@ func TestNoAnonymousRoute(t *testing.T) {
 		}
 	}
 }
+
+// TestLingeringCluster: a cluster only Topology.Lingering asks for is defined, marked
+// "lingering" in its metadata, and holds those of its apiservers that are live.
+func TestLingeringCluster(t *testing.T) {
+	topo := loadCase(t, "dead-lease")
+	var dead, live string
+	for _, s := range topo.APIServers {
+		if s.Alive && live == "" {
+			live = s.ID
+		}
+		if !s.Alive {
+			dead = s.ID
+		}
+	}
+	if dead == "" || live == "" {
+		t.Fatal("dead-lease has no dead and live apiserver")
+	}
+	const name = "kube-apiservers-only-old"
+	res, err := snapshot.Build(topo.WithLingering(map[string]topology.ServerSet{name: {dead, live}}), testConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var found bool
+	for _, c := range res.Clusters {
+		c := c.(*clusterv3.Cluster)
+		if c.GetName() != name {
+			continue
+		}
+		found = true
+		if role := c.GetMetadata().GetFilterMetadata()["kube-mvp"].GetFields()["role"].GetStringValue(); role != "lingering" {
+			t.Errorf("role %q, want lingering", role)
+		}
+	}
+	if !found {
+		t.Fatalf("no cluster %s", name)
+	}
+	members := readMembers(res)[name]
+	if s, _ := topo.Server(live); len(members) != 1 || members[0] != s.Hostname {
+		t.Errorf("members %v, want only the live %s", members, s.Hostname)
+	}
+}

@@ -87,6 +87,16 @@ func (s *Server) Publish(t *topology.Topology, now time.Time) {
 	s.changed = make(chan struct{})
 }
 
+// Version is the version of the current table; empty before the first Publish.
+func (s *Server) Version() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.current == nil {
+		return ""
+	}
+	return s.current.Version
+}
+
 // Watch implements TableService.
 func (s *Server) Watch(_ *tablev1.WatchRequest, stream grpc.ServerStreamingServer[tablev1.Table]) error {
 	var sent string

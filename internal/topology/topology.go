@@ -101,6 +101,10 @@ type Topology struct {
 	// LocalID, in sidecar mode, is the apiserver this Envoy sits beside; empty for a front
 	// load balancer.
 	LocalID string `json:"localID,omitempty"`
+	// Lingering are subset clusters, by name, that recent topologies named and this one does
+	// not. The snapshot keeps them (make before break): a routing table that still names one
+	// must find it in Envoy while the newer table is on its way. See internal/xds.
+	Lingering map[string]ServerSet `json:"-"`
 
 	byID map[string]int
 }
@@ -146,6 +150,25 @@ func (t *Topology) WithLocal(id string) *Topology {
 	c := *t
 	c.LocalID = id
 	return &c
+}
+
+// WithLingering returns a copy of t that also keeps the given subset clusters (see
+// Topology.Lingering).
+func (t *Topology) WithLingering(clusters map[string]ServerSet) *Topology {
+	c := *t
+	c.Lingering = clusters
+	return &c
+}
+
+// SubsetClusters returns every subset cluster a decision on t can name, by name.
+func (t *Topology) SubsetClusters() map[string]ServerSet {
+	out := map[string]ServerSet{}
+	for _, r := range t.Resources() {
+		if d := t.DecideResource(r); d.Outcome == Subset {
+			out[t.ClusterName(d.Servers)] = d.Servers
+		}
+	}
+	return out
 }
 
 // ResolveLocal returns the ID of the apiserver named by idOrHostname (its ID, or the hostname

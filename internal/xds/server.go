@@ -11,6 +11,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -50,6 +51,20 @@ type Server struct {
 	nodes map[string]*NodeStatus
 	// OnBuild, if set, is told how every translation went (for metrics).
 	OnBuild func(d time.Duration, err error)
+
+	// Linger is how long a subset cluster stays in every snapshot after the topology stopped
+	// naming it; zero drops it at once. Set before the first Update.
+	Linger time.Duration
+	// named are the subset clusters of the current topology (every node's view); lingering
+	// those that recent topologies named, with when they go.
+	named       map[string]topology.ServerSet
+	lingering   map[string]lingeringCluster
+	lingerTimer *time.Timer
+}
+
+type lingeringCluster struct {
+	set   topology.ServerSet
+	until time.Time
 }
 
 // NodeStatus is what the debug page shows for one Envoy.
@@ -91,14 +106,83 @@ func (s *Server) Register(ctx context.Context, g *grpc.Server) {
 }
 
 // Update makes t the current topology and gives every known node its new snapshot.
+//
+// Make before break: Envoy learns of a topology change from us, extproc from the routing
+// table stream, and neither waits for the other. A subset cluster that t no longer names
+// therefore stays in the snapshots for Linger (with its live members), so that requests
+// extproc routes by the older table still find it; xds-server delays the table itself (see
+// cmd/xds-server --routing-table-delay) so that Envoy has the new clusters first.
 func (s *Server) Update(t *topology.Topology) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.topo = t
+	s.updateLocked(t.WithLingering(nil))
+}
+
+func (s *Server) updateLocked(t *topology.Topology) {
+	now := s.now()
+	named := t.SubsetClusters()
+	for _, n := range s.nodes {
+		if n.LocalAPIServer == "" {
+			continue
+		}
+		if id := t.ResolveLocal(n.LocalAPIServer); id != "" {
+			maps.Copy(named, t.WithLocal(id).SubsetClusters())
+		}
+	}
+	if s.lingering == nil {
+		s.lingering = map[string]lingeringCluster{}
+	}
+	if s.Linger > 0 {
+		for name, set := range s.named {
+			if _, still := named[name]; !still {
+				if _, already := s.lingering[name]; !already {
+					s.lingering[name] = lingeringCluster{set: set, until: now.Add(s.Linger)}
+				}
+			}
+		}
+	}
+	s.named = named
+	var keep map[string]topology.ServerSet
+	var next time.Time
+	for name, l := range s.lingering {
+		if _, back := named[name]; back || !now.Before(l.until) {
+			delete(s.lingering, name)
+			continue
+		}
+		if keep == nil {
+			keep = map[string]topology.ServerSet{}
+		}
+		keep[name] = l.set
+		if next.IsZero() || l.until.Before(next) {
+			next = l.until
+		}
+	}
+	s.topo = t.WithLingering(keep)
 	built := map[string]*cachev3.Snapshot{} // by local apiserver: nodes of one kind share a build
 	for _, n := range s.nodes {
 		s.setSnapshotLocked(n, built)
 	}
+	if s.lingerTimer != nil {
+		s.lingerTimer.Stop()
+		s.lingerTimer = nil
+	}
+	if !next.IsZero() {
+		// Drop the expired clusters when the first one expires.
+		s.lingerTimer = time.AfterFunc(next.Sub(now), func() {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			if s.topo != nil {
+				s.updateLocked(s.topo.WithLingering(nil))
+			}
+		})
+	}
+}
+
+// Lingering returns the names of the clusters kept only for an older routing table.
+func (s *Server) Lingering() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Sorted(maps.Keys(s.lingering))
 }
 
 // Topology returns the current topology (nil before the first Update).

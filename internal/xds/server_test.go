@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -171,5 +173,53 @@ func TestReadyzWaitsForTopology(t *testing.T) {
 	h.ServeHTTP(rec, httptest.NewRequest("GET", "/readyz", nil))
 	if rec.Code != http.StatusOK {
 		t.Errorf("/readyz after a topology: %d", rec.Code)
+	}
+}
+
+// TestLingeringClusters: a subset cluster the topology stops naming stays in the snapshots
+// for Linger (make before break), then goes; one named again stops lingering at once.
+func TestLingeringClusters(t *testing.T) {
+	three := func(aliveA bool) *topology.Topology {
+		tp, err := topology.New([]topology.APIServer{
+			{ID: "apiserver-a", Hostname: "cp-a", Address: "127.0.0.1:1", Alive: aliveA},
+			{ID: "apiserver-b", Hostname: "cp-b", Address: "127.0.0.1:2", Alive: true},
+			{ID: "apiserver-c", Hostname: "cp-c", Address: "127.0.0.1:3", Alive: true},
+		}, map[topology.Resource][]string{
+			{Group: "batch", Version: "v1", Resource: "jobs"}: {"apiserver-a", "apiserver-c"},
+			{Group: "", Version: "v1", Resource: "pods"}:      {"apiserver-a", "apiserver-b", "apiserver-c"},
+		}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tp
+	}
+	// lingeringIn is what the translator is given now.
+	lingeringIn := func(s *xds.Server) []string {
+		return slices.Sorted(maps.Keys(s.Topology().Lingering))
+	}
+	srv := xds.New(clustersOnly, slog.New(slog.DiscardHandler))
+	srv.Linger = 300 * time.Millisecond
+
+	srv.Update(three(true)) // batch → only-cp-a+cp-c
+	if got := srv.Lingering(); len(got) != 0 {
+		t.Fatalf("lingering %v before any change", got)
+	}
+	srv.Update(three(false)) // A dead: batch → only-cp-c; only-cp-a+cp-c lingers
+	if got := lingeringIn(srv); len(got) != 1 || got[0] != "kube-apiservers-only-cp-a+cp-c" {
+		t.Fatalf("lingering %v, want kube-apiservers-only-cp-a+cp-c", got)
+	}
+	srv.Update(three(true)) // named again: no longer lingering; only-cp-c lingers now
+	if got := srv.Lingering(); len(got) != 1 || got[0] != "kube-apiservers-only-cp-c" {
+		t.Fatalf("lingering %v, want kube-apiservers-only-cp-c", got)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for len(srv.Lingering()) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("still lingering after 10s: %v", srv.Lingering())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := lingeringIn(srv); len(got) != 0 {
+		t.Errorf("the current topology still carries lingering clusters %v", got)
 	}
 }
