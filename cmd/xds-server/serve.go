@@ -62,6 +62,8 @@ flags:
                                    clusters it names, so they are warm (default 2s)
       --cluster-linger D           keep a cluster no longer named this long, for requests routed by
                                    an older table (default 30s; longer than the table delay)
+                                   (an apiserver that became live joins the default cluster two
+                                   table delays later, when every table in use knows it)
 plus the Envoy configuration flags of translate:
       --listen-address, --listen-port, --extproc-address, --extproc-message-timeout,
       --upstream-server-name, --anonymous-auth, --serving-cert, --serving-key, --client-ca,
@@ -209,6 +211,8 @@ func serve(ctx context.Context, opts serveOptions, log *slog.Logger, ready chan<
 	xdsServer := xds.New(translator(certs.Config, log), log)
 	xdsServer.OnBuild = m.observeBuild
 	xdsServer.Linger = opts.linger
+	// A newcomer joins the default cluster a table delay after the table naming it went out.
+	xdsServer.JoinDelay = 2 * opts.tableDelay
 	tables := table.NewServer()
 	publish := delayedPublisher(tables, opts.tableDelay)
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{

@@ -54,7 +54,7 @@ func (b *builder) apiserverClusters() []apiserverCluster {
 		}
 		out = append(out, apiserverCluster{name: b.t.DefaultClusterName(), role: "local", members: members})
 	} else {
-		out = append(out, apiserverCluster{name: b.t.DefaultClusterName(), role: "default", members: b.t.Live()})
+		out = append(out, apiserverCluster{name: b.t.DefaultClusterName(), role: "default", members: b.defaultMembers()})
 	}
 	for name, set := range b.subsets {
 		if name == out[0].name {
@@ -68,6 +68,22 @@ func (b *builder) apiserverClusters() []apiserverCluster {
 	}
 	slices.SortFunc(out, func(a, b apiserverCluster) int { return strings.Compare(a.name, b.name) })
 	return out
+}
+
+// defaultMembers are the live apiservers, less those still joining (Topology.Joining): an
+// older routing table may send a request to the default cluster that a joining apiserver
+// cannot serve. If every live apiserver is joining, none is held back.
+func (b *builder) defaultMembers() topology.ServerSet {
+	var members topology.ServerSet
+	for _, id := range b.t.Live() {
+		if !b.t.Joining[id] {
+			members = append(members, id)
+		}
+	}
+	if len(members) == 0 {
+		return b.t.Live()
+	}
+	return members
 }
 
 // clusters returns every cluster, sorted by name, and the endpoints of the EDS ones.

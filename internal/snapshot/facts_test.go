@@ -304,3 +304,35 @@ func TestLingeringCluster(t *testing.T) {
 		t.Errorf("members %v, want only the live %s", members, s.Hostname)
 	}
 }
+
+// TestJoiningApiserver: an apiserver in Topology.Joining is out of the default cluster but in
+// the subset clusters; when every live one is joining, none is held back.
+func TestJoiningApiserver(t *testing.T) {
+	topo := loadCase(t, "batch-off") // batch/v1 on cp-a and cp-c; cp-b without it
+	ids := map[string]string{}
+	for _, s := range topo.APIServers {
+		ids[s.Hostname] = s.ID
+	}
+	res, err := snapshot.Build(topo.WithJoining(map[string]bool{ids["cp-a"]: true}), testConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := readMembers(res)
+	if got := m[topology.DefaultCluster]; !slices.Equal(got, []string{"cp-b", "cp-c"}) {
+		t.Errorf("default cluster %v, want cp-b and cp-c (cp-a joining)", got)
+	}
+	if got := m["kube-apiservers-only-cp-a+cp-c"]; !slices.Equal(got, []string{"cp-a", "cp-c"}) {
+		t.Errorf("subset cluster %v, want cp-a and cp-c", got)
+	}
+	all := map[string]bool{}
+	for _, id := range topo.Live() {
+		all[id] = true
+	}
+	res, err = snapshot.Build(topo.WithJoining(all), testConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := readMembers(res)[topology.DefaultCluster]; len(got) != len(topo.Live()) {
+		t.Errorf("every apiserver joining: default cluster %v, want all %d", got, len(topo.Live()))
+	}
+}

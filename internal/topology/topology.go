@@ -105,6 +105,11 @@ type Topology struct {
 	// not. The snapshot keeps them (make before break): a routing table that still names one
 	// must find it in Envoy while the newer table is on its way. See internal/xds.
 	Lingering map[string]ServerSet `json:"-"`
+	// Joining are live apiservers, by ID, that recently became live: they stay out of the
+	// default cluster (not out of subset clusters) until every routing table in use knows
+	// them, since an older table's "default" decision may not hold for them. See
+	// internal/xds.
+	Joining map[string]bool `json:"-"`
 
 	byID map[string]int
 }
@@ -157,6 +162,14 @@ func (t *Topology) WithLocal(id string) *Topology {
 func (t *Topology) WithLingering(clusters map[string]ServerSet) *Topology {
 	c := *t
 	c.Lingering = clusters
+	return &c
+}
+
+// WithJoining returns a copy of t that holds the given apiservers out of the default
+// cluster (see Topology.Joining).
+func (t *Topology) WithJoining(ids map[string]bool) *Topology {
+	c := *t
+	c.Joining = ids
 	return &c
 }
 

@@ -55,11 +55,17 @@ type Server struct {
 	// Linger is how long a subset cluster stays in every snapshot after the topology stopped
 	// naming it; zero drops it at once. Set before the first Update.
 	Linger time.Duration
+	// JoinDelay is how long an apiserver that became live stays out of the default cluster
+	// (it is in the subset clusters at once); zero adds it at once. Set before the first
+	// Update; it must exceed the routing table delay.
+	JoinDelay time.Duration
 	// named are the subset clusters of the current topology (every node's view); lingering
 	// those that recent topologies named, with when they go.
 	named       map[string]topology.ServerSet
 	lingering   map[string]lingeringCluster
 	lingerTimer *time.Timer
+	// liveSince is when each live apiserver became live (zero: live in the first topology).
+	liveSince map[string]time.Time
 }
 
 type lingeringCluster struct {
@@ -108,14 +114,18 @@ func (s *Server) Register(ctx context.Context, g *grpc.Server) {
 // Update makes t the current topology and gives every known node its new snapshot.
 //
 // Make before break: Envoy learns of a topology change from us, extproc from the routing
-// table stream, and neither waits for the other. A subset cluster that t no longer names
-// therefore stays in the snapshots for Linger (with its live members), so that requests
-// extproc routes by the older table still find it; xds-server delays the table itself (see
-// cmd/xds-server --routing-table-delay) so that Envoy has the new clusters first.
+// table stream, and neither waits for the other. So:
+//   - xds-server sends the table only after a delay (cmd/xds-server --routing-table-delay),
+//     so that the clusters it names are in Envoy, warmed, first;
+//   - a subset cluster that t no longer names stays in the snapshots for Linger (with its
+//     live members), so that requests extproc routes by the older table still find it;
+//   - an apiserver that became live joins the default cluster only after JoinDelay, when
+//     the tables in use know it: an older table may send to the default cluster a request
+//     that the newcomer cannot serve (it was "every live apiserver" without it).
 func (s *Server) Update(t *topology.Topology) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.updateLocked(t.WithLingering(nil))
+	s.updateLocked(t.WithLingering(nil).WithJoining(nil))
 }
 
 func (s *Server) updateLocked(t *topology.Topology) {
@@ -157,7 +167,27 @@ func (s *Server) updateLocked(t *topology.Topology) {
 			next = l.until
 		}
 	}
-	s.topo = t.WithLingering(keep)
+	first := s.liveSince == nil
+	since := map[string]time.Time{}
+	var joining map[string]bool
+	for _, id := range t.Live() {
+		at, known := s.liveSince[id]
+		if !known && !first {
+			at = now
+		}
+		since[id] = at
+		if end := at.Add(s.JoinDelay); now.Before(end) {
+			if joining == nil {
+				joining = map[string]bool{}
+			}
+			joining[id] = true
+			if next.IsZero() || end.Before(next) {
+				next = end
+			}
+		}
+	}
+	s.liveSince = since
+	s.topo = t.WithLingering(keep).WithJoining(joining)
 	built := map[string]*cachev3.Snapshot{} // by local apiserver: nodes of one kind share a build
 	for _, n := range s.nodes {
 		s.setSnapshotLocked(n, built)
@@ -167,15 +197,25 @@ func (s *Server) updateLocked(t *topology.Topology) {
 		s.lingerTimer = nil
 	}
 	if !next.IsZero() {
-		// Drop the expired clusters when the first one expires.
+		// Translate again when the first lingering cluster expires or joiner joins.
 		s.lingerTimer = time.AfterFunc(next.Sub(now), func() {
 			s.mu.Lock()
 			defer s.mu.Unlock()
 			if s.topo != nil {
-				s.updateLocked(s.topo.WithLingering(nil))
+				s.updateLocked(s.topo.WithLingering(nil).WithJoining(nil))
 			}
 		})
 	}
+}
+
+// Joining returns the IDs of the live apiservers still held out of the default cluster.
+func (s *Server) Joining() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.topo == nil {
+		return nil
+	}
+	return slices.Sorted(maps.Keys(s.topo.Joining))
 }
 
 // Lingering returns the names of the clusters kept only for an older routing table.

@@ -223,3 +223,29 @@ func TestLingeringClusters(t *testing.T) {
 		t.Errorf("the current topology still carries lingering clusters %v", got)
 	}
 }
+
+// TestJoiningApiserver: an apiserver that becomes live stays out of the default cluster for
+// JoinDelay; those live in the first topology never wait.
+func TestJoiningApiserver(t *testing.T) {
+	srv := xds.New(clustersOnly, slog.New(slog.DiscardHandler))
+	srv.JoinDelay = 300 * time.Millisecond
+	srv.Update(topo(t, true))
+	if got := srv.Joining(); len(got) != 0 {
+		t.Fatalf("joining %v in the first topology", got)
+	}
+	srv.Update(topo(t, false)) // B dies
+	srv.Update(topo(t, true))  // and comes back
+	if got := srv.Joining(); !slices.Equal(got, []string{"apiserver-b"}) {
+		t.Fatalf("joining %v, want [apiserver-b]", got)
+	}
+	if j := srv.Topology().Joining; !j["apiserver-b"] {
+		t.Fatalf("the translator is not told: %v", j)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for len(srv.Joining()) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("still joining after 10s: %v", srv.Joining())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
