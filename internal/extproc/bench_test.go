@@ -125,8 +125,9 @@ func BenchmarkDecideInProcess(b *testing.B) {
 		reqs := benchRequests(withCert)
 		b.Run(name, func(b *testing.B) {
 			b.ReportAllocs()
+			var disc discoveryState
 			for i := 0; b.Loop(); i++ {
-				if srv.respond(reqs[i%len(reqs)], false) == nil {
+				if srv.respond(reqs[i%len(reqs)], false, &disc) == nil {
 					b.Fatal("no response")
 				}
 			}

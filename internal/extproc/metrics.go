@@ -40,6 +40,15 @@ const (
 	strippedRouteCluster
 )
 
+// Merged-discovery outcomes, for kube_mvp_extproc_merged_discovery_total.
+var discoveryResults = [...]string{"served", "not_modified", "passed"}
+
+const (
+	discoveryServed = iota
+	discoveryNotModified
+	discoveryPassed
+)
+
 type metrics struct {
 	// decisions mirrors upstream's apiserver_rerouted_request_total{code,group,version,resource}
 	// (k8s.io/apiserver peerproxy), which counts only requests an apiserver proxied to a peer
@@ -54,6 +63,7 @@ type metrics struct {
 	// response headers); each is answered with an empty response of its type.
 	unexpected [len(unexpectedTypes)]prometheus.Counter
 	identity   [numIdentityResults]prometheus.Counter
+	discovery  [len(discoveryResults)]prometheus.Counter
 	stripped   [len(strippedNames)]prometheus.Counter
 	version    *prometheus.GaugeVec
 
@@ -93,6 +103,13 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 	for i, h := range strippedNames {
 		m.stripped[i] = stripped.WithLabelValues(h)
 	}
+	discovery := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kube_mvp_extproc_merged_discovery_total",
+		Help: "GET /apis requests for aggregated discovery: served (the merged document replaced the apiserver's 200), not_modified (304 to the merged ETag), passed (the apiserver's answer went on: not a 200 aggregated document, e.g. 401/403).",
+	}, []string{"result"})
+	for i, r := range discoveryResults {
+		m.discovery[i] = discovery.WithLabelValues(r)
+	}
 	age := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "kube_mvp_extproc_table_age_seconds",
 		Help: "Seconds since the routing table in use was loaded; NaN before the first.",
@@ -105,7 +122,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 	})
 	m.noTable = m.decisions.WithLabelValues(outcomeNoTable, "", "", "")
 	m.internalError = m.decisions.WithLabelValues(outcomeInternalError, "", "", "")
-	reg.MustRegister(m.decisions, m.version, unexpected, identity, stripped, age)
+	reg.MustRegister(m.decisions, m.version, unexpected, identity, stripped, discovery, age)
 	return m
 }
 

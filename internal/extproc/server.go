@@ -135,6 +135,7 @@ func (s *Server) Process(stream grpc.BidiStreamingServer[extprocv3.ProcessingReq
 	md, _ := metadata.FromIncomingContext(stream.Context())
 	caller := md.Get(topology.AnonymousCallerMetadata[0])
 	anonymous := len(caller) == 1 && caller[0] == topology.AnonymousCallerMetadata[1]
+	var disc discoveryState
 	for {
 		req, err := stream.Recv()
 		if err != nil {
@@ -143,7 +144,7 @@ func (s *Server) Process(stream grpc.BidiStreamingServer[extprocv3.ProcessingReq
 			}
 			return err
 		}
-		if err := stream.Send(s.respond(req, anonymous)); err != nil {
+		if err := stream.Send(s.respond(req, anonymous, &disc)); err != nil {
 			return err
 		}
 	}
@@ -153,12 +154,15 @@ func (s *Server) Process(stream grpc.BidiStreamingServer[extprocv3.ProcessingReq
 // processing mode; each is counted and answered with an empty response of its own type
 // (which lets the request continue unchanged) rather than failing the stream, which with
 // failure_mode_allow: false would fail the client's request.
-func (s *Server) respond(req *extprocv3.ProcessingRequest, anonymous bool) *extprocv3.ProcessingResponse {
+func (s *Server) respond(req *extprocv3.ProcessingRequest, anonymous bool, disc *discoveryState) *extprocv3.ProcessingResponse {
 	var u int
 	switch r := req.GetRequest().(type) {
 	case *extprocv3.ProcessingRequest_RequestHeaders:
-		return s.requestHeaders(r.RequestHeaders, anonymous)
+		return s.requestHeaders(r.RequestHeaders, anonymous, disc)
 	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		if disc.doc != nil { // we asked for these (mode_override)
+			return s.mergedDiscoveryResponse(r.ResponseHeaders, disc)
+		}
 		u = unexpectedResponseHeaders
 	case *extprocv3.ProcessingRequest_RequestBody:
 		u = unexpectedRequestBody
@@ -176,14 +180,16 @@ func (s *Server) respond(req *extprocv3.ProcessingRequest, anonymous bool) *extp
 }
 
 // requestHeaders is the whole per-request work: scan the headers, settle the client
-// identity, decide, answer. anonymous: Envoy's route says the request has no credentials.
-func (s *Server) requestHeaders(h *extprocv3.HttpHeaders, anonymous bool) *extprocv3.ProcessingResponse {
+// identity, decide, answer. anonymous: Envoy's route says the request has no credentials;
+// disc is filled in for a merged-discovery request.
+func (s *Server) requestHeaders(h *extprocv3.HttpHeaders, anonymous bool, disc *discoveryState) *extprocv3.ProcessingResponse {
 	var (
-		method, path string
-		xfcc         *corev3.HeaderValue
-		xfccCount    int
-		extras       []string
-		stripped     int
+		method, path        string
+		accept, ifNoneMatch string
+		xfcc                *corev3.HeaderValue
+		xfccCount           int
+		extras              []string
+		stripped            int
 	)
 	for _, hv := range h.GetHeaders().GetHeaders() {
 		k := hv.GetKey()
@@ -200,6 +206,12 @@ func (s *Server) requestHeaders(h *extprocv3.HttpHeaders, anonymous bool) *extpr
 			continue
 		}
 		if k[0] != 'x' && k[0] != 'X' {
+			switch {
+			case (k[0] == 'a' || k[0] == 'A') && equalFold(k, "accept"):
+				accept = headerValue(hv)
+			case (k[0] == 'i' || k[0] == 'I') && equalFold(k, "if-none-match"):
+				ifNoneMatch = headerValue(hv)
+			}
 			continue
 		}
 		switch {
@@ -261,10 +273,15 @@ func (s *Server) requestHeaders(h *extprocv3.HttpHeaders, anonymous bool) *extpr
 	if rt.outcome == topology.Unavailable {
 		return rt.resp
 	}
-	if len(id.set) == 0 && len(extras) == 0 {
-		return rt.resp
+	resp := rt.resp
+	if len(id.set) != 0 || len(extras) != 0 {
+		resp = rt.response(id.set, extras)
 	}
-	return rt.response(id.set, extras)
+	if tb.topo.Discovery != nil && wantsMergedDiscovery(method, path, accept) {
+		*disc = discoveryState{doc: tb.topo.Discovery, ifNoneMatch: ifNoneMatch}
+		return withResponseHeaders(resp)
+	}
+	return resp
 }
 
 // decide parses the request line and decides on tb. A request without :path (malformed;

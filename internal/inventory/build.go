@@ -145,6 +145,11 @@ func Build(objs Objects, opts Options) (*topology.Topology, []error) {
 	if err != nil {
 		return nil, append(errs, err)
 	}
+	var live []*apidiscoveryv2.APIGroupDiscoveryList
+	for _, id := range t.Live() { // sorted by ID: the merge is deterministic
+		live = append(live, objs.Discovery[id])
+	}
+	t.Discovery = MergeDiscovery(live)
 	return t, errs
 }
 

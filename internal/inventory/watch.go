@@ -269,9 +269,11 @@ func (w *Watcher) fetchDiscovery(ctx context.Context, s topology.APIServer, hold
 	}
 }
 
-// FetchDiscovery asks one apiserver, at its own address, what it serves itself: aggregated
-// discovery with profile=nopeer (so a peer-aware apiserver does not add its peers' APIs),
-// falling back to plain v2 and then v1, as client-go negotiates.
+// FetchDiscovery asks one apiserver, at its own address, what it serves itself: the
+// aggregated discovery documents of /api and /apis with profile=nopeer (so a peer-aware
+// apiserver does not add its peers' APIs), kept whole for the merged discovery (see
+// MergeDiscovery); failing that, whatever client-go negotiates (plain v2, then v1), reduced
+// to resources and verbs.
 func FetchDiscovery(ctx context.Context, base *rest.Config, address, serverName string) (*apidiscoveryv2.APIGroupDiscoveryList, error) {
 	cfg := rest.CopyConfig(base)
 	cfg.Host = "https://" + address
@@ -283,6 +285,9 @@ func FetchDiscovery(ctx context.Context, base *rest.Config, address, serverName 
 	dc, err := discovery.NewDiscoveryClientForConfig(cfg)
 	if err != nil {
 		return nil, err
+	}
+	if list, err := fetchAggregated(ctx, dc.RESTClient()); err == nil {
+		return list, nil
 	}
 	dc.NoPeerDiscovery = true
 	_, lists, err := dc.ServerGroupsAndResources()

@@ -2,12 +2,16 @@ package inventory_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	apidiscoveryv2 "k8s.io/api/apidiscovery/v2"
 
 	"github.com/kube-mvp/kube-mvp/internal/inventory"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
@@ -107,6 +111,24 @@ func TestWatcherAgainstMixedControlPlane(t *testing.T) {
 	}
 	if name := topo.ClusterFor(topo.DecideResource(jobs)); name != "kube-apiservers-only-cp-a" {
 		t.Errorf("cluster for batch/v1 jobs: %q", name)
+	}
+	// The merged /apis discovery has batch/v1 (from cp-a) and no core group (that is /api's).
+	if topo.Discovery == nil {
+		t.Fatal("no merged discovery: the apiservers' aggregated discovery was not read whole")
+	}
+	var merged apidiscoveryv2.APIGroupDiscoveryList
+	if err := json.Unmarshal(topo.Discovery.JSON, &merged); err != nil {
+		t.Fatal(err)
+	}
+	groups := map[string]bool{}
+	for _, g := range merged.Items {
+		groups[g.Name] = true
+		if g.Name == "batch" && (len(g.Versions) == 0 || g.Versions[0].Resources[0].ResponseKind == nil) {
+			t.Errorf("batch in the merged discovery lacks what kubectl needs: %+v", g)
+		}
+	}
+	if !groups["batch"] || !groups["apps"] || groups[""] {
+		t.Errorf("merged discovery groups %v, want batch and apps, not the core group", slices.Sorted(maps.Keys(groups)))
 	}
 
 	cp.Kill("cp-a")

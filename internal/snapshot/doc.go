@@ -32,7 +32,8 @@
 // # ext_proc filter
 //
 // gRPC to cluster kube-mvp-extproc; request headers SENT, response headers, bodies and
-// trailers skipped; message_timeout from Config (200ms). failure_mode_allow is false: a
+// trailers skipped, except that allow_mode_override lets extproc ask for one request's
+// response headers (GET /apis, merged discovery); message_timeout from Config (200ms). failure_mode_allow is false: a
 // request extproc cannot decide must not go on without it, because it would silently lose
 // the client certificate's identity (and could reach an apiserver that does not serve it);
 // it fails with status_on_error 500, which the local reply config turns into a 503 Status
@@ -59,14 +60,18 @@
 //     topology.AnonymousCallerMetadata (ExtProcPerRoute overrides.grpc_initial_metadata), so
 //     extproc forwards system:anonymous: an apiserver refuses (401) the proxy certificate
 //     without a user header, where it would have served an anonymous client.
-//  4. one route per published group/version, named "core/v1", "batch/v1", …, prefix
+//  4. "discovery": path /apis → default cluster, ext_proc ON: for GET /apis asking for
+//     aggregated discovery, extproc asks for the response headers (mode_override, hence
+//     allow_mode_override on the filter) and answers an apiserver's 200 with the merged
+//     discovery of every live apiserver (the apiserver still authenticates and authorizes).
+//  5. one route per published group/version, named "core/v1", "batch/v1", …, prefix
 //     "/api/v1/" or "/apis/<g>/<v>/", with route metadata (filter_metadata "kube-mvp") naming
 //     the cluster each resource and subresource goes to (and those that are unavailable or
 //     not served), so /config_dump shows who serves what; the clusters' metadata names the
 //     apiservers inside. When every resource of it goes to the default cluster (outcome
 //     Default, or NotServed, which the default apiservers answer with 404 themselves) the
 //     route goes straight there with ext_proc off (line rate); otherwise ext_proc decides.
-//  5. "default": prefix "/" (non-resource paths, CRDs, aggregated APIs) → default cluster;
+//  6. "default": prefix "/" (non-resource paths, CRDs, aggregated APIs) → default cluster;
 //     ext_proc off.
 //
 // Every route: timeout 0 and idle_timeout 0 (watches must not be cut); retries only where the

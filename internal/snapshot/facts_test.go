@@ -24,6 +24,7 @@ import (
 type routeFacts struct {
 	name     string
 	prefix   string
+	path     string
 	header   string   // the header a present_match requires, if any
 	absent   []string // the headers an inverted present_match requires absent
 	cluster  string   // or "header:<name>" for cluster_header
@@ -39,7 +40,7 @@ func readRoutes(t *testing.T, res *snapshot.Resources) []routeFacts {
 	rc := res.Routes[0].(*routev3.RouteConfiguration)
 	var out []routeFacts
 	for _, r := range rc.GetVirtualHosts()[0].GetRoutes() {
-		f := routeFacts{name: r.GetName(), prefix: r.GetMatch().GetPrefix(), extProc: true}
+		f := routeFacts{name: r.GetName(), prefix: r.GetMatch().GetPrefix(), path: r.GetMatch().GetPath(), extProc: true}
 		for _, h := range r.GetMatch().GetHeaders() {
 			if h.GetInvertMatch() {
 				f.absent = append(f.absent, h.GetName())
@@ -161,12 +162,15 @@ func TestRoutingFacts(t *testing.T) {
 				!slices.Equal(r.metadata, []string{"x-kube-mvp-caller=anonymous"}) {
 				t.Errorf("third route = %+v, want the anonymous route: no credentials, ext_proc on, told so by gRPC metadata", r)
 			}
+			if r := routes[3]; r.name != snapshot.RouteDiscovery || r.path != "/apis" || r.cluster != def || !r.extProc {
+				t.Errorf("fourth route = %+v, want the discovery route: path /apis, ext_proc on", r)
+			}
 			if r := routes[len(routes)-1]; r.name != snapshot.RouteFallback || r.prefix != "/" || r.header != "" || r.cluster != def || r.extProc {
 				t.Errorf("last route = %+v, want the catch-all route with ext_proc off", r)
 			}
 
 			gvRoutes := map[string]routeFacts{}
-			for _, r := range routes[3 : len(routes)-1] {
+			for _, r := range routes[4 : len(routes)-1] {
 				gvRoutes[r.name] = r
 				if r.cluster != def {
 					t.Errorf("route %s goes to %s, want the default cluster %s", r.name, r.cluster, def)

@@ -130,7 +130,9 @@ func (b *builder) extProcFilter() *extprocv3.ExternalProcessor {
 			RequestTrailerMode:  extprocv3.ProcessingMode_SKIP,
 			ResponseTrailerMode: extprocv3.ProcessingMode_SKIP,
 		},
-		MessageTimeout:   durationpb.New(b.cfg.ExtProcMessageTimeout),
+		// extproc asks for the response headers of GET /apis only (merged discovery).
+		AllowModeOverride: true,
+		MessageTimeout:    durationpb.New(b.cfg.ExtProcMessageTimeout),
 		StatPrefix:       "kube_mvp",
 		RouteCacheAction: extprocv3.ExternalProcessor_CLEAR,
 		MutationRules: &mutationrulesv3.HeaderMutationRules{

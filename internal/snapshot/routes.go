@@ -19,6 +19,7 @@ const (
 	RouteRoutingHeader     = "extproc-decided"
 	RouteClientCertificate = "client-certificate"
 	RouteAnonymous         = "anonymous"
+	RouteDiscovery         = "discovery"
 	RouteFallback          = "default"
 )
 
@@ -32,10 +33,12 @@ const (
 //     x-forwarded-client-cert and no Sec-WebSocket-Protocol (which can carry a bearer token):
 //     a request without credentials, which extproc forwards as system:anonymous; ext_proc on,
 //     told so by the stream's gRPC metadata (extproc never sees the Authorization header).
-//  4. per published group/version (prefix /api/v1/, /apis/<g>/<v>/): straight to the default
+//  4. path /apis (aggregated discovery): the default cluster, ext_proc ON, which answers an
+//     apiserver's 200 with the merged discovery of every live apiserver.
+//  5. per published group/version (prefix /api/v1/, /apis/<g>/<v>/): straight to the default
 //     cluster with ext_proc off when every resource of the group/version goes there anyway;
 //     otherwise ext_proc on (it sets the routing header and the route is matched again).
-//  5. prefix / (non-resource paths, unpublished group/versions such as CRDs and aggregated
+//  6. prefix / (non-resource paths, unpublished group/versions such as CRDs and aggregated
 //     APIs): the default cluster; ext_proc off.
 func (b *builder) routeConfiguration() *routev3.RouteConfiguration {
 	def := b.t.DefaultClusterName()
@@ -103,6 +106,11 @@ func (b *builder) routeConfiguration() *routev3.RouteConfiguration {
 			},
 		})
 	}
+	routes = append(routes, &routev3.Route{
+		Name:   RouteDiscovery,
+		Match:  &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Path{Path: "/apis"}},
+		Action: action(def),
+	})
 	for _, gv := range b.groupVersions() {
 		r := &routev3.Route{
 			Name:     gv.gv.String(),

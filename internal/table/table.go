@@ -38,6 +38,9 @@ func ToProto(t *topology.Topology, now time.Time) *tablev1.Table {
 		tb.ServedEverywhereGroups = append(tb.ServedEverywhereGroups, g)
 	}
 	slices.Sort(tb.ServedEverywhereGroups)
+	if t.Discovery != nil {
+		tb.ApisDiscovery = t.Discovery.JSON
+	}
 	b, _ := proto.MarshalOptions{Deterministic: true}.Marshal(tb)
 	sum := sha256.Sum256(b)
 	tb.Version = hex.EncodeToString(sum[:8])
@@ -60,6 +63,7 @@ func FromProto(tb *tablev1.Table) (*topology.Topology, error) {
 	if err != nil {
 		return nil, fmt.Errorf("table %s: %w", tb.GetVersion(), err)
 	}
+	t.Discovery = topology.NewDiscovery(tb.GetApisDiscovery())
 	return t, nil
 }
 

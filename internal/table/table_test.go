@@ -35,12 +35,14 @@ func sample(t *testing.T, aliveB bool) *topology.Topology {
 
 func TestRoundTrip(t *testing.T) {
 	in := sample(t, true)
+	in.Discovery = topology.NewDiscovery([]byte(`{"kind":"APIGroupDiscoveryList"}`))
 	tb := table.ToProto(in, time.Unix(1, 0))
 	out, err := table.FromProto(tb)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !reflect.DeepEqual(in.APIServers, out.APIServers) || !reflect.DeepEqual(in.Served, out.Served) || !reflect.DeepEqual(in.ServedEverywhere, out.ServedEverywhere) {
+	if !reflect.DeepEqual(in.APIServers, out.APIServers) || !reflect.DeepEqual(in.Served, out.Served) || !reflect.DeepEqual(in.ServedEverywhere, out.ServedEverywhere) ||
+		!reflect.DeepEqual(in.Discovery, out.Discovery) {
 		t.Errorf("round trip changed the topology:\n in %+v\nout %+v", in, out)
 	}
 	if again := table.ToProto(out, time.Unix(99, 0)); again.Version != tb.Version {
@@ -48,6 +50,9 @@ func TestRoundTrip(t *testing.T) {
 	}
 	if other := table.ToProto(sample(t, false), time.Unix(1, 0)); other.Version == tb.Version {
 		t.Error("different content, same version")
+	}
+	if other := table.ToProto(sample(t, true), time.Unix(1, 0)); other.Version == tb.Version {
+		t.Error("different discovery, same version")
 	}
 	if _, err := table.FromProto(&tablev1.Table{Apiservers: []*tablev1.APIServer{{Id: ""}}}); err == nil {
 		t.Error("an apiserver without ID was accepted")

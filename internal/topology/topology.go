@@ -9,6 +9,8 @@ package topology
 
 import (
 	"cmp"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"slices"
 	"strings"
@@ -110,8 +112,27 @@ type Topology struct {
 	// them, since an older table's "default" decision may not hold for them. See
 	// internal/xds.
 	Joining map[string]bool `json:"-"`
+	// Discovery is the merged /apis discovery of the live apiservers; nil when it cannot be
+	// built (an apiserver without aggregated discovery, or none live).
+	Discovery *Discovery `json:"-"`
 
 	byID map[string]int
+}
+
+// Discovery is an aggregated discovery document (apidiscovery.k8s.io/v2
+// APIGroupDiscoveryList, JSON) and its ETag header value.
+type Discovery struct {
+	JSON []byte
+	ETag string
+}
+
+// NewDiscovery wraps a document, its ETag the quoted hex SHA-256 of its bytes (nil for none).
+func NewDiscovery(doc []byte) *Discovery {
+	if len(doc) == 0 {
+		return nil
+	}
+	sum := sha256.Sum256(doc)
+	return &Discovery{JSON: doc, ETag: `"` + hex.EncodeToString(sum[:]) + `"`}
 }
 
 // New builds a Topology, normalising its input: servers sorted and de-duplicated by ID, every

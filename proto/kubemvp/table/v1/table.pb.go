@@ -80,8 +80,12 @@ type Table struct {
 	Resources   []*ServedResource      `protobuf:"bytes,4,rep,name=resources,proto3" json:"resources,omitempty"`
 	// Groups every apiserver serves through its own chain (CRDs, aggregated APIs).
 	ServedEverywhereGroups []string `protobuf:"bytes,5,rep,name=served_everywhere_groups,json=servedEverywhereGroups,proto3" json:"served_everywhere_groups,omitempty"`
-	unknownFields          protoimpl.UnknownFields
-	sizeCache              protoimpl.SizeCache
+	// The merged /apis aggregated discovery of the live apiservers (JSON
+	// apidiscovery.k8s.io/v2 APIGroupDiscoveryList), which extproc serves in place of one
+	// apiserver's; empty when it could not be built.
+	ApisDiscovery []byte `protobuf:"bytes,6,opt,name=apis_discovery,json=apisDiscovery,proto3" json:"apis_discovery,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Table) Reset() {
@@ -145,6 +149,13 @@ func (x *Table) GetResources() []*ServedResource {
 func (x *Table) GetServedEverywhereGroups() []string {
 	if x != nil {
 		return x.ServedEverywhereGroups
+	}
+	return nil
+}
+
+func (x *Table) GetApisDiscovery() []byte {
+	if x != nil {
+		return x.ApisDiscovery
 	}
 	return nil
 }
@@ -300,7 +311,7 @@ const file_kubemvp_table_v1_table_proto_rawDesc = "" +
 	"\n" +
 	"\x1ckubemvp/table/v1/table.proto\x12\x10kubemvp.table.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"+\n" +
 	"\fWatchRequest\x12\x1b\n" +
-	"\tclient_id\x18\x01 \x01(\tR\bclientId\"\x97\x02\n" +
+	"\tclient_id\x18\x01 \x01(\tR\bclientId\"\xbe\x02\n" +
 	"\x05Table\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12=\n" +
 	"\fgenerated_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\vgeneratedAt\x12;\n" +
@@ -308,7 +319,8 @@ const file_kubemvp_table_v1_table_proto_rawDesc = "" +
 	"apiservers\x18\x03 \x03(\v2\x1b.kubemvp.table.v1.APIServerR\n" +
 	"apiservers\x12>\n" +
 	"\tresources\x18\x04 \x03(\v2 .kubemvp.table.v1.ServedResourceR\tresources\x128\n" +
-	"\x18served_everywhere_groups\x18\x05 \x03(\tR\x16servedEverywhereGroups\"g\n" +
+	"\x18served_everywhere_groups\x18\x05 \x03(\tR\x16servedEverywhereGroups\x12%\n" +
+	"\x0eapis_discovery\x18\x06 \x01(\fR\rapisDiscovery\"g\n" +
 	"\tAPIServer\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1a\n" +
 	"\bhostname\x18\x02 \x01(\tR\bhostname\x12\x18\n" +
