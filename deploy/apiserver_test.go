@@ -138,6 +138,8 @@ func TestChartOnRealAPIServer(t *testing.T) {
 			{verb: "watch", group: "internal.apiserver.k8s.io", resource: "storageversions"},
 			{verb: "list", group: "apiregistration.k8s.io", resource: "apiservices"},
 			{verb: "watch", group: "apiregistration.k8s.io", resource: "apiservices"},
+			{verb: "list", group: "apiextensions.k8s.io", resource: "customresourcedefinitions"},
+			{verb: "watch", group: "apiextensions.k8s.io", resource: "customresourcedefinitions"},
 			// Discovery, from the built-in system:discovery role, not from the chart.
 			{verb: "get", path: "/api"},
 			{verb: "get", path: "/apis"},
@@ -155,6 +157,7 @@ func TestChartOnRealAPIServer(t *testing.T) {
 			{verb: "update", group: "internal.apiserver.k8s.io", resource: "storageversions"},
 			{verb: "delete", group: "internal.apiserver.k8s.io", resource: "storageversions"},
 			{verb: "update", group: "apiregistration.k8s.io", resource: "apiservices"},
+			{verb: "create", group: "apiextensions.k8s.io", resource: "customresourcedefinitions"},
 			{verb: "get", resource: "secrets", namespace: "kube-system"},
 			{verb: "get", resource: "secrets", namespace: ns},
 			{verb: "list", resource: "pods", namespace: "kube-system"},

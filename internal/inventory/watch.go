@@ -29,7 +29,14 @@ import (
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 
-var apiServicesGVR = schema.GroupVersionResource{Group: "apiregistration.k8s.io", Version: "v1", Resource: "apiservices"}
+var (
+	apiServicesGVR = schema.GroupVersionResource{Group: "apiregistration.k8s.io", Version: "v1", Resource: "apiservices"}
+	crdsGVR        = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
+)
+
+// minRefetch spaces the discovery refetches that CRD and APIService changes cause: a chart
+// installing fifty CRDs costs a few rounds, and the last change is always fetched.
+const minRefetch = time.Second
 
 // WatchOptions configure a Watcher.
 type WatchOptions struct {
@@ -61,6 +68,9 @@ type Watcher struct {
 
 	mu        sync.Mutex
 	discovery map[string]discovered // by apiserver ID
+	// apisChanged is when a CRD or APIService last changed: every apiserver's discovery
+	// fetched before then is refetched (the merged discovery must show new CRDs at once).
+	apisChanged time.Time
 }
 
 type discovered struct {
@@ -128,8 +138,17 @@ func (w *Watcher) Run(ctx context.Context) error {
 		w.opts.Log.Warn("StorageVersion API (internal.apiserver.k8s.io/v1alpha1) is not served; routing from discovery only. Enable it with --feature-gates=StorageVersionAPI=true --runtime-config=internal.apiserver.k8s.io/v1alpha1=true")
 	}
 	dynFactory := dynamicinformer.NewDynamicSharedInformerFactory(w.dynamic, 0)
+	apisChanged := cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { w.discoveryChanged() },
+		UpdateFunc: func(any, any) { w.discoveryChanged() },
+		DeleteFunc: func(any) { w.discoveryChanged() },
+	}
 	apisvcInformer := dynFactory.ForResource(apiServicesGVR).Informer()
 	apisvcInformer.AddEventHandler(kick)
+	apisvcInformer.AddEventHandler(apisChanged)
+	// Not waited for: without the permission xds-server still routes, and discovery is
+	// refetched every DiscoveryInterval anyway.
+	dynFactory.ForResource(crdsGVR).Informer().AddEventHandler(apisChanged)
 	w.apisvcs = apisvcInformer.GetStore()
 	synced = append(synced, apisvcInformer.HasSynced)
 
@@ -152,6 +171,15 @@ func (w *Watcher) Run(ctx context.Context) error {
 		}
 		w.rebuild(ctx)
 	}
+}
+
+// discoveryChanged notes that the apiservers' discovery changed (a CRD or APIService event)
+// and asks for a rebuild, which refetches it.
+func (w *Watcher) discoveryChanged() {
+	w.mu.Lock()
+	w.apisChanged = w.opts.Clock()
+	w.mu.Unlock()
+	w.trigger()
 }
 
 func (w *Watcher) trigger() {
@@ -230,7 +258,13 @@ func (w *Watcher) discoveryFor(ctx context.Context, leases []coordinationv1.Leas
 		if have && d.holder == holder && d.list != nil {
 			out[s.ID] = d.list
 		}
-		if !have || d.holder != holder || opts.Now.Sub(d.fetched) > w.opts.DiscoveryInterval {
+		stale := have && !d.fetched.After(w.apisChanged)
+		if stale && opts.Now.Sub(d.fetched) < minRefetch {
+			// Fetched less than minRefetch ago: once more when that has passed.
+			time.AfterFunc(minRefetch-opts.Now.Sub(d.fetched), w.trigger)
+			stale = false
+		}
+		if !have || d.holder != holder || stale || opts.Now.Sub(d.fetched) > w.opts.DiscoveryInterval {
 			// Mark as fetched now so one slow server is not asked again on every rebuild.
 			w.discovery[s.ID] = discovered{holder: holder, fetched: opts.Now, list: keepIf(d.holder == holder, d.list)}
 			go w.fetchDiscovery(ctx, s, holder)

@@ -7,11 +7,16 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	apidiscoveryv2 "k8s.io/api/apidiscovery/v2"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
 
 	"github.com/kube-mvp/kube-mvp/internal/inventory"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
@@ -43,7 +48,9 @@ func TestWatcherAgainstMixedControlPlane(t *testing.T) {
 	// Leases renew every 10 s; 15 s notices a dead server quickly without flapping.
 	w, err := inventory.NewWatcher(cp.Server("cp-b").RESTConfig(), inventory.WatchOptions{
 		Options: inventory.Options{LivenessWindow: 15 * time.Second},
-		Log:     slog.New(slog.NewTextHandler(tlog{t}, nil)),
+		// Only a restart or a CRD change may refetch discovery in this test.
+		DiscoveryInterval: time.Hour,
+		Log:               slog.New(slog.NewTextHandler(tlog{t}, nil)),
 	}, func(t *topology.Topology) { latest.Store(t) })
 	if err != nil {
 		t.Fatal(err)
@@ -130,6 +137,29 @@ func TestWatcherAgainstMixedControlPlane(t *testing.T) {
 	if !groups["batch"] || !groups["apps"] || groups[""] {
 		t.Errorf("merged discovery groups %v, want batch and apps, not the core group", slices.Sorted(maps.Keys(groups)))
 	}
+
+	// A new CRD is in the merged discovery at once, not at the next periodic refetch.
+	crd := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+		"metadata": map[string]any{"name": "gadgets.inventory.kube-mvp.io"},
+		"spec": map[string]any{
+			"group": "inventory.kube-mvp.io", "scope": "Namespaced",
+			"names": map[string]any{"plural": "gadgets", "singular": "gadget", "kind": "Gadget", "listKind": "GadgetList"},
+			"versions": []any{map[string]any{"name": "v1", "served": true, "storage": true,
+				"schema": map[string]any{"openAPIV3Schema": map[string]any{"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}},
+		},
+	}}
+	crds := schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
+	if _, err := dynamic.NewForConfigOrDie(cp.Server("cp-a").RESTConfig()).Resource(crds).Create(ctx, crd, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the new CRD in the merged discovery", func() error {
+		d := latest.Load().Discovery
+		if d == nil || !strings.Contains(string(d.JSON), `"name":"inventory.kube-mvp.io"`) {
+			return fmt.Errorf("not yet")
+		}
+		return nil
+	})
 
 	cp.Kill("cp-a")
 	eventually(t, "cp-a dead (its Lease no longer renewed)", func() error {
