@@ -133,8 +133,8 @@ func (b *builder) extProcFilter() *extprocv3.ExternalProcessor {
 		// extproc asks for the response headers of GET /apis only (merged discovery).
 		AllowModeOverride: true,
 		MessageTimeout:    durationpb.New(b.cfg.ExtProcMessageTimeout),
-		StatPrefix:       "kube_mvp",
-		RouteCacheAction: extprocv3.ExternalProcessor_CLEAR,
+		StatPrefix:        "kube_mvp",
+		RouteCacheAction:  extprocv3.ExternalProcessor_CLEAR,
 		MutationRules: &mutationrulesv3.HeaderMutationRules{
 			DisallowAll:     wrapperspb.Bool(true),
 			AllowExpression: &matcherv3.RegexMatcher{Regex: allowed},
