@@ -40,8 +40,10 @@
 // (500 is used precisely so that extproc's deliberate 503s are not rewritten).
 // route_cache_action CLEAR: the route is matched again after extproc set the routing header.
 // mutation_rules: everything is disallowed except the headers extproc owns (the routing
-// header, x-kubernetes-peer-proxied, x-forwarded-client-cert and x-remote-*), and a
-// disallowed mutation fails the request rather than being dropped. Authorization, cookie
+// header, x-kubernetes-peer-proxied, x-forwarded-client-cert and x-remote-*, plus
+// content-type, etag and vary, which its immediate responses carry and which Envoy 1.32+
+// checks with the same rules), and a disallowed mutation fails the request rather than
+// being dropped. A message_timeout is a 504 (Envoy 1.35+), mapped to a 503 Status too. Authorization, cookie
 // and proxy-authorization headers are not forwarded to extproc: it never needs credentials.
 // The filter is disabled per route (ExtProcPerRoute disabled) where no decision is needed.
 //

@@ -110,9 +110,11 @@ func (b *builder) stripClientHeaders() *earlymutationv3.HeaderMutation {
 
 func (b *builder) extProcFilter() *extprocv3.ExternalProcessor {
 	// extproc may set or remove only the headers it owns; anything else fails the request
-	// (disallow_is_error) rather than being silently dropped.
+	// (disallow_is_error) rather than being silently dropped. Its immediate responses (the
+	// 503 Status, the merged discovery) are checked with the same rules (Envoy ≥ 1.32), so
+	// their content-type, etag and vary are allowed too.
 	allowed := "^(" + regexp.QuoteMeta(b.cfg.RoutingHeader) + "|" + regexp.QuoteMeta(headerPeerProxied) + "|" +
-		regexp.QuoteMeta(headerXFCC) + "|" + regexp.QuoteMeta(headerRemotePrefix) + ".+)$"
+		regexp.QuoteMeta(headerXFCC) + "|" + regexp.QuoteMeta(headerRemotePrefix) + ".+|content-type|etag|vary)$"
 	exact := func(s string) *matcherv3.StringMatcher {
 		return &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: s}}
 	}
@@ -174,6 +176,19 @@ func (b *builder) localReplyConfig() *hcmv3.LocalReplyConfig {
 				StatusCodeFilter: &accesslogv3.StatusCodeFilter{Comparison: &accesslogv3.ComparisonFilter{
 					Op:    accesslogv3.ComparisonFilter_EQ,
 					Value: &corev3.RuntimeUInt32{DefaultValue: extProcErrorStatus, RuntimeKey: "kube_mvp.local_reply.extproc_error_status"},
+				}},
+			}},
+			StatusCode:         wrapperspb.UInt32(503),
+			BodyFormatOverride: statusBody("kube-mvp: the routing decision failed (%RESPONSE_CODE_DETAILS%)"),
+		},
+		{
+			// extproc did not answer within message_timeout: Envoy 1.35+ answers 504
+			// (envoyproxy/envoy#39217). Envoy's only other 504 would be a route timeout,
+			// and every route has none.
+			Filter: &accesslogv3.AccessLogFilter{FilterSpecifier: &accesslogv3.AccessLogFilter_StatusCodeFilter{
+				StatusCodeFilter: &accesslogv3.StatusCodeFilter{Comparison: &accesslogv3.ComparisonFilter{
+					Op:    accesslogv3.ComparisonFilter_EQ,
+					Value: &corev3.RuntimeUInt32{DefaultValue: 504, RuntimeKey: "kube_mvp.local_reply.extproc_timeout_status"},
 				}},
 			}},
 			StatusCode:         wrapperspb.UInt32(503),
