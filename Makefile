@@ -3,7 +3,7 @@ GO ?= go
 KUBE_VERSIONS ?= v1.36.4 v1.37.1
 TEST_TIMEOUT ?= 75m
 
-.PHONY: all build test unit bench kube-binaries vet demo clean
+.PHONY: all build test unit bench kube-binaries vet demo clean proto
 
 all: build
 
@@ -32,9 +32,10 @@ bench:
 unit:
 	$(GO) test -race -short ./...
 
-## demo: a two-version control plane, up until Ctrl-C (cp-b has batch/v1 turned off)
-demo: kube-binaries
-	$(GO) run ./test/cmd/testcp up --server cp-a=v1.37.1 --server cp-b=v1.36.4:batch/v1=false
+## demo: kube-mvp in front of a two-version control plane (cp-b has batch/v1 off), kubectl
+## through it and through a plain balancer, then up until Ctrl-C (DEMO_FLAGS=--exit to stop)
+demo:
+	$(GO) run ./test/cmd/demo $(DEMO_FLAGS)
 
 clean:
 	rm -rf bin/

@@ -219,8 +219,12 @@ func (cp *ControlPlane) Close() {
 
 // Stop ends server name gracefully (SIGTERM), as a rolling upgrade would.
 func (cp *ControlPlane) Stop(name string) error {
-	return cp.Server(name).proc.terminate(30 * time.Second)
+	return cp.Server(name).proc.terminate(stopGrace)
 }
+
+// stopGrace is how long a stopping apiserver may take. With watches open it drains them for
+// up to its shutdown timeout (60 s by default) before it exits.
+const stopGrace = 90 * time.Second
 
 // Kill ends server name at once (SIGKILL): its Lease is left to expire.
 func (cp *ControlPlane) Kill(name string) { cp.Server(name).proc.kill() }
@@ -233,7 +237,7 @@ func (cp *ControlPlane) Restart(ctx context.Context, name, version string) error
 		return fmt.Errorf("no server %q", name)
 	}
 	if s.Running() {
-		if err := s.proc.terminate(30 * time.Second); err != nil {
+		if err := s.proc.terminate(stopGrace); err != nil {
 			return err
 		}
 	}

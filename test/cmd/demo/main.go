@@ -1,0 +1,256 @@
+// Command demo shows kube-mvp at work on this machine (`make demo`): a mixed-version control
+// plane — cp-a runs kube-apiserver v1.37.1, cp-b v1.36.4 with batch/v1 turned off — behind a
+// plain round-robin balancer and behind kube-mvp (xds-server, extproc and the test data plane
+// standing in for Envoy). The same kubectl calls go through both; then it prints where kube-mvp
+// routed them and stays up for you to try until Ctrl-C (or exits with --exit).
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/kube-mvp/kube-mvp/internal/xds"
+	"github.com/kube-mvp/kube-mvp/test/controlplane"
+	"github.com/kube-mvp/kube-mvp/test/harness"
+)
+
+func main() {
+	exit := flag.Bool("exit", false, "exit after the scripted calls instead of staying up")
+	flag.Parse()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Stdout, *exit); err != nil {
+		fmt.Fprintln(os.Stderr, "demo:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, out io.Writer, exit bool) error {
+	step := func(format string, args ...any) { fmt.Fprintf(out, "\n==> "+format+"\n", args...) }
+
+	step("building (or reusing) kube-apiserver v1.37.1 and v1.36.4, etcd, kubectl, xds-server and extproc")
+	kubectl, err := controlplane.EnsureKubectl(ctx, out)
+	if err != nil {
+		return err
+	}
+	for _, v := range []string{"v1.37.1", "v1.36.4"} {
+		if _, err := controlplane.EnsureBinaries(ctx, v, out); err != nil {
+			return err
+		}
+	}
+	dir, err := os.MkdirTemp("/tmp", "kube-mvp-demo-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	binDir := filepath.Join(dir, "bin")
+	if err := harness.BuildBinaries(ctx, binDir); err != nil {
+		return err
+	}
+
+	step("starting etcd, cp-a (v1.37.1) and cp-b (v1.36.4, --runtime-config=batch/v1=false)")
+	cp, err := controlplane.Start(ctx, controlplane.Options{Log: out, Servers: []controlplane.ServerSpec{
+		{Name: "cp-a", Version: "v1.37.1"},
+		{Name: "cp-b", Version: "v1.36.4", RuntimeConfig: []string{"batch/v1=false"}},
+	}})
+	if err != nil {
+		return err
+	}
+	defer cp.Close()
+
+	step("starting kube-mvp: xds-server (watching the Leases), extproc (following xds-server), the data plane")
+	k, err := harness.Start(ctx, harness.Options{ControlPlane: cp, BinDir: binDir, Dir: dir, Name: "demo"})
+	if err != nil {
+		return err
+	}
+	defer k.Close()
+	rr, err := harness.StartRoundRobin([]string{cp.Server("cp-a").Address(), cp.Server("cp-b").Address()})
+	if err != nil {
+		return err
+	}
+	defer rr.Close()
+
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	if err := writeKubeconfig(kubeconfig, cp, map[string]string{
+		"kube-mvp":    k.Endpoint(),
+		"round-robin": "https://" + rr.Addr(),
+		"cp-a":        cp.Server("cp-a").URL(),
+		"cp-b":        cp.Server("cp-b").URL(),
+	}); err != nil {
+		return err
+	}
+	sh := func(args ...string) (string, error) {
+		if !slices.Contains(args, "--cache-dir") {
+			args = append([]string{"--cache-dir", filepath.Join(dir, "kubectl-cache")}, args...)
+		}
+		cmd := exec.CommandContext(ctx, kubectl, append([]string{"--kubeconfig", kubeconfig}, args...)...)
+		b, err := cmd.CombinedOutput()
+		return strings.TrimSpace(string(b)), err
+	}
+	show := func(args ...string) {
+		o, err := sh(args...)
+		mark := "ok  "
+		if err != nil {
+			mark = "FAIL"
+		}
+		fmt.Fprintf(out, "  %s $ kubectl %s\n", mark, strings.Join(args, " "))
+		for line := range strings.Lines(o) {
+			fmt.Fprintf(out, "         %s", line)
+		}
+		fmt.Fprintln(out)
+	}
+
+	step("a Job, created on cp-a (cp-b does not serve batch/v1)")
+	show("--context", "cp-a", "create", "job", "hello", "--image=busybox")
+	show("--context", "cp-b", "get", "jobs")
+
+	// Each call with a fresh discovery cache, as a new kubectl would: it reads discovery
+	// (/api, /apis) and then lists, and behind a plain balancer either may reach cp-b.
+	for _, via := range []string{"round-robin", "kube-mvp"} {
+		step("kubectl get jobs, 6 times through %s", via)
+		okCount := 0
+		for i := range 6 {
+			o, err := sh("--context", via, "--cache-dir", filepath.Join(dir, fmt.Sprintf("cache-%s-%d", via, i)), "get", "jobs", "-o", "name")
+			if err == nil {
+				okCount++
+				fmt.Fprintf(out, "  ok    %s\n", firstLine(o))
+			} else {
+				fmt.Fprintf(out, "  FAIL  %s\n", firstLine(o))
+			}
+		}
+		fmt.Fprintf(out, "  %s: %d of 6 succeeded\n", via, okCount)
+	}
+
+	step("more through kube-mvp")
+	show("--context", "kube-mvp", "get", "deployments", "-A")
+	show("--context", "kube-mvp", "auth", "whoami")
+	show("--context", "kube-mvp", "version")
+
+	step("what kube-mvp decided (xds-server %s/debug/topology)", k.XDSAdmin)
+	if err := printTopology(out, k.XDSAdmin+"/debug/topology"); err != nil {
+		fmt.Fprintf(out, "  (topology unavailable: %v)\n", err)
+	}
+	step("where the requests went (data plane admin %s/clusters)", k.DataPlane.AdminURL())
+	if err := printClusters(out, k.DataPlane.AdminURL()+"/clusters"); err != nil {
+		fmt.Fprintf(out, "  (clusters unavailable: %v)\n", err)
+	}
+
+	if exit {
+		return nil
+	}
+	step("kube-mvp is up. In another shell:\n\n    export KUBECONFIG=%s\n    kubectl --context kube-mvp get jobs\n    kubectl --context round-robin get jobs\n\n    xds-server admin: %s/debug/topology  %s/debug/config_dump\n    data plane admin: %s/clusters  %s/config_dump\n    extproc metrics:  %s/metrics\n\nCtrl-C stops everything.",
+		kubeconfig, k.XDSAdmin, k.XDSAdmin, k.DataPlane.AdminURL(), k.DataPlane.AdminURL(), k.ExtprocAdmin)
+	<-ctx.Done()
+	return nil
+}
+
+func writeKubeconfig(path string, cp *controlplane.ControlPlane, servers map[string]string) error {
+	cfg := clientcmdapi.NewConfig()
+	cfg.AuthInfos["admin"] = &clientcmdapi.AuthInfo{ClientCertificateData: cp.PKI.Admin.CertPEM, ClientKeyData: cp.PKI.Admin.KeyPEM}
+	for name, url := range servers {
+		cfg.Clusters[name] = &clientcmdapi.Cluster{Server: url, CertificateAuthorityData: cp.PKI.ServerCA.CertPEM}
+		cfg.Contexts[name] = &clientcmdapi.Context{Cluster: name, AuthInfo: "admin", Namespace: "default"}
+	}
+	cfg.CurrentContext = "kube-mvp"
+	return clientcmd.WriteToFile(*cfg, path)
+}
+
+// printTopology shows the apiservers and every group/version/resource that kube-mvp does not
+// simply send to all of them.
+func printTopology(out io.Writer, url string) error {
+	var topo xds.TopologyView
+	if err := getJSON(url, &topo); err != nil {
+		return err
+	}
+	for _, s := range topo.APIServers {
+		fmt.Fprintf(out, "  apiserver %-5s %s  %-16s alive=%v\n", s.Hostname, s.ID, s.Address, s.Alive)
+	}
+	for _, gv := range topo.GroupVersions {
+		for _, r := range gv.Resources {
+			if r.Outcome != "default" {
+				fmt.Fprintf(out, "  %-40s %-8s -> %s\n", gv.PathPrefix+r.Resource, r.Outcome, r.Cluster)
+			}
+		}
+	}
+	fmt.Fprintf(out, "  everything else                          default  -> %s (every live apiserver), at line rate\n", topo.DefaultCluster)
+	return nil
+}
+
+// printClusters shows, per cluster of the data plane's /clusters (Envoy's JSON shape), each
+// apiserver with its health and the requests it answered.
+func printClusters(out io.Writer, url string) error {
+	var v struct {
+		ClusterStatuses []struct {
+			Name         string `json:"name"`
+			HostStatuses []struct {
+				Hostname     string         `json:"hostname"`
+				HealthStatus map[string]any `json:"health_status"`
+				Stats        []struct {
+					Name  string `json:"name"`
+					Value uint64 `json:"value"`
+				} `json:"stats"`
+			} `json:"host_statuses"`
+		} `json:"cluster_statuses"`
+	}
+	if err := getJSON(url, &v); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "  %-34s %-6s %-9s %s\n", "cluster", "host", "health", "requests")
+	for _, c := range v.ClusterStatuses {
+		for _, h := range c.HostStatuses {
+			health := "healthy"
+			for _, f := range [][2]string{{"failed_active_health_check", "unhealthy"}, {"failed_outlier_check", "ejected"}, {"pending_active_hc", "pending"}} {
+				if h.HealthStatus[f[0]] == true {
+					health = f[1]
+					break
+				}
+			}
+			var total uint64
+			for _, st := range h.Stats {
+				if st.Name == "rq_total" {
+					total = st.Value
+				}
+			}
+			fmt.Fprintf(out, "  %-34s %-6s %-9s %d\n", c.Name, h.Hostname, health, total)
+		}
+	}
+	return nil
+}
+
+func getJSON(url string, v any) error {
+	c := &http.Client{Timeout: 10 * time.Second}
+	res, err := c.Get(url)
+	if err != nil {
+		return err
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	if err != nil {
+		return err
+	}
+	if res.StatusCode != 200 {
+		return fmt.Errorf("%s: %s", res.Status, bytes.TrimSpace(b))
+	}
+	return json.Unmarshal(b, v)
+}
+
+func firstLine(s string) string {
+	line, _, _ := strings.Cut(s, "\n")
+	return line
+}

@@ -1,0 +1,43 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"regexp"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// TestDemo runs the demo script to its end: the newcomer's first command must keep working,
+// and must show what kube-mvp is for.
+func TestDemo(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs a real control plane")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	var out bytes.Buffer
+	if err := run(ctx, &out, true); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	got := map[string]int{}
+	for _, m := range regexp.MustCompile(`(?m)^  (round-robin|kube-mvp): (\d) of 6 succeeded$`).FindAllStringSubmatch(out.String(), -1) {
+		got[m[1]], _ = strconv.Atoi(m[2])
+	}
+	if got["kube-mvp"] != 6 {
+		t.Errorf("through kube-mvp %d of 6 succeeded", got["kube-mvp"])
+	}
+	// Connections alternate between cp-a and cp-b, so half fail.
+	if rr, ok := got["round-robin"]; !ok || rr == 6 {
+		t.Errorf("through round-robin %d of 6 succeeded (found: %v); the contrast is gone", rr, ok)
+	}
+	for _, want := range []string{"/apis/batch/v1/jobs", "kube-apiservers-only-cp-a", "  FAIL  "} {
+		if !bytes.Contains(out.Bytes(), []byte(want)) {
+			t.Errorf("demo output lacks %q", want)
+		}
+	}
+	if t.Failed() {
+		t.Log(out.String())
+	}
+}

@@ -1,0 +1,192 @@
+package dataplane
+
+import (
+	"encoding/json"
+	"net"
+	"net/http"
+	"sort"
+	"strconv"
+	"time"
+
+	adminv3 "github.com/envoyproxy/go-control-plane/envoy/admin/v3"
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+)
+
+// adminHandler serves a subset of Envoy's admin interface, in JSON:
+//
+//	/config_dump  the applied resources as an envoy.admin.v3.ConfigDump (protojson; secrets
+//	              redacted as Envoy does)
+//	/clusters     every cluster with its metadata and hosts (address, hostname, health,
+//	              request counters), shaped like Envoy's /clusters?format=json
+//	/stats        counters as {"stats":[{"name","value"}]}, like /stats?format=json
+//	/ready        200 LIVE once ready
+func (d *DataPlane) adminHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/config_dump", d.serveConfigDump)
+	mux.HandleFunc("/clusters", d.serveClusters)
+	mux.HandleFunc("/stats", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, map[string]any{"stats": d.stats.snapshot()})
+	})
+	mux.HandleFunc("/ready", func(w http.ResponseWriter, _ *http.Request) {
+		select {
+		case <-d.readyCh:
+			_, _ = w.Write([]byte("LIVE\n"))
+		default:
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = w.Write([]byte("PRE_INITIALIZING\n"))
+		}
+	})
+	return mux
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
+
+func sortedNames[T any](m map[string]T) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func (d *DataPlane) serveConfigDump(w http.ResponseWriter, _ *http.Request) {
+	cfg := d.config()
+	dump := &adminv3.ConfigDump{}
+	add := func(m proto.Message) {
+		a, err := anypb.New(m)
+		if err == nil {
+			dump.Configs = append(dump.Configs, a)
+		}
+	}
+	pack := func(m proto.Message) *anypb.Any {
+		a, _ := anypb.New(m)
+		return a
+	}
+	ld := &adminv3.ListenersConfigDump{VersionInfo: cfg.version[resource.ListenerType]}
+	for _, n := range sortedNames(cfg.raw[resource.ListenerType]) {
+		ld.DynamicListeners = append(ld.DynamicListeners, &adminv3.ListenersConfigDump_DynamicListener{Name: n,
+			ActiveState: &adminv3.ListenersConfigDump_DynamicListenerState{VersionInfo: cfg.version[resource.ListenerType], Listener: pack(cfg.raw[resource.ListenerType][n].(*listenerv3.Listener))}})
+	}
+	add(ld)
+	cd := &adminv3.ClustersConfigDump{VersionInfo: cfg.version[resource.ClusterType]}
+	for _, n := range sortedNames(cfg.raw[resource.ClusterType]) {
+		cd.DynamicActiveClusters = append(cd.DynamicActiveClusters, &adminv3.ClustersConfigDump_DynamicCluster{VersionInfo: cfg.version[resource.ClusterType], Cluster: pack(cfg.raw[resource.ClusterType][n].(*clusterv3.Cluster))})
+	}
+	add(cd)
+	rd := &adminv3.RoutesConfigDump{}
+	for _, n := range sortedNames(cfg.raw[resource.RouteType]) {
+		rd.DynamicRouteConfigs = append(rd.DynamicRouteConfigs, &adminv3.RoutesConfigDump_DynamicRouteConfig{VersionInfo: cfg.version[resource.RouteType], RouteConfig: pack(cfg.raw[resource.RouteType][n].(*routev3.RouteConfiguration))})
+	}
+	add(rd)
+	sd := &adminv3.SecretsConfigDump{}
+	for _, n := range sortedNames(cfg.raw[resource.SecretType]) {
+		s := proto.Clone(cfg.raw[resource.SecretType][n]).(*tlsv3.Secret)
+		redact(s)
+		sd.DynamicActiveSecrets = append(sd.DynamicActiveSecrets, &adminv3.SecretsConfigDump_DynamicSecret{Name: n, VersionInfo: cfg.version[resource.SecretType], Secret: pack(s)})
+	}
+	add(sd)
+	ed := &adminv3.EndpointsConfigDump{}
+	for _, n := range sortedNames(cfg.raw[resource.EndpointType]) {
+		ed.DynamicEndpointConfigs = append(ed.DynamicEndpointConfigs, &adminv3.EndpointsConfigDump_DynamicEndpointConfig{VersionInfo: cfg.version[resource.EndpointType], EndpointConfig: pack(cfg.raw[resource.EndpointType][n].(*endpointv3.ClusterLoadAssignment))})
+	}
+	add(ed)
+	b, err := protojson.MarshalOptions{UseProtoNames: true, Indent: "  "}.Marshal(dump)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(b)
+}
+
+// redact hides private keys as Envoy's config dump does.
+func redact(s *tlsv3.Secret) {
+	if tc := s.GetTlsCertificate(); tc != nil && tc.GetPrivateKey() != nil {
+		tc.PrivateKey.Specifier = &corev3.DataSource_InlineString{InlineString: "[redacted]"}
+	}
+}
+
+type clusterStatus struct {
+	Name         string       `json:"name"`
+	AddedViaAPI  bool         `json:"added_via_api"`
+	Metadata     any          `json:"metadata,omitempty"`
+	HostStatuses []hostStatus `json:"host_statuses"`
+}
+
+type hostStatus struct {
+	Address      map[string]any `json:"address"`
+	Hostname     string         `json:"hostname,omitempty"`
+	Metadata     any            `json:"metadata,omitempty"`
+	Stats        []statValue    `json:"stats"`
+	HealthStatus map[string]any `json:"health_status"`
+}
+
+func (d *DataPlane) serveClusters(w http.ResponseWriter, _ *http.Request) {
+	d.mu.RLock()
+	clusters := make(map[string]*liveCluster, len(d.clusters))
+	for k, v := range d.clusters {
+		clusters[k] = v
+	}
+	d.mu.RUnlock()
+	var out []clusterStatus
+	now := time.Now()
+	for _, n := range sortedNames(clusters) {
+		cc, hosts, _ := clusters[n].snapshot()
+		cs := clusterStatus{Name: n, AddedViaAPI: true, HostStatuses: []hostStatus{}}
+		if md := cc.raw.GetMetadata().GetFilterMetadata(); len(md) > 0 {
+			m := map[string]any{}
+			for k, v := range md {
+				m[k] = structJSON(v)
+			}
+			cs.Metadata = map[string]any{"filter_metadata": m}
+		}
+		for _, h := range hosts {
+			hs := hostStatus{Hostname: h.hostname}
+			if host, port, err := net.SplitHostPort(h.address); err == nil {
+				p, _ := strconv.Atoi(port)
+				hs.Address = map[string]any{"socket_address": map[string]any{"address": host, "port_value": p}}
+			} else {
+				hs.Address = map[string]any{"pipe": map[string]any{"path": h.address}}
+			}
+			if md := h.metadata.GetFilterMetadata(); len(md) > 0 {
+				m := map[string]any{}
+				for k, v := range md {
+					m[k] = structJSON(v)
+				}
+				hs.Metadata = map[string]any{"filter_metadata": m}
+			}
+			h.mu.Lock()
+			ejected := now.Before(h.ejectedUntil)
+			hs.Stats = []statValue{{"rq_total", h.rqTotal}, {"rq_success", h.rqSuccess}, {"rq_error", h.rqErrs}, {"rq_active", uint64(max(0, h.active.Load()))}}
+			hs.HealthStatus = map[string]any{"eds_health_status": "HEALTHY"}
+			if h.failedHC {
+				hs.HealthStatus["failed_active_health_check"] = true
+			}
+			if h.hcPending {
+				hs.HealthStatus["pending_active_hc"] = true
+			}
+			if ejected {
+				hs.HealthStatus["failed_outlier_check"] = true
+			}
+			h.mu.Unlock()
+			cs.HostStatuses = append(cs.HostStatuses, hs)
+		}
+		out = append(out, cs)
+	}
+	writeJSON(w, map[string]any{"cluster_statuses": out})
+}

@@ -1,0 +1,328 @@
+package dataplane
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/structpb"
+)
+
+// localAPIServerKey is the node metadata key of internal/xds (sidecar mode).
+const localAPIServerKey = "kube-mvp.io/local-apiserver"
+
+func (d *DataPlane) node() *corev3.Node {
+	n := &corev3.Node{Id: d.opts.NodeID, Cluster: "kube-mvp", UserAgentName: "kube-mvp-test-dataplane"}
+	if d.opts.LocalAPIServer != "" {
+		n.Metadata = &structpb.Struct{Fields: map[string]*structpb.Value{localAPIServerKey: structpb.NewStringValue(d.opts.LocalAPIServer)}}
+	}
+	return n
+}
+
+// subscription is the state of one resource type on the ADS stream (state of the world).
+type subscription struct {
+	nonce   string   // nonce of the last response
+	names   []string // requested names; nil for the wildcard types LDS and CDS
+	started bool     // a request was sent on this stream
+}
+
+func (d *DataPlane) startADS(_ context.Context) error {
+	conn, err := grpc.NewClient(d.opts.XDSAddress, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return fmt.Errorf("dataplane: ADS client: %w", err)
+	}
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		defer conn.Close()
+		client := discovery.NewAggregatedDiscoveryServiceClient(conn)
+		backoff := 100 * time.Millisecond
+		for d.ctx.Err() == nil {
+			err := d.adsSession(client)
+			if d.ctx.Err() != nil {
+				return
+			}
+			d.log.Warn("ADS stream ended; reconnecting", "error", err, "backoff", backoff)
+			select {
+			case <-d.ctx.Done():
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, 2*time.Second)
+		}
+	}()
+	return nil
+}
+
+// adsSession runs one ADS stream. Like Envoy, it subscribes to listeners and clusters
+// (wildcard), then to the route configurations, cluster load assignments and secrets that
+// those name, and answers every response with an ACK (version_info = the new version,
+// response_nonce = its nonce) or a NACK (version_info = the last accepted version and
+// error_detail) — the xDS protocol's state-of-the-world ACK/NACK rules.
+func (d *DataPlane) adsSession(client discovery.AggregatedDiscoveryServiceClient) error {
+	ctx, cancel := context.WithCancel(d.ctx)
+	defer cancel()
+	stream, err := client.StreamAggregatedResources(ctx)
+	if err != nil {
+		return err
+	}
+	subs := map[string]*subscription{}
+	first := true
+	send := func(typeURL string, errDetail error) error {
+		s := subs[typeURL]
+		req := &discovery.DiscoveryRequest{
+			TypeUrl:       typeURL,
+			VersionInfo:   d.Versions()[typeURL],
+			ResponseNonce: s.nonce,
+			ResourceNames: s.names,
+		}
+		if first {
+			req.Node = d.node() // Envoy sends the node on the first request of a stream
+			first = false
+		}
+		if errDetail != nil {
+			req.ErrorDetail = &status.Status{Code: int32(codes.InvalidArgument), Message: errDetail.Error()}
+		}
+		s.started = true
+		return stream.Send(req)
+	}
+	for _, t := range []string{resource.ClusterType, resource.ListenerType} {
+		subs[t] = &subscription{}
+		if err := send(t, nil); err != nil {
+			return err
+		}
+	}
+	// follow subscribes to (or changes the names of) the non-wildcard types.
+	follow := func() error {
+		want := d.wantedNames()
+		for _, t := range []string{resource.EndpointType, resource.RouteType, resource.SecretType} {
+			names := want[t]
+			s := subs[t]
+			if s == nil {
+				if len(names) == 0 {
+					continue
+				}
+				s = &subscription{}
+				subs[t] = s
+			}
+			if s.started && slices.Equal(s.names, names) {
+				continue
+			}
+			if len(names) == 0 {
+				// An empty list would be a wildcard request: keep the old subscription.
+				continue
+			}
+			s.names = names
+			if err := send(t, nil); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	for {
+		resp, err := stream.Recv()
+		if err != nil {
+			return err
+		}
+		s := subs[resp.GetTypeUrl()]
+		if s == nil {
+			continue // a type we did not ask for
+		}
+		s.nonce = resp.GetNonce()
+		applyErr := d.apply(resp.GetTypeUrl(), resp.GetVersionInfo(), resp.GetResources())
+		if applyErr != nil {
+			d.log.Warn("NACK", "type", resp.GetTypeUrl(), "version", resp.GetVersionInfo(), "error", applyErr)
+		}
+		if err := send(resp.GetTypeUrl(), applyErr); err != nil {
+			return err
+		}
+		if applyErr == nil {
+			if err := follow(); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// wantedNames lists, per non-wildcard type, the names the applied listeners and clusters
+// refer to, sorted.
+func (d *DataPlane) wantedNames() map[string][]string {
+	cfg := d.config()
+	want := map[string]map[string]bool{resource.RouteType: {}, resource.EndpointType: {}, resource.SecretType: {}}
+	for _, l := range cfg.listeners {
+		want[resource.RouteType][l.hcm.rdsName] = true
+		if l.tls != nil {
+			want[resource.SecretType][l.tls.certSecret] = true
+			if l.tls.caSecret != "" {
+				want[resource.SecretType][l.tls.caSecret] = true
+			}
+		}
+	}
+	for _, c := range cfg.clusters {
+		if c.edsName != "" {
+			want[resource.EndpointType][c.edsName] = true
+		}
+		if c.tls != nil {
+			for _, s := range []string{c.tls.certSecret, c.tls.caSecret} {
+				if s != "" {
+					want[resource.SecretType][s] = true
+				}
+			}
+		}
+	}
+	out := map[string][]string{}
+	for t, m := range want {
+		out[t] = slices.Sorted(maps.Keys(m))
+	}
+	return out
+}
+
+// apply validates, compiles and applies one response's resources; an error is the NACK
+// detail and leaves the previous configuration in place.
+func (d *DataPlane) apply(typeURL, version string, anys []*anypb.Any) error {
+	var msgs []proto.Message
+	var errs []error
+	for _, a := range anys {
+		if a.GetTypeUrl() != typeURL {
+			errs = append(errs, fmt.Errorf("resource of type %s in a %s response", a.GetTypeUrl(), typeURL))
+			continue
+		}
+		m, err := newResource(typeURL)
+		if err != nil {
+			return err
+		}
+		if err := a.UnmarshalTo(m); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		msgs = append(msgs, m)
+	}
+	if len(errs) > 0 {
+		return d.nack(errs)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return errors.New("closed")
+	}
+	next, cerrs := d.cfg.withType(typeURL, version, msgs)
+	if len(cerrs) > 0 {
+		return d.nackLocked(cerrs)
+	}
+	prev := d.cfg
+	d.cfg = next
+	var serr error
+	switch typeURL {
+	case resource.ListenerType:
+		serr = d.syncListenersLocked()
+	case resource.ClusterType, resource.EndpointType, resource.SecretType:
+		// Secrets too: a cluster whose TLS secrets were missing is warming (see checkHost)
+		// and starts health checking when they arrive.
+		d.syncClustersLocked()
+	}
+	if serr != nil {
+		d.cfg = prev
+		return d.nackLocked([]error{serr})
+	}
+	d.versions[typeURL] = version
+	d.checkReadyLocked()
+	return nil
+}
+
+func (d *DataPlane) nack(errs []error) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.nackLocked(errs)
+}
+
+func (d *DataPlane) nackLocked(errs []error) error {
+	err := errors.Join(errs...)
+	d.nacks = append(d.nacks, err.Error())
+	d.stats.inc("dataplane.xds.nacks")
+	return err
+}
+
+// checkReadyLocked closes readyCh once listeners and clusters are applied and every route
+// configuration, load assignment and secret they refer to is applied too.
+func (d *DataPlane) checkReadyLocked() {
+	if d.ready {
+		return
+	}
+	if _, ok := d.versions[resource.ListenerType]; !ok {
+		return
+	}
+	if _, ok := d.versions[resource.ClusterType]; !ok {
+		return
+	}
+	cfg := d.cfg
+	for _, l := range cfg.listeners {
+		if cfg.routes[l.hcm.rdsName] == nil || d.listeners[l.name] == nil {
+			return
+		}
+		if l.tls != nil && (cfg.secrets[l.tls.certSecret] == nil || (l.tls.caSecret != "" && cfg.secrets[l.tls.caSecret] == nil)) {
+			return
+		}
+	}
+	for _, c := range cfg.clusters {
+		if c.edsName != "" && cfg.endpoints[c.edsName] == nil {
+			return
+		}
+		if c.tls != nil && ((c.tls.certSecret != "" && cfg.secrets[c.tls.certSecret] == nil) || (c.tls.caSecret != "" && cfg.secrets[c.tls.caSecret] == nil)) {
+			return
+		}
+	}
+	d.ready = true
+	close(d.readyCh)
+}
+
+// loadStatic applies a `xds-server translate -o json` dump: each type as one response at the
+// dump's version, listeners last (as Envoy warms them after their dependencies).
+func (d *DataPlane) loadStatic(raw []byte) error {
+	var dump map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &dump); err != nil {
+		return fmt.Errorf("dataplane: config JSON: %w", err)
+	}
+	var version string
+	if v, ok := dump["version"]; ok {
+		_ = json.Unmarshal(v, &version)
+	}
+	keys := map[string]string{resource.SecretType: "secrets", resource.EndpointType: "endpoints", resource.ClusterType: "clusters", resource.RouteType: "routes", resource.ListenerType: "listeners"}
+	var errs []error
+	for _, t := range []string{resource.SecretType, resource.ClusterType, resource.EndpointType, resource.RouteType, resource.ListenerType} {
+		var items []json.RawMessage
+		if v, ok := dump[keys[t]]; ok {
+			if err := json.Unmarshal(v, &items); err != nil {
+				return fmt.Errorf("dataplane: config JSON %s: %w", keys[t], err)
+			}
+		}
+		var anys []*anypb.Any
+		for _, it := range items {
+			a := &anypb.Any{}
+			if err := protojson.Unmarshal(it, a); err != nil {
+				return fmt.Errorf("dataplane: config JSON %s: %w", keys[t], err)
+			}
+			anys = append(anys, a)
+		}
+		if err := d.apply(t, version, anys); err != nil {
+			errs = append(errs, fmt.Errorf("%s rejected: %w", keys[t], err))
+		}
+	}
+	if len(errs) > 0 {
+		d.log.Warn("static configuration rejected", "error", errors.Join(errs...))
+	}
+	return nil
+}

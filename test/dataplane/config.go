@@ -1,0 +1,906 @@
+package dataplane
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	earlymutationv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/http/early_header_mutation/header_mutation/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	httpoptionsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
+)
+
+// config is one applied configuration: the raw resources (for /config_dump) and their
+// compiled forms. It is immutable; an update makes a new one.
+type config struct {
+	raw       map[string]map[string]proto.Message // type URL -> name -> resource
+	version   map[string]string
+	listeners map[string]*listenerCfg
+	routes    map[string]*routeConfig
+	clusters  map[string]*clusterCfg
+	endpoints map[string]*endpointv3.ClusterLoadAssignment
+	secrets   map[string]*tlsv3.Secret
+}
+
+func emptyConfig() *config {
+	c := &config{raw: map[string]map[string]proto.Message{}, version: map[string]string{},
+		listeners: map[string]*listenerCfg{}, routes: map[string]*routeConfig{}, clusters: map[string]*clusterCfg{},
+		endpoints: map[string]*endpointv3.ClusterLoadAssignment{}, secrets: map[string]*tlsv3.Secret{}}
+	for _, t := range typeOrder {
+		c.raw[t] = map[string]proto.Message{}
+	}
+	return c
+}
+
+func (c *config) clone() *config {
+	n := *c
+	n.raw = map[string]map[string]proto.Message{}
+	for k, v := range c.raw {
+		n.raw[k] = v
+	}
+	n.version = map[string]string{}
+	for k, v := range c.version {
+		n.version[k] = v
+	}
+	return &n
+}
+
+// newResource returns an empty message of a type URL's type.
+func newResource(typeURL string) (proto.Message, error) {
+	switch typeURL {
+	case resource.ListenerType:
+		return &listenerv3.Listener{}, nil
+	case resource.RouteType:
+		return &routev3.RouteConfiguration{}, nil
+	case resource.ClusterType:
+		return &clusterv3.Cluster{}, nil
+	case resource.EndpointType:
+		return &endpointv3.ClusterLoadAssignment{}, nil
+	case resource.SecretType:
+		return &tlsv3.Secret{}, nil
+	}
+	return nil, fmt.Errorf("resource type %s is not implemented", typeURL)
+}
+
+func resourceName(m proto.Message) string {
+	switch r := m.(type) {
+	case *listenerv3.Listener:
+		return r.GetName()
+	case *routev3.RouteConfiguration:
+		return r.GetName()
+	case *clusterv3.Cluster:
+		return r.GetName()
+	case *endpointv3.ClusterLoadAssignment:
+		return r.GetClusterName()
+	case *tlsv3.Secret:
+		return r.GetName()
+	}
+	return ""
+}
+
+// withType returns a copy of c in which the resources of typeURL are replaced by res, all
+// compiled; any error rejects the whole update (state of the world: the response is one unit).
+func (c *config) withType(typeURL, version string, res []proto.Message) (*config, []error) {
+	var errs []error
+	n := c.clone()
+	raw := map[string]proto.Message{}
+	for _, r := range res {
+		nm := resourceName(r)
+		if _, dup := raw[nm]; dup {
+			errs = append(errs, fmt.Errorf("duplicate resource %q", nm))
+		}
+		raw[nm] = r
+		for _, e := range checkFields(r) {
+			errs = append(errs, fmt.Errorf("%s %q: %w", shortType(typeURL), nm, e))
+		}
+	}
+	if len(errs) > 0 {
+		return nil, errs
+	}
+	n.raw[typeURL] = raw
+	n.version[typeURL] = version
+	fail := func(nm string, err error) {
+		errs = append(errs, fmt.Errorf("%s %q: %w", shortType(typeURL), nm, err))
+	}
+	switch typeURL {
+	case resource.ListenerType:
+		n.listeners = map[string]*listenerCfg{}
+		for nm, r := range raw {
+			l, err := compileListener(r.(*listenerv3.Listener))
+			if err != nil {
+				fail(nm, err)
+				continue
+			}
+			n.listeners[nm] = l
+		}
+	case resource.RouteType:
+		n.routes = map[string]*routeConfig{}
+		for nm, r := range raw {
+			rc, err := compileRouteConfig(r.(*routev3.RouteConfiguration))
+			if err != nil {
+				fail(nm, err)
+				continue
+			}
+			n.routes[nm] = rc
+		}
+	case resource.ClusterType:
+		n.clusters = map[string]*clusterCfg{}
+		for nm, r := range raw {
+			cc, err := compileCluster(r.(*clusterv3.Cluster))
+			if err != nil {
+				fail(nm, err)
+				continue
+			}
+			n.clusters[nm] = cc
+		}
+	case resource.EndpointType:
+		n.endpoints = map[string]*endpointv3.ClusterLoadAssignment{}
+		for nm, r := range raw {
+			cla := r.(*endpointv3.ClusterLoadAssignment)
+			if _, err := compileHosts(cla); err != nil {
+				fail(nm, err)
+				continue
+			}
+			n.endpoints[nm] = cla
+		}
+	case resource.SecretType:
+		n.secrets = map[string]*tlsv3.Secret{}
+		for nm, r := range raw {
+			s := r.(*tlsv3.Secret)
+			if err := checkSecret(s); err != nil {
+				fail(nm, err)
+				continue
+			}
+			n.secrets[nm] = s
+		}
+	}
+	if len(errs) > 0 {
+		return nil, errs
+	}
+	return n, nil
+}
+
+func shortType(typeURL string) string {
+	return typeURL[strings.LastIndex(typeURL, ".")+1:]
+}
+
+// ---------------------------------------------------------------------------------------
+// Listener and HTTP connection manager.
+
+type listenerCfg struct {
+	name    string
+	address string // host:port from the resource
+	tls     *downstreamTLS
+	hcm     *hcmCfg
+}
+
+type downstreamTLS struct {
+	certSecret    string
+	caSecret      string
+	requireClient bool
+	alpn          []string
+}
+
+type hcmCfg struct {
+	statPrefix        string
+	rdsName           string
+	early             []headerRemoval
+	fcc               hcmv3.HttpConnectionManager_ForwardClientCertDetails
+	certSubject       bool
+	certURI           bool
+	useRemoteAddress  bool
+	upgrades          map[string]bool
+	extProc           *extProcCfg // nil: no ext_proc filter
+	suppressEnvoy     bool
+	passThroughServer bool
+	localReply        []*localReplyMapper
+}
+
+type headerRemoval struct {
+	exact   string
+	matcher *stringMatcher
+}
+
+func compileListener(l *listenerv3.Listener) (*listenerCfg, error) {
+	sa := l.GetAddress().GetSocketAddress()
+	if sa == nil {
+		return nil, errors.New("address: only socket_address is implemented")
+	}
+	out := &listenerCfg{name: l.GetName(), address: net.JoinHostPort(sa.GetAddress(), strconv.Itoa(int(sa.GetPortValue())))}
+	if len(l.GetFilterChains()) != 1 {
+		return nil, fmt.Errorf("filter_chains: exactly one filter chain is implemented, got %d", len(l.GetFilterChains()))
+	}
+	fc := l.GetFilterChains()[0]
+	if len(fc.GetFilters()) != 1 {
+		return nil, fmt.Errorf("filter_chains[0].filters: exactly one filter (the HTTP connection manager) is implemented, got %d", len(fc.GetFilters()))
+	}
+	if ts := fc.GetTransportSocket(); ts != nil {
+		ctx := &tlsv3.DownstreamTlsContext{}
+		if err := ts.GetTypedConfig().UnmarshalTo(ctx); err != nil {
+			return nil, fmt.Errorf("filter_chains[0].transport_socket: %w", err)
+		}
+		ct := ctx.GetCommonTlsContext()
+		if len(ct.GetTlsCertificateSdsSecretConfigs()) != 1 {
+			return nil, errors.New("filter_chains[0].transport_socket: exactly one tls_certificate_sds_secret_configs is implemented")
+		}
+		out.tls = &downstreamTLS{
+			certSecret:    ct.GetTlsCertificateSdsSecretConfigs()[0].GetName(),
+			caSecret:      ct.GetValidationContextSdsSecretConfig().GetName(),
+			requireClient: ctx.GetRequireClientCertificate().GetValue(),
+			alpn:          ct.GetAlpnProtocols(),
+		}
+	}
+	h := &hcmv3.HttpConnectionManager{}
+	if err := fc.GetFilters()[0].GetTypedConfig().UnmarshalTo(h); err != nil {
+		return nil, fmt.Errorf("filter_chains[0].filters[0]: %w", err)
+	}
+	hcm, err := compileHCM(h)
+	if err != nil {
+		return nil, fmt.Errorf("http_connection_manager: %w", err)
+	}
+	out.hcm = hcm
+	return out, nil
+}
+
+func compileHCM(h *hcmv3.HttpConnectionManager) (*hcmCfg, error) {
+	out := &hcmCfg{
+		statPrefix:        h.GetStatPrefix(),
+		fcc:               h.GetForwardClientCertDetails(),
+		certSubject:       h.GetSetCurrentClientCertDetails().GetSubject().GetValue(),
+		certURI:           h.GetSetCurrentClientCertDetails().GetUri(),
+		useRemoteAddress:  h.GetUseRemoteAddress().GetValue(),
+		upgrades:          map[string]bool{},
+		passThroughServer: h.GetServerHeaderTransformation() == hcmv3.HttpConnectionManager_PASS_THROUGH,
+	}
+	if h.GetRds() == nil {
+		return nil, errors.New("rds: route configuration by RDS is the only one implemented")
+	}
+	out.rdsName = h.GetRds().GetRouteConfigName()
+	for _, u := range h.GetUpgradeConfigs() {
+		// Envoy: an upgrade config applies unless enabled is explicitly false.
+		if u.GetEnabled() == nil || u.GetEnabled().GetValue() {
+			out.upgrades[strings.ToLower(u.GetUpgradeType())] = true
+		}
+	}
+	for i, e := range h.GetEarlyHeaderMutationExtensions() {
+		m := &earlymutationv3.HeaderMutation{}
+		if err := e.GetTypedConfig().UnmarshalTo(m); err != nil {
+			return nil, err
+		}
+		for j, mu := range m.GetMutations() {
+			switch {
+			case mu.GetRemove() != "":
+				out.early = append(out.early, headerRemoval{exact: strings.ToLower(mu.GetRemove())})
+			case mu.GetRemoveOnMatch() != nil:
+				sm, err := compileStringMatcher(mu.GetRemoveOnMatch().GetKeyMatcher())
+				if err != nil {
+					return nil, fmt.Errorf("early_header_mutation_extensions[%d].mutations[%d]: %w", i, j, err)
+				}
+				out.early = append(out.early, headerRemoval{matcher: sm})
+			default:
+				return nil, fmt.Errorf("early_header_mutation_extensions[%d].mutations[%d]: only remove and remove_on_match are implemented", i, j)
+			}
+		}
+	}
+	filters := h.GetHttpFilters()
+	if len(filters) == 0 {
+		return nil, errors.New("http_filters: the router filter is required")
+	}
+	for i, f := range filters {
+		m, err := f.GetTypedConfig().UnmarshalNew()
+		if err != nil {
+			return nil, fmt.Errorf("http_filters[%d]: %w", i, err)
+		}
+		switch c := m.(type) {
+		case *routerv3.Router:
+			if i != len(filters)-1 {
+				return nil, errors.New("http_filters: the router must be the last filter")
+			}
+			out.suppressEnvoy = c.GetSuppressEnvoyHeaders()
+		case *extprocfilterv3.ExternalProcessor:
+			if out.extProc != nil {
+				return nil, errors.New("http_filters: only one ext_proc filter is implemented")
+			}
+			ep, err := compileExtProc(f.GetName(), c)
+			if err != nil {
+				return nil, fmt.Errorf("http_filters[%d] (%s): %w", i, f.GetName(), err)
+			}
+			out.extProc = ep
+		}
+	}
+	if _, ok := mustUnmarshalLast(filters).(*routerv3.Router); !ok {
+		return nil, errors.New("http_filters: the last filter must be the router")
+	}
+	lr, err := compileLocalReply(h.GetLocalReplyConfig())
+	if err != nil {
+		return nil, fmt.Errorf("local_reply_config: %w", err)
+	}
+	out.localReply = lr
+	return out, nil
+}
+
+func mustUnmarshalLast(filters []*hcmv3.HttpFilter) proto.Message {
+	m, _ := filters[len(filters)-1].GetTypedConfig().UnmarshalNew()
+	return m
+}
+
+// ---------------------------------------------------------------------------------------
+// ext_proc.
+
+type extProcCfg struct {
+	filterName        string
+	cluster           string
+	sendHeaders       bool // processing_mode.request_header_mode
+	sendRespHeaders   bool // processing_mode.response_header_mode
+	allowModeOverride bool
+	messageTimeout    time.Duration
+	failureModeAllow  bool
+	statusOnError     int
+	routeCache        extprocfilterv3.ExternalProcessor_RouteCacheAction
+	statPrefix        string
+	allowedHeaders    []*stringMatcher // nil: all
+	disallowed        []*stringMatcher
+	rules             *mutationRules
+}
+
+type mutationRules struct {
+	allowAllRouting, allowEnvoy, disallowSystem, disallowAll, disallowIsError bool
+	allow, disallow                                                           *regexp.Regexp
+}
+
+func compileExtProc(filterName string, c *extprocfilterv3.ExternalProcessor) (*extProcCfg, error) {
+	out := &extProcCfg{
+		filterName:       filterName,
+		cluster:          c.GetGrpcService().GetEnvoyGrpc().GetClusterName(),
+		messageTimeout:   200 * time.Millisecond, // Envoy's default message_timeout
+		failureModeAllow: c.GetFailureModeAllow(),
+		statusOnError:    500, // Envoy: status_on_error defaults to 500
+		routeCache:       c.GetRouteCacheAction(),
+		statPrefix:       c.GetStatPrefix(),
+	}
+	if out.cluster == "" {
+		return nil, errors.New("grpc_service: only envoy_grpc is implemented")
+	}
+	// Envoy: request_header_mode and response_header_mode DEFAULT mean SEND (only trailers
+	// are skipped by default). The allowlist admits response_header_mode SKIP only, so the
+	// response headers are sent statically only when the mode is left unset.
+	out.sendHeaders = c.GetProcessingMode().GetRequestHeaderMode() != extprocfilterv3.ProcessingMode_SKIP
+	out.sendRespHeaders = c.GetProcessingMode().GetResponseHeaderMode() != extprocfilterv3.ProcessingMode_SKIP
+	if out.sendRespHeaders && !out.sendHeaders {
+		// The stream is opened by the request-headers step; opening it for the response
+		// headers alone is not implemented.
+		return nil, errors.New("processing_mode: response headers without request headers are not implemented")
+	}
+	// allow_mode_override: a processor's mode_override is honoured for the request it
+	// answers; without it, Envoy ignores mode_override.
+	out.allowModeOverride = c.GetAllowModeOverride()
+	if c.GetMessageTimeout() != nil {
+		out.messageTimeout = c.GetMessageTimeout().AsDuration()
+	}
+	if c.GetStatusOnError() != nil && c.GetStatusOnError().GetCode() != 0 {
+		out.statusOnError = int(c.GetStatusOnError().GetCode())
+	}
+	var err error
+	if fr := c.GetForwardRules(); fr != nil {
+		// Envoy: an empty allowed list allows every header.
+		if len(fr.GetAllowedHeaders().GetPatterns()) > 0 {
+			out.allowedHeaders = []*stringMatcher{}
+			for _, p := range fr.GetAllowedHeaders().GetPatterns() {
+				sm, err := compileStringMatcher(p)
+				if err != nil {
+					return nil, err
+				}
+				out.allowedHeaders = append(out.allowedHeaders, sm)
+			}
+		}
+		for _, p := range fr.GetDisallowedHeaders().GetPatterns() {
+			sm, err := compileStringMatcher(p)
+			if err != nil {
+				return nil, err
+			}
+			out.disallowed = append(out.disallowed, sm)
+		}
+	}
+	if mr := c.GetMutationRules(); mr != nil {
+		r := &mutationRules{
+			allowAllRouting: mr.GetAllowAllRouting().GetValue(),
+			allowEnvoy:      mr.GetAllowEnvoy().GetValue(),
+			disallowSystem:  mr.GetDisallowSystem().GetValue(),
+			disallowAll:     mr.GetDisallowAll().GetValue(),
+			disallowIsError: mr.GetDisallowIsError().GetValue(),
+		}
+		if re := mr.GetAllowExpression().GetRegex(); re != "" {
+			if r.allow, err = compileRE2(re); err != nil {
+				return nil, fmt.Errorf("mutation_rules.allow_expression: %w", err)
+			}
+		}
+		if re := mr.GetDisallowExpression().GetRegex(); re != "" {
+			if r.disallow, err = compileRE2(re); err != nil {
+				return nil, fmt.Errorf("mutation_rules.disallow_expression: %w", err)
+			}
+		}
+		out.rules = r
+	}
+	return out, nil
+}
+
+// compileRE2 compiles an Envoy safe_regex (RE2, matched against the whole string).
+func compileRE2(re string) (*regexp.Regexp, error) {
+	return regexp.Compile(`^(?:` + re + `)$`)
+}
+
+// ---------------------------------------------------------------------------------------
+// String matchers (envoy.type.matcher.v3.StringMatcher).
+
+type stringMatcher struct {
+	exact, prefix, suffix, contains *string
+	re                              *regexp.Regexp
+	ignoreCase                      bool
+}
+
+func compileStringMatcher(m *matcherv3.StringMatcher) (*stringMatcher, error) {
+	if m == nil {
+		return nil, errors.New("missing string matcher")
+	}
+	sm := &stringMatcher{ignoreCase: m.GetIgnoreCase()}
+	switch p := m.GetMatchPattern().(type) {
+	case *matcherv3.StringMatcher_Exact:
+		sm.exact = &p.Exact
+	case *matcherv3.StringMatcher_Prefix:
+		sm.prefix = &p.Prefix
+	case *matcherv3.StringMatcher_Suffix:
+		sm.suffix = &p.Suffix
+	case *matcherv3.StringMatcher_Contains:
+		sm.contains = &p.Contains
+	case *matcherv3.StringMatcher_SafeRegex:
+		re, err := compileRE2(p.SafeRegex.GetRegex())
+		if err != nil {
+			return nil, err
+		}
+		sm.re = re
+	default:
+		return nil, errors.New("string matcher: unimplemented match pattern")
+	}
+	return sm, nil
+}
+
+// match follows StringMatcher: ignore_case applies to exact, prefix, suffix and contains,
+// not to safe_regex.
+func (m *stringMatcher) match(s string) bool {
+	fold := func(x string) string {
+		if m.ignoreCase {
+			return strings.ToLower(x)
+		}
+		return x
+	}
+	switch {
+	case m.exact != nil:
+		return fold(s) == fold(*m.exact)
+	case m.prefix != nil:
+		return strings.HasPrefix(fold(s), fold(*m.prefix))
+	case m.suffix != nil:
+		return strings.HasSuffix(fold(s), fold(*m.suffix))
+	case m.contains != nil:
+		return strings.Contains(fold(s), fold(*m.contains))
+	case m.re != nil:
+		return m.re.MatchString(s)
+	}
+	return false
+}
+
+// ---------------------------------------------------------------------------------------
+// Routes.
+
+type routeConfig struct {
+	name   string
+	vhosts []*virtualHost
+}
+
+type virtualHost struct {
+	name    string
+	domains []string
+	routes  []*route
+}
+
+type route struct {
+	name            string
+	prefix, path    *string
+	re              *regexp.Regexp
+	headers         []*headerMatcher
+	cluster         string
+	clusterHeader   string
+	timeout         time.Duration // 0: none
+	retry           *retryPolicy
+	extProcDisabled map[string]bool // filter name -> disabled
+	// extProcMetadata: filter name -> overrides.grpc_initial_metadata, added to the
+	// ext_proc stream's gRPC metadata for requests on this route.
+	extProcMetadata map[string][]kv
+}
+
+type headerMatcher struct {
+	name    string
+	present *bool
+	str     *stringMatcher
+	invert  bool
+}
+
+type retryPolicy struct {
+	on               map[string]bool
+	numRetries       int
+	previousHosts    bool
+	hostSelectionMax int
+}
+
+func compileRouteConfig(rc *routev3.RouteConfiguration) (*routeConfig, error) {
+	out := &routeConfig{name: rc.GetName()}
+	for i, vh := range rc.GetVirtualHosts() {
+		v := &virtualHost{name: vh.GetName()}
+		for _, d := range vh.GetDomains() {
+			v.domains = append(v.domains, strings.ToLower(d))
+		}
+		for j, r := range vh.GetRoutes() {
+			cr, err := compileRoute(r)
+			if err != nil {
+				return nil, fmt.Errorf("virtual_hosts[%d].routes[%d] (%s): %w", i, j, r.GetName(), err)
+			}
+			v.routes = append(v.routes, cr)
+		}
+		out.vhosts = append(out.vhosts, v)
+	}
+	return out, nil
+}
+
+func compileRoute(r *routev3.Route) (*route, error) {
+	out := &route{name: r.GetName(), extProcDisabled: map[string]bool{}, extProcMetadata: map[string][]kv{}}
+	m := r.GetMatch()
+	switch p := m.GetPathSpecifier().(type) {
+	case *routev3.RouteMatch_Prefix:
+		out.prefix = &p.Prefix
+	case *routev3.RouteMatch_Path:
+		out.path = &p.Path
+	case *routev3.RouteMatch_SafeRegex:
+		re, err := compileRE2(p.SafeRegex.GetRegex())
+		if err != nil {
+			return nil, err
+		}
+		out.re = re
+	default:
+		return nil, errors.New("match: only prefix, path and safe_regex are implemented")
+	}
+	for _, h := range m.GetHeaders() {
+		hm := &headerMatcher{name: strings.ToLower(h.GetName()), invert: h.GetInvertMatch()}
+		switch s := h.GetHeaderMatchSpecifier().(type) {
+		case *routev3.HeaderMatcher_PresentMatch:
+			hm.present = &s.PresentMatch
+		case *routev3.HeaderMatcher_StringMatch:
+			sm, err := compileStringMatcher(s.StringMatch)
+			if err != nil {
+				return nil, err
+			}
+			hm.str = sm
+		default:
+			return nil, errors.New("match.headers: only present_match and string_match are implemented")
+		}
+		out.headers = append(out.headers, hm)
+	}
+	a := r.GetRoute()
+	if a == nil {
+		return nil, errors.New("only route actions (route:) are implemented")
+	}
+	out.cluster, out.clusterHeader = a.GetCluster(), strings.ToLower(a.GetClusterHeader())
+	if out.cluster == "" && out.clusterHeader == "" {
+		return nil, errors.New("route: only cluster and cluster_header are implemented")
+	}
+	// Envoy: the route timeout defaults to 15s; 0 disables it.
+	out.timeout = 15 * time.Second
+	if a.GetTimeout() != nil {
+		out.timeout = a.GetTimeout().AsDuration()
+	}
+	if rp := a.GetRetryPolicy(); rp != nil {
+		p := &retryPolicy{on: map[string]bool{}, numRetries: 1, hostSelectionMax: 1}
+		for _, t := range strings.Split(rp.GetRetryOn(), ",") {
+			if t = strings.TrimSpace(t); t != "" {
+				p.on[t] = true
+			}
+		}
+		// Envoy: num_retries defaults to 1.
+		if rp.GetNumRetries() != nil {
+			p.numRetries = int(rp.GetNumRetries().GetValue())
+		}
+		for _, hp := range rp.GetRetryHostPredicate() {
+			if hp.GetName() != "envoy.retry_host_predicates.previous_hosts" && !strings.HasSuffix(hp.GetTypedConfig().GetTypeUrl(), "PreviousHostsPredicate") {
+				return nil, fmt.Errorf("retry_host_predicate %s is not implemented", hp.GetName())
+			}
+			p.previousHosts = true
+		}
+		if rp.GetHostSelectionRetryMaxAttempts() > 0 {
+			p.hostSelectionMax = int(rp.GetHostSelectionRetryMaxAttempts())
+		}
+		out.retry = p
+	}
+	for k, v := range r.GetTypedPerFilterConfig() {
+		pr := &extprocfilterv3.ExtProcPerRoute{}
+		if err := v.UnmarshalTo(pr); err != nil {
+			return nil, fmt.Errorf("typed_per_filter_config[%s]: %w", k, err)
+		}
+		if o := pr.GetOverrides(); o != nil {
+			// ExtProcOverrides.grpc_initial_metadata: sent on the streams this route opens
+			// (the allowlist admits no other override).
+			for _, m := range o.GetGrpcInitialMetadata() {
+				if m.GetKey() == "" || len(m.GetRawValue()) > 0 {
+					return nil, fmt.Errorf("typed_per_filter_config[%s]: grpc_initial_metadata needs a key and a value (raw_value is not implemented)", k)
+				}
+				out.extProcMetadata[k] = append(out.extProcMetadata[k], kv{strings.ToLower(m.GetKey()), m.GetValue()})
+			}
+			continue
+		}
+		if !pr.GetDisabled() {
+			return nil, fmt.Errorf("typed_per_filter_config[%s]: disabled: false is not implemented", k)
+		}
+		out.extProcDisabled[k] = true
+	}
+	return out, nil
+}
+
+// ---------------------------------------------------------------------------------------
+// Clusters.
+
+type clusterCfg struct {
+	raw            *clusterv3.Cluster
+	name           string
+	kind           clusterv3.Cluster_DiscoveryType
+	edsName        string
+	connectTimeout time.Duration
+	leastRequest   bool
+	panicThreshold float64 // percent
+	tls            *upstreamTLS
+	http2          bool
+	hc             *healthCheckCfg
+	outlier        *outlierCfg
+	maxRequests    int64
+	maxRetries     int64
+	staticHosts    []hostCfg
+}
+
+type upstreamTLS struct {
+	certSecret string
+	caSecret   string
+	sans       []*stringMatcher
+	sni        string
+	alpn       []string
+}
+
+type healthCheckCfg struct {
+	path, host                   string
+	headers                      [][2]string // request_headers_to_add, in order
+	interval, timeout, noTraffic time.Duration
+	healthy, unhealthy           int
+}
+
+type outlierCfg struct {
+	consecutiveLocal          int
+	enforcingLocal            int
+	base, max                 time.Duration
+	maxPercent                int
+	unejectOnHealthyActiveHC  bool
+	splitExternalLocalOrigins bool
+}
+
+type hostCfg struct {
+	address  string // host:port, or "unix:" + path
+	hostname string
+	metadata *corev3.Metadata
+}
+
+func durOr(d *durationpb.Duration, def time.Duration) time.Duration {
+	if d == nil {
+		return def
+	}
+	return d.AsDuration()
+}
+
+func compileCluster(c *clusterv3.Cluster) (*clusterCfg, error) {
+	out := &clusterCfg{raw: c, name: c.GetName(), kind: c.GetType(),
+		// Envoy: connect_timeout defaults to 5s; healthy_panic_threshold to 50%.
+		connectTimeout: durOr(c.GetConnectTimeout(), 5*time.Second), panicThreshold: 50,
+		leastRequest: c.GetLbPolicy() == clusterv3.Cluster_LEAST_REQUEST,
+		// Envoy's default circuit breaker thresholds.
+		maxRequests: 1024, maxRetries: 3,
+	}
+	if p := c.GetCommonLbConfig().GetHealthyPanicThreshold(); p != nil {
+		out.panicThreshold = p.GetValue()
+	}
+	switch out.kind {
+	case clusterv3.Cluster_EDS:
+		out.edsName = c.GetEdsClusterConfig().GetServiceName()
+		if out.edsName == "" {
+			out.edsName = c.GetName() // Envoy: service_name defaults to the cluster name
+		}
+		if c.GetEdsClusterConfig().GetEdsConfig().GetAds() == nil {
+			return nil, errors.New("eds_cluster_config: only ads is implemented")
+		}
+	case clusterv3.Cluster_STATIC, clusterv3.Cluster_STRICT_DNS:
+		hosts, err := compileHosts(c.GetLoadAssignment())
+		if err != nil {
+			return nil, fmt.Errorf("load_assignment: %w", err)
+		}
+		out.staticHosts = hosts
+	}
+	for _, t := range c.GetCircuitBreakers().GetThresholds() {
+		if t.GetMaxRequests() != nil {
+			out.maxRequests = int64(t.GetMaxRequests().GetValue())
+		}
+		if t.GetMaxRetries() != nil {
+			out.maxRetries = int64(t.GetMaxRetries().GetValue())
+		}
+	}
+	if ts := c.GetTransportSocket(); ts != nil {
+		ctx := &tlsv3.UpstreamTlsContext{}
+		if err := ts.GetTypedConfig().UnmarshalTo(ctx); err != nil {
+			return nil, fmt.Errorf("transport_socket: %w", err)
+		}
+		ct := ctx.GetCommonTlsContext()
+		t := &upstreamTLS{sni: ctx.GetSni(), alpn: ct.GetAlpnProtocols()}
+		if n := len(ct.GetTlsCertificateSdsSecretConfigs()); n > 1 {
+			return nil, errors.New("transport_socket: at most one tls_certificate_sds_secret_configs is implemented")
+		} else if n == 1 {
+			t.certSecret = ct.GetTlsCertificateSdsSecretConfigs()[0].GetName()
+		}
+		t.caSecret = ct.GetValidationContextSdsSecretConfig().GetName()
+		if cv := ct.GetCombinedValidationContext(); cv != nil {
+			t.caSecret = cv.GetValidationContextSdsSecretConfig().GetName()
+			for _, san := range cv.GetDefaultValidationContext().GetMatchTypedSubjectAltNames() {
+				sm, err := compileStringMatcher(san.GetMatcher())
+				if err != nil {
+					return nil, err
+				}
+				t.sans = append(t.sans, sm)
+			}
+		}
+		out.tls = t
+	}
+	for k, v := range c.GetTypedExtensionProtocolOptions() {
+		if k != "envoy.extensions.upstreams.http.v3.HttpProtocolOptions" {
+			return nil, fmt.Errorf("typed_extension_protocol_options[%s] is not implemented", k)
+		}
+		o := &httpoptionsv3.HttpProtocolOptions{}
+		if err := v.UnmarshalTo(o); err != nil {
+			return nil, err
+		}
+		out.http2 = o.GetExplicitHttpConfig().GetHttp2ProtocolOptions() != nil
+	}
+	if n := len(c.GetHealthChecks()); n > 1 {
+		return nil, errors.New("health_checks: at most one is implemented")
+	} else if n == 1 {
+		h := c.GetHealthChecks()[0]
+		if h.GetHttpHealthCheck() == nil {
+			return nil, errors.New("health_checks: only http_health_check is implemented")
+		}
+		out.hc = &healthCheckCfg{
+			path: h.GetHttpHealthCheck().GetPath(), host: h.GetHttpHealthCheck().GetHost(),
+			interval: durOr(h.GetInterval(), 0), timeout: durOr(h.GetTimeout(), 0),
+			noTraffic: durOr(h.GetNoTrafficInterval(), 60*time.Second), // Envoy: default 60s
+			healthy:   int(h.GetHealthyThreshold().GetValue()), unhealthy: int(h.GetUnhealthyThreshold().GetValue()),
+		}
+		if out.hc.host == "" {
+			out.hc.host = c.GetName() // Envoy: the host header defaults to the cluster name
+		}
+		for _, o := range h.GetHttpHealthCheck().GetRequestHeadersToAdd() {
+			k, v := o.GetHeader().GetKey(), o.GetHeader().GetValue()
+			// Envoy's header parser would expand %COMMAND% in the value; not implemented.
+			if k == "" || strings.Contains(v, "%") || len(o.GetHeader().GetRawValue()) > 0 {
+				return nil, fmt.Errorf("health_checks.http_health_check.request_headers_to_add %q: only a key with a plain value is implemented", k)
+			}
+			if o.GetAppendAction() == corev3.HeaderValueOption_OVERWRITE_IF_EXISTS {
+				continue // a health check request never has the header already
+			}
+			out.hc.headers = append(out.hc.headers, [2]string{k, v})
+		}
+		if out.hc.interval <= 0 || out.hc.timeout <= 0 {
+			return nil, errors.New("health_checks: interval and timeout are required")
+		}
+	}
+	if od := c.GetOutlierDetection(); od != nil {
+		o := &outlierCfg{
+			// Envoy defaults: consecutive_local_origin_failure 5, enforcing 100%,
+			// base_ejection_time 30s, max_ejection_time 300s, max_ejection_percent 10%.
+			consecutiveLocal: 5, enforcingLocal: 100, base: durOr(od.GetBaseEjectionTime(), 30*time.Second),
+			max: durOr(od.GetMaxEjectionTime(), 300*time.Second), maxPercent: 10,
+			unejectOnHealthyActiveHC:  od.GetSuccessfulActiveHealthCheckUnejectHost() == nil || od.GetSuccessfulActiveHealthCheckUnejectHost().GetValue(),
+			splitExternalLocalOrigins: od.GetSplitExternalLocalOriginErrors(),
+		}
+		if v := od.GetConsecutiveLocalOriginFailure(); v != nil {
+			o.consecutiveLocal = int(v.GetValue())
+		}
+		if v := od.GetEnforcingConsecutiveLocalOriginFailure(); v != nil {
+			o.enforcingLocal = int(v.GetValue())
+		}
+		if v := od.GetMaxEjectionPercent(); v != nil {
+			o.maxPercent = int(v.GetValue())
+		}
+		if !o.splitExternalLocalOrigins {
+			// Without the split, local-origin failures feed the consecutive_5xx detector,
+			// which this data plane does not implement.
+			return nil, errors.New("outlier_detection: only split_external_local_origin_errors: true is implemented")
+		}
+		out.outlier = o
+	}
+	return out, nil
+}
+
+func compileHosts(cla *endpointv3.ClusterLoadAssignment) ([]hostCfg, error) {
+	var out []hostCfg
+	for _, loc := range cla.GetEndpoints() {
+		for _, ep := range loc.GetLbEndpoints() {
+			switch ep.GetHealthStatus() {
+			case corev3.HealthStatus_UNKNOWN, corev3.HealthStatus_HEALTHY:
+			default:
+				// Envoy excludes such hosts from balancing; we simply leave them out.
+				continue
+			}
+			e := ep.GetEndpoint()
+			h := hostCfg{hostname: e.GetHostname(), metadata: ep.GetMetadata()}
+			switch a := e.GetAddress().GetAddress().(type) {
+			case *corev3.Address_SocketAddress:
+				h.address = net.JoinHostPort(a.SocketAddress.GetAddress(), strconv.Itoa(int(a.SocketAddress.GetPortValue())))
+			case *corev3.Address_Pipe:
+				h.address = "unix:" + a.Pipe.GetPath()
+			default:
+				return nil, errors.New("endpoint address: only socket_address and pipe are implemented")
+			}
+			out = append(out, h)
+		}
+	}
+	return out, nil
+}
+
+func checkSecret(s *tlsv3.Secret) error {
+	switch {
+	case s.GetTlsCertificate() != nil:
+		if len(dataSource(s.GetTlsCertificate().GetCertificateChain())) == 0 || len(dataSource(s.GetTlsCertificate().GetPrivateKey())) == 0 {
+			return errors.New("tls_certificate: certificate_chain and private_key are required")
+		}
+	case s.GetValidationContext() != nil:
+		if len(dataSource(s.GetValidationContext().GetTrustedCa())) == 0 {
+			return errors.New("validation_context: trusted_ca is required")
+		}
+	default:
+		return errors.New("only tls_certificate and validation_context secrets are implemented")
+	}
+	return nil
+}
+
+func dataSource(d *corev3.DataSource) []byte {
+	if d == nil {
+		return nil
+	}
+	if b := d.GetInlineBytes(); b != nil {
+		return b
+	}
+	return []byte(d.GetInlineString())
+}
+
+// structJSON is a helper for metadata rendering.
+func structJSON(s *structpb.Struct) any {
+	if s == nil {
+		return nil
+	}
+	return s.AsMap()
+}

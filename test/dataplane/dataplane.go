@@ -1,0 +1,233 @@
+// Package dataplane is a test-only stand-in for Envoy: it consumes kube-mvp's xDS (over ADS,
+// or from a `xds-server translate -o json` dump) and executes exactly the subset of Envoy that
+// our configuration uses, the way Envoy documents it: the listener with downstream TLS from
+// SDS, the HTTP connection manager (early header mutation, x-forwarded-client-cert,
+// x-forwarded-for, upgrades, local replies), the ext_proc filter, route matching and the
+// router (cluster / cluster_header, retries), and clusters with EDS, upstream TLS, health
+// checks, outlier detection and least-request balancing.
+//
+// Production always runs real Envoy. This package exists so that our tests execute our
+// configuration rather than only validate it. Anything in a resource that this data plane
+// does not implement is rejected (NACKed) with an error naming the field, so a test can never
+// pass on configuration that was silently ignored (see allowlist.go).
+//
+// Documented deviations from Envoy, all test conveniences:
+//   - Options.ListenerAddress overrides a listener's socket address (tests need free ports).
+//   - Hosts added to a cluster with active health checking are used before their first check
+//     completes (Envoy's default ignore_new_hosts_until_first_hc=false for hosts added after
+//     cluster warming; we do not model warming).
+//   - The router buffers request bodies of up to 1 MiB so that retries can replay them (Envoy
+//     buffers while streaming); larger bodies are streamed and not retried, as in Envoy.
+//   - The ext_proc response-headers step (processing_mode or mode_override
+//     response_header_mode SEND) runs for upstream responses only; in Envoy a local reply
+//     the router sends after the request-headers step also passes through it.
+package dataplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"slices"
+	"sync"
+
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+)
+
+// Options configure a DataPlane.
+type Options struct {
+	XDSAddress string // ADS server host:port (plaintext gRPC); or
+	ConfigJSON []byte // a `xds-server translate -o json` dump instead of ADS
+	NodeID     string // Envoy node id
+	// LocalAPIServer, if set, is sent as node metadata kube-mvp.io/local-apiserver (sidecar).
+	LocalAPIServer string
+	// ListenerAddress maps a listener name to a "host:port" that replaces the listener's
+	// socket address (e.g. "127.0.0.1:0"). A documented test-only deviation: tests need free
+	// ports.
+	ListenerAddress map[string]string
+	AdminAddress    string // default "127.0.0.1:0"
+	Logger          *slog.Logger
+}
+
+// typeOrder is the order in which types are reported and dumped.
+var typeOrder = []string{resource.ListenerType, resource.RouteType, resource.ClusterType, resource.EndpointType, resource.SecretType}
+
+// DataPlane is a running test data plane.
+type DataPlane struct {
+	opts  Options
+	log   *slog.Logger
+	stats *stats
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu        sync.RWMutex
+	cfg       *config                  // applied configuration (immutable snapshot, replaced on apply)
+	versions  map[string]string        // type URL -> last ACKed version
+	nacks     []string                 // every NACK error detail
+	listeners map[string]*liveListener // by name
+	clusters  map[string]*liveCluster  // by name (runtime state survives updates)
+	readyCh   chan struct{}            // closed when ready
+	ready     bool
+	closed    bool
+	extproc   map[string]*extProcClient // gRPC clients by cluster+address
+
+	admin     *http.Server
+	adminAddr string
+}
+
+// Start starts the data plane: the admin server, then ADS (or the static configuration).
+// It returns once the configuration source is set up; use WaitReady to wait for the first
+// complete configuration.
+func Start(ctx context.Context, opts Options) (*DataPlane, error) {
+	if (opts.XDSAddress == "") == (opts.ConfigJSON == nil) {
+		return nil, errors.New("dataplane: exactly one of XDSAddress and ConfigJSON must be set")
+	}
+	if opts.NodeID == "" {
+		opts.NodeID = "kube-mvp-test-dataplane"
+	}
+	if opts.AdminAddress == "" {
+		opts.AdminAddress = "127.0.0.1:0"
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	d := &DataPlane{
+		opts:      opts,
+		log:       log,
+		stats:     newStats(),
+		cfg:       emptyConfig(),
+		versions:  map[string]string{},
+		listeners: map[string]*liveListener{},
+		clusters:  map[string]*liveCluster{},
+		readyCh:   make(chan struct{}),
+		extproc:   map[string]*extProcClient{},
+	}
+	d.ctx, d.cancel = context.WithCancel(context.Background())
+
+	lis, err := net.Listen("tcp", opts.AdminAddress)
+	if err != nil {
+		return nil, fmt.Errorf("dataplane: admin listener: %w", err)
+	}
+	d.adminAddr = lis.Addr().String()
+	d.admin = &http.Server{Handler: d.adminHandler()}
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		_ = d.admin.Serve(lis)
+	}()
+
+	if opts.ConfigJSON != nil {
+		if err := d.loadStatic(opts.ConfigJSON); err != nil {
+			d.Close()
+			return nil, err
+		}
+		return d, nil
+	}
+	if err := d.startADS(ctx); err != nil {
+		d.Close()
+		return nil, err
+	}
+	return d, nil
+}
+
+// ListenerAddr is the bound host:port of a listener, "" until it is applied.
+func (d *DataPlane) ListenerAddr(name string) string {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	if l := d.listeners[name]; l != nil {
+		return l.addr
+	}
+	return ""
+}
+
+// WaitReady waits until listeners, routes, clusters, endpoints and secrets have all been
+// applied (ACKed) at least once, as far as the configuration needs them (a configuration
+// without TLS refers to no secret and gets none), and every listener is bound.
+func (d *DataPlane) WaitReady(ctx context.Context) error {
+	select {
+	case <-d.readyCh:
+		return nil
+	case <-ctx.Done():
+		d.mu.RLock()
+		defer d.mu.RUnlock()
+		return fmt.Errorf("dataplane not ready (acked %v, nacks %q): %w", d.versions, d.nacks, ctx.Err())
+	}
+}
+
+// AdminURL is the admin server's base URL, http://host:port.
+func (d *DataPlane) AdminURL() string { return "http://" + d.adminAddr }
+
+// Versions returns type URL -> last ACKed version.
+func (d *DataPlane) Versions() map[string]string {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	out := make(map[string]string, len(d.versions))
+	for k, v := range d.versions {
+		out[k] = v
+	}
+	return out
+}
+
+// NACKs returns every NACK error detail sent so far.
+func (d *DataPlane) NACKs() []string {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	return slices.Clone(d.nacks)
+}
+
+// Close stops everything: ADS, listeners, health checks, the admin server.
+func (d *DataPlane) Close() error {
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return nil
+	}
+	d.closed = true
+	listeners := d.listeners
+	d.listeners = map[string]*liveListener{}
+	clusters := d.clusters
+	d.clusters = map[string]*liveCluster{}
+	ep := d.extproc
+	d.extproc = map[string]*extProcClient{}
+	d.mu.Unlock()
+
+	d.cancel()
+	for _, l := range listeners {
+		l.close()
+	}
+	for _, c := range clusters {
+		c.stop()
+	}
+	for _, c := range ep {
+		c.conn.Close()
+	}
+	if d.admin != nil {
+		d.admin.Close()
+	}
+	d.wg.Wait()
+	return nil
+}
+
+func (d *DataPlane) config() *config {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	return d.cfg
+}
+
+func (d *DataPlane) cluster(name string) *liveCluster {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	return d.clusters[name]
+}
+
+// Listeners returns the names of the bound listeners, sorted.
+func (d *DataPlane) Listeners() []string {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	return sortedNames(d.listeners)
+}

@@ -1,0 +1,390 @@
+package dataplane
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+)
+
+// TestRoutesToRightCluster runs the real ADS server (internal/xds fed by internal/snapshot
+// from the batch-off fixture), the real extproc over a unix socket and three fake
+// apiservers: batch/v1 (served by cp-a and cp-c only) must never reach cp-b, through
+// ext_proc and cluster_header; core/v1 goes to the default cluster at line rate.
+func TestRoutesToRightCluster(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	if n := e.dp.NACKs(); len(n) > 0 {
+		t.Fatalf("NACKs: %q", n)
+	}
+	for _, typ := range []string{resource.ListenerType, resource.RouteType, resource.ClusterType, resource.EndpointType, resource.SecretType} {
+		if e.dp.Versions()[typ] == "" {
+			t.Errorf("type %s not acked", typ)
+		}
+	}
+	c := e.client(nil)
+	servers := map[string]int{}
+	for i := 0; i < 30; i++ {
+		r := e.do(c, "GET", "/apis/batch/v1/namespaces/default/jobs", nil)
+		if r.status != 200 {
+			t.Fatalf("batch: status %d: %s", r.status, r.body)
+		}
+		servers[r.seen.Server]++
+		if got := r.seen.Header.Get("X-Kube-Mvp-Cluster"); got != "kube-apiservers-only-cp-a+cp-c" {
+			t.Errorf("routing header %q", got)
+		}
+	}
+	if servers["cp-b"] > 0 || servers["cp-a"]+servers["cp-c"] != 30 {
+		t.Errorf("batch/v1 requests went to %v; want only cp-a and cp-c", servers)
+	}
+	core := map[string]int{}
+	for i := 0; i < 30; i++ {
+		r := e.do(c, "GET", "/api/v1/namespaces/default/pods", nil)
+		if r.status != 200 {
+			t.Fatalf("core: status %d: %s", r.status, r.body)
+		}
+		core[r.seen.Server]++
+		if r.seen.Header.Get("X-Kube-Mvp-Cluster") != "" {
+			t.Errorf("line-rate route went through ext_proc")
+		}
+	}
+	if len(core) < 2 {
+		t.Errorf("core/v1 requests all went to %v; want them spread over the default cluster", core)
+	}
+	if got := e.stat("cluster.kube-apiservers-only-cp-a+cp-c.upstream_rq_total"); got != 30 {
+		t.Errorf("subset cluster upstream_rq_total = %d, want 30", got)
+	}
+	if got := e.stat("cluster.kube-apiservers.upstream_rq_200"); got != 30 {
+		t.Errorf("default cluster upstream_rq_200 = %d, want 30", got)
+	}
+
+	// Admin: /clusters shows the subset cluster with its two hosts and metadata.
+	var cl struct {
+		ClusterStatuses []struct {
+			Name         string         `json:"name"`
+			Metadata     map[string]any `json:"metadata"`
+			HostStatuses []struct {
+				Hostname string `json:"hostname"`
+				Stats    []statValue
+			} `json:"host_statuses"`
+		} `json:"cluster_statuses"`
+	}
+	getJSON(t, e.dp.AdminURL()+"/clusters", &cl)
+	found := false
+	for _, cs := range cl.ClusterStatuses {
+		if cs.Name == "kube-apiservers-only-cp-a+cp-c" {
+			found = true
+			if len(cs.HostStatuses) != 2 || cs.Metadata == nil {
+				t.Errorf("subset cluster status: %+v", cs)
+			}
+		}
+	}
+	if !found {
+		t.Errorf("/clusters: no subset cluster in %+v", cl)
+	}
+	var dump map[string]any
+	getJSON(t, e.dp.AdminURL()+"/config_dump", &dump)
+	if b, _ := json.Marshal(dump); !strings.Contains(string(b), "kube-apiservers-only-cp-a+cp-c") || strings.Contains(string(b), "PRIVATE KEY") {
+		t.Errorf("config_dump lacks the subset cluster or shows a private key")
+	}
+	var st struct{ Stats []statValue }
+	getJSON(t, e.dp.AdminURL()+"/stats", &st)
+	if len(st.Stats) == 0 {
+		t.Errorf("no stats")
+	}
+}
+
+func getJSON(t *testing.T, url string, v any) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+		t.Fatalf("%s: %v", url, err)
+	}
+}
+
+// TestClientCertificateIdentity: a verified client certificate becomes an XFCC header built
+// as Envoy builds it, which engages ext_proc (route "client-certificate"), which forwards
+// X-Remote-User/-Group to the apiserver. Spoofed identity headers never arrive.
+func TestClientCertificateIdentity(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	cert := e.userCert("alice", "team-a", "team-b")
+	c := e.client(cert)
+	spoof := map[string]string{"X-Remote-User": "system:admin", "X-Remote-Group": "system:masters", "X-Remote-Extra-Scopes": "all",
+		"X-Kubernetes-Peer-Proxied": "true", "X-Kube-Mvp-Cluster": "kube-apiservers-only-cp-a", "X-Forwarded-Client-Cert": "Hash=00;Subject=\"CN=root\""}
+	r := e.do(c, "GET", "/api/v1/namespaces", spoof)
+	if r.status != 200 {
+		t.Fatalf("status %d: %s", r.status, r.body)
+	}
+	h := r.seen.Header
+	if got := h.Get("X-Remote-User"); got != "alice" {
+		t.Errorf("X-Remote-User = %q, want alice", got)
+	}
+	if got := h.Values("X-Remote-Group"); strings.Join(got, ",") != "team-a,team-b" {
+		t.Errorf("X-Remote-Group = %q, want team-a, team-b", got)
+	}
+	if h.Get("X-Remote-Extra-Scopes") != "" || h.Get("X-Kubernetes-Peer-Proxied") != "" {
+		t.Errorf("spoofed headers arrived: %v", h)
+	}
+	// extproc consumed the XFCC header Envoy built (and removes it); the credential ID it
+	// derived from the XFCC Hash proves the hash is the certificate's SHA-256.
+	if xfcc := h.Get("X-Forwarded-Client-Cert"); xfcc != "" {
+		t.Errorf("XFCC reached the apiserver: %q", xfcc)
+	}
+	sum := sha256.Sum256(cert.Certificate[0])
+	if got, want := h.Get("X-Remote-Extra-Authentication.kubernetes.io%2fcredential-Id"), "X509SHA256="+hex.EncodeToString(sum[:]); got != want {
+		t.Errorf("credential id %q, want %q", got, want)
+	}
+
+	// A bearer token: nothing spoofed arrives, no XFCC, the token does; x-forwarded-for is
+	// the client. The request took a line-rate route (no routing header).
+	r = e.do(e.client(nil), "GET", "/api/v1/namespaces", spoof)
+	if r.status != 200 {
+		t.Fatalf("status %d: %s", r.status, r.body)
+	}
+	for _, k := range []string{"X-Remote-User", "X-Remote-Group", "X-Remote-Extra-Scopes", "X-Kubernetes-Peer-Proxied", "X-Kube-Mvp-Cluster", "X-Forwarded-Client-Cert"} {
+		if v := r.seen.Header.Get(k); v != "" {
+			t.Errorf("%s = %q arrived", k, v)
+		}
+	}
+	if got := r.seen.Header.Get("Authorization"); got != "Bearer "+testToken {
+		t.Errorf("Authorization = %q arrived, want the token", got)
+	}
+	if got := r.seen.Header.Get("X-Forwarded-For"); got != "127.0.0.1" {
+		t.Errorf("X-Forwarded-For = %q", got)
+	}
+	if got := r.seen.Header.Get("X-Forwarded-Proto"); got != "https" {
+		t.Errorf("X-Forwarded-Proto = %q", got)
+	}
+	if r.header.Get("Server") != "fake-apiserver" {
+		t.Errorf("server header not passed through: %q", r.header.Get("Server"))
+	}
+	// No credentials at all: the anonymous route tells extproc (gRPC metadata), which
+	// forwards system:anonymous as the apiserver's anonymous authenticator would.
+	for _, path := range []string{"/api/v1/namespaces", "/apis/batch/v1/jobs", "/version"} {
+		r = e.do(e.anonymousClient(nil), "GET", path, spoof)
+		if r.status != 200 {
+			t.Fatalf("%s: status %d: %s", path, r.status, r.body)
+		}
+		h := r.seen.Header
+		if got := h.Values("X-Remote-User"); strings.Join(got, ",") != "system:anonymous" {
+			t.Errorf("%s: anonymous X-Remote-User = %q", path, got)
+		}
+		if got := h.Values("X-Remote-Group"); strings.Join(got, ",") != "system:unauthenticated" {
+			t.Errorf("%s: anonymous X-Remote-Group = %q", path, got)
+		}
+		if h.Get("X-Remote-Extra-Scopes") != "" || h.Get("X-Forwarded-Client-Cert") != "" {
+			t.Errorf("%s: spoofed headers arrived: %v", path, h)
+		}
+		if path == "/apis/batch/v1/jobs" && r.seen.Server == "cp-b" {
+			t.Errorf("anonymous batch/v1 reached cp-b, which does not serve it")
+		}
+	}
+}
+
+// TestStreamingWatch: a watch is streamed as the upstream writes it, never buffered; the
+// route has no timeout. 60 s of one event per second, 3 s with -short.
+func TestStreamingWatch(t *testing.T) {
+	ticks := 60
+	if testing.Short() {
+		ticks = 3
+	}
+	e := newEnv(t, envOptions{tick: time.Second, ticks: ticks})
+	req, _ := http.NewRequest("GET", e.base+"/api/v1/pods?watch=true", nil)
+	c := e.client(nil)
+	c.Timeout = 0
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	br := bufio.NewReader(resp.Body)
+	start := time.Now()
+	var last time.Time
+	for i := 0; i < ticks; i++ {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatalf("event %d: %v", i, err)
+		}
+		var ev struct {
+			N  int   `json:"n"`
+			At int64 `json:"at"`
+		}
+		if err := json.Unmarshal([]byte(line), &ev); err != nil || ev.N != i {
+			t.Fatalf("event %d: %q %v", i, line, err)
+		}
+		now := time.Now()
+		// Each event arrives about when it was written, not at the end of the stream.
+		if lag := now.Sub(time.Unix(0, ev.At)); lag > 900*time.Millisecond {
+			t.Errorf("event %d arrived %v after it was written", i, lag)
+		}
+		if i > 0 && now.Sub(last) < 500*time.Millisecond {
+			t.Errorf("event %d arrived only %v after the previous one: buffered?", i, now.Sub(last))
+		}
+		last = now
+	}
+	if _, err := br.ReadString('\n'); err != io.EOF {
+		t.Errorf("stream end: %v", err)
+	}
+	t.Logf("%d events in %v", ticks, time.Since(start))
+}
+
+// TestUpgrade: an upgrade of a configured type (websocket, SPDY/3.1) becomes a raw
+// bidirectional stream after the upstream's 101; another type is refused with 403.
+func TestUpgrade(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	pool := x509.NewCertPool()
+	pool.AddCert(e.pki.servingCA.cert)
+	for _, typ := range []string{"SPDY/3.1", "websocket"} {
+		conn, err := tls.Dial("tcp", e.dp.ListenerAddr("kube-apiserver"), &tls.Config{RootCAs: pool, ServerName: "localhost", NextProtos: []string{"http/1.1"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(conn, "GET /api/v1/namespaces/default/pods/p/exec?command=sh HTTP/1.1\r\nHost: localhost\r\nConnection: Upgrade\r\nUpgrade: %s\r\nX-Remote-User: system:admin\r\n\r\n", typ)
+		br := bufio.NewReader(conn)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.StatusCode != 101 {
+			t.Fatalf("%s: status %d", typ, resp.StatusCode)
+		}
+		server := resp.Header.Get("X-Served-By")
+		for _, msg := range []string{"hello\n", "world\n"} {
+			_, _ = io.WriteString(conn, msg)
+			if got := readLine(br); got != server+":"+msg {
+				t.Errorf("%s: echo %q, want %q", typ, got, server+":"+msg)
+			}
+		}
+		conn.Close()
+	}
+	for _, f := range e.apiservers {
+		for _, r := range f.requests() {
+			// No credentials: the anonymous user, never the spoofed one.
+			if got := r.Header.Values("X-Remote-User"); len(got) != 1 || got[0] != "system:anonymous" {
+				t.Errorf("X-Remote-User %q reached %s on an upgrade, want system:anonymous", got, f.name)
+			}
+		}
+	}
+	// Not configured: 403.
+	conn, err := tls.Dial("tcp", e.dp.ListenerAddr("kube-apiserver"), &tls.Config{RootCAs: pool, ServerName: "localhost", NextProtos: []string{"http/1.1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "GET /api/v1/pods HTTP/1.1\r\nHost: localhost\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusForbidden {
+		t.Errorf("unconfigured upgrade: status %d, want 403", resp.StatusCode)
+	}
+}
+
+// TestDeadPeerRetried: a dead apiserver costs a retry on another host (connect-failure,
+// previous_hosts), not an error.
+func TestDeadPeerRetried(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	e.apiservers["cp-b"].srv.Close()
+	c := e.client(nil)
+	for i := 0; i < 30; i++ {
+		r := e.do(c, "GET", "/api/v1/namespaces/default/configmaps", nil)
+		if r.status != 200 {
+			t.Fatalf("request %d: status %d: %s", i, r.status, r.body)
+		}
+		if r.seen.Server == "cp-b" {
+			t.Fatal("dead server answered")
+		}
+	}
+	retries, fails := e.stat("cluster.kube-apiservers.upstream_rq_retry"), e.stat("cluster.kube-apiservers.health_check.failure")
+	if retries == 0 && fails == 0 {
+		t.Errorf("neither a retry nor a failed health check: the dead host was never noticed")
+	}
+	t.Logf("retries %d, failed health checks %d", retries, fails)
+}
+
+// TestNoApiserverAvailable: when every apiserver of the chosen cluster is down, the client
+// gets our Kubernetes Status 503 (local_reply_config on UF/URX/UH).
+func TestNoApiserverAvailable(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	e.apiservers["cp-a"].srv.Close()
+	e.apiservers["cp-c"].srv.Close()
+	r := e.do(e.client(nil), "GET", "/apis/batch/v1/jobs", nil)
+	if r.status != 503 {
+		t.Fatalf("status %d: %s", r.status, r.body)
+	}
+	if ct := r.header.Get("Content-Type"); ct != "application/json" {
+		t.Errorf("content type %q", ct)
+	}
+	var st map[string]any
+	if err := json.Unmarshal(r.body, &st); err != nil {
+		t.Fatalf("%v: %s", err, r.body)
+	}
+	if st["kind"] != "Status" || st["reason"] != "ServiceUnavailable" || st["code"] != float64(503) ||
+		!strings.Contains(fmt.Sprint(st["message"]), "no apiserver that can serve this request is available") {
+		t.Errorf("body %s", r.body)
+	}
+	t.Logf("body: %s", r.body)
+}
+
+// TestExtProcFailure: with extproc unreachable, failure_mode_allow false fails the request
+// with status_on_error 500, which local_reply_config turns into a 503 Status; line-rate
+// routes do not need extproc and keep working.
+func TestExtProcFailure(t *testing.T) {
+	e := newEnv(t, envOptions{noExtProc: true})
+	c := e.client(nil)
+	r := e.do(c, "GET", "/apis/batch/v1/jobs", nil)
+	if r.status != 503 || !strings.Contains(string(r.body), "the routing decision failed") {
+		t.Fatalf("status %d: %s", r.status, r.body)
+	}
+	if r := e.do(c, "GET", "/api/v1/pods", nil); r.status != 200 {
+		t.Fatalf("line rate: status %d: %s", r.status, r.body)
+	}
+	if e.stat("http.kube_apiserver.ext_proc.kube_mvp.streams_failed") == 0 {
+		t.Errorf("no ext_proc failure counted")
+	}
+}
+
+// TestSidecar: node metadata kube-mvp.io/local-apiserver gets the sidecar snapshot:
+// non-resource requests stay on the local apiserver.
+func TestSidecar(t *testing.T) {
+	e := newEnv(t, envOptions{fixture: "sidecar", local: "cp-a"})
+	c := e.client(nil)
+	for i := 0; i < 10; i++ {
+		r := e.do(c, "GET", "/healthz", nil)
+		if r.status != 200 || r.seen.Server != "cp-a" {
+			t.Fatalf("status %d from %q: %s", r.status, r.seen.Server, r.body)
+		}
+	}
+}
+
+// TestWaitReadyTimeout: WaitReady honours its context.
+func TestWaitReadyTimeout(t *testing.T) {
+	dp, err := Start(context.Background(), Options{XDSAddress: "127.0.0.1:1", NodeID: "nobody"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dp.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if err := dp.WaitReady(ctx); err == nil {
+		t.Fatal("ready without a control plane")
+	}
+}

@@ -1,0 +1,471 @@
+package dataplane
+
+import (
+	"bufio"
+	"context"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/big"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/kube-mvp/kube-mvp/internal/extproc"
+	"github.com/kube-mvp/kube-mvp/internal/inventory"
+	"github.com/kube-mvp/kube-mvp/internal/snapshot"
+	"github.com/kube-mvp/kube-mvp/internal/topology"
+	"github.com/kube-mvp/kube-mvp/internal/xds"
+)
+
+// ---- certificates -------------------------------------------------------------------------
+
+type testCA struct {
+	cert    *x509.Certificate
+	key     crypto.Signer
+	certPEM []byte
+}
+
+type keyPair struct {
+	certPEM, keyPEM []byte
+	cert            *x509.Certificate
+}
+
+func (k keyPair) tls(t testing.TB) tls.Certificate {
+	c, err := tls.X509KeyPair(k.certPEM, k.keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func serial() *big.Int {
+	n, _ := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 100))
+	return n
+}
+
+func newTestCA(t testing.TB, cn string) *testCA {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: serial(), Subject: pkix.Name{CommonName: cn}, NotBefore: time.Now().Add(-time.Hour),
+		NotAfter: time.Now().Add(24 * time.Hour), IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, _ := x509.ParseCertificate(der)
+	return &testCA{cert: cert, key: key, certPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
+}
+
+func (ca *testCA) issue(t testing.TB, subject pkix.Name, server bool, dns []string, ips []net.IP, uris ...string) keyPair {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	usage := []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
+	if server {
+		usage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
+	}
+	tmpl := &x509.Certificate{SerialNumber: serial(), Subject: subject, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: usage, DNSNames: dns, IPAddresses: ips}
+	for _, u := range uris {
+		pu, err := url.Parse(u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tmpl.URIs = append(tmpl.URIs, pu)
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, key.Public(), ca.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kb, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, _ := x509.ParseCertificate(der)
+	return keyPair{certPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		keyPEM: pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kb}), cert: cert}
+}
+
+type pki struct {
+	servingCA, clientCA, peerCA, proxyCA *testCA
+	serving, proxyClient, apiserver      keyPair
+}
+
+func newPKI(t testing.TB) *pki {
+	p := &pki{servingCA: newTestCA(t, "serving-ca"), clientCA: newTestCA(t, "client-ca"), peerCA: newTestCA(t, "peer-ca"), proxyCA: newTestCA(t, "front-proxy-ca")}
+	p.serving = p.servingCA.issue(t, pkix.Name{CommonName: "kube-mvp"}, true, []string{"localhost"}, []net.IP{net.ParseIP("127.0.0.1")}, "spiffe://kube-mvp/proxy")
+	p.proxyClient = p.proxyCA.issue(t, pkix.Name{CommonName: "front-proxy-client"}, false, nil, nil)
+	p.apiserver = p.peerCA.issue(t, pkix.Name{CommonName: "kube-apiserver"}, true, []string{"kubernetes.default.svc"}, nil)
+	return p
+}
+
+// ---- fake apiservers -----------------------------------------------------------------------
+
+type seenRequest struct {
+	Server string      `json:"server"`
+	Method string      `json:"method"`
+	Path   string      `json:"path"`
+	Host   string      `json:"host"`
+	Header http.Header `json:"header"`
+}
+
+type fakeAPIServer struct {
+	name string
+	srv  *httptest.Server
+	mu   sync.Mutex
+	seen []seenRequest
+}
+
+func (f *fakeAPIServer) addr() string { return f.srv.Listener.Addr().String() }
+
+func (f *fakeAPIServer) requests() []seenRequest {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]seenRequest(nil), f.seen...)
+}
+
+// newFakeAPIServer is an HTTPS server on ip that requires a client certificate of the
+// front-proxy CA, like an apiserver with --requestheader-client-ca-file (the data plane's
+// proxy client certificate), and serves /readyz, a streaming /watch, upgrades (echo) and
+// everything else as a JSON echo of the request.
+func newFakeAPIServer(t testing.TB, p *pki, name, ip string, tick time.Duration, ticks int) *fakeAPIServer {
+	f := &fakeAPIServer{name: name}
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/readyz" {
+			_, _ = io.WriteString(w, "ok")
+			return
+		}
+		f.mu.Lock()
+		f.seen = append(f.seen, seenRequest{Server: name, Method: r.Method, Path: r.URL.RequestURI(), Host: r.Host, Header: r.Header.Clone()})
+		f.mu.Unlock()
+		w.Header().Set("Server", "fake-apiserver")
+		switch {
+		case r.Header.Get("Upgrade") != "":
+			conn, brw, err := http.NewResponseController(w).Hijack()
+			if err != nil {
+				return
+			}
+			defer conn.Close()
+			fmt.Fprintf(brw, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: %s\r\nX-Served-By: %s\r\n\r\n", r.Header.Get("Upgrade"), name)
+			_ = brw.Flush()
+			// Echo lines until the client closes.
+			for {
+				line, err := brw.ReadString('\n')
+				if err != nil {
+					return
+				}
+				_, _ = brw.WriteString(name + ":" + line)
+				_ = brw.Flush()
+			}
+		case strings.Contains(r.URL.RawQuery, "watch=true"):
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusOK)
+			rc := http.NewResponseController(w)
+			_ = rc.Flush()
+			tk := time.NewTicker(tick)
+			defer tk.Stop()
+			for i := 0; i < ticks; i++ {
+				select {
+				case <-r.Context().Done():
+					return
+				case <-tk.C:
+				}
+				fmt.Fprintf(w, "{\"type\":\"ADDED\",\"n\":%d,\"at\":%d}\n", i, time.Now().UnixNano())
+				_ = rc.Flush()
+			}
+		default:
+			w.Header().Set("Content-Type", "application/json")
+			_ = json.NewEncoder(w).Encode(seenRequest{Server: name, Method: r.Method, Path: r.URL.RequestURI(), Host: r.Host, Header: r.Header})
+		}
+	})
+	ln, err := net.Listen("tcp", ip+":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewUnstartedServer(h)
+	srv.Listener.Close()
+	srv.Listener = ln
+	proxyPool := x509.NewCertPool()
+	proxyPool.AddCert(p.proxyCA.cert)
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{p.apiserver.tls(t)}, ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: proxyPool}
+	srv.StartTLS()
+	f.srv = srv
+	t.Cleanup(srv.Close)
+	return f
+}
+
+// ---- environment ---------------------------------------------------------------------------
+
+type env struct {
+	t          testing.TB
+	pki        *pki
+	apiservers map[string]*fakeAPIServer // by hostname
+	topo       *topology.Topology
+	xds        *xds.Server
+	ext        *extproc.Server
+	extGRPC    *grpc.Server
+	dp         *DataPlane
+	base       string
+}
+
+type envOptions struct {
+	fixture   string // testdata fixture name, default batch-off
+	local     string // sidecar: local apiserver
+	tick      time.Duration
+	ticks     int
+	noExtProc bool
+	// extProc, if set, is served on the ext_proc socket instead of internal/extproc.
+	extProc extprocv3.ExternalProcessorServer
+	// editExtProc, if set, changes the ext_proc filter configuration of the snapshot.
+	editExtProc func(*extprocfilterv3.ExternalProcessor)
+}
+
+var fixtureAddresses = map[string]string{"cp-a": "127.0.0.1", "cp-b": "127.0.0.2", "cp-c": "127.0.0.3"}
+
+func testLogger(t testing.TB) *slog.Logger {
+	if testing.Verbose() {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+func newEnv(t testing.TB, o envOptions) *env {
+	t.Helper()
+	if o.fixture == "" {
+		o.fixture = "batch-off"
+	}
+	if o.tick == 0 {
+		o.tick, o.ticks = 100*time.Millisecond, 5
+	}
+	e := &env{t: t, pki: newPKI(t), apiservers: map[string]*fakeAPIServer{}}
+	raw, err := os.ReadFile(filepath.Join("..", "..", "internal", "snapshot", "testdata", o.fixture+".in.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fixture := string(raw)
+	for host, ip := range fixtureAddresses {
+		f := newFakeAPIServer(t, e.pki, host, ip, o.tick, o.ticks)
+		e.apiservers[host] = f
+		fixture = strings.ReplaceAll(fixture, ip+":6443", f.addr())
+	}
+	objs, err := inventory.DecodeFixture(strings.NewReader(fixture))
+	if err != nil {
+		t.Fatal(err)
+	}
+	topo, warnings := inventory.Build(objs, inventory.Options{})
+	if topo == nil {
+		t.Fatalf("no topology: %v", warnings)
+	}
+	e.topo = topo
+
+	dir, err := os.MkdirTemp("", "dp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	sock := filepath.Join(dir, "extproc.sock")
+	if !o.noExtProc {
+		e.startExtProc(sock, o.local, o.extProc)
+	}
+	cfg := snapshot.Config{
+		ListenAddress: "127.0.0.1", ListenPort: 6443, ExtProcAddress: "unix:" + sock,
+		Secrets: snapshot.SecretsPEM{
+			ServingCert: e.pki.serving.certPEM, ServingKey: e.pki.serving.keyPEM, ClientCA: e.pki.clientCA.certPEM,
+			ProxyClientCert: e.pki.proxyClient.certPEM, ProxyClientKey: e.pki.proxyClient.keyPEM, PeerCA: e.pki.peerCA.certPEM,
+		},
+	}
+	e.xds = xds.New(func(t *topology.Topology) (*cachev3.Snapshot, error) {
+		res, err := snapshot.Build(t, cfg)
+		if res == nil {
+			return nil, err
+		}
+		if o.editExtProc != nil {
+			if err := editExtProc(res, o.editExtProc); err != nil {
+				return nil, err
+			}
+		}
+		return res.Snapshot()
+	}, testLogger(t))
+	e.xds.Update(topo)
+	g := grpc.NewServer()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	e.xds.Register(ctx, g)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = g.Serve(ln) }()
+	t.Cleanup(g.Stop)
+
+	dp, err := Start(ctx, Options{XDSAddress: ln.Addr().String(), NodeID: t.Name(), LocalAPIServer: o.local,
+		ListenerAddress: map[string]string{"kube-apiserver": "127.0.0.1:0"}, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dp.Close() })
+	wctx, wcancel := context.WithTimeout(ctx, 20*time.Second)
+	defer wcancel()
+	if err := dp.WaitReady(wctx); err != nil {
+		t.Fatal(err)
+	}
+	e.dp = dp
+	e.base = "https://" + dp.ListenerAddr("kube-apiserver")
+	return e
+}
+
+// editExtProc applies edit to the ext_proc filter of every listener of res.
+func editExtProc(res *snapshot.Resources, edit func(*extprocfilterv3.ExternalProcessor)) error {
+	for _, r := range res.Listeners {
+		l := r.(*listenerv3.Listener)
+		f := l.GetFilterChains()[0].GetFilters()[0]
+		h := &hcmv3.HttpConnectionManager{}
+		if err := f.GetTypedConfig().UnmarshalTo(h); err != nil {
+			return err
+		}
+		for _, hf := range h.GetHttpFilters() {
+			ep := &extprocfilterv3.ExternalProcessor{}
+			if hf.GetTypedConfig().MessageIs(ep) {
+				if err := hf.GetTypedConfig().UnmarshalTo(ep); err != nil {
+					return err
+				}
+				edit(ep)
+				a, err := anypb.New(ep)
+				if err != nil {
+					return err
+				}
+				hf.ConfigType = &hcmv3.HttpFilter_TypedConfig{TypedConfig: a}
+			}
+		}
+		a, err := anypb.New(h)
+		if err != nil {
+			return err
+		}
+		f.ConfigType = &listenerv3.Filter_TypedConfig{TypedConfig: a}
+	}
+	return nil
+}
+
+// startExtProc serves srv, or internal/extproc when srv is nil, on the unix socket sock.
+func (e *env) startExtProc(sock, local string, srv extprocv3.ExternalProcessorServer) {
+	if srv == nil {
+		log := testLogger(e.t)
+		e.ext = extproc.New(extproc.Options{Logger: log})
+		e.ext.SetTopology(extproc.Sidecar(e.topo, "test", local, log))
+		srv = e.ext
+	}
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.extGRPC = grpc.NewServer()
+	extprocv3.RegisterExternalProcessorServer(e.extGRPC, srv)
+	go func() { _ = e.extGRPC.Serve(ln) }()
+	e.t.Cleanup(e.extGRPC.Stop)
+}
+
+// testToken is the bearer token of client(nil): the fake apiservers accept anything, and a
+// request with credentials takes the line-rate routes, where an anonymous one takes the
+// anonymous route through ext_proc (see anonymousClient).
+const testToken = "test-token"
+
+// client is an HTTPS client trusting the serving CA, with a client certificate if given,
+// else with the bearer token testToken; HTTP/2 when the server agrees.
+func (e *env) client(cert *tls.Certificate) *http.Client {
+	c := e.anonymousClient(cert)
+	if cert == nil {
+		c.Transport = bearer{c.Transport}
+	}
+	return c
+}
+
+type bearer struct{ http.RoundTripper }
+
+func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+testToken)
+	return b.RoundTripper.RoundTrip(r)
+}
+
+// anonymousClient is client without the bearer token.
+func (e *env) anonymousClient(cert *tls.Certificate) *http.Client {
+	pool := x509.NewCertPool()
+	pool.AddCert(e.pki.servingCA.cert)
+	tc := &tls.Config{RootCAs: pool, ServerName: "localhost"}
+	if cert != nil {
+		tc.Certificates = []tls.Certificate{*cert}
+	}
+	tr := &http.Transport{TLSClientConfig: tc, ForceAttemptHTTP2: true}
+	e.t.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{Transport: tr, Timeout: 30 * time.Second}
+}
+
+func (e *env) userCert(cn string, groups ...string) *tls.Certificate {
+	kp := e.pki.clientCA.issue(e.t, pkix.Name{CommonName: cn, Organization: groups}, false, nil, nil)
+	c := kp.tls(e.t)
+	return &c
+}
+
+type reply struct {
+	status int
+	header http.Header
+	body   []byte
+	seen   seenRequest
+}
+
+func (e *env) do(c *http.Client, method, path string, hdr map[string]string) reply {
+	e.t.Helper()
+	req, err := http.NewRequest(method, e.base+path, nil)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	r := reply{status: resp.StatusCode, header: resp.Header, body: b}
+	if resp.Header.Get("Server") == "fake-apiserver" {
+		_ = json.Unmarshal(b, &r.seen)
+	}
+	return r
+}
+
+func (e *env) stat(name string) uint64 { return e.dp.stats.get(name) }
+
+func readLine(br *bufio.Reader) string {
+	s, _ := br.ReadString('\n')
+	return s
+}

@@ -1,0 +1,411 @@
+package dataplane
+
+import (
+	"crypto/rand"
+	"crypto/x509"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"sort"
+	"strconv"
+	"strings"
+
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+)
+
+// kv is one request header, name lower-case as Envoy keeps them.
+type kv struct{ name, value string }
+
+// headerList is a request's headers in order, as Envoy's header map holds them.
+type headerList []kv
+
+func (h headerList) get(name string) (string, bool) {
+	var vals []string
+	for _, e := range h {
+		if e.name == name {
+			vals = append(vals, e.value)
+		}
+	}
+	if len(vals) == 0 {
+		return "", false
+	}
+	// Envoy joins several values with "," when a single value is needed (header matching).
+	return strings.Join(vals, ","), true
+}
+
+func (h headerList) values(name string) []string {
+	var out []string
+	for _, e := range h {
+		if e.name == name {
+			out = append(out, e.value)
+		}
+	}
+	return out
+}
+
+func (h *headerList) del(name string) {
+	h.delFunc(func(n string) bool { return n == name })
+}
+
+func (h *headerList) delFunc(f func(string) bool) {
+	out := (*h)[:0]
+	for _, e := range *h {
+		if !f(e.name) {
+			out = append(out, e)
+		}
+	}
+	*h = out
+}
+
+func (h *headerList) set(name, value string) {
+	h.del(name)
+	*h = append(*h, kv{name, value})
+}
+
+func (h *headerList) add(name, value string) { *h = append(*h, kv{name, value}) }
+
+// stream is one downstream request going through the HTTP connection manager.
+type stream struct {
+	d      *DataPlane
+	cfg    *config
+	lc     *listenerCfg
+	hcm    *hcmCfg
+	w      http.ResponseWriter
+	r      *http.Request
+	method string
+	path   string
+	host   string // :authority
+	scheme string
+	hdr    headerList
+
+	upgrade string // lower-case upgrade type, "" if none
+	flags   []string
+	done    bool // the response was started (upstream) or sent (local reply)
+
+	// ext is the ext_proc stream kept open for the response headers (nil if none).
+	ext *extProcStream
+}
+
+func (st *stream) prefix() string { return "http." + st.hcm.statPrefix + "." }
+
+func (d *DataPlane) handler(listenerName string) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		cfg := d.config()
+		lc := cfg.listeners[listenerName]
+		if lc == nil {
+			http.Error(w, "listener removed", http.StatusServiceUnavailable)
+			return
+		}
+		st := &stream{d: d, cfg: cfg, lc: lc, hcm: lc.hcm, w: w, r: r, method: r.Method, host: r.Host, scheme: "http"}
+		if r.TLS != nil {
+			st.scheme = "https"
+		}
+		st.path = r.RequestURI
+		if r.ProtoMajor >= 2 || st.path == "" {
+			st.path = r.URL.RequestURI()
+		}
+		st.serve()
+	})
+}
+
+// hopByHop are the connection-specific request headers Envoy's HTTP connection manager
+// removes before anything else sees the request (RFC 9110 7.6.1; Envoy re-adds
+// "connection: upgrade" and "upgrade" for an upgrade it accepts). te survives only as
+// "trailers".
+var hopByHop = []string{"connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade"}
+
+func (st *stream) serve() {
+	d := st.d
+	d.stats.inc(st.prefix() + "downstream_rq_total")
+	defer st.closeExtProc()
+
+	names := make([]string, 0, len(st.r.Header))
+	for k := range st.r.Header {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	for _, k := range names {
+		for _, v := range st.r.Header[k] {
+			st.hdr.add(strings.ToLower(k), v)
+		}
+	}
+
+	// Early header mutation: applied first, before routing and before any HTTP filter
+	// (HttpConnectionManager.early_header_mutation_extensions).
+	for _, rm := range st.hcm.early {
+		if rm.matcher != nil {
+			st.hdr.delFunc(rm.matcher.match)
+		} else {
+			st.hdr.del(rm.exact)
+		}
+	}
+
+	// Upgrades (HttpConnectionManager.upgrade_configs): an HTTP/1.1 request with
+	// "connection: upgrade" and an upgrade header. A type that is not configured is refused
+	// with 403 (response code details "upgrade_failed").
+	if up, ok := st.hdr.get("upgrade"); ok && st.r.ProtoMajor == 1 && connectionHasUpgrade(st.hdr.values("connection")) {
+		st.upgrade = strings.ToLower(up)
+		if !st.hcm.upgrades[st.upgrade] {
+			st.localReply(http.StatusForbidden, "", "upgrade_failed")
+			return
+		}
+	}
+	upgradeValue, _ := st.hdr.get("upgrade")
+	for _, h := range hopByHop {
+		st.hdr.del(h)
+	}
+	if te, ok := st.hdr.get("te"); ok && !strings.EqualFold(strings.TrimSpace(te), "trailers") {
+		st.hdr.del("te")
+	}
+	if st.upgrade != "" {
+		st.hdr.add("connection", "upgrade")
+		st.hdr.add("upgrade", upgradeValue)
+	}
+
+	st.mutateRequestHeaders()
+
+	rt := st.matchRoute()
+	d.log.Debug("request", "path", st.path, "route", routeName(rt), "tls", st.r.TLS != nil && len(st.r.TLS.PeerCertificates) > 0)
+	if ep := st.hcm.extProc; ep != nil && ep.sendHeaders && (rt == nil || !rt.extProcDisabled[ep.filterName]) {
+		var md []kv
+		if rt != nil {
+			md = rt.extProcMetadata[ep.filterName]
+		}
+		clear, ok := st.runExtProc(ep, md)
+		if !ok {
+			return
+		}
+		if clear {
+			// route_cache_action / clear_route_cache: the route is matched again with the
+			// mutated headers.
+			rt = st.matchRoute()
+		}
+	}
+	st.router(rt)
+}
+
+func connectionHasUpgrade(vals []string) bool {
+	for _, v := range vals {
+		for _, tok := range strings.Split(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(tok), "upgrade") {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// mutateRequestHeaders does what Envoy's connection manager does to every request before
+// routing (ConnectionManagerUtility::mutateRequestHeaders), for the options we use.
+func (st *stream) mutateRequestHeaders() {
+	remote, _, _ := net.SplitHostPort(st.r.RemoteAddr)
+	if st.hcm.useRemoteAddress {
+		// use_remote_address: the downstream address is trusted and appended to
+		// x-forwarded-for (xff_num_trusted_hops 0); a request from an internal address
+		// (RFC 1918 / loopback) with no x-forwarded-for before is marked x-envoy-internal,
+		// any other request loses a client-sent x-envoy-internal. x-forwarded-proto is set
+		// to the downstream scheme on the edge.
+		xff, had := st.hdr.get("x-forwarded-for")
+		if had {
+			st.hdr.set("x-forwarded-for", xff+","+remote)
+		} else {
+			st.hdr.set("x-forwarded-for", remote)
+		}
+		st.hdr.del("x-envoy-internal")
+		if ip, err := netip.ParseAddr(remote); err == nil && !had && (ip.IsLoopback() || ip.IsPrivate()) {
+			st.hdr.set("x-envoy-internal", "true")
+		}
+		st.hdr.set("x-forwarded-proto", st.scheme)
+	} else if _, ok := st.hdr.get("x-forwarded-proto"); !ok {
+		st.hdr.set("x-forwarded-proto", st.scheme)
+	}
+	// generate_request_id (default true): an edge request gets a fresh x-request-id
+	// (preserve_external_request_id is false).
+	if st.hcm.useRemoteAddress {
+		st.hdr.set("x-request-id", uuid4())
+	} else if _, ok := st.hdr.get("x-request-id"); !ok {
+		st.hdr.set("x-request-id", uuid4())
+	}
+	// forward_client_cert_details: SANITIZE removes the client's XFCC; SANITIZE_SET also
+	// sets a new one when the connection has a verified client certificate.
+	st.hdr.del("x-forwarded-client-cert")
+	if st.hcm.fcc == hcmv3.HttpConnectionManager_SANITIZE_SET && st.r.TLS != nil && len(st.r.TLS.PeerCertificates) > 0 {
+		var local = st.localCert()
+		st.hdr.set("x-forwarded-client-cert", xfccValue(local, st.r.TLS.PeerCertificates[0], st.hcm.certSubject, st.hcm.certURI))
+	}
+}
+
+func (st *stream) localCert() *x509.Certificate {
+	if st.lc.tls == nil {
+		return nil
+	}
+	c, err := secretKeyPair(st.cfg.secrets[st.lc.tls.certSecret])
+	if err != nil {
+		return nil
+	}
+	return c.Leaf
+}
+
+func uuid4() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:])
+}
+
+// matchRoute finds the route as Envoy's router does: the virtual host by :authority (exact
+// domain, then the longest suffix wildcard "*.x", then the longest prefix wildcard "x.*",
+// then "*"), then the first route in order whose path and header matchers all match.
+func (st *stream) matchRoute() *route {
+	rc := st.cfg.routes[st.hcm.rdsName]
+	if rc == nil {
+		return nil
+	}
+	vh := selectVirtualHost(rc.vhosts, strings.ToLower(st.host))
+	if vh == nil {
+		return nil
+	}
+	path := st.path
+	if i := strings.IndexAny(path, "?#"); i >= 0 {
+		path = path[:i] // path matching ignores the query string
+	}
+	for _, r := range vh.routes {
+		switch {
+		case r.prefix != nil:
+			if !strings.HasPrefix(path, *r.prefix) {
+				continue
+			}
+		case r.path != nil:
+			if path != *r.path {
+				continue
+			}
+		case r.re != nil:
+			if !r.re.MatchString(path) {
+				continue
+			}
+		}
+		if st.headersMatch(r.headers) {
+			return r
+		}
+	}
+	return nil
+}
+
+func selectVirtualHost(vhs []*virtualHost, host string) *virtualHost {
+	var star, best *virtualHost
+	bestLen, bestKind := -1, 3
+	for _, vh := range vhs {
+		for _, d := range vh.domains {
+			switch {
+			case d == "*":
+				if star == nil {
+					star = vh
+				}
+			case d == host:
+				return vh
+			case strings.HasPrefix(d, "*") && strings.HasSuffix(host, d[1:]) && len(host) > len(d)-1:
+				if bestKind > 1 || (bestKind == 1 && len(d) > bestLen) {
+					best, bestLen, bestKind = vh, len(d), 1
+				}
+			case strings.HasSuffix(d, "*") && strings.HasPrefix(host, d[:len(d)-1]) && len(host) > len(d)-1:
+				if bestKind > 2 || (bestKind == 2 && len(d) > bestLen) {
+					best, bestLen, bestKind = vh, len(d), 2
+				}
+			}
+		}
+	}
+	if best != nil {
+		return best
+	}
+	return star
+}
+
+// headersMatch follows HeaderMatcher: present_match true matches a present header (false: an
+// absent one); string_match needs the header present and matches the (","-joined) value;
+// invert_match inverts the result.
+func (st *stream) headersMatch(ms []*headerMatcher) bool {
+	for _, m := range ms {
+		v, ok := st.headerForMatch(m.name)
+		var res bool
+		switch {
+		case m.present != nil:
+			res = ok == *m.present
+		case m.str != nil:
+			res = ok && m.str.match(v)
+		}
+		if m.invert {
+			res = !res
+		}
+		if !res {
+			return false
+		}
+	}
+	return true
+}
+
+func (st *stream) headerForMatch(name string) (string, bool) {
+	switch name {
+	case ":method":
+		return st.method, true
+	case ":path":
+		return st.path, true
+	case ":authority", "host":
+		return st.host, true
+	case ":scheme":
+		return st.scheme, true
+	}
+	return st.hdr.get(name)
+}
+
+// localReply answers the downstream request from the data plane itself (Envoy's
+// sendLocalReply), after local_reply_config. extra are headers to add (ext_proc immediate
+// responses).
+func (st *stream) localReply(status int, body, details string, extra ...kv) {
+	if st.done {
+		return
+	}
+	st.done = true
+	lr := st.hcm.mapLocalReply(status, body, details, st.flags)
+	d := st.d
+	d.stats.inc("dataplane.local_replies")
+	d.stats.inc("dataplane.local_replies." + strconv.Itoa(lr.status))
+	for _, f := range st.flags {
+		d.stats.inc("dataplane.response_flags." + f)
+	}
+	d.stats.inc(fmt.Sprintf("%sdownstream_rq_%dxx", st.prefix(), lr.status/100))
+	d.log.Debug("local reply", "status", lr.status, "details", details, "flags", st.flags)
+	h := st.w.Header()
+	for _, e := range extra {
+		h.Add(e.name, e.value)
+	}
+	// Envoy's Utility::sendLocalReply sets the content type only when the headers (an
+	// ext_proc immediate response's included) have none, or when local_reply_config
+	// rewrote the body.
+	if lr.contentType != "" && (h.Get("Content-Type") == "" || lr.rewritten) {
+		h.Set("Content-Type", lr.contentType)
+	}
+	h.Set("Content-Length", strconv.Itoa(len(lr.body)))
+	if !st.hcm.passThroughServer {
+		h.Set("Server", "envoy")
+	}
+	st.w.WriteHeader(lr.status)
+	_, _ = st.w.Write(lr.body)
+}
+
+func (st *stream) addFlag(f string) {
+	for _, x := range st.flags {
+		if x == f {
+			return
+		}
+	}
+	st.flags = append(st.flags, f)
+}
+
+func routeName(r *route) string {
+	if r == nil {
+		return "<none>"
+	}
+	return r.name
+}

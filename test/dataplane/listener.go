@@ -1,0 +1,153 @@
+package dataplane
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+)
+
+// liveListener is a bound listener. Its configuration is looked up by name for every
+// connection and request, so an update applies to new requests without rebinding.
+type liveListener struct {
+	name    string
+	addr    string // bound address
+	want    string // the address it was bound for (override or resource)
+	ln      net.Listener
+	srv     *http.Server
+	closeMu sync.Once
+}
+
+func (l *liveListener) close() {
+	l.closeMu.Do(func() {
+		l.srv.Close()
+	})
+}
+
+// syncListenersLocked binds new listeners, rebinds those whose address changed and closes
+// removed ones. A bind failure rejects the update (Envoy NACKs a listener it cannot bind).
+func (d *DataPlane) syncListenersLocked() error {
+	for name, l := range d.listeners {
+		lc := d.cfg.listeners[name]
+		if lc == nil || d.listenAddress(lc) != l.want {
+			l.close()
+			delete(d.listeners, name)
+		}
+	}
+	for name, lc := range d.cfg.listeners {
+		if d.listeners[name] != nil {
+			continue
+		}
+		want := d.listenAddress(lc)
+		ln, err := net.Listen("tcp", want)
+		if err != nil {
+			return fmt.Errorf("listener %q: cannot bind %s: %w", name, want, err)
+		}
+		l := &liveListener{name: name, addr: ln.Addr().String(), want: want, ln: ln}
+		l.srv = &http.Server{
+			Handler:           d.handler(name),
+			ReadHeaderTimeout: time.Minute,
+			ErrorLog:          nil,
+		}
+		wrapped := &tlsSwitchListener{Listener: ln, d: d, name: name}
+		d.wg.Add(1)
+		go func() {
+			defer d.wg.Done()
+			_ = l.srv.Serve(wrapped)
+		}()
+		d.listeners[name] = l
+		d.log.Info("listener bound", "listener", name, "address", l.addr)
+	}
+	return nil
+}
+
+func (d *DataPlane) listenAddress(lc *listenerCfg) string {
+	if a, ok := d.opts.ListenerAddress[lc.name]; ok {
+		return a
+	}
+	return lc.address
+}
+
+// tlsSwitchListener terminates TLS on accepted connections when the listener's current
+// configuration has a transport socket (DownstreamTlsContext), else passes them through.
+type tlsSwitchListener struct {
+	net.Listener
+	d    *DataPlane
+	name string
+}
+
+func (t *tlsSwitchListener) Accept() (net.Conn, error) {
+	c, err := t.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	lc := t.d.config().listeners[t.name]
+	if lc == nil || lc.tls == nil {
+		return c, nil
+	}
+	return tls.Server(c, &tls.Config{GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
+		return t.d.downstreamTLSConfig(t.name)
+	}}), nil
+}
+
+// downstreamTLSConfig builds the server TLS configuration from the listener's
+// DownstreamTlsContext and the current SDS secrets: the serving certificate; when a
+// validation context is given, client certificates are requested and verified against it,
+// required only with require_client_certificate (Envoy: without it, a client that presents
+// no certificate is accepted, one that presents an invalid certificate is not); the ALPN
+// protocols offered.
+func (d *DataPlane) downstreamTLSConfig(name string) (*tls.Config, error) {
+	cfg := d.config()
+	lc := cfg.listeners[name]
+	if lc == nil || lc.tls == nil {
+		return nil, errors.New("listener has no TLS configuration")
+	}
+	cert, err := secretKeyPair(cfg.secrets[lc.tls.certSecret])
+	if err != nil {
+		return nil, fmt.Errorf("secret %q: %w", lc.tls.certSecret, err)
+	}
+	tc := &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: lc.tls.alpn, MinVersion: tls.VersionTLS12}
+	if lc.tls.caSecret != "" {
+		pool, err := secretCAPool(cfg.secrets[lc.tls.caSecret])
+		if err != nil {
+			return nil, fmt.Errorf("secret %q: %w", lc.tls.caSecret, err)
+		}
+		tc.ClientCAs = pool
+		tc.ClientAuth = tls.VerifyClientCertIfGiven
+		if lc.tls.requireClient {
+			tc.ClientAuth = tls.RequireAndVerifyClientCert
+		}
+	}
+	return tc, nil
+}
+
+func secretKeyPair(s *tlsv3.Secret) (tls.Certificate, error) {
+	if s.GetTlsCertificate() == nil {
+		return tls.Certificate{}, errors.New("no tls_certificate secret")
+	}
+	c, err := tls.X509KeyPair(dataSource(s.GetTlsCertificate().GetCertificateChain()), dataSource(s.GetTlsCertificate().GetPrivateKey()))
+	if err != nil {
+		return c, err
+	}
+	if c.Leaf == nil && len(c.Certificate) > 0 {
+		c.Leaf, _ = x509.ParseCertificate(c.Certificate[0])
+	}
+	return c, nil
+}
+
+func secretCAPool(s *tlsv3.Secret) (*x509.CertPool, error) {
+	if s.GetValidationContext() == nil {
+		return nil, errors.New("no validation_context secret")
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(dataSource(s.GetValidationContext().GetTrustedCa())) {
+		return nil, errors.New("trusted_ca holds no PEM certificate")
+	}
+	return pool, nil
+}

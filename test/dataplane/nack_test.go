@@ -1,0 +1,252 @@
+package dataplane
+
+import (
+	"context"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+	"sigs.k8s.io/yaml"
+
+	"github.com/kube-mvp/kube-mvp/internal/inventory"
+	"github.com/kube-mvp/kube-mvp/internal/snapshot"
+)
+
+// buildResources translates a fixture with test secrets and an extproc on a unix socket.
+func buildResources(t *testing.T, fixture string) *snapshot.Resources {
+	t.Helper()
+	objs, err := inventory.LoadFixture(filepath.Join("..", "..", "internal", "snapshot", "testdata", fixture+".in.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	topo, _ := inventory.Build(objs, inventory.Options{})
+	p := newPKI(t)
+	res, err := snapshot.Build(topo, snapshot.Config{ExtProcAddress: "unix:/nonexistent/extproc.sock", Secrets: snapshot.SecretsPEM{
+		ServingCert: p.serving.certPEM, ServingKey: p.serving.keyPEM, ClientCA: p.clientCA.certPEM,
+		ProxyClientCert: p.proxyClient.certPEM, ProxyClientKey: p.proxyClient.keyPEM, PeerCA: p.peerCA.certPEM}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+func hcmOf(t *testing.T, l *listenerv3.Listener) *hcmv3.HttpConnectionManager {
+	h := &hcmv3.HttpConnectionManager{}
+	if err := l.GetFilterChains()[0].GetFilters()[0].GetTypedConfig().UnmarshalTo(h); err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+func setHCM(t *testing.T, l *listenerv3.Listener, h *hcmv3.HttpConnectionManager) {
+	a, err := anypb.New(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.GetFilterChains()[0].GetFilters()[0].ConfigType = &listenerv3.Filter_TypedConfig{TypedConfig: a}
+}
+
+// TestNACKUnimplemented: a resource using a field or extension the data plane does not
+// implement is rejected with an error naming it, and the previous configuration (none here)
+// stays.
+func TestNACKUnimplemented(t *testing.T) {
+	cases := []struct {
+		name   string
+		mutate func(t *testing.T, r *snapshot.Resources)
+		want   string
+	}{
+		{"cluster field", func(t *testing.T, r *snapshot.Resources) {
+			r.Clusters[0].(*clusterv3.Cluster).DnsRefreshRate = durationpb.New(time.Second)
+		}, "envoy.config.cluster.v3.Cluster: field dns_refresh_rate is not implemented"},
+		{"cluster lb policy value", func(t *testing.T, r *snapshot.Resources) {
+			r.Clusters[0].(*clusterv3.Cluster).LbPolicy = clusterv3.Cluster_RING_HASH
+		}, "field lb_policy: value RING_HASH is not implemented"},
+		{"field inside a typed_config", func(t *testing.T, r *snapshot.Resources) {
+			l := r.Listeners[0].(*listenerv3.Listener)
+			h := hcmOf(t, l)
+			router := &routerv3.Router{}
+			last := h.HttpFilters[len(h.HttpFilters)-1]
+			if err := last.GetTypedConfig().UnmarshalTo(router); err != nil {
+				t.Fatal(err)
+			}
+			router.StartChildSpan = true
+			last.ConfigType = &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(t, router)}
+			setHCM(t, l, h)
+		}, "envoy.extensions.filters.http.router.v3.Router: field start_child_span is not implemented"},
+		{"unknown typed_config", func(t *testing.T, r *snapshot.Resources) {
+			l := r.Listeners[0].(*listenerv3.Listener)
+			h := hcmOf(t, l)
+			h.HttpFilters = append([]*hcmv3.HttpFilter{{Name: "envoy.filters.http.buffer",
+				ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(t, wrapperspb.String("x"))}}}, h.HttpFilters...)
+			setHCM(t, l, h)
+		}, "typed_config @type type.googleapis.com/google.protobuf.StringValue is not implemented"},
+		{"route field", func(t *testing.T, r *snapshot.Resources) {
+			rc := r.Routes[0].(*routev3.RouteConfiguration)
+			rc.VirtualHosts[0].Routes[0].GetRoute().PrefixRewrite = "/x"
+		}, "field virtual_hosts.routes.route.prefix_rewrite is not implemented"},
+		{"retry condition", func(t *testing.T, r *snapshot.Resources) {
+			rc := r.Routes[0].(*routev3.RouteConfiguration)
+			rc.VirtualHosts[0].Routes[0].GetRoute().RetryPolicy.RetryOn = "5xx"
+		}, `retry condition "5xx" is not implemented`},
+		{"HCM value", func(t *testing.T, r *snapshot.Resources) {
+			l := r.Listeners[0].(*listenerv3.Listener)
+			h := hcmOf(t, l)
+			h.StreamIdleTimeout = durationpb.New(time.Minute)
+			setHCM(t, l, h)
+		}, "field stream_idle_timeout: value 1m0s is not implemented"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			res := buildResources(t, "batch-off")
+			tc.mutate(t, res)
+			js, err := res.MarshalJSON()
+			if err != nil {
+				t.Fatal(err)
+			}
+			dp, err := Start(context.Background(), Options{ConfigJSON: js, ListenerAddress: map[string]string{"kube-apiserver": "127.0.0.1:0"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer dp.Close()
+			nacks := dp.NACKs()
+			if len(nacks) != 1 || !strings.Contains(nacks[0], tc.want) {
+				t.Fatalf("NACKs %q, want one containing %q", nacks, tc.want)
+			}
+		})
+	}
+}
+
+func mustAny(t *testing.T, m proto.Message) *anypb.Any {
+	a, err := anypb.New(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// TestNACKOverADS: over ADS, the NACK carries the error (error_detail) and the last accepted
+// version; a corrected snapshot is then ACKed.
+func TestNACKOverADS(t *testing.T) {
+	good := buildResources(t, "batch-off")
+	bad := buildResources(t, "batch-off")
+	bad.Clusters[0].(*clusterv3.Cluster).DnsRefreshRate = durationpb.New(time.Second)
+
+	var nackDetail string
+	cache := cachev3.NewSnapshotCache(true, cachev3.IDHash{}, nil)
+	snap := func(r *snapshot.Resources, version string) *cachev3.Snapshot {
+		s, err := cachev3.NewSnapshot(version, map[resource.Type][]types.Resource{
+			resource.ListenerType: r.Listeners, resource.RouteType: r.Routes, resource.ClusterType: r.Clusters,
+			resource.EndpointType: r.Endpoints, resource.SecretType: r.Secrets})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := cache.SetSnapshot(ctx, "node", snap(bad, "bad")); err != nil {
+		t.Fatal(err)
+	}
+	nacked := make(chan struct{}, 1)
+	srv := serverv3.NewServer(ctx, cache, serverv3.CallbackFuncs{StreamRequestFunc: func(_ int64, req *discovery.DiscoveryRequest) error {
+		if req.GetErrorDetail() != nil && req.GetTypeUrl() == resource.ClusterType {
+			nackDetail = req.GetErrorDetail().GetMessage()
+			select {
+			case nacked <- struct{}{}:
+			default:
+			}
+		}
+		return nil
+	}})
+	g := grpc.NewServer()
+	discovery.RegisterAggregatedDiscoveryServiceServer(g, srv)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = g.Serve(ln) }()
+	defer g.Stop()
+
+	dp, err := Start(ctx, Options{XDSAddress: ln.Addr().String(), NodeID: "node", ListenerAddress: map[string]string{"kube-apiserver": "127.0.0.1:0"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dp.Close()
+	select {
+	case <-nacked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no NACK")
+	}
+	if !strings.Contains(nackDetail, "dns_refresh_rate") {
+		t.Errorf("NACK detail %q does not name the field", nackDetail)
+	}
+	if v := dp.Versions()[resource.ClusterType]; v != "" {
+		t.Errorf("clusters acked at %q despite the NACK", v)
+	}
+	if err := cache.SetSnapshot(ctx, "node", snap(good, "good")); err != nil {
+		t.Fatal(err)
+	}
+	wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
+	defer wcancel()
+	if err := dp.WaitReady(wctx); err != nil {
+		t.Fatal(err)
+	}
+	if v := dp.Versions()[resource.ClusterType]; v != "good" {
+		t.Errorf("clusters version %q, want good", v)
+	}
+}
+
+// TestGoldenConfigsAccepted: every golden output of internal/snapshot is accepted whole: the
+// data plane implements every field our configuration uses.
+func TestGoldenConfigsAccepted(t *testing.T) {
+	files, err := filepath.Glob(filepath.Join("..", "..", "internal", "snapshot", "testdata", "*.out.yaml"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no golden files: %v", err)
+	}
+	for _, f := range files {
+		t.Run(filepath.Base(f), func(t *testing.T) {
+			y, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			js, err := yaml.YAMLToJSON(y)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dp, err := Start(context.Background(), Options{ConfigJSON: js, ListenerAddress: map[string]string{"kube-apiserver": "127.0.0.1:0"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer dp.Close()
+			if n := dp.NACKs(); len(n) > 0 {
+				t.Fatalf("NACKs: %q", n)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := dp.WaitReady(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if dp.ListenerAddr("kube-apiserver") == "" {
+				t.Fatal("listener not bound")
+			}
+		})
+	}
+}

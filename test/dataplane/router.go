@@ -1,0 +1,438 @@
+package dataplane
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptrace"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// retryBufferLimit is how much request body the router keeps for retries (Envoy's default
+// per-connection buffer limit, 1 MiB). A larger body is streamed and cannot be retried.
+const retryBufferLimit = 1 << 20
+
+type failureKind int
+
+const (
+	noFailure          failureKind = iota
+	connectFailure                 // TCP or TLS failed: retry_on connect-failure
+	resetBeforeRequest             // the connection failed before the request was sent
+	resetAfterRequest              // the connection failed after the request was sent, before the response
+	timeoutFailure                 // the route timeout expired before the response
+)
+
+// router is Envoy's router filter for our route actions: it resolves the cluster (cluster,
+// or cluster_header: the named header's value), picks a host, sends the request and retries
+// per the route's retry policy; it streams the response back as it arrives.
+func (st *stream) router(rt *route) {
+	d := st.d
+	if rt == nil {
+		st.addFlag(flagNoRouteFound)
+		st.localReply(http.StatusNotFound, "", "route_not_found")
+		return
+	}
+	name := rt.cluster
+	if rt.clusterHeader != "" {
+		// cluster_header: a missing header or an unknown cluster is "cluster not found",
+		// 503 with flag NC.
+		name, _ = st.hdr.get(rt.clusterHeader)
+	}
+	c := d.cluster(name)
+	if name == "" || c == nil {
+		st.addFlag(flagNoClusterFound)
+		st.localReply(http.StatusServiceUnavailable, "", "cluster_not_found")
+		return
+	}
+	cc, hosts, transport := c.snapshot()
+	cp := "cluster." + name + "."
+
+	// Circuit breaker max_requests: requests beyond it are rejected with UO.
+	if c.active.Add(1) > cc.maxRequests {
+		c.active.Add(-1)
+		d.stats.inc(cp + "upstream_rq_pending_overflow")
+		st.addFlag(flagOverflow)
+		st.localReply(http.StatusServiceUnavailable, "upstream connect error or disconnect/reset before headers. reset reason: overflow", "upstream_reset_before_response_started{overflow}")
+		return
+	}
+	defer c.active.Add(-1)
+
+	// The request body, buffered for retries when small enough.
+	var body []byte
+	replayable := true
+	var stream io.Reader
+	if st.r.Body != nil && st.r.Body != http.NoBody && st.r.ContentLength != 0 {
+		lr := io.LimitReader(st.r.Body, retryBufferLimit+1)
+		b, err := io.ReadAll(lr)
+		if err != nil {
+			st.addFlag(flagDownstreamTerminate)
+			return
+		}
+		body = b
+		if len(b) > retryBufferLimit {
+			replayable = false
+			stream = io.MultiReader(bytes.NewReader(b), st.r.Body)
+		}
+	}
+
+	ctx := st.r.Context()
+	if rt.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, rt.timeout)
+		defer cancel()
+	}
+
+	retries := 0
+	if rt.retry != nil {
+		retries = rt.retry.numRetries
+	}
+	tried := map[*liveHost]bool{}
+	var lastKind failureKind
+	var lastErr error
+	for attempt := 0; ; attempt++ {
+		maxSel := 1
+		if rt.retry != nil && rt.retry.previousHosts {
+			maxSel = rt.retry.hostSelectionMax
+		}
+		var h *liveHost
+		if rt.retry != nil && rt.retry.previousHosts {
+			h = c.pick(cc, hosts, tried, maxSel)
+		} else {
+			h = c.pick(cc, hosts, nil, 1)
+		}
+		if h == nil {
+			d.stats.inc(cp + "upstream_cx_none_healthy")
+			st.addFlag(flagNoHealthyUpstream)
+			st.localReply(http.StatusServiceUnavailable, "no healthy upstream", "no_healthy_upstream")
+			return
+		}
+		tried[h] = true
+		if attempt > 0 {
+			d.stats.inc(cp + "upstream_rq_retry")
+		}
+		var rd io.Reader
+		switch {
+		case stream != nil:
+			rd = stream
+		case body != nil:
+			rd = bytes.NewReader(body)
+		}
+		resp, kind, err := st.attempt(ctx, c, cc, transport, h, rd, int64(len(body)))
+		c.localOriginResult(cc, hosts, h, kind == connectFailure || kind == resetBeforeRequest || kind == timeoutFailure)
+		if kind == noFailure {
+			st.respond(c, h, resp)
+			return
+		}
+		lastKind, lastErr = kind, err
+		d.log.Debug("upstream attempt failed", "cluster", name, "host", h.address, "error", err)
+		if kind == timeoutFailure {
+			d.stats.inc(cp + "upstream_rq_timeout")
+			st.addFlag(flagUpstreamReqTimeout)
+			st.localReply(http.StatusGatewayTimeout, "upstream request timeout", "upstream_response_timeout")
+			return
+		}
+		if ctx.Err() != nil {
+			st.addFlag(flagDownstreamTerminate)
+			return
+		}
+		if !st.retriable(rt, kind) || !replayable {
+			break
+		}
+		if attempt >= retries {
+			// Envoy: retries exhausted adds URX to the failure's own flag.
+			d.stats.inc(cp + "upstream_rq_retry_limit_exceeded")
+			st.addFlag(flagRetryLimitExceeded)
+			break
+		}
+		// Circuit breaker max_retries.
+		if c.retries.Add(1) > cc.maxRetries {
+			c.retries.Add(-1)
+			d.stats.inc(cp + "upstream_rq_retry_overflow")
+			break
+		}
+		// Envoy's default retry back-off: a random wait up to (2^n - 1) × 25 ms, capped
+		// at 250 ms.
+		wait := time.Duration(rand.Int64N(int64(min(time.Duration((1<<(attempt+1))-1)*25*time.Millisecond, 250*time.Millisecond)) + 1))
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+		}
+		c.retries.Add(-1)
+	}
+	switch lastKind {
+	case connectFailure:
+		d.stats.inc(cp + "upstream_cx_connect_fail")
+		st.addFlag(flagConnectFailure)
+		st.localReply(http.StatusServiceUnavailable, "upstream connect error or disconnect/reset before headers. reset reason: connection failure, transport failure reason: "+errString(lastErr), "upstream_reset_before_response_started{connection_failure}")
+	default:
+		st.addFlag(flagConnTermination)
+		st.localReply(http.StatusServiceUnavailable, "upstream connect error or disconnect/reset before headers. reset reason: connection termination", "upstream_reset_before_response_started{connection_termination}")
+	}
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// retriable applies retry_on: connect-failure, refused-stream (HTTP/2 REFUSED_STREAM),
+// reset-before-request (the request was not sent), reset (any reset before a response).
+func (st *stream) retriable(rt *route, kind failureKind) bool {
+	if rt.retry == nil {
+		return false
+	}
+	on := rt.retry.on
+	switch kind {
+	case connectFailure:
+		return on["connect-failure"] || on["reset"]
+	case resetBeforeRequest:
+		return on["reset-before-request"] || on["reset"]
+	case resetAfterRequest:
+		return on["reset"]
+	}
+	return false
+}
+
+// attempt sends the request to one host. Upstream request headers are the (mutated) request
+// headers, the host and path unchanged (no rewrites configured); the router adds no
+// x-envoy-* headers with suppress_envoy_headers.
+func (st *stream) attempt(ctx context.Context, c *liveCluster, cc *clusterCfg, tr *http.Transport, h *liveHost, body io.Reader, n int64) (*http.Response, failureKind, error) {
+	d := st.d
+	cp := "cluster." + c.name + "."
+	scheme := "http"
+	if cc.tls != nil {
+		scheme = "https"
+	}
+	if strings.HasPrefix(h.address, "unix:") {
+		return nil, connectFailure, &connectError{errors.New("unix socket hosts are not implemented for HTTP routing")}
+	}
+	var wrote bool
+	var wroteMu sync.Mutex
+	trace := &httptrace.ClientTrace{WroteHeaders: func() { wroteMu.Lock(); wrote = true; wroteMu.Unlock() }}
+	req, err := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, trace), st.method, scheme+"://"+h.address+"/", body)
+	if err != nil {
+		return nil, connectFailure, err
+	}
+	req.URL.Opaque = ""
+	path := st.path
+	if u, err := req.URL.Parse(path); err == nil {
+		req.URL.Path, req.URL.RawPath, req.URL.RawQuery = u.Path, u.RawPath, u.RawQuery
+	}
+	req.Host = st.host
+	req.ContentLength = n
+	if body == nil {
+		req.ContentLength = 0
+	} else if n > retryBufferLimit {
+		req.ContentLength = -1
+	}
+	if st.r.ContentLength < 0 && body != nil && n <= retryBufferLimit {
+		req.ContentLength = n
+	}
+	for _, e := range st.hdr {
+		req.Header[http.CanonicalHeaderKey(e.name)] = append(req.Header[http.CanonicalHeaderKey(e.name)], e.value)
+	}
+	req.Header.Del("Content-Length")
+	if _, ok := req.Header["User-Agent"]; !ok {
+		req.Header["User-Agent"] = nil // Go's transport would add its own
+	}
+	d.stats.inc(cp + "upstream_rq_total")
+	h.active.Add(1)
+	h.mu.Lock()
+	h.rqTotal++
+	h.mu.Unlock()
+	resp, err := tr.RoundTrip(req)
+	h.active.Add(-1)
+	if err == nil {
+		return resp, noFailure, nil
+	}
+	h.mu.Lock()
+	h.rqErrs++
+	h.mu.Unlock()
+	var ce *connectError
+	wroteMu.Lock()
+	w := wrote
+	wroteMu.Unlock()
+	switch {
+	case errors.As(err, &ce):
+		return nil, connectFailure, err
+	case errors.Is(err, context.DeadlineExceeded) && ctx.Err() != nil:
+		return nil, timeoutFailure, err
+	case !w:
+		return nil, resetBeforeRequest, err
+	default:
+		return nil, resetAfterRequest, err
+	}
+}
+
+// responseHopByHop are the connection-specific response headers Envoy drops.
+var responseHopByHop = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Transfer-Encoding", "Upgrade"}
+
+// respond streams the upstream response to the client: headers at once, then the body as it
+// arrives, each read flushed (Envoy does not buffer response bodies). A 101 to an accepted
+// upgrade turns the connection into a raw bidirectional stream. When the request's ext_proc
+// stream was kept open for the response headers, the ext_proc filter processes them first
+// (encoder filters run before the headers go downstream) and may mutate them or replace the
+// whole response with a local reply.
+//
+// Deviation: only upstream responses reach the ext_proc response-headers step here. In
+// Envoy a local reply sent after the request-headers step (by the router: no healthy
+// upstream, timeouts, ...) also passes through the ext_proc filter's encodeHeaders.
+func (st *stream) respond(c *liveCluster, h *liveHost, resp *http.Response) {
+	d := st.d
+	cp := "cluster." + c.name + "."
+	d.stats.inc(cp + "upstream_rq_" + strconv.Itoa(resp.StatusCode))
+	d.stats.inc(fmt.Sprintf("%supstream_rq_%dxx", cp, resp.StatusCode/100))
+	h.mu.Lock()
+	h.rqSuccess++
+	h.mu.Unlock()
+	h.active.Add(1)
+	defer h.active.Add(-1)
+	upgrade := resp.StatusCode == http.StatusSwitchingProtocols && st.upgrade != ""
+	hdr := responseHeaderList(resp.Header)
+	if !upgrade {
+		for _, k := range responseHopByHop {
+			hdr.del(strings.ToLower(k))
+		}
+	}
+	if st.ext != nil && !st.extProcResponseHeaders(resp.StatusCode, &hdr, responseHasNoBody(st.method, resp)) {
+		// Answered with a local reply: the upstream response is discarded.
+		resp.Body.Close()
+		return
+	}
+	st.done = true
+	d.stats.inc(fmt.Sprintf("%sdownstream_rq_%dxx", st.prefix(), resp.StatusCode/100))
+	if upgrade {
+		st.tunnel(resp, hdr)
+		return
+	}
+	defer resp.Body.Close()
+	out := st.w.Header()
+	for _, e := range hdr {
+		k := http.CanonicalHeaderKey(e.name)
+		out[k] = append(out[k], e.value)
+	}
+	if !st.hcm.passThroughServer {
+		out.Set("Server", "envoy")
+	}
+	if resp.ContentLength >= 0 && resp.Header.Get("Content-Length") == "" && st.method != http.MethodHead && resp.StatusCode != http.StatusNoContent && resp.StatusCode != http.StatusNotModified {
+		out.Set("Content-Length", strconv.FormatInt(resp.ContentLength, 10))
+	}
+	for k := range resp.Trailer {
+		out.Add("Trailer", k)
+	}
+	st.w.WriteHeader(resp.StatusCode)
+	rc := http.NewResponseController(st.w)
+	_ = rc.Flush()
+	buf := make([]byte, 32*1024)
+	for {
+		n, err := resp.Body.Read(buf)
+		if n > 0 {
+			if _, werr := st.w.Write(buf[:n]); werr != nil {
+				return
+			}
+			_ = rc.Flush()
+		}
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			// The upstream reset after the response started: Envoy resets the downstream
+			// stream too.
+			d.stats.inc(cp + "upstream_rq_rx_reset")
+			panic(http.ErrAbortHandler)
+		}
+	}
+	for k, v := range resp.Trailer {
+		out[http.TrailerPrefix+k] = v
+	}
+}
+
+// responseHeaderList is an upstream response's headers as Envoy's header map holds them:
+// names lower-case (in name order here), each value in order.
+func responseHeaderList(h http.Header) headerList {
+	names := make([]string, 0, len(h))
+	for k := range h {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	var out headerList
+	for _, k := range names {
+		for _, v := range h[k] {
+			out.add(strings.ToLower(k), v)
+		}
+	}
+	return out
+}
+
+// responseHasNoBody is end_stream on the response headers: the response to a HEAD, a 204 or
+// 304, or an empty body. A 101 is followed by the upgraded stream.
+func responseHasNoBody(method string, resp *http.Response) bool {
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		return false
+	}
+	return method == http.MethodHead || resp.StatusCode == http.StatusNoContent || resp.StatusCode == http.StatusNotModified ||
+		resp.Body == nil || resp.Body == http.NoBody || resp.ContentLength == 0
+}
+
+// tunnel completes an upgrade: the 101 (with headers hdr) goes to the client, then bytes
+// flow both ways until either side closes.
+func (st *stream) tunnel(resp *http.Response, hdrs headerList) {
+	up, ok := resp.Body.(io.ReadWriteCloser)
+	if !ok {
+		resp.Body.Close()
+		panic(http.ErrAbortHandler)
+	}
+	defer up.Close()
+	conn, brw, err := http.NewResponseController(st.w).Hijack()
+	if err != nil {
+		return
+	}
+	defer conn.Close()
+	hdr := http.Header{}
+	for _, e := range hdrs {
+		k := http.CanonicalHeaderKey(e.name)
+		hdr[k] = append(hdr[k], e.value)
+	}
+	if !st.hcm.passThroughServer {
+		hdr.Set("Server", "envoy")
+	}
+	fmt.Fprintf(brw, "HTTP/1.1 101 Switching Protocols\r\n")
+	_ = hdr.Write(brw)
+	fmt.Fprintf(brw, "\r\n")
+	if err := brw.Flush(); err != nil {
+		return
+	}
+	done := make(chan struct{}, 2)
+	go func() {
+		// Bytes the client sent after its request (already buffered) go first.
+		_, _ = io.Copy(up, readerOf(brw.Reader, conn))
+		if cw, ok := up.(interface{ CloseWrite() error }); ok {
+			_ = cw.CloseWrite()
+		}
+		done <- struct{}{}
+	}()
+	go func() {
+		_, _ = io.Copy(conn, up)
+		done <- struct{}{}
+	}()
+	<-done
+}
+
+func readerOf(br *bufio.Reader, conn io.Reader) io.Reader {
+	if br.Buffered() > 0 {
+		b, _ := br.Peek(br.Buffered())
+		return io.MultiReader(bytes.NewReader(append([]byte(nil), b...)), conn)
+	}
+	return conn
+}

@@ -1,0 +1,197 @@
+package dataplane
+
+import (
+	"crypto/sha256"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/asn1"
+	"encoding/hex"
+	"encoding/json"
+	"net"
+	"strings"
+	"testing"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+)
+
+func TestRFC2253(t *testing.T) {
+	ca := newTestCA(t, "ca")
+	uid := asn1.ObjectIdentifier{0, 9, 2342, 19200300, 100, 1, 1}
+	unknown := asn1.ObjectIdentifier{1, 2, 3, 4}
+	cases := []struct {
+		name pkix.Name
+		want string
+	}{
+		// Go puts several O values into one multi-valued RDN (a DER SET, sorted): "+".
+		{pkix.Name{CommonName: "alice", Organization: []string{"team-a", "team-b"}}, "CN=alice,O=team-b+O=team-a"},
+		{pkix.Name{CommonName: "system:node:n1", Organization: []string{"system:nodes"}, Country: []string{"DE"}}, "CN=system:node:n1,O=system:nodes,C=DE"},
+		{pkix.Name{CommonName: `a,b+c"d\e<f>g;h`}, `CN=a\,b\+c\"d\\e\<f\>g\;h`},
+		{pkix.Name{CommonName: " #lead trail "}, `CN=\ #lead trail\ `},
+		{pkix.Name{CommonName: "#x"}, `CN=\#x`},
+		{pkix.Name{CommonName: "ünï"}, `CN=\C3\BCn\C3\AF`},
+		{pkix.Name{CommonName: "bob", ExtraNames: []pkix.AttributeTypeAndValue{{Type: uid, Value: "u-1"}}}, "UID=u-1,CN=bob"},
+		{pkix.Name{CommonName: "bob", ExtraNames: []pkix.AttributeTypeAndValue{{Type: unknown, Value: "v"}}}, "1.2.3.4=#130176,CN=bob"},
+	}
+	for _, tc := range cases {
+		kp := ca.issue(t, tc.name, false, nil, nil)
+		if got := rfc2253(kp.cert.RawSubject); got != tc.want {
+			t.Errorf("%v: got %q, want %q", tc.name, got, tc.want)
+		}
+	}
+}
+
+func TestXFCCValue(t *testing.T) {
+	ca := newTestCA(t, "ca")
+	local := ca.issue(t, pkix.Name{CommonName: "proxy"}, true, nil, nil, "spiffe://a/proxy", "spiffe://b/proxy")
+	peer := ca.issue(t, pkix.Name{CommonName: "alice", Organization: []string{"g"}}, false, nil, nil, "spiffe://c/alice", "spiffe://d/alice")
+	sum := sha256.Sum256(peer.cert.Raw)
+	want := "By=spiffe://a/proxy;By=spiffe://b/proxy;Hash=" + hex.EncodeToString(sum[:]) + `;Subject="CN=alice,O=g";URI=spiffe://c/alice;URI=spiffe://d/alice`
+	if got := xfccValue(local.cert, peer.cert, true, true); got != want {
+		t.Errorf("got  %q\nwant %q", got, want)
+	}
+	noURI := ca.issue(t, pkix.Name{CommonName: "bob"}, false, nil, nil)
+	if got := xfccValue(nil, noURI.cert, true, true); !strings.HasSuffix(got, `;Subject="CN=bob";URI=`) || strings.Contains(got, "By=") {
+		t.Errorf("got %q", got)
+	}
+	var _ *x509.Certificate = peer.cert
+}
+
+// compiledGolden compiles the listener and route configuration our snapshot builds.
+func compiledGolden(t *testing.T) (*listenerCfg, *routeConfig) {
+	res := buildResources(t, "batch-off")
+	lc, err := compileListener(res.Listeners[0].(*listenerv3.Listener))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := compileRouteConfig(res.Routes[0].(*routev3.RouteConfiguration))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return lc, rc
+}
+
+func TestLocalReplyMapping(t *testing.T) {
+	lc, _ := compiledGolden(t)
+	h := lc.hcm
+	for _, flag := range []string{"UH", "UF", "UC", "UR", "UO", "URX", "NC", "NR"} {
+		lr := h.mapLocalReply(404, "no healthy upstream", "some_details", []string{flag})
+		if lr.status != 503 || lr.contentType != "application/json" {
+			t.Errorf("%s: %d %s", flag, lr.status, lr.contentType)
+		}
+		var st map[string]any
+		if err := json.Unmarshal(lr.body, &st); err != nil {
+			t.Fatalf("%s: %v: %s", flag, err, lr.body)
+		}
+		if st["kind"] != "Status" || st["code"] != float64(503) || st["message"] != "kube-mvp: no apiserver that can serve this request is available (some_details)" {
+			t.Errorf("%s: %s", flag, lr.body)
+		}
+		if !strings.HasSuffix(string(lr.body), "}\n") || strings.Contains(string(lr.body), "503.0") {
+			t.Errorf("%s: body not formatted like Envoy's JSON formatter: %q", flag, lr.body)
+		}
+	}
+	lr := h.mapLocalReply(500, "", "ext_proc_error_gRPC_error_14", nil)
+	if lr.status != 503 || !strings.Contains(string(lr.body), "the routing decision failed (ext_proc_error_gRPC_error_14)") {
+		t.Errorf("ext_proc failure: %d %s", lr.status, lr.body)
+	}
+	lr = h.mapLocalReply(504, "", "ext_proc_error_per-message_timeout_exceeded", nil)
+	if lr.status != 503 || !strings.Contains(string(lr.body), "the routing decision failed (ext_proc_error_per-message_timeout_exceeded)") {
+		t.Errorf("ext_proc timeout: %d %s", lr.status, lr.body)
+	}
+	// extproc's own 503 Status (an immediate response, no flags) passes untouched, and its
+	// own content-type header wins over the text/plain default (not rewritten).
+	lr = h.mapLocalReply(503, `{"kind":"Status"}`, "kube_mvp_unavailable", nil)
+	if lr.status != 503 || string(lr.body) != `{"kind":"Status"}` || lr.contentType != "text/plain" || lr.rewritten {
+		t.Errorf("immediate 503 rewritten: %d %q %q", lr.status, lr.body, lr.contentType)
+	}
+	// A 403 upgrade refusal is not mapped.
+	if lr := h.mapLocalReply(403, "", "upgrade_failed", nil); lr.status != 403 || len(lr.body) != 0 {
+		t.Errorf("403: %+v", lr)
+	}
+}
+
+func TestMutationRules(t *testing.T) {
+	lc, _ := compiledGolden(t)
+	r := lc.hcm.extProc.rules
+	for _, h := range []string{"x-kube-mvp-cluster", "x-remote-user", "x-remote-extra-foo", "x-forwarded-client-cert", "x-kubernetes-peer-proxied"} {
+		if err := checkMutation(r, h); err != nil {
+			t.Errorf("%s disallowed", h)
+		}
+	}
+	for _, h := range []string{"authorization", ":path", "host", "x-envoy-foo", "x-remote-", "x-kube-mvp-clusterx"} {
+		if checkMutation(r, h) == nil {
+			t.Errorf("%s allowed", h)
+		}
+	}
+	// Without rules: routing headers (not :path) and x-envoy-* are refused, others allowed.
+	if checkMutation(nil, ":method") == nil || checkMutation(nil, "host") == nil || checkMutation(nil, "x-envoy-x") == nil ||
+		checkMutation(nil, "x-foo") != nil || checkMutation(nil, ":path") != nil {
+		t.Error("default rules")
+	}
+
+	st := &stream{d: &DataPlane{stats: newStats()}, hdr: headerList{{"x-remote-user", "mallory"}, {"authorization", "Bearer t"}}}
+	set := func(k, v string) *corev3.HeaderValueOption {
+		return &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: k, RawValue: []byte(v)}}
+	}
+	// Removals come before sets; disallowed with disallow_is_error fails the mutation.
+	ok := &extprocv3.HeaderMutation{RemoveHeaders: []string{"x-remote-user"}, SetHeaders: []*corev3.HeaderValueOption{set("x-remote-user", "alice"),
+		{Header: &corev3.HeaderValue{Key: "x-remote-group", RawValue: []byte("g2")}, Append: wrapperspb.Bool(true)}}}
+	if err := st.applyMutation(r, ok, "p."); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := st.hdr.get("x-remote-user"); v != "alice" {
+		t.Errorf("x-remote-user = %q", v)
+	}
+	for _, m := range []*extprocv3.HeaderMutation{
+		{SetHeaders: []*corev3.HeaderValueOption{set("authorization", "x")}},
+		{RemoveHeaders: []string{":path"}},
+		{SetHeaders: []*corev3.HeaderValueOption{{Header: &corev3.HeaderValue{Key: "x-remote-user", Value: "a", RawValue: []byte("b")}}}},
+		{SetHeaders: []*corev3.HeaderValueOption{set("x-remote-user", "a\r\nb")}},
+	} {
+		if err := st.applyMutation(r, m, "p."); err == nil {
+			t.Errorf("mutation %v accepted", m)
+		}
+	}
+	if v, _ := st.hdr.get("authorization"); v != "Bearer t" {
+		t.Errorf("authorization = %q", v)
+	}
+}
+
+func TestRouteMatching(t *testing.T) {
+	_, rc := compiledGolden(t)
+	match := func(path string, hdr headerList) string {
+		st := &stream{cfg: &config{routes: map[string]*routeConfig{"r": rc}}, hcm: &hcmCfg{rdsName: "r"}, host: "example:6443", path: path, hdr: hdr}
+		return routeName(st.matchRoute())
+	}
+	token := headerList{{"authorization", "Bearer t"}}
+	cases := []struct {
+		path string
+		hdr  headerList
+		want string
+	}{
+		{"/apis/batch/v1/jobs?watch=true", token, "batch/v1"},
+		{"/apis/batch/v1/jobs", headerList{{"x-kube-mvp-cluster", "x"}}, "extproc-decided"},
+		{"/api/v1/pods", headerList{{"x-forwarded-client-cert", "Hash=1"}}, "client-certificate"},
+		{"/api/v1/pods", token, "core/v1"},
+		{"/api/v1", token, "default"},
+		{"/apis/batch/v1", token, "default"},
+		{"/healthz", token, "default"},
+		{"/healthz", nil, "anonymous"},
+		{"/api/v1/pods", headerList{{"sec-websocket-protocol", "base64url.bearer.authorization.k8s.io.dA"}}, "core/v1"},
+	}
+	for _, tc := range cases {
+		if got := match(tc.path, tc.hdr); got != tc.want {
+			t.Errorf("%s %v: route %s, want %s", tc.path, tc.hdr, got, tc.want)
+		}
+	}
+	vhs := []*virtualHost{{name: "star", domains: []string{"*"}}, {name: "suffix", domains: []string{"*.example.com"}}, {name: "exact", domains: []string{"api.example.com"}}, {name: "prefix", domains: []string{"api.*"}}}
+	for host, want := range map[string]string{"api.example.com": "exact", "x.example.com": "suffix", "api.other": "prefix", "other": "star"} {
+		if got := selectVirtualHost(vhs, host); got.name != want {
+			t.Errorf("host %s: %s, want %s", host, got.name, want)
+		}
+	}
+	_ = net.IPv4len
+}

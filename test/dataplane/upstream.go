@@ -1,0 +1,434 @@
+package dataplane
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// liveHost is one upstream host and its runtime state.
+type liveHost struct {
+	hostCfg
+	active atomic.Int64 // requests in flight (least request)
+
+	mu              sync.Mutex
+	hcPending       bool // no active health check result yet
+	failedHC        bool
+	hcSuccesses     int
+	hcFailures      int
+	localFailures   int // consecutive local-origin failures
+	ejectedUntil    time.Time
+	ejections       int
+	rqTotal, rqErrs uint64
+	rqSuccess       uint64
+}
+
+func (h *liveHost) usable(now time.Time) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return !h.failedHC && !now.Before(h.ejectedUntil)
+}
+
+// liveCluster is a cluster's runtime: hosts with their health, the connection pool, the
+// health checker. Its configuration may be replaced by CDS updates.
+type liveCluster struct {
+	d    *DataPlane
+	name string
+
+	mu        sync.Mutex
+	cfg       *clusterCfg
+	hosts     []*liveHost
+	transport *http.Transport
+	hcCancel  context.CancelFunc
+	hcKick    chan struct{} // new hosts: check now (buffered, 1)
+	rr        atomic.Uint64
+	active    atomic.Int64 // requests in flight (circuit breaker)
+	retries   atomic.Int64 // retries in flight
+}
+
+func (c *liveCluster) stop() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.hcCancel != nil {
+		c.hcCancel()
+		c.hcCancel = nil
+	}
+	if c.transport != nil {
+		c.transport.CloseIdleConnections()
+	}
+}
+
+func (c *liveCluster) snapshot() (*clusterCfg, []*liveHost, *http.Transport) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.cfg, c.hosts, c.transport
+}
+
+// syncClustersLocked brings the live clusters in line with the configuration: new clusters
+// are created, removed ones stopped; a changed cluster gets a new connection pool and health
+// checker; hosts are kept (with their health) by address across EDS updates.
+func (d *DataPlane) syncClustersLocked() {
+	for name, c := range d.clusters {
+		if d.cfg.clusters[name] == nil {
+			c.stop()
+			delete(d.clusters, name)
+		}
+	}
+	for name, cc := range d.cfg.clusters {
+		c := d.clusters[name]
+		if c == nil {
+			c = &liveCluster{d: d, name: name, hcKick: make(chan struct{}, 1)}
+			d.clusters[name] = c
+		}
+		hosts := cc.staticHosts
+		if cc.edsName != "" {
+			hosts, _ = compileHosts(d.cfg.endpoints[cc.edsName])
+		}
+		c.mu.Lock()
+		changed := c.cfg == nil || c.cfg.raw != cc.raw
+		old := map[string]*liveHost{}
+		for _, h := range c.hosts {
+			old[h.address] = h
+		}
+		var nh []*liveHost
+		pending := false
+		for _, hc := range hosts {
+			if h := old[hc.address]; h != nil {
+				h.hostCfg = hc
+				nh = append(nh, h)
+				continue
+			}
+			nh = append(nh, &liveHost{hostCfg: hc, hcPending: cc.hc != nil})
+		}
+		for _, h := range nh {
+			h.mu.Lock()
+			pending = pending || h.hcPending
+			h.mu.Unlock()
+		}
+		c.hosts = nh
+		if changed {
+			c.cfg = cc
+			if c.transport != nil {
+				c.transport.CloseIdleConnections()
+			}
+			c.transport = c.newTransport(cc)
+			if c.hcCancel != nil {
+				c.hcCancel()
+				c.hcCancel = nil
+			}
+			if cc.hc != nil {
+				ctx, cancel := context.WithCancel(d.ctx)
+				c.hcCancel = cancel
+				d.wg.Add(1)
+				go func() {
+					defer d.wg.Done()
+					c.healthCheckLoop(ctx, cc)
+				}()
+			}
+		}
+		c.mu.Unlock()
+		if pending {
+			// Envoy's health checker starts a session, and with it a first check, for
+			// each host as it joins the cluster (or once the cluster's secrets arrive),
+			// not at the next interval. (We check every host then; Envoy the new ones.)
+			select {
+			case c.hcKick <- struct{}{}:
+			default:
+			}
+		}
+	}
+}
+
+// connectError marks a failure to establish the upstream connection (TCP or TLS handshake),
+// which is Envoy's "connect-failure" retry condition and response flag UF.
+type connectError struct{ err error }
+
+func (e *connectError) Error() string { return "upstream connect error: " + e.err.Error() }
+func (e *connectError) Unwrap() error { return e.err }
+
+// newTransport is the cluster's connection pool: connections within connect_timeout, TLS
+// per the UpstreamTlsContext with the current SDS secrets, HTTP/1.1 or HTTP/2 as the
+// cluster's explicit_http_config says. Responses are never decompressed.
+func (c *liveCluster) newTransport(cc *clusterCfg) *http.Transport {
+	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
+		nd := net.Dialer{Timeout: cc.connectTimeout}
+		conn, err := nd.DialContext(ctx, "tcp", addr)
+		if err != nil {
+			return nil, &connectError{err}
+		}
+		if cc.tls == nil {
+			return conn, nil
+		}
+		tc, err := c.d.upstreamTLSConfig(cc.tls)
+		if err != nil {
+			conn.Close()
+			return nil, &connectError{err}
+		}
+		tconn := tls.Client(conn, tc)
+		hctx, cancel := context.WithTimeout(ctx, cc.connectTimeout)
+		defer cancel()
+		if err := tconn.HandshakeContext(hctx); err != nil {
+			conn.Close()
+			return nil, &connectError{err}
+		}
+		return tconn, nil
+	}
+	t := &http.Transport{
+		DialContext:         dial,
+		DialTLSContext:      dial,
+		DisableCompression:  true,
+		MaxIdleConnsPerHost: 64,
+		IdleConnTimeout:     time.Hour, // Envoy: no idle timeout on upstream connections by default
+	}
+	p := new(http.Protocols)
+	if cc.http2 {
+		p.SetHTTP2(true)
+		p.SetUnencryptedHTTP2(cc.tls == nil)
+	} else {
+		p.SetHTTP1(true)
+	}
+	t.Protocols = p
+	return t
+}
+
+// upstreamTLSConfig is the client side of an UpstreamTlsContext: the client certificate,
+// SNI, ALPN, and validation against the trusted CA (the chain only: Envoy does not compare
+// the host name with the certificate) plus, when match_typed_subject_alt_names is given, a
+// DNS SAN that matches one of them. Without a validation context nothing is verified.
+func (d *DataPlane) upstreamTLSConfig(t *upstreamTLS) (*tls.Config, error) {
+	cfg := d.config()
+	tc := &tls.Config{ServerName: t.sni, NextProtos: t.alpn, InsecureSkipVerify: true, MinVersion: tls.VersionTLS12}
+	if t.certSecret != "" {
+		cert, err := secretKeyPair(cfg.secrets[t.certSecret])
+		if err != nil {
+			return nil, fmt.Errorf("secret %q: %w", t.certSecret, err)
+		}
+		tc.Certificates = []tls.Certificate{cert}
+	}
+	if t.caSecret != "" {
+		pool, err := secretCAPool(cfg.secrets[t.caSecret])
+		if err != nil {
+			return nil, fmt.Errorf("secret %q: %w", t.caSecret, err)
+		}
+		sans := t.sans
+		tc.VerifyPeerCertificate = func(raw [][]byte, _ [][]*x509.Certificate) error {
+			if len(raw) == 0 {
+				return errors.New("no server certificate")
+			}
+			certs := make([]*x509.Certificate, len(raw))
+			for i, r := range raw {
+				c, err := x509.ParseCertificate(r)
+				if err != nil {
+					return err
+				}
+				certs[i] = c
+			}
+			inter := x509.NewCertPool()
+			for _, c := range certs[1:] {
+				inter.AddCert(c)
+			}
+			if _, err := certs[0].Verify(x509.VerifyOptions{Roots: pool, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
+				return err
+			}
+			if len(sans) == 0 {
+				return nil
+			}
+			for _, n := range certs[0].DNSNames {
+				if anyMatch(sans, n) {
+					return nil
+				}
+			}
+			return fmt.Errorf("no DNS SAN of the server certificate %v matches", certs[0].DNSNames)
+		}
+	}
+	return tc, nil
+}
+
+// pick chooses a host as Envoy's load balancer does: among the healthy hosts (active health
+// check passed or pending, not ejected by outlier detection), unless their share is below
+// healthy_panic_threshold, when all hosts are used (panic mode; a threshold of 0 disables
+// it). LEAST_REQUEST with equal weights is "power of two choices": two random hosts, the one
+// with fewer active requests. ROUND_ROBIN goes in order. With the previous_hosts retry
+// predicate, a host already tried is rejected and another selection made, up to
+// host_selection_retry_max_attempts times; the last selection is used even if rejected.
+func (c *liveCluster) pick(cc *clusterCfg, hosts []*liveHost, tried map[*liveHost]bool, maxSelections int) *liveHost {
+	if len(hosts) == 0 {
+		return nil
+	}
+	now := time.Now()
+	var healthy []*liveHost
+	for _, h := range hosts {
+		if h.usable(now) {
+			healthy = append(healthy, h)
+		}
+	}
+	cand := healthy
+	if 100*float64(len(healthy))/float64(len(hosts)) < cc.panicThreshold {
+		cand = hosts
+	}
+	if len(cand) == 0 {
+		return nil
+	}
+	var h *liveHost
+	for i := 0; i < max(1, maxSelections); i++ {
+		if cc.leastRequest {
+			a, b := cand[rand.IntN(len(cand))], cand[rand.IntN(len(cand))]
+			h = a
+			if b.active.Load() < a.active.Load() {
+				h = b
+			}
+		} else {
+			h = cand[int(c.rr.Add(1)-1)%len(cand)]
+		}
+		if !tried[h] {
+			break
+		}
+	}
+	return h
+}
+
+// localOriginResult feeds outlier detection with split_external_local_origin_errors:
+// consecutive local-origin failures (connect failures, resets before the request was sent,
+// timeouts) eject the host when they reach consecutive_local_origin_failure (enforced with
+// probability enforcing_consecutive_local_origin_failure %), unless max_ejection_percent of
+// the cluster's hosts are ejected already. The ejection lasts base_ejection_time times the
+// number of times the host was ejected, at most max_ejection_time.
+func (c *liveCluster) localOriginResult(cc *clusterCfg, hosts []*liveHost, h *liveHost, failed bool) {
+	o := cc.outlier
+	if o == nil {
+		return
+	}
+	h.mu.Lock()
+	if !failed {
+		h.localFailures = 0
+		h.mu.Unlock()
+		return
+	}
+	h.localFailures++
+	trip := h.localFailures >= o.consecutiveLocal
+	h.mu.Unlock()
+	if !trip || rand.IntN(100) >= o.enforcingLocal {
+		return
+	}
+	now := time.Now()
+	ejected := 0
+	for _, x := range hosts {
+		x.mu.Lock()
+		if now.Before(x.ejectedUntil) {
+			ejected++
+		}
+		x.mu.Unlock()
+	}
+	if 100*(ejected+1) > o.maxPercent*len(hosts) {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.ejections++
+	d := min(time.Duration(h.ejections)*o.base, max(o.base, o.max))
+	h.ejectedUntil = now.Add(d)
+	h.localFailures = 0
+	c.d.stats.inc("cluster." + c.name + ".outlier_detection.ejections_enforced_total")
+}
+
+// healthCheckLoop is the active HTTP health checker: every interval (no_traffic_interval
+// while the cluster has had no traffic) a GET of the path with the configured host header
+// over the cluster's transport socket; 200 is healthy. A host becomes unhealthy after
+// unhealthy_threshold consecutive failures and healthy again after healthy_threshold
+// successes; the first check of a new host decides at once. A success unejects an ejected
+// host when successful_active_health_check_uneject_host is set.
+func (c *liveCluster) healthCheckLoop(ctx context.Context, cc *clusterCfg) {
+	tr := c.newTransport(cc)
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr, Timeout: cc.hc.timeout}
+	for {
+		_, hosts, _ := c.snapshot()
+		var wg sync.WaitGroup
+		for _, h := range hosts {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				c.checkHost(ctx, cc, client, h)
+			}()
+		}
+		wg.Wait()
+		interval := cc.hc.interval
+		if c.d.stats.get("cluster."+c.name+".upstream_rq_total") == 0 {
+			interval = cc.hc.noTraffic
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(interval):
+		case <-c.hcKick:
+		}
+	}
+}
+
+func (c *liveCluster) checkHost(ctx context.Context, cc *clusterCfg, client *http.Client, h *liveHost) {
+	scheme := "http"
+	if cc.tls != nil {
+		scheme = "https"
+	}
+	if cc.tls != nil {
+		// A cluster whose SDS secrets have not arrived is still warming in Envoy: no
+		// health checks, and the hosts stay pending until they do.
+		if _, err := c.d.upstreamTLSConfig(cc.tls); err != nil {
+			return
+		}
+	}
+	ok := false
+	if !strings.HasPrefix(h.address, "unix:") {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, scheme+"://"+h.address+cc.hc.path, nil)
+		if err == nil {
+			req.Host = cc.hc.host
+			req.Header.Set("User-Agent", "Envoy/HC")
+			for _, kv := range cc.hc.headers { // every append_action adds: the request has none of its own
+				req.Header.Add(kv[0], kv[1])
+			}
+			resp, err := client.Do(req)
+			if err == nil {
+				ok = resp.StatusCode == http.StatusOK
+				resp.Body.Close()
+			}
+		}
+	}
+	if ctx.Err() != nil {
+		return
+	}
+	c.d.stats.inc("cluster." + c.name + ".health_check.attempt")
+	if !ok {
+		c.d.stats.inc("cluster." + c.name + ".health_check.failure")
+	} else {
+		c.d.stats.inc("cluster." + c.name + ".health_check.success")
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	first := h.hcPending
+	h.hcPending = false
+	if ok {
+		h.hcFailures = 0
+		h.hcSuccesses++
+		if h.failedHC && (first || h.hcSuccesses >= max(1, cc.hc.healthy)) {
+			h.failedHC = false
+		}
+		if cc.outlier != nil && cc.outlier.unejectOnHealthyActiveHC && time.Now().Before(h.ejectedUntil) {
+			h.ejectedUntil = time.Time{}
+		}
+		return
+	}
+	h.hcSuccesses = 0
+	h.hcFailures++
+	if !h.failedHC && (first || h.hcFailures >= max(1, cc.hc.unhealthy)) {
+		h.failedHC = true
+	}
+}

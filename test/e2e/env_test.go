@@ -1,0 +1,190 @@
+// Package e2e runs kube-mvp's whole request path against real apiservers of two versions:
+// client → test data plane (Envoy's stand-in, test/dataplane) → extproc → kube-apiserver, with
+// the data plane configured over ADS by a real xds-server process watching the real control
+// plane, and extproc fed by xds-server's table stream.
+package e2e
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/kube-mvp/kube-mvp/test/controlplane"
+	"github.com/kube-mvp/kube-mvp/test/harness"
+)
+
+// livenessWindow is xds-server's --liveness-window here. Apiservers renew their identity
+// Lease every 10 s, so a window well above that never flaps, and a stopped server leaves
+// the table within it.
+const livenessWindow = 20 * time.Second
+
+// binDir holds xds-server and extproc, built once by TestMain from this checkout.
+var binDir string
+
+func TestMain(m *testing.M) {
+	os.Exit(func() int {
+		dir, err := os.MkdirTemp("", "kube-mvp-e2e-bin-")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer os.RemoveAll(dir)
+		if err := harness.BuildBinaries(context.Background(), dir); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		binDir = dir
+		return m.Run()
+	}())
+}
+
+// env is one control plane with kube-mvp in front of it.
+type env struct {
+	t   *testing.T
+	cp  *controlplane.ControlPlane
+	dir string // short: unix socket paths are limited to 108 bytes
+}
+
+func newEnv(t *testing.T, ctx context.Context, servers ...controlplane.ServerSpec) *env {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("needs a real control plane")
+	}
+	cp, err := controlplane.Start(ctx, controlplane.Options{Servers: servers})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cp.Close)
+	dir, err := os.MkdirTemp("/tmp", "kmvp-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("logs kept in %s", dir)
+			return
+		}
+		os.RemoveAll(dir)
+	})
+	return &env{t: t, cp: cp, dir: dir}
+}
+
+// startKubeMVP starts a deployment of kube-mvp (see harness.Start); local names the
+// apiserver of a sidecar deployment, empty for a front proxy. It is stopped when the test
+// ends; its logs are shown if the test failed, and any NACK fails the test.
+func (e *env) startKubeMVP(ctx context.Context, name, local string) *harness.KubeMVP {
+	t := e.t
+	t.Helper()
+	k, err := harness.Start(ctx, harness.Options{
+		ControlPlane: e.cp, BinDir: binDir, Dir: e.dir, Name: name, LocalAPIServer: local,
+		LivenessWindow: livenessWindow,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if n := k.DataPlane.NACKs(); len(n) > 0 {
+			t.Errorf("data plane %s NACKed our config: %q", name, n)
+		}
+		if t.Failed() {
+			t.Logf("kube-mvp %s:\n%s", name, k.Logs())
+		}
+		k.Close()
+	})
+	return k
+}
+
+// adminClient talks to one apiserver directly, as cluster admin.
+func (e *env) adminClient(s *controlplane.Server) *kubernetes.Clientset {
+	c, err := s.Client()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return c
+}
+
+// through returns a client config for the data plane's listener with the given identity:
+// a client certificate (cert non-nil), a bearer token, or neither (anonymous).
+func (e *env) through(k *harness.KubeMVP, cert *controlplane.KeyPair, token string) *rest.Config {
+	cfg := &rest.Config{
+		Host:            k.Endpoint(),
+		TLSClientConfig: rest.TLSClientConfig{CAData: e.cp.PKI.ServerCA.CertPEM},
+		BearerToken:     token,
+		QPS:             -1,
+		Burst:           -1,
+		Timeout:         30 * time.Second,
+	}
+	if cert != nil {
+		cfg.CertData, cfg.KeyData = cert.CertPEM, cert.KeyPEM
+	}
+	return cfg
+}
+
+// rawClient is an http.Client for the data plane's listener (for requests client-go does not
+// make: spoofed headers, upgrades, raw bodies).
+func (e *env) rawClient(cert *controlplane.KeyPair) *http.Client {
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(e.cp.PKI.ServerCA.CertPEM)
+	tc := &tls.Config{RootCAs: roots}
+	if cert != nil {
+		c, err := cert.TLS()
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		tc.Certificates = []tls.Certificate{c}
+	}
+	return &http.Client{Transport: &http.Transport{TLSClientConfig: tc}, Timeout: 30 * time.Second}
+}
+
+// status is the part of a Kubernetes Status the tests look at.
+type status struct {
+	Kind       string `json:"kind"`
+	APIVersion string `json:"apiVersion"`
+	Status     string `json:"status"`
+	Message    string `json:"message"`
+	Reason     string `json:"reason"`
+	Code       int    `json:"code"`
+}
+
+func decodeStatus(t *testing.T, res *http.Response) status {
+	t.Helper()
+	body, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	var s status
+	if err := json.Unmarshal(body, &s); err != nil {
+		t.Fatalf("%s %s: %d, body is not a Status: %v\n%s", res.Request.Method, res.Request.URL, res.StatusCode, err, body)
+	}
+	if ct := res.Header.Get("Content-Type"); !strings.HasPrefix(ct, "application/json") {
+		t.Errorf("Status with content-type %q", ct)
+	}
+	return s
+}
+
+// waitFor polls check until it succeeds, failing the test after two minutes.
+func waitFor(t *testing.T, ctx context.Context, what string, check func() error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	var err error
+	for {
+		if err = check(); err == nil {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("waiting for %s: %v", what, err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}

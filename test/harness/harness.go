@@ -1,0 +1,296 @@
+// Package harness runs kube-mvp in front of a test control plane, the way the end-to-end tests
+// and the demo need it: the real xds-server and extproc binaries built from this checkout, as
+// processes, and the test data plane (Envoy's stand-in) configured by xds-server over ADS.
+package harness
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/kube-mvp/kube-mvp/test/controlplane"
+	"github.com/kube-mvp/kube-mvp/test/dataplane"
+)
+
+// ListenerName is the name of the listener xds-server emits.
+const ListenerName = "kube-apiserver"
+
+// BuildBinaries builds xds-server and extproc from this checkout into dir.
+func BuildBinaries(ctx context.Context, dir string) error {
+	root, err := controlplane.RepoRoot()
+	if err != nil {
+		return err
+	}
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", dir+string(filepath.Separator), "./cmd/xds-server", "./cmd/extproc")
+	cmd.Dir = root
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("building xds-server and extproc: %w\n%s", err, out.String())
+	}
+	return nil
+}
+
+// Options describe one kube-mvp deployment.
+type Options struct {
+	ControlPlane *controlplane.ControlPlane
+	// BinDir holds xds-server and extproc (BuildBinaries).
+	BinDir string
+	// Dir receives the sockets and the processes' logs; keep it short (unix socket paths are
+	// limited to 108 bytes).
+	Dir string
+	// Name names the deployment: the Envoy node ID, log file prefix.
+	Name string
+	// LocalAPIServer, when set (an apiserver's hostname), makes this a sidecar deployment
+	// beside that apiserver; empty is a front proxy for all of them.
+	LocalAPIServer string
+	// LivenessWindow is xds-server's --liveness-window; zero means its default.
+	LivenessWindow time.Duration
+	// Logger receives the data plane's log; nil discards.
+	Logger *slog.Logger
+}
+
+// KubeMVP is a running deployment: xds-server, extproc following its table stream, and a
+// data plane configured by it.
+type KubeMVP struct {
+	Name         string
+	XDSAddress   string
+	XDSAdmin     string // http://host:port
+	ExtprocAdmin string // http://host:port
+	DataPlane    *dataplane.DataPlane
+	procs        []*process
+	apiBalancer  *RoundRobin
+	dataPlaneLog *os.File // nil when Options.Logger was given
+}
+
+// Start starts a deployment and waits until its data plane has applied a full configuration.
+// On error everything started is stopped again.
+func Start(ctx context.Context, opts Options) (k *KubeMVP, err error) {
+	cp := opts.ControlPlane
+	dir := filepath.Join(opts.Dir, opts.Name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	addrs, err := freeAddrs(3)
+	if err != nil {
+		return nil, err
+	}
+	k = &KubeMVP{Name: opts.Name, XDSAddress: addrs[0], XDSAdmin: "http://" + addrs[1], ExtprocAdmin: "http://" + addrs[2]}
+	defer func() {
+		if err != nil {
+			k.Close()
+		}
+	}()
+	// xds-server watches through a balancer over every apiserver, as in a cluster it does
+	// through the kubernetes Service: pointed at one apiserver, it would lose sight of every
+	// Lease when that one stops.
+	if k.apiBalancer, err = StartRoundRobin(cp.Addresses()); err != nil {
+		return nil, err
+	}
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	if err := cp.WriteKubeconfigFor(kubeconfig, "https://"+k.apiBalancer.Addr()); err != nil {
+		return nil, err
+	}
+
+	pki := cp.PKI
+	sock := filepath.Join(dir, "extproc.sock")
+	xdsArgs := []string{"serve",
+		"--kubeconfig", kubeconfig, "--xds-address", addrs[0], "--admin-address", addrs[1],
+		"--extproc-address", "unix:" + sock, "--listen-address", "127.0.0.1",
+		"--serving-cert", pki.Path("serving.crt"), "--serving-key", pki.Path("serving.key"),
+		"--client-ca", pki.Path("client-ca.crt"), "--peer-ca", pki.Path("server-ca.crt"),
+		"--proxy-client-cert", pki.Path("proxy-client.crt"), "--proxy-client-key", pki.Path("proxy-client.key"),
+	}
+	if opts.LivenessWindow > 0 {
+		xdsArgs = append(xdsArgs, "--liveness-window", opts.LivenessWindow.String())
+	}
+	p, err := startProcess(filepath.Join(dir, "xds-server.log"), filepath.Join(opts.BinDir, "xds-server"), xdsArgs...)
+	if err != nil {
+		return nil, err
+	}
+	k.procs = append(k.procs, p)
+
+	extArgs := []string{"--source", "xds:" + addrs[0], "--listen", "unix:" + sock, "--admin-address", addrs[2]}
+	if opts.LocalAPIServer != "" {
+		extArgs = append(extArgs, "--local-id", opts.LocalAPIServer)
+	}
+	p, err = startProcess(filepath.Join(dir, "extproc.log"), filepath.Join(opts.BinDir, "extproc"), extArgs...)
+	if err != nil {
+		return nil, err
+	}
+	k.procs = append(k.procs, p)
+	if err := waitOK(ctx, k.ExtprocAdmin+"/readyz", 2*time.Minute); err != nil {
+		return nil, fmt.Errorf("extproc never got a routing table: %w\n%s", err, k.Logs())
+	}
+
+	logger := opts.Logger
+	if logger == nil {
+		// Its own log file, in debug (one line per request and per upstream attempt), shown
+		// by Logs() beside the processes' logs.
+		f, err := os.Create(filepath.Join(dir, "dataplane.log"))
+		if err != nil {
+			return nil, err
+		}
+		k.dataPlaneLog = f
+		logger = slog.New(slog.NewTextHandler(f, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	k.DataPlane, err = dataplane.Start(ctx, dataplane.Options{
+		XDSAddress:      addrs[0],
+		NodeID:          opts.Name,
+		LocalAPIServer:  opts.LocalAPIServer,
+		ListenerAddress: map[string]string{ListenerName: "127.0.0.1:0"},
+		Logger:          logger.With("dataplane", opts.Name),
+	})
+	if err != nil {
+		return nil, err
+	}
+	readyCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	if err := k.DataPlane.WaitReady(readyCtx); err != nil {
+		return nil, fmt.Errorf("data plane %s: %w (NACKs: %q)\n%s", opts.Name, err, k.DataPlane.NACKs(), k.Logs())
+	}
+	return k, nil
+}
+
+// Endpoint is the https://host:port where clients reach the apiservers through kube-mvp.
+func (k *KubeMVP) Endpoint() string {
+	return "https://" + k.DataPlane.ListenerAddr(ListenerName)
+}
+
+// Logs returns the tail of every process's log.
+func (k *KubeMVP) Logs() string {
+	var b bytes.Buffer
+	for _, p := range k.procs {
+		fmt.Fprintf(&b, "--- %s (last 4 KiB) ---\n%s\n", filepath.Base(p.logPath), tail(p.logPath, 4096))
+	}
+	if k.dataPlaneLog != nil {
+		fmt.Fprintf(&b, "--- %s (last 8 KiB) ---\n%s\n", filepath.Base(k.dataPlaneLog.Name()), tail(k.dataPlaneLog.Name(), 8192))
+	}
+	return b.String()
+}
+
+// Close stops the data plane and the processes (SIGTERM, then SIGKILL after 15 s).
+func (k *KubeMVP) Close() error {
+	var errs []error
+	if k.DataPlane != nil {
+		errs = append(errs, k.DataPlane.Close())
+	}
+	for _, p := range k.procs {
+		p.stop(15 * time.Second)
+	}
+	if k.apiBalancer != nil {
+		k.apiBalancer.Close()
+	}
+	if k.dataPlaneLog != nil {
+		k.dataPlaneLog.Close()
+	}
+	return errors.Join(errs...)
+}
+
+// process is a child that dies with us (Pdeathsig), its output in a log file.
+type process struct {
+	cmd     *exec.Cmd
+	logPath string
+	logFile *os.File
+	exited  chan struct{}
+	done    atomic.Bool
+}
+
+func startProcess(logPath, bin string, args ...string) (*process, error) {
+	f, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		return nil, err
+	}
+	p := &process{cmd: cmd, logPath: logPath, logFile: f, exited: make(chan struct{})}
+	go func() { cmd.Wait(); close(p.exited) }() //nolint:errcheck // the exit is in the log
+	return p, nil
+}
+
+func (p *process) stop(grace time.Duration) {
+	if p.done.Swap(true) {
+		return
+	}
+	p.cmd.Process.Signal(syscall.SIGTERM) //nolint:errcheck // it may have exited already
+	select {
+	case <-p.exited:
+	case <-time.After(grace):
+		p.cmd.Process.Kill() //nolint:errcheck
+		<-p.exited
+	}
+	p.logFile.Close()
+}
+
+// tail is the end of a log file, from a line start.
+func tail(path string, n int) string {
+	b, _ := os.ReadFile(path)
+	if len(b) > n {
+		b = b[len(b)-n:]
+		if i := bytes.IndexByte(b, '\n'); i >= 0 {
+			b = b[i+1:]
+		}
+	}
+	return string(b)
+}
+
+func waitOK(ctx context.Context, url string, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var last error
+	for {
+		req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
+		res, err := http.DefaultClient.Do(req)
+		if err == nil {
+			io.Copy(io.Discard, res.Body) //nolint:errcheck
+			res.Body.Close()
+			if res.StatusCode == 200 {
+				return nil
+			}
+			err = fmt.Errorf("%s: %s", url, res.Status)
+		}
+		last = err
+		select {
+		case <-ctx.Done():
+			return last
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// freeAddrs returns n distinct free loopback addresses (the ports may be taken again before
+// use; unlikely on a test machine).
+func freeAddrs(n int) ([]string, error) {
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	var out []string
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		ls = append(ls, l)
+		out = append(out, l.Addr().String())
+	}
+	return out, nil
+}
