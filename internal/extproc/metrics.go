@@ -84,7 +84,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 	}
 	unexpected := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kube_mvp_extproc_unexpected_messages_total",
-		Help: "ext_proc messages that the processing mode (request headers only) should never send, by type; each got an empty response of its type.",
+		Help: "ext_proc messages that the processing mode should never send (bodies, trailers, response headers extproc did not ask for), by type; each got an empty response of its type.",
 	}, []string{"type"})
 	for i, t := range unexpectedTypes {
 		m.unexpected[i] = unexpected.WithLabelValues(t)

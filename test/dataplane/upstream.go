@@ -13,6 +13,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"google.golang.org/protobuf/proto"
 )
 
 // liveHost is one upstream host and its runtime state.
@@ -30,6 +32,19 @@ type liveHost struct {
 	ejections       int
 	rqTotal, rqErrs uint64
 	rqSuccess       uint64
+}
+
+// withConfig is h with a new hostname or metadata and the same health and outlier state. A
+// host's configuration is never changed in place: requests and health checks in flight
+// read it without a lock.
+func (h *liveHost) withConfig(hc hostCfg) *liveHost {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return &liveHost{
+		hostCfg: hc, hcPending: h.hcPending, failedHC: h.failedHC, hcSuccesses: h.hcSuccesses, hcFailures: h.hcFailures,
+		localFailures: h.localFailures, ejectedUntil: h.ejectedUntil, ejections: h.ejections,
+		rqTotal: h.rqTotal, rqErrs: h.rqErrs, rqSuccess: h.rqSuccess,
+	}
 }
 
 func (h *liveHost) usable(now time.Time) bool {
@@ -103,7 +118,9 @@ func (d *DataPlane) syncClustersLocked() {
 		pending := false
 		for _, hc := range hosts {
 			if h := old[hc.address]; h != nil {
-				h.hostCfg = hc
+				if h.hostname != hc.hostname || !proto.Equal(h.metadata, hc.metadata) {
+					h = h.withConfig(hc)
+				}
 				nh = append(nh, h)
 				continue
 			}
