@@ -114,8 +114,11 @@ func (b *builder) clusters() ([]*clusterv3.Cluster, []*endpointv3.ClusterLoadAss
 			TypedExtensionProtocolOptions: http1,
 			CircuitBreakers:               circuitBreakers(),
 			OutlierDetection: &clusterv3.OutlierDetection{
-				SplitExternalLocalOriginErrors:         true,
-				ConsecutiveLocalOriginFailure:          wrapperspb.UInt32(3),
+				SplitExternalLocalOriginErrors: true,
+				// Two refused connections in a row: the process is not listening (a stopping
+				// apiserver closes its listener before its Lease goes), so the request's
+				// last retry already avoids it.
+				ConsecutiveLocalOriginFailure:          wrapperspb.UInt32(2),
 				EnforcingConsecutiveLocalOriginFailure: wrapperspb.UInt32(100),
 				EnforcingLocalOriginSuccessRate:        wrapperspb.UInt32(0),
 				EnforcingConsecutive_5Xx:               wrapperspb.UInt32(0),

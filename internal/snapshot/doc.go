@@ -78,8 +78,9 @@
 //
 // Every route: timeout 0 and idle_timeout 0 (watches must not be cut); retries only where the
 // request cannot have reached an apiserver (connect-failure, refused-stream,
-// reset-before-request), 2 retries on other hosts (previous_hosts, 5 host selection
-// attempts), so a dead peer costs a retry, not an error, while a capable peer remains.
+// reset-before-request), 2 retries on other hosts (previous_hosts, 20 host selection
+// attempts: least request favours the host that just refused, having nothing in flight), so
+// a dead peer costs a retry, not an error, while a capable peer remains.
 //
 // # Clusters
 //
@@ -97,7 +98,7 @@
 //     explicit HTTP/1.1 (SPDY upgrades need it); LEAST_REQUEST balancing (long watches make
 //     request counts, not round robin, the fair measure); circuit breakers at 100000
 //     connections/requests (default 1024 would cap the number of watches); outlier detection
-//     on local-origin failures only (split_external_local_origin_errors, 3 consecutive
+//     on local-origin failures only (split_external_local_origin_errors, 2 consecutive
 //     connect failures eject, max_ejection_percent 100) — 5xx answers are not ejected for,
 //     since an apiserver's 500 is usually about the request (a failing webhook), not the
 //     server; active health check GET /readyz over the cluster's TLS every 5s as

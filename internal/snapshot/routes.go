@@ -152,7 +152,9 @@ func (b *builder) retryPolicy(what string) *routev3.RetryPolicy {
 				TypedConfig: b.pack(what+"retry host predicate", &previoushostsv3.PreviousHostsPredicate{}),
 			},
 		}},
-		HostSelectionRetryMaxAttempts: 5,
+		// Least request prefers the host that just refused (it has no requests in flight),
+		// so with two hosts five selections can all land on it; 20 make that negligible.
+		HostSelectionRetryMaxAttempts: 20,
 	}
 }
 

@@ -51,12 +51,12 @@ func TestMain(m *testing.M) {
 
 // env is one control plane with kube-mvp in front of it.
 type env struct {
-	t   *testing.T
+	t   testing.TB
 	cp  *controlplane.ControlPlane
 	dir string // short: unix socket paths are limited to 108 bytes
 }
 
-func newEnv(t *testing.T, ctx context.Context, servers ...controlplane.ServerSpec) *env {
+func newEnv(t testing.TB, ctx context.Context, servers ...controlplane.ServerSpec) *env {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("needs a real control plane")

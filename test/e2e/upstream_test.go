@@ -1,0 +1,124 @@
+package e2e
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"testing"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kube-mvp/kube-mvp/test/controlplane"
+	"github.com/kube-mvp/kube-mvp/test/harness"
+)
+
+// upstreamBaseline is upstream's own Mixed Version Proxy beside ours: A v1.37.1 and B v1.36.4
+// with batch/v1 off, both with the in-process proxy on (--peer-ca-file); a Job created on A.
+// Listing Jobs directly on B takes upstream's path (B → A, two hops); through a kube-mvp
+// sidecar beside B it takes ours (data plane → A, one hop).
+type upstreamBaseline struct {
+	e        *env
+	sidecarB *harness.KubeMVP
+	viaB     string // https://B/apis/batch/v1/namespaces/default/jobs
+	viaOurs  string
+	direct   string // straight to A: what neither proxy adds
+	client   *http.Client
+}
+
+func newUpstreamBaseline(tb testing.TB, ctx context.Context) *upstreamBaseline {
+	e := newEnv(tb, ctx,
+		controlplane.ServerSpec{Name: "cp-a", Version: "v1.37.1", PeerProxy: true},
+		controlplane.ServerSpec{Name: "cp-b", Version: "v1.36.4", RuntimeConfig: []string{"batch/v1=false"}, PeerProxy: true},
+	)
+	u := &upstreamBaseline{e: e, sidecarB: e.startKubeMVP(ctx, "sidecar-b", "cp-b"), client: e.rawClient(&e.cp.PKI.Admin)}
+	job := &batchv1.Job{
+		ObjectMeta: metav1.ObjectMeta{Name: "baseline"},
+		Spec: batchv1.JobSpec{Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{
+			RestartPolicy: corev1.RestartPolicyNever, Containers: []corev1.Container{{Name: "c", Image: "busybox"}},
+		}}},
+	}
+	if _, err := e.adminClient(e.cp.Server("cp-a")).BatchV1().Jobs("default").Create(ctx, job, metav1.CreateOptions{}); err != nil {
+		tb.Fatal(err)
+	}
+	const path = "/apis/batch/v1/namespaces/default/jobs"
+	u.viaB, u.viaOurs = "https://"+e.cp.Server("cp-b").Address()+path, u.sidecarB.Endpoint()+path
+	u.direct = "https://" + e.cp.Server("cp-a").Address() + path
+	// Upstream's proxy learns its peers from their Leases and StorageVersions: wait until B
+	// serves Jobs through it.
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		code, err := u.get(ctx, u.viaB)
+		if err == nil && code == 200 {
+			break
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("upstream's proxy on cp-b never served Jobs: %d %v", code, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return u
+}
+
+func (u *upstreamBaseline) get(ctx context.Context, url string) (int, error) {
+	req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
+	res, err := u.client.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer res.Body.Close()
+	_, err = io.Copy(io.Discard, res.Body)
+	return res.StatusCode, err
+}
+
+// TestUpstreamProxyBaseline: upstream's in-process proxy and kube-mvp both serve the Jobs
+// that B cannot; the latency comparison is BenchmarkProxiedList.
+func TestUpstreamProxyBaseline(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	u := newUpstreamBaseline(t, ctx)
+	for range 10 {
+		for _, url := range []string{u.viaB, u.viaOurs} {
+			if code, err := u.get(ctx, url); err != nil || code != 200 {
+				t.Fatalf("GET %s: %d %v", url, code, err)
+			}
+		}
+	}
+}
+
+// BenchmarkProxiedList times the same list, in turn through upstream's proxy (client → B →
+// A), through kube-mvp (client → data plane → extproc decision → A) and straight to A, over
+// kept-alive TLS connections, and reports each, the ratio of the totals (goal: ours ≤ 0.7×
+// upstream's) and the ratio of what each path adds to the direct request. The data plane is
+// the Go stand-in for Envoy, so this compares paths, not Envoy's own speed.
+func BenchmarkProxiedList(b *testing.B) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	u := newUpstreamBaseline(b, ctx)
+	var upstream, ours, direct time.Duration
+	timed := func(url string) time.Duration {
+		start := time.Now()
+		if code, err := u.get(ctx, url); err != nil || code != 200 {
+			b.Fatalf("GET %s: %d %v", url, code, err)
+		}
+		return time.Since(start)
+	}
+	for _, url := range []string{u.viaB, u.viaOurs, u.direct} {
+		timed(url) // connections up before the clock counts
+	}
+	for b.Loop() {
+		upstream += timed(u.viaB)
+		ours += timed(u.viaOurs)
+		direct += timed(u.direct)
+	}
+	n := float64(b.N)
+	b.ReportMetric(float64(upstream.Microseconds())/n, "upstream-µs/op")
+	b.ReportMetric(float64(ours.Microseconds())/n, "kube-mvp-µs/op")
+	b.ReportMetric(float64(direct.Microseconds())/n, "direct-µs/op")
+	b.ReportMetric(float64(ours)/float64(upstream), "ratio")
+	if upstream > direct {
+		b.ReportMetric(float64(ours-direct)/float64(upstream-direct), "added-ratio")
+	}
+}
