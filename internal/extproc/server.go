@@ -130,7 +130,10 @@ func (s *Server) Version() string {
 
 // Process serves one ext_proc stream. Envoy opens one per HTTP request and, with our
 // processing mode (request headers SEND, everything else SKIP/NONE), sends a single
-// request_headers message and expects exactly one response to it.
+// request_headers message and expects exactly one response to it; for a merged-discovery
+// request, whose answer asked for them (mode_override), the response headers follow on the
+// same stream. The stream's gRPC metadata may say the request has no credentials at all
+// (Envoy's anonymous route).
 func (s *Server) Process(stream grpc.BidiStreamingServer[extprocv3.ProcessingRequest, extprocv3.ProcessingResponse]) error {
 	md, _ := metadata.FromIncomingContext(stream.Context())
 	caller := md.Get(topology.AnonymousCallerMetadata[0])
