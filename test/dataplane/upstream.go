@@ -177,6 +177,7 @@ func (e *connectError) Unwrap() error { return e.err }
 // cluster's explicit_http_config says. Responses are never decompressed.
 func (c *liveCluster) newTransport(cc *clusterCfg) *http.Transport {
 	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c.d.stats.inc("cluster." + c.name + ".upstream_cx_total") // Envoy: connections opened
 		nd := net.Dialer{Timeout: cc.connectTimeout}
 		conn, err := nd.DialContext(ctx, "tcp", addr)
 		if err != nil {
