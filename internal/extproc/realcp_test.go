@@ -62,6 +62,7 @@ func TestOnRealControlPlane(t *testing.T) {
 	}
 	// The first tables may predate the apiservers' discovery; wait for the settled one.
 	waitDecision(t, client, "GET", "/apis/batch/v1/namespaces/default/jobs/j/status", "kube-apiservers-only-cp-a")
+	waitDecision(t, client, "GET", "/apis/apps/v1/namespaces/default/deployments", "kube-apiservers")
 	for _, c := range cases {
 		req := request(c.method, c.path)
 		checkResponse(t, req, call(t, client, req), c.want)

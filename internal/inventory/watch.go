@@ -76,8 +76,14 @@ type Watcher struct {
 type discovered struct {
 	holder  string // holderIdentity when fetched: a restart changes it
 	fetched time.Time
+	rounds  int // fetches started for this holder
 	list    *apidiscoveryv2.APIGroupDiscoveryList
 }
+
+// settleRefetch: an apiserver that has just started may publish its discovery piecemeal
+// (groups registered by post-start hooks appear later), so its discovery is fetched once
+// more this long after the first time.
+const settleRefetch = 5 * time.Second
 
 // NewWatcher prepares a watcher; Run starts it.
 func NewWatcher(cfg *rest.Config, opts WatchOptions, onChange func(*topology.Topology)) (*Watcher, error) {
@@ -264,9 +270,14 @@ func (w *Watcher) discoveryFor(ctx context.Context, leases []coordinationv1.Leas
 			time.AfterFunc(minRefetch-opts.Now.Sub(d.fetched), w.trigger)
 			stale = false
 		}
-		if !have || d.holder != holder || stale || opts.Now.Sub(d.fetched) > w.opts.DiscoveryInterval {
+		settling := have && d.holder == holder && d.rounds < 2 && opts.Now.Sub(d.fetched) > settleRefetch
+		if !have || d.holder != holder || stale || settling || opts.Now.Sub(d.fetched) > w.opts.DiscoveryInterval {
+			rounds := 1
+			if have && d.holder == holder {
+				rounds = d.rounds + 1
+			}
 			// Mark as fetched now so one slow server is not asked again on every rebuild.
-			w.discovery[s.ID] = discovered{holder: holder, fetched: opts.Now, list: keepIf(d.holder == holder, d.list)}
+			w.discovery[s.ID] = discovered{holder: holder, fetched: opts.Now, rounds: rounds, list: keepIf(d.holder == holder, d.list)}
 			go w.fetchDiscovery(ctx, s, holder)
 		}
 	}
