@@ -71,6 +71,9 @@ type TopologyView struct {
 	DefaultCluster   string               `json:"defaultCluster"`
 	GroupVersions    []GroupVersionView   `json:"groupVersions"`
 	ServedEverywhere []string             `json:"servedEverywhere,omitempty"`
+	// MergedDiscoveryETag is the ETag of the merged /apis discovery extproc serves; empty
+	// while it cannot be built (a live apiserver's discovery not fetched yet).
+	MergedDiscoveryETag string `json:"mergedDiscoveryETag,omitempty"`
 }
 
 // GroupVersionView lists a group/version's resources and where each is routed.
@@ -92,6 +95,9 @@ type ResourceView struct {
 // DescribeTopology builds the /debug/topology view.
 func DescribeTopology(t *topology.Topology) TopologyView {
 	v := TopologyView{APIServers: t.APIServers, DefaultCluster: t.DefaultClusterName()}
+	if t.Discovery != nil {
+		v.MergedDiscoveryETag = t.Discovery.ETag
+	}
 	for g := range t.ServedEverywhere {
 		v.ServedEverywhere = append(v.ServedEverywhere, g)
 	}

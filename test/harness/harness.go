@@ -6,6 +6,7 @@ package harness
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -19,6 +20,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kube-mvp/kube-mvp/internal/xds"
 	"github.com/kube-mvp/kube-mvp/test/controlplane"
 	"github.com/kube-mvp/kube-mvp/test/dataplane"
 )
@@ -160,6 +162,16 @@ func Start(ctx context.Context, opts Options) (k *KubeMVP, err error) {
 	if err := k.DataPlane.WaitReady(readyCtx); err != nil {
 		return nil, fmt.Errorf("data plane %s: %w (NACKs: %q)\n%s", opts.Name, err, k.DataPlane.NACKs(), k.Logs())
 	}
+	// Settled: every live apiserver's discovery is in (the merged discovery exists) and the
+	// table delay has passed, so extproc decides from it.
+	if err := waitMergedDiscovery(readyCtx, k.XDSAdmin+"/debug/topology"); err != nil {
+		return nil, fmt.Errorf("xds-server never merged the apiservers' discovery: %w\n%s", err, k.Logs())
+	}
+	select {
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-time.After(3 * time.Second): // --routing-table-delay (2s) and then some
+	}
 	return k, nil
 }
 
@@ -248,6 +260,25 @@ func tail(path string, n int) string {
 		}
 	}
 	return string(b)
+}
+
+func waitMergedDiscovery(ctx context.Context, url string) error {
+	for {
+		var v xds.TopologyView
+		res, err := http.Get(url)
+		if err == nil {
+			err = json.NewDecoder(res.Body).Decode(&v)
+			res.Body.Close()
+		}
+		if err == nil && v.MergedDiscoveryETag != "" {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (last: %v)", ctx.Err(), err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 func waitOK(ctx context.Context, url string, timeout time.Duration) error {
