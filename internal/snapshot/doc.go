@@ -78,7 +78,8 @@
 //
 // Every route: timeout 0 and idle_timeout 0 (watches must not be cut); retries only where the
 // request cannot have reached an apiserver (connect-failure, refused-stream,
-// reset-before-request), 2 retries on other hosts (previous_hosts, 20 host selection
+// reset-before-request) or the apiserver says it did not process it (retriable-headers:
+// Retry-After, sent with 503 "apiserver is shutting down" and with 429), 2 retries on other hosts (previous_hosts, 20 host selection
 // attempts: least request favours the host that just refused, having nothing in flight), so
 // a dead peer costs a retry, not an error, while a capable peer remains.
 //

@@ -140,12 +140,23 @@ func (b *builder) routeConfiguration() *routev3.RouteConfiguration {
 }
 
 // retryPolicy retries only what is safe to retry whatever the verb: the request never
-// reached an apiserver (connect failure, refused stream, reset before the request was sent).
-// Each retry goes to another host (previous_hosts) when the cluster has one.
+// reached an apiserver (connect failure, refused stream, reset before the request was sent),
+// or an apiserver answered with Retry-After. The apiserver sends Retry-After only for requests
+// it did not process: 503 "apiserver is shutting down" (once a stopping apiserver refuses new
+// requests), 429 from max-in-flight / priority and fairness or a cache still initialising;
+// client-go retries such answers for every verb too. Retrying them at once on another
+// apiserver is what keeps an upgrade's restarts invisible; a 429 costs an overloaded control
+// plane at most two more attempts, each on another apiserver, which is also what client-go
+// would send after its back-off. Each retry goes to another host (previous_hosts) when the
+// cluster has one.
 func (b *builder) retryPolicy(what string) *routev3.RetryPolicy {
 	return &routev3.RetryPolicy{
-		RetryOn:    "connect-failure,refused-stream,reset-before-request",
+		RetryOn:    "connect-failure,refused-stream,reset-before-request,retriable-headers",
 		NumRetries: wrapperspb.UInt32(2),
+		RetriableHeaders: []*routev3.HeaderMatcher{{
+			Name:                 "retry-after",
+			HeaderMatchSpecifier: &routev3.HeaderMatcher_PresentMatch{PresentMatch: true},
+		}},
 		RetryHostPredicate: []*routev3.RetryPolicy_RetryHostPredicate{{
 			Name: previousHostsPredicateNm,
 			ConfigType: &routev3.RetryPolicy_RetryHostPredicate_TypedConfig{

@@ -157,9 +157,13 @@ var allowed = map[string][]string{
 		"virtual_hosts.routes.route.retry_policy.num_retries", "virtual_hosts.routes.route.retry_policy.retry_host_predicate",
 		"virtual_hosts.routes.route.retry_policy.retry_host_predicate.name", "virtual_hosts.routes.route.retry_policy.retry_host_predicate.typed_config",
 		"virtual_hosts.routes.route.retry_policy.host_selection_retry_max_attempts",
+		"virtual_hosts.routes.route.retry_policy.retriable_headers", "virtual_hosts.routes.route.retry_policy.retriable_headers.name",
+		"virtual_hosts.routes.route.retry_policy.retriable_headers.present_match", "virtual_hosts.routes.route.retry_policy.retriable_headers.invert_match",
+		"virtual_hosts.routes.route.retry_policy.retriable_headers.string_match",
 		"virtual_hosts.routes.metadata", "virtual_hosts.routes.metadata.filter_metadata",
 		"virtual_hosts.routes.typed_per_filter_config",
-	}, prefixed("virtual_hosts.routes.match.headers.string_match", stringMatcherPaths...)),
+	}, prefixed("virtual_hosts.routes.match.headers.string_match", stringMatcherPaths...),
+		prefixed("virtual_hosts.routes.route.retry_policy.retriable_headers.string_match", stringMatcherPaths...)),
 	tPrevHosts:   {},
 	tHTTPOptions: {"explicit_http_config", "explicit_http_config.http_protocol_options", "explicit_http_config.http2_protocol_options"},
 	tCluster: cat([]string{
@@ -251,7 +255,7 @@ func zeroDuration(_ protoreflect.FieldDescriptor, v protoreflect.Value) error {
 func retryOn(_ protoreflect.FieldDescriptor, v protoreflect.Value) error {
 	for _, tok := range strings.Split(v.String(), ",") {
 		switch strings.TrimSpace(tok) {
-		case "connect-failure", "refused-stream", "reset-before-request", "reset":
+		case "connect-failure", "refused-stream", "reset-before-request", "reset", "retriable-headers":
 		default:
 			return fmt.Errorf("retry condition %q is not implemented", tok)
 		}

@@ -546,6 +546,7 @@ type retryPolicy struct {
 	numRetries       int
 	previousHosts    bool
 	hostSelectionMax int
+	retriableHeaders []*headerMatcher // retry_on retriable-headers: any match retries the response
 }
 
 func compileRouteConfig(rc *routev3.RouteConfiguration) (*routeConfig, error) {
@@ -567,6 +568,23 @@ func compileRouteConfig(rc *routev3.RouteConfiguration) (*routeConfig, error) {
 	return out, nil
 }
 
+func compileHeaderMatcher(h *routev3.HeaderMatcher) (*headerMatcher, error) {
+	hm := &headerMatcher{name: strings.ToLower(h.GetName()), invert: h.GetInvertMatch()}
+	switch s := h.GetHeaderMatchSpecifier().(type) {
+	case *routev3.HeaderMatcher_PresentMatch:
+		hm.present = &s.PresentMatch
+	case *routev3.HeaderMatcher_StringMatch:
+		sm, err := compileStringMatcher(s.StringMatch)
+		if err != nil {
+			return nil, err
+		}
+		hm.str = sm
+	default:
+		return nil, errors.New("only present_match and string_match are implemented")
+	}
+	return hm, nil
+}
+
 func compileRoute(r *routev3.Route) (*route, error) {
 	out := &route{name: r.GetName(), extProcDisabled: map[string]bool{}, extProcMetadata: map[string][]kv{}}
 	m := r.GetMatch()
@@ -585,18 +603,9 @@ func compileRoute(r *routev3.Route) (*route, error) {
 		return nil, errors.New("match: only prefix, path and safe_regex are implemented")
 	}
 	for _, h := range m.GetHeaders() {
-		hm := &headerMatcher{name: strings.ToLower(h.GetName()), invert: h.GetInvertMatch()}
-		switch s := h.GetHeaderMatchSpecifier().(type) {
-		case *routev3.HeaderMatcher_PresentMatch:
-			hm.present = &s.PresentMatch
-		case *routev3.HeaderMatcher_StringMatch:
-			sm, err := compileStringMatcher(s.StringMatch)
-			if err != nil {
-				return nil, err
-			}
-			hm.str = sm
-		default:
-			return nil, errors.New("match.headers: only present_match and string_match are implemented")
+		hm, err := compileHeaderMatcher(h)
+		if err != nil {
+			return nil, fmt.Errorf("match.headers: %w", err)
 		}
 		out.headers = append(out.headers, hm)
 	}
@@ -629,6 +638,13 @@ func compileRoute(r *routev3.Route) (*route, error) {
 				return nil, fmt.Errorf("retry_host_predicate %s is not implemented", hp.GetName())
 			}
 			p.previousHosts = true
+		}
+		for _, h := range rp.GetRetriableHeaders() {
+			hm, err := compileHeaderMatcher(h)
+			if err != nil {
+				return nil, fmt.Errorf("retry_policy.retriable_headers: %w", err)
+			}
+			p.retriableHeaders = append(p.retriableHeaders, hm)
 		}
 		if rp.GetHostSelectionRetryMaxAttempts() > 0 {
 			p.hostSelectionMax = int(rp.GetHostSelectionRetryMaxAttempts())

@@ -320,6 +320,65 @@ func TestDeadPeerRetried(t *testing.T) {
 	t.Logf("retries %d, failed health checks %d", retries, fails)
 }
 
+// TestRetryAfterRetried: an apiserver's answer with Retry-After (503 while it shuts down, 429
+// when overloaded) means the request was not processed; retry_on retriable-headers sends it,
+// whatever the verb, to another apiserver. Without Retry-After the answer reaches the client,
+// and when every apiserver refuses, the client gets the last apiserver's own answer (URX).
+func TestRetryAfterRetried(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	c := e.client(nil)
+	b := e.apiservers["cp-b"]
+	b.refuse(&refusal{status: http.StatusServiceUnavailable, retryAfter: true})
+	for i := 0; i < 30; i++ {
+		method := "GET"
+		if i%2 == 1 {
+			method = "POST"
+		}
+		r := e.do(c, method, "/api/v1/namespaces/default/configmaps", nil)
+		if r.status != 200 {
+			t.Fatalf("%s %d: status %d: %s", method, i, r.status, r.body)
+		}
+		if r.seen.Server == "cp-b" {
+			t.Fatal("the refusing server answered")
+		}
+	}
+	if len(b.requests()) == 0 {
+		t.Fatal("cp-b was never tried: the test proves nothing about retries")
+	}
+	if got := e.stat("cluster.kube-apiservers.upstream_rq_retry"); got != uint64(len(b.requests())) {
+		t.Errorf("upstream_rq_retry = %d, want one per refusal (%d)", got, len(b.requests()))
+	}
+
+	// Without Retry-After the apiserver's answer is the answer.
+	b.refuse(&refusal{status: http.StatusServiceUnavailable})
+	before := len(b.requests())
+	passed := 0
+	for i := 0; i < 30; i++ {
+		r := e.do(c, "GET", "/api/v1/namespaces/default/configmaps", nil)
+		if r.status == 503 {
+			if !strings.Contains(string(r.body), "refused by cp-b") {
+				t.Fatalf("503 not from cp-b: %s", r.body)
+			}
+			passed++
+		}
+	}
+	if tried := len(b.requests()) - before; passed != tried || tried == 0 {
+		t.Errorf("cp-b got %d requests, %d of its 503s reached the client; want all, and some", tried, passed)
+	}
+
+	// Everyone refuses: the last refusal is forwarded (not a local reply), retries exhausted.
+	for _, f := range e.apiservers {
+		f.refuse(&refusal{status: http.StatusTooManyRequests, retryAfter: true})
+	}
+	r := e.do(c, "GET", "/api/v1/namespaces/default/configmaps", nil)
+	if r.status != 429 || !strings.Contains(string(r.body), "refused by") || r.header.Get("Retry-After") != "1" {
+		t.Fatalf("status %d, Retry-After %q: %s", r.status, r.header.Get("Retry-After"), r.body)
+	}
+	if got := e.stat("cluster.kube-apiservers.upstream_rq_retry_limit_exceeded"); got != 1 {
+		t.Errorf("upstream_rq_retry_limit_exceeded = %d, want 1", got)
+	}
+}
+
 // TestNoApiserverAvailable: when every apiserver of the chosen cluster is down, the client
 // gets our Kubernetes Status 503 (local_reply_config on UF/URX/UH).
 func TestNoApiserverAvailable(t *testing.T) {

@@ -142,6 +142,22 @@ type fakeAPIServer struct {
 	srv  *httptest.Server
 	mu   sync.Mutex
 	seen []seenRequest
+	// refusal, when set, answers every request but /readyz with this status (and Retry-After
+	// when retryAfter), as an apiserver that does not process it.
+	refusal *refusal
+}
+
+type refusal struct {
+	status     int
+	retryAfter bool
+}
+
+// refuse makes f answer like a stopping apiserver (503 "apiserver is shutting down" with
+// Retry-After: 1) or, without retryAfter, like one that failed the request; nil serves again.
+func (f *fakeAPIServer) refuse(r *refusal) {
+	f.mu.Lock()
+	f.refusal = r
+	f.mu.Unlock()
 }
 
 func (f *fakeAPIServer) addr() string { return f.srv.Listener.Addr().String() }
@@ -165,9 +181,17 @@ func newFakeAPIServer(t testing.TB, p *pki, name, ip string, tick time.Duration,
 		}
 		f.mu.Lock()
 		f.seen = append(f.seen, seenRequest{Server: name, Method: r.Method, Path: r.URL.RequestURI(), Host: r.Host, Header: r.Header.Clone()})
+		ref := f.refusal
 		f.mu.Unlock()
 		w.Header().Set("Server", "fake-apiserver")
 		switch {
+		case ref != nil:
+			if ref.retryAfter {
+				w.Header().Set("Retry-After", "1")
+			}
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(ref.status)
+			fmt.Fprintf(w, `{"kind":"Status","apiVersion":"v1","status":"Failure","message":"refused by %s","code":%d}`, name, ref.status)
 		case r.Header.Get("Upgrade") != "":
 			conn, brw, err := http.NewResponseController(w).Hijack()
 			if err != nil {

@@ -322,27 +322,29 @@ func selectVirtualHost(vhs []*virtualHost, host string) *virtualHost {
 	return star
 }
 
-// headersMatch follows HeaderMatcher: present_match true matches a present header (false: an
-// absent one); string_match needs the header present and matches the (","-joined) value;
-// invert_match inverts the result.
+// headersMatch: every matcher must match the request's headers.
 func (st *stream) headersMatch(ms []*headerMatcher) bool {
 	for _, m := range ms {
-		v, ok := st.headerForMatch(m.name)
-		var res bool
-		switch {
-		case m.present != nil:
-			res = ok == *m.present
-		case m.str != nil:
-			res = ok && m.str.match(v)
-		}
-		if m.invert {
-			res = !res
-		}
-		if !res {
+		if !m.matches(st.headerForMatch) {
 			return false
 		}
 	}
 	return true
+}
+
+// matches follows HeaderMatcher: present_match true matches a present header (false: an
+// absent one); string_match needs the header present and matches the (","-joined) value;
+// invert_match inverts the result.
+func (m *headerMatcher) matches(get func(name string) (string, bool)) bool {
+	v, ok := get(m.name)
+	var res bool
+	switch {
+	case m.present != nil:
+		res = ok == *m.present
+	case m.str != nil:
+		res = ok && m.str.match(v)
+	}
+	return res != m.invert
 }
 
 func (st *stream) headerForMatch(name string) (string, bool) {

@@ -129,8 +129,15 @@ func (st *stream) router(rt *route) {
 		resp, kind, err := st.attempt(ctx, c, cc, transport, h, rd, int64(len(body)))
 		c.localOriginResult(cc, hosts, h, kind == connectFailure || kind == resetBeforeRequest || kind == timeoutFailure)
 		if kind == noFailure {
-			st.respond(c, h, resp)
-			return
+			if !st.retriableResponse(rt, resp) || !replayable || !st.mayRetry(ctx, c, cc, attempt, retries) {
+				// Envoy forwards the last response when it may not retry it.
+				st.respond(c, h, resp)
+				return
+			}
+			d.log.Debug("retriable upstream response", "cluster", name, "host", h.address, "status", resp.StatusCode)
+			io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+			resp.Body.Close()
+			continue
 		}
 		lastKind, lastErr = kind, err
 		d.log.Debug("upstream attempt failed", "cluster", name, "host", h.address, "error", err)
@@ -144,29 +151,9 @@ func (st *stream) router(rt *route) {
 			st.addFlag(flagDownstreamTerminate)
 			return
 		}
-		if !st.retriable(rt, kind) || !replayable {
+		if !st.retriable(rt, kind) || !replayable || !st.mayRetry(ctx, c, cc, attempt, retries) {
 			break
 		}
-		if attempt >= retries {
-			// Envoy: retries exhausted adds URX to the failure's own flag.
-			d.stats.inc(cp + "upstream_rq_retry_limit_exceeded")
-			st.addFlag(flagRetryLimitExceeded)
-			break
-		}
-		// Circuit breaker max_retries.
-		if c.retries.Add(1) > cc.maxRetries {
-			c.retries.Add(-1)
-			d.stats.inc(cp + "upstream_rq_retry_overflow")
-			break
-		}
-		// Envoy's default retry back-off: a random wait up to (2^n - 1) × 25 ms, capped
-		// at 250 ms.
-		wait := time.Duration(rand.Int64N(int64(min(time.Duration((1<<(attempt+1))-1)*25*time.Millisecond, 250*time.Millisecond)) + 1))
-		select {
-		case <-time.After(wait):
-		case <-ctx.Done():
-		}
-		c.retries.Add(-1)
 	}
 	switch lastKind {
 	case connectFailure:
@@ -179,6 +166,53 @@ func (st *stream) router(rt *route) {
 	}
 }
 
+// mayRetry is asked once a failure or response is retriable: it enforces num_retries (URX when
+// exhausted) and the circuit breaker max_retries, then waits Envoy's default back-off: a random
+// wait up to (2^n - 1) × 25 ms, capped at 250 ms.
+func (st *stream) mayRetry(ctx context.Context, c *liveCluster, cc *clusterCfg, attempt, retries int) bool {
+	d := st.d
+	cp := "cluster." + c.name + "."
+	if attempt >= retries {
+		d.stats.inc(cp + "upstream_rq_retry_limit_exceeded")
+		st.addFlag(flagRetryLimitExceeded)
+		return false
+	}
+	if c.retries.Add(1) > cc.maxRetries {
+		c.retries.Add(-1)
+		d.stats.inc(cp + "upstream_rq_retry_overflow")
+		return false
+	}
+	defer c.retries.Add(-1)
+	wait := time.Duration(rand.Int64N(int64(min(time.Duration((1<<(attempt+1))-1)*25*time.Millisecond, 250*time.Millisecond)) + 1))
+	select {
+	case <-time.After(wait):
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// retriableResponse applies retry_on retriable-headers: a response carrying any header that
+// one of retriable_headers matches (":status" included) is retried.
+func (st *stream) retriableResponse(rt *route, resp *http.Response) bool {
+	if rt.retry == nil || !rt.retry.on["retriable-headers"] {
+		return false
+	}
+	get := func(name string) (string, bool) {
+		if name == ":status" {
+			return strconv.Itoa(resp.StatusCode), true
+		}
+		vs, ok := resp.Header[http.CanonicalHeaderKey(name)]
+		return strings.Join(vs, ","), ok
+	}
+	for _, m := range rt.retry.retriableHeaders {
+		if m.matches(get) {
+			return true
+		}
+	}
+	return false
+}
+
 func errString(err error) string {
 	if err == nil {
 		return ""
@@ -186,8 +220,9 @@ func errString(err error) string {
 	return err.Error()
 }
 
-// retriable applies retry_on: connect-failure, refused-stream (HTTP/2 REFUSED_STREAM),
-// reset-before-request (the request was not sent), reset (any reset before a response).
+// retriable applies retry_on to failures: connect-failure, refused-stream (HTTP/2
+// REFUSED_STREAM), reset-before-request (the request was not sent), reset (any reset before a
+// response). Responses: retriableResponse.
 func (st *stream) retriable(rt *route, kind failureKind) bool {
 	if rt.retry == nil {
 		return false
