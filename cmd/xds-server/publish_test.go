@@ -41,19 +41,28 @@ func TestDelayedPublisher(t *testing.T) {
 	}
 
 	publish := delayedPublisher(tables, 100*time.Millisecond)
-	publish(up)
-	if got := tables.Version(); got != version(up) {
+	publish(down)
+	if got := tables.Version(); got != version(down) {
 		t.Fatalf("first table not published at once: %q", got)
 	}
-	publish(down)
-	if got := tables.Version(); got != version(up) {
-		t.Fatalf("a later table published without the delay")
+	// cp-b comes alive, and with it the cluster of cp-a alone: Envoy needs the delay to warm
+	// them.
+	publish(up)
+	if got := tables.Version(); got != version(down) {
+		t.Fatalf("a table naming a new cluster and apiserver was published without the delay")
 	}
-	waitFor(version(down))
-	// Two in a row: the last one wins and stays.
+	waitFor(version(up))
+	// cp-b gone: nothing new to warm, published at once.
+	publish(down)
+	if got := tables.Version(); got != version(down) {
+		t.Fatalf("a table naming nothing new waited: %s", got)
+	}
+	// Two in a row: the last one wins and stays, even though the first is delayed.
 	publish(up)
 	publish(down)
-	waitFor(version(down))
+	if got := tables.Version(); got != version(down) {
+		t.Fatalf("table %s, want %s", got, version(down))
+	}
 	time.Sleep(300 * time.Millisecond)
 	if got := tables.Version(); got != version(down) {
 		t.Errorf("an older table replaced the newer one: %s", got)

@@ -58,8 +58,8 @@ flags:
       --liveness-window DURATION   a Lease renewed longer ago is a dead apiserver (default 30s)
       --discovery-interval D       refetch each apiserver's discovery this often (default 60s)
       --apiserver-addresses LIST   HOSTNAME=HOST:PORT,... for Leases without a peer-advertise address
-      --routing-table-delay D      send extproc a new routing table this long after Envoy got the
-                                   clusters it names, so they are warm (default 2s)
+      --routing-table-delay D      send extproc a routing table that names a new cluster or apiserver
+                                   this long after Envoy got it, so it is warm (default 2s)
       --cluster-linger D           keep a cluster no longer named this long, for requests routed by
                                    an older table (default 30s; longer than the table delay)
                                    (an apiserver that became live joins the default cluster two
@@ -327,34 +327,62 @@ func (m *serveMetrics) observeTopology(t *topology.Topology) {
 	m.apiservers.WithLabelValues("dead").Set(float64(len(t.APIServers) - live))
 }
 
-// delayedPublisher publishes each topology's routing table delay after Envoy was given the
-// matching snapshot (at once while no table was published yet: nothing can be routed
-// without one). Envoy warms a new cluster (endpoints, first health check) before using it,
-// and extproc must not name it earlier; the clusters older tables name linger meanwhile
-// (xds.Server.Linger). A table never replaces a newer one.
+// delayedPublisher publishes a routing table delay after Envoy was given the matching
+// snapshot when it names something new: a cluster or a live apiserver (a sidecar's local
+// cluster, the all-apiservers cluster's new member) that the last published table did not.
+// Envoy warms a new cluster (endpoints, first health check) before using it, and extproc must
+// not name it earlier; the clusters older tables name linger meanwhile (xds.Server.Linger).
+// Every other table (an apiserver gone, a discovery change such as a new CRD) is published at
+// once, as is the first: nothing can be routed without one. A table never replaces a newer one.
 func delayedPublisher(tables *table.Server, delay time.Duration) func(*topology.Topology) {
 	var (
 		mu        sync.Mutex
 		seq       uint64
 		published uint64
+		known     map[string]bool // clusters and live apiservers the published table names
 	)
-	publish := func(n uint64, t *topology.Topology) {
+	publish := func(n uint64, t *topology.Topology, names map[string]bool) {
 		mu.Lock()
 		defer mu.Unlock()
 		if n > published {
-			published = n
+			published, known = n, names
 			tables.Publish(t, time.Now())
 		}
 	}
 	return func(t *topology.Topology) {
+		names := tableNames(t)
 		mu.Lock()
 		seq++
-		n, first := seq, published == 0
+		n := seq
+		now := published == 0 || delay <= 0
+		if !now {
+			now = true
+			for name := range names {
+				if !known[name] {
+					now = false
+					break
+				}
+			}
+		}
 		mu.Unlock()
-		if first || delay <= 0 {
-			publish(n, t)
+		if now {
+			publish(n, t, names)
 			return
 		}
-		time.AfterFunc(delay, func() { publish(n, t) })
+		time.AfterFunc(delay, func() { publish(n, t, names) })
 	}
+}
+
+// tableNames is what a table built from t lets extproc route to: the default and subset
+// clusters, and each live apiserver (a member of the default cluster, or a sidecar's local
+// one).
+func tableNames(t *topology.Topology) map[string]bool {
+	names := map[string]bool{"cluster " + t.DefaultClusterName(): true}
+	for name := range t.SubsetClusters() {
+		names["cluster "+name] = true
+	}
+	for _, id := range t.Live() {
+		names["apiserver "+id] = true
+	}
+	return names
 }

@@ -38,6 +38,12 @@ var (
 // installing fifty CRDs costs a few rounds, and the last change is always fetched.
 const minRefetch = time.Second
 
+// apisSettle: an apiserver updates its discovery a moment after a CRD or APIService changes
+// (its discovery controllers run asynchronously, a CRD's once it is established), so a fetch
+// right at the event may miss it; discovery is fetched once more this long after the last
+// change.
+const apisSettle = 3 * time.Second
+
 // WatchOptions configure a Watcher.
 type WatchOptions struct {
 	Options
@@ -69,7 +75,8 @@ type Watcher struct {
 	mu        sync.Mutex
 	discovery map[string]discovered // by apiserver ID
 	// apisChanged is when a CRD or APIService last changed: every apiserver's discovery
-	// fetched before then is refetched (the merged discovery must show new CRDs at once).
+	// fetched before then is refetched (the merged discovery must show new CRDs at once),
+	// and again once apisSettle has passed.
 	apisChanged time.Time
 }
 
@@ -186,6 +193,7 @@ func (w *Watcher) discoveryChanged() {
 	w.apisChanged = w.opts.Clock()
 	w.mu.Unlock()
 	w.trigger()
+	time.AfterFunc(apisSettle, w.trigger)
 }
 
 func (w *Watcher) trigger() {
@@ -264,7 +272,8 @@ func (w *Watcher) discoveryFor(ctx context.Context, leases []coordinationv1.Leas
 		if have && d.holder == holder && d.list != nil {
 			out[s.ID] = d.list
 		}
-		stale := have && !d.fetched.After(w.apisChanged)
+		settled := w.apisChanged.Add(apisSettle)
+		stale := have && (!d.fetched.After(w.apisChanged) || (!opts.Now.Before(settled) && d.fetched.Before(settled)))
 		if stale && opts.Now.Sub(d.fetched) < minRefetch {
 			// Fetched less than minRefetch ago: once more when that has passed.
 			time.AfterFunc(minRefetch-opts.Now.Sub(d.fetched), w.trigger)

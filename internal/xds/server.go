@@ -115,8 +115,8 @@ func (s *Server) Register(ctx context.Context, g *grpc.Server) {
 //
 // Make before break: Envoy learns of a topology change from us, extproc from the routing
 // table stream, and neither waits for the other. So:
-//   - xds-server sends the table only after a delay (cmd/xds-server --routing-table-delay),
-//     so that the clusters it names are in Envoy, warmed, first;
+//   - xds-server sends a table that names a new cluster or apiserver only after a delay
+//     (cmd/xds-server --routing-table-delay), so that it is in Envoy, warmed, first;
 //   - a subset cluster that t no longer names stays in the snapshots for Linger (with its
 //     live members), so that requests extproc routes by the older table still find it;
 //   - an apiserver that became live joins the default cluster only after JoinDelay, when

@@ -131,10 +131,10 @@ func TestUpstreamScenarios(t *testing.T) {
 			// client-go's discovery, as kubectl uses it: B alone does not know batch/v1,
 			// and the sidecar sends /apis to B.
 			dc := discovery.NewDiscoveryClientForConfigOrDie(e.through(k, admin, ""))
-			for i := range 6 {
+			lacking := func() error {
 				_, lists, err := dc.ServerGroupsAndResources()
 				if err != nil {
-					t.Fatalf("%s, discovery %d: %v", k.Name, i, err)
+					return err
 				}
 				found := map[string]bool{}
 				for _, l := range lists {
@@ -144,8 +144,19 @@ func TestUpstreamScenarios(t *testing.T) {
 				}
 				for _, want := range []string{"batch/v1/jobs", "apps/v1/deployments", "v1/pods", "e2e.kube-mvp.io/v1/widgets"} {
 					if !found[want] {
-						t.Fatalf("%s, discovery %d lacks %s", k.Name, i, want)
+						return fmt.Errorf("discovery lacks %s", want)
 					}
+				}
+				return nil
+			}
+			// The CRD just created reaches the merged discovery within seconds (refetched
+			// at the change and once more when the apiservers have published it).
+			start := time.Now()
+			waitFor(t, ctx, k.Name+": the new CRD in the merged discovery", lacking)
+			t.Logf("%s: the new CRD was in the merged discovery %s after the check began", k.Name, time.Since(start).Round(time.Millisecond))
+			for i := range 6 {
+				if err := lacking(); err != nil {
+					t.Fatalf("%s, discovery %d: %v", k.Name, i, err)
 				}
 			}
 		}
