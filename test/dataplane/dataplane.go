@@ -160,6 +160,9 @@ func (d *DataPlane) WaitReady(ctx context.Context) error {
 }
 
 // AdminURL is the admin server's base URL, http://host:port.
+// Stat returns one counter of the admin's /stats (0 if it does not exist).
+func (d *DataPlane) Stat(name string) uint64 { return d.stats.get(name) }
+
 func (d *DataPlane) AdminURL() string { return "http://" + d.adminAddr }
 
 // Versions returns type URL -> last ACKed version.

@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 )
@@ -105,7 +106,9 @@ func (d *DataPlane) handler(listenerName string) http.Handler {
 		if r.ProtoMajor >= 2 || st.path == "" {
 			st.path = r.URL.RequestURI()
 		}
+		start := time.Now()
 		st.serve()
+		d.stats.timing("dataplane.timing.downstream_rq", start)
 	})
 }
 
@@ -172,7 +175,9 @@ func (st *stream) serve() {
 		if rt != nil {
 			md = rt.extProcMetadata[ep.filterName]
 		}
+		start := time.Now()
 		clear, ok := st.runExtProc(ep, md)
+		d.stats.timing("dataplane.timing.ext_proc_request_headers", start)
 		if !ok {
 			return
 		}

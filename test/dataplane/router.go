@@ -286,7 +286,9 @@ func (st *stream) attempt(ctx context.Context, c *liveCluster, cc *clusterCfg, t
 	h.mu.Lock()
 	h.rqTotal++
 	h.mu.Unlock()
+	start := time.Now()
 	resp, err := tr.RoundTrip(req)
+	d.stats.timing("dataplane.timing.upstream_rq_headers", start)
 	h.active.Add(-1)
 	if err == nil {
 		return resp, noFailure, nil

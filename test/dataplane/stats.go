@@ -4,6 +4,7 @@ import (
 	"sort"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // stats are Envoy-style counters, named as Envoy names them where Envoy has the counter
@@ -33,6 +34,13 @@ func (s *stats) counter(name string) *atomic.Uint64 {
 }
 
 func (s *stats) inc(name string) { s.counter(name).Add(1) }
+
+// timing adds one duration to the pair of counters <name>_us (sum, in µs) and <name>_count,
+// where Envoy would keep a histogram: enough for a benchmark to report the mean.
+func (s *stats) timing(name string, since time.Time) {
+	s.counter(name + "_us").Add(uint64(time.Since(since).Microseconds()))
+	s.counter(name + "_count").Add(1)
+}
 
 func (s *stats) get(name string) uint64 {
 	s.mu.RLock()

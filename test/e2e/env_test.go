@@ -83,13 +83,17 @@ func newEnv(t testing.TB, ctx context.Context, servers ...controlplane.ServerSpe
 // startKubeMVP starts a deployment of kube-mvp (see harness.Start); local names the
 // apiserver of a sidecar deployment, empty for a front proxy. It is stopped when the test
 // ends; its logs are shown if the test failed, and any NACK fails the test.
-func (e *env) startKubeMVP(ctx context.Context, name, local string) *harness.KubeMVP {
+func (e *env) startKubeMVP(ctx context.Context, name, local string, edit ...func(*harness.Options)) *harness.KubeMVP {
 	t := e.t
 	t.Helper()
-	k, err := harness.Start(ctx, harness.Options{
+	opts := harness.Options{
 		ControlPlane: e.cp, BinDir: binDir, Dir: e.dir, Name: name, LocalAPIServer: local,
 		LivenessWindow: livenessWindow,
-	})
+	}
+	for _, f := range edit {
+		f(&opts)
+	}
+	k, err := harness.Start(ctx, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
