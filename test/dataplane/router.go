@@ -135,7 +135,7 @@ func (st *stream) router(rt *route) {
 				return
 			}
 			d.log.Debug("retriable upstream response", "cluster", name, "host", h.address, "status", resp.StatusCode)
-			io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+			_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10)) // lets the connection be reused
 			resp.Body.Close()
 			continue
 		}
