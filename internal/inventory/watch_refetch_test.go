@@ -1,0 +1,81 @@
+package inventory
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+)
+
+// TestDiscoveryRefetchRule walks the watcher's decision of when to fetch an apiserver's
+// discovery again, on a clock the test sets: a new apiserver at once and once more after
+// settleRefetch; after a CRD or APIService change at once (no sooner than minRefetch after the
+// last fetch) and once more apisSettle after the change; otherwise not before the
+// DiscoveryInterval. The fetches themselves fail (nothing listens), which leaves the decision
+// visible: the time of the last fetch started.
+func TestDiscoveryRefetchRule(t *testing.T) {
+	t0 := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
+	const id = "apiserver-a"
+	w := &Watcher{
+		cfg:       &rest.Config{},
+		opts:      WatchOptions{DiscoveryInterval: time.Hour, Log: slog.New(slog.NewTextHandler(io.Discard, nil))},
+		kick:      make(chan struct{}, 1),
+		discovery: map[string]discovered{},
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // fetches fail at once
+	holder := id + "_1"
+	lease := func(now time.Time) []coordinationv1.Lease {
+		renew := metav1.NewMicroTime(now)
+		return []coordinationv1.Lease{{
+			ObjectMeta: metav1.ObjectMeta{Name: id, Namespace: "kube-system",
+				Labels:      map[string]string{IdentityLabel: IdentityLabelValue, HostnameLabel: "cp-a"},
+				Annotations: map[string]string{PeerAdvertiseAnnotation: "127.0.0.1:1"}},
+			Spec: coordinationv1.LeaseSpec{HolderIdentity: &holder, RenewTime: &renew},
+		}}
+	}
+	at := func(after time.Duration) time.Time { return t0.Add(after) }
+	// step asks for discovery at t0+after and checks whether a fetch started then.
+	step := func(after time.Duration, wantFetch bool, why string) {
+		t.Helper()
+		now := at(after)
+		w.discoveryFor(ctx, lease(now), Options{Now: now, LivenessWindow: 30 * time.Second})
+		w.mu.Lock()
+		fetched := w.discovery[id].fetched
+		w.mu.Unlock()
+		if got := fetched.Equal(now); got != wantFetch {
+			t.Errorf("t0+%s (%s): fetch started %v, want %v (last fetch t0+%s)", after, why, got, wantFetch, fetched.Sub(t0))
+		}
+	}
+	apisChanged := func(after time.Duration) {
+		w.mu.Lock()
+		w.apisChanged = at(after)
+		w.mu.Unlock()
+	}
+
+	step(0, true, "a new apiserver")
+	step(2*time.Second, false, "just fetched")
+	step(6*time.Second, true, "settling: once more after settleRefetch")
+	step(20*time.Second, false, "settled, within DiscoveryInterval")
+
+	apisChanged(30 * time.Second)
+	step(30*time.Second+500*time.Millisecond, true, "a CRD changed after the last fetch")
+	step(32*time.Second, false, "fetched after the change, apisSettle not over")
+	step(33*time.Second+500*time.Millisecond, true, "apisSettle over: once more")
+	step(40*time.Second, false, "fetched after the change settled")
+
+	apisChanged(45 * time.Second)
+	step(45*time.Second+200*time.Millisecond, true, "another change")
+	apisChanged(45*time.Second + 500*time.Millisecond)
+	step(45*time.Second+600*time.Millisecond, false, "changed again, but fetched less than minRefetch ago")
+	step(46*time.Second+300*time.Millisecond, true, "minRefetch over")
+	step(48*time.Second+600*time.Millisecond, true, "apisSettle after the last change over")
+	step(50*time.Second, false, "settled")
+
+	step(2*time.Hour, true, "DiscoveryInterval over")
+}
