@@ -1,0 +1,64 @@
+package certgen
+
+// Where the state is stored: the keys of the CA Secret and of each role's Secret, which are
+// also the file names of `xds-server certgen --out-dir` (DIR/<CA key>, DIR/<role>/<role key>).
+//
+// CA Secret (type Opaque):
+//
+//	ca.crt         the signing CA's certificate
+//	ca.key         the signing CA's private key
+//	ca-bundle.crt  every trusted CA (signing, next, previous until they expire)
+//	next-ca.crt    rotation phase 1 only: the next CA's certificate
+//	next-ca.key    rotation phase 1 only: the next CA's private key
+//
+// Role Secret (type kubernetes.io/tls), one per role:
+//
+//	tls.crt        the role's certificate
+//	tls.key        its private key
+//	ca.crt         the trust bundle: every trusted CA (the CA Secret's ca-bundle.crt)
+const (
+	CACertKey     = "ca.crt"
+	CAKeyKey      = "ca.key"
+	CABundleKey   = "ca-bundle.crt"
+	NextCACertKey = "next-ca.crt"
+	NextCAKeyKey  = "next-ca.key"
+
+	CertKey        = "tls.crt"
+	KeyKey         = "tls.key"
+	TrustBundleKey = "ca.crt"
+)
+
+// CAKeys are the keys certgen owns in the CA Secret; LeafKeys those in a role's Secret.
+var (
+	CAKeys   = []string{CACertKey, CAKeyKey, CABundleKey, NextCACertKey, NextCAKeyKey}
+	LeafKeys = []string{CertKey, KeyKey, TrustBundleKey}
+)
+
+// IsPrivateKey reports whether key (of CAKeys or LeafKeys) holds a private key.
+func IsPrivateKey(key string) bool { return key == CAKeyKey || key == NextCAKeyKey || key == KeyKey }
+
+// CAData is the CA Secret's data for s: next-ca.* only during a rotation.
+func (s State) CAData() map[string][]byte {
+	d := map[string][]byte{CACertKey: s.CA.CertPEM, CAKeyKey: s.CA.KeyPEM, CABundleKey: s.BundlePEM}
+	if !s.NextCA.empty() {
+		d[NextCACertKey], d[NextCAKeyKey] = s.NextCA.CertPEM, s.NextCA.KeyPEM
+	}
+	return d
+}
+
+// SetCAData reads the CA Secret's data into s (missing keys are empty).
+func (s *State) SetCAData(d map[string][]byte) {
+	s.CA = KeyPair{CertPEM: d[CACertKey], KeyPEM: d[CAKeyKey]}
+	s.NextCA = KeyPair{CertPEM: d[NextCACertKey], KeyPEM: d[NextCAKeyKey]}
+	s.BundlePEM = d[CABundleKey]
+}
+
+// Data is a role Secret's data for l.
+func (l Leaf) Data() map[string][]byte {
+	return map[string][]byte{CertKey: l.CertPEM, KeyKey: l.KeyPEM, TrustBundleKey: l.BundlePEM}
+}
+
+// LeafFromData reads a role Secret's data (missing keys are empty).
+func LeafFromData(d map[string][]byte) Leaf {
+	return Leaf{CertPEM: d[CertKey], KeyPEM: d[KeyKey], BundlePEM: d[TrustBundleKey]}
+}
