@@ -29,6 +29,7 @@ type command struct {
 var commands = []*command{
 	serveCommand,
 	translateCommand,
+	certgenCommand,
 }
 
 func findCommand(name string) *command {

@@ -1,0 +1,609 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/go-multierror"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/kube-mvp/kube-mvp/internal/certgen"
+	"github.com/kube-mvp/kube-mvp/internal/cptls"
+)
+
+var certgenCommand = &command{
+	name:    "certgen",
+	summary: "make and renew the control plane's CA and role certificates (Secrets or files)",
+	usage:   certgenUsage,
+	run: func(args []string, stdout, stderr io.Writer) int {
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		return runCertgen(ctx, args, stdout, stderr, time.Now)
+	},
+}
+
+const certgenUsage = `usage: xds-server certgen --namespace NS --ca-secret NAME --secret ROLE=NAME,... [flags]
+       xds-server certgen --out-dir DIR [flags]
+
+Makes the control plane's own CA and a certificate per role for mutual TLS on xds-server's gRPC
+port, and renews them: run it again any time (a Job at install/upgrade, a CronJob daily); a
+run with nothing due changes nothing. What it does is logged with the reason; no key material
+is printed. Rules (internal/certgen): a certificate is re-issued when missing, damaged, not
+from the signing CA, not naming what is wanted, or with less than 1/3 of its lifetime left. A
+CA with less than 1/3 left is rotated without an outage: a next CA joins every trust bundle,
+signs once it has been there longer than --propagation-delay, and the old CA stays trusted
+until it expires.
+
+Roles: xds-server (server), envoy-front, envoy-sidecar, extproc (clients).
+
+In a cluster (Secrets; needs get, create and update on them):
+      --kubeconfig FILE          cluster (default: in-cluster, then $KUBECONFIG)
+      --namespace NS             namespace of the Secrets (required)
+      --ca-secret NAME           the CA's Secret, type Opaque (required): ca.crt and ca.key (the
+                                 signing CA), ca-bundle.crt (every trusted CA), next-ca.crt and
+                                 next-ca.key (only while a rotation waits)
+      --secret ROLE=NAME,...     the roles to keep and their Secrets, type kubernetes.io/tls:
+                                 tls.crt, tls.key, ca.crt (the trust bundle) (required)
+      --labels KEY=VALUE,...     extra labels on the Secrets (they always get
+                                 app.kubernetes.io/managed-by=kube-mvp-certgen)
+In a directory (files, for local runs and tests):
+      --out-dir DIR              DIR/ca.crt, ca.key, ca-bundle.crt (next-ca.* during a rotation)
+                                 and DIR/ROLE/tls.crt, tls.key, ca.crt; keys are mode 0600
+      --roles LIST               the roles to keep (default: all four)
+Both:
+      --dns-names LIST           DNS names of the xds-server certificate: the names Envoy and
+                                 extproc dial (required when xds-server is kept)
+      --ca-lifetime D            validity of a new CA (default 3650d)
+      --cert-lifetime D          validity of a new role certificate (default 365d)
+      --propagation-delay D      how long a next CA is trusted before it signs: longer than
+                                 kubelet takes to update every pod's Secret (default 24h)
+  -h, --help                     this text
+
+Durations are Go durations (90m, 24h) or whole days (365d). Lists are comma-separated; give a
+list flag once. Exit codes: 0 done (changed or not), 1 the work failed (an API error, or a
+Secret changed meanwhile: run again), 2 bad command line or Secret of the wrong type.
+`
+
+var certgenFlags = []flagSpec{
+	{name: "kubeconfig"},
+	{name: "namespace"},
+	{name: "ca-secret"},
+	{name: "secret"},
+	{name: "labels"},
+	{name: "out-dir"},
+	{name: "roles"},
+	{name: "dns-names"},
+	{name: "ca-lifetime"},
+	{name: "cert-lifetime"},
+	{name: "propagation-delay"},
+}
+
+// managedByLabel marks the Secrets certgen keeps.
+const (
+	managedByKey   = "app.kubernetes.io/managed-by"
+	managedByValue = "kube-mvp-certgen"
+)
+
+// roleSecret is a role and the Secret that holds its certificate.
+type roleSecret struct {
+	role cptls.Role
+	name string
+}
+
+type certgenOptions struct {
+	// Cluster mode.
+	rest      *rest.Config
+	namespace string
+	caSecret  string
+	secrets   []roleSecret
+	labels    map[string]string
+	// Local mode.
+	outDir string
+	// Both.
+	specs  []certgen.Spec
+	policy certgen.Policy
+}
+
+// policyFlags names the flag behind each certgen.Policy field.
+var policyFlags = map[string]string{
+	"CALifetime":       "--ca-lifetime",
+	"CertLifetime":     "--cert-lifetime",
+	"PropagationDelay": "--propagation-delay",
+}
+
+// parseLifetime reads a Go duration or a whole number of days ("365d").
+func parseLifetime(s string) (time.Duration, error) {
+	if n, ok := strings.CutSuffix(s, "d"); ok {
+		days, err := strconv.Atoi(n)
+		if err != nil || days < 0 || days > 100*365 {
+			return 0, fmt.Errorf("%q: want whole days, e.g. 365d", s)
+		}
+		return time.Duration(days) * 24 * time.Hour, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return 0, fmt.Errorf("%q: want a duration such as 24h or a number of days such as 365d", s)
+	}
+	return d, nil
+}
+
+// splitList splits a comma-separated list, dropping empty items.
+func splitList(s string) []string {
+	var out []string
+	for _, v := range strings.Split(s, ",") {
+		if v = strings.TrimSpace(v); v != "" {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// parseCertgen validates the whole command line and reports every problem at once, each
+// naming its flag.
+func parseCertgen(args []string) (certgenOptions, error) {
+	opts := certgenOptions{policy: certgen.DefaultPolicy()}
+	raw, errs := parseFlags(certgenFlags, args)
+	if errs != nil && errors.Is(errs.Errors[0], errHelp) {
+		return opts, errHelp
+	}
+	bad := func(format string, a ...any) { errs = multierror.Append(errs, fmt.Errorf(format, a...)) }
+
+	for _, f := range []struct {
+		flag string
+		into *time.Duration
+	}{{"ca-lifetime", &opts.policy.CALifetime}, {"cert-lifetime", &opts.policy.CertLifetime}, {"propagation-delay", &opts.policy.PropagationDelay}} {
+		if v, ok := raw[f.flag]; ok {
+			d, err := parseLifetime(v)
+			if err != nil {
+				bad("--%s %v", f.flag, err)
+				continue
+			}
+			*f.into = d
+		}
+	}
+	for _, err := range opts.policy.Validate() {
+		var pe *certgen.PolicyError
+		if errors.As(err, &pe) {
+			bad("%s %s", policyFlags[pe.Field], pe.Msg)
+		}
+	}
+
+	_, local := raw["out-dir"]
+	var clusterFlags []string
+	for _, f := range []string{"kubeconfig", "namespace", "ca-secret", "secret", "labels"} {
+		if _, ok := raw[f]; ok {
+			clusterFlags = append(clusterFlags, "--"+f)
+		}
+	}
+	var roles []cptls.Role
+	switch {
+	case local && len(clusterFlags) > 0:
+		bad("--out-dir writes files; %s are for Secrets: give one or the other", strings.Join(clusterFlags, ", "))
+	case local:
+		opts.outDir = raw["out-dir"]
+		if opts.outDir == "" {
+			bad("--out-dir needs a directory")
+		}
+		roles = slices.Clone(cptls.Roles)
+		if v, ok := raw["roles"]; ok {
+			roles = nil
+			for _, name := range splitList(v) {
+				r, err := cptls.ParseRole(name)
+				if err != nil {
+					bad("--roles: %v", err)
+					continue
+				}
+				if slices.Contains(roles, r) {
+					bad("--roles: %s is listed twice", r)
+					continue
+				}
+				roles = append(roles, r)
+			}
+			if len(roles) == 0 && len(splitList(v)) == 0 {
+				bad("--roles needs at least one role (%s)", roleNames())
+			}
+		}
+	default:
+		if _, ok := raw["roles"]; ok {
+			bad("--roles is for --out-dir; in a cluster --secret ROLE=NAME names the roles")
+		}
+		opts.namespace, opts.caSecret = raw["namespace"], raw["ca-secret"]
+		if opts.namespace == "" {
+			bad("--namespace is required: the namespace of the Secrets (or --out-dir DIR for files)")
+		} else if msgs := validation.IsDNS1123Label(opts.namespace); len(msgs) > 0 {
+			bad("--namespace %q: %s", opts.namespace, strings.Join(msgs, "; "))
+		}
+		if opts.caSecret == "" {
+			bad("--ca-secret is required: the Secret holding the CA (created when missing)")
+		} else if msgs := validation.IsDNS1123Subdomain(opts.caSecret); len(msgs) > 0 {
+			bad("--ca-secret %q: %s", opts.caSecret, strings.Join(msgs, "; "))
+		}
+		used := map[string]string{opts.caSecret: "--ca-secret"}
+		v, ok := raw["secret"]
+		if !ok || len(splitList(v)) == 0 {
+			bad("--secret ROLE=NAME,... is required: the roles to keep and their Secrets (roles: %s)", roleNames())
+		}
+		for _, pair := range splitList(v) {
+			name, secret, ok := strings.Cut(pair, "=")
+			if !ok || secret == "" {
+				bad("--secret: %q is not ROLE=SECRET-NAME", pair)
+				continue
+			}
+			r, err := cptls.ParseRole(name)
+			if err != nil {
+				bad("--secret: %v", err)
+				continue
+			}
+			if msgs := validation.IsDNS1123Subdomain(secret); len(msgs) > 0 {
+				bad("--secret %s: %q is not a Secret name: %s", r, secret, strings.Join(msgs, "; "))
+				continue
+			}
+			if slices.Contains(roles, r) {
+				bad("--secret: role %s is listed twice", r)
+				continue
+			}
+			if other, dup := used[secret]; dup {
+				bad("--secret %s=%s: that Secret is already %s; each role needs its own Secret", r, secret, other)
+				continue
+			}
+			used[secret] = "--secret " + string(r)
+			roles = append(roles, r)
+			opts.secrets = append(opts.secrets, roleSecret{r, secret})
+		}
+		opts.labels = map[string]string{}
+		for _, pair := range splitList(raw["labels"]) {
+			k, val, ok := strings.Cut(pair, "=")
+			switch {
+			case !ok:
+				bad("--labels: %q is not KEY=VALUE", pair)
+			case k == managedByKey:
+				bad("--labels: %s is always %s; leave it out", managedByKey, managedByValue)
+			case len(validation.IsQualifiedName(k)) > 0:
+				bad("--labels: %q is not a label key: %s", k, strings.Join(validation.IsQualifiedName(k), "; "))
+			case len(validation.IsValidLabelValue(val)) > 0:
+				bad("--labels %s: %q is not a label value: %s", k, val, strings.Join(validation.IsValidLabelValue(val), "; "))
+			default:
+				opts.labels[k] = val
+			}
+		}
+	}
+
+	dns := splitList(raw["dns-names"])
+	_, hasDNS := raw["dns-names"]
+	keepsServer := slices.Contains(roles, cptls.RoleXDSServer)
+	switch {
+	case keepsServer && len(dns) == 0:
+		bad("--dns-names is required for the xds-server certificate: the names Envoy and extproc dial, e.g. kmvp-xds-server.kube-mvp.svc")
+	case !keepsServer && hasDNS && (local || len(opts.secrets) > 0):
+		bad("--dns-names: only the xds-server certificate has DNS names, and xds-server is not among the roles kept")
+	}
+	for _, r := range roles {
+		s := certgen.Spec{Role: r}
+		if r == cptls.RoleXDSServer {
+			s.DNSNames = dns
+		}
+		opts.specs = append(opts.specs, s)
+	}
+	for _, err := range certgen.ValidateSpecs(opts.specs) {
+		bad("--dns-names: %v", err)
+	}
+
+	if errs == nil && !local {
+		var err error
+		if opts.rest, err = restConfig(raw["kubeconfig"]); err != nil {
+			bad("--kubeconfig: %v", err)
+		}
+	}
+	if errs != nil {
+		errs.ErrorFormat = listErrors
+	}
+	return opts, errs.ErrorOrNil()
+}
+
+func roleNames() string {
+	names := make([]string, len(cptls.Roles))
+	for i, r := range cptls.Roles {
+		names[i] = string(r)
+	}
+	return strings.Join(names, ", ")
+}
+
+// restConfig is the in-cluster configuration without --kubeconfig, else the kubeconfig's.
+func restConfig(kubeconfig string) (*rest.Config, error) {
+	if kubeconfig == "" {
+		if c, err := rest.InClusterConfig(); err == nil {
+			return c, nil
+		}
+	}
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	rules.ExplicitPath = kubeconfig
+	return clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, nil).ClientConfig()
+}
+
+// errBadSecret is a Secret certgen must not touch (wrong type): exit code 2.
+var errBadSecret = errors.New("bad Secret")
+
+// runCertgen runs the command at now() and returns the exit code.
+func runCertgen(ctx context.Context, args []string, stdout, stderr io.Writer, now func() time.Time) int {
+	opts, err := parseCertgen(args)
+	if errors.Is(err, errHelp) {
+		fmt.Fprint(stdout, certgenUsage)
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "xds-server certgen: %v\nRun xds-server certgen --help for usage.\n", err)
+		return 2
+	}
+	log := slog.New(slog.NewTextHandler(stderr, nil))
+	var summary string
+	if opts.outDir != "" {
+		summary, err = certgenFiles(opts, now(), log)
+	} else {
+		summary, err = certgenSecrets(ctx, opts, now(), log)
+	}
+	if err != nil {
+		log.Error("certgen failed", "error", err)
+		if errors.Is(err, errBadSecret) {
+			return 2
+		}
+		return 1
+	}
+	fmt.Fprintln(stdout, summary)
+	return 0
+}
+
+func logChanges(log *slog.Logger, changes []certgen.Change) {
+	for _, c := range changes {
+		log.Info(c.What+" "+c.Action, "reason", c.Reason)
+	}
+	if len(changes) == 0 {
+		log.Info("nothing due: every certificate and trust bundle is current")
+	}
+}
+
+// certgenSecrets keeps the Secrets: reads them, renews, writes what changed (the CA Secret
+// first: a certificate is never stored without the CA that signed it).
+func certgenSecrets(ctx context.Context, opts certgenOptions, now time.Time, log *slog.Logger) (string, error) {
+	client, err := kubernetes.NewForConfig(opts.rest)
+	if err != nil {
+		return "", fmt.Errorf("--kubeconfig: %w", err)
+	}
+	secrets := client.CoreV1().Secrets(opts.namespace)
+	get := func(name string, typ corev1.SecretType) (*corev1.Secret, error) {
+		s, err := secrets.Get(ctx, name, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			return nil, nil
+		case err != nil:
+			return nil, fmt.Errorf("reading Secret %s/%s: %w%s", opts.namespace, name, err, rbacHint(err, "get"))
+		case s.Type != typ:
+			return nil, fmt.Errorf("%w: Secret %s/%s has type %s, want %s (the type cannot be changed: delete the Secret and run again, or name another one)",
+				errBadSecret, opts.namespace, name, s.Type, typ)
+		}
+		return s, nil
+	}
+
+	var cur certgen.State
+	caSecret, err := get(opts.caSecret, corev1.SecretTypeOpaque)
+	if err != nil {
+		return "", err
+	}
+	if caSecret != nil {
+		cur.SetCAData(caSecret.Data)
+	}
+	cur.Leaves = map[cptls.Role]certgen.Leaf{}
+	roleSecrets := map[cptls.Role]*corev1.Secret{}
+	for _, rs := range opts.secrets {
+		s, err := get(rs.name, corev1.SecretTypeTLS)
+		if err != nil {
+			return "", err
+		}
+		if s != nil {
+			roleSecrets[rs.role] = s
+			cur.Leaves[rs.role] = certgen.LeafFromData(s.Data)
+		}
+	}
+
+	next, changes, err := certgen.Renew(now, cur, opts.specs, opts.policy)
+	if err != nil {
+		return "", err
+	}
+	logChanges(log, changes)
+
+	var created, updated, unchanged int
+	write := func(name string, old *corev1.Secret, typ corev1.SecretType, keys []string, data map[string][]byte) error {
+		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: opts.namespace}, Type: typ}
+		if old != nil {
+			s = old.DeepCopy()
+		}
+		if s.Data == nil {
+			s.Data = map[string][]byte{}
+		}
+		if s.Labels == nil {
+			s.Labels = map[string]string{}
+		}
+		var changedKeys []string
+		for _, k := range keys {
+			v, want := data[k]
+			if have, ok := s.Data[k]; ok != want || !bytes.Equal(have, v) {
+				changedKeys = append(changedKeys, k)
+			}
+			if want {
+				s.Data[k] = v
+			} else {
+				delete(s.Data, k)
+			}
+		}
+		labels := maps.Clone(opts.labels)
+		labels[managedByKey] = managedByValue
+		var changedLabels []string
+		for k, v := range labels {
+			if s.Labels[k] != v {
+				changedLabels = append(changedLabels, k)
+				s.Labels[k] = v
+			}
+		}
+		slices.Sort(changedLabels)
+		switch {
+		case old == nil:
+			if _, err := secrets.Create(ctx, s, metav1.CreateOptions{FieldManager: managedByValue}); err != nil {
+				return fmt.Errorf("creating Secret %s/%s: %w%s", opts.namespace, name, err, rbacHint(err, "create"))
+			}
+			created++
+			log.Info("Secret created", "secret", opts.namespace+"/"+name, "keys", strings.Join(slices.Sorted(maps.Keys(s.Data)), ","))
+		case len(changedKeys) > 0 || len(changedLabels) > 0:
+			// Update carries the resourceVersion read: a Secret changed since is a conflict.
+			if _, err := secrets.Update(ctx, s, metav1.UpdateOptions{FieldManager: managedByValue}); err != nil {
+				if apierrors.IsConflict(err) {
+					return fmt.Errorf("Secret %s/%s changed since it was read (another certgen run?): nothing more was written; run again: %w", opts.namespace, name, err)
+				}
+				return fmt.Errorf("updating Secret %s/%s: %w%s", opts.namespace, name, err, rbacHint(err, "update"))
+			}
+			updated++
+			log.Info("Secret updated", "secret", opts.namespace+"/"+name, "keys", strings.Join(changedKeys, ","), "labels", strings.Join(changedLabels, ","))
+		default:
+			unchanged++
+		}
+		return nil
+	}
+	if err := write(opts.caSecret, caSecret, corev1.SecretTypeOpaque, certgen.CAKeys, next.CAData()); err != nil {
+		return "", err
+	}
+	for _, rs := range opts.secrets {
+		if err := write(rs.name, roleSecrets[rs.role], corev1.SecretTypeTLS, certgen.LeafKeys, next.Leaves[rs.role].Data()); err != nil {
+			return "", err
+		}
+	}
+	return fmt.Sprintf("certgen: %d change(s); Secrets in %s: %d created, %d updated, %d unchanged", len(changes), opts.namespace, created, updated, unchanged), nil
+}
+
+// rbacHint says which permission is missing when err is Forbidden.
+func rbacHint(err error, verb string) string {
+	if !apierrors.IsForbidden(err) {
+		return ""
+	}
+	return fmt.Sprintf(" (the caller may not %s it: certgen needs get, create and update on these Secrets; see the chart's certgen Role)", verb)
+}
+
+// certgenFiles keeps the files under opts.outDir: DIR/<CA key> and DIR/<role>/<role key>.
+func certgenFiles(opts certgenOptions, now time.Time, log *slog.Logger) (string, error) {
+	read := func(dir string, keys []string) (map[string][]byte, error) {
+		data := map[string][]byte{}
+		for _, k := range keys {
+			b, err := os.ReadFile(filepath.Join(dir, k))
+			switch {
+			case errors.Is(err, os.ErrNotExist):
+			case err != nil:
+				return nil, fmt.Errorf("--out-dir: %w", err)
+			default:
+				data[k] = b
+			}
+		}
+		return data, nil
+	}
+	var cur certgen.State
+	caData, err := read(opts.outDir, certgen.CAKeys)
+	if err != nil {
+		return "", err
+	}
+	cur.SetCAData(caData)
+	cur.Leaves = map[cptls.Role]certgen.Leaf{}
+	leafData := map[cptls.Role]map[string][]byte{}
+	for _, s := range opts.specs {
+		d, err := read(filepath.Join(opts.outDir, string(s.Role)), certgen.LeafKeys)
+		if err != nil {
+			return "", err
+		}
+		leafData[s.Role] = d
+		if len(d) > 0 {
+			cur.Leaves[s.Role] = certgen.LeafFromData(d)
+		}
+	}
+
+	next, changes, err := certgen.Renew(now, cur, opts.specs, opts.policy)
+	if err != nil {
+		return "", err
+	}
+	logChanges(log, changes)
+
+	var written, removed int
+	sync := func(dir string, keys []string, old, data map[string][]byte) error {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return fmt.Errorf("--out-dir: %w", err)
+		}
+		for _, k := range keys {
+			path := filepath.Join(dir, k)
+			v, want := data[k]
+			have, had := old[k]
+			switch {
+			case !want && had:
+				if err := os.Remove(path); err != nil {
+					return fmt.Errorf("--out-dir: %w", err)
+				}
+				removed++
+				log.Info("file removed", "path", path)
+			case want && (!had || !bytes.Equal(have, v)):
+				mode := os.FileMode(0o644)
+				if certgen.IsPrivateKey(k) {
+					mode = 0o600
+				}
+				if err := writeFileAtomic(path, v, mode); err != nil {
+					return fmt.Errorf("--out-dir: %w", err)
+				}
+				written++
+				log.Info("file written", "path", path)
+			}
+		}
+		return nil
+	}
+	if err := sync(opts.outDir, certgen.CAKeys, caData, next.CAData()); err != nil {
+		return "", err
+	}
+	for _, s := range opts.specs {
+		dir := filepath.Join(opts.outDir, string(s.Role))
+		if err := sync(dir, certgen.LeafKeys, leafData[s.Role], next.Leaves[s.Role].Data()); err != nil {
+			return "", err
+		}
+	}
+	return fmt.Sprintf("certgen: %d change(s); files in %s: %d written, %d removed", len(changes), opts.outDir, written, removed), nil
+}
+
+// writeFileAtomic replaces path with data by a rename, so a reader never sees half a file.
+func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(f.Name()) // after a successful rename: nothing to remove
+	if err := f.Chmod(mode); err != nil {
+		f.Close()
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(f.Name(), path)
+}
