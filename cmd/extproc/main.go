@@ -40,6 +40,7 @@ import (
 	"github.com/kube-mvp/kube-mvp/internal/extproc"
 	"github.com/kube-mvp/kube-mvp/internal/table"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
+	"github.com/kube-mvp/kube-mvp/internal/version"
 )
 
 const usage = `usage: extproc --source xds:HOST:PORT|file:FILE --listen ADDR [flags]
@@ -62,6 +63,7 @@ flags:
   --local-id ID|HOSTNAME     sidecar mode: the apiserver this Envoy runs beside, by ID or by
                              the hostname of its identity Lease (e.g. the node name)
   -h, --help                 this text
+  --version                  print the version and exit
 
 SIGHUP re-reads a file source; SIGTERM and SIGINT stop gracefully.
 `
@@ -222,6 +224,10 @@ func main() {
 
 // run is main with its inputs and outputs made explicit; it returns the exit code.
 func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && (args[0] == "--version" || args[0] == "-version") {
+		fmt.Fprintln(stdout, version.String("extproc"))
+		return 0
+	}
 	cfg, err := parseArgs(args)
 	if errors.Is(err, errHelp) {
 		fmt.Fprint(stdout, usage)

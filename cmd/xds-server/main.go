@@ -4,6 +4,7 @@
 //	xds-server serve --kubeconfig FILE [flags]             watch a cluster, serve Envoy and extproc
 //	xds-server translate -f FILE [-o json|yaml] [flags]   print the configuration for a fixture
 //	xds-server help [COMMAND]
+//	xds-server version                                     print the version (or: xds-server --version)
 //
 // Each subcommand has its own flags (xds-server COMMAND --help). Exit codes: 0 success, 1 the
 // work failed, 2 bad input (command line, unreadable or undecodable file).
@@ -14,6 +15,8 @@ import (
 	"io"
 	"os"
 	"strings"
+
+	"github.com/kube-mvp/kube-mvp/internal/version"
 )
 
 // command is one subcommand. run gets the arguments after the subcommand's name and returns
@@ -30,6 +33,18 @@ var commands = []*command{
 	serveCommand,
 	translateCommand,
 	certgenCommand,
+	versionCommand,
+}
+
+// versionCommand prints the build's version stamp (internal/version); also xds-server --version.
+var versionCommand = &command{
+	name:    "version",
+	summary: "print the version (also --version)",
+	usage:   "usage: xds-server version\n\nPrints the version and the commit xds-server was built from.\n",
+	run: func(_ []string, stdout, _ io.Writer) int {
+		fmt.Fprintln(stdout, version.String("xds-server"))
+		return 0
+	},
 }
 
 func findCommand(name string) *command {
@@ -73,6 +88,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		fmt.Fprint(stdout, usage())
 		return 0
+	case "-version", "--version":
+		return versionCommand.run(args[1:], stdout, stderr)
 	default:
 		c := findCommand(name)
 		if c == nil {
