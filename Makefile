@@ -2,14 +2,30 @@
 GO ?= go
 KUBE_VERSIONS ?= v1.36.4 v1.37.1
 TEST_TIMEOUT ?= 75m
+# The version stamp (xds-server --version): by default the chart's appVersion, so binaries,
+# images and chart agree.
+VERSION ?= $(shell sed -n "s/^appVersion:[[:space:]]*[\"']\{0,1\}\([^\"' ]*\).*/\1/p" deploy/kube-mvp/Chart.yaml)
+COMMIT ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
+LDFLAGS := -X github.com/kube-mvp/kube-mvp/internal/version.Version=$(VERSION) -X github.com/kube-mvp/kube-mvp/internal/version.Commit=$(COMMIT)
+# make images: the images are REGISTRY/xds-server:VERSION and REGISTRY/extproc:VERSION.
+REGISTRY ?= ghcr.io/kube-mvp
+ARCHS ?= amd64 arm64
+PUSH ?=
 
-.PHONY: all build test unit bench kube-binaries vet demo clean proto
+.PHONY: all build images test unit bench kube-binaries vet demo clean proto
 
 all: build
 
-## build: compile the product binaries into bin/
+## build: compile the product binaries into bin/ (stamped: bin/xds-server --version)
 build:
-	$(GO) build -o bin/ ./cmd/...
+	$(GO) build -ldflags "$(LDFLAGS)" -o bin/ ./cmd/...
+
+## images: the container images, without Docker: bin/images/<name>-<arch>.tar for `docker load`
+## or `kind load image-archive`, and bin/images/oci/<name>/ (multi-arch); PUSH=1 pushes them to
+## REGISTRY (docs/images.md)
+images:
+	$(GO) run ./tools/images -registry "$(REGISTRY)" -version "$(VERSION)" -commit "$(COMMIT)" \
+		-arch "$(ARCHS)" -out bin/images $(if $(filter 1 true yes,$(PUSH)),-push)
 
 ## kube-binaries: build (or reuse from ~/.cache/kube-mvp) the kube-apiservers and etcd the tests run
 kube-binaries:
