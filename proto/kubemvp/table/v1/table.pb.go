@@ -25,7 +25,7 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
-type WatchRequest struct {
+type SubscribeRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// For logs and the debug page.
 	ClientId      string `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
@@ -33,20 +33,20 @@ type WatchRequest struct {
 	sizeCache     protoimpl.SizeCache
 }
 
-func (x *WatchRequest) Reset() {
-	*x = WatchRequest{}
+func (x *SubscribeRequest) Reset() {
+	*x = SubscribeRequest{}
 	mi := &file_kubemvp_table_v1_table_proto_msgTypes[0]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
 
-func (x *WatchRequest) String() string {
+func (x *SubscribeRequest) String() string {
 	return protoimpl.X.MessageStringOf(x)
 }
 
-func (*WatchRequest) ProtoMessage() {}
+func (*SubscribeRequest) ProtoMessage() {}
 
-func (x *WatchRequest) ProtoReflect() protoreflect.Message {
+func (x *SubscribeRequest) ProtoReflect() protoreflect.Message {
 	mi := &file_kubemvp_table_v1_table_proto_msgTypes[0]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
@@ -58,39 +58,134 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 	return mi.MessageOf(x)
 }
 
-// Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
-func (*WatchRequest) Descriptor() ([]byte, []int) {
+// Deprecated: Use SubscribeRequest.ProtoReflect.Descriptor instead.
+func (*SubscribeRequest) Descriptor() ([]byte, []int) {
 	return file_kubemvp_table_v1_table_proto_rawDescGZIP(), []int{0}
 }
 
-func (x *WatchRequest) GetClientId() string {
+func (x *SubscribeRequest) GetClientId() string {
 	if x != nil {
 		return x.ClientId
 	}
 	return ""
 }
 
+// TableChunk is one piece of a table. A table travels as the gzip (RFC 1952) of its
+// deterministic protobuf serialization (a Table), cut into chunks of at most 1 MiB that are
+// sent back to back on one stream: no gRPC message grows with the cluster, and the table is
+// compressed once per change rather than once per client.
+type TableChunk struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Table.version of the table this chunk belongs to; equal on every chunk of one table.
+	Version string `protobuf:"bytes,1,opt,name=version,proto3" json:"version,omitempty"`
+	// This chunk's position, from 0, among the table's count chunks.
+	Index uint32 `protobuf:"varint,2,opt,name=index,proto3" json:"index,omitempty"`
+	Count uint32 `protobuf:"varint,3,opt,name=count,proto3" json:"count,omitempty"`
+	// The size in bytes of the serialized Table once gunzipped, on every chunk, so a client can
+	// refuse a table larger than it accepts before assembling it.
+	TableSize uint64 `protobuf:"varint,4,opt,name=table_size,json=tableSize,proto3" json:"table_size,omitempty"`
+	// Bytes [index*1 MiB, ...) of the gzipped serialization.
+	Data          []byte `protobuf:"bytes,5,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TableChunk) Reset() {
+	*x = TableChunk{}
+	mi := &file_kubemvp_table_v1_table_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TableChunk) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TableChunk) ProtoMessage() {}
+
+func (x *TableChunk) ProtoReflect() protoreflect.Message {
+	mi := &file_kubemvp_table_v1_table_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TableChunk.ProtoReflect.Descriptor instead.
+func (*TableChunk) Descriptor() ([]byte, []int) {
+	return file_kubemvp_table_v1_table_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *TableChunk) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+func (x *TableChunk) GetIndex() uint32 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *TableChunk) GetCount() uint32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *TableChunk) GetTableSize() uint64 {
+	if x != nil {
+		return x.TableSize
+	}
+	return 0
+}
+
+func (x *TableChunk) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+// Table is the routing table, format 1. Field numbers are not those of the unversioned table
+// that Watch sent.
 type Table struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
+	// The format of this message: 1. A reader refuses a table of a format it does not know
+	// (and keeps the table it has), so a change that an older reader would misread must raise
+	// it; an addition that older readers may safely ignore (a new field) need not.
+	Format uint32 `protobuf:"varint,1,opt,name=format,proto3" json:"format,omitempty"`
 	// Content hash of everything below but generated_at: equal tables have equal versions on
 	// every xds-server replica.
-	Version     string                 `protobuf:"bytes,1,opt,name=version,proto3" json:"version,omitempty"`
-	GeneratedAt *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=generated_at,json=generatedAt,proto3" json:"generated_at,omitempty"`
-	Apiservers  []*APIServer           `protobuf:"bytes,3,rep,name=apiservers,proto3" json:"apiservers,omitempty"`
-	Resources   []*ServedResource      `protobuf:"bytes,4,rep,name=resources,proto3" json:"resources,omitempty"`
-	// Groups every apiserver serves through its own chain (CRDs, aggregated APIs).
-	ServedEverywhereGroups []string `protobuf:"bytes,5,rep,name=served_everywhere_groups,json=servedEverywhereGroups,proto3" json:"served_everywhere_groups,omitempty"`
+	Version     string                 `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
+	GeneratedAt *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=generated_at,json=generatedAt,proto3" json:"generated_at,omitempty"`
+	Apiservers  []*APIServer           `protobuf:"bytes,4,rep,name=apiservers,proto3" json:"apiservers,omitempty"`
+	// The distinct sets of apiservers that serve some resource, each listed once; resources
+	// refer to a set by its index here. IDs may name dead or unknown apiservers.
+	ServerSets []*ServerSet `protobuf:"bytes,5,rep,name=server_sets,json=serverSets,proto3" json:"server_sets,omitempty"`
+	// The served resources, by group/version, sorted.
+	GroupVersions []*GroupVersion `protobuf:"bytes,6,rep,name=group_versions,json=groupVersions,proto3" json:"group_versions,omitempty"`
+	// Groups every apiserver serves through its own chain (CRDs, aggregated APIs), sorted.
+	ServedEverywhereGroups []string `protobuf:"bytes,7,rep,name=served_everywhere_groups,json=servedEverywhereGroups,proto3" json:"served_everywhere_groups,omitempty"`
 	// The merged /apis aggregated discovery of the live apiservers (JSON
 	// apidiscovery.k8s.io/v2 APIGroupDiscoveryList), which extproc serves in place of one
 	// apiserver's; empty when it could not be built.
-	ApisDiscovery []byte `protobuf:"bytes,6,opt,name=apis_discovery,json=apisDiscovery,proto3" json:"apis_discovery,omitempty"`
+	ApisDiscovery []byte `protobuf:"bytes,8,opt,name=apis_discovery,json=apisDiscovery,proto3" json:"apis_discovery,omitempty"` // 9 and up: room for what comes next (the routing plan).
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Table) Reset() {
 	*x = Table{}
-	mi := &file_kubemvp_table_v1_table_proto_msgTypes[1]
+	mi := &file_kubemvp_table_v1_table_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -102,7 +197,7 @@ func (x *Table) String() string {
 func (*Table) ProtoMessage() {}
 
 func (x *Table) ProtoReflect() protoreflect.Message {
-	mi := &file_kubemvp_table_v1_table_proto_msgTypes[1]
+	mi := &file_kubemvp_table_v1_table_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -115,7 +210,14 @@ func (x *Table) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Table.ProtoReflect.Descriptor instead.
 func (*Table) Descriptor() ([]byte, []int) {
-	return file_kubemvp_table_v1_table_proto_rawDescGZIP(), []int{1}
+	return file_kubemvp_table_v1_table_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *Table) GetFormat() uint32 {
+	if x != nil {
+		return x.Format
+	}
+	return 0
 }
 
 func (x *Table) GetVersion() string {
@@ -139,9 +241,16 @@ func (x *Table) GetApiservers() []*APIServer {
 	return nil
 }
 
-func (x *Table) GetResources() []*ServedResource {
+func (x *Table) GetServerSets() []*ServerSet {
 	if x != nil {
-		return x.Resources
+		return x.ServerSets
+	}
+	return nil
+}
+
+func (x *Table) GetGroupVersions() []*GroupVersion {
+	if x != nil {
+		return x.GroupVersions
 	}
 	return nil
 }
@@ -172,7 +281,7 @@ type APIServer struct {
 
 func (x *APIServer) Reset() {
 	*x = APIServer{}
-	mi := &file_kubemvp_table_v1_table_proto_msgTypes[2]
+	mi := &file_kubemvp_table_v1_table_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -184,7 +293,7 @@ func (x *APIServer) String() string {
 func (*APIServer) ProtoMessage() {}
 
 func (x *APIServer) ProtoReflect() protoreflect.Message {
-	mi := &file_kubemvp_table_v1_table_proto_msgTypes[2]
+	mi := &file_kubemvp_table_v1_table_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -197,7 +306,7 @@ func (x *APIServer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use APIServer.ProtoReflect.Descriptor instead.
 func (*APIServer) Descriptor() ([]byte, []int) {
-	return file_kubemvp_table_v1_table_proto_rawDescGZIP(), []int{2}
+	return file_kubemvp_table_v1_table_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *APIServer) GetId() string {
@@ -228,21 +337,127 @@ func (x *APIServer) GetAlive() bool {
 	return false
 }
 
+// ServerSet is a sorted, duplicate-free, non-empty list of apiserver IDs.
+type ServerSet struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ApiserverIds  []string               `protobuf:"bytes,1,rep,name=apiserver_ids,json=apiserverIds,proto3" json:"apiserver_ids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ServerSet) Reset() {
+	*x = ServerSet{}
+	mi := &file_kubemvp_table_v1_table_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ServerSet) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ServerSet) ProtoMessage() {}
+
+func (x *ServerSet) ProtoReflect() protoreflect.Message {
+	mi := &file_kubemvp_table_v1_table_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ServerSet.ProtoReflect.Descriptor instead.
+func (*ServerSet) Descriptor() ([]byte, []int) {
+	return file_kubemvp_table_v1_table_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ServerSet) GetApiserverIds() []string {
+	if x != nil {
+		return x.ApiserverIds
+	}
+	return nil
+}
+
+type GroupVersion struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Empty for the core group.
+	Group   string `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
+	Version string `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
+	// Sorted by resource, then subresource.
+	Resources     []*ServedResource `protobuf:"bytes,3,rep,name=resources,proto3" json:"resources,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GroupVersion) Reset() {
+	*x = GroupVersion{}
+	mi := &file_kubemvp_table_v1_table_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GroupVersion) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GroupVersion) ProtoMessage() {}
+
+func (x *GroupVersion) ProtoReflect() protoreflect.Message {
+	mi := &file_kubemvp_table_v1_table_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GroupVersion.ProtoReflect.Descriptor instead.
+func (*GroupVersion) Descriptor() ([]byte, []int) {
+	return file_kubemvp_table_v1_table_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *GroupVersion) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *GroupVersion) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+func (x *GroupVersion) GetResources() []*ServedResource {
+	if x != nil {
+		return x.Resources
+	}
+	return nil
+}
+
 type ServedResource struct {
-	state       protoimpl.MessageState `protogen:"open.v1"`
-	Group       string                 `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
-	Version     string                 `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
-	Resource    string                 `protobuf:"bytes,3,opt,name=resource,proto3" json:"resource,omitempty"`
-	Subresource string                 `protobuf:"bytes,4,opt,name=subresource,proto3" json:"subresource,omitempty"`
-	// IDs of the apiservers that serve it; may name dead or unknown apiservers.
-	ApiserverIds  []string `protobuf:"bytes,5,rep,name=apiserver_ids,json=apiserverIds,proto3" json:"apiserver_ids,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Resource string                 `protobuf:"bytes,1,opt,name=resource,proto3" json:"resource,omitempty"`
+	// Empty for the resource itself.
+	Subresource string `protobuf:"bytes,2,opt,name=subresource,proto3" json:"subresource,omitempty"`
+	// Index into Table.server_sets of the apiservers that serve it.
+	ServerSet     uint32 `protobuf:"varint,3,opt,name=server_set,json=serverSet,proto3" json:"server_set,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ServedResource) Reset() {
 	*x = ServedResource{}
-	mi := &file_kubemvp_table_v1_table_proto_msgTypes[3]
+	mi := &file_kubemvp_table_v1_table_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -254,7 +469,7 @@ func (x *ServedResource) String() string {
 func (*ServedResource) ProtoMessage() {}
 
 func (x *ServedResource) ProtoReflect() protoreflect.Message {
-	mi := &file_kubemvp_table_v1_table_proto_msgTypes[3]
+	mi := &file_kubemvp_table_v1_table_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -267,21 +482,7 @@ func (x *ServedResource) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServedResource.ProtoReflect.Descriptor instead.
 func (*ServedResource) Descriptor() ([]byte, []int) {
-	return file_kubemvp_table_v1_table_proto_rawDescGZIP(), []int{3}
-}
-
-func (x *ServedResource) GetGroup() string {
-	if x != nil {
-		return x.Group
-	}
-	return ""
-}
-
-func (x *ServedResource) GetVersion() string {
-	if x != nil {
-		return x.Version
-	}
-	return ""
+	return file_kubemvp_table_v1_table_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ServedResource) GetResource() string {
@@ -298,42 +499,58 @@ func (x *ServedResource) GetSubresource() string {
 	return ""
 }
 
-func (x *ServedResource) GetApiserverIds() []string {
+func (x *ServedResource) GetServerSet() uint32 {
 	if x != nil {
-		return x.ApiserverIds
+		return x.ServerSet
 	}
-	return nil
+	return 0
 }
 
 var File_kubemvp_table_v1_table_proto protoreflect.FileDescriptor
 
 const file_kubemvp_table_v1_table_proto_rawDesc = "" +
 	"\n" +
-	"\x1ckubemvp/table/v1/table.proto\x12\x10kubemvp.table.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"+\n" +
-	"\fWatchRequest\x12\x1b\n" +
-	"\tclient_id\x18\x01 \x01(\tR\bclientId\"\xbe\x02\n" +
-	"\x05Table\x12\x18\n" +
-	"\aversion\x18\x01 \x01(\tR\aversion\x12=\n" +
-	"\fgenerated_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\vgeneratedAt\x12;\n" +
+	"\x1ckubemvp/table/v1/table.proto\x12\x10kubemvp.table.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"/\n" +
+	"\x10SubscribeRequest\x12\x1b\n" +
+	"\tclient_id\x18\x01 \x01(\tR\bclientId\"\x85\x01\n" +
 	"\n" +
-	"apiservers\x18\x03 \x03(\v2\x1b.kubemvp.table.v1.APIServerR\n" +
-	"apiservers\x12>\n" +
-	"\tresources\x18\x04 \x03(\v2 .kubemvp.table.v1.ServedResourceR\tresources\x128\n" +
-	"\x18served_everywhere_groups\x18\x05 \x03(\tR\x16servedEverywhereGroups\x12%\n" +
-	"\x0eapis_discovery\x18\x06 \x01(\fR\rapisDiscovery\"g\n" +
+	"TableChunk\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\tR\aversion\x12\x14\n" +
+	"\x05index\x18\x02 \x01(\rR\x05index\x12\x14\n" +
+	"\x05count\x18\x03 \x01(\rR\x05count\x12\x1d\n" +
+	"\n" +
+	"table_size\x18\x04 \x01(\x04R\ttableSize\x12\x12\n" +
+	"\x04data\x18\x05 \x01(\fR\x04data\"\x9b\x03\n" +
+	"\x05Table\x12\x16\n" +
+	"\x06format\x18\x01 \x01(\rR\x06format\x12\x18\n" +
+	"\aversion\x18\x02 \x01(\tR\aversion\x12=\n" +
+	"\fgenerated_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\vgeneratedAt\x12;\n" +
+	"\n" +
+	"apiservers\x18\x04 \x03(\v2\x1b.kubemvp.table.v1.APIServerR\n" +
+	"apiservers\x12<\n" +
+	"\vserver_sets\x18\x05 \x03(\v2\x1b.kubemvp.table.v1.ServerSetR\n" +
+	"serverSets\x12E\n" +
+	"\x0egroup_versions\x18\x06 \x03(\v2\x1e.kubemvp.table.v1.GroupVersionR\rgroupVersions\x128\n" +
+	"\x18served_everywhere_groups\x18\a \x03(\tR\x16servedEverywhereGroups\x12%\n" +
+	"\x0eapis_discovery\x18\b \x01(\fR\rapisDiscovery\"g\n" +
 	"\tAPIServer\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1a\n" +
 	"\bhostname\x18\x02 \x01(\tR\bhostname\x12\x18\n" +
 	"\aaddress\x18\x03 \x01(\tR\aaddress\x12\x14\n" +
-	"\x05alive\x18\x04 \x01(\bR\x05alive\"\xa3\x01\n" +
-	"\x0eServedResource\x12\x14\n" +
+	"\x05alive\x18\x04 \x01(\bR\x05alive\"0\n" +
+	"\tServerSet\x12#\n" +
+	"\rapiserver_ids\x18\x01 \x03(\tR\fapiserverIds\"~\n" +
+	"\fGroupVersion\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x18\n" +
-	"\aversion\x18\x02 \x01(\tR\aversion\x12\x1a\n" +
-	"\bresource\x18\x03 \x01(\tR\bresource\x12 \n" +
-	"\vsubresource\x18\x04 \x01(\tR\vsubresource\x12#\n" +
-	"\rapiserver_ids\x18\x05 \x03(\tR\fapiserverIds2R\n" +
-	"\fTableService\x12B\n" +
-	"\x05Watch\x12\x1e.kubemvp.table.v1.WatchRequest\x1a\x17.kubemvp.table.v1.Table0\x01B=Z;github.com/kube-mvp/kube-mvp/proto/kubemvp/table/v1;tablev1b\x06proto3"
+	"\aversion\x18\x02 \x01(\tR\aversion\x12>\n" +
+	"\tresources\x18\x03 \x03(\v2 .kubemvp.table.v1.ServedResourceR\tresources\"m\n" +
+	"\x0eServedResource\x12\x1a\n" +
+	"\bresource\x18\x01 \x01(\tR\bresource\x12 \n" +
+	"\vsubresource\x18\x02 \x01(\tR\vsubresource\x12\x1d\n" +
+	"\n" +
+	"server_set\x18\x03 \x01(\rR\tserverSet2_\n" +
+	"\fTableService\x12O\n" +
+	"\tSubscribe\x12\".kubemvp.table.v1.SubscribeRequest\x1a\x1c.kubemvp.table.v1.TableChunk0\x01B=Z;github.com/kube-mvp/kube-mvp/proto/kubemvp/table/v1;tablev1b\x06proto3"
 
 var (
 	file_kubemvp_table_v1_table_proto_rawDescOnce sync.Once
@@ -347,25 +564,30 @@ func file_kubemvp_table_v1_table_proto_rawDescGZIP() []byte {
 	return file_kubemvp_table_v1_table_proto_rawDescData
 }
 
-var file_kubemvp_table_v1_table_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
+var file_kubemvp_table_v1_table_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_kubemvp_table_v1_table_proto_goTypes = []any{
-	(*WatchRequest)(nil),          // 0: kubemvp.table.v1.WatchRequest
-	(*Table)(nil),                 // 1: kubemvp.table.v1.Table
-	(*APIServer)(nil),             // 2: kubemvp.table.v1.APIServer
-	(*ServedResource)(nil),        // 3: kubemvp.table.v1.ServedResource
-	(*timestamppb.Timestamp)(nil), // 4: google.protobuf.Timestamp
+	(*SubscribeRequest)(nil),      // 0: kubemvp.table.v1.SubscribeRequest
+	(*TableChunk)(nil),            // 1: kubemvp.table.v1.TableChunk
+	(*Table)(nil),                 // 2: kubemvp.table.v1.Table
+	(*APIServer)(nil),             // 3: kubemvp.table.v1.APIServer
+	(*ServerSet)(nil),             // 4: kubemvp.table.v1.ServerSet
+	(*GroupVersion)(nil),          // 5: kubemvp.table.v1.GroupVersion
+	(*ServedResource)(nil),        // 6: kubemvp.table.v1.ServedResource
+	(*timestamppb.Timestamp)(nil), // 7: google.protobuf.Timestamp
 }
 var file_kubemvp_table_v1_table_proto_depIdxs = []int32{
-	4, // 0: kubemvp.table.v1.Table.generated_at:type_name -> google.protobuf.Timestamp
-	2, // 1: kubemvp.table.v1.Table.apiservers:type_name -> kubemvp.table.v1.APIServer
-	3, // 2: kubemvp.table.v1.Table.resources:type_name -> kubemvp.table.v1.ServedResource
-	0, // 3: kubemvp.table.v1.TableService.Watch:input_type -> kubemvp.table.v1.WatchRequest
-	1, // 4: kubemvp.table.v1.TableService.Watch:output_type -> kubemvp.table.v1.Table
-	4, // [4:5] is the sub-list for method output_type
-	3, // [3:4] is the sub-list for method input_type
-	3, // [3:3] is the sub-list for extension type_name
-	3, // [3:3] is the sub-list for extension extendee
-	0, // [0:3] is the sub-list for field type_name
+	7, // 0: kubemvp.table.v1.Table.generated_at:type_name -> google.protobuf.Timestamp
+	3, // 1: kubemvp.table.v1.Table.apiservers:type_name -> kubemvp.table.v1.APIServer
+	4, // 2: kubemvp.table.v1.Table.server_sets:type_name -> kubemvp.table.v1.ServerSet
+	5, // 3: kubemvp.table.v1.Table.group_versions:type_name -> kubemvp.table.v1.GroupVersion
+	6, // 4: kubemvp.table.v1.GroupVersion.resources:type_name -> kubemvp.table.v1.ServedResource
+	0, // 5: kubemvp.table.v1.TableService.Subscribe:input_type -> kubemvp.table.v1.SubscribeRequest
+	1, // 6: kubemvp.table.v1.TableService.Subscribe:output_type -> kubemvp.table.v1.TableChunk
+	6, // [6:7] is the sub-list for method output_type
+	5, // [5:6] is the sub-list for method input_type
+	5, // [5:5] is the sub-list for extension type_name
+	5, // [5:5] is the sub-list for extension extendee
+	0, // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_kubemvp_table_v1_table_proto_init() }
@@ -379,7 +601,7 @@ func file_kubemvp_table_v1_table_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kubemvp_table_v1_table_proto_rawDesc), len(file_kubemvp_table_v1_table_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   4,
+			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

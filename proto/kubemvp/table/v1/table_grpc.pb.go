@@ -22,16 +22,21 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	TableService_Watch_FullMethodName = "/kubemvp.table.v1.TableService/Watch"
+	TableService_Subscribe_FullMethodName = "/kubemvp.table.v1.TableService/Subscribe"
 )
 
 // TableServiceClient is the client API for TableService service.
 //
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 type TableServiceClient interface {
-	// Watch sends the current table at once and again after every change. A client that loses
-	// the stream keeps deciding from the last table it had and reconnects.
-	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[Table], error)
+	// Subscribe sends the current table at once and again after every change, each table as a
+	// run of TableChunk messages. A client that loses the stream keeps deciding from the last
+	// table it had and reconnects. A table the server will not send (larger than its limit)
+	// ends the stream with RESOURCE_EXHAUSTED, naming the size and the limit.
+	//
+	// It replaces Watch, which sent each table as one Table message without a format field:
+	// a client of that method now gets UNIMPLEMENTED instead of a table it would misread.
+	Subscribe(ctx context.Context, in *SubscribeRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[TableChunk], error)
 }
 
 type tableServiceClient struct {
@@ -42,13 +47,13 @@ func NewTableServiceClient(cc grpc.ClientConnInterface) TableServiceClient {
 	return &tableServiceClient{cc}
 }
 
-func (c *tableServiceClient) Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[Table], error) {
+func (c *tableServiceClient) Subscribe(ctx context.Context, in *SubscribeRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[TableChunk], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &TableService_ServiceDesc.Streams[0], TableService_Watch_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &TableService_ServiceDesc.Streams[0], TableService_Subscribe_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
-	x := &grpc.GenericClientStream[WatchRequest, Table]{ClientStream: stream}
+	x := &grpc.GenericClientStream[SubscribeRequest, TableChunk]{ClientStream: stream}
 	if err := x.ClientStream.SendMsg(in); err != nil {
 		return nil, err
 	}
@@ -59,15 +64,20 @@ func (c *tableServiceClient) Watch(ctx context.Context, in *WatchRequest, opts .
 }
 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
-type TableService_WatchClient = grpc.ServerStreamingClient[Table]
+type TableService_SubscribeClient = grpc.ServerStreamingClient[TableChunk]
 
 // TableServiceServer is the server API for TableService service.
 // All implementations must embed UnimplementedTableServiceServer
 // for forward compatibility.
 type TableServiceServer interface {
-	// Watch sends the current table at once and again after every change. A client that loses
-	// the stream keeps deciding from the last table it had and reconnects.
-	Watch(*WatchRequest, grpc.ServerStreamingServer[Table]) error
+	// Subscribe sends the current table at once and again after every change, each table as a
+	// run of TableChunk messages. A client that loses the stream keeps deciding from the last
+	// table it had and reconnects. A table the server will not send (larger than its limit)
+	// ends the stream with RESOURCE_EXHAUSTED, naming the size and the limit.
+	//
+	// It replaces Watch, which sent each table as one Table message without a format field:
+	// a client of that method now gets UNIMPLEMENTED instead of a table it would misread.
+	Subscribe(*SubscribeRequest, grpc.ServerStreamingServer[TableChunk]) error
 	mustEmbedUnimplementedTableServiceServer()
 }
 
@@ -78,8 +88,8 @@ type TableServiceServer interface {
 // pointer dereference when methods are called.
 type UnimplementedTableServiceServer struct{}
 
-func (UnimplementedTableServiceServer) Watch(*WatchRequest, grpc.ServerStreamingServer[Table]) error {
-	return status.Errorf(codes.Unimplemented, "method Watch not implemented")
+func (UnimplementedTableServiceServer) Subscribe(*SubscribeRequest, grpc.ServerStreamingServer[TableChunk]) error {
+	return status.Errorf(codes.Unimplemented, "method Subscribe not implemented")
 }
 func (UnimplementedTableServiceServer) mustEmbedUnimplementedTableServiceServer() {}
 func (UnimplementedTableServiceServer) testEmbeddedByValue()                      {}
@@ -102,16 +112,16 @@ func RegisterTableServiceServer(s grpc.ServiceRegistrar, srv TableServiceServer)
 	s.RegisterService(&TableService_ServiceDesc, srv)
 }
 
-func _TableService_Watch_Handler(srv interface{}, stream grpc.ServerStream) error {
-	m := new(WatchRequest)
+func _TableService_Subscribe_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(SubscribeRequest)
 	if err := stream.RecvMsg(m); err != nil {
 		return err
 	}
-	return srv.(TableServiceServer).Watch(m, &grpc.GenericServerStream[WatchRequest, Table]{ServerStream: stream})
+	return srv.(TableServiceServer).Subscribe(m, &grpc.GenericServerStream[SubscribeRequest, TableChunk]{ServerStream: stream})
 }
 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
-type TableService_WatchServer = grpc.ServerStreamingServer[Table]
+type TableService_SubscribeServer = grpc.ServerStreamingServer[TableChunk]
 
 // TableService_ServiceDesc is the grpc.ServiceDesc for TableService service.
 // It's only intended for direct use with grpc.RegisterService,
@@ -122,8 +132,8 @@ var TableService_ServiceDesc = grpc.ServiceDesc{
 	Methods:     []grpc.MethodDesc{},
 	Streams: []grpc.StreamDesc{
 		{
-			StreamName:    "Watch",
-			Handler:       _TableService_Watch_Handler,
+			StreamName:    "Subscribe",
+			Handler:       _TableService_Subscribe_Handler,
 			ServerStreams: true,
 		},
 	},

@@ -1,0 +1,150 @@
+package table
+
+import (
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/kube-mvp/kube-mvp/internal/topology"
+	tablev1 "github.com/kube-mvp/kube-mvp/proto/kubemvp/table/v1"
+)
+
+// Server is the xds-server side: it serves TableService and broadcasts each Publish.
+type Server struct {
+	tablev1.UnimplementedTableServiceServer
+	log     *slog.Logger
+	maxSize int
+	refused prometheus.Counter
+	sizes   *prometheus.GaugeVec
+	limit   prometheus.Gauge
+	publish sync.Mutex // serialises Publish, which compresses outside mu
+	mu      sync.Mutex
+	current *published
+	changed chan struct{} // closed and replaced on every change of current
+}
+
+// published is the table Subscribe sends: encoded, or refused for err.
+type published struct {
+	version string
+	table   *encoded
+	err     error
+}
+
+// ServerOption configures NewServer.
+type ServerOption func(*Server)
+
+// WithLogger makes the Server log refused tables to log (default slog.Default()).
+func WithLogger(log *slog.Logger) ServerOption { return func(s *Server) { s.log = log } }
+
+// WithRegisterer registers the Server's metrics with reg:
+//
+//	kube_mvp_xds_table_refused_total        tables not sent because they exceed the limit
+//	kube_mvp_xds_table_size_bytes{encoding} the last table's size, "protobuf" (what the limit
+//	                                        applies to) and "gzip" (what goes on the wire)
+//	kube_mvp_xds_table_size_limit_bytes     the limit
+func WithRegisterer(reg prometheus.Registerer) ServerOption {
+	return func(s *Server) { reg.MustRegister(s.refused, s.sizes, s.limit) }
+}
+
+// WithMaxTableSize sets the largest table the Server sends (default MaxTableSize); tests
+// lower it.
+func WithMaxTableSize(n int) ServerOption { return func(s *Server) { s.maxSize = n } }
+
+// NewServer returns a Server with no table yet; subscribers wait for the first Publish.
+func NewServer(opts ...ServerOption) *Server {
+	s := &Server{
+		log: slog.Default(), maxSize: MaxTableSize, changed: make(chan struct{}),
+		refused: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kube_mvp_xds_table_refused_total",
+			Help: "Routing tables not sent to extproc because their serialized size exceeds the limit (kube_mvp_xds_table_size_limit_bytes); extproc keeps its previous table. See the log.",
+		}),
+		sizes: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "kube_mvp_xds_table_size_bytes",
+			Help: "Size of the last routing table published: protobuf (serialized, what the limit applies to) and gzip (on the wire).",
+		}, []string{"encoding"}),
+		limit: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kube_mvp_xds_table_size_limit_bytes",
+			Help: "The largest routing table xds-server sends and extproc accepts, serialized.",
+		}),
+	}
+	for _, o := range opts {
+		o(s)
+	}
+	s.limit.Set(float64(s.maxSize))
+	return s
+}
+
+// Publish makes t the current table, unless its content equals the current one. A table
+// whose serialization exceeds the limit is not sent: it is logged and counted, and
+// subscribers get RESOURCE_EXHAUSTED (they keep their previous table) until a table within
+// the limit is published.
+func (s *Server) Publish(t *topology.Topology, now time.Time) {
+	s.publish.Lock()
+	defer s.publish.Unlock()
+	tb, raw := build(t, now)
+	if s.Version() == tb.Version {
+		return
+	}
+	p := &published{version: tb.Version}
+	s.sizes.WithLabelValues("protobuf").Set(float64(len(raw)))
+	if len(raw) > s.maxSize {
+		p.err = fmt.Errorf("routing table %s is %d bytes serialized, over the limit of %d bytes (%d resources, %d bytes of merged discovery); extproc keeps its previous table",
+			tb.Version, len(raw), s.maxSize, len(t.Served), len(tb.ApisDiscovery))
+		s.sizes.WithLabelValues("gzip").Set(0)
+		s.refused.Inc()
+		s.log.Error("routing table not sent: too large", "version", tb.Version, "bytes", len(raw), "limit", s.maxSize,
+			"resources", len(t.Served), "discovery_bytes", len(tb.ApisDiscovery))
+	} else {
+		p.table = encode(tb.Version, raw)
+		s.sizes.WithLabelValues("gzip").Set(float64(p.table.gzipped))
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.current = p
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+// Version is the version of the current table, sent or refused; empty before the first
+// Publish.
+func (s *Server) Version() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.current == nil {
+		return ""
+	}
+	return s.current.version
+}
+
+// Subscribe implements TableService: it sends the current table and every later one, each
+// as a run of chunks, until the client goes away or a table is refused.
+func (s *Server) Subscribe(_ *tablev1.SubscribeRequest, stream grpc.ServerStreamingServer[tablev1.TableChunk]) error {
+	var sent string
+	for {
+		s.mu.Lock()
+		p, changed := s.current, s.changed
+		s.mu.Unlock()
+		if p != nil && p.version != sent {
+			if p.err != nil {
+				return status.Error(codes.ResourceExhausted, p.err.Error())
+			}
+			for _, c := range p.table.chunks {
+				if err := stream.Send(c); err != nil {
+					return err
+				}
+			}
+			sent = p.version
+		}
+		select {
+		case <-stream.Context().Done():
+			return nil
+		case <-changed:
+		}
+	}
+}
