@@ -311,7 +311,7 @@ func start(cfg config, log *slog.Logger, reload <-chan os.Signal) (*app, error) 
 			defer conn.Close()
 			table.Follow(ctx, conn, clientID, log, func(t *topology.Topology, version string) {
 				apply(extproc.Sidecar(t, version, cfg.localID, log))
-			})
+			}, table.OnReject(a.srv.TableUpdateFailed))
 		}
 	}
 

@@ -2,8 +2,11 @@ package extproc
 
 import (
 	"math"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	tablestream "github.com/kube-mvp/kube-mvp/internal/table"
 )
 
 // Outcome label values beyond topology.Outcome's own names.
@@ -67,6 +70,12 @@ type metrics struct {
 	stripped   [len(strippedNames)]prometheus.Counter
 	version    *prometheus.GaugeVec
 
+	// Routing table updates that failed (TableUpdateFailed), by reason, and the table in use
+	// when the last one failed (failedOn; failed says whether any has).
+	tableFailures *prometheus.CounterVec
+	failedOn      atomic.Pointer[table]
+	failed        atomic.Bool
+
 	// Children for the hot path, resolved once.
 	noTable, internalError prometheus.Counter
 }
@@ -123,7 +132,51 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 	m.noTable = m.decisions.WithLabelValues(outcomeNoTable, "", "", "")
 	m.internalError = m.decisions.WithLabelValues(outcomeInternalError, "", "", "")
 	reg.MustRegister(m.decisions, m.version, unexpected, identity, stripped, discovery, age)
+	m.registerTableUpdates(reg, s)
 	return m
+}
+
+// registerTableUpdates adds the metrics that say whether the routing table can be updated:
+// a table that cannot be (too large, malformed, of an unknown format, or no stream) leaves the
+// last good one in use and readiness alone (extproc stays in the Envoy pod's Service), so
+// these are where it shows.
+func (m *metrics) registerTableUpdates(reg prometheus.Registerer, s *Server) {
+	m.tableFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kube_mvp_extproc_table_update_failures_total",
+		Help: "Routing table updates that failed, by reason: too_large (over the size limit), malformed, unsupported_format (xds-server and extproc of incompatible versions), stream (xds-server unreachable or the stream broke). The last good table stays in use; the log says why and what to do.",
+	}, []string{"reason"})
+	for _, r := range tablestream.Reasons {
+		m.tableFailures.WithLabelValues(r)
+	}
+	failing := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "kube_mvp_extproc_table_update_failing",
+		Help: "1 while the last routing table update failed: no table was loaded since (see kube_mvp_extproc_table_update_failures_total and the log), 0 otherwise.",
+	}, func() float64 {
+		if m.failed.Load() && m.failedOn.Load() == s.table.Load() {
+			return 1
+		}
+		return 0
+	})
+	updated := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "kube_mvp_extproc_table_last_update_timestamp_seconds",
+		Help: "Unix time at which the routing table in use was loaded; 0 before the first. Its version is kube_mvp_extproc_table_version_info's.",
+	}, func() float64 {
+		t := s.table.Load()
+		if t == nil {
+			return 0
+		}
+		return float64(t.loadedAt.UnixNano()) / 1e9
+	})
+	reg.MustRegister(m.tableFailures, failing, updated)
+}
+
+// TableUpdateFailed records that a routing table update failed for reason (one of
+// internal/table's Reasons): the table in use stays. Its signature fits table.OnReject; the
+// error is for the log, which table.Follow has written.
+func (s *Server) TableUpdateFailed(reason string, _ error) {
+	s.m.tableFailures.WithLabelValues(reason).Inc()
+	s.m.failedOn.Store(s.table.Load())
+	s.m.failed.Store(true)
 }
 
 func (m *metrics) countStripped(mask int) {
