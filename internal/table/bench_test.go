@@ -7,7 +7,6 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kube-mvp/kube-mvp/internal/table"
-	tablev1 "github.com/kube-mvp/kube-mvp/proto/kubemvp/table/v1"
 )
 
 // BenchmarkToProto50k converts bigTopology's 50,000 resources × 10 apiservers (110,000
@@ -31,16 +30,24 @@ func BenchmarkFromProto50k(b *testing.B) {
 	}
 }
 
-// BenchmarkUnmarshal50k parses the serialized table, which extproc does before FromProto.
-func BenchmarkUnmarshal50k(b *testing.B) {
-	raw, err := proto.Marshal(table.ToProto(big50kTopology(b), time.Unix(1, 0)))
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.SetBytes(int64(len(raw)))
+// BenchmarkChunks50k is the rest of xds-server's work per change: serialize, gzip, cut.
+func BenchmarkChunks50k(b *testing.B) {
+	tb := table.ToProto(big50kTopology(b), time.Unix(1, 0))
+	b.SetBytes(int64(proto.Size(tb)))
 	b.ReportAllocs()
 	for b.Loop() {
-		if err := proto.Unmarshal(raw, new(tablev1.Table)); err != nil {
+		table.Chunks(tb)
+	}
+}
+
+// BenchmarkAssemble50k is extproc's work per table before FromProto: gunzip and parse.
+func BenchmarkAssemble50k(b *testing.B) {
+	tb := table.ToProto(big50kTopology(b), time.Unix(1, 0))
+	chunks := table.Chunks(tb)
+	b.SetBytes(int64(proto.Size(tb)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if got, err := table.Assemble(chunks, table.MaxTableSize); err != nil || got == nil {
 			b.Fatal(err)
 		}
 	}

@@ -14,3 +14,14 @@ func Chunks(tb *tablev1.Table) []*tablev1.TableChunk {
 	}
 	return encode(tb.GetVersion(), raw).chunks
 }
+
+// Assemble puts chunks back together as Follow does.
+func Assemble(chunks []*tablev1.TableChunk, limit int) (*tablev1.Table, error) {
+	a := &assembler{limit: limit}
+	for _, c := range chunks {
+		if tb, err := a.add(c); tb != nil || err != nil {
+			return tb, err
+		}
+	}
+	return nil, nil
+}
