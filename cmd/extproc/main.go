@@ -32,11 +32,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 
+	"github.com/kube-mvp/kube-mvp/internal/cptls"
 	"github.com/kube-mvp/kube-mvp/internal/extproc"
 	"github.com/kube-mvp/kube-mvp/internal/table"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
@@ -54,6 +56,11 @@ flags:
                                               the last table is kept while it reconnects
                                file:FILE      an inventory fixture (YAML), as read by
                                               xds-server translate -f
+  --xds-tls-dir DIR          xds source: the control plane's TLS, DIR/tls.crt and DIR/tls.key
+                             (an extproc certificate) and DIR/ca.crt (the control plane's CA
+                             bundle), as made by xds-server certgen; xds-server must present a
+                             certificate of that CA naming its role (re-read on change)
+  --xds-insecure-plaintext   xds source: no TLS (an xds-server started with the same flag)
   --listen ADDR              gRPC address: unix:/path/to.sock or host:port (required)
   --admin-address HOST:PORT  /healthz, /readyz and /metrics (default 127.0.0.1:9002)
   --now RFC3339              file source: judge Lease liveness at this time (default: every
@@ -77,6 +84,7 @@ type config struct {
 	now          time.Time
 	pollInterval time.Duration
 	localID      string
+	xdsTLS       *cptls.Files // xds source: nil with --xds-insecure-plaintext
 }
 
 // extprocService is the gRPC health service name of the ext_proc API.
@@ -91,7 +99,8 @@ func parseArgs(args []string) (config, error) {
 	var errs *multierror.Error
 	raw := map[string]string{}
 	seen := map[string]bool{}
-	known := []string{"source", "listen", "admin-address", "now", "poll-interval", "local-id"}
+	known := []string{"source", "xds-tls-dir", "xds-insecure-plaintext", "listen", "admin-address", "now", "poll-interval", "local-id"}
+	booleans := []string{"xds-insecure-plaintext"}
 	for i := 0; i < len(args); i++ {
 		a := args[i]
 		if a == "-h" || a == "-help" || a == "--help" {
@@ -109,7 +118,13 @@ func parseArgs(args []string) (config, error) {
 			}
 			continue
 		}
-		if !hasValue {
+		if slices.Contains(booleans, name) {
+			if !hasValue {
+				value = "true"
+			} else if value != "true" && value != "false" {
+				errs = multierror.Append(errs, fmt.Errorf("--%s=%q: want true or false", name, value))
+			}
+		} else if !hasValue {
 			if i+1 == len(args) {
 				errs = multierror.Append(errs, fmt.Errorf("--%s needs a value", name))
 				continue
@@ -143,6 +158,24 @@ func parseArgs(args []string) (config, error) {
 		} else if st.IsDir() {
 			errs = multierror.Append(errs, fmt.Errorf("--source %q is a directory; give the fixture file", src))
 		}
+	}
+
+	dir, hasDir := raw["xds-tls-dir"]
+	plaintext := raw["xds-insecure-plaintext"] == "true"
+	switch {
+	case cfg.sourceXDS == "" && (hasDir || plaintext):
+		errs = multierror.Append(errs, errors.New("--xds-tls-dir and --xds-insecure-plaintext apply to an xds source only"))
+	case cfg.sourceXDS == "":
+	case hasDir && plaintext:
+		errs = multierror.Append(errs, errors.New("--xds-tls-dir and --xds-insecure-plaintext exclude each other"))
+	case hasDir:
+		files := cptls.DirFiles(dir)
+		if _, err := cptls.Load(files, cptls.RoleExtproc, nil); err != nil {
+			errs = multierror.Append(errs, fmt.Errorf("--xds-tls-dir: %v", err))
+		}
+		cfg.xdsTLS = &files
+	case !plaintext:
+		errs = multierror.Append(errs, errors.New("--xds-tls-dir is required with an xds source: xds-server serves the routing table only to holders of an extproc certificate of the control plane's CA (xds-server certgen); --xds-insecure-plaintext for an xds-server without TLS"))
 	}
 
 	switch l, ok := raw["listen"]; {
@@ -300,7 +333,15 @@ func start(cfg config, log *slog.Logger, reload <-chan os.Signal) (*app, error) 
 		apply(t, version)
 		follow = func(ctx context.Context) { source.Run(ctx, apply) }
 	} else {
-		conn, err := grpc.NewClient(cfg.sourceXDS, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		creds := insecure.NewCredentials()
+		if cfg.xdsTLS != nil {
+			c, err := cptls.Load(*cfg.xdsTLS, cptls.RoleExtproc, log)
+			if err != nil {
+				return nil, fmt.Errorf("--xds-tls-dir: %w", err)
+			}
+			creds = credentials.NewTLS(c.ClientConfig())
+		}
+		conn, err := grpc.NewClient(cfg.sourceXDS, grpc.WithTransportCredentials(creds),
 			// The table stream is idle between changes; keepalives notice a dead xds-server.
 			grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second, PermitWithoutStream: true}))
 		if err != nil {

@@ -18,9 +18,12 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/kube-mvp/kube-mvp/internal/cptls"
+	"github.com/kube-mvp/kube-mvp/internal/cptls/cptlstest"
 	"github.com/kube-mvp/kube-mvp/internal/extproc"
 	"github.com/kube-mvp/kube-mvp/internal/table"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
@@ -240,18 +243,30 @@ func (b *syncBuffer) String() string {
 	return b.buf.String()
 }
 
-// TestXDSSource runs extproc on xds-server's table stream: before the first table it answers
-// 503 and is not ready; it follows the stream, keeps the last table while xds-server is away,
-// and picks up the next table when it is back.
+// TestXDSSource runs extproc on xds-server's table stream, over the control plane's mutual
+// TLS: before the first table it answers 503 and is not ready; it follows the stream, keeps
+// the last table while xds-server is away, and picks up the next table when it is back.
 func TestXDSSource(t *testing.T) {
 	tableAddr := freeAddr(t)
 	dir := shortTempDir(t)
 	sock := filepath.Join(dir, "extproc.sock")
-	if _, err := parseArgs([]string{"--source", "xds:" + tableAddr, "--listen", "unix:" + sock, "--now", "2026-11-23T10:00:10Z"}); err == nil ||
-		!strings.Contains(err.Error(), "--now applies to a file source only") {
-		t.Errorf("--now with an xds source: %v", err)
+	pki := cptlstest.New(t, filepath.Join(dir, "pki"))
+	tlsDir := pki.Dir(cptls.RoleExtproc)
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--now", "2026-11-23T10:00:10Z", "--xds-tls-dir", tlsDir}, "--now applies to a file source only"},
+		{nil, "--xds-tls-dir is required with an xds source"},
+		{[]string{"--xds-tls-dir", pki.Dir(cptls.RoleEnvoyFront)}, "names role envoy-front; this component needs a extproc certificate"},
+		{[]string{"--xds-tls-dir", tlsDir, "--xds-insecure-plaintext"}, "exclude each other"},
+	} {
+		args := append([]string{"--source", "xds:" + tableAddr, "--listen", "unix:" + sock}, tc.args...)
+		if _, err := parseArgs(args); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: %v, want %q", tc.args, err, tc.want)
+		}
 	}
-	cfg, err := parseArgs([]string{"--source", "xds:" + tableAddr, "--listen", "unix:" + sock, "--admin-address", "127.0.0.1:0"})
+	cfg, err := parseArgs([]string{"--source", "xds:" + tableAddr, "--xds-tls-dir", tlsDir, "--listen", "unix:" + sock, "--admin-address", "127.0.0.1:0"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -293,7 +308,7 @@ func TestXDSSource(t *testing.T) {
 	}
 	tables := table.NewServer()
 	tables.Publish(fileTable("2026-11-23T10:00:10Z"), time.Now())
-	stopTables := serveTables(t, tableAddr, tables)
+	stopTables := serveTables(t, tableAddr, tables, pki)
 	waitFor(t, func() bool { return cluster(decideJobs(t, conn)) == "kube-apiservers-only-cp-a" })
 	if code := httpStatus(t, admin+"/readyz"); code != 200 {
 		t.Errorf("/readyz with a table: %d", code)
@@ -310,7 +325,7 @@ func TestXDSSource(t *testing.T) {
 	// It comes back with a different table (cp-a's Lease has expired): extproc reconnects.
 	tables = table.NewServer()
 	tables.Publish(fileTable("2026-11-23T11:00:00Z"), time.Now())
-	defer serveTables(t, tableAddr, tables)()
+	defer serveTables(t, tableAddr, tables, pki)()
 	waitFor(t, func() bool { return a.srv.Version() != first })
 }
 
@@ -324,12 +339,18 @@ func freeAddr(t *testing.T) string {
 }
 
 // serveTables serves the table stream on addr until the returned function is called.
-func serveTables(t *testing.T, addr string, tables *table.Server) (stop func()) {
+// serveTables serves the table stream as xds-server does: mutual TLS, extproc's role only.
+func serveTables(t *testing.T, addr string, tables *table.Server, pki *cptlstest.PKI) (stop func()) {
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := grpc.NewServer()
+	creds, err := cptls.Load(pki.Files(cptls.RoleXDSServer), cptls.RoleXDSServer, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	policy := cptls.Policy{"kubemvp.table.v1.TableService": {cptls.RoleExtproc}}
+	g := grpc.NewServer(append(policy.ServerOptions(nil), grpc.Creds(credentials.NewTLS(creds.ServerConfig())))...)
 	tablev1.RegisterTableServiceServer(g, tables)
 	go g.Serve(l) //nolint:errcheck // ends with Stop
 	return g.Stop

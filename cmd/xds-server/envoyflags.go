@@ -3,7 +3,6 @@ package main
 import (
 	"errors"
 	"fmt"
-	"os"
 	"strconv"
 	"time"
 
@@ -45,8 +44,7 @@ var configFlags = map[string]string{
 	"Secrets.PeerCA":          "--peer-ca",
 }
 
-// parseEnvoyConfig reads the envoyConfigFlags (and the secret files they name) into a
-// snapshot.Config, adding every problem to errs in flag terms.
+// parseEnvoyConfig reads the envoyConfigFlags into a snapshot.Config, adding every problem to errs in flag terms.
 func parseEnvoyConfig(raw map[string]string, errs *multierror.Error) (snapshot.Config, *multierror.Error) {
 	var cfg snapshot.Config
 	duration := func(flag string, into *time.Duration) {
@@ -71,30 +69,11 @@ func parseEnvoyConfig(raw map[string]string, errs *multierror.Error) (snapshot.C
 	cfg.UpstreamServerName = raw["upstream-server-name"]
 	cfg.DisableAnonymous = raw["anonymous-auth"] == "false"
 
-	files := map[string]string{} // flag -> path, for messages
-	secret := func(flag string, into *[]byte) {
-		path, ok := raw[flag]
-		if !ok {
-			return
-		}
-		files["--"+flag] = path
-		b, err := os.ReadFile(path)
-		if err != nil {
-			errs = multierror.Append(errs, fmt.Errorf("--%s: %v", flag, err))
-			return
-		}
-		if len(b) == 0 {
-			errs = multierror.Append(errs, fmt.Errorf("--%s %s is empty", flag, path))
-		}
-		*into = b
-	}
 	s := &cfg.Secrets
-	secret("serving-cert", &s.ServingCert)
-	secret("serving-key", &s.ServingKey)
-	secret("client-ca", &s.ClientCA)
-	secret("proxy-client-cert", &s.ProxyClientCert)
-	secret("proxy-client-key", &s.ProxyClientKey)
-	secret("peer-ca", &s.PeerCA)
+	s.ServingCert, s.ServingKey = raw["serving-cert"], raw["serving-key"]
+	s.ClientCA = raw["client-ca"]
+	s.ProxyClientCert, s.ProxyClientKey = raw["proxy-client-cert"], raw["proxy-client-key"]
+	s.PeerCA = raw["peer-ca"]
 
 	// What the flags parsed into must also make a valid configuration; say so in flag terms.
 	for _, err := range cfg.Validate() {
@@ -103,14 +82,11 @@ func parseEnvoyConfig(raw map[string]string, errs *multierror.Error) (snapshot.C
 		if errors.As(err, &ce) {
 			flag, known = configFlags[ce.Field]
 		}
-		switch {
-		case !known:
+		if !known {
 			errs = multierror.Append(errs, err)
-		case files[flag] != "":
-			errs = multierror.Append(errs, fmt.Errorf("%s %s: %s", flag, files[flag], ce.Problem))
-		default:
-			errs = multierror.Append(errs, fmt.Errorf("%s %s", flag, ce.Problem))
+			continue
 		}
+		errs = multierror.Append(errs, fmt.Errorf("%s %s", flag, ce.Problem))
 	}
 	return cfg, errs
 }

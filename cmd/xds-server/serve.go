@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -21,10 +22,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/kube-mvp/kube-mvp/internal/cptls"
 	"github.com/kube-mvp/kube-mvp/internal/inventory"
 	"github.com/kube-mvp/kube-mvp/internal/snapshot"
 	"github.com/kube-mvp/kube-mvp/internal/table"
@@ -53,6 +56,15 @@ delta) and the routing table extproc decides from.
 flags:
       --kubeconfig FILE            cluster to watch (default: in-cluster, then $KUBECONFIG)
       --xds-address ADDR           gRPC listen address for Envoy and extproc (default :18000)
+      --xds-tls-dir DIR            the control plane's own TLS for that port: DIR/tls.crt and
+                                   DIR/tls.key (an xds-server certificate) and DIR/ca.crt (the
+                                   control plane's CA bundle), as made by xds-server certgen; every
+                                   client must present a certificate from that CA naming its role
+                                   (re-read when the files change)
+      --xds-insecure-plaintext     serve that port without TLS to anyone who connects (local
+                                   experiments only: no client is authenticated)
+      --max-nodes N                Envoy nodes connected at once (default 1000)
+      --max-streams N              xDS streams open at once (default 4000)
       --admin-address ADDR         HTTP: /healthz /readyz /metrics /debug/topology /debug/syncz
                                    /debug/config_dump[?node=ID] (default 127.0.0.1:9100)
       --liveness-window DURATION   a Lease renewed longer ago is a dead apiserver (default 30s)
@@ -70,14 +82,18 @@ plus the Envoy configuration flags of translate:
       --proxy-client-cert, --proxy-client-key, --peer-ca
   -h, --help                       this text
 
-The certificate files are re-read every 10s; a rotated certificate reaches Envoy over SDS
-without a restart (a change that does not validate yet, such as a new certificate whose key
-has not been replaced, keeps the previous ones until it does).
+The Envoy certificate flags name files in Envoy's file system: xds-server never reads them,
+and SDS carries only their paths; Envoy watches them, so a renewed file takes effect without a
+restart. No private key travels over xDS.
 `
 
 var serveFlags = append([]flagSpec{
 	{name: "kubeconfig"},
 	{name: "xds-address"},
+	{name: "xds-tls-dir"},
+	{name: "xds-insecure-plaintext", boolean: true},
+	{name: "max-nodes"},
+	{name: "max-streams"},
 	{name: "admin-address"},
 	{name: "liveness-window"},
 	{name: "discovery-interval"},
@@ -89,20 +105,47 @@ var serveFlags = append([]flagSpec{
 type serveOptions struct {
 	rest         *rest.Config
 	xdsAddress   string
+	xdsTLS       *cptls.Files // nil: plaintext (--xds-insecure-plaintext)
+	limits       xds.Limits
 	adminAddress string
 	watch        inventory.WatchOptions
 	cfg          snapshot.Config
-	envoyFlags   map[string]string // as given, for re-reading the certificate files
 	// tableDelay and linger: make before break, see xds.Server.Update.
 	tableDelay, linger time.Duration
 }
 
 func parseServe(args []string) (serveOptions, error) {
-	opts := serveOptions{xdsAddress: ":18000", adminAddress: "127.0.0.1:9100", tableDelay: 2 * time.Second, linger: 30 * time.Second}
+	opts := serveOptions{xdsAddress: ":18000", adminAddress: "127.0.0.1:9100", tableDelay: 2 * time.Second, linger: 30 * time.Second,
+		limits: xds.Limits{MaxNodes: 1000, MaxStreams: 4000}}
 	raw, errs := parseFlags(serveFlags, args)
 	if errs != nil && errors.Is(errs.Errors[0], errHelp) {
 		return opts, errHelp
 	}
+	dir, hasDir := raw["xds-tls-dir"]
+	plaintext := raw["xds-insecure-plaintext"] == "true"
+	switch {
+	case hasDir && plaintext:
+		errs = multierror.Append(errs, errors.New("--xds-tls-dir and --xds-insecure-plaintext exclude each other"))
+	case hasDir:
+		files := cptls.DirFiles(dir)
+		if _, err := cptls.Load(files, cptls.RoleXDSServer, nil); err != nil {
+			errs = multierror.Append(errs, fmt.Errorf("--xds-tls-dir: %v", err))
+		}
+		opts.xdsTLS = &files
+	case !plaintext:
+		errs = multierror.Append(errs, errors.New("--xds-tls-dir is required: the gRPC port hands out Envoy's configuration and the routing table, so only holders of the control plane's certificates may connect (make them with xds-server certgen); --xds-insecure-plaintext serves anyone, for local experiments only"))
+	}
+	count := func(flag string, into *int) {
+		if v, ok := raw[flag]; ok {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 {
+				errs = multierror.Append(errs, fmt.Errorf("--%s %q: want a whole number of at least 1", flag, v))
+			}
+			*into = n
+		}
+	}
+	count("max-nodes", &opts.limits.MaxNodes)
+	count("max-streams", &opts.limits.MaxStreams)
 	if v, ok := raw["xds-address"]; ok {
 		opts.xdsAddress = v
 	}
@@ -144,7 +187,6 @@ func parseServe(args []string) (serveOptions, error) {
 		}
 	}
 	opts.cfg, errs = parseEnvoyConfig(raw, errs)
-	opts.envoyFlags = raw
 	if errs == nil {
 		rules := clientcmd.NewDefaultClientConfigLoadingRules()
 		rules.ExplicitPath = raw["kubeconfig"]
@@ -207,13 +249,13 @@ func serve(ctx context.Context, opts serveOptions, log *slog.Logger, ready chan<
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m := newServeMetrics(reg)
 
-	certs := newCertReloader(opts.envoyFlags, opts.cfg, log)
-	xdsServer := xds.New(translator(certs.Config, log), log)
+	cfg := opts.cfg
+	xdsServer := xds.New(translator(func() snapshot.Config { return cfg }, log), log)
 	xdsServer.OnBuild = m.observeBuild
 	xdsServer.Linger = opts.linger
 	// A newcomer joins the default cluster a table delay after the table naming it went out.
 	xdsServer.JoinDelay = 2 * opts.tableDelay
-	tables := table.NewServer()
+	tables := table.NewServer(table.WithLogger(log), table.WithRegisterer(reg))
 	publish := delayedPublisher(tables, opts.tableDelay)
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "kube_mvp_xds_connected_nodes", Help: "Envoy nodes with at least one open xDS stream.",
@@ -246,12 +288,32 @@ func serve(ctx context.Context, opts serveOptions, log *slog.Logger, ready chan<
 		grpcLis.Close()
 		return fmt.Errorf("--admin-address: %w", err)
 	}
-	g := grpc.NewServer(
-		grpc.MaxConcurrentStreams(1<<20),
+	grpcOpts := []grpc.ServerOption{
+		// An Envoy opens one ADS stream, extproc one table stream; a few more per
+		// connection allow for reconnects, nothing allows a flood on one connection.
+		grpc.MaxConcurrentStreams(16),
 		// Envoy and extproc hold their streams for days; keepalives find dead peers.
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
-	)
+	}
+	if opts.xdsTLS != nil {
+		creds, err := cptls.Load(*opts.xdsTLS, cptls.RoleXDSServer, log)
+		if err != nil {
+			grpcLis.Close()
+			adminLis.Close()
+			return fmt.Errorf("--xds-tls-dir: %w", err)
+		}
+		grpcOpts = append(grpcOpts, grpc.Creds(credentials.NewTLS(creds.ServerConfig())))
+		grpcOpts = append(grpcOpts, grpcPolicy.ServerOptions(func(method string, role cptls.Role, err error) {
+			xdsServer.Refused("role", fmt.Errorf("%s: %w", method, err))
+		})...)
+		xdsServer.RequireRole = true
+	} else {
+		log.Warn("--xds-insecure-plaintext: anyone who reaches the gRPC port gets Envoy's configuration and the routing table, and may join as any Envoy node")
+	}
+	xdsServer.Limits = opts.limits
+	xdsServer.OnRefused = func(reason string, _ error) { m.refused.WithLabelValues(reason).Inc() }
+	g := grpc.NewServer(grpcOpts...)
 	xdsServer.Register(ctx, g)
 	tablev1.RegisterTableServiceServer(g, tables)
 	admin := &http.Server{Handler: xdsServer.AdminHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{})), ReadHeaderTimeout: 10 * time.Second}
@@ -260,11 +322,6 @@ func serve(ctx context.Context, opts serveOptions, log *slog.Logger, ready chan<
 	go func() { errc <- g.Serve(grpcLis) }()
 	go func() { errc <- admin.Serve(adminLis) }()
 	go func() { errc <- watcher.Run(ctx) }()
-	go certs.run(ctx, certReloadInterval, func() {
-		if t := xdsServer.Topology(); t != nil {
-			xdsServer.Update(t)
-		}
-	})
 	log.Info("xds-server serving", "xds", grpcLis.Addr().String(), "admin", adminLis.Addr().String(), "apiserver", opts.rest.Host)
 	if ready != nil {
 		ready <- [2]string{grpcLis.Addr().String(), adminLis.Addr().String()}
@@ -281,14 +338,26 @@ func serve(ctx context.Context, opts serveOptions, log *slog.Logger, ready chan<
 	return err
 }
 
-// certReloadInterval is how often the certificate files are re-read.
-const certReloadInterval = 10 * time.Second
+// grpcPolicy is who may call what on the gRPC port: Envoys the xDS services, extproc the
+// routing table. Nothing else is served to anyone.
+var grpcPolicy = cptls.Policy{
+	"envoy.service.discovery.v3.AggregatedDiscoveryService": envoyRoles,
+	"envoy.service.listener.v3.ListenerDiscoveryService":    envoyRoles,
+	"envoy.service.route.v3.RouteDiscoveryService":          envoyRoles,
+	"envoy.service.cluster.v3.ClusterDiscoveryService":      envoyRoles,
+	"envoy.service.endpoint.v3.EndpointDiscoveryService":    envoyRoles,
+	"envoy.service.secret.v3.SecretDiscoveryService":        envoyRoles,
+	"kubemvp.table.v1.TableService":                         {cptls.RoleExtproc},
+}
+
+var envoyRoles = []cptls.Role{cptls.RoleEnvoyFront, cptls.RoleEnvoySidecar}
 
 type serveMetrics struct {
 	apiservers   *prometheus.GaugeVec
 	builds       *prometheus.CounterVec
 	buildSeconds prometheus.Histogram
 	updates      prometheus.Counter
+	refused      *prometheus.CounterVec
 }
 
 func newServeMetrics(reg prometheus.Registerer) *serveMetrics {
@@ -307,7 +376,11 @@ func newServeMetrics(reg prometheus.Registerer) *serveMetrics {
 			Name: "kube_mvp_xds_topology_updates_total", Help: "Topologies built from the watched objects.",
 		}),
 	}
-	reg.MustRegister(m.apiservers, m.builds, m.buildSeconds, m.updates)
+	m.refused = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kube_mvp_xds_refused_total",
+		Help: "gRPC calls and xDS streams refused, by reason (role: no or wrong control-plane certificate role; node: a node that does not fit its certificate; max-nodes, max-streams: a limit reached; fetch: unary xDS fetch).",
+	}, []string{"reason"})
+	reg.MustRegister(m.apiservers, m.builds, m.buildSeconds, m.updates, m.refused)
 	return m
 }
 

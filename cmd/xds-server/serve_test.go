@@ -21,9 +21,11 @@ import (
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/kube-mvp/kube-mvp/internal/cptls"
+	"github.com/kube-mvp/kube-mvp/internal/cptls/cptlstest"
 	"github.com/kube-mvp/kube-mvp/test/controlplane"
 )
 
@@ -52,8 +54,10 @@ func TestServeAgainstMixedControlPlane(t *testing.T) {
 		t.Fatal(err)
 	}
 	pki := cp.PKI
+	cpTLS := cptlstest.New(t, t.TempDir())
 	args := []string{
 		"--kubeconfig", kubeconfig, "--xds-address", "127.0.0.1:0", "--admin-address", "127.0.0.1:0",
+		"--xds-tls-dir", cpTLS.Dir(cptls.RoleXDSServer),
 		"--liveness-window", "15s", "--extproc-address", "unix:" + filepath.Join(t.TempDir(), "extproc.sock"),
 		"--serving-cert", pki.Path("serving.crt"), "--serving-key", pki.Path("serving.key"),
 		"--client-ca", pki.Path("client-ca.crt"), "--peer-ca", pki.Path("server-ca.crt"),
@@ -73,7 +77,11 @@ func TestServeAgainstMixedControlPlane(t *testing.T) {
 	}
 	defer func() { cancel(); <-done }()
 
-	conn, err := grpc.NewClient(addrs[0], grpc.WithTransportCredentials(insecure.NewCredentials()))
+	envoyCreds, err := cptls.Load(cpTLS.Files(cptls.RoleEnvoyFront), cptls.RoleEnvoyFront, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpc.NewClient(addrs[0], grpc.WithTransportCredentials(credentials.NewTLS(envoyCreds.ClientConfig())))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,8 +123,8 @@ func TestServeAgainstMixedControlPlane(t *testing.T) {
 		if path == "/metrics" && !strings.Contains(string(body), `kube_mvp_xds_apiservers{state="live"} 2`) {
 			t.Errorf("/metrics lacks the live apiserver count")
 		}
-		if path == "/debug/config_dump" && (strings.Contains(string(body), "PRIVATE KEY") || !strings.Contains(string(body), "[redacted]")) {
-			t.Errorf("/debug/config_dump does not redact the private keys")
+		if path == "/debug/config_dump" && (strings.Contains(string(body), "PRIVATE KEY") || !strings.Contains(string(body), `"filename": "`+pki.Path("proxy-client.crt")+`"`)) {
+			t.Errorf("/debug/config_dump: the proxy client certificate is not a file reference, or a key is in it")
 		}
 	}
 

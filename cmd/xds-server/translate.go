@@ -40,12 +40,12 @@ flags:
       --upstream-server-name NAME  SNI and SAN expected of the apiservers (default kubernetes.default.svc)
       --anonymous-auth=false       as the apiservers' own flag: with false, requests without
                                    credentials are not forwarded as system:anonymous (default true)
-      --serving-cert FILE          PEM files for the TLS secrets; each one left out leaves its
-      --serving-key FILE             TLS piece out (see internal/snapshot.SecretsPEM)
-      --client-ca FILE
-      --proxy-client-cert FILE
-      --proxy-client-key FILE
-      --peer-ca FILE
+      --serving-cert PATH          Envoy's TLS files, as absolute paths in Envoy's file system
+      --serving-key PATH             (xds-server never opens them; SDS carries the paths and
+      --client-ca PATH               Envoy watches the files); each one left out leaves its
+      --proxy-client-cert PATH       TLS piece out (see internal/snapshot.SecretFiles); a proxy
+      --proxy-client-key PATH        client certificate needs --peer-ca
+      --peer-ca PATH
   -h, --help                       this text
 
 Problems with single objects of the fixture are printed as warnings, and so is an apiserver

@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"encoding/pem"
 	"maps"
 	"os"
 	"path/filepath"
@@ -13,28 +12,13 @@ import (
 
 const goldenDir = "../../internal/snapshot/testdata"
 
-// writeSecrets writes the fake PEM files the snapshot golden tests use (see
-// internal/snapshot/golden_test.go) and returns the flags naming them.
-func writeSecrets(t *testing.T) []string {
-	t.Helper()
-	dir := t.TempDir()
-	var flags []string
-	for _, s := range []struct{ flag, typ, what string }{
-		{"--serving-cert", "CERTIFICATE", "serving cert"},
-		{"--serving-key", "PRIVATE KEY", "serving key"},
-		{"--client-ca", "CERTIFICATE", "client CA"},
-		{"--proxy-client-cert", "CERTIFICATE", "proxy client cert"},
-		{"--proxy-client-key", "PRIVATE KEY", "proxy client key"},
-		{"--peer-ca", "CERTIFICATE", "peer CA"},
-	} {
-		path := filepath.Join(dir, strings.TrimPrefix(s.flag, "--")+".pem")
-		b := pem.EncodeToMemory(&pem.Block{Type: s.typ, Bytes: []byte("kube-mvp test " + s.what)})
-		if err := os.WriteFile(path, b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		flags = append(flags, s.flag, path)
-	}
-	return flags
+// secretFlags name the files the snapshot golden tests use (see
+// internal/snapshot/golden_test.go): paths in Envoy's file system, never opened here.
+var secretFlags = []string{
+	"--serving-cert", "/etc/kube-mvp/serving/tls.crt", "--serving-key", "/etc/kube-mvp/serving/tls.key",
+	"--client-ca", "/etc/kube-mvp/client-ca/ca.crt",
+	"--proxy-client-cert", "/etc/kube-mvp/proxy-client/tls.crt", "--proxy-client-key", "/etc/kube-mvp/proxy-client/tls.key",
+	"--peer-ca", "/etc/kube-mvp/peer-ca/ca.crt",
 }
 
 func runCmd(args ...string) (code int, stdout, stderr string) {
@@ -46,7 +30,6 @@ func runCmd(args ...string) (code int, stdout, stderr string) {
 // TestTranslateGolden: the command prints exactly what the snapshot golden files hold for the
 // same fixture, time, secrets and extproc address, in front-proxy and sidecar mode.
 func TestTranslateGolden(t *testing.T) {
-	secrets := writeSecrets(t)
 	for _, tc := range []struct {
 		name  string
 		extra []string
@@ -56,7 +39,7 @@ func TestTranslateGolden(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := append([]string{"translate", "-f", filepath.Join(goldenDir, tc.name+".in.yaml"), "-o", "yaml",
-				"--now", "2026-11-23T10:00:10Z", "--extproc-address=unix:/run/kube-mvp/extproc.sock"}, secrets...)
+				"--now", "2026-11-23T10:00:10Z", "--extproc-address=unix:/run/kube-mvp/extproc.sock"}, secretFlags...)
 			args = append(args, tc.extra...)
 			code, out, errOut := runCmd(args...)
 			if code != 0 {
@@ -140,9 +123,12 @@ spec: {holderIdentity: [not, a, string]}
 		{"undecodable document", []string{"translate", "-f", broken}, []string{"broken.yaml", "document 2", "apiserver-bbb"}},
 		{"directory", []string{"translate", "-f", dir}, []string{dir}},
 		{"flags, all at once", []string{"translate", "--now", "yesterday", "-o", "xml", "--listen-port", "99999", "--bogus", "x",
-			"--peer-ca", filepath.Join(dir, "missing.pem"), "--extproc-address", "nowhere", "--serving-cert", broken},
+			"--peer-ca", "relative/peer-ca.crt", "--extproc-address", "nowhere", "--serving-cert", "/etc/tls.crt",
+			"--proxy-client-cert", "/etc/proxy.crt", "--proxy-client-key", "/etc/proxy.key"},
 			[]string{"-f FILE is required", `--now "yesterday"`, `--output "xml"`, `--listen-port "99999"`, `unknown flag "--bogus"`,
-				"--peer-ca", "missing.pem", `--extproc-address "nowhere"`, "--serving-key is missing", "--serving-cert " + broken + ": holds no PEM"}},
+				`--peer-ca "relative/peer-ca.crt" is not an absolute path`, `--extproc-address "nowhere"`, "--serving-key is missing"}},
+		{"proxy certificate without peer CA", []string{"translate", "-f", broken, "--proxy-client-cert", "/etc/proxy.crt", "--proxy-client-key", "/etc/proxy.key"},
+			[]string{"--peer-ca is missing: the proxy client certificate"}},
 		{"stray argument", []string{"translate", "-f", broken, "extra"}, []string{`unexpected argument "extra"`}},
 		{"repeated flag", []string{"translate", "-f", broken, "--file", broken}, []string{"--file given more than once"}},
 		{"no command", nil, []string{"usage: xds-server COMMAND"}},
@@ -214,8 +200,7 @@ func TestHelp(t *testing.T) {
 // TestTranslateAnonymousAuth: --anonymous-auth=false (as on the apiservers) drops the
 // anonymous route, and the flag accepts only true or false.
 func TestTranslateAnonymousAuth(t *testing.T) {
-	secrets := writeSecrets(t)
-	base := append([]string{"translate", "-f", filepath.Join(goldenDir, "batch-off.in.yaml")}, secrets...)
+	base := append([]string{"translate", "-f", filepath.Join(goldenDir, "batch-off.in.yaml")}, secretFlags...)
 	for _, tc := range []struct {
 		flag          string
 		wantAnonymous bool

@@ -1,12 +1,10 @@
 package snapshot
 
 import (
-	"bytes"
-	"crypto/tls"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"net"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -24,7 +22,7 @@ const (
 
 // Config is everything besides the topology that shapes the Envoy configuration. The zero
 // value is usable: every empty field takes its default, and every empty secret leaves its
-// TLS piece out (see SecretsPEM).
+// TLS piece out (see SecretFiles).
 type Config struct {
 	// ListenAddress and ListenPort are where Envoy accepts clients; default 0.0.0.0:6443.
 	// The address must be an IP literal (Envoy listeners do not resolve names).
@@ -51,12 +49,17 @@ type Config struct {
 	// an anonymous client (/readyz, /version, kubeadm's cluster-info). Set it when the
 	// apiservers refuse anonymous requests, so that kube-mvp does too.
 	DisableAnonymous bool
-	// Secrets are the certificates, delivered to Envoy by SDS.
-	Secrets SecretsPEM
+	// Secrets name the certificate files Envoy reads, delivered by SDS as file references.
+	Secrets SecretFiles
 }
 
-// SecretsPEM holds PEM bytes; the caller reads the files. Any of them may be empty, and then
-// the TLS piece it feeds is left out, with these consequences:
+// SecretFiles are absolute paths in Envoy's file system (mounted Secrets, or a kubeadm
+// node's own /etc/kubernetes/pki files). xds-server never opens them: SDS carries only the
+// paths, Envoy reads the files and watches each one's directory, so a renewed file takes
+// effect without a restart and no private key ever travels over xDS. Envoy refuses a key
+// that does not match its certificate (the update is NACKed, the previous pair kept).
+//
+// Any of them may be empty, and then the TLS piece it feeds is left out:
 //
 //   - ServingCert+ServingKey (both or neither) empty: the listener speaks plain HTTP. For
 //     local experiments only: no client certificate can be presented, so only bearer tokens
@@ -69,13 +72,14 @@ type Config struct {
 //     certificate to the apiservers. They then ignore the X-Remote-* headers extproc sets, so
 //     client-certificate users reach them as anonymous; bearer tokens still work.
 //   - PeerCA empty: Envoy does NOT verify the apiservers' serving certificates (TLS is still
-//     used, and SNI still sent). Envoy refuses a SAN check without a trusted CA, so the
-//     UpstreamServerName check is left out too. Insecure; for experiments only.
-type SecretsPEM struct {
-	ServingCert, ServingKey         []byte
-	ClientCA                        []byte
-	ProxyClientCert, ProxyClientKey []byte
-	PeerCA                          []byte
+//     used, and SNI still sent). Insecure; for experiments only. A proxy client certificate
+//     without PeerCA is an error: the front-proxy key, as strong as cluster-admin, would be
+//     presented to whoever answers at an apiserver's address.
+type SecretFiles struct {
+	ServingCert, ServingKey         string
+	ClientCA                        string
+	ProxyClientCert, ProxyClientKey string
+	PeerCA                          string
 }
 
 // config is a Config with its defaults applied and its parts checked.
@@ -160,37 +164,27 @@ func (c Config) check() (config, []error) {
 	}
 
 	s := cfg.Secrets
-	pair := func(certField string, cert []byte, keyField string, key []byte) {
+	for field, path := range map[string]string{"ServingCert": s.ServingCert, "ServingKey": s.ServingKey, "ClientCA": s.ClientCA,
+		"ProxyClientCert": s.ProxyClientCert, "ProxyClientKey": s.ProxyClientKey, "PeerCA": s.PeerCA} {
+		if path != "" && !filepath.IsAbs(path) {
+			bad("Secrets."+field, "%q is not an absolute path (Envoy reads it, from its own working directory)", path)
+		}
+	}
+	pair := func(certField, cert, keyField, key string) {
 		switch {
-		case len(cert) == 0 && len(key) > 0:
+		case cert == "" && key != "":
 			bad("Secrets."+certField, "is missing: a key without its certificate")
-		case len(key) == 0 && len(cert) > 0:
+		case key == "" && cert != "":
 			bad("Secrets."+keyField, "is missing: a certificate without its key")
-		}
-		if len(cert) > 0 {
-			checkPEM(bad, certField, cert, "CERTIFICATE")
-		}
-		if len(key) > 0 {
-			checkPEM(bad, keyField, key, "PRIVATE KEY")
-		}
-		// Envoy refuses a certificate whose key does not match (the whole listener or
-		// cluster update fails); say so here, naming the pair. Typical mid-rotation.
-		if len(cert) > 0 && len(key) > 0 {
-			if _, err := tls.X509KeyPair(cert, key); err != nil && strings.Contains(err.Error(), "does not match") {
-				bad("Secrets."+keyField, "does not match its certificate (%s)", certField)
-			}
 		}
 	}
 	pair("ServingCert", s.ServingCert, "ServingKey", s.ServingKey)
 	pair("ProxyClientCert", s.ProxyClientCert, "ProxyClientKey", s.ProxyClientKey)
-	if len(s.ClientCA) > 0 {
-		checkPEM(bad, "ClientCA", s.ClientCA, "CERTIFICATE")
-		if len(s.ServingCert) == 0 {
-			bad("Secrets.ClientCA", "is given but there is no serving certificate: without TLS on the listener no client certificate can be verified")
-		}
+	if s.ClientCA != "" && s.ServingCert == "" {
+		bad("Secrets.ClientCA", "is given but there is no serving certificate: without TLS on the listener no client certificate can be verified")
 	}
-	if len(s.PeerCA) > 0 {
-		checkPEM(bad, "PeerCA", s.PeerCA, "CERTIFICATE")
+	if s.ProxyClientCert != "" && s.PeerCA == "" {
+		bad("Secrets.PeerCA", "is missing: the proxy client certificate (as strong as cluster-admin) would go to apiservers nobody verified")
 	}
 	return cfg, errs
 }
@@ -233,28 +227,4 @@ func validHeaderName(h string) bool {
 		}
 	}
 	return true
-}
-
-// checkPEM requires at least one PEM block whose type ends in want ("CERTIFICATE", or
-// "PRIVATE KEY" for PKCS#8, RSA and EC keys), and nothing but PEM blocks and white space. It
-// does not parse the DER: Envoy does, and a snapshot with a bad key is NACKed naming it.
-func checkPEM(bad func(field, format string, args ...any), field string, data []byte, want string) {
-	rest := data
-	found := false
-	for {
-		var b *pem.Block
-		b, rest = pem.Decode(rest)
-		if b == nil {
-			break
-		}
-		if strings.HasSuffix(b.Type, want) {
-			found = true
-		}
-	}
-	switch {
-	case !found:
-		bad("Secrets."+field, "holds no PEM %q block", want)
-	case len(bytes.TrimSpace(rest)) > 0:
-		bad("Secrets."+field, "has trailing data that is not PEM")
-	}
 }

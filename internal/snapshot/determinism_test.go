@@ -95,7 +95,7 @@ func TestVersionsFollowContent(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := testConfig()
-	cfg.Secrets.PeerCA = fakePEM("CERTIFICATE", "another peer CA")
+	cfg.Secrets.PeerCA = "/etc/kube-mvp/other-peer-ca/ca.crt"
 	b, err := snapshot.Build(topo, cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -254,7 +254,7 @@ func TestNoAnonymousRoute(t *testing.T) {
 	disabled := testConfig()
 	disabled.DisableAnonymous = true
 	noProxyCert := testConfig()
-	noProxyCert.Secrets.ProxyClientCert, noProxyCert.Secrets.ProxyClientKey = nil, nil
+	noProxyCert.Secrets.ProxyClientCert, noProxyCert.Secrets.ProxyClientKey = "", ""
 	for name, cfg := range map[string]snapshot.Config{"DisableAnonymous": disabled, "no proxy client certificate": noProxyCert} {
 		res, err := snapshot.Build(loadCase(t, "batch-off"), cfg)
 		if err != nil {

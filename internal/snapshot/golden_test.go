@@ -3,7 +3,6 @@ package snapshot_test
 import (
 	"bytes"
 	"encoding/json"
-	"encoding/pem"
 	"flag"
 	"os"
 	"path/filepath"
@@ -32,22 +31,17 @@ var sidecarOf = map[string]string{
 	"sidecar": "apiserver-nxibzygiy5v5qmcjmernh6erfe", // cp-b
 }
 
-// fakePEM is a deterministic, well-formed but meaningless PEM block: Build checks the PEM
-// framing only.
-func fakePEM(typ, what string) []byte {
-	return pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: []byte("kube-mvp test " + what)})
-}
-
 func testConfig() snapshot.Config {
 	return snapshot.Config{
 		ExtProcAddress: "unix:/run/kube-mvp/extproc.sock",
-		Secrets: snapshot.SecretsPEM{
-			ServingCert:     fakePEM("CERTIFICATE", "serving cert"),
-			ServingKey:      fakePEM("PRIVATE KEY", "serving key"),
-			ClientCA:        fakePEM("CERTIFICATE", "client CA"),
-			ProxyClientCert: fakePEM("CERTIFICATE", "proxy client cert"),
-			ProxyClientKey:  fakePEM("PRIVATE KEY", "proxy client key"),
-			PeerCA:          fakePEM("CERTIFICATE", "peer CA"),
+		// The chart's layout: one mounted Secret per directory.
+		Secrets: snapshot.SecretFiles{
+			ServingCert:     "/etc/kube-mvp/serving/tls.crt",
+			ServingKey:      "/etc/kube-mvp/serving/tls.key",
+			ClientCA:        "/etc/kube-mvp/client-ca/ca.crt",
+			ProxyClientCert: "/etc/kube-mvp/proxy-client/tls.crt",
+			ProxyClientKey:  "/etc/kube-mvp/proxy-client/tls.key",
+			PeerCA:          "/etc/kube-mvp/peer-ca/ca.crt",
 		},
 	}
 }

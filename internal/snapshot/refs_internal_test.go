@@ -19,11 +19,11 @@ func testResources(t *testing.T) (*Resources, map[string]string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := Config{Secrets: SecretsPEM{
-		ServingCert: []byte("-----BEGIN CERTIFICATE-----\nAA==\n-----END CERTIFICATE-----\n"),
-		ServingKey:  []byte("-----BEGIN PRIVATE KEY-----\nAA==\n-----END PRIVATE KEY-----\n"),
-		ClientCA:    []byte("-----BEGIN CERTIFICATE-----\nAA==\n-----END CERTIFICATE-----\n"),
-		PeerCA:      []byte("-----BEGIN CERTIFICATE-----\nAA==\n-----END CERTIFICATE-----\n"),
+	cfg := Config{Secrets: SecretFiles{
+		ServingCert: "/etc/kube-mvp/serving/tls.crt",
+		ServingKey:  "/etc/kube-mvp/serving/tls.key",
+		ClientCA:    "/etc/kube-mvp/client-ca/ca.crt",
+		PeerCA:      "/etc/kube-mvp/peer-ca/ca.crt",
 	}}
 	res, err := Build(topo, cfg)
 	if err != nil {

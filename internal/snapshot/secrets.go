@@ -1,6 +1,8 @@
 package snapshot
 
 import (
+	"path/filepath"
+
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -8,32 +10,42 @@ import (
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 )
 
-// secrets returns the SDS secrets that Config provides, sorted by name.
+// secrets returns the SDS secrets that Config names, sorted by name. Each refers to its files
+// by path and watches the file's directory: a mounted Secret changes by swapping a symlink in
+// that directory, which a watch on the file itself would miss.
 func (b *builder) secrets() []*tlsv3.Secret {
 	s := b.cfg.Secrets
 	var out []*tlsv3.Secret
-	inline := func(pem []byte) *corev3.DataSource {
-		return &corev3.DataSource{Specifier: &corev3.DataSource_InlineBytes{InlineBytes: pem}}
+	file := func(path string) *corev3.DataSource {
+		return &corev3.DataSource{Specifier: &corev3.DataSource_Filename{Filename: path}}
 	}
-	if len(s.ClientCA) > 0 {
-		out = append(out, &tlsv3.Secret{Name: SecretClientCA, Type: &tlsv3.Secret_ValidationContext{
-			ValidationContext: &tlsv3.CertificateValidationContext{TrustedCa: inline(s.ClientCA)},
-		}})
+	watch := func(path string) *corev3.WatchedDirectory {
+		return &corev3.WatchedDirectory{Path: filepath.Dir(path)}
 	}
-	if len(s.PeerCA) > 0 {
-		out = append(out, &tlsv3.Secret{Name: SecretPeerCA, Type: &tlsv3.Secret_ValidationContext{
-			ValidationContext: &tlsv3.CertificateValidationContext{TrustedCa: inline(s.PeerCA)},
-		}})
+	ca := func(name, path string) *tlsv3.Secret {
+		return &tlsv3.Secret{Name: name, Type: &tlsv3.Secret_ValidationContext{
+			ValidationContext: &tlsv3.CertificateValidationContext{TrustedCa: file(path), WatchedDirectory: watch(path)},
+		}}
 	}
-	if len(s.ProxyClientCert) > 0 {
-		out = append(out, &tlsv3.Secret{Name: SecretProxyClientCert, Type: &tlsv3.Secret_TlsCertificate{
-			TlsCertificate: &tlsv3.TlsCertificate{CertificateChain: inline(s.ProxyClientCert), PrivateKey: inline(s.ProxyClientKey)},
-		}})
+	pair := func(name, cert, key string) *tlsv3.Secret {
+		tc := &tlsv3.TlsCertificate{CertificateChain: file(cert), PrivateKey: file(key)}
+		// Envoy watches one directory per pair and reads both files on a change.
+		if filepath.Dir(cert) == filepath.Dir(key) {
+			tc.WatchedDirectory = watch(cert)
+		}
+		return &tlsv3.Secret{Name: name, Type: &tlsv3.Secret_TlsCertificate{TlsCertificate: tc}}
 	}
-	if len(s.ServingCert) > 0 {
-		out = append(out, &tlsv3.Secret{Name: SecretServingCert, Type: &tlsv3.Secret_TlsCertificate{
-			TlsCertificate: &tlsv3.TlsCertificate{CertificateChain: inline(s.ServingCert), PrivateKey: inline(s.ServingKey)},
-		}})
+	if s.ClientCA != "" {
+		out = append(out, ca(SecretClientCA, s.ClientCA))
+	}
+	if s.PeerCA != "" {
+		out = append(out, ca(SecretPeerCA, s.PeerCA))
+	}
+	if s.ProxyClientCert != "" {
+		out = append(out, pair(SecretProxyClientCert, s.ProxyClientCert, s.ProxyClientKey))
+	}
+	if s.ServingCert != "" {
+		out = append(out, pair(SecretServingCert, s.ServingCert, s.ServingKey))
 	}
 	return out // already in name order: client-ca, peer-ca, proxy-client-cert, serving-cert
 }

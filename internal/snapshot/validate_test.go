@@ -67,11 +67,10 @@ func TestConfigErrors(t *testing.T) {
 		ExtProcMessageTimeout: time.Microsecond,
 		RoutingHeader:         "X-Route",
 		UpstreamServerName:    "Kubernetes/default",
-		Secrets: snapshot.SecretsPEM{
-			ServingCert:     fakePEM("CERTIFICATE", "serving"),
-			ProxyClientCert: []byte("not pem"),
-			ProxyClientKey:  fakePEM("PRIVATE KEY", "key"),
-			PeerCA:          fakePEM("PRIVATE KEY", "not a cert"),
+		Secrets: snapshot.SecretFiles{
+			ServingCert:     "/etc/kube-mvp/serving/tls.crt",
+			ProxyClientCert: "relative/tls.crt",
+			ProxyClientKey:  "/etc/kube-mvp/proxy-client/tls.key",
 		},
 	}
 	res, err := snapshot.Build(topo, cfg)
@@ -86,15 +85,15 @@ func TestConfigErrors(t *testing.T) {
 	}
 	for _, want := range []string{
 		"Config.ListenAddress", "Config.ExtProcAddress", "Config.ExtProcMessageTimeout", "Config.RoutingHeader",
-		"Config.UpstreamServerName", "Config.Secrets.ServingKey is missing", "Config.Secrets.ProxyClientCert holds no PEM",
-		"Config.Secrets.PeerCA holds no PEM",
+		"Config.UpstreamServerName", "Config.Secrets.ServingKey is missing", "Config.Secrets.ProxyClientCert \"relative/tls.crt\" is not an absolute path",
+		"Config.Secrets.PeerCA is missing: the proxy client certificate",
 	} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error does not mention %s:\n%v", want, err)
 		}
 	}
 
-	cfg = snapshot.Config{Secrets: snapshot.SecretsPEM{ClientCA: fakePEM("CERTIFICATE", "ca")}}
+	cfg = snapshot.Config{Secrets: snapshot.SecretFiles{ClientCA: "/etc/kube-mvp/client-ca/ca.crt"}}
 	if _, err := snapshot.Build(topo, cfg); err == nil || !strings.Contains(err.Error(), "Config.Secrets.ClientCA is given but there is no serving certificate") {
 		t.Errorf("client CA without serving cert: %v", err)
 	}

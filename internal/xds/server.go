@@ -22,6 +22,8 @@ import (
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	clusterservice "github.com/envoyproxy/go-control-plane/envoy/service/cluster/v3"
 	endpointservice "github.com/envoyproxy/go-control-plane/envoy/service/endpoint/v3"
@@ -29,6 +31,7 @@ import (
 	routeservice "github.com/envoyproxy/go-control-plane/envoy/service/route/v3"
 	secretservice "github.com/envoyproxy/go-control-plane/envoy/service/secret/v3"
 
+	"github.com/kube-mvp/kube-mvp/internal/cptls"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 
@@ -49,8 +52,24 @@ type Server struct {
 	mu    sync.Mutex
 	topo  *topology.Topology
 	nodes map[string]*NodeStatus
+	// built are the current topology's snapshots by local apiserver ("" for front
+	// proxies): nodes of one kind share one translation.
+	built map[string]*cachev3.Snapshot
+	// streams counts open xDS streams (both protocols).
+	streams int
 	// OnBuild, if set, is told how every translation went (for metrics).
 	OnBuild func(d time.Duration, err error)
+
+	// Limits bound what clients can make the server hold. Set before Register.
+	Limits Limits
+	// RequireRole makes every stream prove an Envoy role (cptls) with its client certificate
+	// and present a node that fits it. Only a server started with plaintext gRPC turns it
+	// off. Set before Register.
+	RequireRole bool
+	// OnRefused, if set, is told about every stream refused (reason: a short label for a
+	// metric, such as "role", "node", "max-nodes", "max-streams", "fetch").
+	OnRefused  func(reason string, err error)
+	refusedLog rateLimitedLog
 
 	// Linger is how long a subset cluster stays in every snapshot after the topology stopped
 	// naming it; zero drops it at once. Set before the first Update.
@@ -68,6 +87,15 @@ type Server struct {
 	liveSince map[string]time.Time
 }
 
+// Limits bound the per-client state. A stream over a limit is refused (gRPC
+// RESOURCE_EXHAUSTED), logged and counted; the state of a node goes with its last stream.
+type Limits struct {
+	// MaxNodes is how many distinct Envoy nodes may be connected at once (0: no limit).
+	MaxNodes int
+	// MaxStreams is how many xDS streams may be open at once (0: no limit).
+	MaxStreams int
+}
+
 type lingeringCluster struct {
 	set   topology.ServerSet
 	until time.Time
@@ -76,6 +104,7 @@ type lingeringCluster struct {
 // NodeStatus is what the debug page shows for one Envoy.
 type NodeStatus struct {
 	NodeID         string                 `json:"nodeID"`
+	Role           cptls.Role             `json:"role,omitempty"`
 	Cluster        string                 `json:"cluster,omitempty"`
 	LocalAPIServer string                 `json:"localAPIServer,omitempty"`
 	Streams        int                    `json:"openStreams"`
@@ -188,9 +217,9 @@ func (s *Server) updateLocked(t *topology.Topology) {
 	}
 	s.liveSince = since
 	s.topo = t.WithLingering(keep).WithJoining(joining)
-	built := map[string]*cachev3.Snapshot{} // by local apiserver: nodes of one kind share a build
+	s.built = map[string]*cachev3.Snapshot{}
 	for _, n := range s.nodes {
-		s.setSnapshotLocked(n, built)
+		s.setSnapshotLocked(n)
 	}
 	if s.lingerTimer != nil {
 		s.lingerTimer.Stop()
@@ -266,8 +295,9 @@ func (s *Server) Status() []NodeStatus {
 	return out
 }
 
-// setSnapshotLocked translates for one node and hands the result to the cache.
-func (s *Server) setSnapshotLocked(n *NodeStatus, built map[string]*cachev3.Snapshot) {
+// setSnapshotLocked translates for one node, or reuses the translation of an equal node, and
+// hands the result to the cache.
+func (s *Server) setSnapshotLocked(n *NodeStatus) {
 	if s.topo == nil {
 		return
 	}
@@ -281,7 +311,7 @@ func (s *Server) setSnapshotLocked(n *NodeStatus, built map[string]*cachev3.Snap
 			t = t.WithLocal(local)
 		}
 	}
-	snap, ok := built[local]
+	snap, ok := s.built[local]
 	if !ok {
 		start := s.now()
 		var err error
@@ -296,7 +326,7 @@ func (s *Server) setSnapshotLocked(n *NodeStatus, built map[string]*cachev3.Snap
 			s.log.Error("translation failed; node keeps its previous config", "node", n.NodeID, "error", err)
 			return
 		}
-		built[local] = snap
+		s.built[local] = snap
 	}
 	if err := s.cache.SetSnapshot(context.Background(), n.NodeID, snap); err != nil {
 		n.SnapshotError = err.Error()
@@ -321,22 +351,94 @@ func snapshotVersion(snap *cachev3.Snapshot) string {
 	return v
 }
 
+// nodeLocked returns the state of a node that has a stream open (join made it).
 func (s *Server) nodeLocked(node *core.Node) *NodeStatus {
+	return s.nodes[node.GetId()]
+}
+
+// localAPIServer is the sidecar metadata of a node, "" for a front proxy.
+func localAPIServer(node *core.Node) string {
+	return node.GetMetadata().GetFields()[LocalAPIServerMetadataKey].GetStringValue()
+}
+
+// join counts a new stream of node, opened with a certificate of role, creating the node's
+// state (and giving it its snapshot) on its first stream. It refuses a node that does not
+// fit the role, one whose ID another role holds, and new nodes beyond Limits.MaxNodes.
+func (s *Server) join(role cptls.Role, node *core.Node) error {
+	if node.GetId() == "" {
+		return s.refuse("node", codes.InvalidArgument, fmt.Errorf("the first request of a stream names no node id"))
+	}
+	local := localAPIServer(node)
+	if s.RequireRole {
+		var err error
+		switch {
+		case role == cptls.RoleEnvoyFront && local != "":
+			err = fmt.Errorf("node %q has %s metadata but its certificate is a front proxy's (role %s)", node.GetId(), LocalAPIServerMetadataKey, role)
+		case role == cptls.RoleEnvoySidecar && local == "":
+			err = fmt.Errorf("node %q has no %s metadata but its certificate is a sidecar's (role %s)", node.GetId(), LocalAPIServerMetadataKey, role)
+		case role != cptls.RoleEnvoyFront && role != cptls.RoleEnvoySidecar:
+			err = fmt.Errorf("node %q: role %s is not an Envoy", node.GetId(), role)
+		}
+		if err != nil {
+			return s.refuse("node", codes.PermissionDenied, err)
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	n, ok := s.nodes[node.GetId()]
 	if ok {
-		return n
+		if n.Role != role || n.LocalAPIServer != local {
+			return s.refuse("node", codes.PermissionDenied, fmt.Errorf("node id %q is connected as %s/%q; a stream as %s/%q may not use it", n.NodeID, n.Role, n.LocalAPIServer, role, local))
+		}
+		n.Streams++
+		return nil
 	}
-	n = &NodeStatus{NodeID: node.GetId(), Cluster: node.GetCluster(), Types: map[string]*TypeStatus{}}
-	if f := node.GetMetadata().GetFields()[LocalAPIServerMetadataKey]; f != nil {
-		n.LocalAPIServer = f.GetStringValue()
+	if s.Limits.MaxNodes > 0 && len(s.nodes) >= s.Limits.MaxNodes {
+		return s.refuse("max-nodes", codes.ResourceExhausted, fmt.Errorf("node %q refused: %d nodes are connected (the limit)", node.GetId(), len(s.nodes)))
 	}
+	n = &NodeStatus{NodeID: node.GetId(), Role: role, Cluster: node.GetCluster(), LocalAPIServer: local, Streams: 1, Types: map[string]*TypeStatus{}}
 	s.nodes[n.NodeID] = n
-	s.setSnapshotLocked(n, map[string]*cachev3.Snapshot{})
-	return n
+	if s.built == nil {
+		s.built = map[string]*cachev3.Snapshot{}
+	}
+	s.setSnapshotLocked(n)
+	return nil
+}
+
+// leave counts a closed stream of node; the node's state and snapshot go with its last one,
+// so clients that come and go leave nothing behind.
+func (s *Server) leave(node *core.Node) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := s.nodes[node.GetId()]
+	if n == nil {
+		return
+	}
+	if n.Streams--; n.Streams <= 0 {
+		delete(s.nodes, n.NodeID)
+		s.cache.ClearSnapshot(n.NodeID)
+	}
+}
+
+// Refused reports a call refused elsewhere (the gRPC role policy) the way the server reports
+// its own refusals: a rate-limited log line and OnRefused.
+func (s *Server) Refused(reason string, err error) { _ = s.refuse(reason, codes.PermissionDenied, err) }
+
+// refuse reports a refused stream (rate-limited log line, OnRefused) and returns the gRPC
+// error the client gets.
+func (s *Server) refuse(reason string, code codes.Code, err error) error {
+	s.refusedLog.warn(s.log, "xDS stream refused", "reason", reason, "error", err)
+	if s.OnRefused != nil {
+		s.OnRefused(reason, err)
+	}
+	return status.Error(code, err.Error())
 }
 
 func (s *Server) typeLocked(node *core.Node, typeURL string) *TypeStatus {
 	n := s.nodeLocked(node)
+	if n == nil {
+		return &TypeStatus{} // not (or no longer) joined: nothing to record
+	}
 	ts, ok := n.Types[typeURL]
 	if !ok {
 		ts = &TypeStatus{}
@@ -375,49 +477,92 @@ func (s *Server) sent(node *core.Node, typeURL, version string) {
 	s.typeLocked(node, typeURL).Sent = version
 }
 
-func (s *Server) streams(node *core.Node, delta int) {
-	if node == nil {
-		return
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.nodeLocked(node).Streams += delta
-}
-
-// streamTracker attributes streams to nodes: node identity arrives with the first request of
-// a stream, and the close has to be counted against the same node.
+// streamTracker attributes streams to nodes and roles: the role comes from the client
+// certificate when the stream opens, the node with its first request, and every later
+// request must name the same node (go-control-plane would let a later request switch it).
 type streamTracker struct {
-	s     *Server
-	mu    sync.Mutex
-	nodes map[int64]*core.Node
+	s       *Server
+	mu      sync.Mutex
+	streams map[int64]*trackedStream
 }
 
-func (t *streamTracker) request(id int64, node *core.Node) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if _, ok := t.nodes[id]; !ok && node != nil {
-		t.nodes[id] = node
-		t.s.streams(node, 1)
+type trackedStream struct {
+	role cptls.Role
+	node *core.Node // nil until the first request
+}
+
+func (t *streamTracker) open(ctx context.Context, id int64) error {
+	role, err := cptls.PeerRole(ctx)
+	if t.s.RequireRole && err != nil {
+		return t.s.refuse("role", codes.PermissionDenied, err)
 	}
+	t.s.mu.Lock()
+	full := t.s.Limits.MaxStreams > 0 && t.s.streams >= t.s.Limits.MaxStreams
+	if !full {
+		t.s.streams++
+	}
+	n := t.s.streams
+	t.s.mu.Unlock()
+	if full {
+		return t.s.refuse("max-streams", codes.ResourceExhausted, fmt.Errorf("%d xDS streams are open (the limit)", n))
+	}
+	t.mu.Lock()
+	t.streams[id] = &trackedStream{role: role}
+	t.mu.Unlock()
+	return nil
+}
+
+func (t *streamTracker) request(id int64, node *core.Node) error {
+	t.mu.Lock()
+	st := t.streams[id]
+	t.mu.Unlock()
+	if st == nil {
+		return status.Error(codes.Internal, "unknown stream")
+	}
+	if st.node != nil {
+		if node != nil && (node.GetId() != st.node.GetId() || localAPIServer(node) != localAPIServer(st.node)) {
+			return t.s.refuse("node", codes.PermissionDenied, fmt.Errorf("a stream opened as node %q may not switch to %q", st.node.GetId(), node.GetId()))
+		}
+		return nil
+	}
+	if err := t.s.join(st.role, node); err != nil {
+		return err
+	}
+	t.mu.Lock()
+	st.node = node
+	t.mu.Unlock()
+	return nil
 }
 
 func (t *streamTracker) closed(id int64, _ *core.Node) {
 	t.mu.Lock()
-	node := t.nodes[id]
-	delete(t.nodes, id)
+	st := t.streams[id]
+	delete(t.streams, id)
 	t.mu.Unlock()
-	t.s.streams(node, -1)
+	if st == nil {
+		return
+	}
+	t.s.mu.Lock()
+	t.s.streams--
+	t.s.mu.Unlock()
+	if st.node != nil {
+		t.s.leave(st.node)
+	}
 }
 
 func (s *Server) callbacks() serverv3.Callbacks {
 	// State-of-the-world and delta streams are numbered independently.
-	sotw := &streamTracker{s: s, nodes: map[int64]*core.Node{}}
-	delta := &streamTracker{s: s, nodes: map[int64]*core.Node{}}
+	sotw := &streamTracker{s: s, streams: map[int64]*trackedStream{}}
+	delta := &streamTracker{s: s, streams: map[int64]*trackedStream{}}
 	return serverv3.CallbackFuncs{
+		StreamOpenFunc:        func(ctx context.Context, id int64, _ string) error { return sotw.open(ctx, id) },
+		DeltaStreamOpenFunc:   func(ctx context.Context, id int64, _ string) error { return delta.open(ctx, id) },
 		StreamClosedFunc:      sotw.closed,
 		DeltaStreamClosedFunc: delta.closed,
 		StreamRequestFunc: func(id int64, req *discovery.DiscoveryRequest) error {
-			sotw.request(id, req.GetNode())
+			if err := sotw.request(id, req.GetNode()); err != nil {
+				return err
+			}
 			s.request(req.GetNode(), req.GetTypeUrl(), req.GetVersionInfo(), req.GetResponseNonce(), req.GetErrorDetail().GetMessage())
 			return nil
 		},
@@ -425,12 +570,43 @@ func (s *Server) callbacks() serverv3.Callbacks {
 			s.sent(req.GetNode(), resp.GetTypeUrl(), resp.GetVersionInfo())
 		},
 		StreamDeltaRequestFunc: func(id int64, req *discovery.DeltaDiscoveryRequest) error {
-			delta.request(id, req.GetNode())
+			if err := delta.request(id, req.GetNode()); err != nil {
+				return err
+			}
 			s.request(req.GetNode(), req.GetTypeUrl(), "", req.GetResponseNonce(), req.GetErrorDetail().GetMessage())
 			return nil
 		},
 		StreamDeltaResponseFunc: func(_ int64, req *discovery.DeltaDiscoveryRequest, resp *discovery.DeltaDiscoveryResponse) {
 			s.sent(req.GetNode(), resp.GetTypeUrl(), resp.GetSystemVersionInfo())
 		},
+		// Envoy never fetches; a one-shot fetch would bypass the stream checks above.
+		FetchRequestFunc: func(context.Context, *discovery.DiscoveryRequest) error {
+			return s.refuse("fetch", codes.Unimplemented, fmt.Errorf("xDS fetch (REST-like unary) is not served; use a stream"))
+		},
 	}
+}
+
+// rateLimitedLog writes at most one line a second per message; the lines it drops are
+// counted into the next one, so a flood cannot flood the log.
+type rateLimitedLog struct {
+	mu      sync.Mutex
+	last    time.Time
+	dropped int
+}
+
+func (r *rateLimitedLog) warn(log *slog.Logger, msg string, args ...any) {
+	r.mu.Lock()
+	now := time.Now()
+	if now.Sub(r.last) < time.Second {
+		r.dropped++
+		r.mu.Unlock()
+		return
+	}
+	dropped := r.dropped
+	r.last, r.dropped = now, 0
+	r.mu.Unlock()
+	if dropped > 0 {
+		args = append(args, "similar_lines_dropped", dropped)
+	}
+	log.Warn(msg, args...)
 }

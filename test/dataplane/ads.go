@@ -15,6 +15,7 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
@@ -41,7 +42,11 @@ type subscription struct {
 }
 
 func (d *DataPlane) startADS(_ context.Context) error {
-	conn, err := grpc.NewClient(d.opts.XDSAddress, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	creds := insecure.NewCredentials()
+	if d.opts.XDSTLS != nil {
+		creds = credentials.NewTLS(d.opts.XDSTLS.clientConfig())
+	}
+	conn, err := grpc.NewClient(d.opts.XDSAddress, grpc.WithTransportCredentials(creds))
 	if err != nil {
 		return fmt.Errorf("dataplane: ADS client: %w", err)
 	}

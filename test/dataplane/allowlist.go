@@ -193,9 +193,13 @@ var allowed = map[string][]string{
 	tCLA: endpointPaths(),
 	tSecret: {
 		"name", "tls_certificate", "tls_certificate.certificate_chain", "tls_certificate.certificate_chain.inline_bytes",
-		"tls_certificate.certificate_chain.inline_string", "tls_certificate.private_key", "tls_certificate.private_key.inline_bytes",
-		"tls_certificate.private_key.inline_string", "validation_context", "validation_context.trusted_ca",
-		"validation_context.trusted_ca.inline_bytes", "validation_context.trusted_ca.inline_string",
+		"tls_certificate.certificate_chain.inline_string", "tls_certificate.certificate_chain.filename",
+		"tls_certificate.private_key", "tls_certificate.private_key.inline_bytes",
+		"tls_certificate.private_key.inline_string", "tls_certificate.private_key.filename",
+		"tls_certificate.watched_directory", "tls_certificate.watched_directory.path",
+		"validation_context", "validation_context.trusted_ca",
+		"validation_context.trusted_ca.inline_bytes", "validation_context.trusted_ca.inline_string", "validation_context.trusted_ca.filename",
+		"validation_context.watched_directory", "validation_context.watched_directory.path",
 	},
 }
 

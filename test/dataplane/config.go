@@ -1,9 +1,11 @@
 package dataplane
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"regexp"
 	"strconv"
 	"strings"
@@ -163,8 +165,11 @@ func (c *config) withType(typeURL, version string, res []proto.Message) (*config
 	case resource.SecretType:
 		n.secrets = map[string]*tlsv3.Secret{}
 		for nm, r := range raw {
-			s := r.(*tlsv3.Secret)
-			if err := checkSecret(s); err != nil {
+			s, err := resolveSecret(r.(*tlsv3.Secret))
+			if err == nil {
+				err = checkSecret(s)
+			}
+			if err != nil {
 				fail(nm, err)
 				continue
 			}
@@ -901,6 +906,46 @@ func checkSecret(s *tlsv3.Secret) error {
 		return errors.New("only tls_certificate and validation_context secrets are implemented")
 	}
 	return nil
+}
+
+// resolveSecret reads the files a secret refers to and returns it with their contents
+// inline (the original, with its paths, stays in raw for /config_dump). Envoy reads
+// file-based secrets delivered by SDS when the update arrives and rejects the update when a
+// file cannot be read or a key does not match its certificate (SdsApi; the TLS context
+// refuses the pair); afterwards it watches the files (see watchSecretFiles).
+func resolveSecret(s *tlsv3.Secret) (*tlsv3.Secret, error) {
+	out := proto.Clone(s).(*tlsv3.Secret)
+	var errs []error
+	read := func(d *corev3.DataSource) {
+		if d == nil || d.GetFilename() == "" {
+			return
+		}
+		b, err := os.ReadFile(d.GetFilename())
+		if err != nil {
+			errs = append(errs, err)
+			return
+		}
+		d.Specifier = &corev3.DataSource_InlineBytes{InlineBytes: b}
+	}
+	if tc := out.GetTlsCertificate(); tc != nil {
+		read(tc.GetCertificateChain())
+		read(tc.GetPrivateKey())
+		if len(errs) == 0 {
+			if _, err := tls.X509KeyPair(dataSource(tc.GetCertificateChain()), dataSource(tc.GetPrivateKey())); err != nil {
+				errs = append(errs, fmt.Errorf("tls_certificate: %w", err))
+			}
+		}
+	}
+	if vc := out.GetValidationContext(); vc != nil {
+		read(vc.GetTrustedCa())
+	}
+	return out, errors.Join(errs...)
+}
+
+// hasFiles reports whether a secret refers to any file.
+func hasFiles(s *tlsv3.Secret) bool {
+	tc, vc := s.GetTlsCertificate(), s.GetValidationContext()
+	return tc.GetCertificateChain().GetFilename() != "" || tc.GetPrivateKey().GetFilename() != "" || vc.GetTrustedCa().GetFilename() != ""
 }
 
 func dataSource(d *corev3.DataSource) []byte {

@@ -38,9 +38,11 @@ import (
 
 // Options configure a DataPlane.
 type Options struct {
-	XDSAddress string // ADS server host:port (plaintext gRPC); or
+	XDSAddress string // ADS server host:port; or
 	ConfigJSON []byte // a `xds-server translate -o json` dump instead of ADS
-	NodeID     string // Envoy node id
+	// XDSTLS is the bootstrap's TLS to xds-server; nil speaks plaintext gRPC.
+	XDSTLS *XDSTLS
+	NodeID string // Envoy node id
 	// LocalAPIServer, if set, is sent as node metadata kube-mvp.io/local-apiserver (sidecar).
 	LocalAPIServer string
 	// ListenerAddress maps a listener name to a "host:port" that replaces the listener's
@@ -121,6 +123,11 @@ func Start(ctx context.Context, opts Options) (*DataPlane, error) {
 		_ = d.admin.Serve(lis)
 	}()
 
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		d.watchSecretFiles()
+	}()
 	if opts.ConfigJSON != nil {
 		if err := d.loadStatic(opts.ConfigJSON); err != nil {
 			d.Close()

@@ -127,6 +127,29 @@ func newPKI(t testing.TB) *pki {
 	return p
 }
 
+// files writes the PKI in the chart's layout (one directory per mounted Secret) and returns
+// the paths xds-server hands to Envoy.
+func (p *pki) files(t testing.TB) snapshot.SecretFiles {
+	t.Helper()
+	dir := t.TempDir()
+	write := func(sub, name string, b []byte) string {
+		path := filepath.Join(dir, sub, name)
+		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	return snapshot.SecretFiles{
+		ServingCert: write("serving", "tls.crt", p.serving.certPEM), ServingKey: write("serving", "tls.key", p.serving.keyPEM),
+		ClientCA:        write("client-ca", "ca.crt", p.clientCA.certPEM),
+		ProxyClientCert: write("proxy-client", "tls.crt", p.proxyClient.certPEM), ProxyClientKey: write("proxy-client", "tls.key", p.proxyClient.keyPEM),
+		PeerCA: write("peer-ca", "ca.crt", p.peerCA.certPEM),
+	}
+}
+
 // ---- fake apiservers -----------------------------------------------------------------------
 
 type seenRequest struct {
@@ -251,6 +274,7 @@ func newFakeAPIServer(t testing.TB, p *pki, name, ip string, tick time.Duration,
 type env struct {
 	t          testing.TB
 	pki        *pki
+	secrets    snapshot.SecretFiles      // the files Envoy reads
 	apiservers map[string]*fakeAPIServer // by hostname
 	topo       *topology.Topology
 	xds        *xds.Server
@@ -319,12 +343,10 @@ func newEnv(t testing.TB, o envOptions) *env {
 	if !o.noExtProc {
 		e.startExtProc(sock, o.local, o.extProc)
 	}
+	e.secrets = e.pki.files(t)
 	cfg := snapshot.Config{
 		ListenAddress: "127.0.0.1", ListenPort: 6443, ExtProcAddress: "unix:" + sock,
-		Secrets: snapshot.SecretsPEM{
-			ServingCert: e.pki.serving.certPEM, ServingKey: e.pki.serving.keyPEM, ClientCA: e.pki.clientCA.certPEM,
-			ProxyClientCert: e.pki.proxyClient.certPEM, ProxyClientKey: e.pki.proxyClient.keyPEM, PeerCA: e.pki.peerCA.certPEM,
-		},
+		Secrets: e.secrets,
 	}
 	e.xds = xds.New(func(t *topology.Topology) (*cachev3.Snapshot, error) {
 		res, err := snapshot.Build(t, cfg)

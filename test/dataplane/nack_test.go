@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"bytes"
 	"context"
 	"net"
 	"os"
@@ -39,9 +40,7 @@ func buildResources(t *testing.T, fixture string) *snapshot.Resources {
 	}
 	topo, _ := inventory.Build(objs, inventory.Options{})
 	p := newPKI(t)
-	res, err := snapshot.Build(topo, snapshot.Config{ExtProcAddress: "unix:/nonexistent/extproc.sock", Secrets: snapshot.SecretsPEM{
-		ServingCert: p.serving.certPEM, ServingKey: p.serving.keyPEM, ClientCA: p.clientCA.certPEM,
-		ProxyClientCert: p.proxyClient.certPEM, ProxyClientKey: p.proxyClient.keyPEM, PeerCA: p.peerCA.certPEM}})
+	res, err := snapshot.Build(topo, snapshot.Config{ExtProcAddress: "unix:/nonexistent/extproc.sock", Secrets: p.files(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -215,18 +214,24 @@ func TestNACKOverADS(t *testing.T) {
 }
 
 // TestGoldenConfigsAccepted: every golden output of internal/snapshot is accepted whole: the
-// data plane implements every field our configuration uses.
+// data plane implements every field our configuration uses. The secrets' files are the
+// chart's layout (/etc/kube-mvp/<secret>/...), moved under a directory holding real ones.
 func TestGoldenConfigsAccepted(t *testing.T) {
 	files, err := filepath.Glob(filepath.Join("..", "..", "internal", "snapshot", "testdata", "*.out.yaml"))
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no golden files: %v", err)
 	}
+	root := filepath.Dir(filepath.Dir(newPKI(t).files(t).ServingCert)) // .../serving/tls.crt
 	for _, f := range files {
 		t.Run(filepath.Base(f), func(t *testing.T) {
 			y, err := os.ReadFile(f)
 			if err != nil {
 				t.Fatal(err)
 			}
+			if !bytes.Contains(y, []byte("filename: /etc/kube-mvp/")) {
+				t.Fatal("the golden file refers to no secret file under /etc/kube-mvp/")
+			}
+			y = bytes.ReplaceAll(y, []byte(" /etc/kube-mvp/"), []byte(" "+root+"/"))
 			js, err := yaml.YAMLToJSON(y)
 			if err != nil {
 				t.Fatal(err)

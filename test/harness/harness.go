@@ -20,6 +20,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kube-mvp/kube-mvp/internal/cptls"
 	"github.com/kube-mvp/kube-mvp/internal/xds"
 	"github.com/kube-mvp/kube-mvp/test/controlplane"
 	"github.com/kube-mvp/kube-mvp/test/dataplane"
@@ -75,10 +76,13 @@ type KubeMVP struct {
 	XDSAddress   string
 	XDSAdmin     string // http://host:port
 	ExtprocAdmin string // http://host:port
-	DataPlane    *dataplane.DataPlane
-	procs        []*process
-	apiBalancer  *RoundRobin
-	dataPlaneLog *os.File // nil when Options.Logger was given
+	// ControlPlaneTLS is the directory of a role's control-plane certificate (tls.crt,
+	// tls.key, ca.crt), as xds-server certgen --out-dir made it.
+	ControlPlaneTLS func(cptls.Role) string
+	DataPlane       *dataplane.DataPlane
+	procs           []*process
+	apiBalancer     *RoundRobin
+	dataPlaneLog    *os.File // nil when Options.Logger was given
 }
 
 // Start starts a deployment and waits until its data plane has applied a full configuration.
@@ -110,10 +114,22 @@ func Start(ctx context.Context, opts Options) (k *KubeMVP, err error) {
 		return nil, err
 	}
 
+	// The control plane's own certificates, made by the command the chart's Job runs.
+	cpTLS := filepath.Join(dir, "cp-tls")
+	if out, err := exec.CommandContext(ctx, filepath.Join(opts.BinDir, "xds-server"), "certgen", "--out-dir", cpTLS, "--dns-names", "localhost").CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("xds-server certgen: %w\n%s", err, out)
+	}
+	envoyRole := cptls.RoleEnvoyFront
+	if opts.LocalAPIServer != "" {
+		envoyRole = cptls.RoleEnvoySidecar
+	}
+	k.ControlPlaneTLS = func(r cptls.Role) string { return filepath.Join(cpTLS, string(r)) }
+
 	pki := cp.PKI
 	sock := filepath.Join(dir, "extproc.sock")
 	xdsArgs := []string{"serve",
 		"--kubeconfig", kubeconfig, "--xds-address", addrs[0], "--admin-address", addrs[1],
+		"--xds-tls-dir", k.ControlPlaneTLS(cptls.RoleXDSServer),
 		"--extproc-address", "unix:" + sock, "--listen-address", "127.0.0.1",
 		"--serving-cert", pki.Path("serving.crt"), "--serving-key", pki.Path("serving.key"),
 		"--client-ca", pki.Path("client-ca.crt"), "--peer-ca", pki.Path("server-ca.crt"),
@@ -128,7 +144,8 @@ func Start(ctx context.Context, opts Options) (k *KubeMVP, err error) {
 	}
 	k.procs = append(k.procs, p)
 
-	extArgs := []string{"--source", "xds:" + addrs[0], "--listen", "unix:" + sock, "--admin-address", addrs[2]}
+	extArgs := []string{"--source", "xds:" + addrs[0], "--xds-tls-dir", k.ControlPlaneTLS(cptls.RoleExtproc),
+		"--listen", "unix:" + sock, "--admin-address", addrs[2]}
 	if opts.LocalAPIServer != "" {
 		extArgs = append(extArgs, "--local-id", opts.LocalAPIServer)
 	}
@@ -158,6 +175,7 @@ func Start(ctx context.Context, opts Options) (k *KubeMVP, err error) {
 	}
 	k.DataPlane, err = dataplane.Start(ctx, dataplane.Options{
 		XDSAddress:      addrs[0],
+		XDSTLS:          BootstrapTLS(k.ControlPlaneTLS(envoyRole)),
 		NodeID:          opts.Name,
 		LocalAPIServer:  opts.LocalAPIServer,
 		ListenerAddress: map[string]string{ListenerName: "127.0.0.1:0"},
@@ -182,6 +200,13 @@ func Start(ctx context.Context, opts Options) (k *KubeMVP, err error) {
 	case <-time.After(3 * time.Second): // --routing-table-delay (2s) and then some
 	}
 	return k, nil
+}
+
+// BootstrapTLS is what envoy/*.yaml configure for the xds-server cluster, for a role's
+// certificate directory: its files, and xds-server's role as the required URI SAN.
+func BootstrapTLS(dir string) *dataplane.XDSTLS {
+	f := cptls.DirFiles(dir)
+	return &dataplane.XDSTLS{CertFile: f.Cert, KeyFile: f.Key, CAFile: f.CA, ServerURISAN: cptls.RoleXDSServer.URI().String()}
 }
 
 // Endpoint is the https://host:port where clients reach the apiservers through kube-mvp.

@@ -1,0 +1,69 @@
+package dataplane
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509/pkix"
+	"net"
+	"os"
+	"testing"
+	"time"
+)
+
+// servingSerial is the serial of the certificate the listener presents now.
+func (e *env) servingSerial(t *testing.T) string {
+	t.Helper()
+	conn, err := tls.Dial("tcp", e.dp.ListenerAddr("kube-apiserver"), &tls.Config{InsecureSkipVerify: true}) //nolint:gosec // reading the certificate
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	return conn.ConnectionState().PeerCertificates[0].SerialNumber.String()
+}
+
+// until polls cond for up to 10 s.
+func until(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for !cond() {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("gave up waiting: %s", what)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// TestSecretFilesRotate: secrets arrive over SDS as file references only; a renewed
+// certificate written to the files is served at the next handshake, and a half-written
+// rotation (a key that does not match) keeps the last good pair and counts
+// key_rotation_failed, as Envoy does.
+func TestSecretFilesRotate(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	first := e.servingSerial(t)
+	if first != e.pki.serving.cert.SerialNumber.String() {
+		t.Fatalf("listener presents serial %s, want the serving certificate's", first)
+	}
+	renewed := e.pki.servingCA.issue(t, pkix.Name{CommonName: "kube-mvp"}, true, []string{"localhost"}, []net.IP{net.ParseIP("127.0.0.1")})
+	// Key first, then certificate: between the two writes the pair does not match.
+	write(t, e.secrets.ServingKey, renewed.keyPEM)
+	write(t, e.secrets.ServingCert, renewed.certPEM)
+	until(t, "the renewed certificate is served", func() bool { return e.servingSerial(t) == renewed.cert.SerialNumber.String() })
+
+	write(t, e.secrets.ServingKey, e.pki.proxyClient.keyPEM)
+	until(t, "key_rotation_failed counted", func() bool { return e.stat("sds.kube-mvp-serving-cert.key_rotation_failed") > 0 })
+	if got := e.servingSerial(t); got != renewed.cert.SerialNumber.String() {
+		t.Errorf("after a mismatched key the listener presents %s, want the last good %s", got, renewed.cert.SerialNumber)
+	}
+	if n := e.dp.NACKs(); len(n) > 0 {
+		t.Errorf("file changes are not xDS updates, yet NACKs: %q", n)
+	}
+}
+
+func write(t *testing.T, path string, b []byte) {
+	t.Helper()
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
