@@ -242,18 +242,14 @@ func TestChartOnRealAPIServer(t *testing.T) {
 			t.Fatal(err)
 		}
 
-		// The certificate files, from the rendered Secret, at the paths of the rendered mount.
+		// The control plane's certificates as the chart's certgen makes them, each role's in
+		// the directory its container mounts at /etc/kube-mvp/xds-tls. (The Envoy
+		// certificates are paths xds-server hands on without opening them.)
 		xdsPod := podSpec(t, r.mustFind(t, "Deployment", fullname+"-xds-server"))
 		xdsC := container(t, xdsPod, "xds-server")
-		certDir := filepath.Join(dir, "certificates")
-		if err := os.Mkdir(certDir, 0o700); err != nil {
-			t.Fatal(err)
-		}
-		secret := r.mustFind(t, "Secret", fullname+"-certificates").typed.(*corev1.Secret)
-		for k, v := range secret.Data {
-			if err := os.WriteFile(filepath.Join(certDir, k), v, 0o600); err != nil {
-				t.Fatal(err)
-			}
+		cpTLS := filepath.Join(dir, "cp-tls")
+		if out, err := exec.CommandContext(ctx, filepath.Join(bin, "xds-server"), "certgen", "--out-dir", cpTLS, "--dns-names", "localhost").CombinedOutput(); err != nil {
+			t.Fatalf("certgen: %v\n%s", err, out)
 		}
 		sockDir, err := os.MkdirTemp("", "kmvp-sock-") // short: unix socket paths are limited
 		if err != nil {
@@ -262,8 +258,8 @@ func TestChartOnRealAPIServer(t *testing.T) {
 		defer os.RemoveAll(sockDir)
 
 		xdsPort, xdsAdmin, extprocAdmin := freePort(t), freePort(t), freePort(t)
-		relocate := func(arg string) string {
-			arg = strings.ReplaceAll(arg, xdsC.VolumeMounts[0].MountPath, certDir)
+		relocate := func(role, arg string) string {
+			arg = strings.ReplaceAll(arg, "/etc/kube-mvp/xds-tls", filepath.Join(cpTLS, role))
 			return strings.ReplaceAll(arg, "/var/run/kube-mvp", sockDir)
 		}
 		var xdsArgs []string
@@ -274,7 +270,7 @@ func TestChartOnRealAPIServer(t *testing.T) {
 			case strings.HasPrefix(a, "--admin-address="):
 				a = "--admin-address=127.0.0.1:" + xdsAdmin
 			}
-			xdsArgs = append(xdsArgs, relocate(a))
+			xdsArgs = append(xdsArgs, relocate("xds-server", a))
 		}
 		xdsArgs = append(xdsArgs, "--kubeconfig="+kubeconfig)
 		stopXDS := startProcess(t, filepath.Join(bin, "xds-server"), xdsArgs...)
@@ -311,9 +307,13 @@ func TestChartOnRealAPIServer(t *testing.T) {
 			}
 			return fmt.Errorf("no batch/v1 jobs/status (a subresource only discovery knows) in %d group/versions", len(view.GroupVersions))
 		})
-		// The secrets made it into the configuration (Envoy gets them by SDS).
-		if err := getOK("http://127.0.0.1:" + xdsAdmin + "/debug/config_dump"); err != nil {
+		// The secrets made it into the configuration as the paths Envoy mounts them at.
+		dump, err := getBody("http://127.0.0.1:" + xdsAdmin + "/debug/config_dump")
+		if err != nil {
 			t.Error(err)
+		}
+		if !strings.Contains(dump, `"filename": "/etc/kube-mvp/certificates/serving.crt"`) || strings.Contains(dump, "PRIVATE KEY") {
+			t.Error("config_dump does not name the serving certificate's file, or holds a key")
 		}
 
 		envoyPod := podSpec(t, r.mustFind(t, "Deployment", fullname+"-envoy"))
@@ -325,7 +325,7 @@ func TestChartOnRealAPIServer(t *testing.T) {
 			case strings.HasPrefix(a, "--admin-address="):
 				a = "--admin-address=127.0.0.1:" + extprocAdmin
 			}
-			extprocArgs = append(extprocArgs, relocate(a))
+			extprocArgs = append(extprocArgs, relocate("extproc", a))
 		}
 		stopExtproc := startProcess(t, filepath.Join(bin, "extproc"), extprocArgs...)
 		defer stopExtproc()
@@ -376,16 +376,22 @@ func freePort(t *testing.T) string {
 }
 
 func getOK(url string) error {
+	_, err := getBody(url)
+	return err
+}
+
+// getBody is the body of a 200 answer; any other answer is an error.
+func getBody(url string) (string, error) {
 	resp, err := http.Get(url)
 	if err != nil {
-		return err
+		return "", err
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("GET %s: %s %s", url, resp.Status, bytes.TrimSpace(body))
+		return "", fmt.Errorf("GET %s: %s %s", url, resp.Status, bytes.TrimSpace(body))
 	}
-	return nil
+	return string(body), nil
 }
 
 func getJSON(url string, into any) error {

@@ -283,7 +283,7 @@ func clusterDomain(r *rendered) string {
 // Roles are left to the user (the ServiceAccounts stay); existingSecrets require certgen off;
 // the schema turns away malformed certgen values.
 func TestCertgenRenderOff(t *testing.T) {
-	r, err := render(map[string]any{"certgen": map[string]any{"enabled": false, "existingSecrets": map[string]any{"xdsServer": "mine"}}}, "kube-mvp")
+	r, err := render(map[string]any{"certgen": map[string]any{"enabled": false, "existingSecrets": map[string]any{"xdsServer": "mine", "envoy": "mine-envoy", "extproc": "mine-extproc"}}}, "kube-mvp")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,6 +5,8 @@ import (
 	"flag"
 	"fmt"
 	"maps"
+	"os"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -188,8 +190,9 @@ func flags(t *testing.T, args []string) map[string]string {
 var (
 	xdsServerFlags = []string{"kubeconfig", "xds-address", "admin-address", "liveness-window", "discovery-interval",
 		"apiserver-addresses", "listen-address", "listen-port", "extproc-address", "extproc-message-timeout",
-		"upstream-server-name", "serving-cert", "serving-key", "client-ca", "proxy-client-cert", "proxy-client-key", "peer-ca"}
-	extprocFlags = []string{"source", "listen", "admin-address", "now", "poll-interval", "local-id"}
+		"upstream-server-name", "serving-cert", "serving-key", "client-ca", "proxy-client-cert", "proxy-client-key", "peer-ca",
+		"xds-tls-dir", "max-nodes", "max-streams"}
+	extprocFlags = []string{"source", "listen", "admin-address", "now", "poll-interval", "local-id", "xds-tls-dir"}
 )
 
 // decodeBootstrap decodes Envoy bootstrap YAML strictly (unknown fields are errors, as for
@@ -285,9 +288,34 @@ var chartCases = []chartCase{
 		},
 		check: func(t *testing.T, r *rendered, ns string) {
 			s := r.mustFind(t, "Secret", fullname+"-certificates").typed.(*corev1.Secret)
-			c := container(t, podSpec(t, r.mustFind(t, "Deployment", fullname+"-xds-server")), "xds-server")
+			xs := podSpec(t, r.mustFind(t, "Deployment", fullname+"-xds-server"))
+			c := container(t, xs, "xds-server")
 			f := flags(t, c.Args[1:])
-			mount := c.VolumeMounts[0].MountPath
+			// Key custody: the Secret is mounted into Envoy's container only; xds-server
+			// names its files (paths in Envoy's file system) and mounts nothing of it.
+			for _, v := range xs.Volumes {
+				if v.Secret != nil && v.Secret.SecretName == s.Name {
+					t.Errorf("xds-server mounts the certificates Secret")
+				}
+			}
+			es := podSpec(t, r.mustFind(t, "Deployment", fullname+"-envoy"))
+			mount := ""
+			for _, v := range es.Volumes {
+				if v.Secret == nil || v.Secret.SecretName != s.Name {
+					continue
+				}
+				for _, c := range es.Containers {
+					for _, m := range c.VolumeMounts {
+						if m.Name != v.Name {
+							continue
+						}
+						if c.Name != "envoy" {
+							t.Errorf("container %s mounts the certificates Secret", c.Name)
+						}
+						mount = m.MountPath
+					}
+				}
+			}
 			for flag, key := range map[string]string{"serving-cert": "serving.crt", "serving-key": "serving.key", "client-ca": "client-ca.crt",
 				"proxy-client-cert": "proxy-client.crt", "proxy-client-key": "proxy-client.key", "peer-ca": "peer-ca.crt"} {
 				if f[flag] != mount+"/"+key {
@@ -311,10 +339,11 @@ var chartCases = []chartCase{
 			if r.kinds()["Secret"] != 0 {
 				t.Error("a Secret is rendered although existingSecret is set")
 			}
-			spec := podSpec(t, r.mustFind(t, "Deployment", fullname+"-xds-server"))
-			if spec.Volumes[0].Secret.SecretName != "my-certificates" {
-				t.Errorf("volume %v", spec.Volumes[0])
+			es := podSpec(t, r.mustFind(t, "Deployment", fullname+"-envoy"))
+			if !slices.ContainsFunc(es.Volumes, func(v corev1.Volume) bool { return v.Secret != nil && v.Secret.SecretName == "my-certificates" }) {
+				t.Errorf("Envoy's volumes %v lack my-certificates", es.Volumes)
 			}
+			spec := podSpec(t, r.mustFind(t, "Deployment", fullname+"-xds-server"))
 			f := flags(t, container(t, spec, "xds-server").Args[1:])
 			if f["serving-cert"] == "" || f["peer-ca"] == "" || f["client-ca"] != "" || f["proxy-client-cert"] != "" {
 				t.Errorf("flags %v, want serving and peer CA only", f)
@@ -612,6 +641,21 @@ func checkCommon(t *testing.T, r *rendered, ns string) {
 	if b.GetNode().GetCluster() != "kube-mvp" {
 		t.Errorf("node cluster %q", b.GetNode().GetCluster())
 	}
+	// The SDS files the bootstrap's xds-server TLS reads are envoy/sds's, beside it.
+	if !strings.Contains(cm.Data["envoy.yaml"], `matcher: {exact: "spiffe://kube-mvp/role/xds-server"}`) {
+		t.Error("the bootstrap does not require xds-server's role of xds-server's certificate")
+	}
+	for _, f := range []string{"xds-client-cert.yaml", "xds-ca.yaml"} {
+		want, err := os.ReadFile(filepath.Join("..", "envoy", "sds", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		wj, err1 := yaml.YAMLToJSON(want)
+		gj, err2 := yaml.YAMLToJSON([]byte(cm.Data[f]))
+		if err1 != nil || err2 != nil || string(wj) != string(gj) || !strings.Contains(cm.Data["envoy.yaml"], "/etc/kube-mvp/bootstrap/"+f) {
+			t.Errorf("bootstrap ConfigMap %s differs from envoy/sds/%s or is not referenced (%v %v)", f, f, err1, err2)
+		}
+	}
 	if _, ok := b.GetNode().GetMetadata().GetFields()[xds.LocalAPIServerMetadataKey]; ok {
 		t.Error("the shared bootstrap names a local apiserver; it is per node (--config-yaml)")
 	}
@@ -687,6 +731,11 @@ func TestTemplateRejects(t *testing.T) {
 		{"client-ca-without-serving", map[string]any{"certificates": map[string]any{"clientCA": string(p.ClientCA.CertPEM)}}, "client CA needs a serving certificate"},
 		{"sidecar-on-apiserver-port", map[string]any{"mode": "sidecar", "networkPolicy": map[string]any{"enabled": false}, "sidecar": map[string]any{"listenPort": 6443}}, "apiserver's own port"},
 		{"sidecar-host-network-policy", map[string]any{"mode": "sidecar"}, "networkPolicy.xdsFrom"},
+		{"proxy-cert-without-peer-ca", map[string]any{"certificates": map[string]any{"proxyClientCert": string(p.ProxyClient.CertPEM), "proxyClientKey": string(p.ProxyClient.KeyPEM)}},
+			"a proxy client certificate needs a peer CA"},
+		{"kubeadm-front-proxy-without-peer-ca", map[string]any{"mode": "sidecar", "networkPolicy": map[string]any{"enabled": false}, "sidecar": map[string]any{"kubeadmFrontProxyClient": true}},
+			"kubeadmFrontProxyClient needs certificates.peerCA"},
+		{"no-control-plane-certificates", map[string]any{"certgen": map[string]any{"enabled": false}}, "needs the control plane's certificates"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			_, err := render(c.vals, "kube-mvp")

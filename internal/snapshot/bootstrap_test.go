@@ -7,14 +7,18 @@ import (
 	"testing"
 
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	httpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/reflect/protoregistry"
 	"sigs.k8s.io/yaml"
 
+	"github.com/kube-mvp/kube-mvp/internal/cptls"
 	"github.com/kube-mvp/kube-mvp/internal/xds"
 )
 
@@ -66,6 +70,75 @@ func TestBootstrap(t *testing.T) {
 	}
 }
 
+// bootstrapSDSDir is where the bootstraps expect envoy/sds/*.yaml.
+const bootstrapSDSDir = "/etc/kube-mvp/bootstrap/"
+
+// checkXDSClusterTLS: the xds-server cluster speaks mutual TLS, its certificate and CA by SDS
+// from the files of envoy/sds/, and requires the xds-server role's URI SAN (internal/cptls).
+func checkXDSClusterTLS(t *testing.T, c *clusterv3.Cluster) {
+	t.Helper()
+	var tc tlsv3.UpstreamTlsContext
+	if err := c.GetTransportSocket().GetTypedConfig().UnmarshalTo(&tc); err != nil {
+		t.Fatalf("cluster %s: no UpstreamTlsContext: %v", c.GetName(), err)
+	}
+	if err := tc.ValidateAll(); err != nil {
+		t.Errorf("cluster %s: %v", c.GetName(), err)
+	}
+	common := tc.GetCommonTlsContext()
+	certs := common.GetTlsCertificateSdsSecretConfigs()
+	if len(certs) != 1 || certs[0].GetSdsConfig().GetPathConfigSource().GetPath() != bootstrapSDSDir+"xds-client-cert.yaml" {
+		t.Errorf("cluster %s: client certificate %v, want SDS from %sxds-client-cert.yaml", c.GetName(), certs, bootstrapSDSDir)
+	}
+	cv := common.GetCombinedValidationContext()
+	if cv.GetValidationContextSdsSecretConfig().GetSdsConfig().GetPathConfigSource().GetPath() != bootstrapSDSDir+"xds-ca.yaml" {
+		t.Errorf("cluster %s: CA %v, want SDS from %sxds-ca.yaml", c.GetName(), cv, bootstrapSDSDir)
+	}
+	sans := cv.GetDefaultValidationContext().GetMatchTypedSubjectAltNames()
+	if len(sans) != 1 || sans[0].GetSanType() != tlsv3.SubjectAltNameMatcher_URI || sans[0].GetMatcher().GetExact() != cptls.RoleXDSServer.URI().String() {
+		t.Errorf("cluster %s: SAN matchers %v, want exactly URI %s", c.GetName(), sans, cptls.RoleXDSServer.URI())
+	}
+}
+
+// TestBootstrapSDSFiles: envoy/sds/*.yaml are what Envoy reads for a path_config_source (a
+// DiscoveryResponse of one Secret), naming the files of a mounted control-plane TLS Secret.
+func TestBootstrapSDSFiles(t *testing.T) {
+	want := cptls.DirFiles("/etc/kube-mvp/xds-tls")
+	for file, check := range map[string]func(*tlsv3.Secret) bool{
+		"xds-client-cert.yaml": func(s *tlsv3.Secret) bool {
+			tc := s.GetTlsCertificate()
+			return s.GetName() == "xds-client-cert" && tc.GetCertificateChain().GetFilename() == want.Cert &&
+				tc.GetPrivateKey().GetFilename() == want.Key && tc.GetWatchedDirectory().GetPath() == filepath.Dir(want.Cert)
+		},
+		"xds-ca.yaml": func(s *tlsv3.Secret) bool {
+			vc := s.GetValidationContext()
+			return s.GetName() == "xds-ca" && vc.GetTrustedCa().GetFilename() == want.CA && vc.GetWatchedDirectory().GetPath() == filepath.Dir(want.CA)
+		},
+	} {
+		raw, err := os.ReadFile(filepath.Join("..", "..", "envoy", "sds", file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		js, err := yaml.YAMLToJSON(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var dr discoveryv3.DiscoveryResponse
+		if err := (protojson.UnmarshalOptions{Resolver: protoregistry.GlobalTypes}).Unmarshal(js, &dr); err != nil {
+			t.Fatalf("%s: not a DiscoveryResponse: %v", file, err)
+		}
+		if len(dr.GetResources()) != 1 {
+			t.Fatalf("%s: %d resources, want 1", file, len(dr.GetResources()))
+		}
+		var s tlsv3.Secret
+		if err := dr.GetResources()[0].UnmarshalTo(&s); err != nil {
+			t.Fatalf("%s: %v", file, err)
+		}
+		if err := s.ValidateAll(); err != nil || !check(&s) {
+			t.Errorf("%s: %v (%v)", file, &s, err)
+		}
+	}
+}
+
 // decodeBootstrap decodes an Envoy bootstrap YAML strictly, validates it and the typed configs
 // inside it (the static listeners' HTTP connection managers and their filters, the clusters'
 // protocol options), and checks the parts every kube-mvp bootstrap shares: ADS (v3, gRPC) to
@@ -113,6 +186,7 @@ func decodeBootstrap(t *testing.T, raw []byte) *bootstrapv3.Bootstrap {
 			}
 			if c.GetName() == xdsCluster && o.GetExplicitHttpConfig().GetHttp2ProtocolOptions() != nil {
 				found = true
+				checkXDSClusterTLS(t, c)
 			}
 		}
 	}

@@ -84,6 +84,15 @@ its declared parts; otherwise the parts whose PEM values are set.
 {{- end }}
 {{- if $c.peerCA }}{{ $_ := set $parts "peerCA" true }}{{ end }}
 {{- end }}
+{{- if and $parts.proxyClient (not $parts.peerCA) }}{{ fail "certificates: a proxy client certificate needs a peer CA (peerCA): the front-proxy key is as strong as cluster-admin and must only go to verified apiservers" }}{{ end }}
 {{- if and $parts.clientCA (not $parts.serving) }}{{ fail "certificates: a client CA needs a serving certificate (without TLS on Envoy's listener no client certificate can be verified)" }}{{ end }}
 {{- toJson $parts }}
+{{- end }}
+
+{{/* Where Envoy reads the certificates Secret (xds-server hands it these paths). */}}
+{{- define "kube-mvp.certificates.dir" -}}/etc/kube-mvp/certificates{{- end }}
+
+{{/* "true" when sidecar Envoys present their node's own kubeadm front-proxy client pair. */}}
+{{- define "kube-mvp.kubeadmFrontProxy" -}}
+{{- if and (eq .Values.mode "sidecar") .Values.sidecar.kubeadmFrontProxyClient }}true{{ end }}
 {{- end }}
