@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -21,7 +22,9 @@ import (
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	statuspb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/kube-mvp/kube-mvp/internal/topology"
@@ -248,4 +251,89 @@ func TestJoiningApiserver(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// TestLimitsAndNodeLifetime: a node's state goes with its last stream; beyond MaxNodes a new
+// node is refused (and counted), a known node's second stream is not; a stream may not
+// switch to another node; equal nodes share one translation.
+func TestLimitsAndNodeLifetime(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	translations := 0
+	srv := xds.New(func(tp *topology.Topology) (*cachev3.Snapshot, error) {
+		translations++
+		return clustersOnly(tp)
+	}, slog.Default())
+	srv.Limits = xds.Limits{MaxNodes: 2}
+	refused := map[string]int{}
+	var mu sync.Mutex
+	srv.OnRefused = func(reason string, _ error) { mu.Lock(); refused[reason]++; mu.Unlock() }
+	g := grpc.NewServer()
+	srv.Register(ctx, g)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go g.Serve(lis)
+	defer g.Stop()
+	srv.Update(topo(t, true))
+	base := translations
+	addr := lis.Addr().String()
+
+	open := func(id string) (*adsClient, context.CancelFunc) {
+		sctx, scancel := context.WithCancel(ctx)
+		c := dial(t, sctx, addr, &core.Node{Id: id})
+		c.send(&discovery.DiscoveryRequest{})
+		return c, scancel
+	}
+	a, closeA := open("a")
+	a.recvCluster()
+	b, closeB := open("b")
+	b.recvCluster()
+	defer closeB()
+	a2, closeA2 := open("a") // a second stream of a known node is within the limit
+	a2.recvCluster()
+	if got := translations - base; got != 1 {
+		t.Errorf("%d translations for three streams of two equal front-proxy nodes, want 1", got)
+	}
+
+	c, closeC := open("c")
+	if _, err := c.stream.Recv(); status.Code(err) != codes.ResourceExhausted {
+		t.Errorf("a third node: %v, want ResourceExhausted", err)
+	}
+	closeC()
+	mu.Lock()
+	if refused["max-nodes"] != 1 {
+		t.Errorf("refusals %v, want one max-nodes", refused)
+	}
+	mu.Unlock()
+
+	// A stream may not switch nodes.
+	b.node = &core.Node{Id: "a"}
+	b.send(&discovery.DiscoveryRequest{})
+	if _, err := b.stream.Recv(); status.Code(err) != codes.PermissionDenied {
+		t.Errorf("a stream switching its node: %v, want PermissionDenied", err)
+	}
+
+	closeA()
+	closeA2()
+	waitNodes := func(want ...string) {
+		t.Helper()
+		var got []string
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+			got = nil
+			for _, n := range srv.Status() {
+				got = append(got, n.NodeID)
+			}
+			if slices.Equal(got, want) {
+				return
+			}
+		}
+		t.Fatalf("nodes %v, want %v", got, want)
+	}
+	waitNodes() // b's stream was closed by its refusal, a's by the client
+	d, closeD := open("d")
+	defer closeD()
+	d.recvCluster()
+	waitNodes("d")
 }
