@@ -9,7 +9,7 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 )
 
-// Client identity: the front-proxy half of DESIGN.md §4.
+// Client identity: the front-proxy half (README, "Identity" and "Security model").
 //
 // Envoy terminates the client's TLS and verifies its certificate against the cluster client
 // CA; the apiservers then only see Envoy's own proxy client certificate. So that they still

@@ -100,7 +100,7 @@ func mustJSON(v any) string {
 	return string(b)
 }
 
-// TestDecisions covers every row of DESIGN.md §2, subresources and sidecar mode, over real
+// TestDecisions covers every outcome of topology.Decide, subresources and sidecar mode, over real
 // gRPC streams on a unix socket and on loopback TCP.
 func TestDecisions(t *testing.T) {
 	fx := loadFixture(t, "upgrade.yaml", fixtureNow)

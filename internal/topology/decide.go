@@ -49,7 +49,7 @@ type Decision struct {
 	Servers ServerSet
 }
 
-// Decide is the one routing rule of kube-mvp (DESIGN.md §2). Envoy's route table is a
+// Decide is the one routing rule of kube-mvp (README, "Design"). Envoy's route table is a
 // precomputed view of it and extproc calls it per request.
 func (t *Topology) Decide(req RequestInfo) Decision {
 	if !req.IsResourceRequest {

@@ -17,7 +17,7 @@ import (
 )
 
 // TestUpstreamFacts documents what real apiservers publish, the facts kube-mvp is built on
-// (DESIGN.md §3): A is v1.37.1 with every API, B is v1.36.4 with batch/v1 turned off.
+// (README, "Testing with real parts"): A is v1.37.1 with every API, B is v1.36.4 with batch/v1 turned off.
 func TestUpstreamFacts(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
