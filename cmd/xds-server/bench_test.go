@@ -83,7 +83,7 @@ func BenchmarkConvergence(b *testing.B) {
 		srv.Update(t)
 	}
 
-	srv = xds.New(translator(func() snapshot.Config { return snapshot.Config{ListenPort: 6443} }, slog.New(slog.DiscardHandler)), slog.New(slog.DiscardHandler))
+	srv = xds.New(translator(snapshot.Config{ListenPort: 6443}, slog.New(slog.DiscardHandler)), slog.New(slog.DiscardHandler))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	g := grpc.NewServer()

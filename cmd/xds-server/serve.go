@@ -209,9 +209,9 @@ func parseServe(args []string) (serveOptions, error) {
 
 // translator adapts snapshot.Build to the xds server. An apiserver with an unusable address
 // only loses its endpoint (logged); any other error keeps the previous snapshot.
-func translator(cfg func() snapshot.Config, log *slog.Logger) xds.Translator {
+func translator(cfg snapshot.Config, log *slog.Logger) xds.Translator {
 	return func(t *topology.Topology) (*cachev3.Snapshot, error) {
-		res, err := snapshot.Build(t, cfg())
+		res, err := snapshot.Build(t, cfg)
 		if res == nil {
 			return nil, err
 		}
@@ -249,8 +249,7 @@ func serve(ctx context.Context, opts serveOptions, log *slog.Logger, ready chan<
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m := newServeMetrics(reg)
 
-	cfg := opts.cfg
-	xdsServer := xds.New(translator(func() snapshot.Config { return cfg }, log), log)
+	xdsServer := xds.New(translator(opts.cfg, log), log)
 	xdsServer.OnBuild = m.observeBuild
 	xdsServer.Linger = opts.linger
 	// A newcomer joins the default cluster a table delay after the table naming it went out.

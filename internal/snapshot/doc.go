@@ -122,8 +122,9 @@
 // # Secrets
 //
 // kube-mvp-serving-cert, kube-mvp-client-ca, kube-mvp-proxy-client-cert and kube-mvp-peer-ca,
-// inline PEM bytes; each only when Config provides it (see SecretsPEM for what leaving one
-// out means).
+// as file references (paths in Envoy's file system) with the file's directory watched: no
+// private key is ever in a resource. Each only when Config provides it (see SecretFiles for
+// what leaving one out means).
 //
 // # Validation
 //
