@@ -19,7 +19,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/kube-mvp/kube-mvp/internal/inventory"
+	"github.com/kube-mvp/kube-mvp/internal/inventory/objects"
 	"github.com/kube-mvp/kube-mvp/internal/snapshot"
 	"github.com/kube-mvp/kube-mvp/internal/xds"
 )
@@ -27,9 +27,9 @@ import (
 // benchObjects is a large control plane mid-upgrade as the informers see it: 5 identity
 // Leases and StorageVersions for 400 resources in 40 group/versions; every fourth
 // group/version is not served by one apiserver, so there are subset clusters.
-func benchObjects(now time.Time) inventory.Objects {
+func benchObjects(now time.Time) objects.Objects {
 	const servers, gvs, perGV = 5, 40, 10
-	var objs inventory.Objects
+	var objs objects.Objects
 	var ids []string
 	for i := range servers {
 		id := fmt.Sprintf("apiserver-%026d", i)
@@ -37,8 +37,8 @@ func benchObjects(now time.Time) inventory.Objects {
 		renew := metav1.NewMicroTime(now)
 		objs.Leases = append(objs.Leases, coordinationv1.Lease{
 			ObjectMeta: metav1.ObjectMeta{
-				Name: id, Namespace: inventory.IdentityLeaseNamespace,
-				Labels:      map[string]string{inventory.IdentityLabel: inventory.IdentityLabelValue, "kubernetes.io/hostname": fmt.Sprintf("cp-%d", i)},
+				Name: id, Namespace: objects.IdentityLeaseNamespace,
+				Labels:      map[string]string{objects.IdentityLabel: objects.IdentityLabelValue, "kubernetes.io/hostname": fmt.Sprintf("cp-%d", i)},
 				Annotations: map[string]string{"kubernetes.io/peer-advertise-address": fmt.Sprintf("10.0.0.%d:6443", i+1)},
 			},
 			Spec: coordinationv1.LeaseSpec{HolderIdentity: new(id + "_holder"), RenewTime: &renew},
@@ -65,7 +65,7 @@ func benchObjects(now time.Time) inventory.Objects {
 
 // BenchmarkConvergence measures how long a Lease change takes to reach an Envoy: from the
 // moment the informers have the changed Lease (what the watcher's rebuild starts from) through
-// inventory.Build, translation, the snapshot cache and real gRPC, until an ADS client that
+// objects.Build, translation, the snapshot cache and real gRPC, until an ADS client that
 // subscribes and ACKs like Envoy (CDS wildcard, then EDS for the clusters it got) receives the
 // new endpoints. Each iteration alternately expires and renews one apiserver's Lease, which
 // changes both the clusters (serving sets) and the endpoints. Reported: p50 and p99 per
@@ -73,12 +73,12 @@ func benchObjects(now time.Time) inventory.Objects {
 func BenchmarkConvergence(b *testing.B) {
 	now := time.Date(2026, 11, 23, 10, 0, 0, 0, time.UTC)
 	objs := benchObjects(now)
-	opts := inventory.Options{Now: now}
+	opts := objects.Options{Now: now}
 	var srv *xds.Server
 	build := func() {
-		t, errs := inventory.Build(objs, opts)
+		t, errs := objects.Build(objs, opts)
 		if len(errs) > 0 || t == nil {
-			b.Fatalf("inventory.Build: %v", errs)
+			b.Fatalf("objects.Build: %v", errs)
 		}
 		srv.Update(t)
 	}

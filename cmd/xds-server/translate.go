@@ -8,7 +8,7 @@ import (
 
 	"github.com/hashicorp/go-multierror"
 
-	"github.com/kube-mvp/kube-mvp/internal/inventory"
+	"github.com/kube-mvp/kube-mvp/internal/inventory/objects"
 	"github.com/kube-mvp/kube-mvp/internal/snapshot"
 )
 
@@ -65,7 +65,7 @@ type translateOptions struct {
 	file   string
 	output string
 	nodeID string
-	build  inventory.Options
+	build  objects.Options
 	cfg    snapshot.Config
 }
 
@@ -127,12 +127,12 @@ func runTranslate(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 
-	objs, err := inventory.LoadFixture(opts.file)
+	objs, err := objects.LoadFixture(opts.file)
 	if err != nil {
 		fmt.Fprintf(stderr, "xds-server translate: %v\n", err)
 		return 2
 	}
-	topo, warnings := inventory.Build(objs, opts.build)
+	topo, warnings := objects.Build(objs, opts.build)
 	for _, w := range warnings {
 		fmt.Fprintf(stderr, "warning: %s: %v\n", opts.file, w)
 	}

@@ -17,7 +17,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/kube-mvp/kube-mvp/internal/inventory"
+	"github.com/kube-mvp/kube-mvp/internal/inventory/objects"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 
@@ -27,11 +27,11 @@ var fixtureNow = time.Date(2026, 11, 23, 10, 0, 10, 0, time.UTC)
 // loadFixture builds the topology of a testdata fixture as FileSource does.
 func loadFixture(t testing.TB, name string, now time.Time) *topology.Topology {
 	t.Helper()
-	objs, err := inventory.LoadFixture(filepath.Join("testdata", name))
+	objs, err := objects.LoadFixture(filepath.Join("testdata", name))
 	if err != nil {
 		t.Fatal(err)
 	}
-	topo, errs := inventory.Build(objs, inventory.Options{Now: now})
+	topo, errs := objects.Build(objs, objects.Options{Now: now})
 	if len(errs) > 0 || topo == nil {
 		t.Fatalf("fixture %s: %v", name, errs)
 	}

@@ -9,7 +9,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/kube-mvp/kube-mvp/internal/inventory"
+	"github.com/kube-mvp/kube-mvp/internal/inventory/objects"
 	tablestream "github.com/kube-mvp/kube-mvp/internal/table"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
@@ -17,7 +17,7 @@ import (
 // FileOptions tune a File source.
 type FileOptions struct {
 	// Now is the time Lease liveness is judged at; zero means every Lease counts as alive
-	// (inventory.Options.Now). A fixed time makes a fixture reproducible.
+	// (objects.Options.Now). A fixed time makes a fixture reproducible.
 	Now time.Time
 	// LocalID, when set, puts the table in sidecar mode beside that apiserver: its ID or
 	// hostname (see Sidecar).
@@ -31,10 +31,11 @@ type FileOptions struct {
 	Logger *slog.Logger
 }
 
-// File is a routing-table source that reads an inventory fixture (internal/inventory's YAML
-// format: Leases, StorageVersions, APIServices, APIServerDiscovery) and builds the table with
-// inventory.Build. It suits demos, tests and static control planes; a live cluster feeds
-// extproc from xds-server's table stream instead.
+// File is a routing-table source that reads an inventory fixture (the YAML format of
+// internal/inventory/objects: Leases, StorageVersions, APIServices, APIServerDiscovery) and
+// builds the table with objects.Build, without the watcher's client-go. It suits demos,
+// tests and static control planes; a live cluster feeds extproc from xds-server's table
+// stream instead.
 //
 // Reloading: on every Reload signal (an operator's explicit request, always applied) and,
 // with PollInterval, whenever the file's bytes change (a ConfigMap update swaps the file
@@ -74,11 +75,11 @@ func (f *File) Load() (*topology.Topology, string, error) {
 }
 
 func (f *File) build(raw []byte) (*topology.Topology, string, error) {
-	objs, err := inventory.DecodeFixture(bytes.NewReader(raw))
+	objs, err := objects.DecodeFixture(bytes.NewReader(raw))
 	if err != nil {
 		return nil, "", fmt.Errorf("%s: %w", f.path, err)
 	}
-	t, errs := inventory.Build(objs, inventory.Options{Now: f.opts.Now})
+	t, errs := objects.Build(objs, objects.Options{Now: f.opts.Now})
 	for _, e := range errs {
 		f.log.Warn("routing table source: object skipped", "file", f.path, "error", e)
 	}

@@ -1,103 +1,31 @@
 package inventory
 
 import (
-	"encoding/json"
-	"slices"
 	"testing"
 
 	apidiscoveryv2 "k8s.io/api/apidiscovery/v2"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kube-mvp/kube-mvp/internal/inventory/objects"
 )
 
-func aggregated(groups ...apidiscoveryv2.APIGroupDiscovery) *apidiscoveryv2.APIGroupDiscoveryList {
-	return &apidiscoveryv2.APIGroupDiscoveryList{
-		TypeMeta: metav1.TypeMeta{Kind: "APIGroupDiscoveryList", APIVersion: "apidiscovery.k8s.io/v2"},
-		Items:    groups,
+// TestLegacyDiscoveryIsNotMerged: discovery rebuilt from client-go's legacy lists lacks kinds
+// and scopes, so objects.MergeDiscovery gives no merged view with it rather than a partial one.
+func TestLegacyDiscoveryIsNotMerged(t *testing.T) {
+	own := &apidiscoveryv2.APIGroupDiscoveryList{TypeMeta: metav1.TypeMeta{Kind: objects.AggregatedKind, APIVersion: "apidiscovery.k8s.io/v2"}}
+	legacy := fromResourceLists([]*metav1.APIResourceList{{GroupVersion: "apps/v1", APIResources: []metav1.APIResource{
+		{Name: "deployments", Verbs: []string{"get"}}, {Name: "deployments/status", Verbs: []string{"get"}}}}})
+	if objects.MergeDiscovery([]*apidiscoveryv2.APIGroupDiscoveryList{own}) == nil {
+		t.Fatal("no merged view of an apiserver's own aggregated document")
 	}
-}
-
-func group(name string, versions ...apidiscoveryv2.APIVersionDiscovery) apidiscoveryv2.APIGroupDiscovery {
-	return apidiscoveryv2.APIGroupDiscovery{ObjectMeta: metav1.ObjectMeta{Name: name}, Versions: versions}
-}
-
-func gv(version string, resources ...apidiscoveryv2.APIResourceDiscovery) apidiscoveryv2.APIVersionDiscovery {
-	return apidiscoveryv2.APIVersionDiscovery{Version: version, Resources: resources, Freshness: apidiscoveryv2.DiscoveryFreshnessCurrent}
-}
-
-func res(name, kind string, verbs []string, subs ...string) apidiscoveryv2.APIResourceDiscovery {
-	r := apidiscoveryv2.APIResourceDiscovery{Resource: name, Verbs: verbs, Scope: apidiscoveryv2.ScopeNamespace,
-		ResponseKind: &metav1.GroupVersionKind{Kind: kind}}
-	for _, s := range subs {
-		r.Subresources = append(r.Subresources, apidiscoveryv2.APISubresourceDiscovery{Subresource: s, Verbs: []string{"get", "update"}})
-	}
-	return r
-}
-
-// TestMergeDiscovery: the union of what every apiserver serves, core group left to /api,
-// verbs and subresources united, versions by priority, independent of the input order but
-// for groups.
-func TestMergeDiscovery(t *testing.T) {
-	core := group("", gv("v1", res("pods", "Pod", []string{"get", "list"})))
-	a := aggregated(core,
-		group("apps", gv("v1", res("deployments", "Deployment", []string{"get", "list"}, "status"))),
-		group("batch", gv("v1", res("jobs", "Job", []string{"create", "get", "list"}, "status"))),
-		group("autoscaling", gv("v1", res("horizontalpodautoscalers", "HorizontalPodAutoscaler", []string{"get"}))),
-	)
-	b := aggregated(core, // batch/v1 turned off, a newer autoscaling version and a new resource
-		group("apps", gv("v1",
-			res("statefulsets", "StatefulSet", []string{"get"}),
-			res("deployments", "Deployment", []string{"get", "list", "watch"}, "scale"))),
-		group("autoscaling", gv("v2", res("horizontalpodautoscalers", "HorizontalPodAutoscaler", []string{"get"})),
-			gv("v1", res("horizontalpodautoscalers", "HorizontalPodAutoscaler", []string{"get", "watch"}))),
-	)
-	m := MergeDiscovery([]*apidiscoveryv2.APIGroupDiscoveryList{b, a})
-	if m == nil {
-		t.Fatal("no merged document")
-	}
-	if again := MergeDiscovery([]*apidiscoveryv2.APIGroupDiscoveryList{a, b}); again == nil || string(again.JSON) != string(m.JSON) || again.ETag != m.ETag {
-		t.Errorf("the merge depends on the input order")
-	}
-	var got apidiscoveryv2.APIGroupDiscoveryList
-	if err := json.Unmarshal(m.JSON, &got); err != nil {
-		t.Fatal(err)
-	}
-	if got.Kind != "APIGroupDiscoveryList" || got.APIVersion != "apidiscovery.k8s.io/v2" {
-		t.Errorf("type %v", got.TypeMeta)
-	}
-	var names []string
-	for _, g := range got.Items {
-		names = append(names, g.Name)
-	}
-	if !slices.Equal(names, []string{"apps", "batch", "autoscaling"}) { // a's order: it has the most groups
-		t.Fatalf("groups %v", names)
-	}
-	apps := got.Items[0].Versions[0].Resources
-	if len(apps) != 2 || apps[0].Resource != "deployments" || apps[1].Resource != "statefulsets" {
-		t.Fatalf("apps/v1 resources %+v", apps)
-	}
-	if !slices.Equal(apps[0].Verbs, []string{"get", "list", "watch"}) || apps[0].ResponseKind.Kind != "Deployment" {
-		t.Errorf("deployments %+v", apps[0])
-	}
-	if len(apps[0].Subresources) != 2 || apps[0].Subresources[0].Subresource != "scale" || apps[0].Subresources[1].Subresource != "status" {
-		t.Errorf("deployments subresources %+v", apps[0].Subresources)
-	}
-	if jobs := got.Items[1].Versions[0].Resources; len(jobs) != 1 || jobs[0].Resource != "jobs" {
-		t.Errorf("batch/v1 %+v", jobs)
-	}
-	if vs := got.Items[2].Versions; len(vs) != 2 || vs[0].Version != "v2" || vs[1].Version != "v1" ||
-		!slices.Equal(vs[1].Resources[0].Verbs, []string{"get", "watch"}) {
-		t.Errorf("autoscaling versions %+v", vs)
-	}
-	if len(m.ETag) != 66 || m.ETag[0] != '"' {
-		t.Errorf("ETag %s", m.ETag)
-	}
-
-	// An apiserver whose discovery was rebuilt from legacy discovery: no merged view.
-	legacy := fromResourceLists([]*metav1.APIResourceList{{GroupVersion: "apps/v1", APIResources: []metav1.APIResource{{Name: "deployments", Verbs: []string{"get"}}}}})
-	if MergeDiscovery([]*apidiscoveryv2.APIGroupDiscoveryList{a, legacy}) != nil {
+	if objects.MergeDiscovery([]*apidiscoveryv2.APIGroupDiscoveryList{own, legacy}) != nil {
 		t.Error("merged with a legacy-only apiserver")
 	}
-	if MergeDiscovery([]*apidiscoveryv2.APIGroupDiscoveryList{a, nil}) != nil || MergeDiscovery(nil) != nil {
-		t.Error("merged with a missing document")
+	if len(legacy.Items) != 1 || legacy.Items[0].Name != "apps" || len(legacy.Items[0].Versions) != 1 {
+		t.Fatalf("regrouped %+v", legacy.Items)
+	}
+	if r := legacy.Items[0].Versions[0].Resources; len(r) != 1 || r[0].Resource != "deployments" ||
+		len(r[0].Subresources) != 1 || r[0].Subresources[0].Subresource != "status" {
+		t.Errorf("apps/v1 resources %+v", r)
 	}
 }

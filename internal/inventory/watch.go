@@ -26,6 +26,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/kube-mvp/kube-mvp/internal/inventory/objects"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 
@@ -46,7 +47,7 @@ const apisSettle = 3 * time.Second
 
 // WatchOptions configure a Watcher.
 type WatchOptions struct {
-	Options
+	objects.Options
 	// DiscoveryInterval is how often each live apiserver's discovery is fetched again even
 	// without a restart; zero means 60 s.
 	DiscoveryInterval time.Duration
@@ -104,7 +105,7 @@ func NewWatcher(cfg *rest.Config, opts WatchOptions, onChange func(*topology.Top
 		opts.Clock = time.Now
 	}
 	if opts.LivenessWindow == 0 {
-		opts.LivenessWindow = DefaultLivenessWindow
+		opts.LivenessWindow = objects.DefaultLivenessWindow
 	}
 	if opts.Log == nil {
 		opts.Log = slog.Default()
@@ -131,9 +132,9 @@ func (w *Watcher) Run(ctx context.Context) error {
 		DeleteFunc: func(any) { w.trigger() },
 	}
 	leaseFactory := informers.NewSharedInformerFactoryWithOptions(w.client, 0,
-		informers.WithNamespace(IdentityLeaseNamespace),
+		informers.WithNamespace(objects.IdentityLeaseNamespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.LabelSelector = IdentityLabel + "=" + IdentityLabelValue
+			o.LabelSelector = objects.IdentityLabel + "=" + objects.IdentityLabelValue
 		}))
 	leaseInformer := leaseFactory.Coordination().V1().Leases().Informer()
 	leaseInformer.AddEventHandler(kick)
@@ -211,7 +212,7 @@ func (w *Watcher) hasStorageVersionAPI(ctx context.Context) bool {
 // rebuild builds a Topology from the stores and hands it on. Discovery fetches for new or
 // restarted apiservers run in the background and trigger another rebuild when done.
 func (w *Watcher) rebuild(ctx context.Context) {
-	var objs Objects
+	var objs objects.Objects
 	for _, o := range w.leases.List() {
 		if l, ok := o.(*coordinationv1.Lease); ok {
 			objs.Leases = append(objs.Leases, *l)
@@ -229,7 +230,7 @@ func (w *Watcher) rebuild(ctx context.Context) {
 		if !ok {
 			continue
 		}
-		var s APIService
+		var s objects.APIService
 		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &s); err != nil {
 			w.opts.Log.Warn("APIService skipped", "name", u.GetName(), "error", err)
 			continue
@@ -241,7 +242,7 @@ func (w *Watcher) rebuild(ctx context.Context) {
 	opts := w.opts.Options
 	opts.Now = w.opts.Clock()
 	objs.Discovery = w.discoveryFor(ctx, objs.Leases, opts)
-	t, errs := Build(objs, opts)
+	t, errs := objects.Build(objs, opts)
 	for _, err := range errs {
 		w.opts.Log.Warn("inventory: object skipped or partly used", "error", err)
 	}
@@ -252,14 +253,14 @@ func (w *Watcher) rebuild(ctx context.Context) {
 
 // discoveryFor returns the discovery to use per live apiserver and starts fetches for those
 // whose copy is missing, stale, or from before a restart.
-func (w *Watcher) discoveryFor(ctx context.Context, leases []coordinationv1.Lease, opts Options) map[string]*apidiscoveryv2.APIGroupDiscoveryList {
+func (w *Watcher) discoveryFor(ctx context.Context, leases []coordinationv1.Lease, opts objects.Options) map[string]*apidiscoveryv2.APIGroupDiscoveryList {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	out := map[string]*apidiscoveryv2.APIGroupDiscoveryList{}
 	live := map[string]bool{}
 	for i := range leases {
 		l := &leases[i]
-		s, _ := apiserverFromLease(l, opts.Now, opts.LivenessWindow, opts.Addresses)
+		s, _ := objects.APIServerFromLease(l, opts)
 		if !s.Alive || s.Address == "" {
 			continue
 		}
@@ -326,7 +327,7 @@ func (w *Watcher) fetchDiscovery(ctx context.Context, s topology.APIServer, hold
 // FetchDiscovery asks one apiserver, at its own address, what it serves itself: the
 // aggregated discovery documents of /api and /apis with profile=nopeer (so a peer-aware
 // apiserver does not add its peers' APIs), kept whole for the merged discovery (see
-// MergeDiscovery); failing that, whatever client-go negotiates (plain v2, then v1), reduced
+// objects.MergeDiscovery); failing that, whatever client-go negotiates (plain v2, then v1), reduced
 // to resources and verbs.
 func FetchDiscovery(ctx context.Context, base *rest.Config, address, serverName string) (*apidiscoveryv2.APIGroupDiscoveryList, error) {
 	cfg := rest.CopyConfig(base)
@@ -352,7 +353,7 @@ func FetchDiscovery(ctx context.Context, base *rest.Config, address, serverName 
 }
 
 // fromResourceLists regroups client-go's per-group/version lists ("jobs" and "jobs/status"
-// side by side) into the aggregated form Build reads.
+// side by side) into the aggregated form objects.Build reads.
 func fromResourceLists(lists []*metav1.APIResourceList) *apidiscoveryv2.APIGroupDiscoveryList {
 	out := &apidiscoveryv2.APIGroupDiscoveryList{}
 	groups := map[string]int{}

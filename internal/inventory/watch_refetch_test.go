@@ -10,6 +10,8 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
+
+	"github.com/kube-mvp/kube-mvp/internal/inventory/objects"
 )
 
 // TestDiscoveryRefetchRule walks the watcher's decision of when to fetch an apiserver's
@@ -34,8 +36,8 @@ func TestDiscoveryRefetchRule(t *testing.T) {
 		renew := metav1.NewMicroTime(now)
 		return []coordinationv1.Lease{{
 			ObjectMeta: metav1.ObjectMeta{Name: id, Namespace: "kube-system",
-				Labels:      map[string]string{IdentityLabel: IdentityLabelValue, HostnameLabel: "cp-a"},
-				Annotations: map[string]string{PeerAdvertiseAnnotation: "127.0.0.1:1"}},
+				Labels:      map[string]string{objects.IdentityLabel: objects.IdentityLabelValue, objects.HostnameLabel: "cp-a"},
+				Annotations: map[string]string{objects.PeerAdvertiseAnnotation: "127.0.0.1:1"}},
 			Spec: coordinationv1.LeaseSpec{HolderIdentity: &holder, RenewTime: &renew},
 		}}
 	}
@@ -44,7 +46,7 @@ func TestDiscoveryRefetchRule(t *testing.T) {
 	step := func(after time.Duration, wantFetch bool, why string) {
 		t.Helper()
 		now := at(after)
-		w.discoveryFor(ctx, lease(now), Options{Now: now, LivenessWindow: 30 * time.Second})
+		w.discoveryFor(ctx, lease(now), objects.Options{Now: now, LivenessWindow: 30 * time.Second})
 		w.mu.Lock()
 		fetched := w.discovery[id].fetched
 		w.mu.Unlock()

@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/dynamic"
 
 	"github.com/kube-mvp/kube-mvp/internal/inventory"
+	"github.com/kube-mvp/kube-mvp/internal/inventory/objects"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 	"github.com/kube-mvp/kube-mvp/test/controlplane"
 )
@@ -47,7 +48,7 @@ func TestWatcherAgainstMixedControlPlane(t *testing.T) {
 	var latest atomic.Pointer[topology.Topology]
 	// Leases renew every 10 s; 15 s notices a dead server quickly without flapping.
 	w, err := inventory.NewWatcher(cp.Server("cp-b").RESTConfig(), inventory.WatchOptions{
-		Options: inventory.Options{LivenessWindow: 15 * time.Second},
+		Options: objects.Options{LivenessWindow: 15 * time.Second},
 		// Only a restart or a CRD change may refetch discovery in this test.
 		DiscoveryInterval: time.Hour,
 		Log:               slog.New(slog.NewTextHandler(tlog{t}, nil)),

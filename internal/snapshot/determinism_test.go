@@ -6,15 +6,15 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/kube-mvp/kube-mvp/internal/inventory"
+	"github.com/kube-mvp/kube-mvp/internal/inventory/objects"
 	"github.com/kube-mvp/kube-mvp/internal/snapshot"
 )
 
 // shuffled returns the objects of a fixture in a random order, down to the order of the
 // resources and subresources inside each discovery document.
-func shuffled(t *testing.T, name string, r *rand.Rand) inventory.Objects {
+func shuffled(t *testing.T, name string, r *rand.Rand) objects.Objects {
 	t.Helper()
-	objs, err := inventory.LoadFixture(filepath.Join("testdata", name+".in.yaml"))
+	objs, err := objects.LoadFixture(filepath.Join("testdata", name+".in.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +56,7 @@ func TestDeterminism(t *testing.T) {
 			var firstVersion string
 			for seed := range uint64(5) {
 				objs := shuffled(t, name, rand.New(rand.NewPCG(seed, seed*7919+1)))
-				topo, errs := inventory.Build(objs, inventory.Options{Now: goldenNow})
+				topo, errs := objects.Build(objs, objects.Options{Now: goldenNow})
 				if len(errs) > 0 {
 					t.Fatal(errs)
 				}

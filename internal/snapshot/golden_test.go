@@ -16,7 +16,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoregistry"
 	"google.golang.org/protobuf/types/known/anypb"
 
-	"github.com/kube-mvp/kube-mvp/internal/inventory"
+	"github.com/kube-mvp/kube-mvp/internal/inventory/objects"
 	"github.com/kube-mvp/kube-mvp/internal/snapshot"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
@@ -49,11 +49,11 @@ func testConfig() snapshot.Config {
 // loadCase builds the topology of testdata/<name>.in.yaml as the inventory would at goldenNow.
 func loadCase(t testing.TB, name string) *topology.Topology {
 	t.Helper()
-	objs, err := inventory.LoadFixture(filepath.Join("testdata", name+".in.yaml"))
+	objs, err := objects.LoadFixture(filepath.Join("testdata", name+".in.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	topo, errs := inventory.Build(objs, inventory.Options{Now: goldenNow})
+	topo, errs := objects.Build(objs, objects.Options{Now: goldenNow})
 	for _, err := range errs {
 		t.Errorf("inventory: %v", err)
 	}

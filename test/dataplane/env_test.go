@@ -36,7 +36,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/kube-mvp/kube-mvp/internal/extproc"
-	"github.com/kube-mvp/kube-mvp/internal/inventory"
+	"github.com/kube-mvp/kube-mvp/internal/inventory/objects"
 	"github.com/kube-mvp/kube-mvp/internal/snapshot"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 	"github.com/kube-mvp/kube-mvp/internal/xds"
@@ -324,11 +324,11 @@ func newEnv(t testing.TB, o envOptions) *env {
 		e.apiservers[host] = f
 		fixture = strings.ReplaceAll(fixture, ip+":6443", f.addr())
 	}
-	objs, err := inventory.DecodeFixture(strings.NewReader(fixture))
+	objs, err := objects.DecodeFixture(strings.NewReader(fixture))
 	if err != nil {
 		t.Fatal(err)
 	}
-	topo, warnings := inventory.Build(objs, inventory.Options{})
+	topo, warnings := objects.Build(objs, objects.Options{})
 	if topo == nil {
 		t.Fatalf("no topology: %v", warnings)
 	}

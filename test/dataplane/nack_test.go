@@ -27,18 +27,18 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	"sigs.k8s.io/yaml"
 
-	"github.com/kube-mvp/kube-mvp/internal/inventory"
+	"github.com/kube-mvp/kube-mvp/internal/inventory/objects"
 	"github.com/kube-mvp/kube-mvp/internal/snapshot"
 )
 
 // buildResources translates a fixture with test secrets and an extproc on a unix socket.
 func buildResources(t *testing.T, fixture string) *snapshot.Resources {
 	t.Helper()
-	objs, err := inventory.LoadFixture(filepath.Join("..", "..", "internal", "snapshot", "testdata", fixture+".in.yaml"))
+	objs, err := objects.LoadFixture(filepath.Join("..", "..", "internal", "snapshot", "testdata", fixture+".in.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	topo, _ := inventory.Build(objs, inventory.Options{})
+	topo, _ := objects.Build(objs, objects.Options{})
 	p := newPKI(t)
 	res, err := snapshot.Build(topo, snapshot.Config{ExtProcAddress: "unix:/nonexistent/extproc.sock", Secrets: p.files(t)})
 	if err != nil {

@@ -1,7 +1,4 @@
-// Package inventory is the only part of kube-mvp that talks to the Kubernetes API. It watches
-// identity Leases, StorageVersions and APIServices, fetches each live apiserver's discovery,
-// and turns what it saw into a topology.Topology with Build.
-package inventory
+package objects
 
 import (
 	"fmt"
@@ -85,7 +82,7 @@ func Build(objs Objects, opts Options) (*topology.Topology, []error) {
 
 	var servers []topology.APIServer
 	for i := range objs.Leases {
-		s, err := apiserverFromLease(&objs.Leases[i], opts.Now, window, opts.Addresses)
+		s, err := APIServerFromLease(&objs.Leases[i], opts)
 		if err != nil {
 			errs = append(errs, err)
 		}
@@ -153,7 +150,16 @@ func Build(objs Objects, opts Options) (*topology.Topology, []error) {
 	return t, errs
 }
 
-func apiserverFromLease(l *coordinationv1.Lease, now time.Time, window time.Duration, addresses map[string]string) (topology.APIServer, error) {
+// APIServerFromLease reads one identity Lease as Build does: the apiserver's ID, hostname and
+// address (the peer-advertise annotation, else Options.Addresses by hostname) and whether it
+// is alive at opts.Now. The Lease's own liveness only: Build may still count every apiserver
+// alive when all Leases are stale (see Build). An ID is returned with an error when only the
+// address is unusable; no ID when the Lease is not an apiserver identity Lease.
+func APIServerFromLease(l *coordinationv1.Lease, opts Options) (topology.APIServer, error) {
+	now, window, addresses := opts.Now, opts.LivenessWindow, opts.Addresses
+	if window == 0 {
+		window = DefaultLivenessWindow
+	}
 	name := "Lease " + l.Namespace + "/" + l.Name
 	if l.Labels[IdentityLabel] != IdentityLabelValue {
 		return topology.APIServer{}, fmt.Errorf("%s skipped: not an apiserver identity Lease (label %s=%s missing)", name, IdentityLabel, IdentityLabelValue)

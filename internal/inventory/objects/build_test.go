@@ -1,4 +1,4 @@
-package inventory_test
+package objects_test
 
 import (
 	"errors"
@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kube-mvp/kube-mvp/internal/inventory"
+	"github.com/kube-mvp/kube-mvp/internal/inventory/objects"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 
@@ -78,12 +78,12 @@ discovery:
 `
 
 func TestBuildFromFixture(t *testing.T) {
-	objs, err := inventory.DecodeFixture(strings.NewReader(mixedFixture))
+	objs, err := objects.DecodeFixture(strings.NewReader(mixedFixture))
 	if err != nil {
 		t.Fatal(err)
 	}
 	now, _ := time.Parse(time.RFC3339, "2026-11-23T10:00:10Z")
-	topo, errs := inventory.Build(objs, inventory.Options{Now: now, Addresses: map[string]string{"cp-b": "10.0.0.2:6443"}})
+	topo, errs := objects.Build(objs, objects.Options{Now: now, Addresses: map[string]string{"cp-b": "10.0.0.2:6443"}})
 
 	// Each bad piece is reported by name and nothing else is lost.
 	wantErrs := []string{`StorageVersion core.pods: apiserver apiserver-bbb: servedVersion "apps/v1" does not belong to group ""`, `StorageVersion nodot skipped`}
@@ -126,7 +126,7 @@ func TestBuildFromFixture(t *testing.T) {
 }
 
 func TestBuildSkipsBadLeases(t *testing.T) {
-	objs, err := inventory.DecodeFixture(strings.NewReader(`
+	objs, err := objects.DecodeFixture(strings.NewReader(`
 apiVersion: coordination.k8s.io/v1
 kind: Lease
 metadata: {name: some-controller, namespace: kube-system}
@@ -142,7 +142,7 @@ metadata:
 	if err != nil {
 		t.Fatal(err)
 	}
-	topo, errs := inventory.Build(objs, inventory.Options{})
+	topo, errs := objects.Build(objs, objects.Options{})
 	if len(errs) != 2 || !strings.Contains(errs[0].Error(), "Lease kube-system/some-controller skipped") ||
 		!strings.Contains(errs[1].Error(), `Lease kube-system/apiserver-ccc: annotation kubernetes.io/peer-advertise-address="10.0.0.3" is not host:port`) {
 		t.Fatalf("errors: %v", errs)
@@ -153,7 +153,7 @@ metadata:
 }
 
 func TestDecodeFixtureNamesBadDocuments(t *testing.T) {
-	_, err := inventory.DecodeFixture(strings.NewReader(`
+	_, err := objects.DecodeFixture(strings.NewReader(`
 apiVersion: v1
 kind: ConfigMap
 metadata: {name: x}
@@ -181,14 +181,14 @@ spec: {holderIdentity: 7, bogus: true}
 // control plane dead: every apiserver counts as alive (Envoy's health checks decide), and the
 // error says why. One fresh Lease is enough to judge the others normally.
 func TestAllLeasesStale(t *testing.T) {
-	objs, err := inventory.DecodeFixture(strings.NewReader(mixedFixture))
+	objs, err := objects.DecodeFixture(strings.NewReader(mixedFixture))
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts := inventory.Options{Addresses: map[string]string{"cp-b": "10.0.0.2:6443"}}
+	opts := objects.Options{Addresses: map[string]string{"cp-b": "10.0.0.2:6443"}}
 
 	opts.Now = time.Date(2026, 11, 23, 10, 0, 10, 0, time.UTC) // A fresh, B an hour old
-	topo, errs := inventory.Build(objs, opts)
+	topo, errs := objects.Build(objs, opts)
 	if live := topo.Live(); !slices.Equal(live, []string{"apiserver-aaa"}) {
 		t.Errorf("with A fresh: live %v, want only A", live)
 	}
@@ -199,7 +199,7 @@ func TestAllLeasesStale(t *testing.T) {
 	}
 
 	opts.Now = time.Date(2026, 11, 23, 11, 0, 0, 0, time.UTC) // both stale
-	topo, errs = inventory.Build(objs, opts)
+	topo, errs = objects.Build(objs, opts)
 	if live := topo.Live(); !slices.Equal(live, []string{"apiserver-aaa", "apiserver-bbb"}) {
 		t.Errorf("all stale: live %v, want both", live)
 	}

@@ -1,0 +1,11 @@
+// Package objects is kube-mvp's one path from Kubernetes objects to a topology.Topology:
+// Objects (identity Leases, StorageVersions, APIServices and each apiserver's discovery),
+// Build, which turns them into a Topology, MergeDiscovery, and the fixture format
+// (LoadFixture, DecodeFixture, APIServerDiscovery), the offline twin of a cluster.
+//
+// It is separate from internal/inventory, the live watcher, because extproc
+// (--source file:FIXTURE), `xds-server translate` and tests need exactly this and nothing of
+// the Kubernetes client machinery: this package and everything it imports must not import
+// k8s.io/client-go (k8s.io/api and k8s.io/apimachinery types are fine). cmd/extproc's
+// TestNoClientGo checks that.
+package objects
