@@ -8,6 +8,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -22,9 +23,17 @@ import (
 	"syscall"
 	"time"
 
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	grpcstatus "google.golang.org/grpc/status"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
+	"github.com/kube-mvp/kube-mvp/internal/cptls"
 	"github.com/kube-mvp/kube-mvp/internal/xds"
 	"github.com/kube-mvp/kube-mvp/test/controlplane"
 	"github.com/kube-mvp/kube-mvp/test/harness"
@@ -151,6 +160,18 @@ func run(ctx context.Context, out io.Writer, exit bool) error {
 		fmt.Fprintf(out, "  (clusters unavailable: %v)\n", err)
 	}
 
+	step("xds-server's gRPC port %s answers only the control plane's certificates", k.XDSAddress)
+	for _, c := range []struct {
+		who   string
+		creds credentials.TransportCredentials
+	}{
+		{"a client without a certificate", credentials.NewTLS(&tls.Config{InsecureSkipVerify: true})}, //nolint:gosec // an attacker's client
+		{"extproc's certificate asking for Envoy's secrets", roleCreds(k, cptls.RoleExtproc)},
+		{"a front Envoy's certificate", roleCreds(k, cptls.RoleEnvoyFront)},
+	} {
+		fmt.Fprintf(out, "  %-50s %s\n", c.who, askForSecrets(ctx, k.XDSAddress, c.creds))
+	}
+
 	if exit {
 		return nil
 	}
@@ -253,4 +274,44 @@ func getJSON(url string, v any) error {
 func firstLine(s string) string {
 	line, _, _ := strings.Cut(s, "\n")
 	return line
+}
+
+// roleCreds are a role's control-plane credentials in the deployment.
+func roleCreds(k *harness.KubeMVP, r cptls.Role) credentials.TransportCredentials {
+	c, err := cptls.Load(cptls.DirFiles(k.ControlPlaneTLS(r)), r, nil)
+	if err != nil {
+		return credentials.NewTLS(&tls.Config{}) //nolint:gosec // fails the handshake, as it should
+	}
+	return credentials.NewTLS(c.ClientConfig())
+}
+
+// askForSecrets asks xds-server's ADS for the secrets and says what came back.
+func askForSecrets(ctx context.Context, addr string, creds credentials.TransportCredentials) string {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
+	if err != nil {
+		return "refused: " + err.Error()
+	}
+	defer conn.Close()
+	stream, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
+	if err == nil {
+		// In ADS mode the cache answers a request that names every secret of the snapshot.
+		err = stream.Send(&discovery.DiscoveryRequest{Node: &core.Node{Id: "demo-visitor"}, TypeUrl: resourcev3.SecretType,
+			ResourceNames: []string{"kube-mvp-client-ca", "kube-mvp-peer-ca", "kube-mvp-proxy-client-cert", "kube-mvp-serving-cert"}})
+	}
+	var resp *discovery.DiscoveryResponse
+	if err == nil {
+		resp, err = stream.Recv()
+	}
+	if err != nil {
+		return "refused: " + grpcstatus.Code(err).String()
+	}
+	for _, a := range resp.GetResources() {
+		var s tlsv3.Secret
+		if a.UnmarshalTo(&s) == nil && s.GetName() == "kube-mvp-proxy-client-cert" {
+			return "answered: private_key is the file " + s.GetTlsCertificate().GetPrivateKey().GetFilename()
+		}
+	}
+	return "answered, but not with the proxy client secret"
 }

@@ -32,7 +32,11 @@ func TestDemo(t *testing.T) {
 	if rr, ok := got["round-robin"]; !ok || rr == 6 {
 		t.Errorf("through round-robin %d of 6 succeeded (found: %v); the contrast is gone", rr, ok)
 	}
-	for _, want := range []string{"/apis/batch/v1/jobs", "kube-apiservers-only-cp-a", "  FAIL  "} {
+	for _, want := range []string{"/apis/batch/v1/jobs", "kube-apiservers-only-cp-a", "  FAIL  ",
+		// The control plane's channel: no certificate or the wrong role gets nothing.
+		"a client without a certificate                     refused: Unavailable",
+		"extproc's certificate asking for Envoy's secrets   refused: PermissionDenied",
+		"a front Envoy's certificate                        answered: private_key is the file /"} {
 		if !bytes.Contains(out.Bytes(), []byte(want)) {
 			t.Errorf("demo output lacks %q", want)
 		}
