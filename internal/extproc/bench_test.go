@@ -11,6 +11,7 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
 
+	"github.com/kube-mvp/kube-mvp/internal/contract"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 
@@ -47,7 +48,7 @@ func benchRequests(withCert bool) []*extprocv3.ProcessingRequest {
 		"x-envoy-expected-rq-timeout-ms", "0",
 	}
 	if withCert {
-		common = append(common, headerXFCC, "Hash="+strings.Repeat("5a", 32)+`;Subject="CN=system:node:worker-1,O=system:nodes";URI=`)
+		common = append(common, contract.HeaderXFCC, "Hash="+strings.Repeat("5a", 32)+`;Subject="CN=system:node:worker-1,O=system:nodes";URI=`)
 	}
 	var reqs []*extprocv3.ProcessingRequest
 	for _, rl := range [][2]string{

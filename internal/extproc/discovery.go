@@ -10,6 +10,7 @@ import (
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/kube-mvp/kube-mvp/internal/contract"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 
@@ -20,8 +21,6 @@ import (
 // apiserver answers 200 with aggregated discovery does extproc replace the answer. It asks
 // Envoy for the response headers with mode_override (the filter has allow_mode_override),
 // and answers them with an immediate response, so Envoy never buffers the apiserver's body.
-
-const aggregatedJSON = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
 
 // discoveryState is what a stream remembers between the request and the response headers.
 type discoveryState struct {
@@ -84,7 +83,7 @@ func (s *Server) mergedDiscoveryResponse(h *extprocv3.HttpHeaders, st *discovery
 		return continueResponseHeaders
 	}
 	headers := &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{
-		setHeader("content-type", aggregatedJSON, false),
+		setHeader("content-type", contract.MediaTypeAggregatedDiscovery, false),
 		setHeader("etag", st.doc.ETag, false),
 		setHeader("vary", "Accept", false),
 	}}

@@ -7,6 +7,8 @@ import (
 	"sync"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+
+	"github.com/kube-mvp/kube-mvp/internal/contract"
 )
 
 // Client identity: the front-proxy half (README, "Identity" and "Security model").
@@ -59,18 +61,11 @@ import (
 
 // Header names. Envoy hands us lower-case names; we compare case-insensitively anyway.
 const (
-	headerXFCC         = "x-forwarded-client-cert"
-	headerRemoteUser   = "x-remote-user"
-	headerRemoteGroup  = "x-remote-group"
-	headerRemoteUID    = "x-remote-uid"
-	headerRemoteExtra  = "x-remote-extra-" // a prefix
-	headerPeerProxied  = "x-kubernetes-peer-proxied"
-	headerRouteCluster = "x-kube-mvp-cluster"
 
 	// headerCredentialID is X-Remote-Extra- plus "authentication.kubernetes.io/credential-id"
 	// (k8s.io/apiserver user.CredentialIDKey) percent-encoded, as the requestheader
 	// authenticator path-unescapes extra keys.
-	headerCredentialID = headerRemoteExtra + "authentication.kubernetes.io%2fcredential-id"
+	headerCredentialID = contract.HeaderRemoteExtraPrefix + "authentication.kubernetes.io%2fcredential-id"
 )
 
 // identityResult classifies what a request told about its client.
@@ -106,8 +101,8 @@ func (r identityResult) String() string {
 
 // unauthenticatedIdentity is what the apiserver's anonymous authenticator yields.
 var unauthenticatedIdentity = &clientIdentity{res: identityUnauthenticated, set: []*corev3.HeaderValueOption{
-	setHeader(headerRemoteUser, "system:anonymous", false),
-	setHeader(headerRemoteGroup, "system:unauthenticated", false),
+	setHeader(contract.HeaderRemoteUser, "system:anonymous", false),
+	setHeader(contract.HeaderRemoteGroup, "system:unauthenticated", false),
 }}
 
 // identity is a client certificate's Kubernetes user.
@@ -126,14 +121,14 @@ func identityFromXFCC(values []string) (identity, identityResult, error) {
 		return identity{}, identityNone, nil
 	case 1:
 	default:
-		return identity{}, identityRejected, fmt.Errorf("%d %s headers; SANITIZE_SET leaves at most one", len(values), headerXFCC)
+		return identity{}, identityRejected, fmt.Errorf("%d %s headers; SANITIZE_SET leaves at most one", len(values), contract.HeaderXFCC)
 	}
 	elements, err := splitXFCC(values[0])
 	if err != nil {
 		return identity{}, identityRejected, err
 	}
 	if len(elements) != 1 {
-		return identity{}, identityRejected, fmt.Errorf("%d %s elements; SANITIZE_SET sets exactly one (a comma in a URI SAN also splits it)", len(elements), headerXFCC)
+		return identity{}, identityRejected, fmt.Errorf("%d %s elements; SANITIZE_SET sets exactly one (a comma in a URI SAN also splits it)", len(elements), contract.HeaderXFCC)
 	}
 	var subject, hash string
 	var subjects, hashes int
@@ -149,10 +144,10 @@ func identityFromXFCC(values []string) (identity, identityResult, error) {
 		}
 	}
 	if subjects != 1 {
-		return identity{}, identityRejected, fmt.Errorf("%d Subject keys in %s, want 1 (the listener must set set_current_client_cert_details.subject)", subjects, headerXFCC)
+		return identity{}, identityRejected, fmt.Errorf("%d Subject keys in %s, want 1 (the listener must set set_current_client_cert_details.subject)", subjects, contract.HeaderXFCC)
 	}
 	if hashes > 1 || (hashes == 1 && !isLowerHex(hash, 64)) {
-		return identity{}, identityRejected, fmt.Errorf("%s Hash is not one SHA-256 digest", headerXFCC)
+		return identity{}, identityRejected, fmt.Errorf("%s Hash is not one SHA-256 digest", contract.HeaderXFCC)
 	}
 	id, res, err := identityFromSubject(subject)
 	if res == identityForwarded && hashes == 1 {
@@ -286,7 +281,7 @@ func splitXFCC(h string) ([][]xfccPair, error) {
 			i++
 		}
 		if i == len(h) || h[i] != '=' || i == start {
-			return nil, fmt.Errorf("%s: expected key= at byte %d", headerXFCC, start)
+			return nil, fmt.Errorf("%s: expected key= at byte %d", contract.HeaderXFCC, start)
 		}
 		p := xfccPair{key: h[start:i]}
 		i++
@@ -299,7 +294,7 @@ func splitXFCC(h string) ([][]xfccPair, error) {
 				}
 			}
 			if i >= len(h) {
-				return nil, fmt.Errorf("%s: unterminated quoted value of %s", headerXFCC, p.key)
+				return nil, fmt.Errorf("%s: unterminated quoted value of %s", contract.HeaderXFCC, p.key)
 			}
 			p.value, p.quoted = h[start:i], true
 			i++
@@ -307,7 +302,7 @@ func splitXFCC(h string) ([][]xfccPair, error) {
 			start = i
 			for i < len(h) && h[i] != ';' && h[i] != ',' {
 				if h[i] == '"' {
-					return nil, fmt.Errorf("%s: stray quote in value of %s", headerXFCC, p.key)
+					return nil, fmt.Errorf("%s: stray quote in value of %s", contract.HeaderXFCC, p.key)
 				}
 				i++
 			}
@@ -322,7 +317,7 @@ func splitXFCC(h string) ([][]xfccPair, error) {
 		case ',':
 			elements, cur = append(elements, cur), nil
 		default:
-			return nil, fmt.Errorf("%s: unexpected %q after value of %s", headerXFCC, h[i], p.key)
+			return nil, fmt.Errorf("%s: unexpected %q after value of %s", contract.HeaderXFCC, h[i], p.key)
 		}
 		i++
 	}
@@ -451,14 +446,14 @@ func newClientIdentity(values []string) *clientIdentity {
 	if res != identityForwarded {
 		return ci
 	}
-	ci.set = append(ci.set, setHeader(headerRemoteUser, id.user, false))
+	ci.set = append(ci.set, setHeader(contract.HeaderRemoteUser, id.user, false))
 	if id.uid != "" {
-		ci.set = append(ci.set, setHeader(headerRemoteUID, id.uid, false))
+		ci.set = append(ci.set, setHeader(contract.HeaderRemoteUID, id.uid, false))
 	}
 	for i, g := range id.groups {
 		// The first group replaces, each other adds a header: the requestheader
 		// authenticator reads one group per header value.
-		ci.set = append(ci.set, setHeader(headerRemoteGroup, g, i > 0))
+		ci.set = append(ci.set, setHeader(contract.HeaderRemoteGroup, g, i > 0))
 	}
 	if id.credentialID != "" {
 		ci.set = append(ci.set, setHeader(headerCredentialID, id.credentialID, false))

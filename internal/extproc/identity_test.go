@@ -18,6 +18,8 @@ import (
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+
+	"github.com/kube-mvp/kube-mvp/internal/contract"
 )
 
 var (
@@ -311,9 +313,9 @@ func TestIdentityCache(t *testing.T) {
 	c := newIdentityCache(2)
 	hv := func(v string, raw bool) *corev3.HeaderValue {
 		if raw {
-			return &corev3.HeaderValue{Key: headerXFCC, RawValue: []byte(v)}
+			return &corev3.HeaderValue{Key: contract.HeaderXFCC, RawValue: []byte(v)}
 		}
-		return &corev3.HeaderValue{Key: headerXFCC, Value: v}
+		return &corev3.HeaderValue{Key: contract.HeaderXFCC, Value: v}
 	}
 	if c.get(nil) != noIdentity {
 		t.Error("no header: want noIdentity")

@@ -6,6 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kube-mvp/kube-mvp/internal/contract"
 	tablestream "github.com/kube-mvp/kube-mvp/internal/table"
 )
 
@@ -31,7 +32,7 @@ const (
 
 // Client-supplied headers we strip, for kube_mvp_extproc_stripped_headers_total.
 var strippedNames = [...]string{
-	headerRemoteUser, headerRemoteGroup, headerRemoteUID, "x-remote-extra-*", headerPeerProxied, headerRouteCluster,
+	contract.HeaderRemoteUser, contract.HeaderRemoteGroup, contract.HeaderRemoteUID, "x-remote-extra-*", contract.HeaderPeerProxied, contract.HeaderRoutingCluster,
 }
 
 const (

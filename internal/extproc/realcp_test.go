@@ -8,6 +8,7 @@ import (
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 
+	"github.com/kube-mvp/kube-mvp/internal/contract"
 	"github.com/kube-mvp/kube-mvp/internal/inventory"
 	tablestream "github.com/kube-mvp/kube-mvp/internal/table"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
@@ -98,7 +99,7 @@ func waitDecision(t *testing.T, client extprocv3.ExternalProcessorClient, method
 	for {
 		resp := call(t, client, request(method, path))
 		for _, h := range resp.GetRequestHeaders().GetResponse().GetHeaderMutation().GetSetHeaders() {
-			if h.GetHeader().GetKey() == headerRouteCluster && string(h.GetHeader().GetRawValue()) == cluster {
+			if h.GetHeader().GetKey() == contract.HeaderRoutingCluster && string(h.GetHeader().GetRawValue()) == cluster {
 				return
 			}
 		}

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/kube-mvp/kube-mvp/internal/contract"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 
@@ -22,7 +23,7 @@ import (
 // remove_headers takes exact names only, so client-supplied X-Remote-Extra-* headers are
 // added per request, by name. Shared by every response: never modified.
 var fixedRemovals = []string{
-	headerRemoteUser, headerRemoteGroup, headerRemoteUID, headerPeerProxied, headerRouteCluster, headerXFCC,
+	contract.HeaderRemoteUser, contract.HeaderRemoteGroup, contract.HeaderRemoteUID, contract.HeaderPeerProxied, contract.HeaderRoutingCluster, contract.HeaderXFCC,
 }
 
 // table is one routing table with everything derived from it that requests need, so a
@@ -93,10 +94,10 @@ func newRoute(t *topology.Topology, d topology.Decision, m *metrics) *route {
 		return r
 	}
 	r.cluster = t.ClusterFor(d)
-	r.set = []*corev3.HeaderValueOption{setHeader(headerRouteCluster, r.cluster, false)}
+	r.set = []*corev3.HeaderValueOption{setHeader(contract.HeaderRoutingCluster, r.cluster, false)}
 	if d.Outcome == topology.Subset {
 		// An apiserver that runs upstream's in-process MVP must not proxy the request again.
-		r.set = append(r.set, setHeader(headerPeerProxied, "true", false))
+		r.set = append(r.set, setHeader(contract.HeaderPeerProxied, "true", false))
 	}
 	r.resp = headersResponse(r.set, fixedRemovals)
 	return r

@@ -28,6 +28,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/kube-mvp/kube-mvp/internal/contract"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 
@@ -218,19 +219,19 @@ func (s *Server) requestHeaders(h *extprocv3.HttpHeaders, anonymous bool, disc *
 			continue
 		}
 		switch {
-		case equalFold(k, headerXFCC):
+		case equalFold(k, contract.HeaderXFCC):
 			xfcc, xfccCount = hv, xfccCount+1
-		case equalFold(k, headerRemoteUser):
+		case equalFold(k, contract.HeaderRemoteUser):
 			stripped |= strippedUser
-		case equalFold(k, headerRemoteGroup):
+		case equalFold(k, contract.HeaderRemoteGroup):
 			stripped |= strippedGroup
-		case equalFold(k, headerRemoteUID):
+		case equalFold(k, contract.HeaderRemoteUID):
 			stripped |= strippedUID
-		case equalFold(k, headerPeerProxied):
+		case equalFold(k, contract.HeaderPeerProxied):
 			stripped |= strippedPeerProxied
-		case equalFold(k, headerRouteCluster):
+		case equalFold(k, contract.HeaderRoutingCluster):
 			stripped |= strippedRouteCluster
-		case len(k) > len(headerRemoteExtra) && equalFold(k[:len(headerRemoteExtra)], headerRemoteExtra):
+		case len(k) > len(contract.HeaderRemoteExtraPrefix) && equalFold(k[:len(contract.HeaderRemoteExtraPrefix)], contract.HeaderRemoteExtraPrefix):
 			stripped |= strippedExtra
 			extras = append(extras, toLower(k))
 		}

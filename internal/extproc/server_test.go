@@ -11,6 +11,7 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 
+	"github.com/kube-mvp/kube-mvp/internal/contract"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 
@@ -47,15 +48,15 @@ func checkResponse(t *testing.T, req *extprocv3.HttpHeaders, resp *extprocv3.Pro
 		}
 	}
 	hs := applyMutation(t, req, resp)
-	if got := values(hs, headerRouteCluster); !slices.Equal(got, []string{w.cluster}) {
-		t.Errorf("%s = %q, want %q", headerRouteCluster, got, w.cluster)
+	if got := values(hs, contract.HeaderRoutingCluster); !slices.Equal(got, []string{w.cluster}) {
+		t.Errorf("%s = %q, want %q", contract.HeaderRoutingCluster, got, w.cluster)
 	}
 	var wantProxied []string
 	if w.subset {
 		wantProxied = []string{"true"}
 	}
-	if got := values(hs, headerPeerProxied); !slices.Equal(got, wantProxied) {
-		t.Errorf("%s = %q, want %q", headerPeerProxied, got, wantProxied)
+	if got := values(hs, contract.HeaderPeerProxied); !slices.Equal(got, wantProxied) {
+		t.Errorf("%s = %q, want %q", contract.HeaderPeerProxied, got, wantProxied)
 	}
 }
 
@@ -246,7 +247,7 @@ func TestMalformedRequests(t *testing.T) {
 			if resp.GetRequestHeaders() == nil && resp.GetImmediateResponse() == nil {
 				t.Fatalf("no answer: %v", resp)
 			}
-			if resp.GetRequestHeaders() != nil && len(values(applyMutation(t, req, resp), headerRouteCluster)) != 1 {
+			if resp.GetRequestHeaders() != nil && len(values(applyMutation(t, req, resp), contract.HeaderRoutingCluster)) != 1 {
 				t.Errorf("no cluster chosen: %v", resp)
 			}
 		})

@@ -10,6 +10,7 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/kube-mvp/kube-mvp/internal/contract"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 
@@ -61,14 +62,14 @@ func TestSpoofedHeaders(t *testing.T) {
 		{"spoofed, no certificate, subset route", "/apis/batch/v1/jobs", spoofed, subset("kube-apiservers-only-cp-a"), nil, nil},
 		{"spoofed in mixed case", "/apis/batch/v1/jobs", mixedCase, subset("kube-apiservers-only-cp-a"), nil, []string{"x-remote-extra-scopes"}},
 		{"spoofed, non-resource", "/healthz", spoofed, routed("kube-apiservers"), nil, nil},
-		{"certificate only", "/api/v1/pods", []string{headerXFCC, xfcc}, routed("kube-apiservers"), alice, nil},
-		{"certificate and spoofed", "/api/v1/pods", append([]string{headerXFCC, xfcc}, spoofed...), routed("kube-apiservers"), alice, nil},
-		{"certificate and spoofed, subset route", "/apis/batch/v1/namespaces/x/cronjobs", append(slices.Clone(spoofed), headerXFCC, xfcc), subset("kube-apiservers-only-cp-a"), alice, nil},
+		{"certificate only", "/api/v1/pods", []string{contract.HeaderXFCC, xfcc}, routed("kube-apiservers"), alice, nil},
+		{"certificate and spoofed", "/api/v1/pods", append([]string{contract.HeaderXFCC, xfcc}, spoofed...), routed("kube-apiservers"), alice, nil},
+		{"certificate and spoofed, subset route", "/apis/batch/v1/namespaces/x/cronjobs", append(slices.Clone(spoofed), contract.HeaderXFCC, xfcc), subset("kube-apiservers-only-cp-a"), alice, nil},
 		{"certificate in a mixed-case header", "/api/v1/pods", append([]string{"X-Forwarded-Client-Cert", xfcc}, mixedCase...), routed("kube-apiservers"), alice, nil},
-		{"certificate without CN", "/api/v1/pods", append([]string{headerXFCC, `Hash=` + hash + `;Subject="O=system:masters";URI=`}, spoofed...), routed("kube-apiservers"), nil, nil},
-		{"two XFCC headers", "/api/v1/pods", append([]string{headerXFCC, xfcc, headerXFCC, `Subject="CN=system:admin"`}, spoofed...), routed("kube-apiservers"), nil, nil},
-		{"XFCC with two elements", "/api/v1/pods", append([]string{headerXFCC, `Subject="CN=mallory",` + xfcc}, spoofed...), routed("kube-apiservers"), nil, nil},
-		{"certificate, but no live server: 503 all the same", "/apis/storagemigration.k8s.io/v1alpha1/storageversionmigrations", append([]string{headerXFCC, xfcc}, spoofed...),
+		{"certificate without CN", "/api/v1/pods", append([]string{contract.HeaderXFCC, `Hash=` + hash + `;Subject="O=system:masters";URI=`}, spoofed...), routed("kube-apiservers"), nil, nil},
+		{"two XFCC headers", "/api/v1/pods", append([]string{contract.HeaderXFCC, xfcc, contract.HeaderXFCC, `Subject="CN=system:admin"`}, spoofed...), routed("kube-apiservers"), nil, nil},
+		{"XFCC with two elements", "/api/v1/pods", append([]string{contract.HeaderXFCC, `Subject="CN=mallory",` + xfcc}, spoofed...), routed("kube-apiservers"), nil, nil},
+		{"certificate, but no live server: 503 all the same", "/apis/storagemigration.k8s.io/v1alpha1/storageversionmigrations", append([]string{contract.HeaderXFCC, xfcc}, spoofed...),
 			unavailable("storagemigration.k8s.io/v1alpha1/storageversionmigrations"), nil, nil},
 	}
 	for _, c := range cases {
@@ -83,17 +84,17 @@ func TestSpoofedHeaders(t *testing.T) {
 			var gotUser, gotUID, gotExtra []string
 			for _, h := range hs {
 				switch {
-				case h.name == headerRemoteUser:
+				case h.name == contract.HeaderRemoteUser:
 					gotUser = append(gotUser, h.value)
-				case h.name == headerRemoteUID:
+				case h.name == contract.HeaderRemoteUID:
 					gotUID = append(gotUID, h.value)
-				case strings.HasPrefix(h.name, headerRemoteExtra):
+				case strings.HasPrefix(h.name, contract.HeaderRemoteExtraPrefix):
 					gotExtra = append(gotExtra, h.name+": "+h.value)
-				case h.name == headerXFCC:
+				case h.name == contract.HeaderXFCC:
 					t.Errorf("XFCC reaches the apiserver: %q", h.value)
 				}
 			}
-			gotGroups := values(hs, headerRemoteGroup)
+			gotGroups := values(hs, contract.HeaderRemoteGroup)
 			if c.ident == nil {
 				if gotUser != nil || gotGroups != nil || gotUID != nil || gotExtra != nil {
 					t.Errorf("identity headers reach the apiserver: user %q groups %q uid %q extra %q", gotUser, gotGroups, gotUID, gotExtra)
@@ -146,7 +147,7 @@ func TestAnonymousCaller(t *testing.T) {
 			subset("kube-apiservers-only-cp-a"), []string{"system:anonymous"}, []string{"system:unauthenticated"}},
 		{"anonymous, non-resource", anon, nil, "/readyz",
 			routed("kube-apiservers"), []string{"system:anonymous"}, []string{"system:unauthenticated"}},
-		{"anonymous route but a certificate", anon, []string{headerXFCC, xfcc}, "/api/v1/pods",
+		{"anonymous route but a certificate", anon, []string{contract.HeaderXFCC, xfcc}, "/api/v1/pods",
 			routed("kube-apiservers"), []string{"alice"}, []string{"team-a"}},
 		{"other metadata value", []string{topology.AnonymousCallerMetadata[0], "someone"}, spoofed, "/api/v1/pods",
 			routed("kube-apiservers"), nil, nil},
@@ -166,10 +167,10 @@ func TestAnonymousCaller(t *testing.T) {
 			}
 			checkResponse(t, req, resp, c.want)
 			hs := applyMutation(t, req, resp)
-			if got := values(hs, headerRemoteUser); !slices.Equal(got, c.user) {
+			if got := values(hs, contract.HeaderRemoteUser); !slices.Equal(got, c.user) {
 				t.Errorf("X-Remote-User %q, want %q", got, c.user)
 			}
-			if got := values(hs, headerRemoteGroup); !slices.Equal(got, c.groups) {
+			if got := values(hs, contract.HeaderRemoteGroup); !slices.Equal(got, c.groups) {
 				t.Errorf("X-Remote-Group %q, want %q", got, c.groups)
 			}
 			if got := values(hs, "x-remote-extra-scopes"); got != nil {

@@ -9,26 +9,23 @@ import (
 	apidiscoveryv2 "k8s.io/api/apidiscovery/v2"
 	"k8s.io/client-go/rest"
 
+	"github.com/kube-mvp/kube-mvp/internal/contract"
 	"github.com/kube-mvp/kube-mvp/internal/inventory/objects"
 )
 
 // Fetching discovery. The merge of what was fetched is objects.MergeDiscovery.
-
-// AggregatedAccept asks for aggregated discovery; with ";profile=nopeer" an apiserver that
-// merges its peers' documents itself answers with its own only.
-const AggregatedAccept = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
 
 // fetchAggregated reads /api and /apis as aggregated discovery, without peers, into one list.
 func fetchAggregated(ctx context.Context, c rest.Interface) (*apidiscoveryv2.APIGroupDiscoveryList, error) {
 	out := &apidiscoveryv2.APIGroupDiscoveryList{}
 	for _, path := range []string{"/api", "/apis"} {
 		var contentType string
-		body, err := c.Get().AbsPath(path).SetHeader("Accept", AggregatedAccept+";profile=nopeer").
+		body, err := c.Get().AbsPath(path).SetHeader("Accept", contract.MediaTypeAggregatedDiscovery+";profile=nopeer").
 			Do(ctx).ContentType(&contentType).Raw()
 		if err != nil {
 			return nil, err
 		}
-		if !strings.HasPrefix(contentType, AggregatedAccept) {
+		if !strings.HasPrefix(contentType, contract.MediaTypeAggregatedDiscovery) {
 			return nil, fmt.Errorf("GET %s: content type %q is not aggregated discovery", path, contentType)
 		}
 		var l apidiscoveryv2.APIGroupDiscoveryList

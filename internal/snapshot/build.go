@@ -48,13 +48,6 @@ const (
 	previousHostsPredicateNm = "envoy.retry_host_predicates.previous_hosts"
 )
 
-// Headers kube-mvp strips from clients or reads.
-const (
-	headerRemotePrefix = "x-remote-"
-	headerPeerProxied  = "x-kubernetes-peer-proxied"
-	headerXFCC         = "x-forwarded-client-cert"
-)
-
 // Resources is one complete Envoy configuration, every list sorted by resource name. Treat it
 // as immutable: resources share sub-messages (the upstream TLS context of every apiserver
 // cluster is one message), and the versions are computed once.

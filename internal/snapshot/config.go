@@ -16,7 +16,6 @@ const (
 	DefaultListenPort            = 6443
 	DefaultExtProcAddress        = "127.0.0.1:9001"
 	DefaultExtProcMessageTimeout = 200 * time.Millisecond
-	DefaultRoutingHeader         = "x-kube-mvp-cluster"
 	DefaultUpstreamServerName    = "kubernetes.default.svc"
 )
 
@@ -35,9 +34,6 @@ type Config struct {
 	// ExtProcMessageTimeout bounds how long Envoy waits for extproc's answer to one request's
 	// headers; default 200ms. When it expires the request fails (see the package doc).
 	ExtProcMessageTimeout time.Duration
-	// RoutingHeader is the request header in which extproc names the cluster; default
-	// x-kube-mvp-cluster. It must be what extproc sets.
-	RoutingHeader string
 	// UpstreamServerName is the SNI Envoy sends to the apiservers and the DNS SAN it requires
 	// in their serving certificates; default kubernetes.default.svc.
 	UpstreamServerName string
@@ -108,9 +104,6 @@ func (c Config) withDefaults() Config {
 	if c.ExtProcMessageTimeout == 0 {
 		c.ExtProcMessageTimeout = DefaultExtProcMessageTimeout
 	}
-	if c.RoutingHeader == "" {
-		c.RoutingHeader = DefaultRoutingHeader
-	}
 	if c.UpstreamServerName == "" {
 		c.UpstreamServerName = DefaultUpstreamServerName
 	}
@@ -152,12 +145,6 @@ func (c Config) check() (config, []error) {
 	}
 	if cfg.ExtProcMessageTimeout < time.Millisecond || cfg.ExtProcMessageTimeout > time.Hour {
 		bad("ExtProcMessageTimeout", "%v is not between 1ms and 1h", cfg.ExtProcMessageTimeout)
-	}
-	switch {
-	case !validHeaderName(cfg.RoutingHeader):
-		bad("RoutingHeader", "%q is not a lower-case HTTP header name", cfg.RoutingHeader)
-	case strings.HasPrefix(cfg.RoutingHeader, headerRemotePrefix) || cfg.RoutingHeader == headerPeerProxied || cfg.RoutingHeader == headerXFCC:
-		bad("RoutingHeader", "%q collides with a header kube-mvp strips or sets for another purpose", cfg.RoutingHeader)
 	}
 	if strings.ContainsAny(cfg.UpstreamServerName, " /:") || cfg.UpstreamServerName != strings.ToLower(cfg.UpstreamServerName) {
 		bad("UpstreamServerName", "%q is not a lower-case DNS name", cfg.UpstreamServerName)
@@ -211,20 +198,4 @@ func parseExtProcAddress(a string) (extProcAddress, error) {
 		return extProcAddress{}, errors.New("host is empty")
 	}
 	return extProcAddress{host: host, port: uint32(n), isIP: net.ParseIP(host) != nil}, nil
-}
-
-// validHeaderName accepts lower-case RFC 9110 tokens (Envoy keys headers in lower case).
-func validHeaderName(h string) bool {
-	if h == "" {
-		return false
-	}
-	for _, c := range h {
-		switch {
-		case c >= 'a' && c <= 'z', c >= '0' && c <= '9':
-		case strings.ContainsRune("!#$%&'*+-.^_`|~", c):
-		default:
-			return false
-		}
-	}
-	return true
 }

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/kube-mvp/kube-mvp/internal/contract"
 	"github.com/kube-mvp/kube-mvp/internal/snapshot"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
@@ -151,7 +152,7 @@ func TestRoutingFacts(t *testing.T) {
 			def := topo.DefaultClusterName()
 
 			// Fixed routes first and last, in order.
-			if r := routes[0]; r.name != snapshot.RouteRoutingHeader || r.header != snapshot.DefaultRoutingHeader || r.cluster != "header:"+snapshot.DefaultRoutingHeader || r.extProc {
+			if r := routes[0]; r.name != snapshot.RouteRoutingHeader || r.header != contract.HeaderRoutingCluster || r.cluster != "header:"+contract.HeaderRoutingCluster || r.extProc {
 				t.Errorf("first route = %+v, want the routing-header route with ext_proc off", r)
 			}
 			if r := routes[1]; r.name != snapshot.RouteClientCertificate || r.header != "x-forwarded-client-cert" || r.cluster != def || !r.extProc {

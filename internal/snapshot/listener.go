@@ -16,6 +16,8 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/kube-mvp/kube-mvp/internal/contract"
 )
 
 // extProcErrorStatus is the status Envoy's ext_proc filter answers with when extproc fails
@@ -99,12 +101,12 @@ func (b *builder) stripClientHeaders() *earlymutationv3.HeaderMutation {
 	return &earlymutationv3.HeaderMutation{Mutations: []*mutationrulesv3.HeaderMutation{
 		{Action: &mutationrulesv3.HeaderMutation_RemoveOnMatch_{RemoveOnMatch: &mutationrulesv3.HeaderMutation_RemoveOnMatch{
 			KeyMatcher: &matcherv3.StringMatcher{
-				MatchPattern: &matcherv3.StringMatcher_Prefix{Prefix: headerRemotePrefix},
+				MatchPattern: &matcherv3.StringMatcher_Prefix{Prefix: contract.HeaderRemotePrefix},
 				IgnoreCase:   true,
 			},
 		}}},
-		remove(headerPeerProxied),
-		remove(b.cfg.RoutingHeader),
+		remove(contract.HeaderPeerProxied),
+		remove(contract.HeaderRoutingCluster),
 	}}
 }
 
@@ -113,8 +115,8 @@ func (b *builder) extProcFilter() *extprocv3.ExternalProcessor {
 	// (disallow_is_error) rather than being silently dropped. Its immediate responses (the
 	// 503 Status, the merged discovery) are checked with the same rules (Envoy ≥ 1.32), so
 	// their content-type, etag and vary are allowed too.
-	allowed := "^(" + regexp.QuoteMeta(b.cfg.RoutingHeader) + "|" + regexp.QuoteMeta(headerPeerProxied) + "|" +
-		regexp.QuoteMeta(headerXFCC) + "|" + regexp.QuoteMeta(headerRemotePrefix) + ".+|content-type|etag|vary)$"
+	allowed := "^(" + regexp.QuoteMeta(contract.HeaderRoutingCluster) + "|" + regexp.QuoteMeta(contract.HeaderPeerProxied) + "|" +
+		regexp.QuoteMeta(contract.HeaderXFCC) + "|" + regexp.QuoteMeta(contract.HeaderRemotePrefix) + ".+|content-type|etag|vary)$"
 	exact := func(s string) *matcherv3.StringMatcher {
 		return &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: s}}
 	}

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/kube-mvp/kube-mvp/internal/contract"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 
@@ -69,9 +70,9 @@ func (b *builder) routeConfiguration() *routev3.RouteConfiguration {
 
 	routes := []*routev3.Route{{
 		Name:  RouteRoutingHeader,
-		Match: prefix("/", present(b.cfg.RoutingHeader)),
+		Match: prefix("/", present(contract.HeaderRoutingCluster)),
 		Action: &routev3.Route_Route{Route: &routev3.RouteAction{
-			ClusterSpecifier: &routev3.RouteAction_ClusterHeader{ClusterHeader: b.cfg.RoutingHeader},
+			ClusterSpecifier: &routev3.RouteAction_ClusterHeader{ClusterHeader: contract.HeaderRoutingCluster},
 			Timeout:          durationpb.New(0),
 			IdleTimeout:      durationpb.New(0),
 			RetryPolicy:      retry,
@@ -81,7 +82,7 @@ func (b *builder) routeConfiguration() *routev3.RouteConfiguration {
 	if len(b.cfg.Secrets.ClientCA) > 0 {
 		routes = append(routes, &routev3.Route{
 			Name:   RouteClientCertificate,
-			Match:  prefix("/", present(headerXFCC)),
+			Match:  prefix("/", present(contract.HeaderXFCC)),
 			Action: action(def),
 		})
 	}
@@ -95,7 +96,7 @@ func (b *builder) routeConfiguration() *routev3.RouteConfiguration {
 		}
 		routes = append(routes, &routev3.Route{
 			Name:   RouteAnonymous,
-			Match:  prefix("/", []*routev3.HeaderMatcher{absent("authorization"), absent(headerXFCC), absent("sec-websocket-protocol")}),
+			Match:  prefix("/", []*routev3.HeaderMatcher{absent("authorization"), absent(contract.HeaderXFCC), absent("sec-websocket-protocol")}),
 			Action: action(def),
 			TypedPerFilterConfig: map[string]*anypb.Any{
 				extProcFilterName: b.pack(what+"ext_proc per-route config of the anonymous route", &extprocv3.ExtProcPerRoute{

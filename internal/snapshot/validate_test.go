@@ -65,7 +65,6 @@ func TestConfigErrors(t *testing.T) {
 		ListenAddress:         "localhost",
 		ExtProcAddress:        "extproc",
 		ExtProcMessageTimeout: time.Microsecond,
-		RoutingHeader:         "X-Route",
 		UpstreamServerName:    "Kubernetes/default",
 		Secrets: snapshot.SecretFiles{
 			ServingCert:     "/etc/kube-mvp/serving/tls.crt",
@@ -84,7 +83,7 @@ func TestConfigErrors(t *testing.T) {
 		}
 	}
 	for _, want := range []string{
-		"Config.ListenAddress", "Config.ExtProcAddress", "Config.ExtProcMessageTimeout", "Config.RoutingHeader",
+		"Config.ListenAddress", "Config.ExtProcAddress", "Config.ExtProcMessageTimeout",
 		"Config.UpstreamServerName", "Config.Secrets.ServingKey is missing", "Config.Secrets.ProxyClientCert \"relative/tls.crt\" is not an absolute path",
 		"Config.Secrets.PeerCA is missing: the proxy client certificate",
 	} {
@@ -96,10 +95,6 @@ func TestConfigErrors(t *testing.T) {
 	cfg = snapshot.Config{Secrets: snapshot.SecretFiles{ClientCA: "/etc/kube-mvp/client-ca/ca.crt"}}
 	if _, err := snapshot.Build(topo, cfg); err == nil || !strings.Contains(err.Error(), "Config.Secrets.ClientCA is given but there is no serving certificate") {
 		t.Errorf("client CA without serving cert: %v", err)
-	}
-	cfg = snapshot.Config{RoutingHeader: "x-remote-cluster"}
-	if _, err := snapshot.Build(topo, cfg); err == nil || !strings.Contains(err.Error(), "collides") {
-		t.Errorf("routing header among the stripped identity headers: %v", err)
 	}
 	if _, err := snapshot.Build(nil, snapshot.Config{}); err == nil {
 		t.Error("nil topology accepted")

@@ -31,13 +31,14 @@ import (
 	routeservice "github.com/envoyproxy/go-control-plane/envoy/service/route/v3"
 	secretservice "github.com/envoyproxy/go-control-plane/envoy/service/secret/v3"
 
+	"github.com/kube-mvp/kube-mvp/internal/contract"
 	"github.com/kube-mvp/kube-mvp/internal/cptls"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 
 // LocalAPIServerMetadataKey is the node metadata field that puts an Envoy in sidecar mode: the
-// ID or hostname of the apiserver it runs beside.
-const LocalAPIServerMetadataKey = "kube-mvp.io/local-apiserver"
+// ID or hostname of the apiserver it runs beside (contract.NodeMetadataLocalAPIServer).
+const LocalAPIServerMetadataKey = contract.NodeMetadataLocalAPIServer
 
 // Translator turns a (per-node) topology into a snapshot.
 type Translator func(*topology.Topology) (*cachev3.Snapshot, error)
