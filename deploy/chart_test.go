@@ -351,6 +351,48 @@ var chartCases = []chartCase{
 		},
 	},
 	{
+		// kubeadm nodes: each sidecar Envoy presents its node's own front-proxy pair, so
+		// kubeadm's renewals reach it; the chart holds no proxy key.
+		name: "sidecar-kubeadm-front-proxy",
+		values: func(p *controlplane.PKI) map[string]any {
+			return map[string]any{"mode": "sidecar", "networkPolicy": map[string]any{"enabled": false},
+				"sidecar":      map[string]any{"kubeadmFrontProxyClient": true},
+				"certificates": map[string]any{"servingCert": string(p.Serving.CertPEM), "servingKey": string(p.Serving.KeyPEM), "peerCA": string(p.ServerCA.CertPEM)}}
+		},
+		check: func(t *testing.T, r *rendered, ns string) {
+			spec := podSpec(t, r.mustFind(t, "DaemonSet", fullname+"-envoy"))
+			var vol string
+			for _, v := range spec.Volumes {
+				if v.HostPath != nil {
+					if v.HostPath.Path != "/etc/kubernetes/pki" {
+						t.Errorf("hostPath %s", v.HostPath.Path)
+					}
+					vol = v.Name
+				}
+			}
+			if vol == "" {
+				t.Fatal("no hostPath volume for the node's front-proxy pair")
+			}
+			for _, c := range spec.Containers {
+				for _, m := range c.VolumeMounts {
+					if m.Name != vol {
+						continue
+					}
+					if c.Name != "envoy" || !m.ReadOnly || m.MountPath != "/etc/kubernetes/pki" {
+						t.Errorf("container %s mounts the node's PKI at %s (read-only %v)", c.Name, m.MountPath, m.ReadOnly)
+					}
+				}
+			}
+			f := flags(t, container(t, podSpec(t, r.mustFind(t, "Deployment", fullname+"-xds-server")), "xds-server").Args[1:])
+			if f["proxy-client-cert"] != "/etc/kubernetes/pki/front-proxy-client.crt" || f["proxy-client-key"] != "/etc/kubernetes/pki/front-proxy-client.key" {
+				t.Errorf("xds-server proxy client flags %q %q", f["proxy-client-cert"], f["proxy-client-key"])
+			}
+			if s := r.find("Secret", fullname+"-certificates"); s != nil && len(s.typed.(*corev1.Secret).Data["proxy-client.key"]) > 0 {
+				t.Error("the chart keeps a proxy key although the node's is used")
+			}
+		},
+	},
+	{
 		name: "sidecar",
 		values: func(*controlplane.PKI) map[string]any {
 			return map[string]any{"mode": "sidecar", "networkPolicy": map[string]any{"xdsFrom": []any{map[string]any{"ipBlock": map[string]any{"cidr": "10.0.0.0/24"}}}}}
