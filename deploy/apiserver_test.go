@@ -2,7 +2,6 @@ package deploy
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -15,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -23,9 +21,8 @@ import (
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/restmapper"
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
+	"github.com/kube-mvp/kube-mvp/internal/testutil"
 	"github.com/kube-mvp/kube-mvp/test/controlplane"
 )
 
@@ -37,19 +34,11 @@ import (
 // xds-server with the service account's token: both must become ready, which proves the flags
 // exist, the certificate Secret's keys match the paths, and the RBAC suffices.
 func TestChartOnRealAPIServer(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a real kube-apiserver")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
-	defer cancel()
-	cp, err := controlplane.Start(ctx, controlplane.Options{
-		Log:     testLog{t},
+	ctx := testutil.Context(t, 20*time.Minute)
+	cp := controlplane.ForTest(t, ctx, controlplane.Options{
+		Log:     testutil.LogWriter(t),
 		Servers: []controlplane.ServerSpec{{Name: "cp-a", Version: "v1.37.1"}},
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cp.Close()
 	srv := cp.Server("cp-a")
 	client, err := srv.Client()
 	if err != nil {
@@ -186,7 +175,7 @@ func TestChartOnRealAPIServer(t *testing.T) {
 		xdsUser := "system:serviceaccount:" + ns + ":" + sa
 		saGroups := []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"}
 		// RBAC reads the new roles from an informer: wait until the first grant shows.
-		waitFor(t, ctx, "the RBAC to take effect", func() error {
+		testutil.WaitFor(t, ctx, 90*time.Second, "the RBAC to take effect", func() error {
 			ok, err := review(xdsUser, saGroups, allowed[0])
 			if err == nil && !ok {
 				err = fmt.Errorf("%v still denied", allowed[0])
@@ -225,20 +214,13 @@ func TestChartOnRealAPIServer(t *testing.T) {
 		}
 
 		// The service account's credentials, as a pod would have them.
-		tok, err := client.CoreV1().ServiceAccounts(ns).CreateToken(ctx, sa, &authenticationv1.TokenRequest{
-			Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: new(int64(3600))},
-		}, metav1.CreateOptions{})
+		tok, err := srv.ServiceAccountToken(ctx, ns, sa)
 		if err != nil {
 			t.Fatal(err)
 		}
 		dir := t.TempDir()
 		kubeconfig := filepath.Join(dir, "kubeconfig")
-		kc := clientcmdapi.NewConfig()
-		kc.Clusters["cp"] = &clientcmdapi.Cluster{Server: srv.URL(), CertificateAuthorityData: cp.PKI.ServerCA.CertPEM}
-		kc.AuthInfos["sa"] = &clientcmdapi.AuthInfo{Token: tok.Status.Token}
-		kc.Contexts["sa"] = &clientcmdapi.Context{Cluster: "cp", AuthInfo: "sa"}
-		kc.CurrentContext = "sa"
-		if err := clientcmd.WriteToFile(*kc, kubeconfig); err != nil {
+		if err := srv.WriteTokenKubeconfig(kubeconfig, tok, ""); err != nil {
 			t.Fatal(err)
 		}
 
@@ -278,8 +260,8 @@ func TestChartOnRealAPIServer(t *testing.T) {
 
 		// xds-server is ready once its informers synced (the RBAC suffices) and it built a
 		// topology; discovery (fetched with the same token) adds subresources.
-		waitFor(t, ctx, "xds-server /readyz", func() error { return getOK("http://127.0.0.1:" + xdsAdmin + "/readyz") })
-		waitFor(t, ctx, "xds-server's topology from discovery", func() error {
+		testutil.WaitFor(t, ctx, 90*time.Second, "xds-server /readyz", func() error { return getOK("http://127.0.0.1:" + xdsAdmin + "/readyz") })
+		testutil.WaitFor(t, ctx, 90*time.Second, "xds-server's topology from discovery", func() error {
 			var view struct {
 				APIServers []struct {
 					Hostname string `json:"hostname"`
@@ -329,7 +311,7 @@ func TestChartOnRealAPIServer(t *testing.T) {
 		}
 		stopExtproc := startProcess(t, filepath.Join(bin, "extproc"), extprocArgs...)
 		defer stopExtproc()
-		waitFor(t, ctx, "extproc /readyz (a routing table from xds-server)", func() error {
+		testutil.WaitFor(t, ctx, 90*time.Second, "extproc /readyz (a routing table from xds-server)", func() error {
 			return getOK("http://127.0.0.1:" + extprocAdmin + "/readyz")
 		})
 		if _, err := os.Stat(filepath.Join(sockDir, "extproc.sock")); err != nil {
@@ -404,31 +386,4 @@ func getJSON(url string, into any) error {
 		return fmt.Errorf("GET %s: %s", url, resp.Status)
 	}
 	return json.NewDecoder(resp.Body).Decode(into)
-}
-
-func waitFor(t *testing.T, ctx context.Context, what string, check func() error) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(ctx, 90*time.Second)
-	defer cancel()
-	var err error
-	for {
-		if err = check(); err == nil {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("waiting for %s: %v", what, err)
-		case <-time.After(250 * time.Millisecond):
-		}
-	}
-}
-
-type testLog struct{ t *testing.T }
-
-func (l testLog) Write(p []byte) (int, error) {
-	l.t.Log(strings.TrimRight(string(p), "\n"))
-	if os.Getenv("CI") != "" {
-		os.Stderr.Write(p) // builds take minutes; show progress as it happens
-	}
-	return len(p), nil
 }

@@ -1,7 +1,6 @@
 package deploy
 
 import (
-	"context"
 	"fmt"
 	"maps"
 	"os/exec"
@@ -12,15 +11,13 @@ import (
 	"testing"
 	"time"
 
-	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
+	"github.com/kube-mvp/kube-mvp/internal/testutil"
 	"github.com/kube-mvp/kube-mvp/test/controlplane"
 )
 
@@ -329,16 +326,8 @@ func TestCertgenRenderOff(t *testing.T) {
 // ServiceAccount's token (the Secrets are made) and the CronJob's under its own (nothing
 // changes).
 func TestCertgenChartOnRealAPIServer(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a real kube-apiserver")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
-	defer cancel()
-	cp, err := controlplane.Start(ctx, controlplane.Options{Log: testLog{t}, Servers: []controlplane.ServerSpec{{Name: "cp-a", Version: "v1.37.1"}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cp.Close()
+	ctx := testutil.Context(t, 15*time.Minute)
+	cp := controlplane.ForTest(t, ctx, controlplane.Options{Log: testutil.LogWriter(t), Servers: []controlplane.ServerSpec{{Name: "cp-a", Version: "v1.37.1"}}})
 	srv := cp.Server("cp-a")
 	client, err := srv.Client()
 	if err != nil {
@@ -407,7 +396,7 @@ func TestCertgenChartOnRealAPIServer(t *testing.T) {
 	}
 	for _, sa := range []string{fullname + "-certgen-hook", fullname + "-certgen"} {
 		user := "system:serviceaccount:" + ns + ":" + sa
-		waitFor(t, ctx, "the RBAC of "+sa+" to take effect", func() error {
+		testutil.WaitFor(t, ctx, 90*time.Second, "the RBAC of "+sa+" to take effect", func() error {
 			if ok, err := review(user, allowed[0]); err != nil || !ok {
 				return fmt.Errorf("%+v denied (%v)", allowed[0], err)
 			}
@@ -443,18 +432,12 @@ func TestCertgenChartOnRealAPIServer(t *testing.T) {
 	}
 	run := func(sa string, pod *corev1.PodSpec) string {
 		t.Helper()
-		tok, err := client.CoreV1().ServiceAccounts(ns).CreateToken(ctx, sa, &authenticationv1.TokenRequest{
-			Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: new(int64(3600))}}, metav1.CreateOptions{})
+		tok, err := srv.ServiceAccountToken(ctx, ns, sa)
 		if err != nil {
 			t.Fatal(err)
 		}
-		kc := clientcmdapi.NewConfig()
-		kc.Clusters["cp"] = &clientcmdapi.Cluster{Server: srv.URL(), CertificateAuthorityData: cp.PKI.ServerCA.CertPEM}
-		kc.AuthInfos["sa"] = &clientcmdapi.AuthInfo{Token: tok.Status.Token}
-		kc.Contexts["sa"] = &clientcmdapi.Context{Cluster: "cp", AuthInfo: "sa"}
-		kc.CurrentContext = "sa"
 		kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-		if err := clientcmd.WriteToFile(*kc, kubeconfig); err != nil {
+		if err := srv.WriteTokenKubeconfig(kubeconfig, tok, ""); err != nil {
 			t.Fatal(err)
 		}
 		args := append(slices.Clone(container(t, pod, "certgen").Args), "--kubeconfig="+kubeconfig)

@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -26,6 +25,7 @@ import (
 	"github.com/kube-mvp/kube-mvp/internal/cptls/cptlstest"
 	"github.com/kube-mvp/kube-mvp/internal/extproc"
 	"github.com/kube-mvp/kube-mvp/internal/table"
+	"github.com/kube-mvp/kube-mvp/internal/testutil"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 	tablev1 "github.com/kube-mvp/kube-mvp/proto/kubemvp/table/v1"
 )
@@ -135,7 +135,7 @@ func TestServe(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var logs syncBuffer
+	var logs testutil.SyncBuffer
 	hup := make(chan os.Signal, 1)
 	a, err := start(cfg, slog.New(slog.NewTextHandler(&logs, nil)), hup)
 	if err != nil {
@@ -155,27 +155,13 @@ func TestServe(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	rpcCtx, rpcCancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer rpcCancel()
-	stream, err := extprocv3.NewExternalProcessorClient(conn).Process(rpcCtx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	hm := &corev3.HeaderMap{Headers: []*corev3.HeaderValue{
-		{Key: ":method", RawValue: []byte("GET")}, {Key: ":path", RawValue: []byte("/apis/batch/v1/jobs")}, {Key: ":authority", RawValue: []byte("k")},
-	}}
-	if err := stream.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: hm}}}); err != nil {
-		t.Fatal(err)
-	}
-	resp, err := stream.Recv()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stream.CloseSend()
+	resp := decideJobs(t, conn)
 	set := resp.GetRequestHeaders().GetResponse().GetHeaderMutation().GetSetHeaders()
 	if len(set) == 0 || string(set[0].GetHeader().GetRawValue()) != "kube-apiservers-only-cp-a" {
 		t.Errorf("response %v", resp)
 	}
+	rpcCtx, rpcCancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer rpcCancel()
 	hc, err := healthpb.NewHealthClient(conn).Check(rpcCtx, &healthpb.HealthCheckRequest{Service: "envoy.service.ext_proc.v3.ExternalProcessor"})
 	if err != nil || hc.GetStatus() != healthpb.HealthCheckResponse_SERVING {
 		t.Errorf("health %v %v", hc, err)
@@ -223,24 +209,6 @@ func TestListenDoesNotRemoveFiles(t *testing.T) {
 	if b, _ := os.ReadFile(path); string(b) != "keep me" {
 		t.Error("file removed")
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for the logger's goroutines and the test's reads.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // TestXDSSource runs extproc on xds-server's table stream, over the control plane's mutual
@@ -309,7 +277,7 @@ func TestXDSSource(t *testing.T) {
 	tables := table.NewServer()
 	tables.Publish(fileTable("2026-11-23T10:00:10Z"), time.Now())
 	stopTables := serveTables(t, tableAddr, tables, pki)
-	waitFor(t, func() bool { return cluster(decideJobs(t, conn)) == "kube-apiservers-only-cp-a" })
+	testutil.WaitFor(t, t.Context(), 30*time.Second, "batch/v1 jobs decided to kube-apiservers-only-cp-a from the first table", testutil.Cond(func() bool { return cluster(decideJobs(t, conn)) == "kube-apiservers-only-cp-a" }))
 	if code := httpStatus(t, admin+"/readyz"); code != 200 {
 		t.Errorf("/readyz with a table: %d", code)
 	}
@@ -326,7 +294,7 @@ func TestXDSSource(t *testing.T) {
 	tables = table.NewServer()
 	tables.Publish(fileTable("2026-11-23T11:00:00Z"), time.Now())
 	defer serveTables(t, tableAddr, tables, pki)()
-	waitFor(t, func() bool { return a.srv.Version() != first })
+	testutil.WaitFor(t, t.Context(), 30*time.Second, "the table after the reconnect", testutil.Cond(func() bool { return a.srv.Version() != first }))
 }
 
 func freeAddr(t *testing.T) string {
@@ -399,15 +367,4 @@ func httpStatus(t *testing.T, url string) int {
 	}
 	res.Body.Close()
 	return res.StatusCode
-}
-
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 30s")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }

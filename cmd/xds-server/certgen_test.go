@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -25,6 +24,7 @@ import (
 
 	"github.com/kube-mvp/kube-mvp/internal/certgen"
 	"github.com/kube-mvp/kube-mvp/internal/cptls"
+	"github.com/kube-mvp/kube-mvp/internal/testutil"
 	"github.com/kube-mvp/kube-mvp/test/controlplane"
 )
 
@@ -325,16 +325,8 @@ func certgenCheckFiles(t *testing.T, dir string, now time.Time) {
 // of the wrong type is refused, a concurrent change is a conflict, and without update the run
 // fails saying which permission is missing.
 func TestCertgenAgainstRealAPIServer(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a real kube-apiserver")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
-	defer cancel()
-	cp, err := controlplane.Start(ctx, controlplane.Options{Log: certgenTestLog{t}, Servers: []controlplane.ServerSpec{{Name: "cp-a", Version: "v1.37.1"}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cp.Close()
+	ctx := testutil.Context(t, 15*time.Minute)
+	cp := controlplane.ForTest(t, ctx, controlplane.Options{Log: testutil.LogWriter(t), Servers: []controlplane.ServerSpec{{Name: "cp-a", Version: "v1.37.1"}}})
 	srv := cp.Server("cp-a")
 	admin, err := srv.Client()
 	if err != nil {
@@ -494,37 +486,27 @@ func certgenSAKubeconfig(t *testing.T, ctx context.Context, cp *controlplane.Con
 			t.Fatal(err)
 		}
 	}
-	tok, err := admin.CoreV1().ServiceAccounts(ns).CreateToken(ctx, sa, &authenticationv1.TokenRequest{
-		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: new(int64(3600))},
-	}, metav1.CreateOptions{})
+	tok, err := cp.Server("cp-a").ServiceAccountToken(ctx, ns, sa)
 	if err != nil {
 		t.Fatal(err)
 	}
-	kc := clientcmdapi.NewConfig()
-	kc.Clusters["cp"] = &clientcmdapi.Cluster{Server: cp.Server("cp-a").URL(), CertificateAuthorityData: cp.PKI.ServerCA.CertPEM}
-	kc.AuthInfos["sa"] = &clientcmdapi.AuthInfo{Token: tok.Status.Token}
-	kc.Contexts["sa"] = &clientcmdapi.Context{Cluster: "cp", AuthInfo: "sa", Namespace: ns}
-	kc.CurrentContext = "sa"
 	path := filepath.Join(t.TempDir(), sa+".kubeconfig")
-	if err := clientcmd.WriteToFile(*kc, path); err != nil {
+	if err := cp.Server("cp-a").WriteTokenKubeconfig(path, tok, ns); err != nil {
 		t.Fatal(err)
 	}
 	// RBAC reads new roles from an informer: wait until the token may read a Secret name.
-	client, err := kubernetes.NewForConfig(&rest.Config{Host: cp.Server("cp-a").URL(), BearerToken: tok.Status.Token, TLSClientConfig: rest.TLSClientConfig{CAData: cp.PKI.ServerCA.CertPEM}})
+	client, err := kubernetes.NewForConfig(&rest.Config{Host: cp.Server("cp-a").URL(), BearerToken: tok, TLSClientConfig: rest.TLSClientConfig{CAData: cp.PKI.ServerCA.CertPEM}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	testutil.WaitFor(t, ctx, 30*time.Second, "the ServiceAccount's RBAC to take effect", func() error {
 		_, err := client.CoreV1().Secrets(ns).Get(ctx, secrets[0], metav1.GetOptions{})
-		if err == nil || apierrors.IsNotFound(err) {
-			return path
+		if apierrors.IsNotFound(err) {
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the ServiceAccount's RBAC did not take effect: %v", err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return err
+	})
+	return path
 }
 
 // certgenVerifyTLS checks that the server's and client's Secrets accept each other.
@@ -551,11 +533,4 @@ func certgenVerifyTLS(server, client *corev1.Secret, name string, now time.Time)
 	}
 	_, err = cc.Verify(x509.VerifyOptions{Roots: sp, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}, CurrentTime: now})
 	return err
-}
-
-type certgenTestLog struct{ t *testing.T }
-
-func (w certgenTestLog) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimRight(string(p), "\n"))
-	return len(p), nil
 }

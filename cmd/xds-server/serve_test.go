@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -26,6 +25,7 @@ import (
 
 	"github.com/kube-mvp/kube-mvp/internal/cptls"
 	"github.com/kube-mvp/kube-mvp/internal/cptls/cptlstest"
+	"github.com/kube-mvp/kube-mvp/internal/testutil"
 	"github.com/kube-mvp/kube-mvp/test/controlplane"
 )
 
@@ -34,19 +34,9 @@ import (
 // /apis/batch/v1/ goes through extproc to a cluster holding only A, /apis/apps/v1/ straight to
 // both; when A dies it leaves every cluster, and it returns after a restart.
 func TestServeAgainstMixedControlPlane(t *testing.T) {
-	if testing.Short() {
-		t.Skip("needs a real control plane")
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	cp, err := controlplane.Start(ctx, controlplane.Options{Servers: []controlplane.ServerSpec{
-		{Name: "cp-a", Version: "v1.37.1"},
-		{Name: "cp-b", Version: "v1.36.4", RuntimeConfig: []string{"batch/v1=false"}},
-	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cp.Close()
+	cp := controlplane.ForTest(t, ctx, controlplane.Options{Servers: controlplane.MixedServers()})
 	// xds-server watches through B: A is the one that dies below, and a watch through a dead
 	// server would (rightly) make every Lease look stale rather than A's alone.
 	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
@@ -64,15 +54,17 @@ func TestServeAgainstMixedControlPlane(t *testing.T) {
 		"--proxy-client-cert", pki.Path("proxy-client.crt"), "--proxy-client-key", pki.Path("proxy-client.key"),
 	}
 	ready := make(chan [2]string, 1)
-	var stderr bytes.Buffer
-	stderrW := &lockedWriter{w: &stderr}
+	var stderr testutil.SyncBuffer
+	var stderrW io.Writer = &stderr
+	if os.Getenv("KUBE_MVP_TEST_VERBOSE") != "" {
+		stderrW = io.MultiWriter(&stderr, os.Stderr)
+	}
 	done := make(chan int)
 	go func() { done <- runServe(ctx, args, io.Discard, stderrW, ready) }()
 	var addrs [2]string
 	select {
 	case addrs = <-ready:
 	case code := <-done:
-		stderrW.mu.Lock()
 		t.Fatalf("serve exited %d: %s", code, stderr.String())
 	}
 	defer func() { cancel(); <-done }()
@@ -279,19 +271,4 @@ func (c *adsClient) await(t *testing.T, what string, check func(*adsState) error
 func sameSet(a, b []string) bool {
 	a, b = slices.Sorted(slices.Values(a)), slices.Sorted(slices.Values(b))
 	return slices.Equal(a, b)
-}
-
-// lockedWriter lets the test read what serve logs while it runs.
-type lockedWriter struct {
-	mu sync.Mutex
-	w  io.Writer
-}
-
-func (l *lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if os.Getenv("KUBE_MVP_TEST_VERBOSE") != "" {
-		os.Stderr.Write(p)
-	}
-	return l.w.Write(p)
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/kube-mvp/kube-mvp/internal/contract"
 	"github.com/kube-mvp/kube-mvp/internal/inventory"
 	tablestream "github.com/kube-mvp/kube-mvp/internal/table"
+	"github.com/kube-mvp/kube-mvp/internal/testutil"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 	"github.com/kube-mvp/kube-mvp/test/controlplane"
 )
@@ -20,19 +21,8 @@ import (
 // the 1.37-only storagemigration.k8s.io/v1 go to cp-a alone, what both serve to both, and once
 // cp-a is gone its resources get the 503 Status.
 func TestOnRealControlPlane(t *testing.T) {
-	if testing.Short() {
-		t.Skip("needs a real control plane")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	cp, err := controlplane.Start(ctx, controlplane.Options{Servers: []controlplane.ServerSpec{
-		{Name: "cp-a", Version: "v1.37.1"},
-		{Name: "cp-b", Version: "v1.36.4", RuntimeConfig: []string{"batch/v1=false"}},
-	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cp.Close()
+	ctx := testutil.Context(t, 10*time.Minute)
+	cp := controlplane.ForTest(t, ctx, controlplane.Options{Servers: controlplane.MixedServers()})
 
 	srv := New(Options{})
 	client := serve(t, "unix", srv)

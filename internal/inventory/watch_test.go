@@ -20,6 +20,7 @@ import (
 
 	"github.com/kube-mvp/kube-mvp/internal/inventory"
 	"github.com/kube-mvp/kube-mvp/internal/inventory/objects"
+	"github.com/kube-mvp/kube-mvp/internal/testutil"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 	"github.com/kube-mvp/kube-mvp/test/controlplane"
 )
@@ -28,22 +29,8 @@ import (
 // with every API, B v1.36.4 with batch/v1 off. It then kills A, sees it leave, and brings it
 // back.
 func TestWatcherAgainstMixedControlPlane(t *testing.T) {
-	if testing.Short() {
-		t.Skip("needs a real control plane")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
-	defer cancel()
-	cp, err := controlplane.Start(ctx, controlplane.Options{
-		Log: tlog{t},
-		Servers: []controlplane.ServerSpec{
-			{Name: "cp-a", Version: "v1.37.1"},
-			{Name: "cp-b", Version: "v1.36.4", RuntimeConfig: []string{"batch/v1=false"}},
-		},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cp.Close()
+	ctx := testutil.Context(t, 15*time.Minute)
+	cp := controlplane.ForTest(t, ctx, controlplane.Options{Log: testutil.LogWriter(t), Servers: controlplane.MixedServers()})
 
 	var latest atomic.Pointer[topology.Topology]
 	// Leases renew every 10 s; 15 s notices a dead server quickly without flapping.
@@ -51,7 +38,7 @@ func TestWatcherAgainstMixedControlPlane(t *testing.T) {
 		Options: objects.Options{LivenessWindow: 15 * time.Second},
 		// Only a restart or a CRD change may refetch discovery in this test.
 		DiscoveryInterval: time.Hour,
-		Log:               slog.New(slog.NewTextHandler(tlog{t}, nil)),
+		Log:               slog.New(slog.NewTextHandler(testutil.LogWriter(t), nil)),
 	}, func(t *topology.Topology) { latest.Store(t) })
 	if err != nil {
 		t.Fatal(err)
@@ -69,7 +56,7 @@ func TestWatcherAgainstMixedControlPlane(t *testing.T) {
 	deployments := topology.Resource{Group: "apps", Version: "v1", Resource: "deployments"}
 	migrations := topology.Resource{Group: "storagemigration.k8s.io", Version: "v1", Resource: "storageversionmigrations"}
 	var idA, idB string
-	eventually(t, "both apiservers live with discovery", func() error {
+	testutil.WaitFor(t, ctx, 90*time.Second, "both apiservers live with discovery", func() error {
 		topo := latest.Load()
 		if topo == nil {
 			return fmt.Errorf("no topology yet")
@@ -154,7 +141,7 @@ func TestWatcherAgainstMixedControlPlane(t *testing.T) {
 	if _, err := dynamic.NewForConfigOrDie(cp.Server("cp-a").RESTConfig()).Resource(crds).Create(ctx, crd, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the new CRD in the merged discovery", func() error {
+	testutil.WaitFor(t, ctx, 90*time.Second, "the new CRD in the merged discovery", func() error {
 		d := latest.Load().Discovery
 		if d == nil || !strings.Contains(string(d.JSON), `"name":"inventory.kube-mvp.io"`) {
 			return fmt.Errorf("not yet")
@@ -163,7 +150,7 @@ func TestWatcherAgainstMixedControlPlane(t *testing.T) {
 	})
 
 	cp.Kill("cp-a")
-	eventually(t, "cp-a dead (its Lease no longer renewed)", func() error {
+	testutil.WaitFor(t, ctx, 90*time.Second, "cp-a dead (its Lease no longer renewed)", func() error {
 		d := latest.Load().DecideResource(jobs)
 		if d.Outcome != topology.Unavailable || !slices.Equal(d.Servers, []string{idA}) {
 			return fmt.Errorf("batch/v1 jobs: %v %v", d.Outcome, d.Servers)
@@ -177,7 +164,7 @@ func TestWatcherAgainstMixedControlPlane(t *testing.T) {
 	if err := cp.Restart(ctx, "cp-a", ""); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "cp-a back", func() error {
+	testutil.WaitFor(t, ctx, 90*time.Second, "cp-a back", func() error {
 		d := latest.Load().DecideResource(jobs)
 		if d.Outcome != topology.Subset || !slices.Equal(d.Servers, []string{idA}) {
 			return fmt.Errorf("batch/v1 jobs: %v %v", d.Outcome, d.Servers)
@@ -185,22 +172,3 @@ func TestWatcherAgainstMixedControlPlane(t *testing.T) {
 		return nil
 	})
 }
-
-func eventually(t *testing.T, what string, check func() error) {
-	t.Helper()
-	deadline := time.Now().Add(90 * time.Second)
-	for {
-		err := check()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("waiting for %s: %v", what, err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-}
-
-type tlog struct{ t *testing.T }
-
-func (l tlog) Write(p []byte) (int, error) { l.t.Log(string(p)); return len(p), nil }

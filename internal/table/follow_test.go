@@ -1,7 +1,6 @@
 package table_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -18,6 +17,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kube-mvp/kube-mvp/internal/table"
+	"github.com/kube-mvp/kube-mvp/internal/testutil"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 	tablev1 "github.com/kube-mvp/kube-mvp/proto/kubemvp/table/v1"
 )
@@ -46,7 +46,7 @@ type follower struct {
 	last     *topology.Topology
 	rejects  []string // reasons
 	errs     []error
-	log      syncBuffer
+	log      testutil.SyncBuffer
 }
 
 func follow(t *testing.T, addr string, opts ...table.FollowOption) *follower {
@@ -82,18 +82,14 @@ func follow(t *testing.T, addr string, opts ...table.FollowOption) *follower {
 // wait waits until cond holds of f (under its lock).
 func (f *follower) wait(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+	testutil.WaitFor(t, t.Context(), 20*time.Second, what, func() error {
 		f.mu.Lock()
-		ok := cond()
-		state := fmt.Sprintf("versions %v, rejects %v %v", f.versions, f.rejects, f.errs)
-		f.mu.Unlock()
-		if ok {
-			return
+		defer f.mu.Unlock()
+		if cond() {
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("waiting for %s: %s", what, state)
-		}
-	}
+		return fmt.Errorf("versions %v, rejects %v %v", f.versions, f.rejects, f.errs)
+	})
 }
 
 func (f *follower) rejected(reason string) bool { return slices.Contains(f.rejects, reason) }
@@ -124,23 +120,6 @@ func metric(t *testing.T, reg *prometheus.Registry, name string, label ...string
 	}
 	t.Fatalf("no metric %s%v", name, label)
 	return 0
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }
 
 // TestFollowSurvivesRestart streams over real gRPC, drops the server, and checks that the
@@ -213,7 +192,7 @@ func TestLargeTableStreams(t *testing.T) {
 // both take the next table within the limit.
 func TestTooLargeRefused(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	var log syncBuffer
+	var log testutil.SyncBuffer
 	const limit = 64 << 10
 	srv := table.NewServer(table.WithLogger(slog.New(slog.NewTextHandler(&log, nil))), table.WithRegisterer(reg), table.WithMaxTableSize(limit))
 	small := sample(t, true)

@@ -3,6 +3,7 @@ package xds_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"maps"
 	"net"
@@ -27,6 +28,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/kube-mvp/kube-mvp/internal/testutil"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 	"github.com/kube-mvp/kube-mvp/internal/xds"
 )
@@ -96,19 +98,12 @@ func TestADSPerNodeSnapshotsAndAcks(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	srv := xds.New(clustersOnly, slog.Default())
-	g := grpc.NewServer()
-	srv.Register(ctx, g)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go g.Serve(lis)
-	defer g.Stop()
+	addr := serveADS(t, ctx, srv)
 	srv.Update(topo(t, true))
 
-	front := dial(t, ctx, lis.Addr().String(), &core.Node{Id: "front-1"})
+	front := dial(t, ctx, addr, &core.Node{Id: "front-1"})
 	meta, _ := structpb.NewStruct(map[string]any{xds.LocalAPIServerMetadataKey: "cp-b"})
-	sidecar := dial(t, ctx, lis.Addr().String(), &core.Node{Id: "sidecar-b", Metadata: meta})
+	sidecar := dial(t, ctx, addr, &core.Node{Id: "sidecar-b", Metadata: meta})
 
 	front.send(&discovery.DiscoveryRequest{})
 	resp, name := front.recvCluster()
@@ -215,13 +210,12 @@ func TestLingeringClusters(t *testing.T) {
 	if got := srv.Lingering(); len(got) != 1 || got[0] != "kube-apiservers-only-cp-c" {
 		t.Fatalf("lingering %v, want kube-apiservers-only-cp-c", got)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for len(srv.Lingering()) > 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("still lingering after 10s: %v", srv.Lingering())
+	testutil.WaitFor(t, t.Context(), 10*time.Second, "no cluster lingering", func() error {
+		if got := srv.Lingering(); len(got) > 0 {
+			return fmt.Errorf("still lingering: %v", got)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 	if got := lingeringIn(srv); len(got) != 0 {
 		t.Errorf("the current topology still carries lingering clusters %v", got)
 	}
@@ -244,13 +238,12 @@ func TestJoiningApiserver(t *testing.T) {
 	if j := srv.Topology().Joining; !j["apiserver-b"] {
 		t.Fatalf("the translator is not told: %v", j)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for len(srv.Joining()) > 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("still joining after 10s: %v", srv.Joining())
+	testutil.WaitFor(t, t.Context(), 10*time.Second, "no apiserver joining", func() error {
+		if got := srv.Joining(); len(got) > 0 {
+			return fmt.Errorf("still joining: %v", got)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // TestLimitsAndNodeLifetime: a node's state goes with its last stream; beyond MaxNodes a new
@@ -268,17 +261,9 @@ func TestLimitsAndNodeLifetime(t *testing.T) {
 	refused := map[string]int{}
 	var mu sync.Mutex
 	srv.OnRefused = func(reason string, _ error) { mu.Lock(); refused[reason]++; mu.Unlock() }
-	g := grpc.NewServer()
-	srv.Register(ctx, g)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go g.Serve(lis)
-	defer g.Stop()
+	addr := serveADS(t, ctx, srv)
 	srv.Update(topo(t, true))
 	base := translations
-	addr := lis.Addr().String()
 
 	open := func(id string) (*adsClient, context.CancelFunc) {
 		sctx, scancel := context.WithCancel(ctx)
@@ -336,4 +321,18 @@ func TestLimitsAndNodeLifetime(t *testing.T) {
 	defer closeD()
 	d.recvCluster()
 	waitNodes("d")
+}
+
+// serveADS serves srv's ADS on a free local port until the test ends and returns its address.
+func serveADS(t *testing.T, ctx context.Context, srv *xds.Server) string {
+	t.Helper()
+	g := grpc.NewServer()
+	srv.Register(ctx, g)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go g.Serve(lis)
+	t.Cleanup(g.Stop)
+	return lis.Addr().String()
 }

@@ -1,9 +1,7 @@
 package controlplane_test
 
 import (
-	"context"
 	"fmt"
-	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -13,25 +11,16 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
+	"github.com/kube-mvp/kube-mvp/internal/testutil"
 	"github.com/kube-mvp/kube-mvp/test/controlplane"
 )
 
 // TestUpstreamFacts documents what real apiservers publish, the facts kube-mvp is built on
 // (README, "Testing with real parts"): A is v1.37.1 with every API, B is v1.36.4 with batch/v1 turned off.
 func TestUpstreamFacts(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
-	defer cancel()
-	cp, err := controlplane.Start(ctx, controlplane.Options{
-		Log: testLog{t},
-		Servers: []controlplane.ServerSpec{
-			{Name: "cp-a", Version: "v1.37.1"},
-			{Name: "cp-b", Version: "v1.36.4", RuntimeConfig: []string{"batch/v1=false"}},
-		},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cp.Close()
+	ctx := testutil.Context(t, 20*time.Minute)
+	// Not skipped under -short: make test checks these facts too.
+	cp := controlplane.StartForTest(t, ctx, controlplane.Options{Log: testutil.LogWriter(t), Servers: controlplane.MixedServers()})
 	a, b := cp.Server("cp-a"), cp.Server("cp-b")
 	client, err := a.Client()
 	if err != nil {
@@ -41,7 +30,7 @@ func TestUpstreamFacts(t *testing.T) {
 	// Identity Leases: one per apiserver, named by its ID, with hostname label, holder
 	// "<id>_<uuid>" and the peer-advertise address taken from --advertise-address:--secure-port.
 	ids := map[string]string{} // hostname -> ID
-	waitFor(t, ctx, "both identity Leases", func() error {
+	testutil.WaitFor(t, ctx, 60*time.Second, "both identity Leases", func() error {
 		leases, err := client.CoordinationV1().Leases("kube-system").List(ctx, metav1.ListOptions{LabelSelector: "apiserver.kubernetes.io/identity=kube-apiserver"})
 		if err != nil {
 			return err
@@ -76,7 +65,7 @@ func TestUpstreamFacts(t *testing.T) {
 	}
 
 	// StorageVersion batch.jobs lists only A as serving batch/v1.
-	waitFor(t, ctx, "StorageVersion batch.jobs", func() error {
+	testutil.WaitFor(t, ctx, 60*time.Second, "StorageVersion batch.jobs", func() error {
 		sv, err := client.InternalV1alpha1().StorageVersions().Get(ctx, "batch.jobs", metav1.GetOptions{})
 		if err != nil {
 			return err
@@ -145,29 +134,4 @@ func httpCode(err error) int {
 		return int(s.Status().Code)
 	}
 	return -1
-}
-
-type testLog struct{ t *testing.T }
-
-func (l testLog) Write(p []byte) (int, error) {
-	l.t.Log(strings.TrimRight(string(p), "\n"))
-	if os.Getenv("CI") != "" {
-		os.Stderr.Write(p) // builds take minutes; show progress as it happens
-	}
-	return len(p), nil
-}
-
-func waitFor(t *testing.T, ctx context.Context, what string, check func() error) {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		err := check()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			t.Fatalf("waiting for %s: %v", what, err)
-		}
-		time.Sleep(250 * time.Millisecond)
-	}
 }

@@ -120,11 +120,7 @@ func TestNACKUnimplemented(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			dp, err := Start(context.Background(), Options{ConfigJSON: js, ListenerAddress: map[string]string{"kube-apiserver": "127.0.0.1:0"}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer dp.Close()
+			dp := startConfig(t, js)
 			nacks := dp.NACKs()
 			if len(nacks) != 1 || !strings.Contains(nacks[0], tc.want) {
 				t.Fatalf("NACKs %q, want one containing %q", nacks, tc.want)
@@ -236,11 +232,7 @@ func TestGoldenConfigsAccepted(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			dp, err := Start(context.Background(), Options{ConfigJSON: js, ListenerAddress: map[string]string{"kube-apiserver": "127.0.0.1:0"}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer dp.Close()
+			dp := startConfig(t, js)
 			if n := dp.NACKs(); len(n) > 0 {
 				t.Fatalf("NACKs: %q", n)
 			}
@@ -254,4 +246,16 @@ func TestGoldenConfigsAccepted(t *testing.T) {
 			}
 		})
 	}
+}
+
+// startConfig starts a data plane on the config js, its listener on a free port, until the
+// test ends.
+func startConfig(t *testing.T, js []byte) *DataPlane {
+	t.Helper()
+	dp, err := Start(context.Background(), Options{ConfigJSON: js, ListenerAddress: map[string]string{"kube-apiserver": "127.0.0.1:0"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dp.Close() })
+	return dp
 }

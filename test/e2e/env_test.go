@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/kube-mvp/kube-mvp/internal/testutil"
 	"github.com/kube-mvp/kube-mvp/test/controlplane"
 	"github.com/kube-mvp/kube-mvp/test/harness"
 )
@@ -58,14 +59,7 @@ type env struct {
 
 func newEnv(t testing.TB, ctx context.Context, servers ...controlplane.ServerSpec) *env {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("needs a real control plane")
-	}
-	cp, err := controlplane.Start(ctx, controlplane.Options{Servers: servers})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cp.Close)
+	cp := controlplane.ForTest(t, ctx, controlplane.Options{Servers: servers})
 	dir, err := os.MkdirTemp("/tmp", "kmvp-")
 	if err != nil {
 		t.Fatal(err)
@@ -178,17 +172,5 @@ func decodeStatus(t *testing.T, res *http.Response) status {
 // waitFor polls check until it succeeds, failing the test after two minutes.
 func waitFor(t *testing.T, ctx context.Context, what string, check func() error) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	defer cancel()
-	var err error
-	for {
-		if err = check(); err == nil {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("waiting for %s: %v", what, err)
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
+	testutil.WaitFor(t, ctx, 2*time.Minute, what, check)
 }
