@@ -19,9 +19,6 @@ import (
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"                          // resolve the bootstrap's typed configs
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/reflect/protoregistry"
-	"helm.sh/helm/v3/pkg/chart/loader"
-	"helm.sh/helm/v3/pkg/chartutil"
-	"helm.sh/helm/v3/pkg/engine"
 	"helm.sh/helm/v3/pkg/releaseutil"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -62,15 +59,7 @@ var strict = serializer.NewCodecFactory(scheme.Scheme, serializer.EnableStrict).
 // render renders the chart as `helm template --namespace ns kmvp deploy/kube-mvp -f vals`
 // would (the values checked against values.schema.json) and decodes every manifest.
 func render(vals map[string]any, ns string) (*rendered, error) {
-	ch, err := loader.Load(chartDir)
-	if err != nil {
-		return nil, err
-	}
-	rv, err := chartutil.ToRenderValues(ch, vals, chartutil.ReleaseOptions{Name: release, Namespace: ns, Revision: 1, IsInstall: true}, chartutil.DefaultCapabilities.Copy())
-	if err != nil {
-		return nil, err
-	}
-	out, err := engine.Render(ch, rv)
+	out, err := RenderChart(chartDir, release, ns, vals)
 	if err != nil {
 		return nil, err
 	}

@@ -165,17 +165,13 @@ func parseArgs(args []string) (config, error) {
 	switch {
 	case cfg.sourceXDS == "" && (hasDir || plaintext):
 		errs = multierror.Append(errs, errors.New("--xds-tls-dir and --xds-insecure-plaintext apply to an xds source only"))
-	case cfg.sourceXDS == "":
-	case hasDir && plaintext:
-		errs = multierror.Append(errs, errors.New("--xds-tls-dir and --xds-insecure-plaintext exclude each other"))
-	case hasDir:
-		files := cptls.DirFiles(dir)
-		if _, err := cptls.Load(files, cptls.RoleExtproc, nil); err != nil {
-			errs = multierror.Append(errs, fmt.Errorf("--xds-tls-dir: %v", err))
+	case cfg.sourceXDS != "":
+		var err error
+		cfg.xdsTLS, err = cptls.FromFlags(dir, hasDir, plaintext, cptls.RoleExtproc,
+			"with an xds source, xds-server serves the routing table only to holders of an extproc certificate of the control plane's CA (xds-server certgen); --xds-insecure-plaintext for an xds-server without TLS")
+		if err != nil {
+			errs = multierror.Append(errs, err)
 		}
-		cfg.xdsTLS = &files
-	case !plaintext:
-		errs = multierror.Append(errs, errors.New("--xds-tls-dir is required with an xds source: xds-server serves the routing table only to holders of an extproc certificate of the control plane's CA (xds-server certgen); --xds-insecure-plaintext for an xds-server without TLS"))
 	}
 
 	switch l, ok := raw["listen"]; {

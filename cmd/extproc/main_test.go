@@ -225,7 +225,7 @@ func TestXDSSource(t *testing.T) {
 		want string
 	}{
 		{[]string{"--now", "2026-11-23T10:00:10Z", "--xds-tls-dir", tlsDir}, "--now applies to a file source only"},
-		{nil, "--xds-tls-dir is required with an xds source"},
+		{nil, "--xds-tls-dir is required: with an xds source"},
 		{[]string{"--xds-tls-dir", pki.Dir(cptls.RoleEnvoyFront)}, "names role envoy-front; this component needs a extproc certificate"},
 		{[]string{"--xds-tls-dir", tlsDir, "--xds-insecure-plaintext"}, "exclude each other"},
 	} {

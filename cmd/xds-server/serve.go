@@ -123,17 +123,11 @@ func parseServe(args []string) (serveOptions, error) {
 	}
 	dir, hasDir := raw["xds-tls-dir"]
 	plaintext := raw["xds-insecure-plaintext"] == "true"
-	switch {
-	case hasDir && plaintext:
-		errs = multierror.Append(errs, errors.New("--xds-tls-dir and --xds-insecure-plaintext exclude each other"))
-	case hasDir:
-		files := cptls.DirFiles(dir)
-		if _, err := cptls.Load(files, cptls.RoleXDSServer, nil); err != nil {
-			errs = multierror.Append(errs, fmt.Errorf("--xds-tls-dir: %v", err))
-		}
-		opts.xdsTLS = &files
-	case !plaintext:
-		errs = multierror.Append(errs, errors.New("--xds-tls-dir is required: the gRPC port hands out Envoy's configuration and the routing table, so only holders of the control plane's certificates may connect (make them with xds-server certgen); --xds-insecure-plaintext serves anyone, for local experiments only"))
+	var err error
+	opts.xdsTLS, err = cptls.FromFlags(dir, hasDir, plaintext, cptls.RoleXDSServer,
+		"the gRPC port hands out Envoy's configuration and the routing table, so only holders of the control plane's certificates may connect (make them with xds-server certgen); --xds-insecure-plaintext serves anyone, for local experiments only")
+	if err != nil {
+		errs = multierror.Append(errs, err)
 	}
 	count := func(flag string, into *int) {
 		if v, ok := raw[flag]; ok {

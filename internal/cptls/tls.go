@@ -207,3 +207,23 @@ func VerifyServer(chain []*x509.Certificate, pool *x509.CertPool) error {
 	}
 	return nil
 }
+
+// FromFlags reads the --xds-tls-dir and --xds-insecure-plaintext flags both binaries take:
+// the role's files in dir (checked now, so a bad directory stops start-up), or nil for
+// plaintext, which must be asked for by name. required completes "--xds-tls-dir is required"
+// with why the component needs it.
+func FromFlags(dir string, hasDir, plaintext bool, role Role, required string) (*Files, error) {
+	switch {
+	case hasDir && plaintext:
+		return nil, errors.New("--xds-tls-dir and --xds-insecure-plaintext exclude each other")
+	case hasDir:
+		files := DirFiles(dir)
+		if _, err := Load(files, role, nil); err != nil {
+			return nil, fmt.Errorf("--xds-tls-dir: %v", err)
+		}
+		return &files, nil
+	case !plaintext:
+		return nil, errors.New("--xds-tls-dir is required: " + required)
+	}
+	return nil, nil
+}
