@@ -161,11 +161,13 @@ func (s *Server) Update(t *topology.Topology) {
 func (s *Server) updateLocked(t *topology.Topology) {
 	now := s.now()
 	named := t.SubsetClusters()
+	locals := map[string]bool{} // once per local apiserver, however many sidecars name it
 	for _, n := range s.nodes {
 		if n.LocalAPIServer == "" {
 			continue
 		}
-		if id := t.ResolveLocal(n.LocalAPIServer); id != "" {
+		if id := t.ResolveLocal(n.LocalAPIServer); id != "" && !locals[id] {
+			locals[id] = true
 			maps.Copy(named, t.WithLocal(id).SubsetClusters())
 		}
 	}
