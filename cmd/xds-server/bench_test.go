@@ -20,6 +20,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kube-mvp/kube-mvp/internal/inventory/objects"
+	"github.com/kube-mvp/kube-mvp/internal/makebeforebreak"
+	"github.com/kube-mvp/kube-mvp/internal/plan"
 	"github.com/kube-mvp/kube-mvp/internal/snapshot"
 	"github.com/kube-mvp/kube-mvp/internal/xds"
 )
@@ -80,10 +82,14 @@ func BenchmarkConvergence(b *testing.B) {
 		if len(errs) > 0 || t == nil {
 			b.Fatalf("objects.Build: %v", errs)
 		}
-		srv.Update(t)
+		e, err := plan.ForEveryEnvoy(t)
+		if err != nil {
+			b.Fatal(err)
+		}
+		srv.Update(e)
 	}
 
-	srv = xds.New(translator(snapshot.Config{ListenPort: 6443}, slog.New(slog.DiscardHandler)), slog.New(slog.DiscardHandler))
+	srv = xds.New(translator(snapshot.Config{ListenPort: 6443}, slog.New(slog.DiscardHandler)), makebeforebreak.Options{}, slog.New(slog.DiscardHandler))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	g := grpc.NewServer()

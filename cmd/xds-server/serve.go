@@ -12,7 +12,6 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -29,6 +28,8 @@ import (
 
 	"github.com/kube-mvp/kube-mvp/internal/cptls"
 	"github.com/kube-mvp/kube-mvp/internal/inventory"
+	"github.com/kube-mvp/kube-mvp/internal/makebeforebreak"
+	"github.com/kube-mvp/kube-mvp/internal/plan"
 	"github.com/kube-mvp/kube-mvp/internal/snapshot"
 	"github.com/kube-mvp/kube-mvp/internal/table"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
@@ -204,8 +205,8 @@ func parseServe(args []string) (serveOptions, error) {
 // translator adapts snapshot.Build to the xds server. An apiserver with an unusable address
 // only loses its endpoint (logged); any other error keeps the previous snapshot.
 func translator(cfg snapshot.Config, log *slog.Logger) xds.Translator {
-	return func(t *topology.Topology) (*cachev3.Snapshot, error) {
-		res, err := snapshot.Build(t, cfg)
+	return func(p *plan.Plan) (*cachev3.Snapshot, error) {
+		res, err := snapshot.Build(p, cfg)
 		if res == nil {
 			return nil, err
 		}
@@ -243,13 +244,11 @@ func serve(ctx context.Context, opts serveOptions, log *slog.Logger, ready chan<
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m := newServeMetrics(reg)
 
-	xdsServer := xds.New(translator(opts.cfg, log), log)
+	mbb := makebeforebreak.Options{TableDelay: opts.tableDelay, Linger: opts.linger}
+	xdsServer := xds.New(translator(opts.cfg, log), mbb, log)
 	xdsServer.OnBuild = m.observeBuild
-	xdsServer.Linger = opts.linger
-	// A newcomer joins the default cluster a table delay after the table naming it went out.
-	xdsServer.JoinDelay = 2 * opts.tableDelay
 	tables := table.NewServer(table.WithLogger(log), table.WithRegisterer(reg))
-	publish := delayedPublisher(tables, opts.tableDelay)
+	publisher := makebeforebreak.NewPublisher(mbb, func(e *plan.Envoys) { tables.Publish(e.Front.Topology, time.Now()) })
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "kube_mvp_xds_connected_nodes", Help: "Envoy nodes with at least one open xDS stream.",
 	}, func() float64 {
@@ -265,8 +264,16 @@ func serve(ctx context.Context, opts serveOptions, log *slog.Logger, ready chan<
 	opts.watch.Log = log
 	watcher, err := inventory.NewWatcher(opts.rest, opts.watch, func(t *topology.Topology) {
 		m.observeTopology(t)
-		xdsServer.Update(t)
-		publish(t)
+		// Every decision is made here, once per topology change; Envoy's snapshots and
+		// extproc's table are both translations of these plans.
+		e, err := plan.ForEveryEnvoy(t)
+		if err != nil {
+			m.builds.WithLabelValues("error").Inc()
+			log.Error("no routing plan for the new topology; Envoy and extproc keep the last one", "error", err)
+			return
+		}
+		xdsServer.Update(e)
+		publisher.Offer(e, e.Names())
 	})
 	if err != nil {
 		return err
@@ -391,64 +398,4 @@ func (m *serveMetrics) observeTopology(t *topology.Topology) {
 	live := len(t.Live())
 	m.apiservers.WithLabelValues("live").Set(float64(live))
 	m.apiservers.WithLabelValues("dead").Set(float64(len(t.APIServers) - live))
-}
-
-// delayedPublisher publishes a routing table delay after Envoy was given the matching
-// snapshot when it names something new: a cluster or a live apiserver (a sidecar's local
-// cluster, the all-apiservers cluster's new member) that the last published table did not.
-// Envoy warms a new cluster (endpoints, first health check) before using it, and extproc must
-// not name it earlier; the clusters older tables name linger meanwhile (xds.Server.Linger).
-// Every other table (an apiserver gone, a discovery change such as a new CRD) is published at
-// once, as is the first: nothing can be routed without one. A table never replaces a newer one.
-func delayedPublisher(tables *table.Server, delay time.Duration) func(*topology.Topology) {
-	var (
-		mu        sync.Mutex
-		seq       uint64
-		published uint64
-		known     map[string]bool // clusters and live apiservers the published table names
-	)
-	publish := func(n uint64, t *topology.Topology, names map[string]bool) {
-		mu.Lock()
-		defer mu.Unlock()
-		if n > published {
-			published, known = n, names
-			tables.Publish(t, time.Now())
-		}
-	}
-	return func(t *topology.Topology) {
-		names := tableNames(t)
-		mu.Lock()
-		seq++
-		n := seq
-		now := published == 0 || delay <= 0
-		if !now {
-			now = true
-			for name := range names {
-				if !known[name] {
-					now = false
-					break
-				}
-			}
-		}
-		mu.Unlock()
-		if now {
-			publish(n, t, names)
-			return
-		}
-		time.AfterFunc(delay, func() { publish(n, t, names) })
-	}
-}
-
-// tableNames is what a table built from t lets extproc route to: the default and subset
-// clusters, and each live apiserver (a member of the default cluster, or a sidecar's local
-// one).
-func tableNames(t *topology.Topology) map[string]bool {
-	names := map[string]bool{"cluster " + t.DefaultClusterName(): true}
-	for name := range t.SubsetClusters() {
-		names["cluster "+name] = true
-	}
-	for _, id := range t.Live() {
-		names["apiserver "+id] = true
-	}
-	return names
 }

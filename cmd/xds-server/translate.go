@@ -9,6 +9,7 @@ import (
 	"github.com/hashicorp/go-multierror"
 
 	"github.com/kube-mvp/kube-mvp/internal/inventory/objects"
+	"github.com/kube-mvp/kube-mvp/internal/plan"
 	"github.com/kube-mvp/kube-mvp/internal/snapshot"
 )
 
@@ -147,7 +148,12 @@ func runTranslate(args []string, stdout, stderr io.Writer) int {
 		topo = topo.WithLocal(opts.nodeID)
 	}
 
-	res, err := snapshot.Build(topo, opts.cfg)
+	p, err := plan.Build(topo)
+	if err != nil {
+		fmt.Fprintf(stderr, "xds-server translate: %v\n", err)
+		return 1
+	}
+	res, err := snapshot.Build(p, opts.cfg)
 	if res == nil {
 		fmt.Fprintf(stderr, "xds-server translate: %v\n", err)
 		return 1

@@ -1,7 +1,8 @@
 // Package contract is what xds-server's Envoy configuration (internal/snapshot), extproc
 // (internal/extproc) and the inventory must agree on, declared once: the headers kube-mvp
 // strips, sets or routes by, the media type of aggregated discovery, and the node metadata
-// that makes an Envoy a sidecar. Cluster names are topology's (topology.ClusterName).
+// that makes an Envoy a sidecar, the names of the apiserver clusters extproc routes to, and
+// the gRPC metadata Envoy's routes add to an ext_proc stream.
 package contract
 
 const (
@@ -29,4 +30,23 @@ const (
 	// NodeMetadataLocalAPIServer is the Envoy node metadata field that puts an Envoy in
 	// sidecar mode: the ID or hostname of the apiserver it runs beside.
 	NodeMetadataLocalAPIServer = "kube-mvp.io/local-apiserver"
+
+	// ClusterDefault holds every live apiserver (a front proxy's default cluster).
+	ClusterDefault = "kube-apiservers"
+	// ClusterLocal, in sidecar mode, holds only the local apiserver.
+	ClusterLocal = "kube-apiserver-local"
+	// ClusterSubsetPrefix starts the name of a cluster holding a strict subset, followed by
+	// the members' hostnames joined by "+" (plan.SubsetClusterName).
+	ClusterSubsetPrefix = "kube-apiservers-only-"
+
+	// MetadataCaller is the ext_proc stream's gRPC metadata key with which Envoy's
+	// "anonymous" route tells extproc the request carries no credentials at all
+	// (value CallerAnonymous): extproc never sees the Authorization header itself.
+	MetadataCaller  = "x-kube-mvp-caller"
+	CallerAnonymous = "anonymous"
+	// MetadataLocalAPIServer is the ext_proc stream's gRPC metadata key with which a
+	// sidecar Envoy's routes name the apiserver it runs beside (its ID, as xds-server
+	// resolved the node's NodeMetadataLocalAPIServer), so extproc decides by that sidecar's
+	// plan: the local apiserver is configured once, on the Envoy node.
+	MetadataLocalAPIServer = "x-kube-mvp-local-apiserver"
 )

@@ -128,15 +128,15 @@ func BenchmarkDecideInProcess(b *testing.B) {
 			b.ReportAllocs()
 			var disc discoveryState
 			for i := 0; b.Loop(); i++ {
-				if srv.respond(reqs[i%len(reqs)], false, &disc) == nil {
+				if srv.respond(reqs[i%len(reqs)], false, "", &disc) == nil {
 					b.Fatal("no response")
 				}
 			}
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "decisions/s")
 		})
 	}
-	// Parse and Decide alone, for comparison.
-	topo := srv.table.Load().topo
+	// Parse and the plan's lookup alone, for comparison.
+	routes := srv.table.Load().plans.Routes[""]
 	b.Run("parse+decide", func(b *testing.B) {
 		b.ReportAllocs()
 		reqs := benchRequests(false)
@@ -147,7 +147,7 @@ func BenchmarkDecideInProcess(b *testing.B) {
 		}
 		for i := 0; b.Loop(); i++ {
 			p := paths[i%len(paths)]
-			_ = topo.Decide(topology.ParsePathHeader(p[0], p[1]))
+			_ = routes.Decide(topology.ParsePathHeader(p[0], p[1]))
 		}
 	})
 }

@@ -16,7 +16,9 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 
+	"github.com/kube-mvp/kube-mvp/internal/contract"
 	"github.com/kube-mvp/kube-mvp/internal/inventory/objects"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
@@ -120,8 +122,18 @@ func exchange(ctx context.Context, c extprocv3.ExternalProcessorClient, msg *ext
 
 func call(t testing.TB, c extprocv3.ExternalProcessorClient, h *extprocv3.HttpHeaders) *extprocv3.ProcessingResponse {
 	t.Helper()
+	return callBeside(t, c, "", h)
+}
+
+// callBeside is call from a sidecar Envoy beside apiserver local ("": a front proxy), which
+// names it in the stream's gRPC metadata as the sidecar's routes do.
+func callBeside(t testing.TB, c extprocv3.ExternalProcessorClient, local string, h *extprocv3.HttpHeaders) *extprocv3.ProcessingResponse {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	if local != "" {
+		ctx = metadata.AppendToOutgoingContext(ctx, contract.MetadataLocalAPIServer, local)
+	}
 	resp, err := exchange(ctx, c, &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: h}})
 	if err != nil {
 		t.Fatal(err)

@@ -13,6 +13,7 @@ import (
 // Outcome label values beyond topology.Outcome's own names.
 const (
 	outcomeNoTable       = "no_table"
+	outcomeNoLocalPlan   = "no_local_plan"
 	outcomeInternalError = "internal_error"
 )
 
@@ -57,7 +58,7 @@ type metrics struct {
 	// decisions mirrors upstream's apiserver_rerouted_request_total{code,group,version,resource}
 	// (k8s.io/apiserver peerproxy), which counts only requests an apiserver proxied to a peer
 	// and labels them with the HTTP code; here every request is decided, so the label is the
-	// outcome (default, subset, not_served, unavailable, no_table, internal_error). The
+	// outcome (default, subset, not_served, unavailable, no_table, no_local_plan, internal_error). The
 	// group/version/resource labels name the serving-table key the decision used ("resource"
 	// is "pods/log" for a subresource key) and are empty when there is none (non-resource
 	// requests, CRD and aggregated groups, resources nobody publishes), so their values come
@@ -78,7 +79,7 @@ type metrics struct {
 	failed        atomic.Bool
 
 	// Children for the hot path, resolved once.
-	noTable, internalError prometheus.Counter
+	noTable, noPlan, internalError prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
@@ -131,6 +132,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 		return s.now().Sub(t.loadedAt).Seconds()
 	})
 	m.noTable = m.decisions.WithLabelValues(outcomeNoTable, "", "", "")
+	m.noPlan = m.decisions.WithLabelValues(outcomeNoLocalPlan, "", "", "")
 	m.internalError = m.decisions.WithLabelValues(outcomeInternalError, "", "", "")
 	reg.MustRegister(m.decisions, m.version, unexpected, identity, stripped, discovery, age)
 	m.registerTableUpdates(reg, s)

@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kube-mvp/kube-mvp/internal/contract"
+	"github.com/kube-mvp/kube-mvp/internal/plan"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 
@@ -29,40 +30,56 @@ var fixedRemovals = []string{
 // table is one routing table with everything derived from it that requests need, so a
 // request sees one consistent table and does no work that depends only on the table.
 type table struct {
-	topo     *topology.Topology
+	plans    *plan.Table
 	version  string
 	loadedAt time.Time
 	m        *metrics
-	// def is the route for Decision{Outcome: Default} without a serving-table key.
-	def *route
-	// routes holds the route of every published serving-table key, precomputed with
-	// DecideResource: the responses (and cluster names) are built once per table, not per
-	// request, and the common response is sent as is.
-	routes map[topology.Resource]*route
+	// views are the prepared routes of each kind of Envoy, by local apiserver ("" for a
+	// front proxy). An extproc serves one Envoy, so a view is prepared when first asked for.
+	views map[string]*view
 }
 
-func newTable(t *topology.Topology, version string, at time.Time, m *metrics) *table {
-	tb := &table{topo: t, version: version, loadedAt: at, m: m, routes: make(map[topology.Resource]*route, len(t.Served))}
-	tb.def = newRoute(t, topology.Decision{Outcome: topology.Default}, m)
-	for r := range t.Served {
-		if d := t.DecideResource(r); d.Resource == r {
-			tb.routes[r] = newRoute(t, d, m)
-		}
+func newTable(p *plan.Table, version string, at time.Time, m *metrics) *table {
+	tb := &table{plans: p, version: version, loadedAt: at, m: m, views: make(map[string]*view, len(p.Routes))}
+	for local, rs := range p.Routes {
+		tb.views[local] = &view{routes: rs}
 	}
 	return tb
 }
 
-// route returns the route for a decision made on tb.topo.
-func (tb *table) route(d topology.Decision) *route {
-	if d.Resource == (topology.Resource{}) && d.Outcome == topology.Default {
-		return tb.def
+// view is one Envoy's routes with their responses built once per table, not per request,
+// so the common response is sent as is.
+type view struct {
+	routes *plan.Routes
+	once   sync.Once
+	def    *route
+	byKey  map[topology.Resource]*route
+}
+
+// view returns the prepared routes of the Envoy beside local ("" for a front proxy), or nil
+// when the table has no plan for it.
+func (tb *table) view(local string) *view {
+	v := tb.views[local]
+	if v == nil {
+		return nil
 	}
-	if r := tb.routes[d.Resource]; r != nil && r.outcome == d.Outcome {
-		return r
+	v.once.Do(func() {
+		v.def = newRoute(v.routes.Default, tb.m)
+		all := v.routes.All()
+		v.byKey = make(map[topology.Resource]*route, len(all))
+		for _, r := range all {
+			v.byKey[r.Resource] = newRoute(r, tb.m)
+		}
+	})
+	return v
+}
+
+// route returns the prepared route of a plan route of v.
+func (v *view) route(r plan.Route) *route {
+	if rt := v.byKey[r.Resource]; rt != nil {
+		return rt
 	}
-	// Not precomputed (DecideResource of the key gives the same decision, so this should not
-	// happen); correct, only slower.
-	return newRoute(tb.topo, d, tb.m)
+	return v.def
 }
 
 // route is what a decision turns into: the response and the metric to count it in.
@@ -82,7 +99,7 @@ type route struct {
 	m           *metrics
 }
 
-func newRoute(t *topology.Topology, d topology.Decision, m *metrics) *route {
+func newRoute(d plan.Route, m *metrics) *route {
 	r := &route{outcome: d.Outcome, m: m}
 	res := d.Resource.Resource
 	if d.Resource.Subresource != "" {
@@ -93,7 +110,7 @@ func newRoute(t *topology.Topology, d topology.Decision, m *metrics) *route {
 		r.resp = immediate503("no apiserver that serves "+d.Resource.String()+" is available", "kube_mvp_no_live_apiserver")
 		return r
 	}
-	r.cluster = t.ClusterFor(d)
+	r.cluster = d.Cluster
 	r.set = []*corev3.HeaderValueOption{setHeader(contract.HeaderRoutingCluster, r.cluster, false)}
 	if d.Outcome == topology.Subset {
 		// An apiserver that runs upstream's in-process MVP must not proxy the request again.

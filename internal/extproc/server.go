@@ -29,6 +29,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kube-mvp/kube-mvp/internal/contract"
+	"github.com/kube-mvp/kube-mvp/internal/plan"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 
@@ -54,6 +55,7 @@ type Server struct {
 	reg        *prometheus.Registry
 	m          *metrics
 	noTable    *extprocv3.ProcessingResponse
+	noPlan     *extprocv3.ProcessingResponse
 	unexpected [len(unexpectedTypes)]*extprocv3.ProcessingResponse
 
 	identities            *identityCache
@@ -79,6 +81,7 @@ func New(opts Options) *Server {
 	}
 	s.m = newMetrics(s.reg, s)
 	s.noTable = immediate503("kube-mvp has no routing table yet", "kube_mvp_no_routing_table")
+	s.noPlan = immediate503("kube-mvp has no routing plan yet for the apiserver this proxy runs beside", "kube_mvp_no_local_plan")
 	empty := &extprocv3.HeadersResponse{}
 	s.unexpected = [...]*extprocv3.ProcessingResponse{
 		unexpectedResponseHeaders:  {Response: &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: empty}},
@@ -96,17 +99,30 @@ func New(opts Options) *Server {
 // Registry is where the Server's metrics are registered.
 func (s *Server) Registry() *prometheus.Registry { return s.reg }
 
-// SetTopology makes t the routing table; requests already being decided finish on the
-// previous one. version names it in metrics and logs (the table stream's content hash, or
-// FileSource's). The signature fits internal/table.Follow's apply callback. A nil t is
-// ignored.
+// SetTopology makes the plans of t (plan.ForEveryEnvoy, as xds-server makes them) the
+// routing table; see SetTable. A nil t, or one no plan can be made of, is ignored (logged).
 func (s *Server) SetTopology(t *topology.Topology, version string) {
 	if t == nil {
 		return
 	}
+	e, err := plan.ForEveryEnvoy(t)
+	if err != nil {
+		s.log.Error("routing table not used: no plan can be made of it", "version", version, "error", err)
+		return
+	}
+	s.SetTable(e.Table(), version)
+}
+
+// SetTable makes p the routing table; requests already being decided finish on the
+// previous one. version names it in metrics and logs (the table stream's content hash, or
+// FileSource's). A nil p is ignored.
+func (s *Server) SetTable(p *plan.Table, version string) {
+	if p == nil {
+		return
+	}
 	s.setMu.Lock()
 	defer s.setMu.Unlock()
-	tb := newTable(t, version, s.now(), s.m)
+	tb := newTable(p, version, s.now(), s.m)
 	old := s.table.Swap(tb)
 	oldVersion := ""
 	if old != nil {
@@ -114,7 +130,7 @@ func (s *Server) SetTopology(t *topology.Topology, version string) {
 	}
 	s.m.setVersion(oldVersion, version)
 	if old == nil || oldVersion != version {
-		s.log.Info("routing table in use", "version", version, "apiservers", len(t.APIServers), "live", len(t.Live()), "resources", len(t.Served))
+		s.log.Info("routing table in use", "version", version, "apiservers", len(p.APIServers), "live", p.Live(), "resources", p.Routes[""].Len())
 	}
 }
 
@@ -134,11 +150,16 @@ func (s *Server) Version() string {
 // request_headers message and expects exactly one response to it; for a merged-discovery
 // request, whose answer asked for them (mode_override), the response headers follow on the
 // same stream. The stream's gRPC metadata may say the request has no credentials at all
-// (Envoy's anonymous route).
+// (Envoy's anonymous route), and, from a sidecar Envoy, which apiserver it runs beside: its
+// requests are decided by that sidecar's plan.
 func (s *Server) Process(stream grpc.BidiStreamingServer[extprocv3.ProcessingRequest, extprocv3.ProcessingResponse]) error {
 	md, _ := metadata.FromIncomingContext(stream.Context())
-	caller := md.Get(topology.AnonymousCallerMetadata[0])
-	anonymous := len(caller) == 1 && caller[0] == topology.AnonymousCallerMetadata[1]
+	caller := md.Get(contract.MetadataCaller)
+	anonymous := len(caller) == 1 && caller[0] == contract.CallerAnonymous
+	var local string
+	if l := md.Get(contract.MetadataLocalAPIServer); len(l) == 1 {
+		local = l[0]
+	}
 	var disc discoveryState
 	for {
 		req, err := stream.Recv()
@@ -148,7 +169,7 @@ func (s *Server) Process(stream grpc.BidiStreamingServer[extprocv3.ProcessingReq
 			}
 			return err
 		}
-		if err := stream.Send(s.respond(req, anonymous, &disc)); err != nil {
+		if err := stream.Send(s.respond(req, anonymous, local, &disc)); err != nil {
 			return err
 		}
 	}
@@ -158,11 +179,11 @@ func (s *Server) Process(stream grpc.BidiStreamingServer[extprocv3.ProcessingReq
 // processing mode; each is counted and answered with an empty response of its own type
 // (which lets the request continue unchanged) rather than failing the stream, which with
 // failure_mode_allow: false would fail the client's request.
-func (s *Server) respond(req *extprocv3.ProcessingRequest, anonymous bool, disc *discoveryState) *extprocv3.ProcessingResponse {
+func (s *Server) respond(req *extprocv3.ProcessingRequest, anonymous bool, local string, disc *discoveryState) *extprocv3.ProcessingResponse {
 	var u int
 	switch r := req.GetRequest().(type) {
 	case *extprocv3.ProcessingRequest_RequestHeaders:
-		return s.requestHeaders(r.RequestHeaders, anonymous, disc)
+		return s.requestHeaders(r.RequestHeaders, anonymous, local, disc)
 	case *extprocv3.ProcessingRequest_ResponseHeaders:
 		if disc.doc != nil { // we asked for these (mode_override)
 			return s.mergedDiscoveryResponse(r.ResponseHeaders, disc)
@@ -185,8 +206,9 @@ func (s *Server) respond(req *extprocv3.ProcessingRequest, anonymous bool, disc 
 
 // requestHeaders is the whole per-request work: scan the headers, settle the client
 // identity, decide, answer. anonymous: Envoy's route says the request has no credentials;
-// disc is filled in for a merged-discovery request.
-func (s *Server) requestHeaders(h *extprocv3.HttpHeaders, anonymous bool, disc *discoveryState) *extprocv3.ProcessingResponse {
+// local: the sidecar Envoy's apiserver ("" for a front proxy); disc is filled in for a
+// merged-discovery request.
+func (s *Server) requestHeaders(h *extprocv3.HttpHeaders, anonymous bool, local string, disc *discoveryState) *extprocv3.ProcessingResponse {
 	var (
 		method, path        string
 		accept, ifNoneMatch string
@@ -261,7 +283,15 @@ func (s *Server) requestHeaders(h *extprocv3.HttpHeaders, anonymous bool, disc *
 		s.m.noTable.Inc()
 		return s.noTable
 	}
-	rt, err := decide(tb, method, path)
+	v := tb.view(local)
+	if v == nil {
+		// A sidecar whose apiserver this table has no plan for: its Envoy got a newer
+		// configuration than this table (or a forged stream names no apiserver). Any
+		// cluster named here could be missing from that Envoy, so nothing is.
+		s.m.noPlan.Inc()
+		return s.noPlan
+	}
+	rt, err := decide(v, method, path)
 	if err != nil {
 		// The parser or Decide failed on this input: send it to the default set, whose
 		// handler chain answers it as it would without kube-mvp. Identity handling above is
@@ -270,7 +300,7 @@ func (s *Server) requestHeaders(h *extprocv3.HttpHeaders, anonymous bool, disc *
 			s.log.Error("routing decision failed; using the default cluster", "method", method, "path", path, "error", err, "similar_suppressed", n)
 		}
 		s.m.internalError.Inc()
-		rt = tb.def
+		rt = v.def
 	} else {
 		rt.count()
 	}
@@ -281,26 +311,26 @@ func (s *Server) requestHeaders(h *extprocv3.HttpHeaders, anonymous bool, disc *
 	if len(id.set) != 0 || len(extras) != 0 {
 		resp = rt.response(id.set, extras)
 	}
-	if tb.topo.Discovery != nil && wantsMergedDiscovery(method, path, accept) {
-		*disc = discoveryState{doc: tb.topo.Discovery, ifNoneMatch: ifNoneMatch}
+	if tb.plans.Discovery != nil && wantsMergedDiscovery(method, path, accept) {
+		*disc = discoveryState{doc: tb.plans.Discovery, ifNoneMatch: ifNoneMatch}
 		return withResponseHeaders(resp)
 	}
 	return resp
 }
 
-// decide parses the request line and decides on tb. A request without :path (malformed;
+// decide parses the request line and looks it up in v. A request without :path (malformed;
 // Envoy's codecs reject those before filters run) is treated as non-resource. A panic in
-// the parser or Decide is turned into an error rather than taking the process down.
-func decide(tb *table, method, path string) (rt *route, err error) {
+// the parser or the lookup is turned into an error rather than taking the process down.
+func decide(v *view, method, path string) (rt *route, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			rt, err = nil, fmt.Errorf("panic: %v", p)
 		}
 	}()
 	if path == "" {
-		return tb.def, nil
+		return v.def, nil
 	}
-	return tb.route(tb.topo.Decide(topology.ParsePathHeader(method, path))), nil
+	return v.route(v.routes.Decide(topology.ParsePathHeader(method, path))), nil
 }
 
 // headerValue returns a header's value: Envoy sends it in raw_value (runtime flag

@@ -101,8 +101,9 @@ func mustJSON(v any) string {
 	return string(b)
 }
 
-// TestDecisions covers every outcome of topology.Decide, subresources and sidecar mode, over real
-// gRPC streams on a unix socket and on loopback TCP.
+// TestDecisions covers every outcome of topology.Decide, subresources and sidecar mode (the
+// sidecar's stream names its apiserver in gRPC metadata), over real gRPC streams on a unix
+// socket and on loopback TCP.
 func TestDecisions(t *testing.T) {
 	fx := loadFixture(t, "upgrade.yaml", fixtureNow)
 	allLive := loadFixture(t, "upgrade.yaml", time.Time{})
@@ -205,7 +206,7 @@ func TestDecisions(t *testing.T) {
 				t.Run(c.name, func(t *testing.T) {
 					srv.SetTopology(c.topo, "test")
 					req := request(c.method, c.path)
-					checkResponse(t, req, call(t, client, req), c.want)
+					checkResponse(t, req, callBeside(t, client, c.topo.LocalID, req), c.want)
 				})
 			}
 		})
@@ -368,8 +369,8 @@ func TestMetrics(t *testing.T) {
 			t.Errorf("%s%v = %v (found %v), want %v", c.name, c.labels, got, ok, c.want)
 		}
 	}
-	if n := metricCount(t, srv, "kube_mvp_extproc_decisions_total"); n != 7 {
-		t.Errorf("%d decision series, want 7 (no series per request path)", n)
+	if n := metricCount(t, srv, "kube_mvp_extproc_decisions_total"); n != 8 {
+		t.Errorf("%d decision series, want 8 (no series per request path)", n)
 	}
 	if n := metricCount(t, srv, "kube_mvp_extproc_table_version_info"); n != 1 {
 		t.Errorf("%d version series, want 1", n)

@@ -11,7 +11,6 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/kube-mvp/kube-mvp/internal/contract"
-	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 
 // TestSpoofedHeaders: whatever identity or routing headers a client sends, none reaches an
@@ -132,7 +131,7 @@ func TestAnonymousCaller(t *testing.T) {
 	client := serve(t, "tcp", srv)
 	xfcc := `Hash=` + strings.Repeat("0f", 32) + `;Subject="CN=alice,O=team-a";URI=`
 	spoofed := []string{"x-remote-user", "system:admin", "x-remote-group", "system:masters", "x-remote-extra-scopes", "all"}
-	anon := topology.AnonymousCallerMetadata[:]
+	anon := []string{contract.MetadataCaller, contract.CallerAnonymous}
 
 	cases := []struct {
 		name     string
@@ -149,7 +148,7 @@ func TestAnonymousCaller(t *testing.T) {
 			routed("kube-apiservers"), []string{"system:anonymous"}, []string{"system:unauthenticated"}},
 		{"anonymous route but a certificate", anon, []string{contract.HeaderXFCC, xfcc}, "/api/v1/pods",
 			routed("kube-apiservers"), []string{"alice"}, []string{"team-a"}},
-		{"other metadata value", []string{topology.AnonymousCallerMetadata[0], "someone"}, spoofed, "/api/v1/pods",
+		{"other metadata value", []string{contract.MetadataCaller, "someone"}, spoofed, "/api/v1/pods",
 			routed("kube-apiservers"), nil, nil},
 		{"no metadata", nil, spoofed, "/api/v1/pods", routed("kube-apiservers"), nil, nil},
 	}

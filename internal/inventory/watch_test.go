@@ -20,6 +20,7 @@ import (
 
 	"github.com/kube-mvp/kube-mvp/internal/inventory"
 	"github.com/kube-mvp/kube-mvp/internal/inventory/objects"
+	"github.com/kube-mvp/kube-mvp/internal/plan"
 	"github.com/kube-mvp/kube-mvp/internal/testutil"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 	"github.com/kube-mvp/kube-mvp/test/controlplane"
@@ -104,7 +105,7 @@ func TestWatcherAgainstMixedControlPlane(t *testing.T) {
 			t.Errorf("%s: %v %v, want %v %v", c.r, d.Outcome, d.Servers, c.outcome, c.servers)
 		}
 	}
-	if name := topo.ClusterFor(topo.DecideResource(jobs)); name != "kube-apiservers-only-cp-a" {
+	if name := plan.SubsetClusterName(topo, topo.DecideResource(jobs).Servers); name != "kube-apiservers-only-cp-a" {
 		t.Errorf("cluster for batch/v1 jobs: %q", name)
 	}
 	// The merged /apis discovery has batch/v1 (from cp-a) and no core group (that is /api's).

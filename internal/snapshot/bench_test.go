@@ -56,7 +56,7 @@ func BenchmarkBuild(b *testing.B) {
 	cfg := testConfig()
 	b.ReportAllocs()
 	for b.Loop() {
-		res, err := snapshot.Build(topo, cfg)
+		res, err := snapshot.Build(mustPlan(b, topo), cfg)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -16,12 +16,12 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/kube-mvp/kube-mvp/internal/plan"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 
-// Resource names. Cluster names of the apiserver clusters come from the topology package
-// (topology.DefaultCluster, topology.LocalCluster, Topology.ClusterName), because extproc names
-// them too.
+// Resource names. The apiserver clusters are named by the plan (contract.Cluster*), because
+// extproc names them too.
 const (
 	ListenerName       = "kube-apiserver"
 	RouteConfigName    = "kube-apiserver"
@@ -81,24 +81,23 @@ func (e *AddressError) Error() string {
 	return fmt.Sprintf("%s: address %q %s; its endpoint is left out of every cluster", who, e.Address, e.Reason)
 }
 
-// Build translates a topology into Envoy resources. It is pure: the output depends only on t
-// and cfg, byte for byte.
+// Build translates a plan into Envoy resources. It is pure: the output depends only on p
+// and cfg, byte for byte. It decides nothing: every cluster, route and outcome is p's.
 //
 // Every problem is reported (joined with errors.Join), not only the first. When every problem
 // is an *AddressError (an apiserver whose endpoint had to be left out), Build returns the
 // Resources without those endpoints together with the error, so a caller can choose degraded
 // service over none; any other error means no Resources.
-func Build(t *topology.Topology, cfg Config) (*Resources, error) {
-	if t == nil {
-		return nil, errors.New("snapshot: nil topology")
+func Build(p *plan.Plan, cfg Config) (*Resources, error) {
+	if p == nil || p.Topology == nil {
+		return nil, errors.New("snapshot: no plan")
 	}
 	c, errs := cfg.check()
 	if len(errs) > 0 {
 		// Building from a bad config would only add noise to the report.
 		return nil, errors.Join(errs...)
 	}
-	b := &builder{t: t, cfg: c}
-	b.decide()
+	b := &builder{p: p, t: p.Topology, cfg: c}
 	res := &Resources{}
 	secrets := b.secrets()
 	for _, s := range secrets {
@@ -115,7 +114,7 @@ func Build(t *topology.Topology, cfg Config) (*Resources, error) {
 	}
 	b.validateTop(res)
 	if len(b.errs) == 0 {
-		b.errs = append(b.errs, checkReferences(res, b.producible)...)
+		b.errs = append(b.errs, checkReferences(res, b.producible())...)
 	}
 	fatal := slices.ContainsFunc(b.errs, func(err error) bool {
 		var ae *AddressError
@@ -132,59 +131,26 @@ func Build(t *topology.Topology, cfg Config) (*Resources, error) {
 
 // builder carries one translation.
 type builder struct {
-	t    *topology.Topology
+	p    *plan.Plan
+	t    *topology.Topology // p's, for apiserver names and addresses
 	cfg  config
 	errs []error
-
-	// resources are every published serving-table key, sorted, with their decisions.
-	resources []topology.Resource
-	decisions []topology.Decision
-	// subsets are the serving sets a Subset decision can name, by cluster name.
-	subsets map[string]topology.ServerSet
-	// lingering marks the subsets that only Topology.Lingering asks for.
-	lingering map[string]bool
-	// producible maps every cluster that extproc may name to one resource that leads there
-	// (for error messages).
-	producible map[string]string
 }
 
 func (b *builder) errorf(format string, args ...any) {
 	b.errs = append(b.errs, fmt.Errorf(format, args...))
 }
 
-// decide runs the one routing rule over every published key: the route table and the set of
-// clusters are derived from these decisions, as extproc derives its answers.
-func (b *builder) decide() {
-	b.resources = b.t.Resources()
-	b.decisions = make([]topology.Decision, len(b.resources))
-	b.subsets = map[string]topology.ServerSet{}
-	def := b.t.DefaultClusterName()
-	b.producible = map[string]string{def: "non-resource requests"}
-	for i, r := range b.resources {
-		d := b.t.DecideResource(r)
-		b.decisions[i] = d
-		if d.Outcome != topology.Subset {
-			continue
-		}
-		name := b.t.ClusterName(d.Servers)
-		if prev, ok := b.subsets[name]; ok && !slices.Equal(prev, d.Servers) {
-			b.errorf("cluster name %s stands for two serving sets, [%s] and [%s] (two apiservers share a hostname?)", name, prev.Key(), d.Servers.Key())
-			continue
-		}
-		b.subsets[name] = d.Servers
-		if _, ok := b.producible[name]; !ok {
-			b.producible[name] = r.String()
+// producible maps every cluster that extproc may name by the plan's routes to one resource
+// that leads there, for checkReferences' error messages.
+func (b *builder) producible() map[string]string {
+	out := map[string]string{b.p.Routes.Default.Cluster: "non-resource requests"}
+	for _, r := range b.p.Routes.All() {
+		if _, ok := out[r.Cluster]; !ok && r.Cluster != "" {
+			out[r.Cluster] = r.Resource.String()
 		}
 	}
-	// Clusters an older routing table may still name stay (with their live members) until
-	// the table stream has moved on; see topology.Topology.Lingering.
-	b.lingering = map[string]bool{}
-	for name, set := range b.t.Lingering {
-		if _, ok := b.subsets[name]; !ok && name != def {
-			b.subsets[name] = set
-			b.lingering[name] = true
-		}
-	}
+	return out
 }
 
 // validated is every generated Envoy message: PGV generates ValidateAll for each.

@@ -17,7 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/kube-mvp/kube-mvp/internal/topology"
+	"github.com/kube-mvp/kube-mvp/internal/plan"
 )
 
 // Cluster tuning (see the package doc for why).
@@ -30,61 +30,6 @@ const (
 	circuitBreakerLimit = 100_000
 	retryLimit          = 10_000
 )
-
-// apiserverCluster is one cluster of apiservers to define.
-type apiserverCluster struct {
-	name    string
-	role    string // "default", "local", "subset" or "lingering"
-	members topology.ServerSet
-}
-
-// apiserverClusters lists every apiserver cluster, sorted by name: the default cluster and one
-// per serving set that a Subset decision names.
-//
-// In sidecar mode the default cluster is the local apiserver alone and the all-live cluster is
-// not defined: no decision names it (a resource the local apiserver serves stays local; one it
-// does not serve goes to the subset of live apiservers that do), and every sidecar would
-// otherwise health-check every apiserver for nothing.
-func (b *builder) apiserverClusters() []apiserverCluster {
-	var out []apiserverCluster
-	if b.t.LocalID != "" {
-		var members topology.ServerSet
-		if slices.Contains(b.t.Live(), b.t.LocalID) {
-			members = topology.ServerSet{b.t.LocalID}
-		}
-		out = append(out, apiserverCluster{name: b.t.DefaultClusterName(), role: "local", members: members})
-	} else {
-		out = append(out, apiserverCluster{name: b.t.DefaultClusterName(), role: "default", members: b.defaultMembers()})
-	}
-	for name, set := range b.subsets {
-		if name == out[0].name {
-			continue // cannot happen with topology's names; the reference check would tell
-		}
-		role := "subset"
-		if b.lingering[name] {
-			role = "lingering" // no decision names it now; an older routing table may
-		}
-		out = append(out, apiserverCluster{name: name, role: role, members: set})
-	}
-	slices.SortFunc(out, func(a, b apiserverCluster) int { return strings.Compare(a.name, b.name) })
-	return out
-}
-
-// defaultMembers are the live apiservers, less those still joining (Topology.Joining): an
-// older routing table may send a request to the default cluster that a joining apiserver
-// cannot serve. If every live apiserver is joining, none is held back.
-func (b *builder) defaultMembers() topology.ServerSet {
-	var members topology.ServerSet
-	for _, id := range b.t.Live() {
-		if !b.t.Joining[id] {
-			members = append(members, id)
-		}
-	}
-	if len(members) == 0 {
-		return b.t.Live()
-	}
-	return members
-}
 
 // clusters returns every cluster, sorted by name, and the endpoints of the EDS ones.
 func (b *builder) clusters() ([]*clusterv3.Cluster, []*endpointv3.ClusterLoadAssignment) {
@@ -103,9 +48,9 @@ func (b *builder) clusters() ([]*clusterv3.Cluster, []*endpointv3.ClusterLoadAss
 
 	var clusters []*clusterv3.Cluster
 	var cla []*endpointv3.ClusterLoadAssignment
-	for _, c := range b.apiserverClusters() {
+	for _, c := range b.p.Clusters {
 		clusters = append(clusters, &clusterv3.Cluster{
-			Name:                          c.name,
+			Name:                          c.Name,
 			ClusterDiscoveryType:          &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS},
 			EdsClusterConfig:              &clusterv3.Cluster_EdsClusterConfig{EdsConfig: ads()},
 			ConnectTimeout:                durationpb.New(apiserverConnectTimeout),
@@ -149,12 +94,12 @@ func (b *builder) clusters() ([]*clusterv3.Cluster, []*endpointv3.ClusterLoadAss
 			Metadata:       b.clusterMetadata(c),
 		})
 		var lb []*endpointv3.LbEndpoint
-		for _, id := range c.members {
+		for _, id := range c.Members {
 			if e := addrs[id]; e != nil {
 				lb = append(lb, e)
 			}
 		}
-		a := &endpointv3.ClusterLoadAssignment{ClusterName: c.name}
+		a := &endpointv3.ClusterLoadAssignment{ClusterName: c.Name}
 		if len(lb) > 0 {
 			a.Endpoints = []*endpointv3.LocalityLbEndpoints{{LbEndpoints: lb}}
 		}
@@ -214,19 +159,19 @@ func (b *builder) endpointAddresses() map[string]*endpointv3.LbEndpoint {
 }
 
 // clusterMetadata tells an operator reading /config_dump who is inside a cluster and why.
-func (b *builder) clusterMetadata(c apiserverCluster) *corev3.Metadata {
-	members := make([]any, 0, len(c.members))
-	for _, id := range c.members {
+func (b *builder) clusterMetadata(c plan.Cluster) *corev3.Metadata {
+	members := make([]any, 0, len(c.Members))
+	for _, id := range c.Members {
 		s, _ := b.t.Server(id)
 		members = append(members, map[string]any{"id": id, "hostname": s.Hostname, "address": s.Address})
 	}
-	fields := map[string]any{"role": c.role, "apiservers": members}
-	if c.role == "local" {
-		fields["localAPIServer"] = b.t.LocalID
+	fields := map[string]any{"role": string(c.Role), "apiservers": members}
+	if c.Role == plan.RoleLocal {
+		fields["localAPIServer"] = b.p.LocalID
 	}
 	md, err := structpb.NewStruct(fields)
 	if err != nil {
-		b.errorf("cluster %s: metadata: %w", c.name, err)
+		b.errorf("cluster %s: metadata: %w", c.Name, err)
 	}
 	return &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{MetadataNamespace: md}}
 }

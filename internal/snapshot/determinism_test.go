@@ -63,7 +63,7 @@ func TestDeterminism(t *testing.T) {
 				if id := sidecarOf[name]; id != "" {
 					topo = topo.WithLocal(id)
 				}
-				res, err := snapshot.Build(topo, testConfig())
+				res, err := snapshot.Build(mustPlan(t, topo), testConfig())
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -90,13 +90,13 @@ func TestDeterminism(t *testing.T) {
 // overall version), and only of that type.
 func TestVersionsFollowContent(t *testing.T) {
 	topo := loadCase(t, "batch-off")
-	a, err := snapshot.Build(topo, testConfig())
+	a, err := snapshot.Build(mustPlan(t, topo), testConfig())
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg := testConfig()
 	cfg.Secrets.PeerCA = "/etc/kube-mvp/other-peer-ca/ca.crt"
-	b, err := snapshot.Build(topo, cfg)
+	b, err := snapshot.Build(mustPlan(t, topo), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

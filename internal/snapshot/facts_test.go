@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kube-mvp/kube-mvp/internal/contract"
+	"github.com/kube-mvp/kube-mvp/internal/plan"
 	"github.com/kube-mvp/kube-mvp/internal/snapshot"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
@@ -98,43 +99,43 @@ func TestRoutingFacts(t *testing.T) {
 	cases := map[string]want{
 		"all-equal": {
 			directGVs: []string{"core/v1", "apps/v1", "batch/v1", "rbac.authorization.k8s.io/v1"},
-			members:   map[string][]string{topology.DefaultCluster: all},
+			members:   map[string][]string{contract.ClusterDefault: all},
 		},
 		"batch-off": {
 			extProcGVs: []string{"batch/v1"},
 			directGVs:  []string{"core/v1", "apps/v1", "rbac.authorization.k8s.io/v1"},
-			members:    map[string][]string{topology.DefaultCluster: all, "kube-apiservers-only-cp-a+cp-c": {"cp-a", "cp-c"}},
+			members:    map[string][]string{contract.ClusterDefault: all, "kube-apiservers-only-cp-a+cp-c": {"cp-a", "cp-c"}},
 		},
 		"new-resource": {
 			extProcGVs: []string{"core/v1", "storage.k8s.io/v1"},
 			directGVs:  []string{"apps/v1", "batch/v1", "rbac.authorization.k8s.io/v1"},
-			members:    map[string][]string{topology.DefaultCluster: all, "kube-apiservers-only-cp-a": {"cp-a"}},
+			members:    map[string][]string{contract.ClusterDefault: all, "kube-apiservers-only-cp-a": {"cp-a"}},
 		},
 		"dead-lease": {
 			// cp-c alone serves storagemigration: Unavailable, which extproc answers with 503.
 			extProcGVs: []string{"storagemigration.k8s.io/v1alpha1"},
 			directGVs:  []string{"core/v1", "apps/v1", "batch/v1", "rbac.authorization.k8s.io/v1"},
-			members:    map[string][]string{topology.DefaultCluster: {"cp-a", "cp-b"}},
+			members:    map[string][]string{contract.ClusterDefault: {"cp-a", "cp-b"}},
 		},
 		"discovery-only": {
 			extProcGVs: []string{"apps/v1"},
 			directGVs:  []string{"core/v1", "batch/v1", "rbac.authorization.k8s.io/v1"},
-			members:    map[string][]string{topology.DefaultCluster: all, "kube-apiservers-only-cp-a+cp-c": {"cp-a", "cp-c"}},
+			members:    map[string][]string{contract.ClusterDefault: all, "kube-apiservers-only-cp-a+cp-c": {"cp-a", "cp-c"}},
 		},
 		"sidecar": {
 			extProcGVs: []string{"batch/v1"},
 			directGVs:  []string{"core/v1", "apps/v1", "rbac.authorization.k8s.io/v1"},
-			members:    map[string][]string{topology.LocalCluster: {"cp-b"}, "kube-apiservers-only-cp-a+cp-c": {"cp-a", "cp-c"}},
+			members:    map[string][]string{contract.ClusterLocal: {"cp-b"}, "kube-apiservers-only-cp-a+cp-c": {"cp-a", "cp-c"}},
 		},
 		"storageversion-only": {
 			extProcGVs: []string{"batch/v1"},
 			// policy/v1beta1 is NotServed (only a stale ID): the default apiservers 404 it.
 			directGVs: []string{"core/v1", "apps/v1", "policy/v1beta1"},
-			members:   map[string][]string{topology.DefaultCluster: {"cp-a", "cp-b"}, "kube-apiservers-only-cp-a": {"cp-a"}},
+			members:   map[string][]string{contract.ClusterDefault: {"cp-a", "cp-b"}, "kube-apiservers-only-cp-a": {"cp-a"}},
 		},
 		"crd-apiservice": {
 			directGVs: []string{"core/v1", "apps/v1", "batch/v1", "rbac.authorization.k8s.io/v1"},
-			members:   map[string][]string{topology.DefaultCluster: {"cp-a", "cp-b"}},
+			members:   map[string][]string{contract.ClusterDefault: {"cp-a", "cp-b"}},
 		},
 	}
 	for _, name := range goldenCases(t) {
@@ -144,12 +145,12 @@ func TestRoutingFacts(t *testing.T) {
 				t.Fatalf("no expectations for testdata/%s.in.yaml: add them to TestRoutingFacts", name)
 			}
 			topo := loadCase(t, name)
-			res, err := snapshot.Build(topo, testConfig())
+			res, err := snapshot.Build(mustPlan(t, topo), testConfig())
 			if err != nil {
 				t.Fatal(err)
 			}
 			routes := readRoutes(t, res)
-			def := topo.DefaultClusterName()
+			def := plan.DefaultCluster(topo.LocalID)
 
 			// Fixed routes first and last, in order.
 			if r := routes[0]; r.name != snapshot.RouteRoutingHeader || r.header != contract.HeaderRoutingCluster || r.cluster != "header:"+contract.HeaderRoutingCluster || r.extProc {
@@ -160,8 +161,14 @@ func TestRoutingFacts(t *testing.T) {
 			}
 			if r := routes[2]; r.name != snapshot.RouteAnonymous || r.cluster != def || !r.extProc ||
 				!slices.Equal(r.absent, []string{"authorization", "x-forwarded-client-cert", "sec-websocket-protocol"}) ||
-				!slices.Equal(r.metadata, []string{"x-kube-mvp-caller=anonymous"}) {
+				!slices.Equal(r.metadata, append(localMetadata(topo), "x-kube-mvp-caller=anonymous")) {
 				t.Errorf("third route = %+v, want the anonymous route: no credentials, ext_proc on, told so by gRPC metadata", r)
+			}
+			// A sidecar's ext_proc streams name its apiserver, so extproc decides by its plan.
+			for _, r := range routes {
+				if r.extProc && !slices.Equal(r.metadata[:min(len(r.metadata), len(localMetadata(topo)))], localMetadata(topo)) {
+					t.Errorf("route %s: ext_proc metadata %v, want it to start with %v", r.name, r.metadata, localMetadata(topo))
+				}
 			}
 			if r := routes[3]; r.name != snapshot.RouteDiscovery || r.path != "/apis" || r.cluster != def || !r.extProc {
 				t.Errorf("fourth route = %+v, want the discovery route: path /apis, ext_proc on", r)
@@ -199,9 +206,9 @@ func TestRoutingFacts(t *testing.T) {
 			for _, c := range res.Clusters {
 				clusters[c.(*clusterv3.Cluster).GetName()] = true
 			}
-			for _, r := range topo.Resources() {
-				if c := topo.ClusterFor(topo.DecideResource(r)); c != "" && !clusters[c] {
-					t.Errorf("extproc routes %s to %s, which is not defined", r, c)
+			for _, r := range mustPlan(t, topo).Routes.All() {
+				if r.Cluster != "" && !clusters[r.Cluster] {
+					t.Errorf("extproc routes %s to %s, which is not defined", r.Resource, r.Cluster)
 				}
 			}
 		})
@@ -211,7 +218,7 @@ func TestRoutingFacts(t *testing.T) {
 // TestLocalReplyIsKubernetesStatus: the body Envoy renders for its own failures decodes as a
 // metav1.Status (the format strings aside).
 func TestLocalReplyIsKubernetesStatus(t *testing.T) {
-	res, err := snapshot.Build(loadCase(t, "batch-off"), testConfig())
+	res, err := snapshot.Build(mustPlan(t, loadCase(t, "batch-off")), testConfig())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -257,7 +264,7 @@ func TestNoAnonymousRoute(t *testing.T) {
 	noProxyCert := testConfig()
 	noProxyCert.Secrets.ProxyClientCert, noProxyCert.Secrets.ProxyClientKey = "", ""
 	for name, cfg := range map[string]snapshot.Config{"DisableAnonymous": disabled, "no proxy client certificate": noProxyCert} {
-		res, err := snapshot.Build(loadCase(t, "batch-off"), cfg)
+		res, err := snapshot.Build(mustPlan(t, loadCase(t, "batch-off")), cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -286,7 +293,7 @@ func TestLingeringCluster(t *testing.T) {
 		t.Fatal("dead-lease has no dead and live apiserver")
 	}
 	const name = "kube-apiservers-only-old"
-	res, err := snapshot.Build(topo.WithLingering(map[string]topology.ServerSet{name: {dead, live}}), testConfig())
+	res, err := snapshot.Build(mustPlan(t, topo).WithHold(plan.Hold{Lingering: map[string]topology.ServerSet{name: {dead, live}}}), testConfig())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -318,12 +325,12 @@ func TestJoiningApiserver(t *testing.T) {
 	for _, s := range topo.APIServers {
 		ids[s.Hostname] = s.ID
 	}
-	res, err := snapshot.Build(topo.WithJoining(map[string]bool{ids["cp-a"]: true}), testConfig())
+	res, err := snapshot.Build(mustPlan(t, topo).WithHold(plan.Hold{Joining: map[string]bool{ids["cp-a"]: true}}), testConfig())
 	if err != nil {
 		t.Fatal(err)
 	}
 	m := readMembers(res)
-	if got := m[topology.DefaultCluster]; !slices.Equal(got, []string{"cp-b", "cp-c"}) {
+	if got := m[contract.ClusterDefault]; !slices.Equal(got, []string{"cp-b", "cp-c"}) {
 		t.Errorf("default cluster %v, want cp-b and cp-c (cp-a joining)", got)
 	}
 	if got := m["kube-apiservers-only-cp-a+cp-c"]; !slices.Equal(got, []string{"cp-a", "cp-c"}) {
@@ -333,11 +340,19 @@ func TestJoiningApiserver(t *testing.T) {
 	for _, id := range topo.Live() {
 		all[id] = true
 	}
-	res, err = snapshot.Build(topo.WithJoining(all), testConfig())
+	res, err = snapshot.Build(mustPlan(t, topo).WithHold(plan.Hold{Joining: all}), testConfig())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := readMembers(res)[topology.DefaultCluster]; len(got) != len(topo.Live()) {
+	if got := readMembers(res)[contract.ClusterDefault]; len(got) != len(topo.Live()) {
 		t.Errorf("every apiserver joining: default cluster %v, want all %d", got, len(topo.Live()))
 	}
+}
+
+// localMetadata is the ext_proc gRPC metadata a sidecar's routes add: its apiserver's ID.
+func localMetadata(topo *topology.Topology) []string {
+	if topo.LocalID == "" {
+		return nil
+	}
+	return []string{contract.MetadataLocalAPIServer + "=" + topo.LocalID}
 }

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/kube-mvp/kube-mvp/internal/inventory/objects"
+	"github.com/kube-mvp/kube-mvp/internal/plan"
 	"github.com/kube-mvp/kube-mvp/internal/snapshot"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
@@ -66,6 +67,16 @@ func loadCase(t testing.TB, name string) *topology.Topology {
 	return topo
 }
 
+// mustPlan is the plan of topo, as xds-server makes it before translating.
+func mustPlan(t testing.TB, topo *topology.Topology) *plan.Plan {
+	t.Helper()
+	p, err := plan.Build(topo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
 func goldenCases(t *testing.T) []string {
 	ins, err := filepath.Glob(filepath.Join("testdata", "*.in.yaml"))
 	if err != nil {
@@ -86,7 +97,7 @@ func goldenCases(t *testing.T) []string {
 func TestGolden(t *testing.T) {
 	for _, name := range goldenCases(t) {
 		t.Run(name, func(t *testing.T) {
-			res, err := snapshot.Build(loadCase(t, name), testConfig())
+			res, err := snapshot.Build(mustPlan(t, loadCase(t, name)), testConfig())
 			if err != nil {
 				t.Fatalf("Build: %v", err)
 			}
@@ -149,7 +160,7 @@ func itoa(i int) string {
 // TestJSONRoundTrip: every element of the JSON form decodes strictly (with its "@type") back
 // into the very resource it was made from.
 func TestJSONRoundTrip(t *testing.T) {
-	res, err := snapshot.Build(loadCase(t, "new-resource"), testConfig())
+	res, err := snapshot.Build(mustPlan(t, loadCase(t, "new-resource")), testConfig())
 	if err != nil {
 		t.Fatal(err)
 	}

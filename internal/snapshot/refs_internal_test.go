@@ -7,6 +7,8 @@ import (
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 
+	"github.com/kube-mvp/kube-mvp/internal/contract"
+	"github.com/kube-mvp/kube-mvp/internal/plan"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 
@@ -25,13 +27,15 @@ func testResources(t *testing.T) (*Resources, map[string]string) {
 		ClientCA:    "/etc/kube-mvp/client-ca/ca.crt",
 		PeerCA:      "/etc/kube-mvp/peer-ca/ca.crt",
 	}}
-	res, err := Build(topo, cfg)
+	p, err := plan.Build(topo)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := &builder{t: topo}
-	b.decide()
-	return res, b.producible
+	res, err := Build(p, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res, (&builder{p: p, t: topo}).producible()
 }
 
 func without(list []types.Resource, name string) []types.Resource {
@@ -64,11 +68,11 @@ func TestCheckReferences(t *testing.T) {
 			r.Clusters = without(r.Clusters, "kube-apiservers-only-cp-a")
 			r.Endpoints = without(r.Endpoints, "kube-apiservers-only-cp-a")
 		}, []string{`extproc can route batch/v1/jobs to cluster "kube-apiservers-only-cp-a"`}},
-		{"default cluster missing", func(r *Resources) { r.Clusters = without(r.Clusters, topology.DefaultCluster) },
+		{"default cluster missing", func(r *Resources) { r.Clusters = without(r.Clusters, contract.ClusterDefault) },
 			[]string{`route "default" of route configuration kube-apiserver goes to cluster "kube-apiservers"`, `endpoints resource "kube-apiservers" has no cluster`}},
 		{"extproc cluster missing", func(r *Resources) { r.Clusters = without(r.Clusters, ExtProcClusterName) },
 			[]string{`ext_proc filter uses cluster "kube-mvp-extproc"`}},
-		{"endpoints missing", func(r *Resources) { r.Endpoints = without(r.Endpoints, topology.DefaultCluster) },
+		{"endpoints missing", func(r *Resources) { r.Endpoints = without(r.Endpoints, contract.ClusterDefault) },
 			[]string{`EDS cluster kube-apiservers has no endpoints resource`}},
 		{"duplicate", func(r *Resources) { r.Clusters = append(r.Clusters, r.Clusters[0].(*clusterv3.Cluster)) },
 			[]string{`cluster "kube-apiservers" is defined twice`}},

@@ -1,6 +1,8 @@
 package snapshot
 
 import (
+	"slices"
+
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
@@ -11,6 +13,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/kube-mvp/kube-mvp/internal/contract"
+	"github.com/kube-mvp/kube-mvp/internal/plan"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 
@@ -42,8 +45,24 @@ const (
 //  6. prefix / (non-resource paths, unpublished group/versions such as CRDs and aggregated
 //     APIs): the default cluster; ext_proc off.
 func (b *builder) routeConfiguration() *routev3.RouteConfiguration {
-	def := b.t.DefaultClusterName()
+	def := b.p.DefaultClusterName()
 	what := "route configuration " + RouteConfigName + ": "
+	// extProcOn is the per-route config of routes that need extproc: none for a front proxy;
+	// a sidecar's routes name its local apiserver in the stream's gRPC metadata, so that
+	// extproc decides by that sidecar's plan.
+	var local []*corev3.HeaderValue
+	if b.p.LocalID != "" {
+		local = []*corev3.HeaderValue{{Key: contract.MetadataLocalAPIServer, Value: b.p.LocalID}}
+	}
+	extProcOn := func(extra ...*corev3.HeaderValue) map[string]*anypb.Any {
+		md := append(slices.Clone(local), extra...)
+		if len(md) == 0 {
+			return nil
+		}
+		return map[string]*anypb.Any{extProcFilterName: b.pack(what+"ext_proc per-route config", &extprocv3.ExtProcPerRoute{
+			Override: &extprocv3.ExtProcPerRoute_Overrides{Overrides: &extprocv3.ExtProcOverrides{GrpcInitialMetadata: md}},
+		})}
+	}
 	extProcOff := map[string]*anypb.Any{
 		extProcFilterName: b.pack(what+"ext_proc per-route config", &extprocv3.ExtProcPerRoute{
 			Override: &extprocv3.ExtProcPerRoute_Disabled{Disabled: true},
@@ -81,9 +100,10 @@ func (b *builder) routeConfiguration() *routev3.RouteConfiguration {
 	}}
 	if len(b.cfg.Secrets.ClientCA) > 0 {
 		routes = append(routes, &routev3.Route{
-			Name:   RouteClientCertificate,
-			Match:  prefix("/", present(contract.HeaderXFCC)),
-			Action: action(def),
+			Name:                 RouteClientCertificate,
+			Match:                prefix("/", present(contract.HeaderXFCC)),
+			Action:               action(def),
+			TypedPerFilterConfig: extProcOn(),
 		})
 	}
 	if len(b.cfg.Secrets.ProxyClientCert) > 0 && !b.cfg.DisableAnonymous {
@@ -95,32 +115,28 @@ func (b *builder) routeConfiguration() *routev3.RouteConfiguration {
 			}
 		}
 		routes = append(routes, &routev3.Route{
-			Name:   RouteAnonymous,
-			Match:  prefix("/", []*routev3.HeaderMatcher{absent("authorization"), absent(contract.HeaderXFCC), absent("sec-websocket-protocol")}),
-			Action: action(def),
-			TypedPerFilterConfig: map[string]*anypb.Any{
-				extProcFilterName: b.pack(what+"ext_proc per-route config of the anonymous route", &extprocv3.ExtProcPerRoute{
-					Override: &extprocv3.ExtProcPerRoute_Overrides{Overrides: &extprocv3.ExtProcOverrides{
-						GrpcInitialMetadata: []*corev3.HeaderValue{{Key: topology.AnonymousCallerMetadata[0], Value: topology.AnonymousCallerMetadata[1]}},
-					}},
-				}),
-			},
+			Name:                 RouteAnonymous,
+			Match:                prefix("/", []*routev3.HeaderMatcher{absent("authorization"), absent(contract.HeaderXFCC), absent("sec-websocket-protocol")}),
+			Action:               action(def),
+			TypedPerFilterConfig: extProcOn(&corev3.HeaderValue{Key: contract.MetadataCaller, Value: contract.CallerAnonymous}),
 		})
 	}
 	routes = append(routes, &routev3.Route{
-		Name:   RouteDiscovery,
-		Match:  &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Path{Path: "/apis"}},
-		Action: action(def),
+		Name:                 RouteDiscovery,
+		Match:                &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Path{Path: "/apis"}},
+		Action:               action(def),
+		TypedPerFilterConfig: extProcOn(),
 	})
-	for _, gv := range b.groupVersions() {
+	for _, gv := range b.p.GroupVersions {
 		r := &routev3.Route{
-			Name:     gv.gv.String(),
-			Match:    prefix(gv.gv.PathPrefix(), nil),
-			Action:   action(def),
-			Metadata: gv.metadata,
+			Name:                 gv.GroupVersion.String(),
+			Match:                prefix(gv.GroupVersion.PathPrefix(), nil),
+			Action:               action(def),
+			Metadata:             b.groupVersionMetadata(gv),
+			TypedPerFilterConfig: extProcOff,
 		}
-		if !gv.needsExtProc {
-			r.TypedPerFilterConfig = extProcOff
+		if gv.ExtProc {
+			r.TypedPerFilterConfig = extProcOn()
 		}
 		routes = append(routes, r)
 	}
@@ -170,19 +186,8 @@ func (b *builder) retryPolicy(what string) *routev3.RetryPolicy {
 	}
 }
 
-// gvRoute is what the route table needs to know about one group/version.
-type gvRoute struct {
-	gv           topology.GroupVersion
-	needsExtProc bool
-	metadata     *corev3.Metadata
-}
-
-// groupVersions summarises the decisions per published group/version. A group/version needs
-// extproc when some resource of it goes anywhere but the default cluster: to a subset, or to
-// an immediate 503 (Unavailable). NotServed goes to the default cluster, whose apiservers
-// answer 404 themselves, so it needs no extproc.
-//
-// The route metadata says where each resource (and subresource) of the group/version goes:
+// groupVersionMetadata says where each resource (and subresource) of a group/version goes,
+// as the plan decided:
 //
 //	groupVersion: batch/v1
 //	extProc: true
@@ -191,65 +196,51 @@ type gvRoute struct {
 //	notServed: [podsecuritypolicies]  # only stale IDs: the default apiservers answer 404
 //
 // The apiservers inside each cluster are in the cluster's own metadata.
-func (b *builder) groupVersions() []gvRoute {
-	def := b.t.DefaultClusterName()
-	var out []gvRoute
-	for i := 0; i < len(b.resources); {
-		gv := b.resources[i].GroupVersion()
-		route := gvRoute{gv: gv}
-		clusters := map[string]*structpb.ListValue{}
-		var unavailable map[string]*structpb.Value
-		var notServed []*structpb.Value
-		for ; i < len(b.resources) && b.resources[i].GroupVersion() == gv; i++ {
-			r, d := b.resources[i], b.decisions[i]
-			name := r.Resource
-			if r.Subresource != "" {
-				name += "/" + r.Subresource
-			}
-			switch d.Outcome {
-			case topology.Unavailable:
-				route.needsExtProc = true
-				if unavailable == nil {
-					unavailable = map[string]*structpb.Value{}
-				}
-				unavailable[name] = structpb.NewListValue(stringList(d.Servers))
-				continue
-			case topology.NotServed:
-				notServed = append(notServed, structpb.NewStringValue(name))
-				continue
-			}
-			cluster := b.t.ClusterFor(d)
-			if cluster != def {
-				route.needsExtProc = true
-			}
-			l := clusters[cluster]
-			if l == nil {
-				l = &structpb.ListValue{}
-				clusters[cluster] = l
-			}
-			l.Values = append(l.Values, structpb.NewStringValue(name))
+func (b *builder) groupVersionMetadata(gv plan.GroupVersion) *corev3.Metadata {
+	clusters := map[string]*structpb.ListValue{}
+	var unavailable map[string]*structpb.Value
+	var notServed []*structpb.Value
+	for _, r := range gv.Routes {
+		name := r.Resource.Resource
+		if r.Resource.Subresource != "" {
+			name += "/" + r.Resource.Subresource
 		}
-		md := &structpb.Struct{Fields: map[string]*structpb.Value{
-			"groupVersion": structpb.NewStringValue(gv.String()),
-			"extProc":      structpb.NewBoolValue(route.needsExtProc),
-		}}
-		if len(clusters) > 0 {
-			cs := &structpb.Struct{Fields: make(map[string]*structpb.Value, len(clusters))}
-			for c, l := range clusters {
-				cs.Fields[c] = structpb.NewListValue(l)
+		switch r.Outcome {
+		case topology.Unavailable:
+			if unavailable == nil {
+				unavailable = map[string]*structpb.Value{}
 			}
-			md.Fields["clusters"] = structpb.NewStructValue(cs)
+			unavailable[name] = structpb.NewListValue(stringList(r.Servers))
+			continue
+		case topology.NotServed:
+			notServed = append(notServed, structpb.NewStringValue(name))
+			continue
 		}
-		if unavailable != nil {
-			md.Fields["unavailable"] = structpb.NewStructValue(&structpb.Struct{Fields: unavailable})
+		l := clusters[r.Cluster]
+		if l == nil {
+			l = &structpb.ListValue{}
+			clusters[r.Cluster] = l
 		}
-		if notServed != nil {
-			md.Fields["notServed"] = structpb.NewListValue(&structpb.ListValue{Values: notServed})
-		}
-		route.metadata = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{MetadataNamespace: md}}
-		out = append(out, route)
+		l.Values = append(l.Values, structpb.NewStringValue(name))
 	}
-	return out
+	md := &structpb.Struct{Fields: map[string]*structpb.Value{
+		"groupVersion": structpb.NewStringValue(gv.GroupVersion.String()),
+		"extProc":      structpb.NewBoolValue(gv.ExtProc),
+	}}
+	if len(clusters) > 0 {
+		cs := &structpb.Struct{Fields: make(map[string]*structpb.Value, len(clusters))}
+		for c, l := range clusters {
+			cs.Fields[c] = structpb.NewListValue(l)
+		}
+		md.Fields["clusters"] = structpb.NewStructValue(cs)
+	}
+	if unavailable != nil {
+		md.Fields["unavailable"] = structpb.NewStructValue(&structpb.Struct{Fields: unavailable})
+	}
+	if notServed != nil {
+		md.Fields["notServed"] = structpb.NewListValue(&structpb.ListValue{Values: notServed})
+	}
+	return &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{MetadataNamespace: md}}
 }
 
 func stringList(ss []string) *structpb.ListValue {

@@ -10,6 +10,8 @@ import (
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 
+	"github.com/kube-mvp/kube-mvp/internal/contract"
+	"github.com/kube-mvp/kube-mvp/internal/plan"
 	"github.com/kube-mvp/kube-mvp/internal/snapshot"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
@@ -33,7 +35,7 @@ func TestHostnameAddress(t *testing.T) {
 		{ID: "apiserver-bbb", Hostname: "cp-b", Address: "cp-b.example.com:6443", Alive: true},
 		{ID: "apiserver-ccc", Hostname: "cp-c", Address: "10.0.0.3", Alive: true},
 	}, map[topology.Resource][]string{jobs: {"apiserver-aaa", "apiserver-bbb"}})
-	res, err := snapshot.Build(topo, testConfig())
+	res, err := snapshot.Build(mustPlan(t, topo), testConfig())
 	if err == nil {
 		t.Fatal("no error for a DNS-name address")
 	}
@@ -50,7 +52,7 @@ func TestHostnameAddress(t *testing.T) {
 		t.Fatal("no Resources beside an address error")
 	}
 	members := readMembers(res)
-	if got := members[topology.DefaultCluster]; len(got) != 1 || got[0] != "cp-a" {
+	if got := members[contract.ClusterDefault]; len(got) != 1 || got[0] != "cp-a" {
 		t.Errorf("default cluster endpoints = %v, want only cp-a", got)
 	}
 	if _, err := res.Snapshot(); err != nil {
@@ -72,7 +74,7 @@ func TestConfigErrors(t *testing.T) {
 			ProxyClientKey:  "/etc/kube-mvp/proxy-client/tls.key",
 		},
 	}
-	res, err := snapshot.Build(topo, cfg)
+	res, err := snapshot.Build(mustPlan(t, topo), cfg)
 	if res != nil || err == nil {
 		t.Fatalf("Build = %v, %v; want an error", res, err)
 	}
@@ -93,7 +95,7 @@ func TestConfigErrors(t *testing.T) {
 	}
 
 	cfg = snapshot.Config{Secrets: snapshot.SecretFiles{ClientCA: "/etc/kube-mvp/client-ca/ca.crt"}}
-	if _, err := snapshot.Build(topo, cfg); err == nil || !strings.Contains(err.Error(), "Config.Secrets.ClientCA is given but there is no serving certificate") {
+	if _, err := snapshot.Build(mustPlan(t, topo), cfg); err == nil || !strings.Contains(err.Error(), "Config.Secrets.ClientCA is given but there is no serving certificate") {
 		t.Errorf("client CA without serving cert: %v", err)
 	}
 	if _, err := snapshot.Build(nil, snapshot.Config{}); err == nil {
@@ -102,7 +104,7 @@ func TestConfigErrors(t *testing.T) {
 }
 
 // TestClusterNameCollision: two different serving sets must never share a cluster name (the
-// name is made of hostnames); if they would, Build fails naming the cluster.
+// name is made of hostnames); if they would, the plan fails naming the cluster.
 func TestClusterNameCollision(t *testing.T) {
 	topo := mustTopology(t, []topology.APIServer{
 		{ID: "apiserver-aaa", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: true},
@@ -112,9 +114,9 @@ func TestClusterNameCollision(t *testing.T) {
 		jobs: {"apiserver-aaa"},
 		{Group: "batch", Version: "v1", Resource: "cronjobs"}: {"apiserver-aab"},
 	})
-	res, err := snapshot.Build(topo, testConfig())
-	if res != nil || err == nil || !strings.Contains(err.Error(), "kube-apiservers-only-cp-a stands for two serving sets") {
-		t.Fatalf("Build = %v, %v; want a collision error", res != nil, err)
+	p, err := plan.Build(topo)
+	if p != nil || err == nil || !strings.Contains(err.Error(), "kube-apiservers-only-cp-a stands for two serving sets") {
+		t.Fatalf("plan.Build = %v, %v; want a collision error", p != nil, err)
 	}
 }
 
@@ -122,7 +124,7 @@ func TestClusterNameCollision(t *testing.T) {
 // listener, no client-certificate route, upstream TLS without a client certificate or
 // verification.
 func TestNoSecrets(t *testing.T) {
-	res, err := snapshot.Build(loadCase(t, "batch-off"), snapshot.Config{})
+	res, err := snapshot.Build(mustPlan(t, loadCase(t, "batch-off")), snapshot.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,7 +155,7 @@ func TestExtProcAddress(t *testing.T) {
 		"[::1]:9001":                 "STATIC ::1:9001",
 		"extproc.kube-system.svc:91": "STRICT_DNS extproc.kube-system.svc:91",
 	} {
-		res, err := snapshot.Build(topo, snapshot.Config{ExtProcAddress: addr})
+		res, err := snapshot.Build(mustPlan(t, topo), snapshot.Config{ExtProcAddress: addr})
 		if err != nil {
 			t.Errorf("%s: %v", addr, err)
 			continue
@@ -176,7 +178,7 @@ func TestExtProcAddress(t *testing.T) {
 		}
 	}
 	for _, bad := range []string{"unix:", "tcp://x:1", "host:0", ":9001"} {
-		if _, err := snapshot.Build(topo, snapshot.Config{ExtProcAddress: bad}); err == nil {
+		if _, err := snapshot.Build(mustPlan(t, topo), snapshot.Config{ExtProcAddress: bad}); err == nil {
 			t.Errorf("%q accepted", bad)
 		}
 	}
@@ -187,14 +189,14 @@ func TestEmptyCluster(t *testing.T) {
 	topo := mustTopology(t, []topology.APIServer{
 		{ID: "apiserver-aaa", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: false},
 	}, nil)
-	res, err := snapshot.Build(topo, testConfig())
+	res, err := snapshot.Build(mustPlan(t, topo), testConfig())
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(res.Endpoints) != 1 {
 		t.Fatalf("%d endpoint resources, want 1", len(res.Endpoints))
 	}
-	if cla := res.Endpoints[0].(*endpointv3.ClusterLoadAssignment); cla.GetClusterName() != topology.DefaultCluster || len(cla.GetEndpoints()) != 0 {
+	if cla := res.Endpoints[0].(*endpointv3.ClusterLoadAssignment); cla.GetClusterName() != contract.ClusterDefault || len(cla.GetEndpoints()) != 0 {
 		t.Errorf("endpoints = %v", cla)
 	}
 	if _, err := res.Snapshot(); err != nil {
@@ -202,11 +204,11 @@ func TestEmptyCluster(t *testing.T) {
 	}
 	// Sidecar mode beside an apiserver nobody knows: an empty local cluster, no error (it may
 	// just not have published its Lease yet).
-	res, err = snapshot.Build(topo.WithLocal("apiserver-new"), testConfig())
+	res, err = snapshot.Build(mustPlan(t, topo.WithLocal("apiserver-new")), testConfig())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m := readMembers(res); len(m) != 1 || len(m[topology.LocalCluster]) != 0 {
+	if m := readMembers(res); len(m) != 1 || len(m[contract.ClusterLocal]) != 0 {
 		t.Errorf("sidecar of an unknown apiserver: members %v", m)
 	}
 }
@@ -215,7 +217,7 @@ func TestEmptyCluster(t *testing.T) {
 // anything is packed; the error names the part of the configuration.
 func TestEnvoyValidation(t *testing.T) {
 	// Envoy limits SNI to 255 bytes.
-	res, err := snapshot.Build(mustTopology(t, nil, nil), snapshot.Config{UpstreamServerName: strings.Repeat("a", 300)})
+	res, err := snapshot.Build(mustPlan(t, mustTopology(t, nil, nil)), snapshot.Config{UpstreamServerName: strings.Repeat("a", 300)})
 	if res != nil || err == nil {
 		t.Fatalf("Build = %v, %v; want a validation error", res != nil, err)
 	}

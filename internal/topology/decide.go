@@ -2,7 +2,6 @@ package topology
 
 import (
 	"slices"
-	"strings"
 )
 
 // Outcome is where a request goes; see Decide.
@@ -49,8 +48,8 @@ type Decision struct {
 	Servers ServerSet
 }
 
-// Decide is the one routing rule of kube-mvp (README, "Design"). Envoy's route table is a
-// precomputed view of it and extproc calls it per request.
+// Decide is the one routing rule of kube-mvp (README, "Design"). internal/plan applies it
+// to every published resource once per topology change; everything else reads the plan.
 func (t *Topology) Decide(req RequestInfo) Decision {
 	if !req.IsResourceRequest {
 		return Decision{Outcome: Default}
@@ -102,57 +101,4 @@ func (t *Topology) DecideResource(r Resource) Decision {
 		return Decision{Outcome: Default, Resource: key}
 	}
 	return Decision{Outcome: Subset, Resource: key, Servers: live}
-}
-
-// Cluster names, shared by the snapshot (which defines the clusters) and extproc (which names
-// one per request), so an operator reading Envoy's /clusters sees who is inside each.
-const (
-	// DefaultCluster holds every live apiserver.
-	DefaultCluster = "kube-apiservers"
-	// LocalCluster, in sidecar mode, holds only the local apiserver.
-	LocalCluster = "kube-apiserver-local"
-	// subsetClusterPrefix starts the name of a cluster holding a strict subset.
-	subsetClusterPrefix = "kube-apiservers-only-"
-)
-
-// AnonymousCallerMetadata is the gRPC metadata (key, value) with which Envoy's "anonymous"
-// route (snapshot) tells extproc that a request carries no credentials at all, so that
-// extproc forwards it as system:anonymous. A contract between the two, like the names above.
-var AnonymousCallerMetadata = [2]string{"x-kube-mvp-caller", "anonymous"}
-
-// DefaultClusterName is the cluster for Outcome Default and NotServed.
-func (t *Topology) DefaultClusterName() string {
-	if t.LocalID != "" {
-		return LocalCluster
-	}
-	return DefaultCluster
-}
-
-// ClusterName names the cluster that holds exactly the given apiservers: their hostnames (or
-// IDs, where a hostname is unknown) joined by "+", e.g. "kube-apiservers-only-cp-a+cp-c".
-func (t *Topology) ClusterName(set ServerSet) string {
-	names := make([]string, 0, len(set))
-	for _, id := range set {
-		names = append(names, t.shortName(id))
-	}
-	slices.Sort(names)
-	return subsetClusterPrefix + strings.Join(names, "+")
-}
-
-func (t *Topology) shortName(id string) string {
-	if s, ok := t.Server(id); ok && s.Hostname != "" {
-		return s.Hostname
-	}
-	return id
-}
-
-// ClusterFor is the cluster a decision sends the request to; empty for Unavailable.
-func (t *Topology) ClusterFor(d Decision) string {
-	switch d.Outcome {
-	case Subset:
-		return t.ClusterName(d.Servers)
-	case Unavailable:
-		return ""
-	}
-	return t.DefaultClusterName()
 }

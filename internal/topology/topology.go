@@ -103,15 +103,6 @@ type Topology struct {
 	// LocalID, in sidecar mode, is the apiserver this Envoy sits beside; empty for a front
 	// load balancer.
 	LocalID string `json:"localID,omitempty"`
-	// Lingering are subset clusters, by name, that recent topologies named and this one does
-	// not. The snapshot keeps them (make before break): a routing table that still names one
-	// must find it in Envoy while the newer table is on its way. See internal/xds.
-	Lingering map[string]ServerSet `json:"-"`
-	// Joining are live apiservers, by ID, that recently became live: they stay out of the
-	// default cluster (not out of subset clusters) until every routing table in use knows
-	// them, since an older table's "default" decision may not hold for them. See
-	// internal/xds.
-	Joining map[string]bool `json:"-"`
 	// Discovery is the merged /apis discovery of the live apiservers; nil when it cannot be
 	// built (an apiserver without aggregated discovery, or none live).
 	Discovery *Discovery `json:"-"`
@@ -176,33 +167,6 @@ func (t *Topology) WithLocal(id string) *Topology {
 	c := *t
 	c.LocalID = id
 	return &c
-}
-
-// WithLingering returns a copy of t that also keeps the given subset clusters (see
-// Topology.Lingering).
-func (t *Topology) WithLingering(clusters map[string]ServerSet) *Topology {
-	c := *t
-	c.Lingering = clusters
-	return &c
-}
-
-// WithJoining returns a copy of t that holds the given apiservers out of the default
-// cluster (see Topology.Joining).
-func (t *Topology) WithJoining(ids map[string]bool) *Topology {
-	c := *t
-	c.Joining = ids
-	return &c
-}
-
-// SubsetClusters returns every subset cluster a decision on t can name, by name.
-func (t *Topology) SubsetClusters() map[string]ServerSet {
-	out := map[string]ServerSet{}
-	for _, r := range t.Resources() {
-		if d := t.DecideResource(r); d.Outcome == Subset {
-			out[t.ClusterName(d.Servers)] = d.Servers
-		}
-	}
-	return out
 }
 
 // ResolveLocal returns the ID of the apiserver named by idOrHostname (its ID, or the hostname

@@ -16,7 +16,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
-	"github.com/kube-mvp/kube-mvp/internal/topology"
+	"github.com/kube-mvp/kube-mvp/internal/plan"
 )
 
 // AdminHandler serves xds-server's admin endpoints next to the given metrics handler:
@@ -24,27 +24,37 @@ import (
 //	/healthz              the process is up
 //	/readyz               a topology has been built (Envoy can be served)
 //	/metrics              Prometheus
-//	/debug/topology       apiservers, liveness, and who serves which group/version/resource
+//	/debug/topology       the plan: apiservers, liveness, clusters, and who serves which
+//	                      group/version/resource and where it goes (?local=ID|HOSTNAME: a
+//	                      sidecar's plan)
 //	/debug/syncz          per Envoy node: snapshot version, sent and acknowledged versions, NACKs
 //	/debug/config_dump    the Envoy resources of a node (?node=ID), or of a front proxy
 func (s *Server) AdminHandler(metrics http.Handler) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if s.Topology() == nil {
+		if s.Plans() == nil {
 			http.Error(w, "no topology yet: waiting for the first Lease/StorageVersion sync", http.StatusServiceUnavailable)
 			return
 		}
 		fmt.Fprintln(w, "ok")
 	})
 	mux.Handle("/metrics", metrics)
-	mux.HandleFunc("/debug/topology", func(w http.ResponseWriter, _ *http.Request) {
-		t := s.Topology()
-		if t == nil {
+	mux.HandleFunc("/debug/topology", func(w http.ResponseWriter, r *http.Request) {
+		e, hold := s.Plans(), s.Hold()
+		if e == nil {
 			http.Error(w, "no topology yet", http.StatusServiceUnavailable)
 			return
 		}
-		writeJSON(w, DescribeTopology(t))
+		p := e.Front
+		if local := r.URL.Query().Get("local"); local != "" {
+			id := e.Front.Topology.ResolveLocal(local)
+			if p = e.For(id); id == "" || p == nil {
+				http.Error(w, fmt.Sprintf("no apiserver %q (ID or hostname) to plan a sidecar for", local), http.StatusNotFound)
+				return
+			}
+		}
+		writeJSON(w, p.WithHold(hold).View())
 	})
 	mux.HandleFunc("/debug/syncz", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, s.Status()) })
 	mux.HandleFunc("/debug/config_dump", func(w http.ResponseWriter, r *http.Request) {
@@ -64,78 +74,8 @@ func (s *Server) AdminHandler(metrics http.Handler) http.Handler {
 	return mux
 }
 
-// TopologyView is the JSON of /debug/topology: names an operator can match against Envoy's
-// /clusters.
-type TopologyView struct {
-	APIServers       []topology.APIServer `json:"apiservers"`
-	DefaultCluster   string               `json:"defaultCluster"`
-	GroupVersions    []GroupVersionView   `json:"groupVersions"`
-	ServedEverywhere []string             `json:"servedEverywhere,omitempty"`
-	// MergedDiscoveryETag is the ETag of the merged /apis discovery extproc serves; empty
-	// while it cannot be built (a live apiserver's discovery not fetched yet).
-	MergedDiscoveryETag string `json:"mergedDiscoveryETag,omitempty"`
-}
-
-// GroupVersionView lists a group/version's resources and where each is routed.
-type GroupVersionView struct {
-	GroupVersion string         `json:"groupVersion"`
-	PathPrefix   string         `json:"pathPrefix"`
-	Resources    []ResourceView `json:"resources"`
-}
-
-// ResourceView is one resource (or subresource) and its decision.
-type ResourceView struct {
-	Resource   string   `json:"resource"`
-	ServedBy   []string `json:"servedBy"`
-	Outcome    string   `json:"outcome"`
-	Cluster    string   `json:"cluster,omitempty"`
-	Candidates []string `json:"deadCandidates,omitempty"`
-}
-
-// DescribeTopology builds the /debug/topology view.
-func DescribeTopology(t *topology.Topology) TopologyView {
-	v := TopologyView{APIServers: t.APIServers, DefaultCluster: t.DefaultClusterName()}
-	if t.Discovery != nil {
-		v.MergedDiscoveryETag = t.Discovery.ETag
-	}
-	for g := range t.ServedEverywhere {
-		v.ServedEverywhere = append(v.ServedEverywhere, g)
-	}
-	slices.Sort(v.ServedEverywhere)
-	byGV := map[topology.GroupVersion]int{}
-	for _, r := range t.Resources() {
-		gv := r.GroupVersion()
-		i, ok := byGV[gv]
-		if !ok {
-			i = len(v.GroupVersions)
-			byGV[gv] = i
-			v.GroupVersions = append(v.GroupVersions, GroupVersionView{GroupVersion: gv.String(), PathPrefix: gv.PathPrefix()})
-		}
-		d := t.DecideResource(r)
-		name := r.Resource
-		if r.Subresource != "" {
-			name += "/" + r.Subresource
-		}
-		rv := ResourceView{Resource: name, Outcome: d.Outcome.String(), Cluster: t.ClusterFor(d)}
-		for _, id := range t.Served[r] {
-			rv.ServedBy = append(rv.ServedBy, hostnameOr(t, id))
-		}
-		if d.Outcome == topology.Unavailable {
-			for _, id := range d.Servers {
-				rv.Candidates = append(rv.Candidates, hostnameOr(t, id))
-			}
-		}
-		v.GroupVersions[i].Resources = append(v.GroupVersions[i].Resources, rv)
-	}
-	return v
-}
-
-func hostnameOr(t *topology.Topology, id string) string {
-	if s, ok := t.Server(id); ok && s.Hostname != "" {
-		return s.Hostname
-	}
-	return id
-}
+// TopologyView is the JSON of /debug/topology: the plan's View.
+type TopologyView = plan.View
 
 // ConfigDump renders a snapshot as {"listeners":[…],"routes":[…],"clusters":[…],
 // "endpoints":[…],"secrets":[…]}, each element the protojson of the resource with its @type.

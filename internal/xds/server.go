@@ -1,9 +1,10 @@
 // Package xds serves Envoy its configuration over ADS (state of the world and delta) and
 // records, per Envoy node, what was sent and what was acknowledged or rejected.
 //
-// Every node gets its own snapshot, because a sidecar Envoy (node metadata
+// Every node gets the snapshot of its plan, because a sidecar Envoy (node metadata
 // "kube-mvp.io/local-apiserver") routes differently from a front load balancer. Snapshots are
-// made by a Translator from the current topology; a node first seen is given its snapshot
+// made by a Translator from the current plans (internal/plan), with the clusters that make
+// before break holds (internal/makebeforebreak); a node first seen is given its snapshot
 // before the cache answers its first request.
 package xds
 
@@ -24,6 +25,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"k8s.io/utils/clock"
 
 	clusterservice "github.com/envoyproxy/go-control-plane/envoy/service/cluster/v3"
 	endpointservice "github.com/envoyproxy/go-control-plane/envoy/service/endpoint/v3"
@@ -33,6 +35,8 @@ import (
 
 	"github.com/kube-mvp/kube-mvp/internal/contract"
 	"github.com/kube-mvp/kube-mvp/internal/cptls"
+	"github.com/kube-mvp/kube-mvp/internal/makebeforebreak"
+	"github.com/kube-mvp/kube-mvp/internal/plan"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 
@@ -40,8 +44,8 @@ import (
 // ID or hostname of the apiserver it runs beside (contract.NodeMetadataLocalAPIServer).
 const LocalAPIServerMetadataKey = contract.NodeMetadataLocalAPIServer
 
-// Translator turns a (per-node) topology into a snapshot.
-type Translator func(*topology.Topology) (*cachev3.Snapshot, error)
+// Translator turns a (per-node) plan into a snapshot.
+type Translator func(*plan.Plan) (*cachev3.Snapshot, error)
 
 // Server is the ADS server.
 type Server struct {
@@ -50,11 +54,15 @@ type Server struct {
 	log       *slog.Logger
 	now       func() time.Time
 
-	mu    sync.Mutex
-	topo  *topology.Topology
-	nodes map[string]*NodeStatus
-	// built are the current topology's snapshots by local apiserver ("" for front
-	// proxies): nodes of one kind share one translation.
+	mu sync.Mutex
+	// envoys are the current plans; hold what make before break keeps besides them.
+	envoys *plan.Envoys
+	hold   plan.Hold
+	mbb    *makebeforebreak.Envoy
+	timer  clock.Timer
+	nodes  map[string]*NodeStatus
+	// built are the current snapshots by local apiserver ("" for front proxies): nodes of
+	// one kind share one translation.
 	built map[string]*cachev3.Snapshot
 	// streams counts open xDS streams (both protocols).
 	streams int
@@ -71,21 +79,6 @@ type Server struct {
 	// metric, such as "role", "node", "max-nodes", "max-streams", "fetch").
 	OnRefused  func(reason string, err error)
 	refusedLog rateLimitedLog
-
-	// Linger is how long a subset cluster stays in every snapshot after the topology stopped
-	// naming it; zero drops it at once. Set before the first Update.
-	Linger time.Duration
-	// JoinDelay is how long an apiserver that became live stays out of the default cluster
-	// (it is in the subset clusters at once); zero adds it at once. Set before the first
-	// Update; it must exceed the routing table delay.
-	JoinDelay time.Duration
-	// named are the subset clusters of the current topology (every node's view); lingering
-	// those that recent topologies named, with when they go.
-	named       map[string]topology.ServerSet
-	lingering   map[string]lingeringCluster
-	lingerTimer *time.Timer
-	// liveSince is when each live apiserver became live (zero: live in the first topology).
-	liveSince map[string]time.Time
 }
 
 // Limits bound the per-client state. A stream over a limit is refused (gRPC
@@ -95,11 +88,6 @@ type Limits struct {
 	MaxNodes int
 	// MaxStreams is how many xDS streams may be open at once (0: no limit).
 	MaxStreams int
-}
-
-type lingeringCluster struct {
-	set   topology.ServerSet
-	until time.Time
 }
 
 // NodeStatus is what the debug page shows for one Envoy.
@@ -123,9 +111,11 @@ type TypeStatus struct {
 	NackedNext string    `json:"nackedVersion,omitempty"`
 }
 
-// New returns a server with no topology; nodes wait until the first Update.
-func New(translate Translator, log *slog.Logger) *Server {
-	s := &Server{translate: translate, log: log, now: time.Now, nodes: map[string]*NodeStatus{}}
+// New returns a server with no plans; nodes wait until the first Update. mbb times the
+// clusters kept for routing tables still in use.
+func New(translate Translator, mbb makebeforebreak.Options, log *slog.Logger) *Server {
+	s := &Server{translate: translate, log: log, mbb: makebeforebreak.NewEnvoy(mbb), nodes: map[string]*NodeStatus{}}
+	s.now = s.mbb.Clock().Now
 	s.cache = cachev3.NewSnapshotCache(true, cachev3.IDHash{}, nil)
 	return s
 }
@@ -141,127 +131,75 @@ func (s *Server) Register(ctx context.Context, g *grpc.Server) {
 	secretservice.RegisterSecretDiscoveryServiceServer(g, srv)
 }
 
-// Update makes t the current topology and gives every known node its new snapshot.
-//
-// Make before break: Envoy learns of a topology change from us, extproc from the routing
-// table stream, and neither waits for the other. So:
-//   - xds-server sends a table that names a new cluster or apiserver only after a delay
-//     (cmd/xds-server --routing-table-delay), so that it is in Envoy, warmed, first;
-//   - a subset cluster that t no longer names stays in the snapshots for Linger (with its
-//     live members), so that requests extproc routes by the older table still find it;
-//   - an apiserver that became live joins the default cluster only after JoinDelay, when
-//     the tables in use know it: an older table may send to the default cluster a request
-//     that the newcomer cannot serve (it was "every live apiserver" without it).
-func (s *Server) Update(t *topology.Topology) {
+// Update makes e the current plans and gives every known node its new snapshot, with the
+// clusters make before break holds (see internal/makebeforebreak): subset clusters that
+// older routing tables may still name linger, and apiservers that became live join the
+// default cluster only once every table in use knows them.
+func (s *Server) Update(e *plan.Envoys) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.updateLocked(t.WithLingering(nil).WithJoining(nil))
+	s.envoys = e
+	s.updateLocked()
 }
 
-func (s *Server) updateLocked(t *topology.Topology) {
-	now := s.now()
-	named := t.SubsetClusters()
-	locals := map[string]bool{} // once per local apiserver, however many sidecars name it
-	for _, n := range s.nodes {
-		if n.LocalAPIServer == "" {
-			continue
-		}
-		if id := t.ResolveLocal(n.LocalAPIServer); id != "" && !locals[id] {
-			locals[id] = true
-			maps.Copy(named, t.WithLocal(id).SubsetClusters())
-		}
-	}
-	if s.lingering == nil {
-		s.lingering = map[string]lingeringCluster{}
-	}
-	if s.Linger > 0 {
-		for name, set := range s.named {
-			if _, still := named[name]; !still {
-				if _, already := s.lingering[name]; !already {
-					s.lingering[name] = lingeringCluster{set: set, until: now.Add(s.Linger)}
-				}
-			}
-		}
-	}
-	s.named = named
-	var keep map[string]topology.ServerSet
-	var next time.Time
-	for name, l := range s.lingering {
-		if _, back := named[name]; back || !now.Before(l.until) {
-			delete(s.lingering, name)
-			continue
-		}
-		if keep == nil {
-			keep = map[string]topology.ServerSet{}
-		}
-		keep[name] = l.set
-		if next.IsZero() || l.until.Before(next) {
-			next = l.until
-		}
-	}
-	first := s.liveSince == nil
-	since := map[string]time.Time{}
-	var joining map[string]bool
-	for _, id := range t.Live() {
-		at, known := s.liveSince[id]
-		if !known && !first {
-			at = now
-		}
-		since[id] = at
-		if end := at.Add(s.JoinDelay); now.Before(end) {
-			if joining == nil {
-				joining = map[string]bool{}
-			}
-			joining[id] = true
-			if next.IsZero() || end.Before(next) {
-				next = end
-			}
-		}
-	}
-	s.liveSince = since
-	s.topo = t.WithLingering(keep).WithJoining(joining)
+func (s *Server) updateLocked() {
+	hold, next := s.mbb.Observe(s.namedLocked(), s.envoys.Front.Topology.Live())
+	s.hold = plan.Hold(hold)
 	s.built = map[string]*cachev3.Snapshot{}
 	for _, n := range s.nodes {
 		s.setSnapshotLocked(n)
 	}
-	if s.lingerTimer != nil {
-		s.lingerTimer.Stop()
-		s.lingerTimer = nil
+	if s.timer != nil {
+		s.timer.Stop()
+		s.timer = nil
 	}
 	if !next.IsZero() {
-		// Translate again when the first lingering cluster expires or joiner joins.
-		s.lingerTimer = time.AfterFunc(next.Sub(now), func() {
-			s.mu.Lock()
-			defer s.mu.Unlock()
-			if s.topo != nil {
-				s.updateLocked(s.topo.WithLingering(nil).WithJoining(nil))
-			}
+		// Translate again when the first lingering cluster expires or joiner joins. In a
+		// goroutine: a clock may call this while holding its own lock (k8s.io/utils'
+		// FakeClock does), and the update reads the clock.
+		s.timer = s.mbb.Clock().AfterFunc(next.Sub(s.now()), func() {
+			go func() {
+				s.mu.Lock()
+				defer s.mu.Unlock()
+				s.updateLocked()
+			}()
 		})
 	}
 }
 
-// Joining returns the IDs of the live apiservers still held out of the default cluster.
-func (s *Server) Joining() []string {
+// namedLocked are the subset clusters of the plans in use: the front proxy's, and those of
+// the sidecars connected now, once per local apiserver however many sidecars name it.
+func (s *Server) namedLocked() map[string]topology.ServerSet {
+	named := s.envoys.Front.SubsetClusters()
+	for _, n := range s.nodes {
+		if n.LocalAPIServer == "" {
+			continue
+		}
+		if p := s.envoys.For(s.envoys.Front.Topology.ResolveLocal(n.LocalAPIServer)); p != nil && p.LocalID != "" {
+			maps.Copy(named, p.SubsetClusters())
+		}
+	}
+	return named
+}
+
+// Hold is what make before break keeps in the snapshots besides the plans.
+func (s *Server) Hold() plan.Hold {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.topo == nil {
-		return nil
-	}
-	return slices.Sorted(maps.Keys(s.topo.Joining))
+	return s.hold
 }
+
+// Joining returns the IDs of the live apiservers still held out of the default cluster.
+func (s *Server) Joining() []string { return slices.Sorted(maps.Keys(s.Hold().Joining)) }
 
 // Lingering returns the names of the clusters kept only for an older routing table.
-func (s *Server) Lingering() []string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return slices.Sorted(maps.Keys(s.lingering))
-}
+func (s *Server) Lingering() []string { return slices.Sorted(maps.Keys(s.Hold().Lingering)) }
 
-// Topology returns the current topology (nil before the first Update).
-func (s *Server) Topology() *topology.Topology {
+// Plans returns the current plans (nil before the first Update).
+func (s *Server) Plans() *plan.Envoys {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.topo
+	return s.envoys
 }
 
 // Snapshot returns the snapshot of a node, or the front-proxy snapshot for "".
@@ -273,11 +211,11 @@ func (s *Server) Snapshot(nodeID string) (*cachev3.Snapshot, error) {
 		}
 		return snap.(*cachev3.Snapshot), nil
 	}
-	t := s.Topology()
-	if t == nil {
+	e, hold := s.Plans(), s.Hold()
+	if e == nil {
 		return nil, fmt.Errorf("no topology yet")
 	}
-	return s.translate(t)
+	return s.translate(e.Front.WithHold(hold))
 }
 
 // Status returns a copy of every node's status, sorted by node ID.
@@ -301,24 +239,21 @@ func (s *Server) Status() []NodeStatus {
 // setSnapshotLocked translates for one node, or reuses the translation of an equal node, and
 // hands the result to the cache.
 func (s *Server) setSnapshotLocked(n *NodeStatus) {
-	if s.topo == nil {
+	if s.envoys == nil {
 		return
 	}
-	t := s.topo
 	local := ""
 	if n.LocalAPIServer != "" {
-		local = t.ResolveLocal(n.LocalAPIServer)
+		local = s.envoys.Front.Topology.ResolveLocal(n.LocalAPIServer)
 		if local == "" {
 			n.SnapshotError = fmt.Sprintf("node metadata %s=%q names no known apiserver (ID or hostname); serving it front-proxy config", LocalAPIServerMetadataKey, n.LocalAPIServer)
-		} else {
-			t = t.WithLocal(local)
 		}
 	}
 	snap, ok := s.built[local]
 	if !ok {
 		start := s.now()
 		var err error
-		snap, err = s.translate(t)
+		snap, err = s.translate(s.envoys.For(local).WithHold(s.hold))
 		if s.OnBuild != nil {
 			s.OnBuild(s.now().Sub(start), err)
 		}

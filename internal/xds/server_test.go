@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -27,7 +26,11 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
+	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/kube-mvp/kube-mvp/internal/contract"
+	"github.com/kube-mvp/kube-mvp/internal/makebeforebreak"
+	"github.com/kube-mvp/kube-mvp/internal/plan"
 	"github.com/kube-mvp/kube-mvp/internal/testutil"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 	"github.com/kube-mvp/kube-mvp/internal/xds"
@@ -35,12 +38,25 @@ import (
 
 // clustersOnly is a minimal translator: one cluster named after the default cluster, so the
 // test sees front-proxy and sidecar nodes get different snapshots.
-func clustersOnly(t *topology.Topology) (*cachev3.Snapshot, error) {
-	name := t.DefaultClusterName()
-	return cachev3.NewSnapshot(name+"-"+strings.Join(t.Live(), ","), map[string][]types.Resource{
+func clustersOnly(p *plan.Plan) (*cachev3.Snapshot, error) {
+	name := p.DefaultClusterName()
+	return cachev3.NewSnapshot(name+"-"+strings.Join(p.Topology.Live(), ","), map[string][]types.Resource{
 		resourcev3.ClusterType: {&cluster.Cluster{Name: name}},
 	})
 }
+
+// plans are the plans of tp, as xds-server makes them for Update.
+func plans(t *testing.T, tp *topology.Topology) *plan.Envoys {
+	t.Helper()
+	e, err := plan.ForEveryEnvoy(tp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// noMBB: make before break holds nothing back.
+var noMBB makebeforebreak.Options
 
 func topo(t *testing.T, liveB bool) *topology.Topology {
 	t.Helper()
@@ -97,9 +113,9 @@ func (c *adsClient) recvCluster() (*discovery.DiscoveryResponse, string) {
 func TestADSPerNodeSnapshotsAndAcks(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	srv := xds.New(clustersOnly, slog.Default())
+	srv := xds.New(clustersOnly, noMBB, slog.Default())
 	addr := serveADS(t, ctx, srv)
-	srv.Update(topo(t, true))
+	srv.Update(plans(t, topo(t, true)))
 
 	front := dial(t, ctx, addr, &core.Node{Id: "front-1"})
 	meta, _ := structpb.NewStruct(map[string]any{xds.LocalAPIServerMetadataKey: "cp-b"})
@@ -107,20 +123,20 @@ func TestADSPerNodeSnapshotsAndAcks(t *testing.T) {
 
 	front.send(&discovery.DiscoveryRequest{})
 	resp, name := front.recvCluster()
-	if name != topology.DefaultCluster {
+	if name != contract.ClusterDefault {
 		t.Errorf("front proxy got cluster %q", name)
 	}
 	front.send(&discovery.DiscoveryRequest{VersionInfo: resp.VersionInfo, ResponseNonce: resp.Nonce}) // ACK
 
 	sidecar.send(&discovery.DiscoveryRequest{})
 	sresp, name := sidecar.recvCluster()
-	if name != topology.LocalCluster {
+	if name != contract.ClusterLocal {
 		t.Errorf("sidecar got cluster %q", name)
 	}
 	sidecar.send(&discovery.DiscoveryRequest{ResponseNonce: sresp.Nonce, ErrorDetail: &statuspb.Status{Message: "unknown field frobnicate"}}) // NACK
 
 	// A topology change reaches a connected node as a new version.
-	srv.Update(topo(t, false))
+	srv.Update(plans(t, topo(t, false)))
 	resp2, _ := front.recvCluster()
 	if resp2.VersionInfo == resp.VersionInfo {
 		t.Errorf("version unchanged after the topology changed: %s", resp2.VersionInfo)
@@ -146,7 +162,7 @@ func TestADSPerNodeSnapshotsAndAcks(t *testing.T) {
 	if !strings.Contains(rec.Body.String(), "unknown field frobnicate") {
 		t.Errorf("/debug/syncz: %s", rec.Body)
 	}
-	srv.Update(topo(t, true)) // with B alive again, batch/v1 jobs is A's alone
+	srv.Update(plans(t, topo(t, true))) // with B alive again, batch/v1 jobs is A's alone
 	rec = httptest.NewRecorder()
 	srv.AdminHandler(http.NotFoundHandler()).ServeHTTP(rec, httptest.NewRequest("GET", "/debug/topology", nil))
 	var view xds.TopologyView
@@ -159,14 +175,14 @@ func TestADSPerNodeSnapshotsAndAcks(t *testing.T) {
 }
 
 func TestReadyzWaitsForTopology(t *testing.T) {
-	srv := xds.New(clustersOnly, slog.Default())
+	srv := xds.New(clustersOnly, noMBB, slog.Default())
 	h := srv.AdminHandler(http.NotFoundHandler())
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, httptest.NewRequest("GET", "/readyz", nil))
 	if rec.Code != http.StatusServiceUnavailable {
 		t.Errorf("/readyz before any topology: %d", rec.Code)
 	}
-	srv.Update(topo(t, true))
+	srv.Update(plans(t, topo(t, true)))
 	rec = httptest.NewRecorder()
 	h.ServeHTTP(rec, httptest.NewRequest("GET", "/readyz", nil))
 	if rec.Code != http.StatusOK {
@@ -192,24 +208,47 @@ func TestLingeringClusters(t *testing.T) {
 		return tp
 	}
 	// lingeringIn is what the translator is given now.
-	lingeringIn := func(s *xds.Server) []string {
-		return slices.Sorted(maps.Keys(s.Topology().Lingering))
+	var mu sync.Mutex
+	var lastClusters []string
+	clusters := func(p *plan.Plan) (*cachev3.Snapshot, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		lastClusters = nil
+		for _, c := range p.Clusters {
+			if c.Role == plan.RoleLingering {
+				lastClusters = append(lastClusters, c.Name)
+			}
+		}
+		return clustersOnly(p)
 	}
-	srv := xds.New(clustersOnly, slog.New(slog.DiscardHandler))
-	srv.Linger = 300 * time.Millisecond
-
-	srv.Update(three(true)) // batch → only-cp-a+cp-c
+	lingeringIn := func(*xds.Server) []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(lastClusters)
+	}
+	clock := clocktesting.NewFakeClock(time.Unix(1000, 0))
+	srv := xds.New(clusters, makebeforebreak.Options{TableDelay: time.Second, Linger: 30 * time.Second, Clock: clock}, slog.New(slog.DiscardHandler))
+	srv.Update(plans(t, three(true))) // batch → only-cp-a+cp-c
+	// A connected node, so that every update is translated.
+	c := dial(t, t.Context(), serveADS(t, t.Context(), srv), &core.Node{Id: "front"})
+	c.send(&discovery.DiscoveryRequest{})
+	c.recvCluster()
 	if got := srv.Lingering(); len(got) != 0 {
 		t.Fatalf("lingering %v before any change", got)
 	}
-	srv.Update(three(false)) // A dead: batch → only-cp-c; only-cp-a+cp-c lingers
+	srv.Update(plans(t, three(false))) // A dead: batch → only-cp-c; only-cp-a+cp-c lingers
 	if got := lingeringIn(srv); len(got) != 1 || got[0] != "kube-apiservers-only-cp-a+cp-c" {
 		t.Fatalf("lingering %v, want kube-apiservers-only-cp-a+cp-c", got)
 	}
-	srv.Update(three(true)) // named again: no longer lingering; only-cp-c lingers now
+	srv.Update(plans(t, three(true))) // named again: no longer lingering; only-cp-c lingers now
 	if got := srv.Lingering(); len(got) != 1 || got[0] != "kube-apiservers-only-cp-c" {
 		t.Fatalf("lingering %v, want kube-apiservers-only-cp-c", got)
 	}
+	clock.Step(30*time.Second - time.Nanosecond)
+	if got := srv.Lingering(); len(got) != 1 {
+		t.Fatalf("lingering %v before its time is up", got)
+	}
+	clock.Step(time.Nanosecond) // the server translates again, on the clock's timer
 	testutil.WaitFor(t, t.Context(), 10*time.Second, "no cluster lingering", func() error {
 		if got := srv.Lingering(); len(got) > 0 {
 			return fmt.Errorf("still lingering: %v", got)
@@ -224,20 +263,25 @@ func TestLingeringClusters(t *testing.T) {
 // TestJoiningApiserver: an apiserver that becomes live stays out of the default cluster for
 // JoinDelay; those live in the first topology never wait.
 func TestJoiningApiserver(t *testing.T) {
-	srv := xds.New(clustersOnly, slog.New(slog.DiscardHandler))
-	srv.JoinDelay = 300 * time.Millisecond
-	srv.Update(topo(t, true))
+	clock := clocktesting.NewFakeClock(time.Unix(1000, 0))
+	srv := xds.New(clustersOnly, makebeforebreak.Options{TableDelay: time.Second, Clock: clock}, slog.New(slog.DiscardHandler))
+	srv.Update(plans(t, topo(t, true)))
 	if got := srv.Joining(); len(got) != 0 {
 		t.Fatalf("joining %v in the first topology", got)
 	}
-	srv.Update(topo(t, false)) // B dies
-	srv.Update(topo(t, true))  // and comes back
+	srv.Update(plans(t, topo(t, false))) // B dies
+	srv.Update(plans(t, topo(t, true)))  // and comes back
 	if got := srv.Joining(); !slices.Equal(got, []string{"apiserver-b"}) {
 		t.Fatalf("joining %v, want [apiserver-b]", got)
 	}
-	if j := srv.Topology().Joining; !j["apiserver-b"] {
+	if j := srv.Hold().Joining; !j["apiserver-b"] {
 		t.Fatalf("the translator is not told: %v", j)
 	}
+	clock.Step(2*time.Second - time.Nanosecond) // the join delay is two table delays
+	if got := srv.Joining(); len(got) != 1 {
+		t.Fatalf("joined before its time: %v", got)
+	}
+	clock.Step(time.Nanosecond)
 	testutil.WaitFor(t, t.Context(), 10*time.Second, "no apiserver joining", func() error {
 		if got := srv.Joining(); len(got) > 0 {
 			return fmt.Errorf("still joining: %v", got)
@@ -253,16 +297,16 @@ func TestLimitsAndNodeLifetime(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	translations := 0
-	srv := xds.New(func(tp *topology.Topology) (*cachev3.Snapshot, error) {
+	srv := xds.New(func(p *plan.Plan) (*cachev3.Snapshot, error) {
 		translations++
-		return clustersOnly(tp)
-	}, slog.Default())
+		return clustersOnly(p)
+	}, noMBB, slog.Default())
 	srv.Limits = xds.Limits{MaxNodes: 2}
 	refused := map[string]int{}
 	var mu sync.Mutex
 	srv.OnRefused = func(reason string, _ error) { mu.Lock(); refused[reason]++; mu.Unlock() }
 	addr := serveADS(t, ctx, srv)
-	srv.Update(topo(t, true))
+	srv.Update(plans(t, topo(t, true)))
 	base := translations
 
 	open := func(id string) (*adsClient, context.CancelFunc) {

@@ -37,6 +37,8 @@ import (
 
 	"github.com/kube-mvp/kube-mvp/internal/extproc"
 	"github.com/kube-mvp/kube-mvp/internal/inventory/objects"
+	"github.com/kube-mvp/kube-mvp/internal/makebeforebreak"
+	"github.com/kube-mvp/kube-mvp/internal/plan"
 	"github.com/kube-mvp/kube-mvp/internal/snapshot"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 	"github.com/kube-mvp/kube-mvp/internal/xds"
@@ -348,8 +350,8 @@ func newEnv(t testing.TB, o envOptions) *env {
 		ListenAddress: "127.0.0.1", ListenPort: 6443, ExtProcAddress: "unix:" + sock,
 		Secrets: e.secrets,
 	}
-	e.xds = xds.New(func(t *topology.Topology) (*cachev3.Snapshot, error) {
-		res, err := snapshot.Build(t, cfg)
+	e.xds = xds.New(func(p *plan.Plan) (*cachev3.Snapshot, error) {
+		res, err := snapshot.Build(p, cfg)
 		if res == nil {
 			return nil, err
 		}
@@ -359,8 +361,12 @@ func newEnv(t testing.TB, o envOptions) *env {
 			}
 		}
 		return res.Snapshot()
-	}, testLogger(t))
-	e.xds.Update(topo)
+	}, makebeforebreak.Options{}, testLogger(t))
+	plans, err := plan.ForEveryEnvoy(topo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.xds.Update(plans)
 	g := grpc.NewServer()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)

@@ -28,6 +28,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/kube-mvp/kube-mvp/internal/inventory/objects"
+	"github.com/kube-mvp/kube-mvp/internal/plan"
 	"github.com/kube-mvp/kube-mvp/internal/snapshot"
 )
 
@@ -39,8 +40,12 @@ func buildResources(t *testing.T, fixture string) *snapshot.Resources {
 		t.Fatal(err)
 	}
 	topo, _ := objects.Build(objs, objects.Options{})
+	pl, err := plan.Build(topo)
+	if err != nil {
+		t.Fatal(err)
+	}
 	p := newPKI(t)
-	res, err := snapshot.Build(topo, snapshot.Config{ExtProcAddress: "unix:/nonexistent/extproc.sock", Secrets: p.files(t)})
+	res, err := snapshot.Build(pl, snapshot.Config{ExtProcAddress: "unix:/nonexistent/extproc.sock", Secrets: p.files(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

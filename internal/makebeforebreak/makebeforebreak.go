@@ -1,0 +1,71 @@
+// Package makebeforebreak holds the timing rules that keep a topology change from failing
+// requests while it spreads.
+//
+// Envoy learns of a change over ADS, extproc over the routing table stream, and neither
+// waits for the other. A request is routed by extproc's table and served by Envoy's
+// clusters, so for a while the two may disagree. Three rules make the new state before
+// breaking the old one:
+//
+//  1. A routing table that names a cluster or a live apiserver the last published table did
+//     not reaches extproc TableDelay after it is offered, so that Envoy, given the matching
+//     snapshot at the same moment, has warmed the cluster (endpoints, first health check)
+//     first. Any other table goes out at once, as does the first (nothing can be routed
+//     without one). See Publisher.
+//  2. A subset cluster that no plan names any more stays in Envoy's config for Linger, with
+//     the members it had when last named, for requests extproc routed by an older table.
+//     See Envoy.
+//  3. An apiserver that becomes live joins the default ("every live apiserver") cluster
+//     only JoinDelay later (it is in subset clusters at once): an older table's decision
+//     "the default cluster serves this" did not account for it, and it may not serve what
+//     the others do. See Envoy.
+//
+// Everything runs on Options.Clock, so tests step a fake clock instead of sleeping.
+package makebeforebreak
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"k8s.io/utils/clock"
+)
+
+// Options are the make-before-break durations and the clock they are measured on.
+type Options struct {
+	// TableDelay: a routing table that names a cluster or live apiserver that the last
+	// published table did not is published this long after it is offered (Envoy warms new
+	// clusters first). 0 publishes every table at once.
+	TableDelay time.Duration
+	// Linger: a subset cluster no plan names any more stays in Envoy's config this long
+	// (0: dropped at once). Must exceed TableDelay when > 0 (Validate).
+	Linger time.Duration
+	// Clock; nil means clock.RealClock{}.
+	Clock clock.WithDelayedExecution
+}
+
+// Validate reports durations that would break a request in flight: a negative one, or a
+// linger that ends before the tables naming the cluster are replaced.
+func (o Options) Validate() error {
+	var errs []error
+	if o.TableDelay < 0 {
+		errs = append(errs, fmt.Errorf("routing table delay %s is negative (0 sends each table at once)", o.TableDelay))
+	}
+	if o.Linger < 0 {
+		errs = append(errs, fmt.Errorf("cluster linger %s is negative (0 drops unnamed clusters at once)", o.Linger))
+	}
+	if o.Linger > 0 && o.Linger <= o.TableDelay {
+		errs = append(errs, fmt.Errorf("cluster linger %s must be longer than routing table delay %s: a cluster must outlive the tables that name it", o.Linger, o.TableDelay))
+	}
+	return errors.Join(errs...)
+}
+
+// JoinDelay is 2*TableDelay: a newcomer is named by the table offered with it, which goes
+// out a table delay later; a table delay after that, every table in use knows it.
+func (o Options) JoinDelay() time.Duration { return 2 * o.TableDelay }
+
+func (o Options) clock() clock.WithDelayedExecution {
+	if o.Clock == nil {
+		return clock.RealClock{}
+	}
+	return o.Clock
+}

@@ -1,0 +1,186 @@
+package makebeforebreak
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	clocktesting "k8s.io/utils/clock/testing"
+)
+
+// action is one step of a Publisher script: offer table id naming names, or, when id is 0,
+// step the clock by d. want is every table published so far, in order.
+type action struct {
+	id    int
+	names string // space-separated
+	step  time.Duration
+	want  []int
+}
+
+func offer(id int, names string, want ...int) action { return action{id: id, names: names, want: want} }
+func step(d time.Duration, want ...int) action       { return action{step: d, want: want} }
+
+func TestPublisher(t *testing.T) {
+	const d = 2 * time.Second
+	tests := []struct {
+		name    string
+		delay   time.Duration
+		actions []action
+	}{
+		{
+			name:    "the first table goes out at once",
+			delay:   d,
+			actions: []action{offer(1, "cluster-default apiserver-a", 1)},
+		},
+		{
+			name:  "a table naming a new apiserver waits exactly TableDelay",
+			delay: d,
+			actions: []action{
+				offer(1, "cluster-default apiserver-a", 1),
+				offer(2, "cluster-default apiserver-a apiserver-b", 1),
+				step(d-time.Nanosecond, 1),
+				step(time.Nanosecond, 1, 2),
+			},
+		},
+		{
+			name:  "a table naming a new cluster waits exactly TableDelay",
+			delay: d,
+			actions: []action{
+				offer(1, "cluster-default apiserver-a", 1),
+				offer(2, "cluster-default cluster-only-a apiserver-a", 1),
+				step(d-time.Nanosecond, 1),
+				step(time.Nanosecond, 1, 2),
+			},
+		},
+		{
+			name:  "a table naming nothing new goes out at once, and no older delayed table replaces it",
+			delay: d,
+			actions: []action{
+				offer(1, "cluster-default apiserver-a apiserver-b", 1),
+				offer(2, "cluster-default apiserver-a apiserver-b apiserver-c", 1),
+				offer(3, "cluster-default apiserver-a", 1, 3),
+				step(d, 1, 3),
+				step(10*d, 1, 3),
+			},
+		},
+		{
+			name:  "names are compared with the last published table, not the last offered",
+			delay: d,
+			actions: []action{
+				offer(1, "cluster-default apiserver-a", 1),
+				offer(2, "cluster-default apiserver-a apiserver-b", 1),
+				offer(3, "cluster-default apiserver-a apiserver-b", 1), // b still unknown to extproc
+				step(d, 1, 2, 3),
+				offer(4, "cluster-default apiserver-b", 1, 2, 3, 4), // b published now
+			},
+		},
+		{
+			name:  "each delayed table waits from its own offer",
+			delay: d,
+			actions: []action{
+				offer(1, "cluster-default", 1),
+				offer(2, "cluster-default cluster-x", 1),
+				step(d/2, 1),
+				offer(3, "cluster-default cluster-x cluster-y", 1),
+				step(d/2, 1, 2),
+				step(d/2-time.Nanosecond, 1, 2),
+				step(time.Nanosecond, 1, 2, 3),
+			},
+		},
+		{
+			name:  "TableDelay 0 publishes every table at once",
+			delay: 0,
+			actions: []action{
+				offer(1, "cluster-default apiserver-a", 1),
+				offer(2, "cluster-default apiserver-a apiserver-b", 1, 2),
+				offer(3, "cluster-default cluster-x apiserver-a apiserver-b", 1, 2, 3),
+			},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := clocktesting.NewFakeClock(t0)
+			var published []int
+			p := NewPublisher(Options{TableDelay: tc.delay, Clock: clk}, func(id int) { published = append(published, id) })
+			for i, a := range tc.actions {
+				if a.id != 0 {
+					names := map[string]bool{}
+					for _, n := range strings.Fields(a.names) {
+						names[n] = true
+					}
+					p.Offer(a.id, names)
+				} else {
+					clk.Step(a.step)
+				}
+				if !slices.Equal(published, a.want) {
+					t.Fatalf("action %d: published %v, want %v", i, published, a.want)
+				}
+			}
+			if tc.delay == 0 && clk.HasWaiters() {
+				t.Errorf("TableDelay 0 set a timer")
+			}
+		})
+	}
+}
+
+// TestPublisherConcurrent: Offer from many goroutines while the clock moves. Each table is
+// published at most once, and no goroutine's table is published after one it offered later
+// (a table never replaces a newer one). Meant for -race.
+func TestPublisherConcurrent(t *testing.T) {
+	const d = time.Second
+	clk := clocktesting.NewFakeClock(t0)
+	type table struct{ g, i int }
+	var (
+		mu        sync.Mutex
+		published []table
+	)
+	p := NewPublisher(Options{TableDelay: d, Clock: clk}, func(tb table) {
+		mu.Lock()
+		defer mu.Unlock()
+		published = append(published, tb)
+	})
+	const goroutines, each = 8, 50
+	var wg sync.WaitGroup
+	for g := range goroutines {
+		wg.Go(func() {
+			for i := range each {
+				names := map[string]bool{"cluster-default": true}
+				if i%3 == 0 {
+					names[fmt.Sprintf("apiserver-%d-%d", g, i)] = true // new: delayed
+				}
+				p.Offer(table{g, i}, names)
+			}
+		})
+	}
+	wg.Go(func() {
+		for range 20 {
+			clk.Step(d / 4)
+		}
+	})
+	wg.Wait()
+	clk.Step(d)
+
+	mu.Lock()
+	defer mu.Unlock()
+	if len(published) == 0 {
+		t.Fatal("nothing published")
+	}
+	seen := map[table]bool{}
+	last := map[int]int{}
+	for _, tb := range published {
+		if seen[tb] {
+			t.Errorf("table %v published twice", tb)
+		}
+		seen[tb] = true
+		if prev, ok := last[tb.g]; ok && tb.i <= prev {
+			t.Errorf("goroutine %d: table %d published after its newer table %d", tb.g, tb.i, prev)
+		}
+		last[tb.g] = tb.i
+	}
+	if clk.HasWaiters() {
+		t.Errorf("timers left after every delay passed")
+	}
+}

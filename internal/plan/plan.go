@@ -1,0 +1,298 @@
+// Package plan is every routing decision kube-mvp makes for one topology, made once per
+// topology change and read by everything downstream:
+//
+//   - which apiserver clusters Envoy needs, each with its role and members;
+//   - for each published group/version, whether its requests need extproc, and for each
+//     resource (and subresource) its outcome and cluster;
+//   - the per-request lookup extproc uses (Routes), shipped to it in the routing table.
+//
+// internal/snapshot only translates a Plan into Envoy resources; internal/table ships its
+// Routes to extproc; /debug/topology prints it; the make-before-break logic reads its
+// cluster names. topology.DecideResource stays the one rule; Build is its only caller.
+//
+// A Plan is for one kind of Envoy: a front load balancer (LocalID "") or a sidecar beside
+// one apiserver (LocalID its ID); ForEveryEnvoy makes all of them for a topology.
+package plan
+
+import (
+	"cmp"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	"github.com/kube-mvp/kube-mvp/internal/contract"
+	"github.com/kube-mvp/kube-mvp/internal/topology"
+)
+
+// Role says why an apiserver cluster exists; it is in the cluster's Envoy metadata.
+type Role string
+
+const (
+	// RoleDefault: every live apiserver (less those still joining), for a front proxy.
+	RoleDefault Role = "default"
+	// RoleLocal: the one apiserver a sidecar runs beside.
+	RoleLocal Role = "local"
+	// RoleSubset: exactly the live apiservers that serve some resource.
+	RoleSubset Role = "subset"
+	// RoleLingering: a subset cluster no decision names any more, kept for routing tables
+	// still in use (make before break).
+	RoleLingering Role = "lingering"
+)
+
+// Cluster is one apiserver cluster Envoy must have.
+type Cluster struct {
+	Name    string             `json:"name"`
+	Role    Role               `json:"role"`
+	Members topology.ServerSet `json:"members"`
+}
+
+// Route is where the requests for one resource go.
+type Route struct {
+	// Resource is the serving-table key decided on; zero for requests that are not for a
+	// published resource.
+	Resource topology.Resource `json:"-"`
+	Outcome  topology.Outcome  `json:"-"`
+	// Cluster is the Envoy cluster; empty for Unavailable (an immediate 503).
+	Cluster string `json:"cluster,omitempty"`
+	// Servers are, for Subset, the live apiservers that serve Resource (the cluster's
+	// members); for Unavailable, the known but dead ones that would.
+	Servers topology.ServerSet `json:"-"`
+}
+
+// GroupVersion is the plan of one published group/version.
+type GroupVersion struct {
+	GroupVersion topology.GroupVersion
+	// ExtProc: some resource of it goes elsewhere than the default cluster (a subset, or an
+	// immediate 503), so its requests need a per-request decision. NotServed resources go to
+	// the default cluster, whose apiservers answer 404 themselves.
+	ExtProc bool
+	// Routes of its resources and subresources, sorted.
+	Routes []Route
+}
+
+// Plan is every decision for one topology and one kind of Envoy.
+type Plan struct {
+	// Topology is what the plan was made from (apiserver names and addresses, merged
+	// discovery).
+	Topology *topology.Topology
+	// LocalID is the apiserver a sidecar runs beside; "" for a front proxy.
+	LocalID string
+	// Clusters are the apiserver clusters, sorted by name; the first role is default or local.
+	Clusters []Cluster
+	// GroupVersions are the published group/versions, sorted.
+	GroupVersions []GroupVersion
+	// Routes is the per-request view of the same decisions.
+	Routes *Routes
+}
+
+// Build makes the plan of t for a front proxy, or, when t.LocalID is set, for a sidecar
+// beside that apiserver. The one error is two serving sets whose cluster names collide
+// (two apiservers that share a hostname).
+func Build(t *topology.Topology) (*Plan, error) {
+	p := &Plan{Topology: t, LocalID: t.LocalID}
+	def := DefaultCluster(t.LocalID)
+	p.Routes = &Routes{LocalID: t.LocalID, Default: Route{Outcome: topology.Default, Cluster: def}, byResource: make(map[topology.Resource]Route, len(t.Served))}
+	subsets := map[string]topology.ServerSet{}
+	for _, r := range t.Resources() { // sorted: group/versions come in order
+		d := t.DecideResource(r)
+		route := Route{Resource: r, Outcome: d.Outcome, Servers: d.Servers}
+		switch d.Outcome {
+		case topology.Subset:
+			route.Cluster = SubsetClusterName(t, d.Servers)
+			if prev, ok := subsets[route.Cluster]; ok && !slices.Equal(prev, d.Servers) {
+				return nil, fmt.Errorf("cluster name %s stands for two serving sets, [%s] and [%s] (two apiservers share a hostname?)", route.Cluster, prev.Key(), d.Servers.Key())
+			}
+			subsets[route.Cluster] = d.Servers
+		case topology.Default, topology.NotServed:
+			route.Cluster = def
+		}
+		p.Routes.byResource[r] = route
+		if n := len(p.GroupVersions); n == 0 || p.GroupVersions[n-1].GroupVersion != r.GroupVersion() {
+			p.GroupVersions = append(p.GroupVersions, GroupVersion{GroupVersion: r.GroupVersion()})
+		}
+		gv := &p.GroupVersions[len(p.GroupVersions)-1]
+		gv.Routes = append(gv.Routes, route)
+		if route.Cluster != def {
+			gv.ExtProc = true
+		}
+	}
+	if t.LocalID != "" {
+		var members topology.ServerSet
+		if slices.Contains(t.Live(), t.LocalID) {
+			members = topology.ServerSet{t.LocalID}
+		}
+		p.Clusters = append(p.Clusters, Cluster{Name: def, Role: RoleLocal, Members: members})
+	} else {
+		p.Clusters = append(p.Clusters, Cluster{Name: def, Role: RoleDefault, Members: t.Live()})
+	}
+	for _, name := range slices.Sorted(maps.Keys(subsets)) {
+		p.Clusters = append(p.Clusters, Cluster{Name: name, Role: RoleSubset, Members: subsets[name]})
+	}
+	sortClusters(p.Clusters)
+	return p, nil
+}
+
+func sortClusters(cs []Cluster) {
+	slices.SortFunc(cs, func(a, b Cluster) int { return strings.Compare(a.Name, b.Name) })
+}
+
+// Hold is what Envoy's configuration keeps besides what the plan names (make before break,
+// internal/makebeforebreak): it changes the clusters, never the routes.
+type Hold struct {
+	// Lingering are subset clusters, by name, that routing tables still in use may name.
+	Lingering map[string]topology.ServerSet
+	// Joining are live apiservers, by ID, held out of the default cluster until every
+	// routing table in use knows them.
+	Joining map[string]bool
+}
+
+// WithHold returns a copy of p whose clusters also keep h's lingering clusters (with their
+// members that are still live) and whose default cluster leaves out h's joining apiservers;
+// when every live apiserver is joining, none is held back. Routes are shared with p.
+func (p *Plan) WithHold(h Hold) *Plan {
+	c := *p
+	c.Clusters = slices.Clone(p.Clusters)
+	live := p.Topology.Live()
+	for i, cl := range c.Clusters {
+		if cl.Role != RoleDefault || len(h.Joining) == 0 {
+			continue
+		}
+		var members topology.ServerSet
+		for _, id := range cl.Members {
+			if !h.Joining[id] {
+				members = append(members, id)
+			}
+		}
+		if len(members) > 0 {
+			c.Clusters[i].Members = members
+		}
+	}
+	named := map[string]bool{}
+	for _, cl := range c.Clusters {
+		named[cl.Name] = true
+	}
+	for name, set := range h.Lingering {
+		if named[name] {
+			continue
+		}
+		var members topology.ServerSet
+		for _, id := range set {
+			if slices.Contains(live, id) {
+				members = append(members, id)
+			}
+		}
+		c.Clusters = append(c.Clusters, Cluster{Name: name, Role: RoleLingering, Members: members})
+	}
+	sortClusters(c.Clusters)
+	return &c
+}
+
+// DefaultClusterName is the cluster of outcomes Default and NotServed.
+func (p *Plan) DefaultClusterName() string { return DefaultCluster(p.LocalID) }
+
+// SubsetClusters are the subset clusters the plan's decisions name, by name.
+func (p *Plan) SubsetClusters() map[string]topology.ServerSet {
+	out := map[string]topology.ServerSet{}
+	for _, c := range p.Clusters {
+		if c.Role == RoleSubset {
+			out[c.Name] = c.Members
+		}
+	}
+	return out
+}
+
+// DefaultCluster names the cluster of Default outcomes: every live apiserver, or in sidecar
+// mode (local != "") the local one.
+func DefaultCluster(local string) string {
+	if local != "" {
+		return contract.ClusterLocal
+	}
+	return contract.ClusterDefault
+}
+
+// SubsetClusterName names the cluster that holds exactly the given apiservers: their
+// hostnames (or IDs, where a hostname is unknown) sorted and joined by "+", e.g.
+// "kube-apiservers-only-cp-a+cp-c", so an operator reading Envoy's /clusters sees who is
+// inside.
+func SubsetClusterName(t *topology.Topology, set topology.ServerSet) string {
+	names := make([]string, 0, len(set))
+	for _, id := range set {
+		name := id
+		if s, ok := t.Server(id); ok && s.Hostname != "" {
+			name = s.Hostname
+		}
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	return contract.ClusterSubsetPrefix + strings.Join(names, "+")
+}
+
+// Envoys are the plans of every kind of Envoy one topology serves: the front proxy's and,
+// for every apiserver a sidecar may run beside, that sidecar's.
+type Envoys struct {
+	Front *Plan
+	// Local holds the sidecar plans by apiserver ID.
+	Local map[string]*Plan
+}
+
+// ForEveryEnvoy makes the front plan of t and a sidecar plan for each of its apiservers.
+func ForEveryEnvoy(t *topology.Topology) (*Envoys, error) {
+	front, err := Build(t.WithLocal(""))
+	if err != nil {
+		return nil, err
+	}
+	e := &Envoys{Front: front, Local: make(map[string]*Plan, len(t.APIServers))}
+	for _, s := range t.APIServers {
+		p, err := Build(t.WithLocal(s.ID))
+		if err != nil {
+			return nil, fmt.Errorf("sidecar beside %s: %w", s.ID, err)
+		}
+		e.Local[s.ID] = p
+	}
+	return e, nil
+}
+
+// For returns the plan of an Envoy beside local ("" for a front proxy); nil when local is
+// no known apiserver.
+func (e *Envoys) For(local string) *Plan {
+	if local == "" {
+		return e.Front
+	}
+	return e.Local[local]
+}
+
+// SubsetClusters are the subset clusters any of the plans name, by name.
+func (e *Envoys) SubsetClusters() map[string]topology.ServerSet {
+	out := e.Front.SubsetClusters()
+	for _, id := range slices.Sorted(maps.Keys(e.Local)) {
+		maps.Copy(out, e.Local[id].SubsetClusters())
+	}
+	return out
+}
+
+// Names are what the routing table built from e lets extproc route to: every cluster of
+// every plan ("cluster NAME") and every live apiserver ("apiserver ID"), the members of
+// the default cluster. The make-before-break publisher compares them between tables.
+func (e *Envoys) Names() map[string]bool {
+	names := map[string]bool{}
+	for _, p := range append([]*Plan{e.Front}, slices.Collect(maps.Values(e.Local))...) {
+		for _, c := range p.Clusters {
+			names["cluster "+c.Name] = true
+		}
+	}
+	for _, id := range e.Front.Topology.Live() {
+		names["apiserver "+id] = true
+	}
+	return names
+}
+
+// compareRoutes orders routes by resource.
+func compareRoutes(a, b Route) int {
+	return cmp.Or(
+		cmp.Compare(a.Resource.Group, b.Resource.Group),
+		cmp.Compare(a.Resource.Version, b.Resource.Version),
+		cmp.Compare(a.Resource.Resource, b.Resource.Resource),
+		cmp.Compare(a.Resource.Subresource, b.Resource.Subresource),
+	)
+}

@@ -1,0 +1,124 @@
+package plan
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/kube-mvp/kube-mvp/internal/topology"
+)
+
+// Routes is the per-request side of a plan: the route of every published serving-table key.
+// extproc receives it in the routing table and looks requests up in it, so it names only
+// clusters that xds-server planned, whatever version either binary is.
+type Routes struct {
+	// LocalID is the apiserver of a sidecar's plan; "" for a front proxy.
+	LocalID string
+	// Default is the route of everything that is not a published resource.
+	Default    Route
+	byResource map[topology.Resource]Route
+}
+
+// NewRoutes assembles routes received from elsewhere (the routing table). Every route must
+// name a cluster unless it is Unavailable, and its key must be a resource.
+func NewRoutes(local string, routes []Route) (*Routes, error) {
+	rs := &Routes{LocalID: local, Default: Route{Outcome: topology.Default, Cluster: DefaultCluster(local)}, byResource: make(map[topology.Resource]Route, len(routes))}
+	for _, r := range routes {
+		if r.Resource.Version == "" || r.Resource.Resource == "" {
+			return nil, fmt.Errorf("route for %q lacks a version or resource", r.Resource)
+		}
+		if (r.Cluster == "") != (r.Outcome == topology.Unavailable) {
+			return nil, fmt.Errorf("route for %s: outcome %s with cluster %q", r.Resource, r.Outcome, r.Cluster)
+		}
+		if _, dup := rs.byResource[r.Resource]; dup {
+			return nil, fmt.Errorf("route for %s listed twice", r.Resource)
+		}
+		rs.byResource[r.Resource] = r
+	}
+	return rs, nil
+}
+
+// Decide is the route of one request: the same answer topology.Decide gives on the plan's
+// topology, looked up instead of computed.
+func (rs *Routes) Decide(req topology.RequestInfo) Route {
+	if !req.IsResourceRequest {
+		return rs.Default
+	}
+	return rs.Lookup(topology.Resource{Group: req.APIGroup, Version: req.APIVersion, Resource: req.Resource, Subresource: req.Subresource})
+}
+
+// Lookup is the route of resource r. A subresource nobody publishes goes where its
+// resource goes (StorageVersions know no subresources); an unpublished resource goes to the
+// default cluster, whose apiservers answer for themselves.
+func (rs *Routes) Lookup(r topology.Resource) Route {
+	if route, ok := rs.byResource[r]; ok {
+		return route
+	}
+	if r.Subresource != "" {
+		if route, ok := rs.byResource[r.Parent()]; ok {
+			return route
+		}
+	}
+	return rs.Default
+}
+
+// All returns every route, sorted by resource.
+func (rs *Routes) All() []Route {
+	out := make([]Route, 0, len(rs.byResource))
+	for _, r := range rs.byResource {
+		out = append(out, r)
+	}
+	slices.SortFunc(out, compareRoutes)
+	return out
+}
+
+// Len is the number of published keys.
+func (rs *Routes) Len() int { return len(rs.byResource) }
+
+// Clusters are the cluster names the routes name, sorted.
+func (rs *Routes) Clusters() []string {
+	set := map[string]bool{rs.Default.Cluster: true}
+	for _, r := range rs.byResource {
+		if r.Cluster != "" {
+			set[r.Cluster] = true
+		}
+	}
+	out := make([]string, 0, len(set))
+	for c := range set {
+		out = append(out, c)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Table is what extproc decides from, for every kind of Envoy: each plan's Routes and the
+// merged discovery. xds-server sends it as the routing table (internal/table).
+type Table struct {
+	// APIServers are the apiservers the plans were made for (for logs and metrics).
+	APIServers []topology.APIServer
+	// Routes holds each Envoy's routes by local apiserver ID; "" is the front proxy's.
+	Routes map[string]*Routes
+	// Discovery is the merged /apis discovery of the live apiservers; nil when it cannot
+	// be built.
+	Discovery *topology.Discovery
+}
+
+// Table is the routing table of e.
+func (e *Envoys) Table() *Table {
+	tb := &Table{APIServers: e.Front.Topology.APIServers, Routes: make(map[string]*Routes, len(e.Local)+1), Discovery: e.Front.Topology.Discovery}
+	tb.Routes[""] = e.Front.Routes
+	for id, p := range e.Local {
+		tb.Routes[id] = p.Routes
+	}
+	return tb
+}
+
+// Live counts the live apiservers of t.
+func (t *Table) Live() int {
+	n := 0
+	for _, s := range t.APIServers {
+		if s.Alive && s.Address != "" {
+			n++
+		}
+	}
+	return n
+}

@@ -1,0 +1,82 @@
+package plan
+
+import (
+	"slices"
+
+	"github.com/kube-mvp/kube-mvp/internal/topology"
+)
+
+// View is a plan for people, with the names an operator matches against Envoy's /clusters
+// and route metadata: xds-server's /debug/topology (JSON) and the golden files (YAML).
+type View struct {
+	APIServers []topology.APIServer `json:"apiservers"`
+	// LocalAPIServer is the sidecar's apiserver (?local=); empty for the front plan.
+	LocalAPIServer   string             `json:"localAPIServer,omitempty"`
+	DefaultCluster   string             `json:"defaultCluster"`
+	Clusters         []Cluster          `json:"clusters"`
+	GroupVersions    []GroupVersionView `json:"groupVersions"`
+	ServedEverywhere []string           `json:"servedEverywhere,omitempty"`
+	// MergedDiscoveryETag is the ETag of the merged /apis discovery extproc serves; empty
+	// while it cannot be built (a live apiserver's discovery not fetched yet).
+	MergedDiscoveryETag string `json:"mergedDiscoveryETag,omitempty"`
+}
+
+// GroupVersionView lists a group/version's resources and where each is routed.
+type GroupVersionView struct {
+	GroupVersion string `json:"groupVersion"`
+	PathPrefix   string `json:"pathPrefix"`
+	// ExtProc: its requests take the ext_proc route (some resource does not go to the
+	// default cluster); false: line rate.
+	ExtProc   bool           `json:"extProc"`
+	Resources []ResourceView `json:"resources"`
+}
+
+// ResourceView is one resource (or subresource) and its decision.
+type ResourceView struct {
+	Resource   string   `json:"resource"`
+	ServedBy   []string `json:"servedBy"`
+	Outcome    string   `json:"outcome"`
+	Cluster    string   `json:"cluster,omitempty"`
+	Candidates []string `json:"deadCandidates,omitempty"`
+}
+
+// View is p as xds-server's /debug/topology shows it and the golden files keep it.
+func (p *Plan) View() View {
+	t := p.Topology
+	v := View{APIServers: t.APIServers, LocalAPIServer: p.LocalID, DefaultCluster: p.DefaultClusterName(), Clusters: p.Clusters}
+	if t.Discovery != nil {
+		v.MergedDiscoveryETag = t.Discovery.ETag
+	}
+	for g := range t.ServedEverywhere {
+		v.ServedEverywhere = append(v.ServedEverywhere, g)
+	}
+	slices.Sort(v.ServedEverywhere)
+	for _, gv := range p.GroupVersions {
+		gvv := GroupVersionView{GroupVersion: gv.GroupVersion.String(), PathPrefix: gv.GroupVersion.PathPrefix(), ExtProc: gv.ExtProc}
+		for _, r := range gv.Routes {
+			name := r.Resource.Resource
+			if r.Resource.Subresource != "" {
+				name += "/" + r.Resource.Subresource
+			}
+			rv := ResourceView{Resource: name, Outcome: r.Outcome.String(), Cluster: r.Cluster}
+			for _, id := range t.Served[r.Resource] {
+				rv.ServedBy = append(rv.ServedBy, hostnameOr(t, id))
+			}
+			if r.Outcome == topology.Unavailable {
+				for _, id := range r.Servers {
+					rv.Candidates = append(rv.Candidates, hostnameOr(t, id))
+				}
+			}
+			gvv.Resources = append(gvv.Resources, rv)
+		}
+		v.GroupVersions = append(v.GroupVersions, gvv)
+	}
+	return v
+}
+
+func hostnameOr(t *topology.Topology, id string) string {
+	if s, ok := t.Server(id); ok && s.Hostname != "" {
+		return s.Hostname
+	}
+	return id
+}
