@@ -173,7 +173,7 @@ func flags(t *testing.T, args []string) map[string]string {
 	return m
 }
 
-// The flags of `xds-server serve` (cmd/xds-server serveFlags and envoyConfigFlags) and of
+// The flags of `xds-server serve` (cmd/xds-server serveOptions.flagSet and envoyFlags) and of
 // extproc (cmd/extproc): the chart may use no other. TestChartOnRealAPIServer runs both
 // binaries with the rendered arguments, so a flag that does not exist fails there too.
 var (

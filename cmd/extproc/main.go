@@ -2,8 +2,7 @@
 // envoy.service.ext_proc.v3.ExternalProcessor, deciding per request which apiservers may
 // serve it (see internal/extproc).
 //
-//	extproc --source xds:HOST:PORT|file:FILE --listen ADDR [--admin-address 127.0.0.1:9002]
-//	        [--now RFC3339] [--poll-interval DURATION] [--local-id APISERVER-ID]
+//	extproc --source xds:HOST:PORT|file:FILE --listen ADDR [flags]   (extproc --help lists them)
 //
 // ADDR is unix:/path/to.sock or host:port. The admin address serves /healthz, /readyz (ready
 // once a routing table is loaded) and /metrics. With a file source SIGHUP re-reads the file;
@@ -21,7 +20,6 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -31,6 +29,7 @@ import (
 	"github.com/hashicorp/go-multierror"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/pflag"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
@@ -38,6 +37,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 
+	"github.com/kube-mvp/kube-mvp/internal/cli"
 	"github.com/kube-mvp/kube-mvp/internal/cptls"
 	"github.com/kube-mvp/kube-mvp/internal/extproc"
 	"github.com/kube-mvp/kube-mvp/internal/table"
@@ -45,35 +45,16 @@ import (
 	"github.com/kube-mvp/kube-mvp/internal/version"
 )
 
-const usage = `usage: extproc --source xds:HOST:PORT|file:FILE --listen ADDR [flags]
+const usageIntro = `usage: extproc --source xds:HOST:PORT|file:FILE --listen ADDR [flags]
 
 Serves Envoy's ext_proc API for kube-mvp: names the apiserver cluster for each request,
 strips client-supplied identity headers and forwards the client certificate's identity.
-
-flags:
-  --source SOURCE            where the routing table comes from (required):
-                               xds:HOST:PORT  xds-server's table stream (its --xds-address);
-                                              the last table is kept while it reconnects
-                               file:FILE      an inventory fixture (YAML), as read by
-                                              xds-server translate -f
-  --xds-tls-dir DIR          xds source: the control plane's TLS, DIR/tls.crt and DIR/tls.key
-                             (an extproc certificate) and DIR/ca.crt (the control plane's CA
-                             bundle), as made by xds-server certgen; xds-server must present a
-                             certificate of that CA naming its role (re-read on change)
-  --xds-insecure-plaintext   xds source: no TLS (an xds-server started with the same flag)
-  --listen ADDR              gRPC address: unix:/path/to.sock or host:port (required)
-  --admin-address HOST:PORT  /healthz, /readyz and /metrics (default 127.0.0.1:9002)
-  --now RFC3339              file source: judge Lease liveness at this time (default: every
-                             Lease is live)
-  --poll-interval DURATION   file source: also re-read the file when it changes, checked this
-                             often (default 0: only on SIGHUP)
-  --local-id ID|HOSTNAME     sidecar mode: the apiserver this Envoy runs beside, by ID or by
-                             the hostname of its identity Lease (e.g. the node name)
-  -h, --help                 this text
-  --version                  print the version and exit
-
-SIGHUP re-reads a file source; SIGTERM and SIGINT stop gracefully.
 `
+
+const usageOutro = `SIGHUP re-reads a file source; SIGTERM and SIGINT stop gracefully.
+`
+
+func usage() string { return cli.Usage(usageIntro, new(config).flagSet(), usageOutro) }
 
 // config is the validated command line.
 type config struct {
@@ -85,62 +66,42 @@ type config struct {
 	pollInterval time.Duration
 	localID      string
 	xdsTLS       *cptls.Files // xds source: nil with --xds-insecure-plaintext
+
+	// Flags read into the above after parsing.
+	source, tlsDir string
+	plaintext      bool
 }
 
 // extprocService is the gRPC health service name of the ext_proc API.
 const extprocService = "envoy.service.ext_proc.v3.ExternalProcessor"
 
-// errHelp asks for the usage text.
-var errHelp = errors.New("help requested")
+// flagSet defines extproc's flags on c, with their defaults.
+func (c *config) flagSet() *pflag.FlagSet {
+	fs := cli.NewFlagSet("extproc")
+	fs.StringVar(&c.source, "source", "", "where the routing table comes from, a `SOURCE` (required): xds:HOST:PORT, xds-server's table stream (its --xds-address; the last table is kept while it reconnects), or file:FILE, an inventory fixture (YAML) as read by xds-server translate -f")
+	fs.StringVar(&c.tlsDir, "xds-tls-dir", "", "xds source: the control plane's TLS, `DIR`/tls.crt and DIR/tls.key (an extproc certificate) and DIR/ca.crt (the control plane's CA bundle), as made by xds-server certgen; xds-server must present a certificate of that CA naming its role (re-read on change)")
+	cli.Bool(fs, &c.plaintext, "xds-insecure-plaintext", false, "xds source: no TLS (an xds-server started with the same flag)")
+	fs.StringVar(&c.listen, "listen", "", "gRPC address `ADDR`: unix:/path/to.sock or host:port (required)")
+	fs.StringVar(&c.adminAddress, "admin-address", "127.0.0.1:9002", "/healthz, /readyz and /metrics on `HOST:PORT`")
+	fs.Var(cli.NewValue(&c.now, time.Time{}, "RFC3339", cli.Time), "now", "file source: judge Lease liveness at this time (default: every Lease is live)")
+	fs.Var(cli.NewValue(&c.pollInterval, 0, "DURATION", cli.Duration(0, "a non-negative duration, e.g. 10s")), "poll-interval",
+		"file source: also re-read the file when it changes, checked this often (0: only on SIGHUP)")
+	fs.StringVar(&c.localID, "local-id", "", "sidecar mode: the apiserver this Envoy runs beside, by `ID|HOSTNAME` (the hostname of its identity Lease, e.g. the node name)")
+	fs.Bool("version", false, "print the version and exit")
+	return fs
+}
 
 // parseArgs validates the whole command line and reports every problem at once.
 func parseArgs(args []string) (config, error) {
-	cfg := config{adminAddress: "127.0.0.1:9002"}
-	var errs *multierror.Error
-	raw := map[string]string{}
-	seen := map[string]bool{}
-	known := []string{"source", "xds-tls-dir", "xds-insecure-plaintext", "listen", "admin-address", "now", "poll-interval", "local-id"}
-	booleans := []string{"xds-insecure-plaintext"}
-	for i := 0; i < len(args); i++ {
-		a := args[i]
-		if a == "-h" || a == "-help" || a == "--help" {
-			return cfg, errHelp
-		}
-		if a == "--" || !strings.HasPrefix(a, "-") || a == "-" {
-			errs = multierror.Append(errs, fmt.Errorf("unexpected argument %q: every option is a --flag", a))
-			continue
-		}
-		name, value, hasValue := strings.Cut(strings.TrimPrefix(strings.TrimPrefix(a, "-"), "-"), "=")
-		if !slices.Contains(known, name) {
-			errs = multierror.Append(errs, fmt.Errorf("unknown flag %q (known: --%s)", a, strings.Join(known, ", --")))
-			if !hasValue && i+1 < len(args) && !strings.HasPrefix(args[i+1], "-") {
-				i++ // most likely its value
-			}
-			continue
-		}
-		if slices.Contains(booleans, name) {
-			if !hasValue {
-				value = "true"
-			} else if value != "true" && value != "false" {
-				errs = multierror.Append(errs, fmt.Errorf("--%s=%q: want true or false", name, value))
-			}
-		} else if !hasValue {
-			if i+1 == len(args) {
-				errs = multierror.Append(errs, fmt.Errorf("--%s needs a value", name))
-				continue
-			}
-			i++
-			value = args[i]
-		}
-		if seen[name] {
-			errs = multierror.Append(errs, fmt.Errorf("--%s given more than once", name))
-		}
-		seen[name] = true
-		raw[name] = value
+	var cfg config
+	fs := cfg.flagSet()
+	errs, stop := cli.Parse(fs, args)
+	if stop != nil {
+		return cfg, stop
 	}
 
-	switch src, ok := raw["source"]; {
-	case !ok:
+	switch src := cfg.source; {
+	case !fs.Changed("source"):
 		errs = multierror.Append(errs, errors.New("--source is required: --source xds:xds-server:18000 or --source file:/path/to/fixture.yaml"))
 	case strings.HasPrefix(src, "xds:"):
 		cfg.sourceXDS = strings.TrimPrefix(src, "xds:")
@@ -160,80 +121,46 @@ func parseArgs(args []string) (config, error) {
 		}
 	}
 
-	dir, hasDir := raw["xds-tls-dir"]
-	plaintext := raw["xds-insecure-plaintext"] == "true"
+	hasDir := fs.Changed("xds-tls-dir")
 	switch {
-	case cfg.sourceXDS == "" && (hasDir || plaintext):
+	case cfg.sourceXDS == "" && (hasDir || cfg.plaintext):
 		errs = multierror.Append(errs, errors.New("--xds-tls-dir and --xds-insecure-plaintext apply to an xds source only"))
 	case cfg.sourceXDS != "":
 		var err error
-		cfg.xdsTLS, err = cptls.FromFlags(dir, hasDir, plaintext, cptls.RoleExtproc,
+		cfg.xdsTLS, err = cptls.FromFlags(cfg.tlsDir, hasDir, cfg.plaintext, cptls.RoleExtproc,
 			"with an xds source, xds-server serves the routing table only to holders of an extproc certificate of the control plane's CA (xds-server certgen); --xds-insecure-plaintext for an xds-server without TLS")
 		if err != nil {
 			errs = multierror.Append(errs, err)
 		}
 	}
 
-	switch l, ok := raw["listen"]; {
-	case !ok:
+	switch l := cfg.listen; {
+	case !fs.Changed("listen"):
 		errs = multierror.Append(errs, errors.New("--listen is required: --listen unix:/run/kube-mvp/extproc.sock or --listen 127.0.0.1:9001"))
 	case strings.HasPrefix(l, "unix:"):
 		if strings.TrimPrefix(l, "unix:") == "" {
 			errs = multierror.Append(errs, errors.New("--listen unix: needs a socket path, e.g. unix:/run/kube-mvp/extproc.sock"))
 		}
-		cfg.listen = l
 	default:
 		if err := checkHostPort(l); err != nil {
 			errs = multierror.Append(errs, fmt.Errorf("--listen %q: %v; want unix:/path or host:port", l, err))
 		}
-		cfg.listen = l
 	}
 
-	if a, ok := raw["admin-address"]; ok {
-		if err := checkHostPort(a); err != nil {
-			errs = multierror.Append(errs, fmt.Errorf("--admin-address %q: %v; want host:port, e.g. 127.0.0.1:9002", a, err))
-		}
-		cfg.adminAddress = a
+	if err := checkHostPort(cfg.adminAddress); err != nil {
+		errs = multierror.Append(errs, fmt.Errorf("--admin-address %q: %v; want host:port, e.g. 127.0.0.1:9002", cfg.adminAddress, err))
 	}
 	if cfg.sourceXDS != "" {
 		for _, name := range []string{"now", "poll-interval"} {
-			if _, ok := raw[name]; ok {
+			if fs.Changed(name) {
 				errs = multierror.Append(errs, fmt.Errorf("--%s applies to a file source only; xds-server judges liveness and pushes every change", name))
 			}
 		}
 	}
-	if n, ok := raw["now"]; ok {
-		t, err := time.Parse(time.RFC3339, n)
-		if err != nil {
-			errs = multierror.Append(errs, fmt.Errorf("--now %q is not an RFC 3339 time, e.g. 2026-11-23T10:00:00Z", n))
-		}
-		cfg.now = t
+	if fs.Changed("local-id") && cfg.localID == "" {
+		errs = multierror.Append(errs, errors.New("--local-id needs an apiserver ID or hostname, e.g. cp-a"))
 	}
-	if p, ok := raw["poll-interval"]; ok {
-		d, err := time.ParseDuration(p)
-		if err != nil || d < 0 {
-			errs = multierror.Append(errs, fmt.Errorf("--poll-interval %q is not a non-negative duration, e.g. 10s", p))
-		}
-		cfg.pollInterval = d
-	}
-	if id, ok := raw["local-id"]; ok {
-		if id == "" {
-			errs = multierror.Append(errs, errors.New("--local-id needs an apiserver ID or hostname, e.g. cp-a"))
-		}
-		cfg.localID = id
-	}
-	if errs != nil {
-		errs.ErrorFormat = listErrors
-	}
-	return cfg, errs.ErrorOrNil()
-}
-
-func listErrors(errs []error) string {
-	lines := make([]string, len(errs))
-	for i, e := range errs {
-		lines[i] = "  - " + e.Error()
-	}
-	return fmt.Sprintf("%d problem(s) with the command line:\n%s", len(errs), strings.Join(lines, "\n"))
+	return cfg, cli.Err(errs)
 }
 
 func checkHostPort(a string) error {
@@ -253,18 +180,13 @@ func main() {
 
 // run is main with its inputs and outputs made explicit; it returns the exit code.
 func run(args []string, stdout, stderr io.Writer) int {
-	if len(args) > 0 && (args[0] == "--version" || args[0] == "-version") {
+	cfg, err := parseArgs(args)
+	if errors.Is(err, cli.ErrVersion) {
 		fmt.Fprintln(stdout, version.String("extproc"))
 		return 0
 	}
-	cfg, err := parseArgs(args)
-	if errors.Is(err, errHelp) {
-		fmt.Fprint(stdout, usage)
-		return 0
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "extproc: %v\nRun extproc --help for usage.\n", err)
-		return 2
+	if code, ok := cli.Done("extproc", err, usage, stdout, stderr); !ok {
+		return code
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-multierror"
+	"github.com/spf13/pflag"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -27,6 +28,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/kube-mvp/kube-mvp/internal/certgen"
+	"github.com/kube-mvp/kube-mvp/internal/cli"
 	"github.com/kube-mvp/kube-mvp/internal/cptls"
 )
 
@@ -41,7 +43,7 @@ var certgenCommand = &command{
 	},
 }
 
-const certgenUsage = `usage: xds-server certgen --namespace NS --ca-secret NAME --secret ROLE=NAME,... [flags]
+const certgenIntro = `usage: xds-server certgen --namespace NS --ca-secret NAME --secret ROLE=NAME,... [flags]
        xds-server certgen --out-dir DIR [flags]
 
 Makes the control plane's own CA and a certificate per role for mutual TLS on xds-server's gRPC
@@ -54,47 +56,47 @@ signs once it has been there longer than --propagation-delay, and the old CA sta
 until it expires.
 
 Roles: xds-server (server), envoy-front, envoy-sidecar, extproc (clients).
+`
 
-In a cluster (Secrets; needs get, create and update on them):
-      --kubeconfig FILE          cluster (default: in-cluster, then $KUBECONFIG)
-      --namespace NS             namespace of the Secrets (required)
-      --ca-secret NAME           the CA's Secret, type Opaque (required): ca.crt and ca.key (the
-                                 signing CA), ca-bundle.crt (every trusted CA), next-ca.crt and
-                                 next-ca.key (only while a rotation waits)
-      --secret ROLE=NAME,...     the roles to keep and their Secrets, type kubernetes.io/tls:
-                                 tls.crt, tls.key, ca.crt (the trust bundle) (required)
-      --labels KEY=VALUE,...     extra labels on the Secrets (they always get
-                                 app.kubernetes.io/managed-by=kube-mvp-certgen)
-In a directory (files, for local runs and tests):
-      --out-dir DIR              DIR/ca.crt, ca.key, ca-bundle.crt (next-ca.* during a rotation)
-                                 and DIR/ROLE/tls.crt, tls.key, ca.crt; keys are mode 0600
-      --roles LIST               the roles to keep (default: all four)
-Both:
-      --dns-names LIST           DNS names of the xds-server certificate: the names Envoy and
-                                 extproc dial (required when xds-server is kept)
-      --ca-lifetime D            validity of a new CA (default 3650d)
-      --cert-lifetime D          validity of a new role certificate (default 365d)
-      --propagation-delay D      how long a next CA is trusted before it signs: longer than
-                                 kubelet takes to update every pod's Secret (default 24h)
-  -h, --help                     this text
-
-Durations are Go durations (90m, 24h) or whole days (365d). Lists are comma-separated; give a
+const certgenOutro = `Durations are Go durations (90m, 24h) or whole days (365d). Lists are comma-separated; give a
 list flag once. Exit codes: 0 done (changed or not), 1 the work failed (an API error, or a
 Secret changed meanwhile: run again), 2 bad command line or Secret of the wrong type.
 `
 
-var certgenFlags = []flagSpec{
-	{name: "kubeconfig"},
-	{name: "namespace"},
-	{name: "ca-secret"},
-	{name: "secret"},
-	{name: "labels"},
-	{name: "out-dir"},
-	{name: "roles"},
-	{name: "dns-names"},
-	{name: "ca-lifetime"},
-	{name: "cert-lifetime"},
-	{name: "propagation-delay"},
+func certgenUsage() string {
+	cluster, local, both := new(certgenOptions).flagSets()
+	return certgenIntro + "\nIn a cluster (Secrets; needs get, create and update on them):\n" + cli.Flags(cluster) +
+		"In a directory (files, for local runs and tests):\n" + cli.Flags(local) +
+		"Both:\n" + cli.Flags(cli.WithHelp(both)) + "\n" + certgenOutro
+}
+
+// flagSets defines certgen's flags on o, with their defaults: for Secrets, for files, for both.
+func (o *certgenOptions) flagSets() (cluster, local, both *pflag.FlagSet) {
+	cluster, local, both = cli.NewFlagSet("cluster"), cli.NewFlagSet("local"), cli.NewFlagSet("certgen")
+	cluster.StringVar(&o.kubeconfig, "kubeconfig", "", "the cluster, a kubeconfig `FILE` (default: in-cluster, then $KUBECONFIG)")
+	cluster.StringVar(&o.namespace, "namespace", "", "namespace of the Secrets, `NS` (required)")
+	cluster.StringVar(&o.caSecret, "ca-secret", "", "the CA's Secret `NAME`, type Opaque (required): ca.crt and ca.key (the signing CA), ca-bundle.crt (every trusted CA), next-ca.crt and next-ca.key (only while a rotation waits)")
+	cluster.StringVar(&o.secretList, "secret", "", "the roles to keep and their Secrets, `ROLE=NAME,...`, type kubernetes.io/tls: tls.crt, tls.key, ca.crt (the trust bundle) (required)")
+	cluster.StringVar(&o.labelList, "labels", "", "extra labels on the Secrets, `KEY=VALUE,...` (they always get "+managedByKey+"="+managedByValue+")")
+	local.StringVar(&o.outDir, "out-dir", "", "`DIR`/ca.crt, ca.key, ca-bundle.crt (next-ca.* during a rotation) and DIR/ROLE/tls.crt, tls.key, ca.crt; keys are mode 0600")
+	local.StringVar(&o.roleList, "roles", "", "the roles to keep, a `LIST` (default: all four)")
+	both.StringVar(&o.dnsList, "dns-names", "", "DNS names of the xds-server certificate, a `LIST`: the names Envoy and extproc dial (required when xds-server is kept)")
+	def := certgen.DefaultPolicy()
+	for _, f := range []struct {
+		p     *time.Duration
+		def   time.Duration
+		name  string
+		usage string
+	}{
+		{&o.policy.CALifetime, def.CALifetime, "ca-lifetime", "validity of a new CA"},
+		{&o.policy.CertLifetime, def.CertLifetime, "cert-lifetime", "validity of a new role certificate"},
+		{&o.policy.PropagationDelay, def.PropagationDelay, "propagation-delay", "how long a next CA is trusted before it signs: longer than kubelet takes to update every pod's Secret"},
+	} {
+		v := cli.NewValue(f.p, f.def, "DURATION", parseLifetime)
+		v.Format = formatLifetime
+		both.Var(v, f.name, f.usage)
+	}
+	return cluster, local, both
 }
 
 // managedByLabel marks the Secrets certgen keeps.
@@ -121,6 +123,9 @@ type certgenOptions struct {
 	// Both.
 	specs  []certgen.Spec
 	policy certgen.Policy
+
+	// Flags read into the above after parsing.
+	kubeconfig, secretList, labelList, roleList, dnsList string
 }
 
 // policyFlags names the flag behind each certgen.Policy field.
@@ -135,15 +140,23 @@ func parseLifetime(s string) (time.Duration, error) {
 	if n, ok := strings.CutSuffix(s, "d"); ok {
 		days, err := strconv.Atoi(n)
 		if err != nil || days < 0 || days > 100*365 {
-			return 0, fmt.Errorf("%q: want whole days, e.g. 365d", s)
+			return 0, errors.New("is not whole days, e.g. 365d")
 		}
 		return time.Duration(days) * 24 * time.Hour, nil
 	}
 	d, err := time.ParseDuration(s)
 	if err != nil {
-		return 0, fmt.Errorf("%q: want a duration such as 24h or a number of days such as 365d", s)
+		return 0, errors.New("is not a duration such as 24h or a number of days such as 365d")
 	}
 	return d, nil
+}
+
+// formatLifetime writes whole days as such ("365d").
+func formatLifetime(d time.Duration) string {
+	if d > 0 && d%(24*time.Hour) == 0 {
+		return fmt.Sprintf("%dd", d/(24*time.Hour))
+	}
+	return d.String()
 }
 
 // splitList splits a comma-separated list, dropping empty items.
@@ -160,26 +173,16 @@ func splitList(s string) []string {
 // parseCertgen validates the whole command line and reports every problem at once, each
 // naming its flag.
 func parseCertgen(args []string) (certgenOptions, error) {
-	opts := certgenOptions{policy: certgen.DefaultPolicy()}
-	raw, errs := parseFlags(certgenFlags, args)
-	if errs != nil && errors.Is(errs.Errors[0], errHelp) {
-		return opts, errHelp
+	var opts certgenOptions
+	cluster, local, fs := opts.flagSets()
+	fs.AddFlagSet(cluster)
+	fs.AddFlagSet(local)
+	errs, stop := cli.Parse(fs, args)
+	if stop != nil {
+		return opts, stop
 	}
 	bad := func(format string, a ...any) { errs = multierror.Append(errs, fmt.Errorf(format, a...)) }
 
-	for _, f := range []struct {
-		flag string
-		into *time.Duration
-	}{{"ca-lifetime", &opts.policy.CALifetime}, {"cert-lifetime", &opts.policy.CertLifetime}, {"propagation-delay", &opts.policy.PropagationDelay}} {
-		if v, ok := raw[f.flag]; ok {
-			d, err := parseLifetime(v)
-			if err != nil {
-				bad("--%s %v", f.flag, err)
-				continue
-			}
-			*f.into = d
-		}
-	}
 	for _, err := range opts.policy.Validate() {
 		var pe *certgen.PolicyError
 		if errors.As(err, &pe) {
@@ -187,24 +190,23 @@ func parseCertgen(args []string) (certgenOptions, error) {
 		}
 	}
 
-	_, local := raw["out-dir"]
+	isLocal := fs.Changed("out-dir")
 	var clusterFlags []string
-	for _, f := range []string{"kubeconfig", "namespace", "ca-secret", "secret", "labels"} {
-		if _, ok := raw[f]; ok {
-			clusterFlags = append(clusterFlags, "--"+f)
+	cluster.VisitAll(func(f *pflag.Flag) {
+		if f.Changed {
+			clusterFlags = append(clusterFlags, "--"+f.Name)
 		}
-	}
+	})
 	var roles []cptls.Role
 	switch {
-	case local && len(clusterFlags) > 0:
+	case isLocal && len(clusterFlags) > 0:
 		bad("--out-dir writes files; %s are for Secrets: give one or the other", strings.Join(clusterFlags, ", "))
-	case local:
-		opts.outDir = raw["out-dir"]
+	case isLocal:
 		if opts.outDir == "" {
 			bad("--out-dir needs a directory")
 		}
 		roles = slices.Clone(cptls.Roles)
-		if v, ok := raw["roles"]; ok {
+		if v := opts.roleList; fs.Changed("roles") {
 			roles = nil
 			for _, name := range splitList(v) {
 				r, err := cptls.ParseRole(name)
@@ -223,10 +225,9 @@ func parseCertgen(args []string) (certgenOptions, error) {
 			}
 		}
 	default:
-		if _, ok := raw["roles"]; ok {
+		if fs.Changed("roles") {
 			bad("--roles is for --out-dir; in a cluster --secret ROLE=NAME names the roles")
 		}
-		opts.namespace, opts.caSecret = raw["namespace"], raw["ca-secret"]
 		if opts.namespace == "" {
 			bad("--namespace is required: the namespace of the Secrets (or --out-dir DIR for files)")
 		} else if msgs := validation.IsDNS1123Label(opts.namespace); len(msgs) > 0 {
@@ -238,8 +239,8 @@ func parseCertgen(args []string) (certgenOptions, error) {
 			bad("--ca-secret %q: %s", opts.caSecret, strings.Join(msgs, "; "))
 		}
 		used := map[string]string{opts.caSecret: "--ca-secret"}
-		v, ok := raw["secret"]
-		if !ok || len(splitList(v)) == 0 {
+		v := opts.secretList
+		if len(splitList(v)) == 0 {
 			bad("--secret ROLE=NAME,... is required: the roles to keep and their Secrets (roles: %s)", roleNames())
 		}
 		for _, pair := range splitList(v) {
@@ -270,7 +271,7 @@ func parseCertgen(args []string) (certgenOptions, error) {
 			opts.secrets = append(opts.secrets, roleSecret{r, secret})
 		}
 		opts.labels = map[string]string{}
-		for _, pair := range splitList(raw["labels"]) {
+		for _, pair := range splitList(opts.labelList) {
 			k, val, ok := strings.Cut(pair, "=")
 			switch {
 			case !ok:
@@ -287,13 +288,13 @@ func parseCertgen(args []string) (certgenOptions, error) {
 		}
 	}
 
-	dns := splitList(raw["dns-names"])
-	_, hasDNS := raw["dns-names"]
+	dns := splitList(opts.dnsList)
+	hasDNS := fs.Changed("dns-names")
 	keepsServer := slices.Contains(roles, cptls.RoleXDSServer)
 	switch {
 	case keepsServer && len(dns) == 0:
 		bad("--dns-names is required for the xds-server certificate: the names Envoy and extproc dial, e.g. kmvp-xds-server.kube-mvp.svc")
-	case !keepsServer && hasDNS && (local || len(opts.secrets) > 0):
+	case !keepsServer && hasDNS && (isLocal || len(opts.secrets) > 0):
 		bad("--dns-names: only the xds-server certificate has DNS names, and xds-server is not among the roles kept")
 	}
 	for _, r := range roles {
@@ -307,16 +308,13 @@ func parseCertgen(args []string) (certgenOptions, error) {
 		bad("--dns-names: %v", err)
 	}
 
-	if errs == nil && !local {
+	if errs == nil && !isLocal {
 		var err error
-		if opts.rest, err = restConfig(raw["kubeconfig"]); err != nil {
+		if opts.rest, err = restConfig(opts.kubeconfig); err != nil {
 			bad("--kubeconfig: %v", err)
 		}
 	}
-	if errs != nil {
-		errs.ErrorFormat = listErrors
-	}
-	return opts, errs.ErrorOrNil()
+	return opts, cli.Err(errs)
 }
 
 func roleNames() string {
@@ -345,13 +343,8 @@ var errBadSecret = errors.New("bad Secret")
 // runCertgen runs the command at now() and returns the exit code.
 func runCertgen(ctx context.Context, args []string, stdout, stderr io.Writer, now func() time.Time) int {
 	opts, err := parseCertgen(args)
-	if errors.Is(err, errHelp) {
-		fmt.Fprint(stdout, certgenUsage)
-		return 0
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "xds-server certgen: %v\nRun xds-server certgen --help for usage.\n", err)
-		return 2
+	if code, ok := cli.Done("xds-server certgen", err, certgenUsage, stdout, stderr); !ok {
+		return code
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
 	var summary string

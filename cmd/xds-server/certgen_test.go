@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"maps"
 	"os"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spf13/pflag"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -144,7 +146,7 @@ func TestParseCertgen(t *testing.T) {
 			}
 		})
 	}
-	if _, err := parseCertgen([]string{"--out-dir", "x", "-h"}); err != errHelp {
+	if _, err := parseCertgen([]string{"--out-dir", "x", "-h"}); !errors.Is(err, pflag.ErrHelp) {
 		t.Errorf("-h: %v", err)
 	}
 }

@@ -4,28 +4,51 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"time"
 
 	"github.com/hashicorp/go-multierror"
+	"github.com/spf13/pflag"
 
+	"github.com/kube-mvp/kube-mvp/internal/cli"
 	"github.com/kube-mvp/kube-mvp/internal/snapshot"
 )
 
-// envoyConfigFlags are the flags that shape the Envoy configuration, shared by translate and
-// serve.
-var envoyConfigFlags = []flagSpec{
-	{name: "listen-address"},
-	{name: "listen-port"},
-	{name: "extproc-address"},
-	{name: "extproc-message-timeout"},
-	{name: "upstream-server-name"},
-	{name: "anonymous-auth", boolean: true},
-	{name: "serving-cert"},
-	{name: "serving-key"},
-	{name: "client-ca"},
-	{name: "proxy-client-cert"},
-	{name: "proxy-client-key"},
-	{name: "peer-ca"},
+// envoyFlags are the flags that shape the Envoy configuration, shared by translate and serve.
+type envoyFlags struct {
+	cfg       snapshot.Config
+	anonymous bool
+}
+
+// flagSet defines the flags, with snapshot's defaults.
+func (e *envoyFlags) flagSet() *pflag.FlagSet {
+	fs := cli.NewFlagSet("envoy")
+	c, s := &e.cfg, &e.cfg.Secrets
+	fs.StringVar(&c.ListenAddress, "listen-address", snapshot.DefaultListenAddress, "Envoy's listener address, an `IP`")
+	fs.Var(cli.NewValue(&c.ListenPort, snapshot.DefaultListenPort, "PORT", func(v string) (uint32, error) {
+		n, err := strconv.ParseUint(v, 10, 16)
+		if err != nil || n == 0 {
+			return 0, errors.New("is not a port number from 1 to 65535")
+		}
+		return uint32(n), nil
+	}), "listen-port", "Envoy's listener port")
+	fs.StringVar(&c.ExtProcAddress, "extproc-address", snapshot.DefaultExtProcAddress, "extproc's `ADDR`: unix:/path/to.sock or host:port")
+	fs.Var(cli.NewValue(&c.ExtProcMessageTimeout, snapshot.DefaultExtProcMessageTimeout, "DURATION",
+		cli.Duration(1, "a positive duration, e.g. 200ms")), "extproc-message-timeout", "how long Envoy waits for extproc")
+	fs.StringVar(&c.UpstreamServerName, "upstream-server-name", snapshot.DefaultUpstreamServerName, "SNI and SAN expected of the apiservers, a DNS `NAME`")
+	cli.Bool(fs, &e.anonymous, "anonymous-auth", true, "as the apiservers' own flag: with false, requests without credentials are not forwarded as system:anonymous")
+	for _, f := range []struct {
+		p          *string
+		name, what string
+	}{
+		{&s.ServingCert, "serving-cert", "Envoy's serving certificate"},
+		{&s.ServingKey, "serving-key", "its key"},
+		{&s.ClientCA, "client-ca", "the CA of client certificates"},
+		{&s.ProxyClientCert, "proxy-client-cert", "Envoy's client certificate to the apiservers (needs --peer-ca)"},
+		{&s.ProxyClientKey, "proxy-client-key", "its key"},
+		{&s.PeerCA, "peer-ca", "the CA of the apiservers' serving certificates"},
+	} {
+		fs.StringVar(f.p, f.name, "", f.what+", a `PATH` in Envoy's file system")
+	}
+	return fs
 }
 
 // configFlags names the flag behind each snapshot.Config field, to report a ConfigError in the
@@ -44,39 +67,10 @@ var configFlags = map[string]string{
 	"Secrets.PeerCA":          "--peer-ca",
 }
 
-// parseEnvoyConfig reads the envoyConfigFlags into a snapshot.Config, adding every problem to errs in flag terms.
-func parseEnvoyConfig(raw map[string]string, errs *multierror.Error) (snapshot.Config, *multierror.Error) {
-	var cfg snapshot.Config
-	duration := func(flag string, into *time.Duration) {
-		if v, ok := raw[flag]; ok {
-			d, err := time.ParseDuration(v)
-			if err != nil || d <= 0 {
-				errs = multierror.Append(errs, fmt.Errorf("--%s %q is not a positive duration", flag, v))
-			}
-			*into = d
-		}
-	}
-	duration("extproc-message-timeout", &cfg.ExtProcMessageTimeout)
-	if p, ok := raw["listen-port"]; ok {
-		n, err := strconv.ParseUint(p, 10, 16)
-		if err != nil || n == 0 {
-			errs = multierror.Append(errs, fmt.Errorf("--listen-port %q is not a port number from 1 to 65535", p))
-		}
-		cfg.ListenPort = uint32(n)
-	}
-	cfg.ListenAddress = raw["listen-address"]
-	cfg.ExtProcAddress = raw["extproc-address"]
-	cfg.UpstreamServerName = raw["upstream-server-name"]
-	cfg.DisableAnonymous = raw["anonymous-auth"] == "false"
-
-	s := &cfg.Secrets
-	s.ServingCert, s.ServingKey = raw["serving-cert"], raw["serving-key"]
-	s.ClientCA = raw["client-ca"]
-	s.ProxyClientCert, s.ProxyClientKey = raw["proxy-client-cert"], raw["proxy-client-key"]
-	s.PeerCA = raw["peer-ca"]
-
-	// What the flags parsed into must also make a valid configuration; say so in flag terms.
-	for _, err := range cfg.Validate() {
+// config is the parsed configuration; what makes it invalid is added to errs in flag terms.
+func (e *envoyFlags) config(errs *multierror.Error) (snapshot.Config, *multierror.Error) {
+	e.cfg.DisableAnonymous = !e.anonymous
+	for _, err := range e.cfg.Validate() {
 		var ce *snapshot.ConfigError
 		flag, known := "", false
 		if errors.As(err, &ce) {
@@ -88,5 +82,5 @@ func parseEnvoyConfig(raw map[string]string, errs *multierror.Error) (snapshot.C
 		}
 		errs = multierror.Append(errs, fmt.Errorf("%s %s", flag, ce.Problem))
 	}
-	return cfg, errs
+	return e.cfg, errs
 }

@@ -24,7 +24,7 @@ import (
 type command struct {
 	name    string
 	summary string
-	usage   string
+	usage   func() string
 	run     func(args []string, stdout, stderr io.Writer) int
 }
 
@@ -40,7 +40,9 @@ var commands = []*command{
 var versionCommand = &command{
 	name:    "version",
 	summary: "print the version (also --version)",
-	usage:   "usage: xds-server version\n\nPrints the version and the commit xds-server was built from.\n",
+	usage: func() string {
+		return "usage: xds-server version\n\nPrints the version and the commit xds-server was built from.\n"
+	},
 	run: func(_ []string, stdout, _ io.Writer) int {
 		fmt.Fprintln(stdout, version.String("xds-server"))
 		return 0
@@ -80,7 +82,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case "help", "-h", "-help", "--help":
 		if len(args) > 1 {
 			if c := findCommand(args[1]); c != nil {
-				fmt.Fprint(stdout, c.usage)
+				fmt.Fprint(stdout, c.usage())
 				return 0
 			}
 			fmt.Fprintf(stderr, "xds-server: unknown command %q\n\n%s", args[1], usage())

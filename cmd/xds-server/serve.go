@@ -20,14 +20,16 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/pflag"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/kube-mvp/kube-mvp/internal/cli"
 	"github.com/kube-mvp/kube-mvp/internal/cptls"
 	"github.com/kube-mvp/kube-mvp/internal/inventory"
+	"github.com/kube-mvp/kube-mvp/internal/inventory/objects"
 	"github.com/kube-mvp/kube-mvp/internal/makebeforebreak"
 	"github.com/kube-mvp/kube-mvp/internal/plan"
 	"github.com/kube-mvp/kube-mvp/internal/snapshot"
@@ -48,60 +50,22 @@ var serveCommand = &command{
 	},
 }
 
-const serveUsage = `usage: xds-server serve [flags]
+func serveUsage() string { return cli.Usage(serveIntro, new(serveOptions).flagSet(), serveOutro) }
+
+const serveIntro = `usage: xds-server serve [flags]
 
 Watches the apiserver identity Leases, StorageVersions, APIServices and each live apiserver's
 discovery, and serves on one gRPC port both Envoy's configuration (ADS, state of the world and
 delta) and the routing table extproc decides from.
-
-flags:
-      --kubeconfig FILE            cluster to watch (default: in-cluster, then $KUBECONFIG)
-      --xds-address ADDR           gRPC listen address for Envoy and extproc (default :18000)
-      --xds-tls-dir DIR            the control plane's own TLS for that port: DIR/tls.crt and
-                                   DIR/tls.key (an xds-server certificate) and DIR/ca.crt (the
-                                   control plane's CA bundle), as made by xds-server certgen; every
-                                   client must present a certificate from that CA naming its role
-                                   (re-read when the files change)
-      --xds-insecure-plaintext     serve that port without TLS to anyone who connects (local
-                                   experiments only: no client is authenticated)
-      --max-nodes N                Envoy nodes connected at once (default 1000)
-      --max-streams N              xDS streams open at once (default 4000)
-      --admin-address ADDR         HTTP: /healthz /readyz /metrics /debug/topology /debug/syncz
-                                   /debug/config_dump[?node=ID] (default 127.0.0.1:9100)
-      --liveness-window DURATION   a Lease renewed longer ago is a dead apiserver (default 30s)
-      --discovery-interval D       refetch each apiserver's discovery this often (default 60s)
-      --apiserver-addresses LIST   HOSTNAME=HOST:PORT,... for Leases without a peer-advertise address
-      --routing-table-delay D      send extproc a routing table that names a new cluster or apiserver
-                                   this long after Envoy got it, so it is warm (default 2s)
-      --cluster-linger D           keep a cluster no longer named this long, for requests routed by
-                                   an older table (default 30s; longer than the table delay)
-                                   (an apiserver that became live joins the default cluster two
-                                   table delays later, when every table in use knows it)
-plus the Envoy configuration flags of translate:
-      --listen-address, --listen-port, --extproc-address, --extproc-message-timeout,
-      --upstream-server-name, --anonymous-auth, --serving-cert, --serving-key, --client-ca,
-      --proxy-client-cert, --proxy-client-key, --peer-ca
-  -h, --help                       this text
-
-The Envoy certificate flags name files in Envoy's file system: xds-server never reads them,
-and SDS carries only their paths; Envoy watches them, so a renewed file takes effect without a
-restart. No private key travels over xDS.
 `
 
-var serveFlags = append([]flagSpec{
-	{name: "kubeconfig"},
-	{name: "xds-address"},
-	{name: "xds-tls-dir"},
-	{name: "xds-insecure-plaintext", boolean: true},
-	{name: "max-nodes"},
-	{name: "max-streams"},
-	{name: "admin-address"},
-	{name: "liveness-window"},
-	{name: "discovery-interval"},
-	{name: "apiserver-addresses"},
-	{name: "routing-table-delay"},
-	{name: "cluster-linger"},
-}, envoyConfigFlags...)
+const serveOutro = `--cluster-linger must be longer than --routing-table-delay; an apiserver that became live
+joins the default cluster two table delays later, when every table in use knows it.
+
+The Envoy certificate flags name files in Envoy's file system (absolute paths): xds-server never
+reads them, and SDS carries only their paths; Envoy watches them, so a renewed file takes effect
+without a restart. No private key travels over xDS. Each one left out leaves its TLS piece out.
+`
 
 type serveOptions struct {
 	rest         *rest.Config
@@ -113,66 +77,71 @@ type serveOptions struct {
 	cfg          snapshot.Config
 	// tableDelay and linger: make before break, see xds.Server.Update.
 	tableDelay, linger time.Duration
+
+	// Flags read into the above after parsing.
+	kubeconfig, tlsDir, addresses string
+	plaintext                     bool
+	envoy                         envoyFlags
+}
+
+// flagSet defines serve's flags on o, with their defaults.
+func (o *serveOptions) flagSet() *pflag.FlagSet {
+	fs := cli.NewFlagSet("serve")
+	count := func(p *int, def int, name, usage string) {
+		fs.Var(cli.NewValue(p, def, "N", func(s string) (int, error) {
+			n, err := strconv.Atoi(s)
+			if err != nil || n < 1 {
+				return 0, errors.New("is not a whole number of at least 1")
+			}
+			return n, nil
+		}), name, usage)
+	}
+	duration := func(p *time.Duration, def time.Duration, name string, min time.Duration, why, usage string) {
+		fs.Var(cli.NewValue(p, def, "DURATION", cli.Duration(min, fmt.Sprintf("a duration of at least %s (%s)", min, why))), name, usage)
+	}
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "the cluster to watch, a kubeconfig `FILE` (default: in-cluster, then $KUBECONFIG)")
+	fs.StringVar(&o.xdsAddress, "xds-address", ":18000", "gRPC listen `ADDR` for Envoy and extproc")
+	fs.StringVar(&o.tlsDir, "xds-tls-dir", "", "the control plane's own TLS for that port: `DIR`/tls.crt and DIR/tls.key (an xds-server certificate) and DIR/ca.crt (the control plane's CA bundle), as made by xds-server certgen; every client must present a certificate from that CA naming its role (re-read when the files change)")
+	cli.Bool(fs, &o.plaintext, "xds-insecure-plaintext", false, "serve that port without TLS to anyone who connects (local experiments only: no client is authenticated)")
+	count(&o.limits.MaxNodes, 1000, "max-nodes", "Envoy nodes connected at once")
+	count(&o.limits.MaxStreams, 4000, "max-streams", "xDS streams open at once")
+	fs.StringVar(&o.adminAddress, "admin-address", "127.0.0.1:9100", "HTTP `ADDR`: /healthz /readyz /metrics /debug/topology /debug/syncz /debug/config_dump[?node=ID]")
+	duration(&o.watch.LivenessWindow, objects.DefaultLivenessWindow, "liveness-window", 11*time.Second, "apiservers renew their Lease every 10s",
+		"a Lease renewed longer ago is a dead apiserver")
+	duration(&o.watch.DiscoveryInterval, inventory.DefaultDiscoveryInterval, "discovery-interval", time.Second, "a refetch per apiserver",
+		"refetch each apiserver's discovery this often")
+	fs.StringVar(&o.addresses, "apiserver-addresses", "", "addresses for Leases without a peer-advertise address, a `LIST` of HOSTNAME=HOST:PORT")
+	duration(&o.tableDelay, 2*time.Second, "routing-table-delay", 0, "0 sends each table at once",
+		"send extproc a routing table that names a new cluster or apiserver this long after Envoy got it, so it is warm")
+	duration(&o.linger, 30*time.Second, "cluster-linger", 0, "0 drops unnamed clusters at once",
+		"keep a cluster no longer named this long, for requests routed by an older table")
+	fs.AddFlagSet(o.envoy.flagSet())
+	return fs
 }
 
 func parseServe(args []string) (serveOptions, error) {
-	opts := serveOptions{xdsAddress: ":18000", adminAddress: "127.0.0.1:9100", tableDelay: 2 * time.Second, linger: 30 * time.Second,
-		limits: xds.Limits{MaxNodes: 1000, MaxStreams: 4000}}
-	raw, errs := parseFlags(serveFlags, args)
-	if errs != nil && errors.Is(errs.Errors[0], errHelp) {
-		return opts, errHelp
+	var opts serveOptions
+	errs, stop := cli.Parse(opts.flagSet(), args)
+	if stop != nil {
+		return opts, stop
 	}
-	dir, hasDir := raw["xds-tls-dir"]
-	plaintext := raw["xds-insecure-plaintext"] == "true"
 	var err error
-	opts.xdsTLS, err = cptls.FromFlags(dir, hasDir, plaintext, cptls.RoleXDSServer,
+	opts.xdsTLS, err = cptls.FromFlags(opts.tlsDir, opts.tlsDir != "", opts.plaintext, cptls.RoleXDSServer,
 		"the gRPC port hands out Envoy's configuration and the routing table, so only holders of the control plane's certificates may connect (make them with xds-server certgen); --xds-insecure-plaintext serves anyone, for local experiments only")
 	if err != nil {
 		errs = multierror.Append(errs, err)
-	}
-	count := func(flag string, into *int) {
-		if v, ok := raw[flag]; ok {
-			n, err := strconv.Atoi(v)
-			if err != nil || n < 1 {
-				errs = multierror.Append(errs, fmt.Errorf("--%s %q: want a whole number of at least 1", flag, v))
-			}
-			*into = n
-		}
-	}
-	count("max-nodes", &opts.limits.MaxNodes)
-	count("max-streams", &opts.limits.MaxStreams)
-	if v, ok := raw["xds-address"]; ok {
-		opts.xdsAddress = v
-	}
-	if v, ok := raw["admin-address"]; ok {
-		opts.adminAddress = v
 	}
 	for flag, addr := range map[string]string{"--xds-address": opts.xdsAddress, "--admin-address": opts.adminAddress} {
 		if _, _, err := net.SplitHostPort(addr); err != nil {
 			errs = multierror.Append(errs, fmt.Errorf("%s %q is not host:port (e.g. :18000): %v", flag, addr, err))
 		}
 	}
-	duration := func(flag string, into *time.Duration, atLeast time.Duration, why string) {
-		v, ok := raw[flag]
-		if !ok {
-			return
-		}
-		d, err := time.ParseDuration(v)
-		if err != nil || d < atLeast {
-			errs = multierror.Append(errs, fmt.Errorf("--%s %q: want a duration of at least %s (%s)", flag, v, atLeast, why))
-		}
-		*into = d
-	}
-	duration("liveness-window", &opts.watch.LivenessWindow, 11*time.Second, "apiservers renew their Lease every 10s")
-	duration("discovery-interval", &opts.watch.DiscoveryInterval, time.Second, "a refetch per apiserver")
-	duration("routing-table-delay", &opts.tableDelay, 0, "0 sends each table at once")
-	duration("cluster-linger", &opts.linger, 0, "0 drops unnamed clusters at once")
 	if opts.linger <= opts.tableDelay && opts.linger > 0 {
 		errs = multierror.Append(errs, fmt.Errorf("--cluster-linger %s must be longer than --routing-table-delay %s: a cluster must outlive the tables that name it", opts.linger, opts.tableDelay))
 	}
-	if v, ok := raw["apiserver-addresses"]; ok {
+	if opts.addresses != "" {
 		opts.watch.Addresses = map[string]string{}
-		for _, pair := range strings.Split(v, ",") {
+		for _, pair := range strings.Split(opts.addresses, ",") {
 			host, addr, ok := strings.Cut(pair, "=")
 			if _, _, err := net.SplitHostPort(addr); !ok || host == "" || err != nil {
 				errs = multierror.Append(errs, fmt.Errorf("--apiserver-addresses: %q is not HOSTNAME=HOST:PORT", pair))
@@ -181,25 +150,13 @@ func parseServe(args []string) (serveOptions, error) {
 			opts.watch.Addresses[host] = addr
 		}
 	}
-	opts.cfg, errs = parseEnvoyConfig(raw, errs)
+	opts.cfg, errs = opts.envoy.config(errs)
 	if errs == nil {
-		rules := clientcmd.NewDefaultClientConfigLoadingRules()
-		rules.ExplicitPath = raw["kubeconfig"]
-		var err error
-		if raw["kubeconfig"] == "" {
-			opts.rest, err = rest.InClusterConfig()
-		}
-		if opts.rest == nil {
-			opts.rest, err = clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, nil).ClientConfig()
-		}
-		if err != nil {
+		if opts.rest, err = restConfig(opts.kubeconfig); err != nil {
 			errs = multierror.Append(errs, fmt.Errorf("--kubeconfig: %v", err))
 		}
 	}
-	if errs != nil {
-		errs.ErrorFormat = listErrors
-	}
-	return opts, errs.ErrorOrNil()
+	return opts, cli.Err(errs)
 }
 
 // translator adapts snapshot.Build to the xds server. An apiserver with an unusable address
@@ -223,13 +180,8 @@ func translator(cfg snapshot.Config, log *slog.Logger) xds.Translator {
 // addresses once both listen (tests use port 0).
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer, ready chan<- [2]string) int {
 	opts, err := parseServe(args)
-	if errors.Is(err, errHelp) {
-		fmt.Fprint(stdout, serveUsage)
-		return 0
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "xds-server serve: %v\nRun xds-server serve --help for usage.\n", err)
-		return 2
+	if code, ok := cli.Done("xds-server serve", err, serveUsage, stdout, stderr); !ok {
+		return code
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
 	if err := serve(ctx, opts, log, ready); err != nil {

@@ -45,11 +45,14 @@ const minRefetch = time.Second
 // change.
 const apisSettle = 3 * time.Second
 
+// DefaultDiscoveryInterval is WatchOptions.DiscoveryInterval when zero.
+const DefaultDiscoveryInterval = 60 * time.Second
+
 // WatchOptions configure a Watcher.
 type WatchOptions struct {
 	objects.Options
 	// DiscoveryInterval is how often each live apiserver's discovery is fetched again even
-	// without a restart; zero means 60 s.
+	// without a restart; zero means DefaultDiscoveryInterval.
 	DiscoveryInterval time.Duration
 	// ServerName is the TLS name checked on apiservers dialled at their peer address; empty
 	// means "kubernetes.default.svc", as upstream's peer proxy checks.
@@ -96,7 +99,7 @@ const settleRefetch = 5 * time.Second
 // NewWatcher prepares a watcher; Run starts it.
 func NewWatcher(cfg *rest.Config, opts WatchOptions, onChange func(*topology.Topology)) (*Watcher, error) {
 	if opts.DiscoveryInterval == 0 {
-		opts.DiscoveryInterval = 60 * time.Second
+		opts.DiscoveryInterval = DefaultDiscoveryInterval
 	}
 	if opts.ServerName == "" {
 		opts.ServerName = "kubernetes.default.svc"

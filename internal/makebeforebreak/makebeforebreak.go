@@ -23,9 +23,10 @@
 package makebeforebreak
 
 import (
-	"errors"
 	"fmt"
 	"time"
+
+	"github.com/hashicorp/go-multierror"
 
 	"k8s.io/utils/clock"
 )
@@ -46,17 +47,17 @@ type Options struct {
 // Validate reports durations that would break a request in flight: a negative one, or a
 // linger that ends before the tables naming the cluster are replaced.
 func (o Options) Validate() error {
-	var errs []error
+	var errs *multierror.Error
 	if o.TableDelay < 0 {
-		errs = append(errs, fmt.Errorf("routing table delay %s is negative (0 sends each table at once)", o.TableDelay))
+		errs = multierror.Append(errs, fmt.Errorf("routing table delay %s is negative (0 sends each table at once)", o.TableDelay))
 	}
 	if o.Linger < 0 {
-		errs = append(errs, fmt.Errorf("cluster linger %s is negative (0 drops unnamed clusters at once)", o.Linger))
+		errs = multierror.Append(errs, fmt.Errorf("cluster linger %s is negative (0 drops unnamed clusters at once)", o.Linger))
 	}
 	if o.Linger > 0 && o.Linger <= o.TableDelay {
-		errs = append(errs, fmt.Errorf("cluster linger %s must be longer than routing table delay %s: a cluster must outlive the tables that name it", o.Linger, o.TableDelay))
+		errs = multierror.Append(errs, fmt.Errorf("cluster linger %s must be longer than routing table delay %s: a cluster must outlive the tables that name it", o.Linger, o.TableDelay))
 	}
-	return errors.Join(errs...)
+	return errs.ErrorOrNil()
 }
 
 // JoinDelay is 2*TableDelay: a newcomer is named by the table offered with it, which goes
