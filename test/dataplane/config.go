@@ -23,6 +23,7 @@ import (
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	httpoptionsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
+	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -81,22 +82,6 @@ func newResource(typeURL string) (proto.Message, error) {
 	return nil, fmt.Errorf("resource type %s is not implemented", typeURL)
 }
 
-func resourceName(m proto.Message) string {
-	switch r := m.(type) {
-	case *listenerv3.Listener:
-		return r.GetName()
-	case *routev3.RouteConfiguration:
-		return r.GetName()
-	case *clusterv3.Cluster:
-		return r.GetName()
-	case *endpointv3.ClusterLoadAssignment:
-		return r.GetClusterName()
-	case *tlsv3.Secret:
-		return r.GetName()
-	}
-	return ""
-}
-
 // withType returns a copy of c in which the resources of typeURL are replaced by res, all
 // compiled; any error rejects the whole update (state of the world: the response is one unit).
 func (c *config) withType(typeURL, version string, res []proto.Message) (*config, []error) {
@@ -104,7 +89,7 @@ func (c *config) withType(typeURL, version string, res []proto.Message) (*config
 	n := c.clone()
 	raw := map[string]proto.Message{}
 	for _, r := range res {
-		nm := resourceName(r)
+		nm := cachev3.GetResourceName(r) // a ClusterLoadAssignment's is its cluster_name
 		if _, dup := raw[nm]; dup {
 			errs = append(errs, fmt.Errorf("duplicate resource %q", nm))
 		}
