@@ -108,63 +108,44 @@ func (c *config) withType(typeURL, version string, res []proto.Message) (*config
 	}
 	switch typeURL {
 	case resource.ListenerType:
-		n.listeners = map[string]*listenerCfg{}
-		for nm, r := range raw {
-			l, err := compileListener(r.(*listenerv3.Listener))
-			if err != nil {
-				fail(nm, err)
-				continue
-			}
-			n.listeners[nm] = l
-		}
+		n.listeners = compileAll(raw, compileListener, fail)
 	case resource.RouteType:
-		n.routes = map[string]*routeConfig{}
-		for nm, r := range raw {
-			rc, err := compileRouteConfig(r.(*routev3.RouteConfiguration))
-			if err != nil {
-				fail(nm, err)
-				continue
-			}
-			n.routes[nm] = rc
-		}
+		n.routes = compileAll(raw, compileRouteConfig, fail)
 	case resource.ClusterType:
-		n.clusters = map[string]*clusterCfg{}
-		for nm, r := range raw {
-			cc, err := compileCluster(r.(*clusterv3.Cluster))
-			if err != nil {
-				fail(nm, err)
-				continue
-			}
-			n.clusters[nm] = cc
-		}
+		n.clusters = compileAll(raw, compileCluster, fail)
 	case resource.EndpointType:
-		n.endpoints = map[string]*endpointv3.ClusterLoadAssignment{}
-		for nm, r := range raw {
-			cla := r.(*endpointv3.ClusterLoadAssignment)
-			if _, err := compileHosts(cla); err != nil {
-				fail(nm, err)
-				continue
-			}
-			n.endpoints[nm] = cla
-		}
+		n.endpoints = compileAll(raw, func(cla *endpointv3.ClusterLoadAssignment) (*endpointv3.ClusterLoadAssignment, error) {
+			_, err := compileHosts(cla)
+			return cla, err
+		}, fail)
 	case resource.SecretType:
-		n.secrets = map[string]*tlsv3.Secret{}
-		for nm, r := range raw {
-			s, err := resolveSecret(r.(*tlsv3.Secret))
+		n.secrets = compileAll(raw, func(s *tlsv3.Secret) (*tlsv3.Secret, error) {
+			s, err := resolveSecret(s)
 			if err == nil {
 				err = checkSecret(s)
 			}
-			if err != nil {
-				fail(nm, err)
-				continue
-			}
-			n.secrets[nm] = s
-		}
+			return s, err
+		}, fail)
 	}
 	if len(errs) > 0 {
 		return nil, errs
 	}
 	return n, nil
+}
+
+// compileAll compiles every resource of raw (all of type M); one that fails is reported to
+// fail by name and left out.
+func compileAll[M proto.Message, C any](raw map[string]proto.Message, compile func(M) (C, error), fail func(name string, err error)) map[string]C {
+	out := make(map[string]C, len(raw))
+	for nm, r := range raw {
+		c, err := compile(r.(M))
+		if err != nil {
+			fail(nm, err)
+			continue
+		}
+		out[nm] = c
+	}
+	return out
 }
 
 func shortType(typeURL string) string {
