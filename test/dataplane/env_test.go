@@ -509,6 +509,22 @@ func (e *env) do(c *http.Client, method, path string, hdr map[string]string) rep
 	return r
 }
 
+// spread sends n GETs of path, each of which must succeed, and counts the apiservers that
+// answered them and the routing header (X-Kube-Mvp-Cluster, "" when absent) they came with.
+func (e *env) spread(c *http.Client, path string, n int) (servers, clusters map[string]int) {
+	e.t.Helper()
+	servers, clusters = map[string]int{}, map[string]int{}
+	for range n {
+		r := e.do(c, "GET", path, nil)
+		if r.status != 200 {
+			e.t.Fatalf("GET %s: status %d: %s", path, r.status, r.body)
+		}
+		servers[r.seen.Server]++
+		clusters[r.seen.Header.Get("X-Kube-Mvp-Cluster")]++
+	}
+	return servers, clusters
+}
+
 func (e *env) stat(name string) uint64 { return e.dp.stats.get(name) }
 
 func readLine(br *bufio.Reader) string {
