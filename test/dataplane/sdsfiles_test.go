@@ -1,13 +1,14 @@
 package dataplane
 
 import (
-	"context"
 	"crypto/tls"
 	"crypto/x509/pkix"
 	"net"
 	"os"
 	"testing"
 	"time"
+
+	"github.com/kube-mvp/kube-mvp/internal/testutil"
 )
 
 // servingSerial is the serial of the certificate the listener presents now.
@@ -19,20 +20,6 @@ func (e *env) servingSerial(t *testing.T) string {
 	}
 	defer conn.Close()
 	return conn.ConnectionState().PeerCertificates[0].SerialNumber.String()
-}
-
-// until polls cond for up to 10 s.
-func until(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	for !cond() {
-		select {
-		case <-ctx.Done():
-			t.Fatalf("gave up waiting: %s", what)
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
 }
 
 // TestSecretFilesRotate: secrets arrive over SDS as file references only; a renewed
@@ -49,10 +36,10 @@ func TestSecretFilesRotate(t *testing.T) {
 	// Key first, then certificate: between the two writes the pair does not match.
 	write(t, e.secrets.ServingKey, renewed.keyPEM)
 	write(t, e.secrets.ServingCert, renewed.certPEM)
-	until(t, "the renewed certificate is served", func() bool { return e.servingSerial(t) == renewed.cert.SerialNumber.String() })
+	testutil.WaitFor(t, t.Context(), 10*time.Second, "the renewed certificate to be served", testutil.Cond(func() bool { return e.servingSerial(t) == renewed.cert.SerialNumber.String() }))
 
 	write(t, e.secrets.ServingKey, e.pki.proxyClient.keyPEM)
-	until(t, "key_rotation_failed counted", func() bool { return e.stat("sds.kube-mvp-serving-cert.key_rotation_failed") > 0 })
+	testutil.WaitFor(t, t.Context(), 10*time.Second, "key_rotation_failed to be counted", testutil.Cond(func() bool { return e.stat("sds.kube-mvp-serving-cert.key_rotation_failed") > 0 }))
 	if got := e.servingSerial(t); got != renewed.cert.SerialNumber.String() {
 		t.Errorf("after a mismatched key the listener presents %s, want the last good %s", got, renewed.cert.SerialNumber)
 	}

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -12,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/kube-mvp/kube-mvp/internal/testutil"
 	"github.com/kube-mvp/kube-mvp/test/controlplane"
 	"github.com/kube-mvp/kube-mvp/test/harness"
 )
@@ -53,17 +55,13 @@ func newUpstreamBaseline(tb testing.TB, ctx context.Context) *upstreamBaseline {
 	u.direct = "https://" + e.cp.Server("cp-a").Address() + path
 	// Upstream's proxy learns its peers from their Leases and StorageVersions: wait until B
 	// serves Jobs through it.
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
+	testutil.WaitFor(tb, ctx, 2*time.Minute, "upstream's proxy on cp-b to serve Jobs", func() error {
 		code, err := u.get(ctx, u.viaB)
-		if err == nil && code == 200 {
-			break
+		if err == nil && code != 200 {
+			err = fmt.Errorf("status %d", code)
 		}
-		if time.Now().After(deadline) {
-			tb.Fatalf("upstream's proxy on cp-b never served Jobs: %d %v", code, err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return err
+	})
 	return u
 }
 
