@@ -32,10 +32,11 @@ type upstreamBaseline struct {
 }
 
 func newUpstreamBaseline(tb testing.TB, ctx context.Context) *upstreamBaseline {
-	e := newEnv(tb, ctx,
-		controlplane.ServerSpec{Name: "cp-a", Version: "v1.37.1", PeerProxy: true},
-		controlplane.ServerSpec{Name: "cp-b", Version: "v1.36.4", RuntimeConfig: []string{"batch/v1=false"}, PeerProxy: true},
-	)
+	servers := controlplane.MixedServers()
+	for i := range servers {
+		servers[i].PeerProxy = true
+	}
+	e := newEnv(tb, ctx, servers...)
 	var quiet []func(*harness.Options)
 	if _, bench := tb.(*testing.B); bench {
 		quiet = append(quiet, func(o *harness.Options) { o.DataPlaneLogLevel = slog.LevelInfo })
