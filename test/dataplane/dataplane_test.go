@@ -236,7 +236,7 @@ func TestStreamingWatch(t *testing.T) {
 func TestUpgrade(t *testing.T) {
 	e := newEnv(t, envOptions{})
 	pool := x509.NewCertPool()
-	pool.AddCert(e.pki.servingCA.cert)
+	pool.AddCert(e.pki.servingCA.Cert)
 	for _, typ := range []string{"SPDY/3.1", "websocket"} {
 		conn, err := tls.Dial("tcp", e.dp.ListenerAddr("kube-apiserver"), &tls.Config{RootCAs: pool, ServerName: "localhost", NextProtos: []string{"http/1.1"}})
 		if err != nil {

@@ -29,19 +29,19 @@ func (e *env) servingSerial(t *testing.T) string {
 func TestSecretFilesRotate(t *testing.T) {
 	e := newEnv(t, envOptions{})
 	first := e.servingSerial(t)
-	if first != e.pki.serving.cert.SerialNumber.String() {
+	if first != e.pki.serving.Cert.SerialNumber.String() {
 		t.Fatalf("listener presents serial %s, want the serving certificate's", first)
 	}
 	renewed := e.pki.servingCA.issue(t, pkix.Name{CommonName: "kube-mvp"}, true, []string{"localhost"}, []net.IP{net.ParseIP("127.0.0.1")})
 	// Key first, then certificate: between the two writes the pair does not match.
-	write(t, e.secrets.ServingKey, renewed.keyPEM)
-	write(t, e.secrets.ServingCert, renewed.certPEM)
-	testutil.WaitFor(t, t.Context(), 10*time.Second, "the renewed certificate to be served", testutil.Cond(func() bool { return e.servingSerial(t) == renewed.cert.SerialNumber.String() }))
+	write(t, e.secrets.ServingKey, renewed.KeyPEM)
+	write(t, e.secrets.ServingCert, renewed.CertPEM)
+	testutil.WaitFor(t, t.Context(), 10*time.Second, "the renewed certificate to be served", testutil.Cond(func() bool { return e.servingSerial(t) == renewed.Cert.SerialNumber.String() }))
 
-	write(t, e.secrets.ServingKey, e.pki.proxyClient.keyPEM)
+	write(t, e.secrets.ServingKey, e.pki.proxyClient.KeyPEM)
 	testutil.WaitFor(t, t.Context(), 10*time.Second, "key_rotation_failed to be counted", testutil.Cond(func() bool { return e.stat("sds.kube-mvp-serving-cert.key_rotation_failed") > 0 }))
-	if got := e.servingSerial(t); got != renewed.cert.SerialNumber.String() {
-		t.Errorf("after a mismatched key the listener presents %s, want the last good %s", got, renewed.cert.SerialNumber)
+	if got := e.servingSerial(t); got != renewed.Cert.SerialNumber.String() {
+		t.Errorf("after a mismatched key the listener presents %s, want the last good %s", got, renewed.Cert.SerialNumber)
 	}
 	if n := e.dp.NACKs(); len(n) > 0 {
 		t.Errorf("file changes are not xDS updates, yet NACKs: %q", n)
