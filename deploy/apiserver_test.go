@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -118,46 +119,51 @@ func TestChartOnRealAPIServer(t *testing.T) {
 		type access struct {
 			verb, group, resource, namespace, path string
 		}
-		allowed := []access{
-			{verb: "get", group: "coordination.k8s.io", resource: "leases", namespace: "kube-system"},
-			{verb: "list", group: "coordination.k8s.io", resource: "leases", namespace: "kube-system"},
-			{verb: "watch", group: "coordination.k8s.io", resource: "leases", namespace: "kube-system"},
-			{verb: "get", group: "internal.apiserver.k8s.io", resource: "storageversions"},
-			{verb: "list", group: "internal.apiserver.k8s.io", resource: "storageversions"},
-			{verb: "watch", group: "internal.apiserver.k8s.io", resource: "storageversions"},
-			{verb: "list", group: "apiregistration.k8s.io", resource: "apiservices"},
-			{verb: "watch", group: "apiregistration.k8s.io", resource: "apiservices"},
-			{verb: "list", group: "apiextensions.k8s.io", resource: "customresourcedefinitions"},
-			{verb: "watch", group: "apiextensions.k8s.io", resource: "customresourcedefinitions"},
+		// each is a once for each verb, the way an RBAC rule lists them.
+		each := func(a access, verbs ...string) []access {
+			out := make([]access, len(verbs))
+			for i, v := range verbs {
+				out[i] = a
+				out[i].verb = v
+			}
+			return out
+		}
+		leases := access{group: "coordination.k8s.io", resource: "leases", namespace: "kube-system"}
+		storageVersions := access{group: "internal.apiserver.k8s.io", resource: "storageversions"}
+		apiServices := access{group: "apiregistration.k8s.io", resource: "apiservices"}
+		crds := access{group: "apiextensions.k8s.io", resource: "customresourcedefinitions"}
+		allowed := slices.Concat(
+			each(leases, "get", "list", "watch"),
+			each(storageVersions, "get", "list", "watch"),
+			each(apiServices, "list", "watch"),
+			each(crds, "list", "watch"),
 			// Discovery, from the built-in system:discovery role, not from the chart.
-			{verb: "get", path: "/api"},
-			{verb: "get", path: "/apis"},
-			{verb: "get", path: "/apis/batch/v1"},
-		}
-		denied := []access{
-			{verb: "list", group: "coordination.k8s.io", resource: "leases", namespace: "default"},
-			{verb: "list", group: "coordination.k8s.io", resource: "leases", namespace: ns},
-			{verb: "list", group: "coordination.k8s.io", resource: "leases"}, // all namespaces
-			{verb: "list", group: "coordination.k8s.io", resource: "leases", namespace: "kube-node-lease"},
-			{verb: "update", group: "coordination.k8s.io", resource: "leases", namespace: "kube-system"},
-			{verb: "create", group: "coordination.k8s.io", resource: "leases", namespace: "kube-system"},
-			{verb: "delete", group: "coordination.k8s.io", resource: "leases", namespace: "kube-system"},
-			{verb: "patch", group: "coordination.k8s.io", resource: "leases", namespace: "kube-system"},
-			{verb: "update", group: "internal.apiserver.k8s.io", resource: "storageversions"},
-			{verb: "delete", group: "internal.apiserver.k8s.io", resource: "storageversions"},
-			{verb: "update", group: "apiregistration.k8s.io", resource: "apiservices"},
-			{verb: "create", group: "apiextensions.k8s.io", resource: "customresourcedefinitions"},
-			{verb: "get", resource: "secrets", namespace: "kube-system"},
-			{verb: "get", resource: "secrets", namespace: ns},
-			{verb: "list", resource: "pods", namespace: "kube-system"},
-			{verb: "list", resource: "configmaps", namespace: "kube-system"},
-			{verb: "list", resource: "nodes"},
-			{verb: "list", resource: "endpoints", namespace: "default"},
-			{verb: "list", group: "discovery.k8s.io", resource: "endpointslices", namespace: "default"},
-			{verb: "create", group: "authentication.k8s.io", resource: "tokenreviews"},
-			{verb: "impersonate", resource: "users"},
-			{verb: "get", path: "/metrics"},
-		}
+			[]access{{verb: "get", path: "/api"}, {verb: "get", path: "/apis"}, {verb: "get", path: "/apis/batch/v1"}},
+		)
+		denied := slices.Concat(
+			[]access{
+				{verb: "list", group: "coordination.k8s.io", resource: "leases", namespace: "default"},
+				{verb: "list", group: "coordination.k8s.io", resource: "leases", namespace: ns},
+				{verb: "list", group: "coordination.k8s.io", resource: "leases"}, // all namespaces
+				{verb: "list", group: "coordination.k8s.io", resource: "leases", namespace: "kube-node-lease"},
+			},
+			each(leases, "update", "create", "delete", "patch"),
+			each(storageVersions, "update", "delete"),
+			each(apiServices, "update"),
+			each(crds, "create"),
+			[]access{
+				{verb: "get", resource: "secrets", namespace: "kube-system"},
+				{verb: "get", resource: "secrets", namespace: ns},
+				{verb: "list", resource: "pods", namespace: "kube-system"},
+				{verb: "list", resource: "configmaps", namespace: "kube-system"},
+				{verb: "list", resource: "nodes"},
+				{verb: "list", resource: "endpoints", namespace: "default"},
+				{verb: "list", group: "discovery.k8s.io", resource: "endpointslices", namespace: "default"},
+				{verb: "create", group: "authentication.k8s.io", resource: "tokenreviews"},
+				{verb: "impersonate", resource: "users"},
+				{verb: "get", path: "/metrics"},
+			},
+		)
 		review := func(user string, groups []string, a access) (bool, error) {
 			spec := authorizationv1.SubjectAccessReviewSpec{User: user, Groups: groups}
 			if a.path != "" {
@@ -240,21 +246,24 @@ func TestChartOnRealAPIServer(t *testing.T) {
 		defer os.RemoveAll(sockDir)
 
 		xdsPort, xdsAdmin, extprocAdmin := freePort(t), freePort(t), freePort(t)
-		relocate := func(role, arg string) string {
-			arg = strings.ReplaceAll(arg, "/etc/kube-mvp/xds-tls", filepath.Join(cpTLS, role))
-			return strings.ReplaceAll(arg, "/var/run/kube-mvp", sockDir)
-		}
-		var xdsArgs []string
-		for _, a := range xdsC.Args {
-			switch {
-			case strings.HasPrefix(a, "--xds-address="):
-				a = "--xds-address=127.0.0.1:" + xdsPort
-			case strings.HasPrefix(a, "--admin-address="):
-				a = "--admin-address=127.0.0.1:" + xdsAdmin
+		// localArgs are a container's arguments from the chart with the role's certificate
+		// directory and the socket directory moved to the test's, and the flags in local
+		// (listening and upstream addresses) given the test's values.
+		localArgs := func(role string, args []string, local map[string]string) []string {
+			var out []string
+			for _, a := range args {
+				if flag, _, _ := strings.Cut(a, "="); local[flag] != "" {
+					a = flag + "=" + local[flag]
+				}
+				a = strings.ReplaceAll(a, "/etc/kube-mvp/xds-tls", filepath.Join(cpTLS, role))
+				out = append(out, strings.ReplaceAll(a, "/var/run/kube-mvp", sockDir))
 			}
-			xdsArgs = append(xdsArgs, relocate("xds-server", a))
+			return out
 		}
-		xdsArgs = append(xdsArgs, "--kubeconfig="+kubeconfig)
+		xdsArgs := append(localArgs("xds-server", xdsC.Args, map[string]string{
+			"--xds-address":   "127.0.0.1:" + xdsPort,
+			"--admin-address": "127.0.0.1:" + xdsAdmin,
+		}), "--kubeconfig="+kubeconfig)
 		stopXDS := startProcess(t, filepath.Join(bin, "xds-server"), xdsArgs...)
 		defer stopXDS()
 
@@ -299,16 +308,10 @@ func TestChartOnRealAPIServer(t *testing.T) {
 		}
 
 		envoyPod := podSpec(t, r.mustFind(t, "Deployment", fullname+"-envoy"))
-		var extprocArgs []string
-		for _, a := range container(t, envoyPod, "extproc").Args {
-			switch {
-			case strings.HasPrefix(a, "--source=xds:"):
-				a = "--source=xds:127.0.0.1:" + xdsPort
-			case strings.HasPrefix(a, "--admin-address="):
-				a = "--admin-address=127.0.0.1:" + extprocAdmin
-			}
-			extprocArgs = append(extprocArgs, relocate("extproc", a))
-		}
+		extprocArgs := localArgs("extproc", container(t, envoyPod, "extproc").Args, map[string]string{
+			"--source":        "xds:127.0.0.1:" + xdsPort,
+			"--admin-address": "127.0.0.1:" + extprocAdmin,
+		})
 		stopExtproc := startProcess(t, filepath.Join(bin, "extproc"), extprocArgs...)
 		defer stopExtproc()
 		testutil.WaitFor(t, ctx, 90*time.Second, "extproc /readyz (a routing table from xds-server)", func() error {
@@ -377,13 +380,9 @@ func getBody(url string) (string, error) {
 }
 
 func getJSON(url string, into any) error {
-	resp, err := http.Get(url)
+	body, err := getBody(url)
 	if err != nil {
 		return err
 	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("GET %s: %s", url, resp.Status)
-	}
-	return json.NewDecoder(resp.Body).Decode(into)
+	return json.Unmarshal([]byte(body), into)
 }

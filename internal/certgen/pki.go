@@ -155,8 +155,9 @@ func sortedNames(names []string) []string {
 	return slices.Compact(s)
 }
 
-// parseCert returns the first CERTIFICATE block of b.
-func parseCert(b []byte) (*x509.Certificate, error) {
+// firstBlock returns the first PEM block of b whose type is one of types; what names them
+// in the error when there is none.
+func firstBlock(b []byte, what string, types ...string) (*pem.Block, error) {
 	if len(bytes.TrimSpace(b)) == 0 {
 		return nil, errors.New("missing")
 	}
@@ -164,53 +165,50 @@ func parseCert(b []byte) (*x509.Certificate, error) {
 		var block *pem.Block
 		block, rest = pem.Decode(rest)
 		if block == nil {
-			return nil, errors.New("no PEM CERTIFICATE block")
+			return nil, fmt.Errorf("no PEM %s block", what)
 		}
-		if block.Type != "CERTIFICATE" {
-			continue
+		if slices.Contains(types, block.Type) {
+			return block, nil
 		}
-		c, err := x509.ParseCertificate(block.Bytes)
-		if err != nil {
-			return nil, fmt.Errorf("unparseable: %v", err)
-		}
-		return c, nil
 	}
+}
+
+// parseCert returns the first CERTIFICATE block of b.
+func parseCert(b []byte) (*x509.Certificate, error) {
+	block, err := firstBlock(b, "CERTIFICATE", "CERTIFICATE")
+	if err != nil {
+		return nil, err
+	}
+	c, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("unparseable: %v", err)
+	}
+	return c, nil
 }
 
 // parseKey returns the private key of the first key block of b (PKCS #8, SEC 1 or PKCS #1).
 func parseKey(b []byte) (crypto.Signer, error) {
-	if len(bytes.TrimSpace(b)) == 0 {
-		return nil, errors.New("missing")
+	block, err := firstBlock(b, "private key", "PRIVATE KEY", "EC PRIVATE KEY", "RSA PRIVATE KEY")
+	if err != nil {
+		return nil, err
 	}
-	for rest := b; ; {
-		var block *pem.Block
-		block, rest = pem.Decode(rest)
-		if block == nil {
-			return nil, errors.New("no PEM private key block")
-		}
-		var (
-			k   any
-			err error
-		)
-		switch block.Type {
-		case "PRIVATE KEY":
-			k, err = x509.ParsePKCS8PrivateKey(block.Bytes)
-		case "EC PRIVATE KEY":
-			k, err = x509.ParseECPrivateKey(block.Bytes)
-		case "RSA PRIVATE KEY":
-			k, err = x509.ParsePKCS1PrivateKey(block.Bytes)
-		default:
-			continue
-		}
-		if err != nil {
-			return nil, fmt.Errorf("unparseable %s: %v", block.Type, err)
-		}
-		s, ok := k.(crypto.Signer)
-		if !ok {
-			return nil, fmt.Errorf("a %T cannot sign", k)
-		}
-		return s, nil
+	var k any
+	switch block.Type {
+	case "PRIVATE KEY":
+		k, err = x509.ParsePKCS8PrivateKey(block.Bytes)
+	case "EC PRIVATE KEY":
+		k, err = x509.ParseECPrivateKey(block.Bytes)
+	default:
+		k, err = x509.ParsePKCS1PrivateKey(block.Bytes)
 	}
+	if err != nil {
+		return nil, fmt.Errorf("unparseable %s: %v", block.Type, err)
+	}
+	s, ok := k.(crypto.Signer)
+	if !ok {
+		return nil, fmt.Errorf("a %T cannot sign", k)
+	}
+	return s, nil
 }
 
 // keyMatches reports whether key is the private key of cert.

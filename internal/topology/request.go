@@ -1,17 +1,13 @@
 package topology
 
-// RequestInfo is what Decide needs to know about a request. It mirrors the fields of
-// k8s.io/apiserver/pkg/endpoints/request.RequestInfo, parsed the same way (see ParseRequest).
+// RequestInfo is what Decide needs to know about a request: the fields of
+// k8s.io/apiserver/pkg/endpoints/request.RequestInfo that routing reads, parsed the same way
+// (see ParsePath). Upstream's other fields (verb, namespace, name, parts) route nothing, so
+// they are not computed.
 type RequestInfo struct {
 	IsResourceRequest bool
-	Path              string
-	Verb              string
-	APIPrefix         string
 	APIGroup          string
 	APIVersion        string
-	Namespace         string
 	Resource          string
 	Subresource       string
-	Name              string
-	Parts             []string
 }

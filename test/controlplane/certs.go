@@ -9,12 +9,11 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
-	"fmt"
-	"math/big"
 	"net"
 	"os"
 	"path/filepath"
-	"time"
+
+	"github.com/kube-mvp/kube-mvp/internal/testutil"
 )
 
 // Names every test control plane uses.
@@ -123,69 +122,25 @@ var (
 )
 
 func newCA(cn string) (*CA, error) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	ca, err := testutil.NewCA(cn)
 	if err != nil {
 		return nil, err
 	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          serial(),
-		Subject:               pkix.Name{CommonName: cn},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(48 * time.Hour),
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-		BasicConstraintsValid: true,
-		IsCA:                  true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
-	if err != nil {
-		return nil, fmt.Errorf("CA %s: %w", cn, err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		return nil, err
-	}
-	return &CA{Cert: cert, Key: key, CertPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}, nil
+	return &CA{Cert: ca.Cert, Key: ca.Key, CertPEM: ca.CertPEM}, nil
 }
 
 // Issue signs a new leaf certificate.
 func (ca *CA) Issue(subject pkix.Name, usage []x509.ExtKeyUsage, dnsNames []string, ips []net.IP) (KeyPair, error) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	leaf, err := (&testutil.CA{Cert: ca.Cert, Key: ca.Key, CertPEM: ca.CertPEM}).Issue(&x509.Certificate{
+		Subject: subject, ExtKeyUsage: usage, DNSNames: dnsNames, IPAddresses: ips,
+	})
 	if err != nil {
 		return KeyPair{}, err
 	}
-	tmpl := &x509.Certificate{
-		SerialNumber: serial(),
-		Subject:      subject,
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(48 * time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  usage,
-		DNSNames:     dnsNames,
-		IPAddresses:  ips,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, key.Public(), ca.Key)
-	if err != nil {
-		return KeyPair{}, fmt.Errorf("certificate %s: %w", subject.CommonName, err)
-	}
-	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		return KeyPair{}, err
-	}
-	return KeyPair{
-		CertPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		KeyPEM:  pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}),
-	}, nil
+	return KeyPair{CertPEM: leaf.CertPEM, KeyPEM: leaf.KeyPEM}, nil
 }
 
 // ClientCert issues a client certificate that the apiservers accept for user in groups.
 func (p *PKI) ClientCert(user string, groups ...string) (KeyPair, error) {
 	return p.ClientCA.Issue(pkix.Name{CommonName: user, Organization: groups}, clientUsage, nil, nil)
-}
-
-func serial() *big.Int {
-	n, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 120))
-	if err != nil {
-		panic(err) // crypto/rand does not fail on Linux
-	}
-	return n
 }

@@ -18,7 +18,7 @@ func BenchmarkRequestPath(b *testing.B) {
 	e := newEnv(b, envOptions{})
 	through := e.client(nil)
 	pool := x509.NewCertPool()
-	pool.AddCert(e.pki.peerCA.cert)
+	pool.AddCert(e.pki.peerCA.Cert)
 	proxy := e.pki.proxyClient.tls(b)
 	tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, ServerName: "kubernetes.default.svc", Certificates: []tls.Certificate{proxy}}, ForceAttemptHTTP2: true}
 	b.Cleanup(tr.CloseIdleConnections)

@@ -23,6 +23,7 @@ import (
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	httpoptionsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
+	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -81,22 +82,6 @@ func newResource(typeURL string) (proto.Message, error) {
 	return nil, fmt.Errorf("resource type %s is not implemented", typeURL)
 }
 
-func resourceName(m proto.Message) string {
-	switch r := m.(type) {
-	case *listenerv3.Listener:
-		return r.GetName()
-	case *routev3.RouteConfiguration:
-		return r.GetName()
-	case *clusterv3.Cluster:
-		return r.GetName()
-	case *endpointv3.ClusterLoadAssignment:
-		return r.GetClusterName()
-	case *tlsv3.Secret:
-		return r.GetName()
-	}
-	return ""
-}
-
 // withType returns a copy of c in which the resources of typeURL are replaced by res, all
 // compiled; any error rejects the whole update (state of the world: the response is one unit).
 func (c *config) withType(typeURL, version string, res []proto.Message) (*config, []error) {
@@ -104,7 +89,7 @@ func (c *config) withType(typeURL, version string, res []proto.Message) (*config
 	n := c.clone()
 	raw := map[string]proto.Message{}
 	for _, r := range res {
-		nm := resourceName(r)
+		nm := cachev3.GetResourceName(r) // a ClusterLoadAssignment's is its cluster_name
 		if _, dup := raw[nm]; dup {
 			errs = append(errs, fmt.Errorf("duplicate resource %q", nm))
 		}
@@ -123,63 +108,44 @@ func (c *config) withType(typeURL, version string, res []proto.Message) (*config
 	}
 	switch typeURL {
 	case resource.ListenerType:
-		n.listeners = map[string]*listenerCfg{}
-		for nm, r := range raw {
-			l, err := compileListener(r.(*listenerv3.Listener))
-			if err != nil {
-				fail(nm, err)
-				continue
-			}
-			n.listeners[nm] = l
-		}
+		n.listeners = compileAll(raw, compileListener, fail)
 	case resource.RouteType:
-		n.routes = map[string]*routeConfig{}
-		for nm, r := range raw {
-			rc, err := compileRouteConfig(r.(*routev3.RouteConfiguration))
-			if err != nil {
-				fail(nm, err)
-				continue
-			}
-			n.routes[nm] = rc
-		}
+		n.routes = compileAll(raw, compileRouteConfig, fail)
 	case resource.ClusterType:
-		n.clusters = map[string]*clusterCfg{}
-		for nm, r := range raw {
-			cc, err := compileCluster(r.(*clusterv3.Cluster))
-			if err != nil {
-				fail(nm, err)
-				continue
-			}
-			n.clusters[nm] = cc
-		}
+		n.clusters = compileAll(raw, compileCluster, fail)
 	case resource.EndpointType:
-		n.endpoints = map[string]*endpointv3.ClusterLoadAssignment{}
-		for nm, r := range raw {
-			cla := r.(*endpointv3.ClusterLoadAssignment)
-			if _, err := compileHosts(cla); err != nil {
-				fail(nm, err)
-				continue
-			}
-			n.endpoints[nm] = cla
-		}
+		n.endpoints = compileAll(raw, func(cla *endpointv3.ClusterLoadAssignment) (*endpointv3.ClusterLoadAssignment, error) {
+			_, err := compileHosts(cla)
+			return cla, err
+		}, fail)
 	case resource.SecretType:
-		n.secrets = map[string]*tlsv3.Secret{}
-		for nm, r := range raw {
-			s, err := resolveSecret(r.(*tlsv3.Secret))
+		n.secrets = compileAll(raw, func(s *tlsv3.Secret) (*tlsv3.Secret, error) {
+			s, err := resolveSecret(s)
 			if err == nil {
 				err = checkSecret(s)
 			}
-			if err != nil {
-				fail(nm, err)
-				continue
-			}
-			n.secrets[nm] = s
-		}
+			return s, err
+		}, fail)
 	}
 	if len(errs) > 0 {
 		return nil, errs
 	}
 	return n, nil
+}
+
+// compileAll compiles every resource of raw (all of type M); one that fails is reported to
+// fail by name and left out.
+func compileAll[M proto.Message, C any](raw map[string]proto.Message, compile func(M) (C, error), fail func(name string, err error)) map[string]C {
+	out := make(map[string]C, len(raw))
+	for nm, r := range raw {
+		c, err := compile(r.(M))
+		if err != nil {
+			fail(nm, err)
+			continue
+		}
+		out[nm] = c
+	}
+	return out
 }
 
 func shortType(typeURL string) string {

@@ -3,19 +3,13 @@ package dataplane
 import (
 	"bufio"
 	"context"
-	"crypto"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
 	"fmt"
 	"io"
 	"log/slog"
-	"math/big"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -40,62 +34,39 @@ import (
 	"github.com/kube-mvp/kube-mvp/internal/makebeforebreak"
 	"github.com/kube-mvp/kube-mvp/internal/plan"
 	"github.com/kube-mvp/kube-mvp/internal/snapshot"
+	"github.com/kube-mvp/kube-mvp/internal/testutil"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 	"github.com/kube-mvp/kube-mvp/internal/xds"
 )
 
 // ---- certificates -------------------------------------------------------------------------
 
-type testCA struct {
-	cert    *x509.Certificate
-	key     crypto.Signer
-	certPEM []byte
-}
+type testCA struct{ *testutil.CA }
 
-type keyPair struct {
-	certPEM, keyPEM []byte
-	cert            *x509.Certificate
-}
+type keyPair struct{ testutil.Leaf }
 
 func (k keyPair) tls(t testing.TB) tls.Certificate {
-	c, err := tls.X509KeyPair(k.certPEM, k.keyPEM)
+	c, err := tls.X509KeyPair(k.CertPEM, k.KeyPEM)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return c
 }
 
-func serial() *big.Int {
-	n, _ := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 100))
-	return n
+func newTestCA(t testing.TB, cn string) testCA {
+	ca, err := testutil.NewCA(cn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return testCA{ca}
 }
 
-func newTestCA(t testing.TB, cn string) *testCA {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: serial(), Subject: pkix.Name{CommonName: cn}, NotBefore: time.Now().Add(-time.Hour),
-		NotAfter: time.Now().Add(24 * time.Hour), IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, _ := x509.ParseCertificate(der)
-	return &testCA{cert: cert, key: key, certPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
-}
-
-func (ca *testCA) issue(t testing.TB, subject pkix.Name, server bool, dns []string, ips []net.IP, uris ...string) keyPair {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
+func (ca testCA) issue(t testing.TB, subject pkix.Name, server bool, dns []string, ips []net.IP, uris ...string) keyPair {
 	usage := []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
 	if server {
 		usage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
 	}
-	tmpl := &x509.Certificate{SerialNumber: serial(), Subject: subject, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: usage, DNSNames: dns, IPAddresses: ips}
+	tmpl := &x509.Certificate{Subject: subject, ExtKeyUsage: usage, DNSNames: dns, IPAddresses: ips}
 	for _, u := range uris {
 		pu, err := url.Parse(u)
 		if err != nil {
@@ -103,21 +74,15 @@ func (ca *testCA) issue(t testing.TB, subject pkix.Name, server bool, dns []stri
 		}
 		tmpl.URIs = append(tmpl.URIs, pu)
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, key.Public(), ca.key)
+	leaf, err := ca.Issue(tmpl)
 	if err != nil {
 		t.Fatal(err)
 	}
-	kb, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, _ := x509.ParseCertificate(der)
-	return keyPair{certPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		keyPEM: pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kb}), cert: cert}
+	return keyPair{leaf}
 }
 
 type pki struct {
-	servingCA, clientCA, peerCA, proxyCA *testCA
+	servingCA, clientCA, peerCA, proxyCA testCA
 	serving, proxyClient, apiserver      keyPair
 }
 
@@ -145,10 +110,10 @@ func (p *pki) files(t testing.TB) snapshot.SecretFiles {
 		return path
 	}
 	return snapshot.SecretFiles{
-		ServingCert: write("serving", "tls.crt", p.serving.certPEM), ServingKey: write("serving", "tls.key", p.serving.keyPEM),
-		ClientCA:        write("client-ca", "ca.crt", p.clientCA.certPEM),
-		ProxyClientCert: write("proxy-client", "tls.crt", p.proxyClient.certPEM), ProxyClientKey: write("proxy-client", "tls.key", p.proxyClient.keyPEM),
-		PeerCA: write("peer-ca", "ca.crt", p.peerCA.certPEM),
+		ServingCert: write("serving", "tls.crt", p.serving.CertPEM), ServingKey: write("serving", "tls.key", p.serving.KeyPEM),
+		ClientCA:        write("client-ca", "ca.crt", p.clientCA.CertPEM),
+		ProxyClientCert: write("proxy-client", "tls.crt", p.proxyClient.CertPEM), ProxyClientKey: write("proxy-client", "tls.key", p.proxyClient.KeyPEM),
+		PeerCA: write("peer-ca", "ca.crt", p.peerCA.CertPEM),
 	}
 }
 
@@ -263,7 +228,7 @@ func newFakeAPIServer(t testing.TB, p *pki, name, ip string, tick time.Duration,
 	srv.Listener.Close()
 	srv.Listener = ln
 	proxyPool := x509.NewCertPool()
-	proxyPool.AddCert(p.proxyCA.cert)
+	proxyPool.AddCert(p.proxyCA.Cert)
 	srv.TLS = &tls.Config{Certificates: []tls.Certificate{p.apiserver.tls(t)}, ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: proxyPool}
 	srv.StartTLS()
 	f.srv = srv
@@ -470,7 +435,7 @@ func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
 // anonymousClient is client without the bearer token.
 func (e *env) anonymousClient(cert *tls.Certificate) *http.Client {
 	pool := x509.NewCertPool()
-	pool.AddCert(e.pki.servingCA.cert)
+	pool.AddCert(e.pki.servingCA.Cert)
 	tc := &tls.Config{RootCAs: pool, ServerName: "localhost"}
 	if cert != nil {
 		tc.Certificates = []tls.Certificate{*cert}
@@ -513,6 +478,22 @@ func (e *env) do(c *http.Client, method, path string, hdr map[string]string) rep
 		_ = json.Unmarshal(b, &r.seen)
 	}
 	return r
+}
+
+// spread sends n GETs of path, each of which must succeed, and counts the apiservers that
+// answered them and the routing header (X-Kube-Mvp-Cluster, "" when absent) they came with.
+func (e *env) spread(c *http.Client, path string, n int) (servers, clusters map[string]int) {
+	e.t.Helper()
+	servers, clusters = map[string]int{}, map[string]int{}
+	for range n {
+		r := e.do(c, "GET", path, nil)
+		if r.status != 200 {
+			e.t.Fatalf("GET %s: status %d: %s", path, r.status, r.body)
+		}
+		servers[r.seen.Server]++
+		clusters[r.seen.Header.Get("X-Kube-Mvp-Cluster")]++
+	}
+	return servers, clusters
 }
 
 func (e *env) stat(name string) uint64 { return e.dp.stats.get(name) }

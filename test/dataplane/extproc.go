@@ -110,27 +110,18 @@ func (st *stream) extProcPrefix(ep *extProcCfg) string {
 // response) continue unprocessed and returns true; otherwise Envoy answers with
 // status_on_error and it returns false.
 func (st *stream) extProcFail(ep *extProcCfg, sp, details string) bool {
-	d := st.d
-	d.stats.inc(sp + "streams_failed")
-	if ep.failureModeAllow {
-		d.stats.inc(sp + "failure_mode_allowed")
-		return true
-	}
-	st.localReply(ep.statusOnError, "", details)
-	return false
+	return st.extProcFailWith(ep, sp, ep.statusOnError, details)
 }
 
-// extProcTimeout is extProcFail for message_timeout: with failure_mode_allow the request
-// goes on; otherwise the client gets a 504 (Envoy 1.35+, envoyproxy/envoy#39217, which made
-// it unconditional), not status_on_error.
-func (st *stream) extProcTimeout(ep *extProcCfg, sp string) bool {
+// extProcFailWith is extProcFail answering with code instead of status_on_error.
+func (st *stream) extProcFailWith(ep *extProcCfg, sp string, code int, details string) bool {
 	d := st.d
 	d.stats.inc(sp + "streams_failed")
 	if ep.failureModeAllow {
 		d.stats.inc(sp + "failure_mode_allowed")
 		return true
 	}
-	st.localReply(http.StatusGatewayTimeout, "", "ext_proc_error_per-message_timeout_exceeded")
+	st.localReply(code, "", details)
 	return false
 }
 
@@ -195,25 +186,74 @@ func (st *stream) runExtProc(ep *extProcCfg, md []kv) (clearRoute bool, ok bool)
 		}
 		ch <- exchange(s, req, func() { d.stats.inc(sp + "stream_msgs_sent") })
 	}()
+	var hr *extprocv3.HeadersResponse
+	var sendResp bool
+	if s, hr, sendResp, ok = st.awaitHeadersReply(ep, sp, ch, true, nil); hr == nil {
+		return false, ok
+	}
+	cr := hr.GetResponse()
+	if m := cr.GetHeaderMutation(); m != nil {
+		if err := st.applyMutation(ep.rules, m, sp); err != nil {
+			d.log.Warn("ext_proc header mutation rejected", "error", err)
+			return fail("ext_proc_error_header_mutation_rejected")
+		}
+		// route_cache_action: CLEAR clears the route cache after a header mutation
+		// regardless of clear_route_cache; DEFAULT follows clear_route_cache; RETAIN never
+		// clears.
+		switch ep.routeCache {
+		case extprocfilterv3.ExternalProcessor_CLEAR:
+			clearRoute = true
+		case extprocfilterv3.ExternalProcessor_DEFAULT:
+			clearRoute = cr.GetClearRouteCache()
+		}
+	} else if cr.GetClearRouteCache() && ep.routeCache == extprocfilterv3.ExternalProcessor_DEFAULT {
+		clearRoute = true
+	}
+	if sendResp {
+		kept = true
+		st.ext = &extProcStream{ep: ep, sp: sp, s: s, cancel: cancel}
+	}
+	return clearRoute, true
+}
+
+// awaitHeadersReply waits at most message_timeout for the processor's answer (on ch) to a
+// headers message of the request phase or of the response phase, and settles every outcome
+// but a headers response of that phase as Envoy does in both: no answer in time (abandon,
+// when set, gives up the stream first), a failed stream, an answer this data plane does not
+// implement or a spurious one (extProcFail), a clean end of the stream (the
+// request or response proceeds unprocessed), an immediate_response (the client's answer).
+// hr is nil then and ok tells whether the request or response goes on. Otherwise hr is the
+// headers response and sendResp whether the response headers are to be sent too, after the
+// processor's mode_override (from ep's processing_mode in the request phase). s is the
+// stream once the exchange has finished.
+func (st *stream) awaitHeadersReply(ep *extProcCfg, sp string, ch <-chan extProcResult, requestPhase bool, abandon func()) (s extprocv3.ExternalProcessor_ProcessClient, hr *extprocv3.HeadersResponse, sendResp, ok bool) {
+	d := st.d
 	timer := time.NewTimer(ep.messageTimeout)
 	defer timer.Stop()
 	var res extProcResult
 	select {
 	case res = <-ch:
-		s = res.s
 	case <-timer.C:
-		// message_timeout: no answer in time is a failure, answered with 504 Gateway
-		// Timeout rather than status_on_error (Envoy 1.35+, envoyproxy/envoy#39217).
+		// message_timeout: no answer in time is a failure; without failure_mode_allow it
+		// is answered with 504 Gateway Timeout, not status_on_error (Envoy 1.35+,
+		// envoyproxy/envoy#39217, which made it unconditional). The exchange may still be
+		// running, so a kept stream is abandoned (its context cancelled) rather than closed.
 		d.stats.inc(sp + "message_timeouts")
-		return false, st.extProcTimeout(ep, sp)
+		if abandon != nil {
+			abandon()
+		}
+		return nil, nil, false, st.extProcFailWith(ep, sp, http.StatusGatewayTimeout, "ext_proc_error_per-message_timeout_exceeded")
+	}
+	fail := func(details string) (extprocv3.ExternalProcessor_ProcessClient, *extprocv3.HeadersResponse, bool, bool) {
+		return res.s, nil, false, st.extProcFail(ep, sp, details)
 	}
 	if res.err == io.EOF {
-		// The processor closed the stream cleanly without answering: the request proceeds
-		// without it (ExternalProcessor service, "if the server closes the gRPC stream
-		// cleanly, then the data plane proceeds without consulting the server";
-		// Filter::onGrpcClose).
+		// The processor closed the stream cleanly without answering: the request (or the
+		// response) proceeds without it (ExternalProcessor service, "if the server closes
+		// the gRPC stream cleanly, then the data plane proceeds without consulting the
+		// server"; Filter::onGrpcClose).
 		d.stats.inc(sp + "streams_closed")
-		return false, true
+		return res.s, nil, false, true
 	}
 	if res.err != nil {
 		d.log.Warn("ext_proc stream failed", "error", res.err)
@@ -221,48 +261,35 @@ func (st *stream) runExtProc(ep *extProcCfg, md []kv) (clearRoute bool, ok bool)
 	}
 	d.stats.inc(sp + "stream_msgs_received")
 	d.log.Debug("ext_proc response", "path", st.path, "response", res.resp)
+	headers := false // a headers response of this phase
 	switch r := res.resp.GetResponse().(type) {
 	case *extprocv3.ProcessingResponse_RequestHeaders:
-		cr := r.RequestHeaders.GetResponse()
-		if cr.GetStatus() == extprocv3.CommonResponse_CONTINUE_AND_REPLACE || cr.GetBodyMutation() != nil || cr.GetTrailers() != nil {
-			d.stats.inc(sp + "spurious_msgs_received")
-			return fail("ext_proc_error_unimplemented_response")
-		}
-		sendResp, err := modeOverride(ep, res.resp.GetModeOverride(), ep.sendRespHeaders, true)
-		if err != nil {
-			d.log.Warn("ext_proc mode_override not implemented", "error", err)
-			d.stats.inc(sp + "spurious_msgs_received")
-			return fail("ext_proc_error_unimplemented_mode_override")
-		}
-		if m := cr.GetHeaderMutation(); m != nil {
-			if err := st.applyMutation(ep.rules, m, sp); err != nil {
-				d.log.Warn("ext_proc header mutation rejected", "error", err)
-				return fail("ext_proc_error_header_mutation_rejected")
-			}
-			// route_cache_action: CLEAR clears the route cache after a header mutation
-			// regardless of clear_route_cache; DEFAULT follows clear_route_cache; RETAIN
-			// never clears.
-			switch ep.routeCache {
-			case extprocfilterv3.ExternalProcessor_CLEAR:
-				clearRoute = true
-			case extprocfilterv3.ExternalProcessor_DEFAULT:
-				clearRoute = cr.GetClearRouteCache()
-			}
-		} else if cr.GetClearRouteCache() && ep.routeCache == extprocfilterv3.ExternalProcessor_DEFAULT {
-			clearRoute = true
-		}
-		if sendResp {
-			kept = true
-			st.ext = &extProcStream{ep: ep, sp: sp, s: s, cancel: cancel}
-		}
-		return clearRoute, true
+		hr, headers = r.RequestHeaders, requestPhase
+	case *extprocv3.ProcessingResponse_ResponseHeaders:
+		hr, headers = r.ResponseHeaders, !requestPhase
 	case *extprocv3.ProcessingResponse_ImmediateResponse:
 		st.immediateResponse(ep, sp, r.ImmediateResponse)
-		return false, false
-	default:
+		return res.s, nil, false, false
+	}
+	if !headers {
 		d.stats.inc(sp + "spurious_msgs_received")
 		return fail("ext_proc_error_spurious_message")
 	}
+	if hr == nil {
+		hr = &extprocv3.HeadersResponse{} // as unset: CONTINUE, nothing changed
+	}
+	cr := hr.GetResponse()
+	if cr.GetStatus() == extprocv3.CommonResponse_CONTINUE_AND_REPLACE || cr.GetBodyMutation() != nil || cr.GetTrailers() != nil {
+		d.stats.inc(sp + "spurious_msgs_received")
+		return fail("ext_proc_error_unimplemented_response")
+	}
+	sendResp, err := modeOverride(ep, res.resp.GetModeOverride(), ep.sendRespHeaders, requestPhase)
+	if err != nil {
+		d.log.Warn("ext_proc mode_override not implemented", "error", err)
+		d.stats.inc(sp + "spurious_msgs_received")
+		return fail("ext_proc_error_unimplemented_mode_override")
+	}
+	return res.s, hr, sendResp, true
 }
 
 // modeOverride applies a processor's mode_override (ProcessingResponse.mode_override, sent
@@ -338,67 +365,27 @@ func (st *stream) extProcResponseHeaders(code int, hdr *headerList, endOfStream 
 	}}}
 	ch := make(chan extProcResult, 1)
 	go func() { ch <- exchange(x.s, req, func() { d.stats.inc(sp + "stream_msgs_sent") }) }()
-	timer := time.NewTimer(ep.messageTimeout)
-	defer timer.Stop()
-	var res extProcResult
-	select {
-	case res = <-ch:
-	case <-timer.C:
-		// message_timeout: no answer in time is a failure, as in the request phase. The
-		// exchange may still be running, so the stream is abandoned (its context
-		// cancelled) rather than closed.
-		d.stats.inc(sp + "message_timeouts")
-		st.ext = nil
-		x.cancel()
-		return st.extProcTimeout(ep, sp)
+	abandon := func() { st.ext = nil; x.cancel() }
+	_, hr, _, ok := st.awaitHeadersReply(ep, sp, ch, false, abandon)
+	if hr == nil {
+		return ok
 	}
-	if res.err == io.EOF {
-		// Closed cleanly without answering: the response proceeds unprocessed, as in the
-		// request phase.
-		d.stats.inc(sp + "streams_closed")
-		return true
-	}
-	if res.err != nil {
-		d.log.Warn("ext_proc stream failed", "error", res.err)
-		return fail(fmt.Sprintf("ext_proc_error_gRPC_error_%d", int(status.Code(res.err))))
-	}
-	d.stats.inc(sp + "stream_msgs_received")
-	d.log.Debug("ext_proc response", "path", st.path, "response", res.resp)
-	switch r := res.resp.GetResponse().(type) {
-	case *extprocv3.ProcessingResponse_ResponseHeaders:
-		cr := r.ResponseHeaders.GetResponse()
-		if cr.GetStatus() == extprocv3.CommonResponse_CONTINUE_AND_REPLACE || cr.GetBodyMutation() != nil || cr.GetTrailers() != nil {
-			d.stats.inc(sp + "spurious_msgs_received")
-			return fail("ext_proc_error_unimplemented_response")
-		}
-		if _, err := modeOverride(ep, res.resp.GetModeOverride(), true, false); err != nil {
-			d.log.Warn("ext_proc mode_override not implemented", "error", err)
-			d.stats.inc(sp + "spurious_msgs_received")
-			return fail("ext_proc_error_unimplemented_mode_override")
-		}
-		// clear_route_cache is ignored when processing response messages
-		// (CommonResponse.clear_route_cache).
-		if m := cr.GetHeaderMutation(); m != nil {
-			// The mutation is applied to a copy: a failed one leaves the response as the
-			// upstream sent it (for failure_mode_allow).
-			mutated := slices.Clone(*hdr)
-			if err := d.applyHeaderMutation(ep.rules, m, sp, responseTarget(&mutated)); err != nil {
-				d.log.Warn("ext_proc response header mutation rejected", "error", err)
-				if errors.Is(err, errUnimplemented) {
-					return fail("ext_proc_error_unimplemented_response")
-				}
-				return fail("ext_proc_error_header_mutation_rejected")
+	// clear_route_cache is ignored when processing response messages
+	// (CommonResponse.clear_route_cache).
+	if m := hr.GetResponse().GetHeaderMutation(); m != nil {
+		// The mutation is applied to a copy: a failed one leaves the response as the
+		// upstream sent it (for failure_mode_allow).
+		mutated := slices.Clone(*hdr)
+		if err := d.applyHeaderMutation(ep.rules, m, sp, responseTarget(&mutated)); err != nil {
+			d.log.Warn("ext_proc response header mutation rejected", "error", err)
+			if errors.Is(err, errUnimplemented) {
+				return fail("ext_proc_error_unimplemented_response")
 			}
-			*hdr = mutated
+			return fail("ext_proc_error_header_mutation_rejected")
 		}
-		return true
-	case *extprocv3.ProcessingResponse_ImmediateResponse:
-		st.immediateResponse(ep, sp, r.ImmediateResponse)
-		return false
-	default:
-		d.stats.inc(sp + "spurious_msgs_received")
-		return fail("ext_proc_error_spurious_message")
+		*hdr = mutated
 	}
+	return true
 }
 
 // forwardHeaders are the headers sent to the processor (the pseudo-headers first, then

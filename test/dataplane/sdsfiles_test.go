@@ -1,13 +1,14 @@
 package dataplane
 
 import (
-	"context"
 	"crypto/tls"
 	"crypto/x509/pkix"
 	"net"
 	"os"
 	"testing"
 	"time"
+
+	"github.com/kube-mvp/kube-mvp/internal/testutil"
 )
 
 // servingSerial is the serial of the certificate the listener presents now.
@@ -21,20 +22,6 @@ func (e *env) servingSerial(t *testing.T) string {
 	return conn.ConnectionState().PeerCertificates[0].SerialNumber.String()
 }
 
-// until polls cond for up to 10 s.
-func until(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	for !cond() {
-		select {
-		case <-ctx.Done():
-			t.Fatalf("gave up waiting: %s", what)
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-}
-
 // TestSecretFilesRotate: secrets arrive over SDS as file references only; a renewed
 // certificate written to the files is served at the next handshake, and a half-written
 // rotation (a key that does not match) keeps the last good pair and counts
@@ -42,19 +29,19 @@ func until(t *testing.T, what string, cond func() bool) {
 func TestSecretFilesRotate(t *testing.T) {
 	e := newEnv(t, envOptions{})
 	first := e.servingSerial(t)
-	if first != e.pki.serving.cert.SerialNumber.String() {
+	if first != e.pki.serving.Cert.SerialNumber.String() {
 		t.Fatalf("listener presents serial %s, want the serving certificate's", first)
 	}
 	renewed := e.pki.servingCA.issue(t, pkix.Name{CommonName: "kube-mvp"}, true, []string{"localhost"}, []net.IP{net.ParseIP("127.0.0.1")})
 	// Key first, then certificate: between the two writes the pair does not match.
-	write(t, e.secrets.ServingKey, renewed.keyPEM)
-	write(t, e.secrets.ServingCert, renewed.certPEM)
-	until(t, "the renewed certificate is served", func() bool { return e.servingSerial(t) == renewed.cert.SerialNumber.String() })
+	write(t, e.secrets.ServingKey, renewed.KeyPEM)
+	write(t, e.secrets.ServingCert, renewed.CertPEM)
+	testutil.WaitFor(t, t.Context(), 10*time.Second, "the renewed certificate to be served", testutil.Cond(func() bool { return e.servingSerial(t) == renewed.Cert.SerialNumber.String() }))
 
-	write(t, e.secrets.ServingKey, e.pki.proxyClient.keyPEM)
-	until(t, "key_rotation_failed counted", func() bool { return e.stat("sds.kube-mvp-serving-cert.key_rotation_failed") > 0 })
-	if got := e.servingSerial(t); got != renewed.cert.SerialNumber.String() {
-		t.Errorf("after a mismatched key the listener presents %s, want the last good %s", got, renewed.cert.SerialNumber)
+	write(t, e.secrets.ServingKey, e.pki.proxyClient.KeyPEM)
+	testutil.WaitFor(t, t.Context(), 10*time.Second, "key_rotation_failed to be counted", testutil.Cond(func() bool { return e.stat("sds.kube-mvp-serving-cert.key_rotation_failed") > 0 }))
+	if got := e.servingSerial(t); got != renewed.Cert.SerialNumber.String() {
+		t.Errorf("after a mismatched key the listener presents %s, want the last good %s", got, renewed.Cert.SerialNumber)
 	}
 	if n := e.dp.NACKs(); len(n) > 0 {
 		t.Errorf("file changes are not xDS updates, yet NACKs: %q", n)

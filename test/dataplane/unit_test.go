@@ -38,7 +38,7 @@ func TestRFC2253(t *testing.T) {
 	}
 	for _, tc := range cases {
 		kp := ca.issue(t, tc.name, false, nil, nil)
-		if got := rfc2253(kp.cert.RawSubject); got != tc.want {
+		if got := rfc2253(kp.Cert.RawSubject); got != tc.want {
 			t.Errorf("%v: got %q, want %q", tc.name, got, tc.want)
 		}
 	}
@@ -48,16 +48,16 @@ func TestXFCCValue(t *testing.T) {
 	ca := newTestCA(t, "ca")
 	local := ca.issue(t, pkix.Name{CommonName: "proxy"}, true, nil, nil, "spiffe://a/proxy", "spiffe://b/proxy")
 	peer := ca.issue(t, pkix.Name{CommonName: "alice", Organization: []string{"g"}}, false, nil, nil, "spiffe://c/alice", "spiffe://d/alice")
-	sum := sha256.Sum256(peer.cert.Raw)
+	sum := sha256.Sum256(peer.Cert.Raw)
 	want := "By=spiffe://a/proxy;By=spiffe://b/proxy;Hash=" + hex.EncodeToString(sum[:]) + `;Subject="CN=alice,O=g";URI=spiffe://c/alice;URI=spiffe://d/alice`
-	if got := xfccValue(local.cert, peer.cert, true, true); got != want {
+	if got := xfccValue(local.Cert, peer.Cert, true, true); got != want {
 		t.Errorf("got  %q\nwant %q", got, want)
 	}
 	noURI := ca.issue(t, pkix.Name{CommonName: "bob"}, false, nil, nil)
-	if got := xfccValue(nil, noURI.cert, true, true); !strings.HasSuffix(got, `;Subject="CN=bob";URI=`) || strings.Contains(got, "By=") {
+	if got := xfccValue(nil, noURI.Cert, true, true); !strings.HasSuffix(got, `;Subject="CN=bob";URI=`) || strings.Contains(got, "By=") {
 		t.Errorf("got %q", got)
 	}
-	var _ *x509.Certificate = peer.cert
+	var _ *x509.Certificate = peer.Cert
 }
 
 // compiledGolden compiles the listener and route configuration our snapshot builds.

@@ -71,42 +71,38 @@ func rfc2253(raw []byte) string {
 	if _, err := asn1.Unmarshal(raw, &seq); err != nil {
 		return ""
 	}
-	type entry struct {
-		atv rawATV
-		set int
-	}
-	var flat []entry
-	for i, rdn := range seq {
-		for _, a := range rdn {
-			flat = append(flat, entry{a, i})
-		}
-	}
 	var b strings.Builder
-	for i := len(flat) - 1; i >= 0; i-- {
-		e := flat[i]
-		if i != len(flat)-1 {
-			if flat[i+1].set == e.set {
+	for i := len(seq) - 1; i >= 0; i-- {
+		for j := len(seq[i]) - 1; j >= 0; j-- {
+			switch {
+			case b.Len() == 0:
+			case j == len(seq[i])-1:
+				b.WriteByte(',') // the first attribute printed of an RDN, after another's
+			default:
 				b.WriteByte('+')
-			} else {
-				b.WriteByte(',')
 			}
+			printATV(&b, seq[i][j])
 		}
-		oid := e.atv.Type.String()
-		sn, known := shortNames[oid]
-		if !known {
-			sn = oid
-		}
-		b.WriteString(sn)
-		b.WriteByte('=')
-		s, isString := decodeASN1String(e.atv.Value)
-		if !known || !isString {
-			b.WriteByte('#')
-			b.WriteString(strings.ToUpper(hex.EncodeToString(e.atv.Value.FullBytes)))
-			continue
-		}
-		escape2253(&b, s)
 	}
 	return b.String()
+}
+
+// printATV prints one attribute of a distinguished name for rfc2253.
+func printATV(b *strings.Builder, a rawATV) {
+	oid := a.Type.String()
+	sn, known := shortNames[oid]
+	if !known {
+		sn = oid
+	}
+	b.WriteString(sn)
+	b.WriteByte('=')
+	s, isString := decodeASN1String(a.Value)
+	if !known || !isString {
+		b.WriteByte('#')
+		b.WriteString(strings.ToUpper(hex.EncodeToString(a.Value.FullBytes)))
+		return
+	}
+	escape2253(b, s)
 }
 
 func decodeASN1String(v asn1.RawValue) (string, bool) {

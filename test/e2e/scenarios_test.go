@@ -31,11 +31,7 @@ import (
 func TestUpstreamScenarios(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	e := newEnv(t, ctx,
-		controlplane.ServerSpec{Name: "cp-a", Version: "v1.37.1"},
-		controlplane.ServerSpec{Name: "cp-b", Version: "v1.36.4", RuntimeConfig: []string{"batch/v1=false"}},
-		controlplane.ServerSpec{Name: "cp-c", Version: "v1.37.1"},
-	)
+	e := newEnv(t, ctx, append(controlplane.MixedServers(), controlplane.ServerSpec{Name: "cp-c", Version: "v1.37.1"})...)
 	front := e.startKubeMVP(ctx, "front", "")
 	sidecarB := e.startKubeMVP(ctx, "sidecar-b", "cp-b")
 	admin := &e.cp.PKI.Admin

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -12,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/kube-mvp/kube-mvp/internal/testutil"
 	"github.com/kube-mvp/kube-mvp/test/controlplane"
 	"github.com/kube-mvp/kube-mvp/test/harness"
 )
@@ -30,10 +32,11 @@ type upstreamBaseline struct {
 }
 
 func newUpstreamBaseline(tb testing.TB, ctx context.Context) *upstreamBaseline {
-	e := newEnv(tb, ctx,
-		controlplane.ServerSpec{Name: "cp-a", Version: "v1.37.1", PeerProxy: true},
-		controlplane.ServerSpec{Name: "cp-b", Version: "v1.36.4", RuntimeConfig: []string{"batch/v1=false"}, PeerProxy: true},
-	)
+	servers := controlplane.MixedServers()
+	for i := range servers {
+		servers[i].PeerProxy = true
+	}
+	e := newEnv(tb, ctx, servers...)
 	var quiet []func(*harness.Options)
 	if _, bench := tb.(*testing.B); bench {
 		quiet = append(quiet, func(o *harness.Options) { o.DataPlaneLogLevel = slog.LevelInfo })
@@ -53,17 +56,13 @@ func newUpstreamBaseline(tb testing.TB, ctx context.Context) *upstreamBaseline {
 	u.direct = "https://" + e.cp.Server("cp-a").Address() + path
 	// Upstream's proxy learns its peers from their Leases and StorageVersions: wait until B
 	// serves Jobs through it.
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
+	testutil.WaitFor(tb, ctx, 2*time.Minute, "upstream's proxy on cp-b to serve Jobs", func() error {
 		code, err := u.get(ctx, u.viaB)
-		if err == nil && code == 200 {
-			break
+		if err == nil && code != 200 {
+			err = fmt.Errorf("status %d", code)
 		}
-		if time.Now().After(deadline) {
-			tb.Fatalf("upstream's proxy on cp-b never served Jobs: %d %v", code, err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return err
+	})
 	return u
 }
 

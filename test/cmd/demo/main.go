@@ -74,10 +74,7 @@ func run(ctx context.Context, out io.Writer, exit bool) error {
 	}
 
 	step("starting etcd, cp-a (v1.37.1) and cp-b (v1.36.4, --runtime-config=batch/v1=false)")
-	cp, err := controlplane.Start(ctx, controlplane.Options{Log: out, Servers: []controlplane.ServerSpec{
-		{Name: "cp-a", Version: "v1.37.1"},
-		{Name: "cp-b", Version: "v1.36.4", RuntimeConfig: []string{"batch/v1=false"}},
-	}})
+	cp, err := controlplane.Start(ctx, controlplane.Options{Log: out, Servers: controlplane.MixedServers()})
 	if err != nil {
 		return err
 	}
