@@ -27,7 +27,6 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-multierror"
-
 	"k8s.io/utils/clock"
 )
 
