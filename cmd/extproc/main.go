@@ -40,8 +40,8 @@ import (
 	"github.com/kube-mvp/kube-mvp/internal/cli"
 	"github.com/kube-mvp/kube-mvp/internal/cptls"
 	"github.com/kube-mvp/kube-mvp/internal/extproc"
+	"github.com/kube-mvp/kube-mvp/internal/plan"
 	"github.com/kube-mvp/kube-mvp/internal/table"
-	"github.com/kube-mvp/kube-mvp/internal/topology"
 	"github.com/kube-mvp/kube-mvp/internal/version"
 )
 
@@ -64,7 +64,6 @@ type config struct {
 	adminAddress string
 	now          time.Time
 	pollInterval time.Duration
-	localID      string
 	xdsTLS       *cptls.Files // xds source: nil with --xds-insecure-plaintext
 
 	// Flags read into the above after parsing.
@@ -86,7 +85,6 @@ func (c *config) flagSet() *pflag.FlagSet {
 	fs.Var(cli.NewValue(&c.now, time.Time{}, "RFC3339", cli.Time), "now", "file source: judge Lease liveness at this time (default: every Lease is live)")
 	fs.Var(cli.NewValue(&c.pollInterval, 0, "DURATION", cli.Duration(0, "a non-negative duration, e.g. 10s")), "poll-interval",
 		"file source: also re-read the file when it changes, checked this often (0: only on SIGHUP)")
-	fs.StringVar(&c.localID, "local-id", "", "sidecar mode: the apiserver this Envoy runs beside, by `ID|HOSTNAME` (the hostname of its identity Lease, e.g. the node name)")
 	fs.Bool("version", false, "print the version and exit")
 	return fs
 }
@@ -156,9 +154,6 @@ func parseArgs(args []string) (config, error) {
 				errs = multierror.Append(errs, fmt.Errorf("--%s applies to a file source only; xds-server judges liveness and pushes every change", name))
 			}
 		}
-	}
-	if fs.Changed("local-id") && cfg.localID == "" {
-		errs = multierror.Append(errs, errors.New("--local-id needs an apiserver ID or hostname, e.g. cp-a"))
 	}
 	return cfg, cli.Err(errs)
 }
@@ -233,8 +228,8 @@ func start(cfg config, log *slog.Logger, reload <-chan os.Signal) (*app, error) 
 	a.health = health.NewServer()
 	a.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	a.health.SetServingStatus(extprocService, healthpb.HealthCheckResponse_NOT_SERVING)
-	apply := func(t *topology.Topology, version string) {
-		a.srv.SetTopology(t, version)
+	apply := func(t *plan.Table, version string) {
+		a.srv.SetTable(t, version)
 		a.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 		a.health.SetServingStatus(extprocService, healthpb.HealthCheckResponse_SERVING)
 	}
@@ -242,7 +237,7 @@ func start(cfg config, log *slog.Logger, reload <-chan os.Signal) (*app, error) 
 	var follow func(ctx context.Context)
 	if cfg.sourceFile != "" {
 		source := extproc.FileSource(cfg.sourceFile, extproc.FileOptions{
-			Now: cfg.now, LocalID: cfg.localID, PollInterval: cfg.pollInterval, Reload: reload, Logger: log,
+			Now: cfg.now, PollInterval: cfg.pollInterval, Reload: reload, Logger: log,
 		})
 		t, version, err := source.Load()
 		if err != nil {
@@ -268,9 +263,7 @@ func start(cfg config, log *slog.Logger, reload <-chan os.Signal) (*app, error) 
 		clientID, _ := os.Hostname()
 		follow = func(ctx context.Context) {
 			defer conn.Close()
-			table.Follow(ctx, conn, clientID, log, func(t *topology.Topology, version string) {
-				apply(extproc.Sidecar(t, version, cfg.localID, log))
-			}, table.OnReject(a.srv.TableUpdateFailed))
+			table.Follow(ctx, conn, clientID, log, apply, table.OnReject(a.srv.TableUpdateFailed))
 		}
 	}
 

@@ -24,9 +24,9 @@ import (
 	"github.com/kube-mvp/kube-mvp/internal/cptls"
 	"github.com/kube-mvp/kube-mvp/internal/cptls/cptlstest"
 	"github.com/kube-mvp/kube-mvp/internal/extproc"
+	"github.com/kube-mvp/kube-mvp/internal/plan"
 	"github.com/kube-mvp/kube-mvp/internal/table"
 	"github.com/kube-mvp/kube-mvp/internal/testutil"
-	"github.com/kube-mvp/kube-mvp/internal/topology"
 	tablev1 "github.com/kube-mvp/kube-mvp/proto/kubemvp/table/v1"
 )
 
@@ -44,7 +44,7 @@ func TestBadFlagsAllAtOnce(t *testing.T) {
 		"--poll-interval", "-1s",
 		"--verbose", "yes",
 		"stray",
-		"--local-id",
+		"--xds-tls-dir",
 	}, &stdout, &stderr)
 	if code != 2 {
 		t.Errorf("exit code %d, want 2", code)
@@ -57,7 +57,7 @@ func TestBadFlagsAllAtOnce(t *testing.T) {
 		`--poll-interval "-1s" is not a non-negative duration`,
 		`unknown flag "--verbose"`,
 		`unexpected argument "stray"`,
-		`--local-id needs a value`,
+		`--xds-tls-dir needs a value`,
 		"8 problem(s)",
 		"Run extproc --help for usage.",
 	} {
@@ -266,7 +266,7 @@ func TestXDSSource(t *testing.T) {
 		t.Errorf("/readyz before the first table: %d", code)
 	}
 
-	fileTable := func(now string) *topology.Topology {
+	fileTable := func(now string) *plan.Table {
 		at, _ := time.Parse(time.RFC3339, now)
 		topo, _, err := extproc.FileSource(fixture, extproc.FileOptions{Now: at}).Load()
 		if err != nil {

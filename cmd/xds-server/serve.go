@@ -200,7 +200,7 @@ func serve(ctx context.Context, opts serveOptions, log *slog.Logger, ready chan<
 	xdsServer := xds.New(translator(opts.cfg, log), mbb, log)
 	xdsServer.OnBuild = m.observeBuild
 	tables := table.NewServer(table.WithLogger(log), table.WithRegisterer(reg))
-	publisher := makebeforebreak.NewPublisher(mbb, func(e *plan.Envoys) { tables.Publish(e.Front.Topology, time.Now()) })
+	publisher := makebeforebreak.NewPublisher(mbb, func(e *plan.Envoys) { tables.Publish(e.Table(), time.Now()) })
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "kube_mvp_xds_connected_nodes", Help: "Envoy nodes with at least one open xDS stream.",
 	}, func() float64 {

@@ -2,6 +2,7 @@ package extproc
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"testing"
 	"time"
@@ -10,7 +11,6 @@ import (
 
 	"github.com/kube-mvp/kube-mvp/internal/contract"
 	"github.com/kube-mvp/kube-mvp/internal/inventory"
-	tablestream "github.com/kube-mvp/kube-mvp/internal/table"
 	"github.com/kube-mvp/kube-mvp/internal/testutil"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 	"github.com/kube-mvp/kube-mvp/test/controlplane"
@@ -29,7 +29,7 @@ func TestOnRealControlPlane(t *testing.T) {
 	opts := inventory.WatchOptions{Log: slog.New(slog.DiscardHandler)}
 	opts.LivenessWindow = 15 * time.Second
 	w, err := inventory.NewWatcher(cp.Server("cp-b").RESTConfig(), opts, func(topo *topology.Topology) {
-		srv.SetTopology(topo, tablestream.ToProto(topo, time.Time{}).GetVersion())
+		srv.SetTopology(topo, fmt.Sprint(time.Now().UnixNano()))
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/kube-mvp/kube-mvp/internal/inventory/objects"
+	"github.com/kube-mvp/kube-mvp/internal/plan"
 	tablestream "github.com/kube-mvp/kube-mvp/internal/table"
-	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 
 // FileOptions tune a File source.
@@ -19,9 +19,6 @@ type FileOptions struct {
 	// Now is the time Lease liveness is judged at; zero means every Lease counts as alive
 	// (objects.Options.Now). A fixed time makes a fixture reproducible.
 	Now time.Time
-	// LocalID, when set, puts the table in sidecar mode beside that apiserver: its ID or
-	// hostname (see Sidecar).
-	LocalID string
 	// PollInterval, when positive, re-reads the file that often and applies it when its
 	// bytes changed. Zero means reload only on Reload.
 	PollInterval time.Duration
@@ -58,10 +55,11 @@ func FileSource(path string, opts FileOptions) *File {
 	return f
 }
 
-// Load reads and builds the table once. The version is the table's content hash, the same
-// one xds-server's table stream gives an equal table (internal/table.ToProto), with
-// "+local=<id>" in sidecar mode. Objects Build skips are logged, not fatal.
-func (f *File) Load() (*topology.Topology, string, error) {
+// Load reads and builds the table once: the plans of every kind of Envoy, as xds-server
+// makes them. The version is the table's content hash, the same one xds-server's table
+// stream gives an equal table (internal/table.ToProto). Objects Build skips are logged, not
+// fatal.
+func (f *File) Load() (*plan.Table, string, error) {
 	raw, err := os.ReadFile(f.path)
 	if err != nil {
 		return nil, "", err
@@ -74,7 +72,7 @@ func (f *File) Load() (*topology.Topology, string, error) {
 	return t, version, nil
 }
 
-func (f *File) build(raw []byte) (*topology.Topology, string, error) {
+func (f *File) build(raw []byte) (*plan.Table, string, error) {
 	objs, err := objects.DecodeFixture(bytes.NewReader(raw))
 	if err != nil {
 		return nil, "", fmt.Errorf("%s: %w", f.path, err)
@@ -86,31 +84,17 @@ func (f *File) build(raw []byte) (*topology.Topology, string, error) {
 	if t == nil {
 		return nil, "", fmt.Errorf("%s: no routing table could be built: %w", f.path, errors.Join(errs...))
 	}
-	version := tablestream.ToProto(t, time.Time{}).GetVersion()
-	t, version = Sidecar(t, version, f.opts.LocalID, f.log)
-	return t, version, nil
-}
-
-// Sidecar puts table t (of the given version) in sidecar mode beside the apiserver named by
-// local (an apiserver ID or its hostname, e.g. a DaemonSet's node name), resolved anew on
-// every table because the ID is only known once its Lease is. When local is empty, or names
-// no apiserver in t, t is returned as is: xds-server then also serves that Envoy front-proxy
-// configuration, and extproc must name only clusters that exist there.
-func Sidecar(t *topology.Topology, version, local string, log *slog.Logger) (*topology.Topology, string) {
-	if local == "" {
-		return t, version
+	e, err := plan.ForEveryEnvoy(t)
+	if err != nil {
+		return nil, "", fmt.Errorf("%s: %w", f.path, err)
 	}
-	id := t.ResolveLocal(local)
-	if id == "" {
-		log.Warn("routing table: the local apiserver is not in it (yet); deciding as a front proxy, as xds-server configures Envoy", "local", local)
-		return t, version
-	}
-	return t.WithLocal(id), version + "+local=" + id
+	tb := e.Table()
+	return tb, tablestream.ToProto(tb, time.Time{}).GetVersion(), nil
 }
 
 // Run watches for reloads until ctx ends, calling apply with every table it loads. Call
 // Load (and apply its result) first: Run only reloads.
-func (f *File) Run(ctx context.Context, apply func(*topology.Topology, string)) {
+func (f *File) Run(ctx context.Context, apply func(*plan.Table, string)) {
 	var tick <-chan time.Time
 	if f.opts.PollInterval > 0 {
 		t := time.NewTicker(f.opts.PollInterval)

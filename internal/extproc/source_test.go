@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kube-mvp/kube-mvp/internal/plan"
 	tablestream "github.com/kube-mvp/kube-mvp/internal/table"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
@@ -38,25 +39,25 @@ func TestFileSource(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := tablestream.ToProto(loadFixture(t, "upgrade.yaml", fixtureNow), time.Time{}).GetVersion(); version != want {
+	if want := tablestream.ToProto(tableOf(t, loadFixture(t, "upgrade.yaml", fixtureNow)), time.Time{}).GetVersion(); version != want {
 		t.Errorf("version %q, want the table stream's content hash %q", version, want)
 	}
 	svm := topology.Resource{Group: "storagemigration.k8s.io", Version: "v1alpha1", Resource: "storageversionmigrations"}
-	if d := topo.DecideResource(svm); d.Outcome != topology.Unavailable {
+	if d := topo.Routes[""].Lookup(svm); d.Outcome != topology.Unavailable {
 		t.Fatalf("cp-c should be dead at the fixed time: %+v", d)
 	}
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	type applied struct {
-		topo    *topology.Topology
+		topo    *plan.Table
 		version string
 	}
 	got := make(chan applied, 10)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		f.Run(ctx, func(t *topology.Topology, v string) { got <- applied{t, v} })
+		f.Run(ctx, func(t *plan.Table, v string) { got <- applied{t, v} })
 	}()
 	next := func() applied {
 		t.Helper()
@@ -78,7 +79,7 @@ func TestFileSource(t *testing.T) {
 	if a.version == version {
 		t.Errorf("changed table kept version %q", version)
 	}
-	if d := a.topo.DecideResource(svm); d.Outcome != topology.Subset {
+	if d := a.topo.Routes[""].Lookup(svm); d.Outcome != topology.Subset {
 		t.Errorf("after the renewal: %+v", d)
 	}
 	// SIGHUP re-applies even an unchanged file.
@@ -102,32 +103,17 @@ func TestFileSourceOptions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if live := topo.Live(); len(live) != 3 {
-		t.Errorf("live %v, want all three", live)
+	if live := topo.Live(); live != 3 {
+		t.Errorf("%d live, want all three", live)
 	}
-	// Sidecar mode.
-	topo, version, err := FileSource(path, FileOptions{LocalID: "apiserver-bbb"}).Load()
-	if err != nil {
-		t.Fatal(err)
+	// The front proxy's plan and one per apiserver, for sidecars beside it.
+	for _, local := range []string{"", "apiserver-aaa", "apiserver-bbb", "apiserver-ccc"} {
+		if topo.Routes[local] == nil {
+			t.Errorf("no plan for %q", local)
+		}
 	}
-	if topo.LocalID != "apiserver-bbb" || !strings.HasSuffix(version, "+local=apiserver-bbb") {
-		t.Errorf("local %q version %q", topo.LocalID, version)
-	}
-	// By hostname (a DaemonSet knows its node name, not the apiserver ID): the same table.
-	byName, nameVersion, err := FileSource(path, FileOptions{LocalID: "cp-b"}).Load()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if byName.LocalID != "apiserver-bbb" || nameVersion != version {
-		t.Errorf("by hostname: local %q version %q, want apiserver-bbb %q", byName.LocalID, nameVersion, version)
-	}
-	// An apiserver not in the table: front-proxy decisions, as xds-server then configures Envoy.
-	unknown, _, err := FileSource(path, FileOptions{LocalID: "cp-x"}).Load()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if unknown.LocalID != "" {
-		t.Errorf("unknown local apiserver: table in sidecar mode for %q", unknown.LocalID)
+	if got := topo.Routes["apiserver-bbb"].Default.Cluster; got != "kube-apiserver-local" {
+		t.Errorf("cp-b's sidecar plan: default cluster %q", got)
 	}
 	// Errors name the file.
 	for _, p := range []string{filepath.Join("testdata", "broken.yaml"), filepath.Join("testdata", "missing.yaml")} {

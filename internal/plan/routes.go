@@ -61,6 +61,12 @@ func (rs *Routes) Lookup(r topology.Resource) Route {
 	return rs.Default
 }
 
+// Route is the route of exactly key r, if r is a published key.
+func (rs *Routes) Route(r topology.Resource) (Route, bool) {
+	route, ok := rs.byResource[r]
+	return route, ok
+}
+
 // All returns every route, sorted by resource.
 func (rs *Routes) All() []Route {
 	out := make([]Route, 0, len(rs.byResource))
@@ -72,7 +78,12 @@ func (rs *Routes) All() []Route {
 }
 
 // Len is the number of published keys.
-func (rs *Routes) Len() int { return len(rs.byResource) }
+func (rs *Routes) Len() int {
+	if rs == nil {
+		return 0
+	}
+	return len(rs.byResource)
+}
 
 // Clusters are the cluster names the routes name, sorted.
 func (rs *Routes) Clusters() []string {

@@ -9,19 +9,20 @@ import (
 	"github.com/kube-mvp/kube-mvp/internal/table"
 )
 
-// BenchmarkToProto50k converts bigTopology's 50,000 resources × 10 apiservers (110,000
-// served rows with subresources, 40 MB of merged discovery): what xds-server does per change.
+// BenchmarkToProto50k converts the plans of bigTopology's 50,000 resources × 10 apiservers
+// (110,000 rows with subresources, 11 plans, 40 MB of merged discovery): what xds-server
+// does per change.
 func BenchmarkToProto50k(b *testing.B) {
-	topo := big50kTopology(b)
+	tbl := big50kTable(b)
 	b.ReportAllocs()
 	for b.Loop() {
-		table.ToProto(topo, time.Unix(1, 0))
+		table.ToProto(tbl, time.Unix(1, 0))
 	}
 }
 
 // BenchmarkFromProto50k converts the same table back: what extproc does per table received.
 func BenchmarkFromProto50k(b *testing.B) {
-	tb := table.ToProto(big50kTopology(b), time.Unix(1, 0))
+	tb := table.ToProto(big50kTable(b), time.Unix(1, 0))
 	b.ReportAllocs()
 	for b.Loop() {
 		if _, err := table.FromProto(tb); err != nil {
@@ -32,7 +33,7 @@ func BenchmarkFromProto50k(b *testing.B) {
 
 // BenchmarkChunks50k is the rest of xds-server's work per change: serialize, gzip, cut.
 func BenchmarkChunks50k(b *testing.B) {
-	tb := table.ToProto(big50kTopology(b), time.Unix(1, 0))
+	tb := table.ToProto(big50kTable(b), time.Unix(1, 0))
 	b.SetBytes(int64(proto.Size(tb)))
 	b.ReportAllocs()
 	for b.Loop() {
@@ -42,7 +43,7 @@ func BenchmarkChunks50k(b *testing.B) {
 
 // BenchmarkAssemble50k is extproc's work per table before FromProto: gunzip and parse.
 func BenchmarkAssemble50k(b *testing.B) {
-	tb := table.ToProto(big50kTopology(b), time.Unix(1, 0))
+	tb := table.ToProto(big50kTable(b), time.Unix(1, 0))
 	chunks := table.Chunks(tb)
 	b.SetBytes(int64(proto.Size(tb)))
 	b.ReportAllocs()

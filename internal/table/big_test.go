@@ -12,6 +12,7 @@ import (
 	apidiscoveryv2 "k8s.io/api/apidiscovery/v2"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/kube-mvp/kube-mvp/internal/plan"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 
@@ -110,16 +111,16 @@ func bigTopology(tb testing.TB, groups, servers int) *topology.Topology {
 
 var (
 	big50kOnce sync.Once
-	big50k     *topology.Topology
+	big50k     *plan.Table
 )
 
-// big50kTopology is bigTopology's 50,000 resources across 10 apiservers, built once per test
-// binary.
-func big50kTopology(tb testing.TB) *topology.Topology {
+// big50kTable is the routing table of bigTopology's 50,000 resources across 10 apiservers
+// (a front plan and ten sidecar plans), built once per test binary.
+func big50kTable(tb testing.TB) *plan.Table {
 	tb.Helper()
-	big50kOnce.Do(func() { big50k = bigTopology(tb, 2500, 10) })
+	big50kOnce.Do(func() { big50k = tableOf(tb, bigTopology(tb, 2500, 10)) })
 	if big50k == nil {
-		tb.Fatal("building the 50k topology failed")
+		tb.Fatal("building the 50k table failed")
 	}
 	return big50k
 }

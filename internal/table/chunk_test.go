@@ -8,7 +8,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
-	"github.com/kube-mvp/kube-mvp/internal/topology"
+	"github.com/kube-mvp/kube-mvp/internal/plan"
 	tablev1 "github.com/kube-mvp/kube-mvp/proto/kubemvp/table/v1"
 )
 
@@ -118,7 +118,7 @@ func FuzzAssembler(f *testing.F) {
 }
 
 func TestEncodeSmallTable(t *testing.T) {
-	tb, raw := build(&topology.Topology{}, time.Unix(1, 0))
+	tb, raw := build(&plan.Table{}, time.Unix(1, 0))
 	e := encode(tb.Version, raw)
 	if len(e.chunks) != 1 || e.chunks[0].Count != 1 || e.chunks[0].TableSize != uint64(len(raw)) {
 		t.Fatalf("chunks %v", e.chunks)

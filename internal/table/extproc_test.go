@@ -33,7 +33,7 @@ func TestExtprocSeesFailedUpdates(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		table.Follow(ctx, conn, "test", slog.New(slog.DiscardHandler), ep.SetTopology, table.OnReject(ep.TableUpdateFailed))
+		table.Follow(ctx, conn, "test", slog.New(slog.DiscardHandler), ep.SetTable, table.OnReject(ep.TableUpdateFailed))
 	}()
 	defer func() { cancel(); <-done }()
 
@@ -63,7 +63,7 @@ func TestExtprocSeesFailedUpdates(t *testing.T) {
 		t.Errorf("failing %v", got)
 	}
 
-	srv.Publish(bigTopology(t, 20, 3), time.Now()) // over the limit
+	srv.Publish(tableOf(t, bigTopology(t, 20, 3)), time.Now()) // over the limit
 	waitMetric("after a table too large", "kube_mvp_extproc_table_update_failing", 1)
 	if got := metric(t, reg, "kube_mvp_extproc_table_update_failures_total", table.ReasonTooLarge); got < 1 {
 		t.Errorf("failures{too_large} = %v", got)

@@ -10,7 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/kube-mvp/kube-mvp/internal/topology"
+	"github.com/kube-mvp/kube-mvp/internal/plan"
 	tablev1 "github.com/kube-mvp/kube-mvp/proto/kubemvp/table/v1"
 )
 
@@ -58,7 +58,7 @@ type follower struct {
 // unknown format) is not applied: Follow logs why, calls the OnReject callback and waits for
 // the next. When the stream fails it does the same, waits (exponential backoff up to 10 s)
 // and reconnects; in between, the caller keeps using the last table it was given.
-func Follow(ctx context.Context, conn grpc.ClientConnInterface, clientID string, log *slog.Logger, apply func(*topology.Topology, string), opts ...FollowOption) {
+func Follow(ctx context.Context, conn grpc.ClientConnInterface, clientID string, log *slog.Logger, apply func(*plan.Table, string), opts ...FollowOption) {
 	fl := &follower{log: log, maxSize: MaxTableSize, onReject: func(string, error) {}}
 	if fl.log == nil {
 		fl.log = slog.Default()
@@ -82,7 +82,7 @@ func Follow(ctx context.Context, conn grpc.ClientConnInterface, clientID string,
 				continue
 			}
 			backoff = initialBackoff // a whole table arrived: the stream works
-			var t *topology.Topology
+			var t *plan.Table
 			if rejected == nil {
 				t, rejected = FromProto(tb)
 			}

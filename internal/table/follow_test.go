@@ -16,9 +16,9 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/kube-mvp/kube-mvp/internal/plan"
 	"github.com/kube-mvp/kube-mvp/internal/table"
 	"github.com/kube-mvp/kube-mvp/internal/testutil"
-	"github.com/kube-mvp/kube-mvp/internal/topology"
 	tablev1 "github.com/kube-mvp/kube-mvp/proto/kubemvp/table/v1"
 )
 
@@ -43,7 +43,7 @@ func serve(t *testing.T, addr string, srv tablev1.TableServiceServer) (string, f
 type follower struct {
 	mu       sync.Mutex
 	versions []string
-	last     *topology.Topology
+	last     *plan.Table
 	rejects  []string // reasons
 	errs     []error
 	log      testutil.SyncBuffer
@@ -65,9 +65,9 @@ func follow(t *testing.T, addr string, opts ...table.FollowOption) *follower {
 	}))
 	go func() {
 		defer close(done)
-		table.Follow(ctx, conn, "test", slog.New(slog.NewTextHandler(&f.log, nil)), func(topo *topology.Topology, v string) {
+		table.Follow(ctx, conn, "test", slog.New(slog.NewTextHandler(&f.log, nil)), func(tb *plan.Table, v string) {
 			f.mu.Lock()
-			f.versions, f.last = append(f.versions, v), topo
+			f.versions, f.last = append(f.versions, v), tb
 			f.mu.Unlock()
 		}, opts...)
 	}()
@@ -138,7 +138,7 @@ func TestFollowSurvivesRestart(t *testing.T) {
 	stop1()
 	f.wait(t, "the lost stream reported", func() bool { return f.rejected(table.ReasonStream) })
 	f.mu.Lock()
-	if len(f.last.Live()) != 1 || len(f.versions) != 2 {
+	if f.last.Live() != 1 || len(f.versions) != 2 {
 		t.Errorf("after the server went away the client lost its table: versions %v, live %v", f.versions, f.last.Live())
 	}
 	f.mu.Unlock()
@@ -149,7 +149,7 @@ func TestFollowSurvivesRestart(t *testing.T) {
 	f.wait(t, "the new server's table", func() bool { return len(f.versions) == 3 })
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.versions[0] != f.versions[2] || f.versions[1] == f.versions[0] || len(f.last.Live()) != 2 {
+	if f.versions[0] != f.versions[2] || f.versions[1] == f.versions[0] || f.last.Live() != 2 {
 		t.Errorf("versions %v, live %v", f.versions, f.last.Live())
 	}
 	if strings.Contains(f.log.String(), "level=ERROR") {
@@ -163,7 +163,7 @@ func TestLargeTableStreams(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds a 50,000-resource table (seconds)")
 	}
-	big := big50kTopology(t)
+	big := big50kTable(t)
 	reg := prometheus.NewRegistry()
 	srv := table.NewServer(table.WithRegisterer(reg))
 	srv.Publish(big, time.Now())
@@ -176,12 +176,12 @@ func TestLargeTableStreams(t *testing.T) {
 	if len(rejects) > 0 {
 		t.Fatalf("rejected: %v", rejects)
 	}
-	if err := sameTopology(big, got); err != nil {
+	if err := sameTable(big, got); err != nil {
 		t.Errorf("the table changed on the way: %v", err)
 	}
 	size := metric(t, reg, "kube_mvp_xds_table_size_bytes", "protobuf")
 	gz := metric(t, reg, "kube_mvp_xds_table_size_bytes", "gzip")
-	t.Logf("%d served resources, %d bytes of discovery: table %.0f bytes, %.0f gzipped (limit %d)", len(big.Served), len(big.Discovery.JSON), size, gz, table.MaxTableSize)
+	t.Logf("%d resources in %d plans, %d bytes of discovery: table %.0f bytes, %.0f gzipped (limit %d)", big.Routes[""].Len(), len(big.Routes), len(big.Discovery.JSON), size, gz, table.MaxTableSize)
 	if size == 0 || gz == 0 || size > table.MaxTableSize/2 {
 		t.Errorf("table of %.0f bytes, %.0f gzipped: want well within the limit of %d", size, gz, table.MaxTableSize)
 	}
@@ -201,7 +201,7 @@ func TestTooLargeRefused(t *testing.T) {
 	f := follow(t, addr)
 	f.wait(t, "the first table", func() bool { return len(f.versions) == 1 })
 
-	big := bigTopology(t, 20, 3) // 400 resources, about 320 KB of discovery
+	big := tableOf(t, bigTopology(t, 20, 3)) // 400 resources, about 320 KB of discovery
 	srv.Publish(big, time.Now())
 	f.wait(t, "the refusal reported", func() bool { return f.rejected(table.ReasonTooLarge) })
 	if got := metric(t, reg, "kube_mvp_xds_table_refused_total"); got != 1 {
@@ -217,7 +217,7 @@ func TestTooLargeRefused(t *testing.T) {
 		t.Errorf("the server's log does not name the table, its size %d and the limit:\n%s", size, l)
 	}
 	f.mu.Lock()
-	if err := sameTopology(small, f.last); err != nil || len(f.versions) != 1 {
+	if err := sameTable(small, f.last); err != nil || len(f.versions) != 1 {
 		t.Errorf("the follower's table changed (versions %v): %v", f.versions, err)
 	}
 	if err := f.errs[len(f.errs)-1]; !strings.Contains(err.Error(), fmt.Sprintf("%d bytes serialized, over the limit of %d", size, limit)) {
@@ -247,7 +247,7 @@ func TestClientLimit(t *testing.T) {
 	addr, _ := serve(t, "127.0.0.1:0", srv)
 	f := follow(t, addr, table.WithClientMaxTableSize(64<<10))
 	f.wait(t, "the first table", func() bool { return len(f.versions) == 1 })
-	srv.Publish(bigTopology(t, 20, 3), time.Now())
+	srv.Publish(tableOf(t, bigTopology(t, 20, 3)), time.Now())
 	f.wait(t, "the refusal", func() bool { return f.rejected(table.ReasonTooLarge) })
 	srv.Publish(sample(t, false), time.Now())
 	f.wait(t, "the next table", func() bool { return len(f.versions) == 2 })
@@ -291,7 +291,7 @@ func TestBadTablesRejected(t *testing.T) {
 
 	badIndex := proto.CloneOf(good)
 	badIndex.Version = "bad-index"
-	badIndex.GroupVersions[0].Resources[0].ServerSet = 99
+	badIndex.Plans[0].ResourceRoutes[0] = 99
 	newer := proto.CloneOf(good)
 	newer.Version, newer.Format = "newer", table.Format+1
 	broken := table.Chunks(good)[0]

@@ -11,7 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/kube-mvp/kube-mvp/internal/topology"
+	"github.com/kube-mvp/kube-mvp/internal/plan"
 	tablev1 "github.com/kube-mvp/kube-mvp/proto/kubemvp/table/v1"
 )
 
@@ -80,14 +80,15 @@ func NewServer(opts ...ServerOption) *Server {
 	return s
 }
 
-// Publish makes t the current table, unless its content equals the current one. A table
+// Publish makes pt the current table, unless its content equals the current one. A table
 // whose serialization exceeds the limit is not sent: it is logged and counted, and
 // subscribers get RESOURCE_EXHAUSTED (they keep their previous table) until a table within
 // the limit is published.
-func (s *Server) Publish(t *topology.Topology, now time.Time) {
+func (s *Server) Publish(pt *plan.Table, now time.Time) {
 	s.publish.Lock()
 	defer s.publish.Unlock()
-	tb, raw := build(t, now)
+	tb, raw := build(pt, now)
+	resources := pt.Routes[""].Len()
 	if s.Version() == tb.Version {
 		return
 	}
@@ -95,11 +96,11 @@ func (s *Server) Publish(t *topology.Topology, now time.Time) {
 	s.sizes.WithLabelValues("protobuf").Set(float64(len(raw)))
 	if len(raw) > s.maxSize {
 		p.err = fmt.Errorf("routing table %s is %d bytes serialized, over the limit of %d bytes (%d resources, %d bytes of merged discovery); extproc keeps its previous table",
-			tb.Version, len(raw), s.maxSize, len(t.Served), len(tb.ApisDiscovery))
+			tb.Version, len(raw), s.maxSize, resources, len(tb.ApisDiscovery))
 		s.sizes.WithLabelValues("gzip").Set(0)
 		s.refused.Inc()
 		s.log.Error("routing table not sent: too large", "version", tb.Version, "bytes", len(raw), "limit", s.maxSize,
-			"resources", len(t.Served), "discovery_bytes", len(tb.ApisDiscovery))
+			"resources", resources, "discovery_bytes", len(tb.ApisDiscovery))
 	} else {
 		p.table = encode(tb.Version, raw)
 		s.sizes.WithLabelValues("gzip").Set(float64(p.table.gzipped))

@@ -1,9 +1,11 @@
-// Package table carries a topology.Topology from xds-server to extproc over gRPC
-// (proto/kubemvp/table/v1): the server side broadcasts every new table, the client side keeps
-// the last one it could use and reconnects with backoff when the stream drops.
+// Package table carries xds-server's routing plans (a plan.Table: every kind of Envoy's
+// Routes and the merged discovery) to extproc over gRPC (proto/kubemvp/table/v1): the server
+// side broadcasts every new table, the client side keeps the last one it could use and
+// reconnects with backoff when the stream drops.
 //
-// On the wire a table is its Table message (format 1: the distinct apiserver sets listed once,
-// resources grouped by group/version and naming their set by index), serialized
+// On the wire a table is its Table message (format 2: the published resources listed once,
+// grouped by group/version; per plan its distinct routes listed once and each resource naming
+// its route by index), serialized
 // deterministically, gzipped once per change and cut into chunks (chunk.go): the size of a
 // table is bounded by MaxTableSize, not by gRPC's message size limit.
 package table
@@ -13,19 +15,20 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
-	"strings"
 	"time"
 
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/kube-mvp/kube-mvp/internal/plan"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 	tablev1 "github.com/kube-mvp/kube-mvp/proto/kubemvp/table/v1"
 )
 
 // Format is the Table format this package writes and the only one it reads.
-const Format = 1
+const Format = 2
 
 var (
 	// ErrUnsupportedFormat: the table is in a format this build cannot read (a newer or older
@@ -37,48 +40,66 @@ var (
 	ErrTooLarge = errors.New("table too large")
 )
 
-// ToProto converts t; the version is a hash of the content, so equal topologies give equal
+// ToProto converts p; the version is a hash of the content, so equal tables give equal
 // versions on every replica.
-func ToProto(t *topology.Topology, now time.Time) *tablev1.Table {
-	tb, _ := build(t, now)
+func ToProto(p *plan.Table, now time.Time) *tablev1.Table {
+	tb, _ := build(p, now)
 	return tb
 }
 
-// build converts t and also returns the table's deterministic serialization, the bytes that
+var outcomes = map[topology.Outcome]tablev1.Outcome{
+	topology.Default:     tablev1.Outcome_OUTCOME_DEFAULT,
+	topology.Subset:      tablev1.Outcome_OUTCOME_SUBSET,
+	topology.NotServed:   tablev1.Outcome_OUTCOME_NOT_SERVED,
+	topology.Unavailable: tablev1.Outcome_OUTCOME_UNAVAILABLE,
+}
+
+// build converts p and also returns the table's deterministic serialization, the bytes that
 // go on the wire.
-func build(t *topology.Topology, now time.Time) (*tablev1.Table, []byte) {
+func build(p *plan.Table, now time.Time) (*tablev1.Table, []byte) {
 	tb := &tablev1.Table{Format: Format}
-	for _, s := range t.APIServers {
+	for _, s := range p.APIServers {
 		tb.Apiservers = append(tb.Apiservers, &tablev1.APIServer{Id: s.ID, Hostname: s.Hostname, Address: s.Address, Alive: s.Alive})
 	}
-	sets := map[string]uint32{}
-	var gv *tablev1.GroupVersion
-	var prev []string // the set of the previous resource, index i
-	var i uint32
-	for _, r := range t.Resources() { // sorted by group, version, resource, subresource
-		ids := t.Served[r]
-		if prev == nil || !slices.Equal(ids, prev) { // neighbours mostly share their set
-			key := strings.Join(ids, "\x00")
-			var ok bool
-			if i, ok = sets[key]; !ok {
-				i = uint32(len(tb.ServerSets))
-				sets[key] = i
-				tb.ServerSets = append(tb.ServerSets, &tablev1.ServerSet{ApiserverIds: ids})
-			}
-			prev = ids
+	// Every plan of one table routes the same keys (one topology's published resources).
+	var keys []topology.Resource
+	if front := p.Routes[""]; front != nil {
+		for _, r := range front.All() { // sorted by group, version, resource, subresource
+			keys = append(keys, r.Resource)
 		}
+	}
+	var gv *tablev1.GroupVersion
+	for _, r := range keys {
 		if gv == nil || gv.Group != r.Group || gv.Version != r.Version {
 			gv = &tablev1.GroupVersion{Group: r.Group, Version: r.Version}
 			tb.GroupVersions = append(tb.GroupVersions, gv)
 		}
-		gv.Resources = append(gv.Resources, &tablev1.ServedResource{Resource: r.Resource, Subresource: r.Subresource, ServerSet: i})
+		gv.Resources = append(gv.Resources, &tablev1.PublishedResource{Resource: r.Resource, Subresource: r.Subresource})
 	}
-	for g := range t.ServedEverywhere {
-		tb.ServedEverywhereGroups = append(tb.ServedEverywhereGroups, g)
+	locals := slices.Sorted(maps.Keys(p.Routes)) // "" (the front proxy) first
+	for _, local := range locals {
+		rs := p.Routes[local]
+		pp := &tablev1.Plan{LocalApiserver: local, ResourceRoutes: make([]uint32, len(keys))}
+		type wire struct { // what goes on the wire of a route
+			outcome topology.Outcome
+			cluster string
+		}
+		index := map[wire]uint32{}
+		for i, key := range keys {
+			route, _ := rs.Route(key)
+			r := wire{route.Outcome, route.Cluster}
+			n, ok := index[r]
+			if !ok {
+				n = uint32(len(pp.Routes))
+				index[r] = n
+				pp.Routes = append(pp.Routes, &tablev1.Route{Outcome: outcomes[r.outcome], Cluster: r.cluster})
+			}
+			pp.ResourceRoutes[i] = n
+		}
+		tb.Plans = append(tb.Plans, pp)
 	}
-	slices.Sort(tb.ServedEverywhereGroups)
-	if t.Discovery != nil {
-		tb.ApisDiscovery = t.Discovery.JSON
+	if p.Discovery != nil {
+		tb.ApisDiscovery = p.Discovery.JSON
 	}
 	content, err := proto.MarshalOptions{Deterministic: true}.Marshal(tb)
 	if err != nil {
@@ -99,9 +120,10 @@ func build(t *topology.Topology, now time.Time) (*tablev1.Table, []byte) {
 }
 
 // FromProto converts a received table back. It is strict: a table of another format, or one
-// that contradicts itself (a set index out of range, a resource listed twice, an empty
-// apiserver set), is an error wrapping ErrUnsupportedFormat or ErrMalformed, never a panic.
-func FromProto(tb *tablev1.Table) (*topology.Topology, error) {
+// that contradicts itself (a route index out of range, a resource listed twice, a plan
+// without the front proxy's, a route without a cluster), is an error wrapping
+// ErrUnsupportedFormat or ErrMalformed, never a panic.
+func FromProto(tb *tablev1.Table) (*plan.Table, error) {
 	if tb == nil {
 		return nil, fmt.Errorf("%w: no table", ErrMalformed)
 	}
@@ -111,42 +133,57 @@ func FromProto(tb *tablev1.Table) (*topology.Topology, error) {
 	malformed := func(format string, args ...any) error {
 		return fmt.Errorf("table %s: %w: %s", tb.GetVersion(), ErrMalformed, fmt.Sprintf(format, args...))
 	}
-	servers := make([]topology.APIServer, 0, len(tb.GetApiservers()))
+	out := &plan.Table{Routes: make(map[string]*plan.Routes, len(tb.GetPlans())), Discovery: topology.NewDiscovery(tb.GetApisDiscovery())}
 	for _, s := range tb.GetApiservers() {
-		servers = append(servers, topology.APIServer{ID: s.GetId(), Hostname: s.GetHostname(), Address: s.GetAddress(), Alive: s.GetAlive()})
+		out.APIServers = append(out.APIServers, topology.APIServer{ID: s.GetId(), Hostname: s.GetHostname(), Address: s.GetAddress(), Alive: s.GetAlive()})
 	}
-	sets := tb.GetServerSets()
-	for i, s := range sets {
-		ids := s.GetApiserverIds()
-		if len(ids) == 0 {
-			return nil, malformed("server set %d is empty", i)
-		}
-		if slices.Contains(ids, "") {
-			return nil, malformed("server set %d has an empty apiserver ID", i)
-		}
-	}
-	n := 0
-	for _, gv := range tb.GetGroupVersions() {
-		n += len(gv.GetResources())
-	}
-	served := make(map[topology.Resource][]string, n)
+	var keys []topology.Resource
 	for _, gv := range tb.GetGroupVersions() {
 		for _, r := range gv.GetResources() {
-			key := topology.Resource{Group: gv.GetGroup(), Version: gv.GetVersion(), Resource: r.GetResource(), Subresource: r.GetSubresource()}
-			i := r.GetServerSet()
-			if uint64(i) >= uint64(len(sets)) {
-				return nil, malformed("resource %s names server set %d of %d", key, i, len(sets))
-			}
-			if _, dup := served[key]; dup {
-				return nil, malformed("resource %s is listed twice", key)
-			}
-			served[key] = sets[i].GetApiserverIds()
+			keys = append(keys, topology.Resource{Group: gv.GetGroup(), Version: gv.GetVersion(), Resource: r.GetResource(), Subresource: r.GetSubresource()})
 		}
 	}
-	t, err := topology.New(servers, served, tb.GetServedEverywhereGroups())
-	if err != nil {
-		return nil, fmt.Errorf("table %s: %w: %w", tb.GetVersion(), ErrMalformed, err)
+	for _, pp := range tb.GetPlans() {
+		local := pp.GetLocalApiserver()
+		if _, dup := out.Routes[local]; dup {
+			return nil, malformed("two plans for local apiserver %q", local)
+		}
+		if len(pp.GetResourceRoutes()) != len(keys) {
+			return nil, malformed("plan %q routes %d resources of %d", local, len(pp.GetResourceRoutes()), len(keys))
+		}
+		routes := make([]plan.Route, len(pp.GetRoutes()))
+		for i, r := range pp.GetRoutes() {
+			o, ok := outcomeOf(r.GetOutcome())
+			if !ok {
+				return nil, malformed("plan %q: route %d has outcome %v", local, i, r.GetOutcome())
+			}
+			routes[i] = plan.Route{Outcome: o, Cluster: r.GetCluster()}
+		}
+		byKey := make([]plan.Route, len(keys))
+		for i, n := range pp.GetResourceRoutes() {
+			if uint64(n) >= uint64(len(routes)) {
+				return nil, malformed("plan %q: resource %s names route %d of %d", local, keys[i], n, len(routes))
+			}
+			byKey[i] = routes[n]
+			byKey[i].Resource = keys[i]
+		}
+		rs, err := plan.NewRoutes(local, byKey)
+		if err != nil {
+			return nil, malformed("plan %q: %v", local, err)
+		}
+		out.Routes[local] = rs
 	}
-	t.Discovery = topology.NewDiscovery(tb.GetApisDiscovery())
-	return t, nil
+	if out.Routes[""] == nil {
+		return nil, malformed("no plan for the front proxy")
+	}
+	return out, nil
+}
+
+func outcomeOf(o tablev1.Outcome) (topology.Outcome, bool) {
+	for t, w := range outcomes {
+		if w == o {
+			return t, true
+		}
+	}
+	return 0, false
 }

@@ -9,47 +9,76 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/kube-mvp/kube-mvp/internal/plan"
 	"github.com/kube-mvp/kube-mvp/internal/table"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 	tablev1 "github.com/kube-mvp/kube-mvp/proto/kubemvp/table/v1"
 )
 
-func sample(t testing.TB, aliveB bool) *topology.Topology {
+// sample is a three-apiserver table: batch/v1 jobs on cp-a only, pods on cp-a and cp-b (dead
+// when !aliveB), pods/log also naming a gone apiserver, anvils on cp-b only, widgets on the
+// dead cp-c only, and two served-everywhere groups.
+func sample(t testing.TB, aliveB bool) *plan.Table {
 	t.Helper()
 	topo, err := topology.New(
-		[]topology.APIServer{{ID: "apiserver-b", Hostname: "cp-b", Address: "10.0.0.2:6443", Alive: aliveB}, {ID: "apiserver-a", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: true}},
+		[]topology.APIServer{
+			{ID: "apiserver-b", Hostname: "cp-b", Address: "10.0.0.2:6443", Alive: aliveB},
+			{ID: "apiserver-a", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: true},
+			{ID: "apiserver-c", Hostname: "cp-c", Address: "10.0.0.3:6443"},
+		},
 		map[topology.Resource][]string{
 			{Group: "batch", Version: "v1", Resource: "jobs"}:                        {"apiserver-a"},
 			{Group: "batch", Version: "v1", Resource: "jobs", Subresource: "status"}: {"apiserver-a"},
 			{Version: "v1", Resource: "pods"}:                                        {"apiserver-b", "apiserver-a"},
 			{Version: "v1", Resource: "pods", Subresource: "log"}:                    {"apiserver-a", "apiserver-gone"},
+			{Group: "tools.acme.dev", Version: "v1", Resource: "anvils"}:             {"apiserver-b"},
+			{Group: "tools.acme.dev", Version: "v1", Resource: "widgets"}:            {"apiserver-c"},
 		},
 		[]string{"example.com", "acme.io"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return topo
+	return tableOf(t, topo)
 }
 
-// sameTopology says how got differs from want in what the table carries.
-func sameTopology(want, got *topology.Topology) error {
+// tableOf is the routing table of topo, as xds-server publishes it.
+func tableOf(t testing.TB, topo *topology.Topology) *plan.Table {
+	t.Helper()
+	e, err := plan.ForEveryEnvoy(topo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e.Table()
+}
+
+// sameTable says how got differs from want in what the table carries: apiservers, discovery
+// and, per plan, where each published resource goes (outcome and cluster).
+func sameTable(want, got *plan.Table) error {
 	switch {
 	case !reflect.DeepEqual(want.APIServers, got.APIServers):
 		return fmt.Errorf("apiservers %+v, want %+v", got.APIServers, want.APIServers)
-	case !reflect.DeepEqual(want.Served, got.Served):
-		if len(want.Served) != len(got.Served) {
-			return fmt.Errorf("%d served resources, want %d", len(got.Served), len(want.Served))
-		}
-		for r, ids := range want.Served {
-			if !reflect.DeepEqual(got.Served[r], ids) {
-				return fmt.Errorf("%s served by %v, want %v", r, got.Served[r], ids)
-			}
-		}
-		return errors.New("served resources differ")
-	case !reflect.DeepEqual(want.ServedEverywhere, got.ServedEverywhere):
-		return fmt.Errorf("served everywhere %v, want %v", got.ServedEverywhere, want.ServedEverywhere)
 	case !reflect.DeepEqual(want.Discovery, got.Discovery):
 		return errors.New("discovery differs")
+	case len(want.Routes) != len(got.Routes):
+		return fmt.Errorf("%d plans, want %d", len(got.Routes), len(want.Routes))
+	}
+	for local, w := range want.Routes {
+		g := got.Routes[local]
+		if g == nil {
+			return fmt.Errorf("no plan for %q", local)
+		}
+		if g.Default.Outcome != w.Default.Outcome || g.Default.Cluster != w.Default.Cluster {
+			return fmt.Errorf("plan %q: default route %+v, want %+v", local, g.Default, w.Default)
+		}
+		wr, gr := w.All(), g.All()
+		if len(wr) != len(gr) {
+			return fmt.Errorf("plan %q: %d routes, want %d", local, len(gr), len(wr))
+		}
+		for i := range wr {
+			if wr[i].Resource != gr[i].Resource || wr[i].Outcome != gr[i].Outcome || wr[i].Cluster != gr[i].Cluster {
+				return fmt.Errorf("plan %q: %s goes %v to %q, want %v to %q", local, wr[i].Resource, gr[i].Outcome, gr[i].Cluster, wr[i].Outcome, wr[i].Cluster)
+			}
+		}
 	}
 	return nil
 }
@@ -61,16 +90,24 @@ func TestRoundTrip(t *testing.T) {
 	if tb.GetFormat() != table.Format {
 		t.Errorf("format %d, want %d", tb.GetFormat(), table.Format)
 	}
-	// Three resources share apiserver-a; pods and pods/log have sets of their own.
-	if len(tb.GetServerSets()) != 3 {
-		t.Errorf("server sets %v, want the 3 distinct ones", tb.GetServerSets())
+	// The front proxy's plan first, then one per apiserver; each lists its distinct routes
+	// once: the front's cp-a subset (jobs, jobs/status, pods/log), default (pods), cp-b
+	// subset (anvils) and unavailable (widgets).
+	if got := len(tb.GetPlans()); got != 4 || tb.GetPlans()[0].GetLocalApiserver() != "" {
+		t.Fatalf("plans %v, want the front proxy's and one per apiserver", tb.GetPlans())
+	}
+	if front := tb.GetPlans()[0]; len(front.GetResourceRoutes()) != 6 || len(front.GetRoutes()) != 4 {
+		t.Errorf("front plan: %d routes for %d resources, want 4 distinct for 6", len(front.GetRoutes()), len(front.GetResourceRoutes()))
 	}
 	out, err := table.FromProto(tb)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := sameTopology(in, out); err != nil {
-		t.Errorf("round trip changed the topology: %v", err)
+	if err := sameTable(in, out); err != nil {
+		t.Errorf("round trip changed the table: %v", err)
+	}
+	if got := out.Routes[""].Lookup(topology.Resource{Group: "batch", Version: "v1", Resource: "jobs", Subresource: "scale"}); got.Cluster != "kube-apiservers-only-cp-a" {
+		t.Errorf("unpublished subresource of jobs goes to %q, want jobs' cluster", got.Cluster)
 	}
 	if again := table.ToProto(out, time.Unix(99, 0)); again.Version != tb.Version {
 		t.Errorf("version depends on more than content: %s vs %s", again.Version, tb.Version)
@@ -90,44 +127,50 @@ func TestRoundTrip(t *testing.T) {
 	if err := proto.Unmarshal(b, &back); err != nil {
 		t.Fatal(err)
 	}
-	if out, err := table.FromProto(&back); err != nil || sameTopology(in, out) != nil {
-		t.Errorf("after marshalling: %v, %v", err, sameTopology(in, out))
+	if out, err := table.FromProto(&back); err != nil || sameTable(in, out) != nil {
+		t.Errorf("after marshalling: %v, %v", err, sameTable(in, out))
 	}
 }
 
 // TestFromProtoRejects: a table that contradicts itself or is of another format is an error
-// of the right kind, never a panic or a partial topology.
+// of the right kind, never a panic or a partial table.
 func TestFromProtoRejects(t *testing.T) {
-	good := table.ToProto(sample(t, true), time.Unix(1, 0))
+	good := table.ToProto(sample(t, false), time.Unix(1, 0))
 	for _, tc := range []struct {
 		name   string
 		change func(tb *tablev1.Table)
 		want   error
 	}{
 		{"unversioned (the old format)", func(tb *tablev1.Table) { tb.Format = 0 }, table.ErrUnsupportedFormat},
+		{"format 1 (the topology)", func(tb *tablev1.Table) { tb.Format = 1 }, table.ErrUnsupportedFormat},
 		{"newer format", func(tb *tablev1.Table) { tb.Format = table.Format + 1 }, table.ErrUnsupportedFormat},
-		{"set index out of range", func(tb *tablev1.Table) { tb.GroupVersions[0].Resources[0].ServerSet = uint32(len(tb.ServerSets)) }, table.ErrMalformed},
-		{"huge set index", func(tb *tablev1.Table) { tb.GroupVersions[0].Resources[0].ServerSet = 1<<32 - 1 }, table.ErrMalformed},
-		{"no sets at all", func(tb *tablev1.Table) { tb.ServerSets = nil }, table.ErrMalformed},
-		{"empty set", func(tb *tablev1.Table) { tb.ServerSets[0].ApiserverIds = nil }, table.ErrMalformed},
-		{"empty apiserver ID in a set", func(tb *tablev1.Table) { tb.ServerSets[0].ApiserverIds = append(tb.ServerSets[0].ApiserverIds, "") }, table.ErrMalformed},
+		{"route index out of range", func(tb *tablev1.Table) { tb.Plans[0].ResourceRoutes[0] = uint32(len(tb.Plans[0].Routes)) }, table.ErrMalformed},
+		{"huge route index", func(tb *tablev1.Table) { tb.Plans[0].ResourceRoutes[0] = 1<<32 - 1 }, table.ErrMalformed},
+		{"no routes at all", func(tb *tablev1.Table) { tb.Plans[1].Routes = nil }, table.ErrMalformed},
+		{"a resource without a route", func(tb *tablev1.Table) { tb.Plans[0].ResourceRoutes = tb.Plans[0].ResourceRoutes[1:] }, table.ErrMalformed},
+		{"unknown outcome", func(tb *tablev1.Table) { tb.Plans[0].Routes[0].Outcome = 99 }, table.ErrMalformed},
+		{"unspecified outcome", func(tb *tablev1.Table) { tb.Plans[0].Routes[0].Outcome = tablev1.Outcome_OUTCOME_UNSPECIFIED }, table.ErrMalformed},
+		{"a routed outcome without a cluster", func(tb *tablev1.Table) { tb.Plans[0].Routes[0].Cluster = "" }, table.ErrMalformed},
+		{"no front proxy plan", func(tb *tablev1.Table) { tb.Plans = tb.Plans[1:] }, table.ErrMalformed},
+		{"two plans for one apiserver", func(tb *tablev1.Table) { tb.Plans = append(tb.Plans, tb.Plans[1]) }, table.ErrMalformed},
 		{"resource listed twice", func(tb *tablev1.Table) {
 			tb.GroupVersions[0].Resources = append(tb.GroupVersions[0].Resources, tb.GroupVersions[0].Resources[0])
+			for _, p := range tb.Plans {
+				p.ResourceRoutes = append(p.ResourceRoutes, p.ResourceRoutes[0])
+			}
 		}, table.ErrMalformed},
 		{"resource without name", func(tb *tablev1.Table) { tb.GroupVersions[0].Resources[0].Resource = "" }, table.ErrMalformed},
 		{"group/version without version", func(tb *tablev1.Table) { tb.GroupVersions[0].Version = "" }, table.ErrMalformed},
-		{"apiserver without ID", func(tb *tablev1.Table) { tb.Apiservers[0].Id = "" }, table.ErrMalformed},
-		{"apiserver listed twice", func(tb *tablev1.Table) { tb.Apiservers = append(tb.Apiservers, tb.Apiservers[0]) }, table.ErrMalformed},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tb := proto.CloneOf(good)
 			tc.change(tb)
-			topo, err := table.FromProto(tb)
+			got, err := table.FromProto(tb)
 			if !errors.Is(err, tc.want) {
-				t.Fatalf("got %v, %v; want an error wrapping %q", topo, err, tc.want)
+				t.Fatalf("got %v, %v; want an error wrapping %q", got, err, tc.want)
 			}
-			if topo != nil {
-				t.Errorf("a topology came with the error: %+v", topo)
+			if got != nil {
+				t.Errorf("a table came with the error: %+v", got)
 			}
 		})
 	}
@@ -150,8 +193,8 @@ func FuzzFromProto(f *testing.F) {
 	f.Add(good[:len(good)/2])
 	f.Add([]byte{})
 	badIndex, err := proto.Marshal(&tablev1.Table{Format: table.Format, GroupVersions: []*tablev1.GroupVersion{{
-		Version: "v1", Resources: []*tablev1.ServedResource{{Resource: "pods", ServerSet: 7}},
-	}}})
+		Version: "v1", Resources: []*tablev1.PublishedResource{{Resource: "pods"}},
+	}}, Plans: []*tablev1.Plan{{ResourceRoutes: []uint32{7}}}})
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -161,18 +204,18 @@ func FuzzFromProto(f *testing.F) {
 		if proto.Unmarshal(b, &tb) != nil {
 			return
 		}
-		topo, err := table.FromProto(&tb)
+		got, err := table.FromProto(&tb)
 		if err != nil {
 			if !errors.Is(err, table.ErrMalformed) && !errors.Is(err, table.ErrUnsupportedFormat) {
 				t.Fatalf("error of no known kind: %v", err)
 			}
 			return
 		}
-		again, err := table.FromProto(table.ToProto(topo, time.Unix(1, 0)))
+		again, err := table.FromProto(table.ToProto(got, time.Unix(1, 0)))
 		if err != nil {
 			t.Fatalf("FromProto refuses what ToProto made of a table it accepted: %v", err)
 		}
-		if err := sameTopology(topo, again); err != nil {
+		if err := sameTable(got, again); err != nil {
 			t.Fatalf("round trip of an accepted table: %v", err)
 		}
 	})

@@ -308,7 +308,7 @@ func newEnv(t testing.TB, o envOptions) *env {
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	sock := filepath.Join(dir, "extproc.sock")
 	if !o.noExtProc {
-		e.startExtProc(sock, o.local, o.extProc)
+		e.startExtProc(sock, o.extProc)
 	}
 	e.secrets = e.pki.files(t)
 	cfg := snapshot.Config{
@@ -391,12 +391,13 @@ func editExtProc(res *snapshot.Resources, edit func(*extprocfilterv3.ExternalPro
 	return nil
 }
 
-// startExtProc serves srv, or internal/extproc when srv is nil, on the unix socket sock.
-func (e *env) startExtProc(sock, local string, srv extprocv3.ExternalProcessorServer) {
+// startExtProc serves srv, or internal/extproc when srv is nil, on the unix socket sock. A
+// sidecar's local apiserver reaches extproc in the ext_proc streams' metadata, as from Envoy.
+func (e *env) startExtProc(sock string, srv extprocv3.ExternalProcessorServer) {
 	if srv == nil {
 		log := testLogger(e.t)
 		e.ext = extproc.New(extproc.Options{Logger: log})
-		e.ext.SetTopology(extproc.Sidecar(e.topo, "test", local, log))
+		e.ext.SetTopology(e.topo, "test")
 		srv = e.ext
 	}
 	ln, err := net.Listen("unix", sock)

@@ -160,9 +160,6 @@ func Start(ctx context.Context, opts Options) (k *KubeMVP, err error) {
 
 	extArgs := []string{"--source", "xds:" + addrs[0], "--xds-tls-dir", k.ControlPlaneTLS(cptls.RoleExtproc),
 		"--listen", "unix:" + sock, "--admin-address", addrs[2]}
-	if opts.LocalAPIServer != "" {
-		extArgs = append(extArgs, "--local-id", opts.LocalAPIServer)
-	}
 	p, err = startProcess(filepath.Join(dir, "extproc.log"), filepath.Join(opts.BinDir, "extproc"), extArgs...)
 	if err != nil {
 		return nil, err
