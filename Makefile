@@ -12,7 +12,7 @@ REGISTRY ?= ghcr.io/kube-mvp
 ARCHS ?= amd64 arm64
 PUSH ?=
 
-.PHONY: all build images test unit bench kube-binaries vet demo clean proto
+.PHONY: all build images test unit bench kube-binaries vet demo clean proto golden golden-dirs
 
 all: build
 
@@ -47,6 +47,20 @@ bench:
 ## unit: the tests that need no control plane (fast)
 unit:
 	$(GO) test -race -short ./...
+
+# The packages with golden files: those whose tests define an -update flag (their golden
+# tests are named TestGolden...).
+GOLDEN_PKGS ?= $(sort $(dir $(shell grep -rl --include='*_test.go' 'flag\.Bool."update"' internal cmd test tools)))
+
+## golden: regenerate every golden file (internal/plan/testdata/<case>.plan.yaml: fixture ->
+## plan; internal/snapshot/testdata/<case>/<type>.yaml: plan -> Envoy resources) from the
+## current code, removing stale ones; review with git diff and commit (CI checks they are current)
+golden:
+	$(GO) test -count=1 -run '^TestGolden' $(addprefix ./,$(GOLDEN_PKGS)) -args -update
+
+# golden-dirs: the directories make golden writes (.ci/run checks them)
+golden-dirs:
+	@echo $(addsuffix testdata,$(GOLDEN_PKGS))
 
 ## demo: kube-mvp in front of a two-version control plane (cp-b has batch/v1 off), kubectl
 ## through it and through a plain balancer, then up until Ctrl-C (DEMO_FLAGS=--exit to stop)

@@ -20,7 +20,6 @@ import (
 
 	"github.com/kube-mvp/kube-mvp/internal/contract"
 	"github.com/kube-mvp/kube-mvp/internal/inventory/objects"
-	"github.com/kube-mvp/kube-mvp/internal/plan"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 
@@ -197,14 +196,4 @@ func values(hs []header, name string) []string {
 		}
 	}
 	return vs
-}
-
-// tableOf is the routing table of topo, as xds-server publishes it.
-func tableOf(t testing.TB, topo *topology.Topology) *plan.Table {
-	t.Helper()
-	e, err := plan.ForEveryEnvoy(topo)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return e.Table()
 }

@@ -1,14 +1,15 @@
 // Package extproc is kube-mvp's Envoy external processor (envoy.service.ext_proc.v3): for
 // each request on a route whose group/version has mixed serving sets, Envoy sends us the
-// request headers; we decide where the request goes with topology.Decide (the same rule the
-// route tables are built from) and answer with a header mutation that names the cluster in
+// request headers; we look the request up in the plan of that Envoy (the same plan its
+// route tables were translated from: the front proxy's, or a sidecar's, named in the
+// stream's gRPC metadata) and answer with a header mutation that names the cluster in
 // x-kube-mvp-cluster, strips client-supplied identity and routing headers, and forwards the
 // client certificate's identity as front-proxy headers (identity.go), or with an immediate
 // Kubernetes Status 503 when the apiservers that serve the resource are all down.
 //
-// The routing table is swapped atomically with SetTopology by whatever source feeds it:
-// FileSource here, the table stream from xds-server (internal/table.Follow, whose apply
-// callback has SetTopology's signature) next.
+// The routing table (a plan.Table) is swapped atomically with SetTable by whatever source
+// feeds it: the table stream from xds-server (internal/table.Follow, whose apply callback
+// has SetTable's signature) or FileSource.
 package extproc
 
 import (
@@ -105,12 +106,12 @@ func (s *Server) SetTopology(t *topology.Topology, version string) {
 	if t == nil {
 		return
 	}
-	e, err := plan.ForEveryEnvoy(t)
+	tb, err := plan.TableOf(t)
 	if err != nil {
 		s.log.Error("routing table not used: no plan can be made of it", "version", version, "error", err)
 		return
 	}
-	s.SetTable(e.Table(), version)
+	s.SetTable(tb, version)
 }
 
 // SetTable makes p the routing table; requests already being decided finish on the

@@ -101,7 +101,7 @@ func mustJSON(v any) string {
 	return string(b)
 }
 
-// TestDecisions covers every outcome of topology.Decide, subresources and sidecar mode (the
+// TestDecisions covers every outcome of the plan, subresources and sidecar mode (the
 // sidecar's stream names its apiserver in gRPC metadata), over real gRPC streams on a unix
 // socket and on loopback TCP.
 func TestDecisions(t *testing.T) {

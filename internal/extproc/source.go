@@ -84,11 +84,10 @@ func (f *File) build(raw []byte) (*plan.Table, string, error) {
 	if t == nil {
 		return nil, "", fmt.Errorf("%s: no routing table could be built: %w", f.path, errors.Join(errs...))
 	}
-	e, err := plan.ForEveryEnvoy(t)
+	tb, err := plan.TableOf(t)
 	if err != nil {
 		return nil, "", fmt.Errorf("%s: %w", f.path, err)
 	}
-	tb := e.Table()
 	return tb, tablestream.ToProto(tb, time.Time{}).GetVersion(), nil
 }
 

@@ -39,7 +39,7 @@ func TestFileSource(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := tablestream.ToProto(tableOf(t, loadFixture(t, "upgrade.yaml", fixtureNow)), time.Time{}).GetVersion(); version != want {
+	if want := tablestream.ToProto(must(plan.TableOf(loadFixture(t, "upgrade.yaml", fixtureNow))), time.Time{}).GetVersion(); version != want {
 		t.Errorf("version %q, want the table stream's content hash %q", version, want)
 	}
 	svm := topology.Resource{Group: "storagemigration.k8s.io", Version: "v1alpha1", Resource: "storageversionmigrations"}
@@ -121,4 +121,11 @@ func TestFileSourceOptions(t *testing.T) {
 			t.Errorf("%s: error %v should name the file", p, err)
 		}
 	}
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }

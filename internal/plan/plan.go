@@ -262,15 +262,6 @@ func (e *Envoys) For(local string) *Plan {
 	return e.Local[local]
 }
 
-// SubsetClusters are the subset clusters any of the plans name, by name.
-func (e *Envoys) SubsetClusters() map[string]topology.ServerSet {
-	out := e.Front.SubsetClusters()
-	for _, id := range slices.Sorted(maps.Keys(e.Local)) {
-		maps.Copy(out, e.Local[id].SubsetClusters())
-	}
-	return out
-}
-
 // Names are what the routing table built from e lets extproc route to: every cluster of
 // every plan ("cluster NAME") and every live apiserver ("apiserver ID"), the members of
 // the default cluster. The make-before-break publisher compares them between tables.

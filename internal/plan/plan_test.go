@@ -43,7 +43,7 @@ func upgrade(t *testing.T) *topology.Topology {
 	return tp
 }
 
-// TestDecide checks the rule (topology.Decide) and the plan made from it (the route each
+// TestDecide checks the rule (topology.DecideResource) and the plan made from it (the route each
 // request gets, with its cluster) on the same requests.
 func TestDecide(t *testing.T) {
 	tp := upgrade(t)
@@ -81,7 +81,11 @@ func TestDecide(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			d := c.topo.Decide(topology.ParsePathHeader(c.method, c.path))
+			req := topology.ParsePathHeader(c.method, c.path)
+			var d topology.Decision // the rule itself, for a request
+			if req.IsResourceRequest {
+				d = c.topo.DecideResource(topology.Resource{Group: req.APIGroup, Version: req.APIVersion, Resource: req.Resource, Subresource: req.Subresource})
+			}
 			if d.Outcome != c.outcome || !slices.Equal([]string(d.Servers), c.servers) {
 				t.Errorf("%s %s: %v %v, want %v %v", c.method, c.path, d.Outcome, d.Servers, c.outcome, c.servers)
 			}

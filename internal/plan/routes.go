@@ -37,8 +37,9 @@ func NewRoutes(local string, routes []Route) (*Routes, error) {
 	return rs, nil
 }
 
-// Decide is the route of one request: the same answer topology.Decide gives on the plan's
-// topology, looked up instead of computed.
+// Decide is the route of one request: what topology.DecideResource gives on the plan's
+// topology (the default route for requests that are not for a resource), looked up instead
+// of computed.
 func (rs *Routes) Decide(req topology.RequestInfo) Route {
 	if !req.IsResourceRequest {
 		return rs.Default
@@ -111,6 +112,15 @@ type Table struct {
 	// Discovery is the merged /apis discovery of the live apiservers; nil when it cannot
 	// be built.
 	Discovery *topology.Discovery
+}
+
+// TableOf is the routing table of t: the routes of every kind of Envoy's plan.
+func TableOf(t *topology.Topology) (*Table, error) {
+	e, err := ForEveryEnvoy(t)
+	if err != nil {
+		return nil, err
+	}
+	return e.Table(), nil
 }
 
 // Table is the routing table of e.

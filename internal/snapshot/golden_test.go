@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -22,9 +23,15 @@ import (
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 
-var update = flag.Bool("update", false, "rewrite testdata/<case>.out.yaml from the current output")
+var update = flag.Bool("update", false, "rewrite testdata/<case>/<type>.yaml from the current output (make golden)")
+
+// goldenTypes are the golden files of a case, testdata/<case>/<type>.yaml: one per resource
+// type, the keys of the JSON form.
+var goldenTypes = []string{"listeners", "routes", "clusters", "endpoints", "secrets"}
 
 // goldenNow is when the golden fixtures' Leases are judged: 10 s after cp-a's last renewal.
+// internal/plan's golden test, the layer before this one, uses the same goldenNow and
+// sidecarOf; cmd/xds-server's TestTranslateGolden passes them as flags.
 var goldenNow = time.Date(2026, 11, 23, 10, 0, 10, 0, time.UTC)
 
 // sidecarOf names, per case, the apiserver whose sidecar Envoy the case configures.
@@ -92,10 +99,13 @@ func goldenCases(t *testing.T) []string {
 	return names
 }
 
-// TestGolden translates every testdata/<case>.in.yaml and compares the result with
-// <case>.out.yaml; go test ./internal/snapshot -update rewrites the outputs.
+// TestGolden translates every testdata/<case>.in.yaml and compares each resource type with
+// testdata/<case>/<type>.yaml (listeners, routes, clusters, endpoints, secrets); make golden
+// (go test ./internal/snapshot -run TestGolden -update) rewrites them. The plan each case is
+// translated from is internal/plan's golden, testdata/<case>.plan.yaml there.
 func TestGolden(t *testing.T) {
-	for _, name := range goldenCases(t) {
+	names := goldenCases(t)
+	for _, name := range names {
 		t.Run(name, func(t *testing.T) {
 			res, err := snapshot.Build(mustPlan(t, loadCase(t, name)), testConfig())
 			if err != nil {
@@ -104,26 +114,118 @@ func TestGolden(t *testing.T) {
 			if _, err := res.Snapshot(); err != nil {
 				t.Fatalf("Snapshot: %v", err)
 			}
-			got, err := res.ToYAML()
+			byType, err := res.ToYAMLByType()
 			if err != nil {
 				t.Fatal(err)
 			}
-			out := filepath.Join("testdata", name+".out.yaml")
+			if len(byType) != len(goldenTypes) {
+				t.Fatalf("ToYAMLByType: %d types, want %d (%v)", len(byType), len(goldenTypes), goldenTypes)
+			}
+			dir := filepath.Join("testdata", name)
 			if *update {
-				if err := os.WriteFile(out, got, 0o644); err != nil {
+				if err := os.MkdirAll(dir, 0o755); err != nil {
 					t.Fatal(err)
 				}
-				return
 			}
-			want, err := os.ReadFile(out)
-			if err != nil {
-				t.Fatalf("%v (run go test ./internal/snapshot -update to create it)", err)
-			}
-			if !bytes.Equal(got, want) {
-				t.Errorf("%s differs from the output; review the change with\n  go test ./internal/snapshot -run 'TestGolden/%s' -update && git diff %s\n%s", out, name, out, firstDiff(string(want), string(got)))
+			for _, typ := range goldenTypes {
+				got, ok := byType[typ]
+				if !ok {
+					t.Fatalf("ToYAMLByType has no %s", typ)
+				}
+				out := filepath.Join(dir, typ+".yaml")
+				if *update {
+					if err := os.WriteFile(out, got, 0o644); err != nil {
+						t.Fatal(err)
+					}
+					continue
+				}
+				want, err := os.ReadFile(out)
+				if err != nil {
+					t.Errorf("%v (run make golden to create it)", err)
+					continue
+				}
+				if !bytes.Equal(got, want) {
+					t.Errorf("%s differs from the output; review the change with\n  make golden && git diff internal/snapshot/%s\n%s", out, out, firstDiff(string(want), string(got)))
+				}
 			}
 		})
 	}
+	t.Run("no stale goldens", func(t *testing.T) {
+		checkNoStaleGoldens(t, names)
+	})
+}
+
+// checkNoStaleGoldens: testdata holds, besides the fixtures, a directory for each case only,
+// each with the golden files of goldenTypes only. With -update it removes the others.
+func checkNoStaleGoldens(t *testing.T, names []string) {
+	cases := map[string]bool{}
+	for _, n := range names {
+		cases[n] = true
+	}
+	types := map[string]bool{}
+	for _, typ := range goldenTypes {
+		types[typ+".yaml"] = true
+	}
+	// stale reports a path that is no golden; -update removes it if it looks like an old
+	// golden (YAML files only), never anything else.
+	stale := func(path, why string) {
+		if !*update {
+			t.Errorf("%s %s; remove it (make golden removes old YAML goldens)", path, why)
+			return
+		}
+		if !onlyYAML(t, path) {
+			t.Errorf("%s %s and is not only YAML; -update leaves it, remove it by hand", path, why)
+			return
+		}
+		if err := os.RemoveAll(path); err != nil {
+			t.Error(err)
+		}
+	}
+	entries, err := os.ReadDir("testdata")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		path := filepath.Join("testdata", e.Name())
+		switch {
+		case strings.HasSuffix(e.Name(), ".in.yaml"):
+		case !e.IsDir():
+			stale(path, "is neither a fixture (<case>.in.yaml) nor a case's directory of goldens")
+		case !cases[e.Name()]:
+			stale(path, "is the goldens of no fixture (<case>.in.yaml)")
+		default:
+			files, err := os.ReadDir(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, f := range files {
+				if !types[f.Name()] {
+					stale(filepath.Join(path, f.Name()), fmt.Sprintf("is no golden file (%s.yaml)", strings.Join(goldenTypes, ".yaml, ")))
+				}
+			}
+		}
+	}
+}
+
+// onlyYAML: path is a .yaml file, or a directory of .yaml files only.
+func onlyYAML(t *testing.T, path string) bool {
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !fi.IsDir() {
+		return strings.HasSuffix(path, ".yaml")
+	}
+	entries, err := os.ReadDir(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if e.IsDir() || !strings.HasSuffix(e.Name(), ".yaml") {
+			return false
+		}
+	}
+	return true
 }
 
 // firstDiff shows the first differing line, with a little context.

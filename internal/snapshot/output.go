@@ -82,21 +82,30 @@ func (r *Resources) MarshalJSON() ([]byte, error) {
 	v, _ := json.Marshal(r.Version)
 	buf.Write(v)
 	for _, t := range typeOrder {
-		fmt.Fprintf(&buf, `,%q:[`, t.key)
-		for i, res := range t.get(r) {
-			if i > 0 {
-				buf.WriteByte(',')
-			}
-			b, err := resourceJSON(res)
-			if err != nil {
-				return nil, fmt.Errorf("%s %q: %w", kindOf(res), nameOf(res), err)
-			}
-			buf.Write(b)
+		fmt.Fprintf(&buf, `,%q:`, t.key)
+		if err := writeListJSON(&buf, t.get(r)); err != nil {
+			return nil, err
 		}
-		buf.WriteByte(']')
 	}
 	buf.WriteByte('}')
 	return buf.Bytes(), nil
+}
+
+// writeListJSON writes resources as a JSON array of their Any forms.
+func writeListJSON(buf *bytes.Buffer, resources []types.Resource) error {
+	buf.WriteByte('[')
+	for i, res := range resources {
+		if i > 0 {
+			buf.WriteByte(',')
+		}
+		b, err := resourceJSON(res)
+		if err != nil {
+			return fmt.Errorf("%s %q: %w", kindOf(res), nameOf(res), err)
+		}
+		buf.Write(b)
+	}
+	buf.WriteByte(']')
+	return nil
 }
 
 var jsonOptions = protojson.MarshalOptions{UseProtoNames: true, Resolver: protoregistry.GlobalTypes}
@@ -138,4 +147,23 @@ func (r *Resources) ToYAML() ([]byte, error) {
 		return nil, err
 	}
 	return yaml.JSONToYAML(b)
+}
+
+// ToYAMLByType is ToYAML split by resource type: for each key of the JSON form but version
+// ("listeners", "routes", "clusters", "endpoints", "secrets"), that type's list as YAML, the
+// same text ToYAML prints under the key. The golden files keep one per type.
+func (r *Resources) ToYAMLByType() (map[string][]byte, error) {
+	out := make(map[string][]byte, len(typeOrder))
+	for _, t := range typeOrder {
+		var buf bytes.Buffer
+		if err := writeListJSON(&buf, t.get(r)); err != nil {
+			return nil, err
+		}
+		y, err := yaml.JSONToYAML(buf.Bytes())
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", t.key, err)
+		}
+		out[t.key] = y
+	}
+	return out, nil
 }

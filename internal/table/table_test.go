@@ -44,11 +44,11 @@ func sample(t testing.TB, aliveB bool) *plan.Table {
 // tableOf is the routing table of topo, as xds-server publishes it.
 func tableOf(t testing.TB, topo *topology.Topology) *plan.Table {
 	t.Helper()
-	e, err := plan.ForEveryEnvoy(topo)
+	tb, err := plan.TableOf(topo)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return e.Table()
+	return tb
 }
 
 // sameTable says how got differs from want in what the table carries: apiservers, discovery

@@ -4,7 +4,7 @@ import (
 	"slices"
 )
 
-// Outcome is where a request goes; see Decide.
+// Outcome is where a request goes; see DecideResource.
 type Outcome int
 
 const (
@@ -48,21 +48,10 @@ type Decision struct {
 	Servers ServerSet
 }
 
-// Decide is the one routing rule of kube-mvp (README, "Design"). internal/plan applies it
-// to every published resource once per topology change; everything else reads the plan.
-func (t *Topology) Decide(req RequestInfo) Decision {
-	if !req.IsResourceRequest {
-		return Decision{Outcome: Default}
-	}
-	return t.DecideResource(Resource{
-		Group:       req.APIGroup,
-		Version:     req.APIVersion,
-		Resource:    req.Resource,
-		Subresource: req.Subresource,
-	})
-}
-
-// DecideResource decides for a request on resource r.
+// DecideResource is the one routing rule of kube-mvp (README, "Design"): where a request
+// on resource r goes. internal/plan applies it to every published resource once per topology
+// change; everything else reads the plan. Requests that are not for a resource go to the
+// default set.
 func (t *Topology) DecideResource(r Resource) Decision {
 	if t.ServedEverywhere[r.Group] {
 		return Decision{Outcome: Default}

@@ -1,7 +1,8 @@
 // Package topology is the pure model at the centre of kube-mvp: which apiservers exist, which
-// are alive, and which of them serve each group/version/resource. Both the Envoy route tables
-// (internal/snapshot) and the per-request choice (internal/extproc) are derived from one
-// Topology through one Decide function, so they cannot disagree.
+// are alive, and which of them serve each group/version/resource, and the one routing rule
+// (DecideResource). internal/plan applies the rule once per topology; the Envoy configuration
+// (internal/snapshot) and the per-request choice (internal/extproc) both read that plan, so
+// they cannot disagree.
 //
 // Nothing here talks to Kubernetes or reads a clock: internal/inventory builds a Topology from
 // watched objects, and everything downstream is a function of it.

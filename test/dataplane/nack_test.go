@@ -3,6 +3,7 @@ package dataplane
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"net"
 	"os"
 	"path/filepath"
@@ -214,26 +215,40 @@ func TestNACKOverADS(t *testing.T) {
 	}
 }
 
-// TestGoldenConfigsAccepted: every golden output of internal/snapshot is accepted whole: the
-// data plane implements every field our configuration uses. The secrets' files are the
-// chart's layout (/etc/kube-mvp/<secret>/...), moved under a directory holding real ones.
+// TestGoldenConfigsAccepted: every golden output of internal/snapshot (one directory per
+// case, one file per resource type) is accepted whole: the data plane implements every field
+// our configuration uses. The secrets' files are the chart's layout
+// (/etc/kube-mvp/<secret>/...), moved under a directory holding real ones.
 func TestGoldenConfigsAccepted(t *testing.T) {
-	files, err := filepath.Glob(filepath.Join("..", "..", "internal", "snapshot", "testdata", "*.out.yaml"))
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no golden files: %v", err)
+	testdata := filepath.Join("..", "..", "internal", "snapshot", "testdata")
+	ins, err := filepath.Glob(filepath.Join(testdata, "*.in.yaml"))
+	if err != nil || len(ins) == 0 {
+		t.Fatalf("no golden fixtures: %v", err)
 	}
 	root := filepath.Dir(filepath.Dir(newPKI(t).files(t).ServingCert)) // .../serving/tls.crt
-	for _, f := range files {
-		t.Run(filepath.Base(f), func(t *testing.T) {
-			y, err := os.ReadFile(f)
-			if err != nil {
-				t.Fatal(err)
+	for _, in := range ins {
+		name := strings.TrimSuffix(filepath.Base(in), ".in.yaml")
+		t.Run(name, func(t *testing.T) {
+			// The config dump translate -o json prints, from the case's golden files.
+			dump := map[string]json.RawMessage{"version": json.RawMessage(`"golden"`)}
+			var all []byte
+			for _, typ := range []string{"listeners", "routes", "clusters", "endpoints", "secrets"} {
+				y, err := os.ReadFile(filepath.Join(testdata, name, typ+".yaml"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				all = append(all, y...)
+				y = bytes.ReplaceAll(y, []byte(" /etc/kube-mvp/"), []byte(" "+root+"/"))
+				js, err := yaml.YAMLToJSON(y)
+				if err != nil {
+					t.Fatalf("%s: %v", typ, err)
+				}
+				dump[typ] = js
 			}
-			if !bytes.Contains(y, []byte("filename: /etc/kube-mvp/")) {
-				t.Fatal("the golden file refers to no secret file under /etc/kube-mvp/")
+			if !bytes.Contains(all, []byte("filename: /etc/kube-mvp/")) {
+				t.Fatal("the golden files refer to no secret file under /etc/kube-mvp/")
 			}
-			y = bytes.ReplaceAll(y, []byte(" /etc/kube-mvp/"), []byte(" "+root+"/"))
-			js, err := yaml.YAMLToJSON(y)
+			js, err := json.Marshal(dump)
 			if err != nil {
 				t.Fatal(err)
 			}
