@@ -10,9 +10,13 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/kube-mvp/kube-mvp/internal/fixtures"
 )
 
-const goldenDir = "../../internal/snapshot/testdata"
+// goldenDir holds the fixtures and, per case, the snapshot goldens (internal/fixtures).
+var goldenDir = fixtures.Dir()
 
 // secretFlags name the files the snapshot golden tests use (see
 // internal/snapshot/golden_test.go): paths in Envoy's file system, never opened here.
@@ -37,17 +41,11 @@ var goldenTypes = []string{"listeners", "routes", "clusters", "endpoints", "secr
 // and extproc address, in front-proxy and (case sidecar) sidecar mode; and nothing but the
 // types and the version.
 func TestTranslateGolden(t *testing.T) {
-	sidecarOf := map[string]string{"sidecar": "apiserver-nxibzygiy5v5qmcjmernh6erfe"} // as in internal/snapshot
-	ins, err := filepath.Glob(filepath.Join(goldenDir, "*.in.yaml"))
-	if err != nil || len(ins) == 0 {
-		t.Fatalf("no fixtures in %s: %v", goldenDir, err)
-	}
-	for _, in := range ins {
-		name := strings.TrimSuffix(filepath.Base(in), ".in.yaml")
+	for _, name := range fixtures.Names(t) {
 		t.Run(name, func(t *testing.T) {
-			args := append([]string{"translate", "-f", in, "-o", "yaml",
-				"--now", "2026-11-23T10:00:10Z", "--extproc-address=unix:/run/kube-mvp/extproc.sock"}, secretFlags...)
-			if id := sidecarOf[name]; id != "" {
+			args := append([]string{"translate", "-f", fixtures.Path(name), "-o", "yaml",
+				"--now", fixtures.Now.Format(time.RFC3339), "--extproc-address=unix:/run/kube-mvp/extproc.sock"}, secretFlags...)
+			if id := fixtures.SidecarOf(name); id != "" {
 				args = append(args, "--node-id", id)
 			}
 			code, out, errOut := runCmd(args...)
@@ -79,7 +77,7 @@ func TestTranslateGolden(t *testing.T) {
 				}
 				delete(sections, typ)
 				if got != string(want) {
-					t.Errorf("%s: output differs from %s\n%s", typ, golden, firstDiff(string(want), got))
+					t.Errorf("%s: output differs from %s\n%s", typ, golden, fixtures.FirstDiff(string(want), got))
 				}
 			}
 			for key := range sections {
@@ -120,24 +118,6 @@ func splitTopLevel(y string) (map[string]string, error) {
 		}
 	}
 	return out, nil
-}
-
-// firstDiff shows the first differing line.
-func firstDiff(want, got string) string {
-	w, g := strings.Split(want, "\n"), strings.Split(got, "\n")
-	for i := 0; i < len(w) || i < len(g); i++ {
-		var wl, gl string
-		if i < len(w) {
-			wl = w[i]
-		}
-		if i < len(g) {
-			gl = g[i]
-		}
-		if wl != gl {
-			return fmt.Sprintf("first difference at line %d:\n  want: %s\n  got:  %s", i+1, wl, gl)
-		}
-	}
-	return ""
 }
 
 // TestTranslateJSON: the default output is one JSON object with the resources by type; without

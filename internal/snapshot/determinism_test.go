@@ -3,9 +3,9 @@ package snapshot_test
 import (
 	"bytes"
 	"math/rand/v2"
-	"path/filepath"
 	"testing"
 
+	"github.com/kube-mvp/kube-mvp/internal/fixtures"
 	"github.com/kube-mvp/kube-mvp/internal/inventory/objects"
 	"github.com/kube-mvp/kube-mvp/internal/snapshot"
 )
@@ -14,7 +14,7 @@ import (
 // resources and subresources inside each discovery document.
 func shuffled(t *testing.T, name string, r *rand.Rand) objects.Objects {
 	t.Helper()
-	objs, err := objects.LoadFixture(filepath.Join("testdata", name+".in.yaml"))
+	objs, err := objects.LoadFixture(fixtures.Path(name))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,17 +50,17 @@ func shuffled(t *testing.T, name string, r *rand.Rand) objects.Objects {
 // TestDeterminism: the same control plane, described in any order, yields byte-identical
 // resources and versions, so replicas of the xds server agree.
 func TestDeterminism(t *testing.T) {
-	for _, name := range goldenCases(t) {
+	for _, name := range fixtures.Names(t) {
 		t.Run(name, func(t *testing.T) {
 			var first []byte
 			var firstVersion string
 			for seed := range uint64(5) {
 				objs := shuffled(t, name, rand.New(rand.NewPCG(seed, seed*7919+1)))
-				topo, errs := objects.Build(objs, objects.Options{Now: goldenNow})
+				topo, errs := objects.Build(objs, objects.Options{Now: fixtures.Now})
 				if len(errs) > 0 {
 					t.Fatal(errs)
 				}
-				if id := sidecarOf[name]; id != "" {
+				if id := fixtures.SidecarOf(name); id != "" {
 					topo = topo.WithLocal(id)
 				}
 				res, err := snapshot.Build(mustPlan(t, topo), testConfig())

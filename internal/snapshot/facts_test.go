@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kube-mvp/kube-mvp/internal/contract"
+	"github.com/kube-mvp/kube-mvp/internal/fixtures"
 	"github.com/kube-mvp/kube-mvp/internal/plan"
 	"github.com/kube-mvp/kube-mvp/internal/snapshot"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
@@ -138,7 +139,7 @@ func TestRoutingFacts(t *testing.T) {
 			members:   map[string][]string{contract.ClusterDefault: {"cp-a", "cp-b"}},
 		},
 	}
-	for _, name := range goldenCases(t) {
+	for _, name := range fixtures.Names(t) {
 		t.Run(name, func(t *testing.T) {
 			w, ok := cases[name]
 			if !ok {

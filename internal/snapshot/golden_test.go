@@ -1,7 +1,6 @@
 package snapshot_test
 
 import (
-	"bytes"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -9,7 +8,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -17,7 +15,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoregistry"
 	"google.golang.org/protobuf/types/known/anypb"
 
-	"github.com/kube-mvp/kube-mvp/internal/inventory/objects"
+	"github.com/kube-mvp/kube-mvp/internal/fixtures"
 	"github.com/kube-mvp/kube-mvp/internal/plan"
 	"github.com/kube-mvp/kube-mvp/internal/snapshot"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
@@ -28,16 +26,6 @@ var update = flag.Bool("update", false, "rewrite testdata/<case>/<type>.yaml fro
 // goldenTypes are the golden files of a case, testdata/<case>/<type>.yaml: one per resource
 // type, the keys of the JSON form.
 var goldenTypes = []string{"listeners", "routes", "clusters", "endpoints", "secrets"}
-
-// goldenNow is when the golden fixtures' Leases are judged: 10 s after cp-a's last renewal.
-// internal/plan's golden test, the layer before this one, uses the same goldenNow and
-// sidecarOf; cmd/xds-server's TestTranslateGolden passes them as flags.
-var goldenNow = time.Date(2026, 11, 23, 10, 0, 10, 0, time.UTC)
-
-// sidecarOf names, per case, the apiserver whose sidecar Envoy the case configures.
-var sidecarOf = map[string]string{
-	"sidecar": "apiserver-nxibzygiy5v5qmcjmernh6erfe", // cp-b
-}
 
 func testConfig() snapshot.Config {
 	return snapshot.Config{
@@ -54,25 +42,8 @@ func testConfig() snapshot.Config {
 	}
 }
 
-// loadCase builds the topology of testdata/<name>.in.yaml as the inventory would at goldenNow.
-func loadCase(t testing.TB, name string) *topology.Topology {
-	t.Helper()
-	objs, err := objects.LoadFixture(filepath.Join("testdata", name+".in.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	topo, errs := objects.Build(objs, objects.Options{Now: goldenNow})
-	for _, err := range errs {
-		t.Errorf("inventory: %v", err)
-	}
-	if topo == nil {
-		t.FailNow()
-	}
-	if id := sidecarOf[name]; id != "" {
-		topo = topo.WithLocal(id)
-	}
-	return topo
-}
+// loadCase is the topology of a fixture (internal/fixtures).
+func loadCase(t testing.TB, name string) *topology.Topology { return fixtures.Topology(t, name) }
 
 // mustPlan is the plan of topo, as xds-server makes it before translating.
 func mustPlan(t testing.TB, topo *topology.Topology) *plan.Plan {
@@ -84,27 +55,12 @@ func mustPlan(t testing.TB, topo *topology.Topology) *plan.Plan {
 	return p
 }
 
-func goldenCases(t *testing.T) []string {
-	ins, err := filepath.Glob(filepath.Join("testdata", "*.in.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(ins) == 0 {
-		t.Fatal("no testdata/*.in.yaml")
-	}
-	var names []string
-	for _, in := range ins {
-		names = append(names, strings.TrimSuffix(filepath.Base(in), ".in.yaml"))
-	}
-	return names
-}
-
-// TestGolden translates every testdata/<case>.in.yaml and compares each resource type with
+// TestGolden translates the plan of every fixture (internal/fixtures) and compares each resource type with
 // testdata/<case>/<type>.yaml (listeners, routes, clusters, endpoints, secrets); make golden
 // (go test ./internal/snapshot -run TestGolden -update) rewrites them. The plan each case is
 // translated from is internal/plan's golden, testdata/<case>.plan.yaml there.
 func TestGolden(t *testing.T) {
-	names := goldenCases(t)
+	names := fixtures.Names(t)
 	for _, name := range names {
 		t.Run(name, func(t *testing.T) {
 			res, err := snapshot.Build(mustPlan(t, loadCase(t, name)), testConfig())
@@ -121,32 +77,12 @@ func TestGolden(t *testing.T) {
 			if len(byType) != len(goldenTypes) {
 				t.Fatalf("ToYAMLByType: %d types, want %d (%v)", len(byType), len(goldenTypes), goldenTypes)
 			}
-			dir := filepath.Join("testdata", name)
-			if *update {
-				if err := os.MkdirAll(dir, 0o755); err != nil {
-					t.Fatal(err)
-				}
-			}
 			for _, typ := range goldenTypes {
 				got, ok := byType[typ]
 				if !ok {
 					t.Fatalf("ToYAMLByType has no %s", typ)
 				}
-				out := filepath.Join(dir, typ+".yaml")
-				if *update {
-					if err := os.WriteFile(out, got, 0o644); err != nil {
-						t.Fatal(err)
-					}
-					continue
-				}
-				want, err := os.ReadFile(out)
-				if err != nil {
-					t.Errorf("%v (run make golden to create it)", err)
-					continue
-				}
-				if !bytes.Equal(got, want) {
-					t.Errorf("%s differs from the output; review the change with\n  make golden && git diff internal/snapshot/%s\n%s", out, out, firstDiff(string(want), string(got)))
-				}
+				fixtures.Golden(t, filepath.Join("testdata", name, typ+".yaml"), got, *update)
 			}
 		})
 	}
@@ -226,37 +162,6 @@ func onlyYAML(t *testing.T, path string) bool {
 		}
 	}
 	return true
-}
-
-// firstDiff shows the first differing line, with a little context.
-func firstDiff(want, got string) string {
-	w, g := strings.Split(want, "\n"), strings.Split(got, "\n")
-	for i := 0; i < len(w) || i < len(g); i++ {
-		var wl, gl string
-		if i < len(w) {
-			wl = w[i]
-		}
-		if i < len(g) {
-			gl = g[i]
-		}
-		if wl != gl {
-			return "first difference at line " + itoa(i+1) + ":\n  want: " + wl + "\n  got:  " + gl
-		}
-	}
-	return ""
-}
-
-func itoa(i int) string {
-	var b [20]byte
-	n := len(b)
-	for {
-		n--
-		b[n] = byte('0' + i%10)
-		i /= 10
-		if i == 0 {
-			return string(b[n:])
-		}
-	}
 }
 
 // TestJSONRoundTrip: every element of the JSON form decodes strictly (with its "@type") back

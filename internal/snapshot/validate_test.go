@@ -2,6 +2,7 @@ package snapshot_test
 
 import (
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -170,7 +171,7 @@ func TestExtProcAddress(t *testing.T) {
 			if p := a.GetPipe(); p != nil {
 				got = c.GetType().String() + " pipe " + p.GetPath()
 			} else {
-				got = c.GetType().String() + " " + a.GetSocketAddress().GetAddress() + ":" + itoa(int(a.GetSocketAddress().GetPortValue()))
+				got = c.GetType().String() + " " + a.GetSocketAddress().GetAddress() + ":" + strconv.Itoa(int(a.GetSocketAddress().GetPortValue()))
 			}
 		}
 		if got != want {

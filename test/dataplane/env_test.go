@@ -30,6 +30,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/kube-mvp/kube-mvp/internal/extproc"
+	"github.com/kube-mvp/kube-mvp/internal/fixtures"
 	"github.com/kube-mvp/kube-mvp/internal/inventory/objects"
 	"github.com/kube-mvp/kube-mvp/internal/makebeforebreak"
 	"github.com/kube-mvp/kube-mvp/internal/plan"
@@ -281,7 +282,7 @@ func newEnv(t testing.TB, o envOptions) *env {
 		o.tick, o.ticks = 100*time.Millisecond, 5
 	}
 	e := &env{t: t, pki: newPKI(t), apiservers: map[string]*fakeAPIServer{}}
-	raw, err := os.ReadFile(filepath.Join("..", "..", "internal", "snapshot", "testdata", o.fixture+".in.yaml"))
+	raw, err := os.ReadFile(fixtures.Path(o.fixture))
 	if err != nil {
 		t.Fatal(err)
 	}

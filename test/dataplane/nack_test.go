@@ -28,6 +28,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	"sigs.k8s.io/yaml"
 
+	"github.com/kube-mvp/kube-mvp/internal/fixtures"
 	"github.com/kube-mvp/kube-mvp/internal/inventory/objects"
 	"github.com/kube-mvp/kube-mvp/internal/plan"
 	"github.com/kube-mvp/kube-mvp/internal/snapshot"
@@ -36,7 +37,7 @@ import (
 // buildResources translates a fixture with test secrets and an extproc on a unix socket.
 func buildResources(t *testing.T, fixture string) *snapshot.Resources {
 	t.Helper()
-	objs, err := objects.LoadFixture(filepath.Join("..", "..", "internal", "snapshot", "testdata", fixture+".in.yaml"))
+	objs, err := objects.LoadFixture(fixtures.Path(fixture))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -220,7 +221,7 @@ func TestNACKOverADS(t *testing.T) {
 // our configuration uses. The secrets' files are the chart's layout
 // (/etc/kube-mvp/<secret>/...), moved under a directory holding real ones.
 func TestGoldenConfigsAccepted(t *testing.T) {
-	testdata := filepath.Join("..", "..", "internal", "snapshot", "testdata")
+	testdata := fixtures.Dir()
 	ins, err := filepath.Glob(filepath.Join(testdata, "*.in.yaml"))
 	if err != nil || len(ins) == 0 {
 		t.Fatalf("no golden fixtures: %v", err)
