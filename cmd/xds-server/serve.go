@@ -167,8 +167,8 @@ func translator(cfg snapshot.Config, log *slog.Logger) xds.Translator {
 		if res == nil {
 			return nil, err
 		}
-		for _, e := range unjoin(err) {
-			if e != nil {
+		if merr, ok := err.(*multierror.Error); ok { // Resources despite problems: each an *AddressError
+			for _, e := range merr.Errors {
 				log.Warn("apiserver left out of the endpoints", "error", e)
 			}
 		}

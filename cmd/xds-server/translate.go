@@ -126,8 +126,8 @@ func runTranslate(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "xds-server translate: %v\n", err)
 		return 1
 	}
-	if err != nil {
-		for _, e := range unjoin(err) {
+	if merr, ok := err.(*multierror.Error); ok { // Resources despite problems: warn of each
+		for _, e := range merr.Errors {
 			fmt.Fprintf(stderr, "warning: %v\n", e)
 		}
 	}
@@ -146,12 +146,4 @@ func runTranslate(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
-}
-
-// unjoin splits an errors.Join error into its parts.
-func unjoin(err error) []error {
-	if j, ok := err.(interface{ Unwrap() []error }); ok {
-		return j.Unwrap()
-	}
-	return []error{err}
 }

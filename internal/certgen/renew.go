@@ -10,6 +10,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/hashicorp/go-multierror"
+
+	"github.com/kube-mvp/kube-mvp/internal/cli"
 	"github.com/kube-mvp/kube-mvp/internal/cptls"
 )
 
@@ -150,10 +153,10 @@ func Renew(now time.Time, cur State, want []Spec, p Policy) (State, []Change, er
 		return State{}, nil, errors.New("certgen: Renew needs the current time")
 	}
 	if errs := p.Validate(); len(errs) > 0 {
-		return State{}, nil, fmt.Errorf("certgen: policy: %w", errors.Join(errs...))
+		return State{}, nil, fmt.Errorf("certgen: policy: %w", multierror.Append(&multierror.Error{ErrorFormat: cli.Lines}, errs...).ErrorOrNil())
 	}
 	if errs := ValidateSpecs(want); len(errs) > 0 {
-		return State{}, nil, fmt.Errorf("certgen: %w", errors.Join(errs...))
+		return State{}, nil, fmt.Errorf("certgen: %w", multierror.Append(&multierror.Error{ErrorFormat: cli.Lines}, errs...).ErrorOrNil())
 	}
 	r := &renewal{now: now, p: p}
 	out, err := r.run(cur, want)

@@ -1,6 +1,9 @@
 // Package cli is the command-line convention of kube-mvp's binaries, on spf13/pflag: a bad
 // command line gets every problem reported at once, each naming its flag and what to fix, and
 // a usage text made from the flag definitions, so that each default is written once.
+//
+// It also holds how kube-mvp collects several errors, command line or not: in a
+// github.com/hashicorp/go-multierror Error, printed as Err does here or as Lines does.
 package cli
 
 import (
@@ -113,6 +116,17 @@ func Err(errs *multierror.Error) error {
 		}
 	}
 	return errs.ErrorOrNil()
+}
+
+// Lines is a multierror.ErrorFormatFunc that prints each error on a line of its own and
+// nothing else, as errors.Join does: set it as ErrorFormat where several problems are reported
+// together, e.g. multierror.Append(&multierror.Error{ErrorFormat: cli.Lines}, errs...).
+func Lines(es []error) string {
+	lines := make([]string, len(es))
+	for i, e := range es {
+		lines[i] = e.Error()
+	}
+	return strings.Join(lines, "\n")
 }
 
 // Usage is a command's usage text: intro, fs's flags with their defaults, outro.

@@ -3,12 +3,14 @@ package extproc
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"time"
 
+	"github.com/hashicorp/go-multierror"
+
+	"github.com/kube-mvp/kube-mvp/internal/cli"
 	"github.com/kube-mvp/kube-mvp/internal/inventory/objects"
 	"github.com/kube-mvp/kube-mvp/internal/plan"
 	tablestream "github.com/kube-mvp/kube-mvp/internal/table"
@@ -82,7 +84,7 @@ func (f *File) build(raw []byte) (*plan.Table, string, error) {
 		f.log.Warn("routing table source: object skipped", "file", f.path, "error", e)
 	}
 	if t == nil {
-		return nil, "", fmt.Errorf("%s: no routing table could be built: %w", f.path, errors.Join(errs...))
+		return nil, "", fmt.Errorf("%s: no routing table could be built: %w", f.path, multierror.Append(&multierror.Error{ErrorFormat: cli.Lines}, errs...).ErrorOrNil())
 	}
 	tb, err := plan.TableOf(t)
 	if err != nil {

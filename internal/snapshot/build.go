@@ -13,9 +13,11 @@ import (
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/hashicorp/go-multierror"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/kube-mvp/kube-mvp/internal/cli"
 	"github.com/kube-mvp/kube-mvp/internal/plan"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
@@ -84,10 +86,11 @@ func (e *AddressError) Error() string {
 // Build translates a plan into Envoy resources. It is pure: the output depends only on p
 // and cfg, byte for byte. It decides nothing: every cluster, route and outcome is p's.
 //
-// Every problem is reported (joined with errors.Join), not only the first. When every problem
-// is an *AddressError (an apiserver whose endpoint had to be left out), Build returns the
-// Resources without those endpoints together with the error, so a caller can choose degraded
-// service over none; any other error means no Resources.
+// Every problem is reported, not only the first: the error is then a *multierror.Error
+// (github.com/hashicorp/go-multierror) whose Errors are the problems, printed one per line.
+// When every problem is an *AddressError (an apiserver whose endpoint had to be left out),
+// Build returns the Resources without those endpoints together with that error, so a caller
+// can choose degraded service over none; any other error means no Resources.
 func Build(p *plan.Plan, cfg Config) (*Resources, error) {
 	if p == nil || p.Topology == nil {
 		return nil, errors.New("snapshot: no plan")
@@ -95,7 +98,7 @@ func Build(p *plan.Plan, cfg Config) (*Resources, error) {
 	c, errs := cfg.check()
 	if len(errs) > 0 {
 		// Building from a bad config would only add noise to the report.
-		return nil, errors.Join(errs...)
+		return nil, joined(errs)
 	}
 	b := &builder{p: p, t: p.Topology, cfg: c}
 	res := &Resources{}
@@ -121,12 +124,17 @@ func Build(p *plan.Plan, cfg Config) (*Resources, error) {
 		return !errors.As(err, &ae)
 	})
 	if fatal {
-		return nil, errors.Join(b.errs...)
+		return nil, joined(b.errs)
 	}
 	if err := res.computeVersions(); err != nil {
 		return nil, err
 	}
-	return res, errors.Join(b.errs...)
+	return res, joined(b.errs)
+}
+
+// joined is errs as one *multierror.Error printed one per line, or nil if there are none.
+func joined(errs []error) error {
+	return multierror.Append(&multierror.Error{ErrorFormat: cli.Lines}, errs...).ErrorOrNil()
 }
 
 // builder carries one translation.

@@ -12,6 +12,7 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/hashicorp/go-multierror"
 	"google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -21,6 +22,8 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/kube-mvp/kube-mvp/internal/cli"
 )
 
 // localAPIServerKey is the node metadata key of internal/xds (sidecar mode).
@@ -255,7 +258,7 @@ func (d *DataPlane) nack(errs []error) error {
 }
 
 func (d *DataPlane) nackLocked(errs []error) error {
-	err := errors.Join(errs...)
+	err := multierror.Append(&multierror.Error{ErrorFormat: cli.Lines}, errs...).ErrorOrNil()
 	d.nacks = append(d.nacks, err.Error())
 	d.stats.inc("dataplane.xds.nacks")
 	return err
@@ -327,7 +330,7 @@ func (d *DataPlane) loadStatic(raw []byte) error {
 		}
 	}
 	if len(errs) > 0 {
-		d.log.Warn("static configuration rejected", "error", errors.Join(errs...))
+		d.log.Warn("static configuration rejected", "error", multierror.Append(&multierror.Error{ErrorFormat: cli.Lines}, errs...).ErrorOrNil())
 	}
 	return nil
 }

@@ -25,9 +25,12 @@ import (
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/hashicorp/go-multierror"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/kube-mvp/kube-mvp/internal/cli"
 )
 
 // config is one applied configuration: the raw resources (for /config_dump) and their
@@ -905,7 +908,7 @@ func resolveSecret(s *tlsv3.Secret) (*tlsv3.Secret, error) {
 	if vc := out.GetValidationContext(); vc != nil {
 		read(vc.GetTrustedCa())
 	}
-	return out, errors.Join(errs...)
+	return out, multierror.Append(&multierror.Error{ErrorFormat: cli.Lines}, errs...).ErrorOrNil()
 }
 
 // hasFiles reports whether a secret refers to any file.

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-multierror"
+
 	"github.com/kube-mvp/kube-mvp/internal/inventory/objects"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
@@ -171,8 +173,8 @@ spec: {holderIdentity: 7, bogus: true}
 			t.Errorf("error %q does not contain %q", err, want)
 		}
 	}
-	var joined interface{ Unwrap() []error }
-	if !errors.As(err, &joined) || len(joined.Unwrap()) != 2 {
+	var joined *multierror.Error
+	if !errors.As(err, &joined) || len(joined.Errors) != 2 {
 		t.Errorf("want both documents reported, got %v", err)
 	}
 }

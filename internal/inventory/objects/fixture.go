@@ -8,12 +8,15 @@ import (
 	"io"
 	"os"
 
+	"github.com/hashicorp/go-multierror"
 	apidiscoveryv2 "k8s.io/api/apidiscovery/v2"
 	apiserverinternalv1alpha1 "k8s.io/api/apiserverinternal/v1alpha1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
+
+	"github.com/kube-mvp/kube-mvp/internal/cli"
 )
 
 // A fixture is a YAML stream of ordinary Kubernetes objects, the offline twin of what the
@@ -82,7 +85,7 @@ func DecodeFixture(r io.Reader) (Objects, error) {
 			errs = append(errs, fmt.Errorf("document %d: %w", doc, err))
 		}
 	}
-	return objs, errors.Join(errs...)
+	return objs, multierror.Append(&multierror.Error{ErrorFormat: cli.Lines}, errs...).ErrorOrNil()
 }
 
 func isOnlyComments(raw []byte) bool {
@@ -151,7 +154,7 @@ func decodeDocument(raw []byte, objs *Objects) error {
 				errs = append(errs, fmt.Errorf("item %d: %w", i, err))
 			}
 		}
-		return errors.Join(errs...)
+		return multierror.Append(&multierror.Error{ErrorFormat: cli.Lines}, errs...).ErrorOrNil()
 	}
 	return nil
 }
