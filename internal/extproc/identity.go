@@ -9,6 +9,7 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 
 	"github.com/kube-mvp/kube-mvp/internal/contract"
+	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 
 // Client identity: the front-proxy half (README, "Identity" and "Security model").
@@ -59,14 +60,29 @@ import (
 // trailing white space, which HTTP servers strip, turning " system:admin" into
 // "system:admin") make the whole identity rejected rather than altered.
 
-// Header names. Envoy hands us lower-case names; we compare case-insensitively anyway.
-const (
+// credentialIDKey is "authentication.kubernetes.io/credential-id" (k8s.io/apiserver
+// user.CredentialIDKey) percent-encoded, as the requestheader authenticator path-unescapes
+// extra keys; its header is the first extra prefix plus this.
+const credentialIDKey = "authentication.kubernetes.io%2fcredential-id"
 
-	// headerCredentialID is X-Remote-Extra- plus "authentication.kubernetes.io/credential-id"
-	// (k8s.io/apiserver user.CredentialIDKey) percent-encoded, as the requestheader
-	// authenticator path-unescapes extra keys.
-	headerCredentialID = contract.HeaderRemoteExtraPrefix + "authentication.kubernetes.io%2fcredential-id"
-)
+// identityHeaders are the header names identities are forwarded in: the first of each of the
+// routing table's RequestHeaders (Envoy hands us lower-case names; we compare
+// case-insensitively anyway).
+type identityHeaders struct {
+	user, uid, group, credentialID string
+	// unauthenticated is what the apiserver's anonymous authenticator yields, in these names.
+	unauthenticated *clientIdentity
+}
+
+func newIdentityHeaders(h topology.RequestHeaders) identityHeaders {
+	h = h.OrDefault()
+	ih := identityHeaders{user: h.User[0], uid: h.UID[0], group: h.Group[0], credentialID: h.ExtraPrefix[0] + credentialIDKey}
+	ih.unauthenticated = &clientIdentity{res: identityUnauthenticated, set: []*corev3.HeaderValueOption{
+		setHeader(ih.user, "system:anonymous", false),
+		setHeader(ih.group, "system:unauthenticated", false),
+	}}
+	return ih
+}
 
 // identityResult classifies what a request told about its client.
 type identityResult int
@@ -98,12 +114,6 @@ func (r identityResult) String() string {
 // front-proxy certificate without X-Remote-User (401). So extproc forwards the anonymous
 // user as the apiserver's own authenticator would, and authorization decides as for a direct
 // anonymous request. extproc never sees the Authorization header: only the route knows.
-
-// unauthenticatedIdentity is what the apiserver's anonymous authenticator yields.
-var unauthenticatedIdentity = &clientIdentity{res: identityUnauthenticated, set: []*corev3.HeaderValueOption{
-	setHeader(contract.HeaderRemoteUser, "system:anonymous", false),
-	setHeader(contract.HeaderRemoteGroup, "system:unauthenticated", false),
-}}
 
 // identity is a client certificate's Kubernetes user.
 type identity struct {
@@ -440,23 +450,23 @@ type clientIdentity struct {
 
 var noIdentity = &clientIdentity{res: identityNone}
 
-func newClientIdentity(values []string) *clientIdentity {
+func newClientIdentity(values []string, h identityHeaders) *clientIdentity {
 	id, res, err := identityFromXFCC(values)
 	ci := &clientIdentity{res: res, err: err}
 	if res != identityForwarded {
 		return ci
 	}
-	ci.set = append(ci.set, setHeader(contract.HeaderRemoteUser, id.user, false))
+	ci.set = append(ci.set, setHeader(h.user, id.user, false))
 	if id.uid != "" {
-		ci.set = append(ci.set, setHeader(contract.HeaderRemoteUID, id.uid, false))
+		ci.set = append(ci.set, setHeader(h.uid, id.uid, false))
 	}
 	for i, g := range id.groups {
 		// The first group replaces, each other adds a header: the requestheader
 		// authenticator reads one group per header value.
-		ci.set = append(ci.set, setHeader(contract.HeaderRemoteGroup, g, i > 0))
+		ci.set = append(ci.set, setHeader(h.group, g, i > 0))
 	}
 	if id.credentialID != "" {
-		ci.set = append(ci.set, setHeader(headerCredentialID, id.credentialID, false))
+		ci.set = append(ci.set, setHeader(h.credentialID, id.credentialID, false))
 	}
 	return ci
 }
@@ -466,14 +476,19 @@ func newClientIdentity(values []string) *clientIdentity {
 // hash, determines the identity completely. It keeps two generations of at most max entries
 // each; when the current one is full it becomes the previous one and the oldest is dropped,
 // so memory stays bounded and entries in use survive.
+//
+// The identities are built in one table's header names (hdr); a table with other names gets
+// a cache of its own.
 type identityCache struct {
+	hdr       identityHeaders
+	names     topology.RequestHeaders
 	mu        sync.RWMutex
 	cur, prev map[string]*clientIdentity
 	max       int
 }
 
-func newIdentityCache(max int) *identityCache {
-	return &identityCache{cur: make(map[string]*clientIdentity), max: max}
+func newIdentityCache(max int, names topology.RequestHeaders) *identityCache {
+	return &identityCache{hdr: newIdentityHeaders(names), names: names, cur: make(map[string]*clientIdentity), max: max}
 }
 
 // get returns the identity for the XFCC header hv (nil: the request has none).
@@ -502,7 +517,7 @@ func (c *identityCache) get(hv *corev3.HeaderValue) *clientIdentity {
 		return ci
 	}
 	if ci = c.prev[value]; ci == nil {
-		ci = newClientIdentity([]string{value})
+		ci = newClientIdentity([]string{value}, c.hdr)
 	}
 	if len(c.cur) >= c.max {
 		c.prev, c.cur = c.cur, make(map[string]*clientIdentity, c.max)

@@ -20,6 +20,7 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 
 	"github.com/kube-mvp/kube-mvp/internal/contract"
+	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 
 var (
@@ -310,7 +311,7 @@ func FuzzIdentityFromXFCC(f *testing.F) {
 }
 
 func TestIdentityCache(t *testing.T) {
-	c := newIdentityCache(2)
+	c := newIdentityCache(2, topology.RequestHeaders{})
 	hv := func(v string, raw bool) *corev3.HeaderValue {
 		if raw {
 			return &corev3.HeaderValue{Key: contract.HeaderXFCC, RawValue: []byte(v)}

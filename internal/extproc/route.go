@@ -18,13 +18,14 @@ import (
 )
 
 // fixedRemovals are removed from every request, whether present or not (removing an absent
-// header is a no-op in Envoy). The listener's early header mutation already strips them
-// (x-remote-* by prefix); this is defence in depth for a listener configured by hand, and
-// the XFCC header, which Envoy set for us, must not reach the apiservers. ext_proc's
-// remove_headers takes exact names only, so client-supplied X-Remote-Extra-* headers are
-// added per request, by name. Shared by every response: never modified.
-var fixedRemovals = []string{
-	contract.HeaderRemoteUser, contract.HeaderRemoteGroup, contract.HeaderRemoteUID, contract.HeaderPeerProxied, contract.HeaderRoutingCluster, contract.HeaderXFCC,
+// header is a no-op in Envoy): the table's identity header names (user, uid, group), the loop
+// guard and the routing header. The listener's early header mutation already strips them;
+// this is defence in depth for a listener configured by hand, and the XFCC header, which
+// Envoy set for us, must not reach the apiservers. ext_proc's remove_headers takes exact
+// names only, so client-supplied extra headers (the extra prefixes) are added per request,
+// by name. Shared by every response of a table: never modified.
+func fixedRemovals(h topology.RequestHeaders) []string {
+	return append(h.OrDefault().Names(), contract.HeaderPeerProxied, contract.HeaderRoutingCluster, contract.HeaderXFCC)
 }
 
 // table is one routing table with everything derived from it that requests need, so a
@@ -34,13 +35,17 @@ type table struct {
 	version  string
 	loadedAt time.Time
 	m        *metrics
+	// removals are fixedRemovals of the table's identity headers.
+	removals []string
+	// identities are the client identities, forwarded in the table's identity headers.
+	identities *identityCache
 	// views are the prepared routes of each kind of Envoy, by local apiserver ("" for a
 	// front proxy). An extproc serves one Envoy, so a view is prepared when first asked for.
 	views map[string]*view
 }
 
-func newTable(p *plan.Table, version string, at time.Time, m *metrics) *table {
-	tb := &table{plans: p, version: version, loadedAt: at, m: m, views: make(map[string]*view, len(p.Routes))}
+func newTable(p *plan.Table, version string, at time.Time, m *metrics, identities *identityCache) *table {
+	tb := &table{plans: p, version: version, loadedAt: at, m: m, removals: fixedRemovals(p.RequestHeaders), identities: identities, views: make(map[string]*view, len(p.Routes))}
 	for local, rs := range p.Routes {
 		tb.views[local] = &view{routes: rs}
 	}
@@ -64,11 +69,11 @@ func (tb *table) view(local string) *view {
 		return nil
 	}
 	v.once.Do(func() {
-		v.def = newRoute(v.routes.Default, tb.m)
+		v.def = newRoute(v.routes.Default, tb.m, tb.removals)
 		all := v.routes.All()
 		v.byKey = make(map[topology.Resource]*route, len(all))
 		for _, r := range all {
-			v.byKey[r.Resource] = newRoute(r, tb.m)
+			v.byKey[r.Resource] = newRoute(r, tb.m, tb.removals)
 		}
 	})
 	return v
@@ -89,6 +94,8 @@ type route struct {
 	cluster string
 	// set holds the routing header (and x-kubernetes-peer-proxied for a subset).
 	set []*corev3.HeaderValueOption
+	// removals are the table's fixedRemovals.
+	removals []string
 	// resp is the whole answer for a request without client identity or X-Remote-Extra-*
 	// headers to remove; for Unavailable, the immediate 503 for every request.
 	resp *extprocv3.ProcessingResponse
@@ -99,8 +106,8 @@ type route struct {
 	m           *metrics
 }
 
-func newRoute(d plan.Route, m *metrics) *route {
-	r := &route{outcome: d.Outcome, m: m}
+func newRoute(d plan.Route, m *metrics, removals []string) *route {
+	r := &route{outcome: d.Outcome, m: m, removals: removals}
 	res := d.Resource.Resource
 	if d.Resource.Subresource != "" {
 		res += "/" + d.Resource.Subresource
@@ -116,7 +123,7 @@ func newRoute(d plan.Route, m *metrics) *route {
 		// An apiserver that runs upstream's in-process MVP must not proxy the request again.
 		r.set = append(r.set, setHeader(contract.HeaderPeerProxied, "true", false))
 	}
-	r.resp = headersResponse(r.set, fixedRemovals)
+	r.resp = headersResponse(r.set, r.removals)
 	return r
 }
 
@@ -129,10 +136,10 @@ func (r *route) count() {
 // clientIdentity) or client-supplied X-Remote-Extra-* headers to remove (extras, lower-case
 // names).
 func (r *route) response(idSet []*corev3.HeaderValueOption, extras []string) *extprocv3.ProcessingResponse {
-	remove := fixedRemovals
+	remove := r.removals
 	if len(extras) > 0 {
-		remove = make([]string, 0, len(fixedRemovals)+len(extras))
-		remove = append(append(remove, fixedRemovals...), extras...)
+		remove = make([]string, 0, len(r.removals)+len(extras))
+		remove = append(append(remove, r.removals...), extras...)
 	}
 	set := r.set
 	if len(idSet) > 0 {

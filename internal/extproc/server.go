@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -59,7 +60,6 @@ type Server struct {
 	noPlan     *extprocv3.ProcessingResponse
 	unexpected [len(unexpectedTypes)]*extprocv3.ProcessingResponse
 
-	identities            *identityCache
 	identityLog, errorLog logLimiter
 }
 
@@ -70,7 +70,7 @@ const identityCacheSize = 4096
 // New returns a Server without a routing table: until the first SetTopology every request
 // is answered 503.
 func New(opts Options) *Server {
-	s := &Server{log: opts.Logger, now: opts.Now, reg: opts.Registry, identities: newIdentityCache(identityCacheSize)}
+	s := &Server{log: opts.Logger, now: opts.Now, reg: opts.Registry}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -123,8 +123,14 @@ func (s *Server) SetTable(p *plan.Table, version string) {
 	}
 	s.setMu.Lock()
 	defer s.setMu.Unlock()
-	tb := newTable(p, version, s.now(), s.m)
-	old := s.table.Swap(tb)
+	old := s.table.Load()
+	// Identities stay cached across tables while the identity header names stay the same.
+	identities := newIdentityCache(identityCacheSize, p.RequestHeaders)
+	if old != nil && reflect.DeepEqual(old.identities.names, p.RequestHeaders) {
+		identities = old.identities
+	}
+	tb := newTable(p, version, s.now(), s.m, identities)
+	s.table.Store(tb)
 	oldVersion := ""
 	if old != nil {
 		oldVersion = old.version
@@ -218,6 +224,12 @@ func (s *Server) requestHeaders(h *extprocv3.HttpHeaders, anonymous bool, local 
 		extras              []string
 		stripped            int
 	)
+	tb := s.table.Load()
+	if tb == nil {
+		s.m.noTable.Inc()
+		return s.noTable
+	}
+	names := &tb.plans.RequestHeaders
 	for _, hv := range h.GetHeaders().GetHeaders() {
 		k := hv.GetKey()
 		if len(k) < 5 {
@@ -232,29 +244,24 @@ func (s *Server) requestHeaders(h *extprocv3.HttpHeaders, anonymous bool, local 
 			}
 			continue
 		}
-		if k[0] != 'x' && k[0] != 'X' {
-			switch {
-			case (k[0] == 'a' || k[0] == 'A') && equalFold(k, "accept"):
-				accept = headerValue(hv)
-			case (k[0] == 'i' || k[0] == 'I') && equalFold(k, "if-none-match"):
-				ifNoneMatch = headerValue(hv)
-			}
-			continue
-		}
 		switch {
+		case (k[0] == 'a' || k[0] == 'A') && equalFold(k, "accept"):
+			accept = headerValue(hv)
+		case (k[0] == 'i' || k[0] == 'I') && equalFold(k, "if-none-match"):
+			ifNoneMatch = headerValue(hv)
 		case equalFold(k, contract.HeaderXFCC):
 			xfcc, xfccCount = hv, xfccCount+1
-		case equalFold(k, contract.HeaderRemoteUser):
+		case anyEqualFold(names.User, k):
 			stripped |= strippedUser
-		case equalFold(k, contract.HeaderRemoteGroup):
+		case anyEqualFold(names.Group, k):
 			stripped |= strippedGroup
-		case equalFold(k, contract.HeaderRemoteUID):
+		case anyEqualFold(names.UID, k):
 			stripped |= strippedUID
 		case equalFold(k, contract.HeaderPeerProxied):
 			stripped |= strippedPeerProxied
 		case equalFold(k, contract.HeaderRoutingCluster):
 			stripped |= strippedRouteCluster
-		case len(k) > len(contract.HeaderRemoteExtraPrefix) && equalFold(k[:len(contract.HeaderRemoteExtraPrefix)], contract.HeaderRemoteExtraPrefix):
+		case anyPrefixFold(names.ExtraPrefix, k):
 			stripped |= strippedExtra
 			extras = append(extras, toLower(k))
 		}
@@ -266,11 +273,11 @@ func (s *Server) requestHeaders(h *extprocv3.HttpHeaders, anonymous bool, local 
 	var id *clientIdentity
 	switch {
 	case xfccCount > 1:
-		id = newClientIdentity(make([]string, xfccCount)) // rejected: several headers
+		id = newClientIdentity(make([]string, xfccCount), tb.identities.hdr) // rejected: several headers
 	case anonymous && xfccCount == 0: // the route also required no XFCC; fail closed if not
-		id = unauthenticatedIdentity
+		id = tb.identities.hdr.unauthenticated
 	default:
-		id = s.identities.get(xfcc)
+		id = tb.identities.get(xfcc)
 	}
 	s.m.identity[id.res].Inc()
 	if id.err != nil {
@@ -279,11 +286,6 @@ func (s *Server) requestHeaders(h *extprocv3.HttpHeaders, anonymous bool, local 
 		}
 	}
 
-	tb := s.table.Load()
-	if tb == nil {
-		s.m.noTable.Inc()
-		return s.noTable
-	}
 	v := tb.view(local)
 	if v == nil {
 		// A sidecar whose apiserver this table has no plan for: its Envoy got a newer
@@ -384,6 +386,27 @@ func equalFold(s, lower string) bool {
 		}
 	}
 	return true
+}
+
+// anyEqualFold reports whether s equals one of the lower-case names, ignoring ASCII case.
+func anyEqualFold(lowers []string, s string) bool {
+	for _, l := range lowers {
+		if equalFold(s, l) {
+			return true
+		}
+	}
+	return false
+}
+
+// anyPrefixFold reports whether s is longer than one of the lower-case prefixes and starts
+// with it, ignoring ASCII case.
+func anyPrefixFold(prefixes []string, s string) bool {
+	for _, p := range prefixes {
+		if len(s) > len(p) && equalFold(s[:len(p)], p) {
+			return true
+		}
+	}
+	return false
 }
 
 func toLower(s string) string {

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/kube-mvp/kube-mvp/internal/contract"
+	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 
 // TestSpoofedHeaders: whatever identity or routing headers a client sends, none reaches an
@@ -102,7 +103,7 @@ func TestSpoofedHeaders(t *testing.T) {
 				if !slices.Equal(gotUser, []string{c.ident.user}) || !slices.Equal(gotGroups, c.ident.groups) || gotUID != nil {
 					t.Errorf("user %q groups %q uid %q; want %q %q none", gotUser, gotGroups, gotUID, c.ident.user, c.ident.groups)
 				}
-				if want := []string{headerCredentialID + ": " + c.ident.extra}; !slices.Equal(gotExtra, want) {
+				if want := []string{contract.HeaderRemoteExtraPrefix + credentialIDKey + ": " + c.ident.extra}; !slices.Equal(gotExtra, want) {
 					t.Errorf("extra %q, want %q", gotExtra, want)
 				}
 			}
@@ -176,5 +177,44 @@ func TestAnonymousCaller(t *testing.T) {
 				t.Errorf("spoofed extra reaches the apiserver: %q", got)
 			}
 		})
+	}
+}
+
+// TestOtherRequestHeaderNames: with apiservers that read other identity headers
+// (--requestheader-username-headers=X-User and so on, carried in the routing table), extproc
+// forwards a certificate's identity in those names, and removes them, and every extra header
+// under their prefix, from what clients send, as it does the defaults.
+func TestOtherRequestHeaderNames(t *testing.T) {
+	topo := loadFixture(t, "upgrade.yaml", fixtureNow)
+	topo.RequestHeaders = topology.RequestHeaders{User: []string{"X-User", "x-login"}, UID: []string{"x-uid"}, Group: []string{"x-groups"}, ExtraPrefix: []string{"x-extra-"}}
+	srv := New(Options{})
+	srv.SetTopology(topo, "v1")
+	client := serve(t, "unix", srv)
+
+	hash := strings.Repeat("0f", 32)
+	req := request("GET", "/api/v1/pods",
+		contract.HeaderXFCC, `Hash=`+hash+`;Subject="CN=alice,O=team-a";URI=`,
+		"x-user", "system:admin", "X-Login", "root", "x-groups", "system:masters", "x-uid", "0", "X-Extra-Scopes", "all")
+	resp := call(t, client, req)
+	removed := resp.GetRequestHeaders().GetResponse().GetHeaderMutation().GetRemoveHeaders()
+	for _, name := range []string{"x-user", "x-login", "x-uid", "x-groups", "x-extra-scopes", contract.HeaderXFCC} {
+		if !slices.Contains(removed, name) {
+			t.Errorf("%s is not removed: %v", name, removed)
+		}
+	}
+	hs := applyMutation(t, req, resp)
+	if got := values(hs, "x-user"); !slices.Equal(got, []string{"alice"}) {
+		t.Errorf("x-user %q, want alice", got)
+	}
+	if got := values(hs, "x-groups"); !slices.Equal(got, []string{"team-a"}) {
+		t.Errorf("x-groups %q, want team-a", got)
+	}
+	for _, name := range []string{"x-login", "x-uid", "x-extra-scopes", contract.HeaderRemoteUser, contract.HeaderRemoteGroup} {
+		if got := values(hs, name); got != nil {
+			t.Errorf("%s %q reaches the apiserver", name, got)
+		}
+	}
+	if got := values(hs, "x-extra-"+credentialIDKey); !slices.Equal(got, []string{"X509SHA256=" + hash}) {
+		t.Errorf("credential ID %q", got)
 	}
 }

@@ -84,13 +84,16 @@ type Plan struct {
 	GroupVersions []GroupVersion
 	// Routes is the per-request view of the same decisions.
 	Routes *Routes
+	// RequestHeaders are the identity headers the apiservers read (defaults filled in):
+	// the listener strips them, extproc sets them.
+	RequestHeaders topology.RequestHeaders
 }
 
 // Build makes the plan of t for a front proxy, or, when t.LocalID is set, for a sidecar
 // beside that apiserver. The one error is two serving sets whose cluster names collide
 // (two apiservers that share a hostname).
 func Build(t *topology.Topology) (*Plan, error) {
-	p := &Plan{Topology: t, LocalID: t.LocalID}
+	p := &Plan{Topology: t, LocalID: t.LocalID, RequestHeaders: t.RequestHeaders.OrDefault()}
 	def := DefaultCluster(t.LocalID)
 	p.Routes = &Routes{LocalID: t.LocalID, Default: Route{Outcome: topology.Default, Cluster: def}, byResource: make(map[topology.Resource]Route, len(t.Served))}
 	subsets := map[string]topology.ServerSet{}

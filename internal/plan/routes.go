@@ -112,6 +112,8 @@ type Table struct {
 	// Discovery is the merged /apis discovery of the live apiservers; nil when it cannot
 	// be built.
 	Discovery *topology.Discovery
+	// RequestHeaders are the identity headers the apiservers read (defaults filled in).
+	RequestHeaders topology.RequestHeaders
 }
 
 // TableOf is the routing table of t: the routes of every kind of Envoy's plan.
@@ -125,7 +127,7 @@ func TableOf(t *topology.Topology) (*Table, error) {
 
 // Table is the routing table of e.
 func (e *Envoys) Table() *Table {
-	tb := &Table{APIServers: e.Front.Topology.APIServers, Routes: make(map[string]*Routes, len(e.Local)+1), Discovery: e.Front.Topology.Discovery}
+	tb := &Table{APIServers: e.Front.Topology.APIServers, Routes: make(map[string]*Routes, len(e.Local)+1), Discovery: e.Front.Topology.Discovery, RequestHeaders: e.Front.RequestHeaders}
 	tb.Routes[""] = e.Front.Routes
 	for id, p := range e.Local {
 		tb.Routes[id] = p.Routes

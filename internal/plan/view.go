@@ -16,6 +16,9 @@ type View struct {
 	Clusters         []Cluster          `json:"clusters"`
 	GroupVersions    []GroupVersionView `json:"groupVersions"`
 	ServedEverywhere []string           `json:"servedEverywhere,omitempty"`
+	// RequestHeaders are the identity headers the apiservers read: stripped from clients,
+	// set for the callers kube-mvp authenticates.
+	RequestHeaders topology.RequestHeaders `json:"requestHeaders"`
 	// MergedDiscoveryETag is the ETag of the merged /apis discovery extproc serves; empty
 	// while it cannot be built (a live apiserver's discovery not fetched yet).
 	MergedDiscoveryETag string `json:"mergedDiscoveryETag,omitempty"`
@@ -43,7 +46,7 @@ type ResourceView struct {
 // View is p as xds-server's /debug/topology shows it and the golden files keep it.
 func (p *Plan) View() View {
 	t := p.Topology
-	v := View{APIServers: t.APIServers, LocalAPIServer: p.LocalID, DefaultCluster: p.DefaultClusterName(), Clusters: p.Clusters}
+	v := View{APIServers: t.APIServers, LocalAPIServer: p.LocalID, DefaultCluster: p.DefaultClusterName(), Clusters: p.Clusters, RequestHeaders: p.RequestHeaders}
 	if t.Discovery != nil {
 		v.MergedDiscoveryETag = t.Discovery.ETag
 	}

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/kube-mvp/kube-mvp/internal/plan"
+	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 
 // Cluster tuning (see the package doc for why).
@@ -87,7 +88,7 @@ func (b *builder) clusters() ([]*clusterv3.Cluster, []*endpointv3.ClusterLoadAss
 					// The check presents the proxy client certificate (the cluster's TLS), and
 					// an apiserver answers 401 to that certificate without a user header. So
 					// it asks as the anonymous user, what /readyz sees from a plain prober.
-					RequestHeadersToAdd: anonymousIdentityHeaders(),
+					RequestHeadersToAdd: anonymousIdentityHeaders(b.p.RequestHeaders),
 				}},
 			}},
 			CommonLbConfig: &clusterv3.Cluster_CommonLbConfig{HealthyPanicThreshold: &typev3.Percent{Value: 0}},
@@ -211,12 +212,12 @@ func (b *builder) extProcCluster() *clusterv3.Cluster {
 }
 
 // anonymousIdentityHeaders name the user the apiserver's anonymous authenticator would.
-func anonymousIdentityHeaders() []*corev3.HeaderValueOption {
+func anonymousIdentityHeaders(h topology.RequestHeaders) []*corev3.HeaderValueOption {
 	set := func(k, v string) *corev3.HeaderValueOption {
 		return &corev3.HeaderValueOption{
 			Header:       &corev3.HeaderValue{Key: k, Value: v},
 			AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
 		}
 	}
-	return []*corev3.HeaderValueOption{set("x-remote-user", "system:anonymous"), set("x-remote-group", "system:unauthenticated")}
+	return []*corev3.HeaderValueOption{set(h.User[0], "system:anonymous"), set(h.Group[0], "system:unauthenticated")}
 }

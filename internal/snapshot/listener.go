@@ -2,6 +2,7 @@ package snapshot
 
 import (
 	"regexp"
+	"strings"
 
 	accesslogv3 "github.com/envoyproxy/go-control-plane/envoy/config/accesslog/v3"
 	mutationrulesv3 "github.com/envoyproxy/go-control-plane/envoy/config/common/mutation_rules/v3"
@@ -90,24 +91,35 @@ func (b *builder) httpConnectionManager() *hcmv3.HttpConnectionManager {
 
 // stripClientHeaders removes, before routing and before any filter, every header a client
 // could use to claim an identity or steer routing: the front-proxy identity headers (every
-// x-remote-* header: -user, -group, -uid, -extra-*, whatever the apiservers'
-// --requestheader-*-headers name), upstream's loop guard, and our routing header.
+// x-remote-* header, and every name and extra prefix the plan's RequestHeaders give for the
+// apiservers' --requestheader-* flags), upstream's loop guard, and our routing header.
 // x-forwarded-client-cert is left to forward_client_cert_details: SANITIZE_SET, which runs
 // after this and replaces it.
 func (b *builder) stripClientHeaders() *earlymutationv3.HeaderMutation {
 	remove := func(name string) *mutationrulesv3.HeaderMutation {
 		return &mutationrulesv3.HeaderMutation{Action: &mutationrulesv3.HeaderMutation_Remove{Remove: name}}
 	}
-	return &earlymutationv3.HeaderMutation{Mutations: []*mutationrulesv3.HeaderMutation{
-		{Action: &mutationrulesv3.HeaderMutation_RemoveOnMatch_{RemoveOnMatch: &mutationrulesv3.HeaderMutation_RemoveOnMatch{
+	removePrefix := func(prefix string) *mutationrulesv3.HeaderMutation {
+		return &mutationrulesv3.HeaderMutation{Action: &mutationrulesv3.HeaderMutation_RemoveOnMatch_{RemoveOnMatch: &mutationrulesv3.HeaderMutation_RemoveOnMatch{
 			KeyMatcher: &matcherv3.StringMatcher{
-				MatchPattern: &matcherv3.StringMatcher_Prefix{Prefix: contract.HeaderRemotePrefix},
+				MatchPattern: &matcherv3.StringMatcher_Prefix{Prefix: prefix},
 				IgnoreCase:   true,
 			},
-		}}},
-		remove(contract.HeaderPeerProxied),
-		remove(contract.HeaderRoutingCluster),
-	}}
+		}}}
+	}
+	strip := []*mutationrulesv3.HeaderMutation{removePrefix(contract.HeaderRemotePrefix)}
+	h := b.p.RequestHeaders
+	for _, p := range h.ExtraPrefix {
+		if !strings.HasPrefix(p, contract.HeaderRemotePrefix) {
+			strip = append(strip, removePrefix(p))
+		}
+	}
+	for _, n := range h.Names() {
+		if !strings.HasPrefix(n, contract.HeaderRemotePrefix) {
+			strip = append(strip, remove(n))
+		}
+	}
+	return &earlymutationv3.HeaderMutation{Mutations: append(strip, remove(contract.HeaderPeerProxied), remove(contract.HeaderRoutingCluster))}
 }
 
 func (b *builder) extProcFilter() *extprocv3.ExternalProcessor {
@@ -115,8 +127,18 @@ func (b *builder) extProcFilter() *extprocv3.ExternalProcessor {
 	// (disallow_is_error) rather than being silently dropped. Its immediate responses (the
 	// 503 Status, the merged discovery) are checked with the same rules (Envoy ≥ 1.32), so
 	// their content-type, etag and vary are allowed too.
-	allowed := "^(" + regexp.QuoteMeta(contract.HeaderRoutingCluster) + "|" + regexp.QuoteMeta(contract.HeaderPeerProxied) + "|" +
-		regexp.QuoteMeta(contract.HeaderXFCC) + "|" + regexp.QuoteMeta(contract.HeaderRemotePrefix) + ".+|content-type|etag|vary)$"
+	owned := []string{regexp.QuoteMeta(contract.HeaderRoutingCluster), regexp.QuoteMeta(contract.HeaderPeerProxied), regexp.QuoteMeta(contract.HeaderXFCC), regexp.QuoteMeta(contract.HeaderRemotePrefix) + ".+"}
+	for _, p := range b.p.RequestHeaders.ExtraPrefix {
+		if !strings.HasPrefix(p, contract.HeaderRemotePrefix) {
+			owned = append(owned, regexp.QuoteMeta(p)+".+")
+		}
+	}
+	for _, n := range b.p.RequestHeaders.Names() {
+		if !strings.HasPrefix(n, contract.HeaderRemotePrefix) {
+			owned = append(owned, regexp.QuoteMeta(n))
+		}
+	}
+	allowed := "^(" + strings.Join(owned, "|") + "|content-type|etag|vary)$"
 	exact := func(s string) *matcherv3.StringMatcher {
 		return &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: s}}
 	}

@@ -101,6 +101,8 @@ func build(p *plan.Table, now time.Time) (*tablev1.Table, []byte) {
 	if p.Discovery != nil {
 		tb.ApisDiscovery = p.Discovery.JSON
 	}
+	h := p.RequestHeaders
+	tb.RequestHeaders = &tablev1.RequestHeaders{User: h.User, Uid: h.UID, Group: h.Group, ExtraPrefix: h.ExtraPrefix}
 	content, err := proto.MarshalOptions{Deterministic: true}.Marshal(tb)
 	if err != nil {
 		// Only invalid UTF-8 in a string field can fail, and every string here comes from
@@ -133,7 +135,14 @@ func FromProto(tb *tablev1.Table) (*plan.Table, error) {
 	malformed := func(format string, args ...any) error {
 		return fmt.Errorf("table %s: %w: %s", tb.GetVersion(), ErrMalformed, fmt.Sprintf(format, args...))
 	}
-	out := &plan.Table{Routes: make(map[string]*plan.Routes, len(tb.GetPlans())), Discovery: topology.NewDiscovery(tb.GetApisDiscovery())}
+	h := tb.GetRequestHeaders()
+	out := &plan.Table{
+		Routes:    make(map[string]*plan.Routes, len(tb.GetPlans())),
+		Discovery: topology.NewDiscovery(tb.GetApisDiscovery()),
+		RequestHeaders: topology.RequestHeaders{
+			User: h.GetUser(), UID: h.GetUid(), Group: h.GetGroup(), ExtraPrefix: h.GetExtraPrefix(),
+		}.OrDefault(),
+	}
 	for _, s := range tb.GetApiservers() {
 		out.APIServers = append(out.APIServers, topology.APIServer{ID: s.GetId(), Hostname: s.GetHostname(), Address: s.GetAddress(), Alive: s.GetAlive()})
 	}

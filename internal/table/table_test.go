@@ -59,6 +59,8 @@ func sameTable(want, got *plan.Table) error {
 		return fmt.Errorf("apiservers %+v, want %+v", got.APIServers, want.APIServers)
 	case !reflect.DeepEqual(want.Discovery, got.Discovery):
 		return errors.New("discovery differs")
+	case !reflect.DeepEqual(want.RequestHeaders, got.RequestHeaders):
+		return fmt.Errorf("request headers %+v, want %+v", got.RequestHeaders, want.RequestHeaders)
 	case len(want.Routes) != len(got.Routes):
 		return fmt.Errorf("%d plans, want %d", len(got.Routes), len(want.Routes))
 	}
@@ -86,6 +88,7 @@ func sameTable(want, got *plan.Table) error {
 func TestRoundTrip(t *testing.T) {
 	in := sample(t, true)
 	in.Discovery = topology.NewDiscovery([]byte(`{"kind":"APIGroupDiscoveryList"}`))
+	in.RequestHeaders = topology.RequestHeaders{User: []string{"x-user", "x-login"}, UID: []string{"x-uid"}, Group: []string{"x-groups"}, ExtraPrefix: []string{"x-extra-"}}
 	tb := table.ToProto(in, time.Unix(1, 0))
 	if tb.GetFormat() != table.Format {
 		t.Errorf("format %d, want %d", tb.GetFormat(), table.Format)

@@ -104,6 +104,9 @@ type Topology struct {
 	// LocalID, in sidecar mode, is the apiserver this Envoy sits beside; empty for a front
 	// load balancer.
 	LocalID string `json:"localID,omitempty"`
+	// RequestHeaders are the identity headers the apiservers read; zero means their
+	// defaults (RequestHeaders.OrDefault).
+	RequestHeaders RequestHeaders `json:"-"`
 	// Discovery is the merged /apis discovery of the live apiservers; nil when it cannot be
 	// built (an apiserver without aggregated discovery, or none live).
 	Discovery *Discovery `json:"-"`

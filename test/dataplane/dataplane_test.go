@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+
+	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 
 // TestRoutesToRightCluster runs the real ADS server (internal/xds fed by internal/snapshot
@@ -178,6 +180,41 @@ func TestClientCertificateIdentity(t *testing.T) {
 		if path == "/apis/batch/v1/jobs" && r.seen.Server == "cp-b" {
 			t.Errorf("anonymous batch/v1 reached cp-b, which does not serve it")
 		}
+	}
+}
+
+// TestOtherRequestHeaderNames: apiservers that read other identity headers
+// (--requestheader-username-headers=X-User, …): the listener strips those names (and their
+// extra prefix) from every client, extproc's mutation of them passes the filter's rules, and a
+// certificate user and an anonymous client arrive in them.
+func TestOtherRequestHeaderNames(t *testing.T) {
+	e := newEnv(t, envOptions{requestHeaders: topology.RequestHeaders{User: []string{"x-user"}, UID: []string{"x-uid"}, Group: []string{"x-groups"}, ExtraPrefix: []string{"x-extra-"}}})
+	spoof := map[string]string{"X-User": "system:admin", "X-Groups": "system:masters", "X-Uid": "0", "X-Extra-Scopes": "all"}
+	// /api/v1/namespaces: a line-rate route for a bearer token (only the listener strips);
+	// /apis/batch/v1/jobs: extproc decides (and removes the names too).
+	for _, path := range []string{"/api/v1/namespaces", "/apis/batch/v1/jobs"} {
+		for name, c := range map[string]*http.Client{"bearer token": e.client(nil), "certificate": e.client(e.userCert("alice", "team-a")), "anonymous": e.anonymousClient(nil)} {
+			checkOtherRequestHeaderNames(t, e, c, path, name, spoof)
+		}
+	}
+}
+
+func checkOtherRequestHeaderNames(t *testing.T, e *env, c *http.Client, path, name string, spoof map[string]string) {
+	t.Helper()
+	r := e.do(c, "GET", path, spoof)
+	if r.status != 200 {
+		t.Fatalf("%s %s: status %d: %s", name, path, r.status, r.body)
+	}
+	h := r.seen.Header
+	want := map[string]string{"bearer token": "", "certificate": "alice", "anonymous": "system:anonymous"}[name]
+	if got := strings.Join(h.Values("X-User"), ","); got != want {
+		t.Errorf("%s %s: X-User %q, want %q", name, path, got, want)
+	}
+	if got := strings.Join(h.Values("X-Groups"), ","); got == "system:masters" || (name == "bearer token" && got != "") {
+		t.Errorf("%s %s: X-Groups %q", name, path, got)
+	}
+	if h.Get("X-Uid") != "" || h.Get("X-Extra-Scopes") != "" || h.Get("X-Remote-User") != "" {
+		t.Errorf("%s %s: spoofed or default-named headers arrived: %v", name, path, h)
 	}
 }
 

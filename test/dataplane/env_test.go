@@ -262,6 +262,8 @@ type envOptions struct {
 	extProc extprocv3.ExternalProcessorServer
 	// editExtProc, if set, changes the ext_proc filter configuration of the snapshot.
 	editExtProc func(*extprocfilterv3.ExternalProcessor)
+	// requestHeaders, if set, are the identity headers the apiservers read.
+	requestHeaders topology.RequestHeaders
 }
 
 var fixtureAddresses = map[string]string{"cp-a": "127.0.0.1", "cp-b": "127.0.0.2", "cp-c": "127.0.0.3"}
@@ -300,6 +302,7 @@ func newEnv(t testing.TB, o envOptions) *env {
 	if topo == nil {
 		t.Fatalf("no topology: %v", warnings)
 	}
+	topo.RequestHeaders = o.requestHeaders
 	e.topo = topo
 
 	dir, err := os.MkdirTemp("", "dp")

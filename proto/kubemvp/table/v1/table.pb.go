@@ -240,9 +240,13 @@ type Table struct {
 	ApisDiscovery []byte `protobuf:"bytes,8,opt,name=apis_discovery,json=apisDiscovery,proto3" json:"apis_discovery,omitempty"`
 	// The routes of every kind of Envoy: the front proxy's first, then one per apiserver a
 	// sidecar may run beside, sorted by apiserver ID.
-	Plans         []*Plan `protobuf:"bytes,9,rep,name=plans,proto3" json:"plans,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Plans []*Plan `protobuf:"bytes,9,rep,name=plans,proto3" json:"plans,omitempty"`
+	// The identity headers the apiservers read (their --requestheader-* names, lower case):
+	// extproc removes every one from each request and sets the first of each for the callers
+	// it authenticates. Empty lists mean the apiservers' defaults.
+	RequestHeaders *RequestHeaders `protobuf:"bytes,10,opt,name=request_headers,json=requestHeaders,proto3" json:"request_headers,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Table) Reset() {
@@ -324,6 +328,81 @@ func (x *Table) GetPlans() []*Plan {
 	return nil
 }
 
+func (x *Table) GetRequestHeaders() *RequestHeaders {
+	if x != nil {
+		return x.RequestHeaders
+	}
+	return nil
+}
+
+type RequestHeaders struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	User          []string               `protobuf:"bytes,1,rep,name=user,proto3" json:"user,omitempty"`
+	Uid           []string               `protobuf:"bytes,2,rep,name=uid,proto3" json:"uid,omitempty"`
+	Group         []string               `protobuf:"bytes,3,rep,name=group,proto3" json:"group,omitempty"`
+	ExtraPrefix   []string               `protobuf:"bytes,4,rep,name=extra_prefix,json=extraPrefix,proto3" json:"extra_prefix,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RequestHeaders) Reset() {
+	*x = RequestHeaders{}
+	mi := &file_kubemvp_table_v1_table_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RequestHeaders) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RequestHeaders) ProtoMessage() {}
+
+func (x *RequestHeaders) ProtoReflect() protoreflect.Message {
+	mi := &file_kubemvp_table_v1_table_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RequestHeaders.ProtoReflect.Descriptor instead.
+func (*RequestHeaders) Descriptor() ([]byte, []int) {
+	return file_kubemvp_table_v1_table_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *RequestHeaders) GetUser() []string {
+	if x != nil {
+		return x.User
+	}
+	return nil
+}
+
+func (x *RequestHeaders) GetUid() []string {
+	if x != nil {
+		return x.Uid
+	}
+	return nil
+}
+
+func (x *RequestHeaders) GetGroup() []string {
+	if x != nil {
+		return x.Group
+	}
+	return nil
+}
+
+func (x *RequestHeaders) GetExtraPrefix() []string {
+	if x != nil {
+		return x.ExtraPrefix
+	}
+	return nil
+}
+
 type APIServer struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -336,7 +415,7 @@ type APIServer struct {
 
 func (x *APIServer) Reset() {
 	*x = APIServer{}
-	mi := &file_kubemvp_table_v1_table_proto_msgTypes[3]
+	mi := &file_kubemvp_table_v1_table_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -348,7 +427,7 @@ func (x *APIServer) String() string {
 func (*APIServer) ProtoMessage() {}
 
 func (x *APIServer) ProtoReflect() protoreflect.Message {
-	mi := &file_kubemvp_table_v1_table_proto_msgTypes[3]
+	mi := &file_kubemvp_table_v1_table_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -361,7 +440,7 @@ func (x *APIServer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use APIServer.ProtoReflect.Descriptor instead.
 func (*APIServer) Descriptor() ([]byte, []int) {
-	return file_kubemvp_table_v1_table_proto_rawDescGZIP(), []int{3}
+	return file_kubemvp_table_v1_table_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *APIServer) GetId() string {
@@ -405,7 +484,7 @@ type GroupVersion struct {
 
 func (x *GroupVersion) Reset() {
 	*x = GroupVersion{}
-	mi := &file_kubemvp_table_v1_table_proto_msgTypes[4]
+	mi := &file_kubemvp_table_v1_table_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -417,7 +496,7 @@ func (x *GroupVersion) String() string {
 func (*GroupVersion) ProtoMessage() {}
 
 func (x *GroupVersion) ProtoReflect() protoreflect.Message {
-	mi := &file_kubemvp_table_v1_table_proto_msgTypes[4]
+	mi := &file_kubemvp_table_v1_table_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -430,7 +509,7 @@ func (x *GroupVersion) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupVersion.ProtoReflect.Descriptor instead.
 func (*GroupVersion) Descriptor() ([]byte, []int) {
-	return file_kubemvp_table_v1_table_proto_rawDescGZIP(), []int{4}
+	return file_kubemvp_table_v1_table_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *GroupVersion) GetGroup() string {
@@ -465,7 +544,7 @@ type PublishedResource struct {
 
 func (x *PublishedResource) Reset() {
 	*x = PublishedResource{}
-	mi := &file_kubemvp_table_v1_table_proto_msgTypes[5]
+	mi := &file_kubemvp_table_v1_table_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -477,7 +556,7 @@ func (x *PublishedResource) String() string {
 func (*PublishedResource) ProtoMessage() {}
 
 func (x *PublishedResource) ProtoReflect() protoreflect.Message {
-	mi := &file_kubemvp_table_v1_table_proto_msgTypes[5]
+	mi := &file_kubemvp_table_v1_table_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -490,7 +569,7 @@ func (x *PublishedResource) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PublishedResource.ProtoReflect.Descriptor instead.
 func (*PublishedResource) Descriptor() ([]byte, []int) {
-	return file_kubemvp_table_v1_table_proto_rawDescGZIP(), []int{5}
+	return file_kubemvp_table_v1_table_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *PublishedResource) GetResource() string {
@@ -524,7 +603,7 @@ type Plan struct {
 
 func (x *Plan) Reset() {
 	*x = Plan{}
-	mi := &file_kubemvp_table_v1_table_proto_msgTypes[6]
+	mi := &file_kubemvp_table_v1_table_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -536,7 +615,7 @@ func (x *Plan) String() string {
 func (*Plan) ProtoMessage() {}
 
 func (x *Plan) ProtoReflect() protoreflect.Message {
-	mi := &file_kubemvp_table_v1_table_proto_msgTypes[6]
+	mi := &file_kubemvp_table_v1_table_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -549,7 +628,7 @@ func (x *Plan) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Plan.ProtoReflect.Descriptor instead.
 func (*Plan) Descriptor() ([]byte, []int) {
-	return file_kubemvp_table_v1_table_proto_rawDescGZIP(), []int{6}
+	return file_kubemvp_table_v1_table_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Plan) GetLocalApiserver() string {
@@ -584,7 +663,7 @@ type Route struct {
 
 func (x *Route) Reset() {
 	*x = Route{}
-	mi := &file_kubemvp_table_v1_table_proto_msgTypes[7]
+	mi := &file_kubemvp_table_v1_table_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -596,7 +675,7 @@ func (x *Route) String() string {
 func (*Route) ProtoMessage() {}
 
 func (x *Route) ProtoReflect() protoreflect.Message {
-	mi := &file_kubemvp_table_v1_table_proto_msgTypes[7]
+	mi := &file_kubemvp_table_v1_table_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -609,7 +688,7 @@ func (x *Route) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Route.ProtoReflect.Descriptor instead.
 func (*Route) Descriptor() ([]byte, []int) {
-	return file_kubemvp_table_v1_table_proto_rawDescGZIP(), []int{7}
+	return file_kubemvp_table_v1_table_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Route) GetOutcome() Outcome {
@@ -640,7 +719,7 @@ const file_kubemvp_table_v1_table_proto_rawDesc = "" +
 	"\x05count\x18\x03 \x01(\rR\x05count\x12\x1d\n" +
 	"\n" +
 	"table_size\x18\x04 \x01(\x04R\ttableSize\x12\x12\n" +
-	"\x04data\x18\x05 \x01(\fR\x04data\"\xdd\x02\n" +
+	"\x04data\x18\x05 \x01(\fR\x04data\"\xa8\x03\n" +
 	"\x05Table\x12\x16\n" +
 	"\x06format\x18\x01 \x01(\rR\x06format\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12=\n" +
@@ -650,7 +729,14 @@ const file_kubemvp_table_v1_table_proto_rawDesc = "" +
 	"apiservers\x12E\n" +
 	"\x0egroup_versions\x18\x06 \x03(\v2\x1e.kubemvp.table.v1.GroupVersionR\rgroupVersions\x12%\n" +
 	"\x0eapis_discovery\x18\b \x01(\fR\rapisDiscovery\x12,\n" +
-	"\x05plans\x18\t \x03(\v2\x16.kubemvp.table.v1.PlanR\x05plansJ\x04\b\x05\x10\x06J\x04\b\a\x10\b\"g\n" +
+	"\x05plans\x18\t \x03(\v2\x16.kubemvp.table.v1.PlanR\x05plans\x12I\n" +
+	"\x0frequest_headers\x18\n" +
+	" \x01(\v2 .kubemvp.table.v1.RequestHeadersR\x0erequestHeadersJ\x04\b\x05\x10\x06J\x04\b\a\x10\b\"o\n" +
+	"\x0eRequestHeaders\x12\x12\n" +
+	"\x04user\x18\x01 \x03(\tR\x04user\x12\x10\n" +
+	"\x03uid\x18\x02 \x03(\tR\x03uid\x12\x14\n" +
+	"\x05group\x18\x03 \x03(\tR\x05group\x12!\n" +
+	"\fextra_prefix\x18\x04 \x03(\tR\vextraPrefix\"g\n" +
 	"\tAPIServer\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1a\n" +
 	"\bhostname\x18\x02 \x01(\tR\bhostname\x12\x18\n" +
@@ -692,34 +778,36 @@ func file_kubemvp_table_v1_table_proto_rawDescGZIP() []byte {
 }
 
 var file_kubemvp_table_v1_table_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_kubemvp_table_v1_table_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_kubemvp_table_v1_table_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_kubemvp_table_v1_table_proto_goTypes = []any{
 	(Outcome)(0),                  // 0: kubemvp.table.v1.Outcome
 	(*SubscribeRequest)(nil),      // 1: kubemvp.table.v1.SubscribeRequest
 	(*TableChunk)(nil),            // 2: kubemvp.table.v1.TableChunk
 	(*Table)(nil),                 // 3: kubemvp.table.v1.Table
-	(*APIServer)(nil),             // 4: kubemvp.table.v1.APIServer
-	(*GroupVersion)(nil),          // 5: kubemvp.table.v1.GroupVersion
-	(*PublishedResource)(nil),     // 6: kubemvp.table.v1.PublishedResource
-	(*Plan)(nil),                  // 7: kubemvp.table.v1.Plan
-	(*Route)(nil),                 // 8: kubemvp.table.v1.Route
-	(*timestamppb.Timestamp)(nil), // 9: google.protobuf.Timestamp
+	(*RequestHeaders)(nil),        // 4: kubemvp.table.v1.RequestHeaders
+	(*APIServer)(nil),             // 5: kubemvp.table.v1.APIServer
+	(*GroupVersion)(nil),          // 6: kubemvp.table.v1.GroupVersion
+	(*PublishedResource)(nil),     // 7: kubemvp.table.v1.PublishedResource
+	(*Plan)(nil),                  // 8: kubemvp.table.v1.Plan
+	(*Route)(nil),                 // 9: kubemvp.table.v1.Route
+	(*timestamppb.Timestamp)(nil), // 10: google.protobuf.Timestamp
 }
 var file_kubemvp_table_v1_table_proto_depIdxs = []int32{
-	9, // 0: kubemvp.table.v1.Table.generated_at:type_name -> google.protobuf.Timestamp
-	4, // 1: kubemvp.table.v1.Table.apiservers:type_name -> kubemvp.table.v1.APIServer
-	5, // 2: kubemvp.table.v1.Table.group_versions:type_name -> kubemvp.table.v1.GroupVersion
-	7, // 3: kubemvp.table.v1.Table.plans:type_name -> kubemvp.table.v1.Plan
-	6, // 4: kubemvp.table.v1.GroupVersion.resources:type_name -> kubemvp.table.v1.PublishedResource
-	8, // 5: kubemvp.table.v1.Plan.routes:type_name -> kubemvp.table.v1.Route
-	0, // 6: kubemvp.table.v1.Route.outcome:type_name -> kubemvp.table.v1.Outcome
-	1, // 7: kubemvp.table.v1.TableService.Subscribe:input_type -> kubemvp.table.v1.SubscribeRequest
-	2, // 8: kubemvp.table.v1.TableService.Subscribe:output_type -> kubemvp.table.v1.TableChunk
-	8, // [8:9] is the sub-list for method output_type
-	7, // [7:8] is the sub-list for method input_type
-	7, // [7:7] is the sub-list for extension type_name
-	7, // [7:7] is the sub-list for extension extendee
-	0, // [0:7] is the sub-list for field type_name
+	10, // 0: kubemvp.table.v1.Table.generated_at:type_name -> google.protobuf.Timestamp
+	5,  // 1: kubemvp.table.v1.Table.apiservers:type_name -> kubemvp.table.v1.APIServer
+	6,  // 2: kubemvp.table.v1.Table.group_versions:type_name -> kubemvp.table.v1.GroupVersion
+	8,  // 3: kubemvp.table.v1.Table.plans:type_name -> kubemvp.table.v1.Plan
+	4,  // 4: kubemvp.table.v1.Table.request_headers:type_name -> kubemvp.table.v1.RequestHeaders
+	7,  // 5: kubemvp.table.v1.GroupVersion.resources:type_name -> kubemvp.table.v1.PublishedResource
+	9,  // 6: kubemvp.table.v1.Plan.routes:type_name -> kubemvp.table.v1.Route
+	0,  // 7: kubemvp.table.v1.Route.outcome:type_name -> kubemvp.table.v1.Outcome
+	1,  // 8: kubemvp.table.v1.TableService.Subscribe:input_type -> kubemvp.table.v1.SubscribeRequest
+	2,  // 9: kubemvp.table.v1.TableService.Subscribe:output_type -> kubemvp.table.v1.TableChunk
+	9,  // [9:10] is the sub-list for method output_type
+	8,  // [8:9] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_kubemvp_table_v1_table_proto_init() }
@@ -733,7 +821,7 @@ func file_kubemvp_table_v1_table_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kubemvp_table_v1_table_proto_rawDesc), len(file_kubemvp_table_v1_table_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   8,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1,0 +1,55 @@
+package topology
+
+import (
+	"slices"
+	"strings"
+
+	"github.com/kube-mvp/kube-mvp/internal/contract"
+)
+
+// RequestHeaders are the request-header names the apiservers' front-proxy authenticator
+// reads (kube-apiserver --requestheader-username-headers, --requestheader-uid-headers,
+// --requestheader-group-headers and --requestheader-extra-headers-prefix), lower case.
+// kube-mvp strips every one of them from clients, and sets the first of each for the
+// callers it authenticates itself. The zero value means the apiservers' defaults
+// (DefaultRequestHeaders); the inventory will read the actual names from the cluster.
+type RequestHeaders struct {
+	User        []string `json:"user"`
+	UID         []string `json:"uid"`
+	Group       []string `json:"group"`
+	ExtraPrefix []string `json:"extraPrefix"`
+}
+
+// DefaultRequestHeaders are kube-apiserver's (and kubeadm's) X-Remote-User, X-Remote-Uid,
+// X-Remote-Group and X-Remote-Extra-.
+func DefaultRequestHeaders() RequestHeaders {
+	return RequestHeaders{
+		User:        []string{contract.HeaderRemoteUser},
+		UID:         []string{contract.HeaderRemoteUID},
+		Group:       []string{contract.HeaderRemoteGroup},
+		ExtraPrefix: []string{contract.HeaderRemoteExtraPrefix},
+	}
+}
+
+// OrDefault is h, lower-cased, with every empty list replaced by its default.
+func (h RequestHeaders) OrDefault() RequestHeaders {
+	d := DefaultRequestHeaders()
+	norm := func(names, def []string) []string {
+		var out []string
+		for _, n := range names {
+			if n = strings.ToLower(strings.TrimSpace(n)); n != "" && !slices.Contains(out, n) {
+				out = append(out, n)
+			}
+		}
+		if len(out) == 0 {
+			return def
+		}
+		return out
+	}
+	return RequestHeaders{User: norm(h.User, d.User), UID: norm(h.UID, d.UID), Group: norm(h.Group, d.Group), ExtraPrefix: norm(h.ExtraPrefix, d.ExtraPrefix)}
+}
+
+// Names are every exact header name (user, uid and group), in that order.
+func (h RequestHeaders) Names() []string {
+	return slices.Concat(h.User, h.UID, h.Group)
+}
