@@ -92,17 +92,55 @@ type Plan struct {
 // Build makes the plan of t for a front proxy, or, when t.LocalID is set, for a sidecar
 // beside that apiserver. The one error is two serving sets whose cluster names collide
 // (two apiservers that share a hostname).
-func Build(t *topology.Topology) (*Plan, error) {
-	p := &Plan{Topology: t, LocalID: t.LocalID, RequestHeaders: t.RequestHeaders.OrDefault()}
-	def := DefaultCluster(t.LocalID)
-	p.Routes = &Routes{LocalID: t.LocalID, Default: Route{Outcome: topology.Default, Cluster: def}, byResource: make(map[topology.Resource]Route, len(t.Served))}
+func Build(t *topology.Topology) (*Plan, error) { return newShared(t).plan(t.LocalID) }
+
+// shared is what every plan of one topology has in common: who can serve each published
+// resource, and the names of the clusters of those sets, worked out once for all of them.
+type shared struct {
+	t         *topology.Topology
+	resources []topology.Resource // sorted
+	caps      []topology.Capability
+	live      []string
+	// names are the subset cluster names of caps[i].Live, made when first needed.
+	names   []string
+	byNames map[string]string // ServerSet.Key → cluster name
+}
+
+func newShared(t *topology.Topology) *shared {
+	s := &shared{t: t, resources: t.Resources(), live: t.Live(), byNames: map[string]string{}}
+	s.caps = make([]topology.Capability, len(s.resources))
+	s.names = make([]string, len(s.resources))
+	for i, r := range s.resources {
+		s.caps[i] = t.Capable(r)
+	}
+	return s
+}
+
+// subsetName is the cluster name of resource i's live capable apiservers.
+func (s *shared) subsetName(i int) string {
+	if s.names[i] == "" {
+		key := s.caps[i].Live.Key()
+		if s.names[i] = s.byNames[key]; s.names[i] == "" {
+			s.names[i] = SubsetClusterName(s.t, s.caps[i].Live)
+			s.byNames[key] = s.names[i]
+		}
+	}
+	return s.names[i]
+}
+
+// plan is the plan for an Envoy beside local ("" for a front proxy).
+func (s *shared) plan(local string) (*Plan, error) {
+	t := s.t.WithLocal(local)
+	p := &Plan{Topology: t, LocalID: local, RequestHeaders: t.RequestHeaders.OrDefault()}
+	def := DefaultCluster(local)
+	all := make([]Route, len(s.resources))
 	subsets := map[string]topology.ServerSet{}
-	for _, r := range t.Resources() { // sorted: group/versions come in order
-		d := t.DecideResource(r)
+	for i, r := range s.resources { // sorted: group/versions come in order
+		d := s.caps[i].Decide(local, s.live)
 		route := Route{Resource: r, Outcome: d.Outcome, Servers: d.Servers}
 		switch d.Outcome {
-		case topology.Subset:
-			route.Cluster = SubsetClusterName(t, d.Servers)
+		case topology.Subset: // d.Servers are caps[i].Live
+			route.Cluster = s.subsetName(i)
 			if prev, ok := subsets[route.Cluster]; ok && !slices.Equal(prev, d.Servers) {
 				return nil, fmt.Errorf("cluster name %s stands for two serving sets, [%s] and [%s] (two apiservers share a hostname?)", route.Cluster, prev.Key(), d.Servers.Key())
 			}
@@ -110,24 +148,29 @@ func Build(t *topology.Topology) (*Plan, error) {
 		case topology.Default, topology.NotServed:
 			route.Cluster = def
 		}
-		p.Routes.byResource[r] = route
+		all[i] = route
 		if n := len(p.GroupVersions); n == 0 || p.GroupVersions[n-1].GroupVersion != r.GroupVersion() {
-			p.GroupVersions = append(p.GroupVersions, GroupVersion{GroupVersion: r.GroupVersion()})
+			p.GroupVersions = append(p.GroupVersions, GroupVersion{GroupVersion: r.GroupVersion(), Routes: all[i:i]})
 		}
 		gv := &p.GroupVersions[len(p.GroupVersions)-1]
-		gv.Routes = append(gv.Routes, route)
+		gv.Routes = gv.Routes[:len(gv.Routes)+1] // all[i] joins its group/version
 		if route.Cluster != def {
 			gv.ExtProc = true
 		}
 	}
-	if t.LocalID != "" {
+	for i := range p.GroupVersions {
+		r := p.GroupVersions[i].Routes
+		p.GroupVersions[i].Routes = r[:len(r):len(r)] // an append must not run into the next
+	}
+	p.Routes = newRoutes(local, all)
+	if local != "" {
 		var members topology.ServerSet
-		if slices.Contains(t.Live(), t.LocalID) {
-			members = topology.ServerSet{t.LocalID}
+		if slices.Contains(s.live, local) {
+			members = topology.ServerSet{local}
 		}
 		p.Clusters = append(p.Clusters, Cluster{Name: def, Role: RoleLocal, Members: members})
 	} else {
-		p.Clusters = append(p.Clusters, Cluster{Name: def, Role: RoleDefault, Members: t.Live()})
+		p.Clusters = append(p.Clusters, Cluster{Name: def, Role: RoleDefault, Members: s.live})
 	}
 	for _, name := range slices.Sorted(maps.Keys(subsets)) {
 		p.Clusters = append(p.Clusters, Cluster{Name: name, Role: RoleSubset, Members: subsets[name]})
@@ -241,17 +284,18 @@ type Envoys struct {
 
 // ForEveryEnvoy makes the front plan of t and a sidecar plan for each of its apiservers.
 func ForEveryEnvoy(t *topology.Topology) (*Envoys, error) {
-	front, err := Build(t.WithLocal(""))
+	s := newShared(t)
+	front, err := s.plan("")
 	if err != nil {
 		return nil, err
 	}
 	e := &Envoys{Front: front, Local: make(map[string]*Plan, len(t.APIServers))}
-	for _, s := range t.APIServers {
-		p, err := Build(t.WithLocal(s.ID))
+	for _, a := range t.APIServers {
+		p, err := s.plan(a.ID)
 		if err != nil {
-			return nil, fmt.Errorf("sidecar beside %s: %w", s.ID, err)
+			return nil, fmt.Errorf("sidecar beside %s: %w", a.ID, err)
 		}
-		e.Local[s.ID] = p
+		e.Local[a.ID] = p
 	}
 	return e, nil
 }

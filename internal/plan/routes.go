@@ -2,7 +2,9 @@ package plan
 
 import (
 	"fmt"
+	"maps"
 	"slices"
+	"sync"
 
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
@@ -14,27 +16,48 @@ type Routes struct {
 	// LocalID is the apiserver of a sidecar's plan; "" for a front proxy.
 	LocalID string
 	// Default is the route of everything that is not a published resource.
-	Default    Route
-	byResource map[topology.Resource]Route
+	Default Route
+	// all are the routes sorted by resource; the plan's group/versions share its memory.
+	all []Route
+	// index finds a resource's route in all; made on the first lookup, since only extproc
+	// looks up (xds-server translates and ships all in order).
+	indexOnce sync.Once
+	index     map[topology.Resource]int
+}
+
+func newRoutes(local string, sorted []Route) *Routes {
+	return &Routes{LocalID: local, Default: Route{Outcome: topology.Default, Cluster: DefaultCluster(local)}, all: sorted}
 }
 
 // NewRoutes assembles routes received from elsewhere (the routing table). Every route must
-// name a cluster unless it is Unavailable, and its key must be a resource.
+// name a cluster unless it is Unavailable, its key must be a resource, and no key may come
+// twice.
 func NewRoutes(local string, routes []Route) (*Routes, error) {
-	rs := &Routes{LocalID: local, Default: Route{Outcome: topology.Default, Cluster: DefaultCluster(local)}, byResource: make(map[topology.Resource]Route, len(routes))}
-	for _, r := range routes {
+	sorted := slices.Clone(routes)
+	slices.SortFunc(sorted, compareRoutes)
+	for i, r := range sorted {
 		if r.Resource.Version == "" || r.Resource.Resource == "" {
 			return nil, fmt.Errorf("route for %q lacks a version or resource", r.Resource)
 		}
 		if (r.Cluster == "") != (r.Outcome == topology.Unavailable) {
 			return nil, fmt.Errorf("route for %s: outcome %s with cluster %q", r.Resource, r.Outcome, r.Cluster)
 		}
-		if _, dup := rs.byResource[r.Resource]; dup {
+		if i > 0 && sorted[i-1].Resource == r.Resource {
 			return nil, fmt.Errorf("route for %s listed twice", r.Resource)
 		}
-		rs.byResource[r.Resource] = r
 	}
+	rs := newRoutes(local, sorted)
+	rs.makeIndex()
 	return rs, nil
+}
+
+func (rs *Routes) makeIndex() {
+	rs.indexOnce.Do(func() {
+		rs.index = make(map[topology.Resource]int, len(rs.all))
+		for i, r := range rs.all {
+			rs.index[r.Resource] = i
+		}
+	})
 }
 
 // Decide is the route of one request: what topology.DecideResource gives on the plan's
@@ -51,11 +74,11 @@ func (rs *Routes) Decide(req topology.RequestInfo) Route {
 // resource goes (StorageVersions know no subresources); an unpublished resource goes to the
 // default cluster, whose apiservers answer for themselves.
 func (rs *Routes) Lookup(r topology.Resource) Route {
-	if route, ok := rs.byResource[r]; ok {
+	if route, ok := rs.Route(r); ok {
 		return route
 	}
 	if r.Subresource != "" {
-		if route, ok := rs.byResource[r.Parent()]; ok {
+		if route, ok := rs.Route(r.Parent()); ok {
 			return route
 		}
 	}
@@ -64,42 +87,33 @@ func (rs *Routes) Lookup(r topology.Resource) Route {
 
 // Route is the route of exactly key r, if r is a published key.
 func (rs *Routes) Route(r topology.Resource) (Route, bool) {
-	route, ok := rs.byResource[r]
-	return route, ok
+	rs.makeIndex()
+	if i, ok := rs.index[r]; ok {
+		return rs.all[i], true
+	}
+	return Route{}, false
 }
 
-// All returns every route, sorted by resource.
-func (rs *Routes) All() []Route {
-	out := make([]Route, 0, len(rs.byResource))
-	for _, r := range rs.byResource {
-		out = append(out, r)
-	}
-	slices.SortFunc(out, compareRoutes)
-	return out
-}
+// All returns every route, sorted by resource. The slice is shared: do not modify it.
+func (rs *Routes) All() []Route { return rs.all }
 
 // Len is the number of published keys.
 func (rs *Routes) Len() int {
 	if rs == nil {
 		return 0
 	}
-	return len(rs.byResource)
+	return len(rs.all)
 }
 
 // Clusters are the cluster names the routes name, sorted.
 func (rs *Routes) Clusters() []string {
 	set := map[string]bool{rs.Default.Cluster: true}
-	for _, r := range rs.byResource {
+	for _, r := range rs.all {
 		if r.Cluster != "" {
 			set[r.Cluster] = true
 		}
 	}
-	out := make([]string, 0, len(set))
-	for c := range set {
-		out = append(out, c)
-	}
-	slices.Sort(out)
-	return out
+	return slices.Sorted(maps.Keys(set))
 }
 
 // Table is what extproc decides from, for every kind of Envoy: each plan's Routes and the

@@ -85,8 +85,14 @@ func build(p *plan.Table, now time.Time) (*tablev1.Table, []byte) {
 			cluster string
 		}
 		index := map[wire]uint32{}
+		routes := rs.All() // normally the same keys in the same order: one topology's
 		for i, key := range keys {
-			route, _ := rs.Route(key)
+			route := rs.Default
+			if i < len(routes) && routes[i].Resource == key {
+				route = routes[i]
+			} else if r, ok := rs.Route(key); ok {
+				route = r
+			}
 			r := wire{route.Outcome, route.Cluster}
 			n, ok := index[r]
 			if !ok {

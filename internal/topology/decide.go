@@ -49,12 +49,27 @@ type Decision struct {
 }
 
 // DecideResource is the one routing rule of kube-mvp (README, "Design"): where a request
-// on resource r goes. internal/plan applies it to every published resource once per topology
-// change; everything else reads the plan. Requests that are not for a resource go to the
-// default set.
+// on resource r goes, from a front proxy or (t.LocalID) a sidecar. It is Capable, who can
+// serve r, and then Decide, where that sends the request; internal/plan applies the two to
+// every published resource once per topology change, and everything else reads the plan.
+// Requests that are not for a resource go to the default set.
 func (t *Topology) DecideResource(r Resource) Decision {
+	return t.Capable(r).Decide(t.LocalID, t.Live())
+}
+
+// Capability is who can serve a request on one resource.
+type Capability struct {
+	// Key is the serving-table key: r, or its parent resource when no apiserver publishes
+	// the subresource; zero when r is not published or its group is served everywhere.
+	Key Resource
+	// Live are the live, dialable apiservers that serve Key; Known the others that do.
+	Live, Known ServerSet
+}
+
+// Capable is who can serve a request on resource r.
+func (t *Topology) Capable(r Resource) Capability {
 	if t.ServedEverywhere[r.Group] {
-		return Decision{Outcome: Default}
+		return Capability{}
 	}
 	key := r
 	capable, published := t.Served[key]
@@ -65,29 +80,40 @@ func (t *Topology) DecideResource(r Resource) Decision {
 		capable, published = t.Served[key]
 	}
 	if !published {
-		return Decision{Outcome: Default}
+		return Capability{}
 	}
-	var live, known ServerSet
+	c := Capability{Key: key}
 	for _, id := range capable {
 		s, ok := t.Server(id)
 		if !ok {
 			continue
 		}
 		if s.Alive && s.Address != "" {
-			live = append(live, id)
+			c.Live = append(c.Live, id)
 		} else {
-			known = append(known, id)
+			c.Known = append(c.Known, id)
 		}
 	}
+	return c
+}
+
+// Decide is where a request with capability c goes from an Envoy beside apiserver local
+// ("" for a front proxy), live being every live apiserver: the default set when it can
+// serve it (the local apiserver, or every live one), the live capable ones when only they
+// can, an immediate 503 when only dead ones can, and the default set (which answers 404
+// itself) when no known apiserver can any more.
+func (c Capability) Decide(local string, live []string) Decision {
 	switch {
-	case len(live) == 0 && len(known) == 0:
-		return Decision{Outcome: NotServed, Resource: key}
-	case len(live) == 0:
-		return Decision{Outcome: Unavailable, Resource: key, Servers: known}
-	case t.LocalID != "" && live.Contains(t.LocalID):
-		return Decision{Outcome: Default, Resource: key}
-	case t.LocalID == "" && slices.Equal(live, t.Live()):
-		return Decision{Outcome: Default, Resource: key}
+	case c.Key == (Resource{}):
+		return Decision{Outcome: Default}
+	case len(c.Live) == 0 && len(c.Known) == 0:
+		return Decision{Outcome: NotServed, Resource: c.Key}
+	case len(c.Live) == 0:
+		return Decision{Outcome: Unavailable, Resource: c.Key, Servers: c.Known}
+	case local != "" && c.Live.Contains(local):
+		return Decision{Outcome: Default, Resource: c.Key}
+	case local == "" && slices.Equal(c.Live, live):
+		return Decision{Outcome: Default, Resource: c.Key}
 	}
-	return Decision{Outcome: Subset, Resource: key, Servers: live}
+	return Decision{Outcome: Subset, Resource: c.Key, Servers: c.Live}
 }
