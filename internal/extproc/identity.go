@@ -98,7 +98,7 @@ const (
 	// identityRejected: an XFCC header we do not trust to mean one thing; no identity headers.
 	identityRejected
 	// identityUnauthenticated: Envoy's "anonymous" route says the request has no credentials
-	// at all (see AnonymousCallerMetadata); forwarded as system:anonymous.
+	// at all (contract.MetadataCaller); forwarded as system:anonymous.
 	identityUnauthenticated
 	numIdentityResults
 )
@@ -109,7 +109,7 @@ func (r identityResult) String() string {
 
 // Requests without any credentials. Envoy's "anonymous" route (no verified client
 // certificate, no Authorization header) opens the ext_proc stream with
-// topology.AnonymousCallerMetadata. The apiserver would authenticate such a request as
+// contract.MetadataCaller. The apiserver would authenticate such a request as
 // system:anonymous; behind Envoy it sees only the proxy client certificate, and refuses a
 // front-proxy certificate without X-Remote-User (401). So extproc forwards the anonymous
 // user as the apiserver's own authenticator would, and authorization decides as for a direct

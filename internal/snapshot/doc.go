@@ -1,7 +1,9 @@
-// Package snapshot translates a topology.Topology into the Envoy configuration of kube-mvp: one
-// listener, one route table, the apiserver clusters and their endpoints, the extproc cluster
-// and the TLS secrets, all delivered over ADS. It is pure: no I/O, no clock; equal inputs give
-// byte-identical resources and equal content-hash versions on every replica.
+// Package snapshot translates a plan (internal/plan) into the Envoy configuration of kube-mvp:
+// one listener, one route table, the apiserver clusters and their endpoints, the extproc
+// cluster and the TLS secrets, all delivered over ADS. It decides nothing: which clusters
+// exist, which group/versions need extproc and where each resource goes are the plan's. It
+// is pure: no I/O, no clock; equal inputs give byte-identical resources and equal
+// content-hash versions on every replica.
 //
 // # Listener "kube-apiserver"
 //
@@ -59,7 +61,7 @@
 //  3. "anonymous" (with a proxy client certificate, unless Config.DisableAnonymous): no
 //     authorization, no x-forwarded-client-cert, no sec-websocket-protocol header, i.e. a
 //     request without credentials → default cluster, ext_proc ON with gRPC metadata
-//     topology.AnonymousCallerMetadata (ExtProcPerRoute overrides.grpc_initial_metadata), so
+//     contract.MetadataCaller (ExtProcPerRoute overrides.grpc_initial_metadata), so
 //     extproc forwards system:anonymous: an apiserver refuses (401) the proxy certificate
 //     without a user header, where it would have served an anonymous client.
 //  4. "discovery": path /apis → default cluster, ext_proc ON: for GET /apis asking for
@@ -76,6 +78,11 @@
 //  6. "default": prefix "/" (non-resource paths, CRDs, aggregated APIs) → default cluster;
 //     ext_proc off.
 //
+// In a sidecar's configuration every route with ext_proc on also names the sidecar's
+// apiserver in the ext_proc stream's gRPC metadata (contract.MetadataLocalAPIServer), so
+// extproc decides by that sidecar's plan; the local apiserver is configured only on the
+// Envoy node.
+//
 // Every route: timeout 0 and idle_timeout 0 (watches must not be cut); retries only where the
 // request cannot have reached an apiserver (connect-failure, refused-stream,
 // reset-before-request) or the apiserver says it did not process it (retriable-headers:
@@ -85,14 +92,14 @@
 //
 // # Clusters
 //
-//   - The default cluster (topology.DefaultCluster: every live apiserver) or, in sidecar mode
-//     (Topology.LocalID set), topology.LocalCluster holding the local apiserver only. In
+//   - The default cluster (contract.ClusterDefault: every live apiserver) or, in sidecar mode
+//     (the plan's LocalID set), contract.ClusterLocal holding the local apiserver only. In
 //     sidecar mode the all-live cluster is not emitted: no decision names it (what the local
 //     apiserver serves stays local, what it does not goes to the subset that does), and every
 //     sidecar health-checking every apiserver would cost N² probes for nothing.
-//   - One cluster per serving set that some Subset decision produces (named by
-//     Topology.ClusterName, e.g. "kube-apiservers-only-cp-a+cp-c"), found by deciding every
-//     published resource exactly as extproc will.
+//   - One cluster per serving set that some Subset decision of the plan names
+//     (plan.SubsetClusterName, e.g. "kube-apiservers-only-cp-a+cp-c"), and the lingering ones
+//     make before break holds: the plan's Clusters.
 //   - All apiserver clusters: EDS over ADS; upstream TLS from SDS (the proxy client
 //     certificate kube-mvp-proxy-client-cert as client certificate; the peer CA
 //     kube-mvp-peer-ca with a DNS SAN match on UpstreamServerName; SNI UpstreamServerName);

@@ -277,7 +277,7 @@ func TestNoAnonymousRoute(t *testing.T) {
 	}
 }
 
-// TestLingeringCluster: a cluster only Topology.Lingering asks for is defined, marked
+// TestLingeringCluster: a cluster only the plan's Hold.Lingering asks for is defined, marked
 // "lingering" in its metadata, and holds those of its apiservers that are live.
 func TestLingeringCluster(t *testing.T) {
 	topo := loadCase(t, "dead-lease")
@@ -318,7 +318,7 @@ func TestLingeringCluster(t *testing.T) {
 	}
 }
 
-// TestJoiningApiserver: an apiserver in Topology.Joining is out of the default cluster but in
+// TestJoiningApiserver: an apiserver in the plan's Hold.Joining is out of the default cluster but in
 // the subset clusters; when every live one is joining, none is held back.
 func TestJoiningApiserver(t *testing.T) {
 	topo := loadCase(t, "batch-off") // batch/v1 on cp-a and cp-c; cp-b without it
