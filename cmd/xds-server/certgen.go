@@ -9,12 +9,10 @@ import (
 	"log/slog"
 	"maps"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/hashicorp/go-multierror"
@@ -36,11 +34,9 @@ var certgenCommand = &command{
 	name:    "certgen",
 	summary: "make and renew the control plane's CA and role certificates (Secrets or files)",
 	usage:   certgenUsage,
-	run: func(args []string, stdout, stderr io.Writer) int {
-		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-		defer stop()
+	run: untilSignal(func(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return runCertgen(ctx, args, stdout, stderr, time.Now)
-	},
+	}),
 }
 
 const certgenIntro = `usage: xds-server certgen --namespace NS --ca-secret NAME --secret ROLE=NAME,... [flags]

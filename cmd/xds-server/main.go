@@ -11,10 +11,13 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 
 	"github.com/kube-mvp/kube-mvp/internal/version"
 )
@@ -26,6 +29,15 @@ type command struct {
 	summary string
 	usage   func() string
 	run     func(args []string, stdout, stderr io.Writer) int
+}
+
+// untilSignal runs a long-running command with a context that SIGINT and SIGTERM end.
+func untilSignal(run func(ctx context.Context, args []string, stdout, stderr io.Writer) int) func([]string, io.Writer, io.Writer) int {
+	return func(args []string, stdout, stderr io.Writer) int {
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		return run(ctx, args, stdout, stderr)
+	}
 }
 
 // commands lists the subcommands in the order usage shows them.

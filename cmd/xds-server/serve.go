@@ -8,11 +8,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
-	"os/signal"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
@@ -43,11 +40,9 @@ var serveCommand = &command{
 	name:    "serve",
 	summary: "watch a cluster's apiservers and serve Envoy (ADS) and extproc (routing table)",
 	usage:   serveUsage,
-	run: func(args []string, stdout, stderr io.Writer) int {
-		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-		defer stop()
+	run: untilSignal(func(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return runServe(ctx, args, stdout, stderr, nil)
-	},
+	}),
 }
 
 func serveUsage() string { return cli.Usage(serveIntro, new(serveOptions).flagSet(), serveOutro) }
