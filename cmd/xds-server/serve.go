@@ -209,6 +209,7 @@ func serve(ctx context.Context, opts serveOptions, log *slog.Logger, ready chan<
 	}))
 
 	opts.watch.Log = log
+	opts.watch.OnSkipped = func(n int) { m.skipped.Set(float64(n)) }
 	watcher, err := inventory.NewWatcher(opts.rest, opts.watch, func(t *topology.Topology) {
 		m.observeTopology(t)
 		// Every decision is made here, once per topology change; Envoy's snapshots and
@@ -305,6 +306,7 @@ type serveMetrics struct {
 	buildSeconds prometheus.Histogram
 	updates      prometheus.Counter
 	refused      *prometheus.CounterVec
+	skipped      prometheus.Gauge
 }
 
 func newServeMetrics(reg prometheus.Registerer) *serveMetrics {
@@ -327,7 +329,11 @@ func newServeMetrics(reg prometheus.Registerer) *serveMetrics {
 		Name: "kube_mvp_xds_refused_total",
 		Help: "gRPC calls and xDS streams refused, by reason (role: no or wrong control-plane certificate role; node: a node that does not fit its certificate; max-nodes, max-streams: a limit reached; fetch: unary xDS fetch).",
 	}, []string{"reason"})
-	reg.MustRegister(m.apiservers, m.builds, m.buildSeconds, m.updates, m.refused)
+	m.skipped = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "kube_mvp_xds_objects_skipped",
+		Help: "Watched objects the last topology build skipped or only partly used (each is logged once when it appears), such as identity Leases that are not believable: a holderIdentity that is not <name>_<uid>, a renewTime in the future, an address that is not an IP and port.",
+	})
+	reg.MustRegister(m.apiservers, m.builds, m.buildSeconds, m.updates, m.refused, m.skipped)
 	return m
 }
 

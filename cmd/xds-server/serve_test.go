@@ -112,8 +112,8 @@ func TestServeAgainstMixedControlPlane(t *testing.T) {
 		if path == "/debug/topology" && !strings.Contains(string(body), `"cluster": "kube-apiservers-only-cp-a"`) {
 			t.Errorf("/debug/topology does not route batch/v1 to cp-a: %s", body)
 		}
-		if path == "/metrics" && !strings.Contains(string(body), `kube_mvp_xds_apiservers{state="live"} 2`) {
-			t.Errorf("/metrics lacks the live apiserver count")
+		if path == "/metrics" && (!strings.Contains(string(body), `kube_mvp_xds_apiservers{state="live"} 2`) || !strings.Contains(string(body), "kube_mvp_xds_objects_skipped 0")) {
+			t.Errorf("/metrics lacks the live apiserver count or the skipped objects (none on real apiservers)")
 		}
 		if path == "/debug/config_dump" && (strings.Contains(string(body), "PRIVATE KEY") || !strings.Contains(string(body), `"filename": "`+pki.Path("proxy-client.crt")+`"`)) {
 			t.Errorf("/debug/config_dump: the proxy client certificate is not a file reference, or a key is in it")

@@ -60,6 +60,9 @@ type WatchOptions struct {
 	// Clock returns the current time; nil means time.Now.
 	Clock func() time.Time
 	Log   *slog.Logger
+	// OnSkipped, if set, is told after every build how many objects were skipped or only
+	// partly used (each is logged once, when it first appears).
+	OnSkipped func(n int)
 }
 
 // Watcher keeps a Topology current from a live cluster and hands every new one to OnChange.
@@ -75,6 +78,8 @@ type Watcher struct {
 	apisvcs cache.Store
 
 	kick chan struct{}
+	// reported are the build errors already logged (rebuild's own: it runs on one goroutine).
+	reported map[string]bool
 
 	mu        sync.Mutex
 	discovery map[string]discovered // by apiserver ID
@@ -246,12 +251,33 @@ func (w *Watcher) rebuild(ctx context.Context) {
 	opts.Now = w.opts.Clock()
 	objs.Discovery = w.discoveryFor(ctx, objs.Leases, opts)
 	t, errs := objects.Build(objs, opts)
-	for _, err := range errs {
+	var news []error
+	news, w.reported = newlyReported(w.reported, errs)
+	for _, err := range news {
 		w.opts.Log.Warn("inventory: object skipped or partly used", "error", err)
+	}
+	if w.opts.OnSkipped != nil {
+		w.opts.OnSkipped(len(errs))
 	}
 	if t != nil {
 		w.onChange(t)
 	}
+}
+
+// newlyReported returns the errors of a build that the previous build did not report, and
+// what to remember for the next: an object that stays bad is logged once, not at every
+// Lease renewal, and again if it comes back after it was fixed.
+func newlyReported(prev map[string]bool, errs []error) ([]error, map[string]bool) {
+	next := make(map[string]bool, len(errs))
+	var news []error
+	for _, err := range errs {
+		msg := err.Error()
+		if !prev[msg] && !next[msg] {
+			news = append(news, err)
+		}
+		next[msg] = true
+	}
+	return news, next
 }
 
 // discoveryFor returns the discovery to use per live apiserver and starts fetches for those

@@ -2,8 +2,10 @@ package inventory
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
+	"slices"
 	"testing"
 	"time"
 
@@ -80,4 +82,26 @@ func TestDiscoveryRefetchRule(t *testing.T) {
 	step(50*time.Second, false, "settled")
 
 	step(2*time.Hour, true, "DiscoveryInterval over")
+}
+
+// TestNewlyReported: a bad object is logged when it first appears, not again at every
+// rebuild while it stays, and again when it comes back after it was fixed.
+func TestNewlyReported(t *testing.T) {
+	a, b := errors.New("Lease kube-system/x rejected"), errors.New("Lease kube-system/y rejected")
+	var prev map[string]bool
+	for i, step := range []struct {
+		errs, want []error
+	}{
+		{[]error{a}, []error{a}},
+		{[]error{a}, nil},
+		{[]error{a, b, b}, []error{b}},
+		{nil, nil},
+		{[]error{a}, []error{a}},
+	} {
+		var got []error
+		got, prev = newlyReported(prev, step.errs)
+		if !slices.Equal(got, step.want) {
+			t.Errorf("step %d: logged %v, want %v", i, got, step.want)
+		}
+	}
 }

@@ -45,8 +45,9 @@
 // header, x-kubernetes-peer-proxied, x-forwarded-client-cert and x-remote-*, plus
 // content-type, etag and vary, which its immediate responses carry and which Envoy 1.32+
 // checks with the same rules), and a disallowed mutation fails the request rather than
-// being dropped. A message_timeout is a 504 (Envoy 1.35+), mapped to a 503 Status too. Authorization, cookie
-// and proxy-authorization headers are not forwarded to extproc: it never needs credentials.
+// being dropped. A message_timeout is a 504 (Envoy 1.35+), mapped to a 503 Status too. Authorization, cookie,
+// proxy-authorization and sec-websocket-protocol (a WebSocket client's bearer token) headers
+// are not forwarded to extproc: it never needs credentials.
 // The filter is disabled per route (ExtProcPerRoute disabled) where no decision is needed.
 //
 // # Route configuration "kube-apiserver"

@@ -167,9 +167,10 @@ func (b *builder) extProcFilter() *extprocv3.ExternalProcessor {
 			DisallowIsError: wrapperspb.Bool(true),
 		},
 		// extproc decides on the path, the method and the client certificate; credentials
-		// never need to leave Envoy.
+		// never need to leave Envoy. WebSocket clients put their bearer token in
+		// Sec-WebSocket-Protocol.
 		ForwardRules: &extprocv3.HeaderForwardingRules{DisallowedHeaders: &matcherv3.ListStringMatcher{
-			Patterns: []*matcherv3.StringMatcher{exact("authorization"), exact("cookie"), exact("proxy-authorization")},
+			Patterns: []*matcherv3.StringMatcher{exact("authorization"), exact("cookie"), exact("proxy-authorization"), exact("sec-websocket-protocol")},
 		}},
 	}
 }

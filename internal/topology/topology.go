@@ -173,18 +173,37 @@ func (t *Topology) WithLocal(id string) *Topology {
 	return &c
 }
 
-// ResolveLocal returns the ID of the apiserver named by idOrHostname (its ID, or the hostname
-// of its identity Lease, which a DaemonSet knows as its node name), or "" when none matches.
-func (t *Topology) ResolveLocal(idOrHostname string) string {
+// ResolveLocal returns the ID of the apiserver a sidecar names (node metadata): its ID, or a
+// hostname (the identity Lease's kubernetes.io/hostname label, which a DaemonSet knows as
+// its node name) that exactly one live apiserver carries, or, when none of them is live,
+// exactly one apiserver. Anything else is an error saying why: a second Lease carrying the
+// node's hostname (anyone who may write Leases can make one) must not decide where a
+// sidecar's local requests go.
+func (t *Topology) ResolveLocal(idOrHostname string) (string, error) {
 	if _, ok := t.byID[idOrHostname]; ok {
-		return idOrHostname
+		return idOrHostname, nil
 	}
+	var live, all []string
 	for _, a := range t.APIServers {
-		if a.Hostname == idOrHostname {
-			return a.ID
+		if a.Hostname != idOrHostname {
+			continue
+		}
+		all = append(all, a.ID)
+		if a.Alive && a.Address != "" {
+			live = append(live, a.ID)
 		}
 	}
-	return ""
+	switch {
+	case len(live) == 1:
+		return live[0], nil
+	case len(live) > 1:
+		return "", fmt.Errorf("%d live apiservers carry hostname %q (%s): name the local one by ID", len(live), idOrHostname, strings.Join(live, ", "))
+	case len(all) == 1:
+		return all[0], nil
+	case len(all) > 1:
+		return "", fmt.Errorf("%d apiservers, none live, carry hostname %q (%s): name the local one by ID", len(all), idOrHostname, strings.Join(all, ", "))
+	}
+	return "", fmt.Errorf("no apiserver has ID or hostname %q", idOrHostname)
 }
 
 // Server returns the apiserver with the given ID.

@@ -48,9 +48,9 @@ func (s *Server) AdminHandler(metrics http.Handler) http.Handler {
 		}
 		p := e.Front
 		if local := r.URL.Query().Get("local"); local != "" {
-			id := e.Front.Topology.ResolveLocal(local)
-			if p = e.For(id); id == "" || p == nil {
-				http.Error(w, fmt.Sprintf("no apiserver %q (ID or hostname) to plan a sidecar for", local), http.StatusNotFound)
+			id, err := e.Front.Topology.ResolveLocal(local)
+			if p = e.For(id); err != nil || p == nil {
+				http.Error(w, fmt.Sprintf("no sidecar plan for %q: %v", local, err), http.StatusNotFound)
 				return
 			}
 		}

@@ -175,8 +175,8 @@ func (s *Server) namedLocked() map[string]topology.ServerSet {
 		if n.LocalAPIServer == "" {
 			continue
 		}
-		if p := s.envoys.For(s.envoys.Front.Topology.ResolveLocal(n.LocalAPIServer)); p != nil && p.LocalID != "" {
-			maps.Copy(named, p.SubsetClusters())
+		if id, err := s.envoys.Front.Topology.ResolveLocal(n.LocalAPIServer); err == nil && s.envoys.For(id) != nil {
+			maps.Copy(named, s.envoys.For(id).SubsetClusters())
 		}
 	}
 	return named
@@ -244,9 +244,10 @@ func (s *Server) setSnapshotLocked(n *NodeStatus) {
 	}
 	local := ""
 	if n.LocalAPIServer != "" {
-		local = s.envoys.Front.Topology.ResolveLocal(n.LocalAPIServer)
-		if local == "" {
-			n.SnapshotError = fmt.Sprintf("node metadata %s=%q names no known apiserver (ID or hostname); serving it front-proxy config", LocalAPIServerMetadataKey, n.LocalAPIServer)
+		var err error
+		if local, err = s.envoys.Front.Topology.ResolveLocal(n.LocalAPIServer); err != nil {
+			local = ""
+			n.SnapshotError = fmt.Sprintf("node metadata %s=%q: %v; serving it front-proxy config", LocalAPIServerMetadataKey, n.LocalAPIServer, err)
 		}
 	}
 	snap, ok := s.built[local]

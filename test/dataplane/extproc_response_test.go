@@ -377,3 +377,57 @@ func TestResponseMutation(t *testing.T) {
 		t.Errorf("skipped rejection: %v", hdr)
 	}
 }
+
+// recordingProc records the request headers of every stream and lets the request go on.
+type recordingProc struct {
+	extprocv3.UnimplementedExternalProcessorServer
+	mu   sync.Mutex
+	seen []*extprocv3.HttpHeaders
+}
+
+func (p *recordingProc) Process(s extprocv3.ExternalProcessor_ProcessServer) error {
+	req, err := s.Recv()
+	if err != nil {
+		return nil
+	}
+	p.mu.Lock()
+	p.seen = append(p.seen, req.GetRequestHeaders())
+	p.mu.Unlock()
+	_ = s.Send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{}}})
+	return nil
+}
+
+// TestCredentialsNotForwardedToExtProc: extproc decides on the path, the method and the
+// client certificate, so the snapshot's forward_rules keep every credential a request may
+// carry (Authorization, Cookie, Proxy-Authorization, and Sec-WebSocket-Protocol, where
+// WebSocket clients put their bearer token) away from it; the apiserver still gets them.
+func TestCredentialsNotForwardedToExtProc(t *testing.T) {
+	p := &recordingProc{}
+	e := newEnv(t, envOptions{extProc: p})
+	c := e.client(e.userCert("alice")) // the client-certificate route takes ext_proc
+	creds := map[string]string{"Authorization": "Bearer secret-token", "Cookie": "session=secret", "Proxy-Authorization": "Basic c2VjcmV0",
+		"Sec-WebSocket-Protocol": "base64url.bearer.authorization.k8s.io.c2VjcmV0, v4.channel.k8s.io"}
+	r := e.do(c, "GET", "/api/v1/namespaces", creds)
+	if r.status != 200 {
+		t.Fatalf("status %d: %s", r.status, r.body)
+	}
+	p.mu.Lock()
+	seen := p.seen
+	p.mu.Unlock()
+	if len(seen) != 1 {
+		t.Fatalf("%d ext_proc streams, want 1", len(seen))
+	}
+	for _, name := range []string{"authorization", "cookie", "proxy-authorization", "sec-websocket-protocol"} {
+		if v, ok := headerOf(seen[0], name); ok {
+			t.Errorf("extproc received %s: %q", name, v)
+		}
+	}
+	if _, ok := headerOf(seen[0], ":path"); !ok {
+		t.Errorf("extproc did not receive :path: %v", seen[0])
+	}
+	for k, v := range creds {
+		if got := r.seen.Header.Get(k); got != v {
+			t.Errorf("the apiserver got %s %q, want %q", k, got, v)
+		}
+	}
+}

@@ -2,7 +2,7 @@ package objects
 
 import (
 	"fmt"
-	"net"
+	"net/netip"
 	"strings"
 	"time"
 
@@ -150,11 +150,22 @@ func Build(objs Objects, opts Options) (*topology.Topology, []error) {
 	return t, errs
 }
 
+// MaxClockSkew is how far in the future a Lease's renewTime may be, by this process's clock,
+// before the Lease is rejected: a renewTime in the future would count as alive for ever.
+const MaxClockSkew = 10 * time.Second
+
 // APIServerFromLease reads one identity Lease as Build does: the apiserver's ID, hostname and
 // address (the peer-advertise annotation, else Options.Addresses by hostname) and whether it
 // is alive at opts.Now. The Lease's own liveness only: Build may still count every apiserver
 // alive when all Leases are stale (see Build). An ID is returned with an error when only the
-// address is unusable; no ID when the Lease is not an apiserver identity Lease.
+// address is unusable; no ID when the Lease is not an apiserver identity Lease or is not
+// believable.
+//
+// Whoever may write Leases in kube-system (controllers, many operators) can write an
+// identity Lease, so one is checked before it is believed: its holderIdentity must be its
+// name followed by "_" (as every apiserver writes it), its renewTime no more than
+// MaxClockSkew in the future, and its address an IP literal and port, nothing else (no DNS
+// name, user info or path for xds-server to fetch discovery from).
 func APIServerFromLease(l *coordinationv1.Lease, opts Options) (topology.APIServer, error) {
 	now, window, addresses := opts.Now, opts.LivenessWindow, opts.Addresses
 	if window == 0 {
@@ -164,17 +175,26 @@ func APIServerFromLease(l *coordinationv1.Lease, opts Options) (topology.APIServ
 	if l.Labels[IdentityLabel] != IdentityLabelValue {
 		return topology.APIServer{}, fmt.Errorf("%s skipped: not an apiserver identity Lease (label %s=%s missing)", name, IdentityLabel, IdentityLabelValue)
 	}
+	if h := l.Spec.HolderIdentity; h == nil || !strings.HasPrefix(*h, l.Name+"_") {
+		return topology.APIServer{}, fmt.Errorf("%s rejected: holderIdentity %s is not <lease name>_<uid>, as an apiserver writes it", name, quoted(h))
+	}
+	if rt := l.Spec.RenewTime; rt != nil && !now.IsZero() && rt.Time.After(now.Add(MaxClockSkew)) {
+		return topology.APIServer{}, fmt.Errorf("%s rejected: renewTime %s is more than %s in the future: it would count as alive for ever", name, rt.UTC().Format(time.RFC3339), MaxClockSkew)
+	}
 	s := topology.APIServer{ID: l.Name, Hostname: l.Labels[HostnameLabel]}
 	var err error
 	if a, ok := l.Annotations[PeerAdvertiseAnnotation]; ok {
-		if _, _, splitErr := net.SplitHostPort(a); splitErr != nil {
-			err = fmt.Errorf("%s: annotation %s=%q is not host:port; address unknown: %v", name, PeerAdvertiseAnnotation, a, splitErr)
+		if addrErr := checkAddress(a); addrErr != nil {
+			err = fmt.Errorf("%s: annotation %s=%q %v; address unknown", name, PeerAdvertiseAnnotation, a, addrErr)
 		} else {
 			s.Address = a
 		}
-	}
-	if s.Address == "" && err == nil {
-		s.Address = addresses[s.Hostname]
+	} else if a, ok := addresses[s.Hostname]; ok {
+		if addrErr := checkAddress(a); addrErr != nil {
+			err = fmt.Errorf("%s: the address given for hostname %q, %q, %v; address unknown", name, s.Hostname, a, addrErr)
+		} else {
+			s.Address = a
+		}
 	}
 	switch {
 	case now.IsZero():
@@ -183,6 +203,22 @@ func APIServerFromLease(l *coordinationv1.Lease, opts Options) (topology.APIServ
 		s.Alive = now.Sub(l.Spec.RenewTime.Time) <= window
 	}
 	return s, err
+}
+
+// checkAddress accepts an IP literal and a port, nothing else.
+func checkAddress(a string) error {
+	ap, err := netip.ParseAddrPort(a)
+	if err != nil || ap.Port() == 0 || ap.Addr().Zone() != "" || ap.Addr().IsUnspecified() {
+		return fmt.Errorf("is not an IP address and port (e.g. 10.0.0.1:6443)")
+	}
+	return nil
+}
+
+func quoted(s *string) string {
+	if s == nil {
+		return "missing"
+	}
+	return fmt.Sprintf("%q", *s)
 }
 
 // addStorageVersion adds what a StorageVersion says about the apiservers that have no

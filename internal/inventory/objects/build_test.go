@@ -127,30 +127,73 @@ func TestBuildFromFixture(t *testing.T) {
 	}
 }
 
-func TestBuildSkipsBadLeases(t *testing.T) {
-	objs, err := objects.DecodeFixture(strings.NewReader(`
-apiVersion: coordination.k8s.io/v1
-kind: Lease
-metadata: {name: some-controller, namespace: kube-system}
----
-apiVersion: coordination.k8s.io/v1
-kind: Lease
-metadata:
-  name: apiserver-ccc
-  namespace: kube-system
-  labels: {apiserver.kubernetes.io/identity: kube-apiserver}
-  annotations: {kubernetes.io/peer-advertise-address: "10.0.0.3"}
-`))
+// TestBuildChecksLeases: anyone who may write Leases in kube-system can write an identity
+// Lease, so Build believes one only as far as it looks like an apiserver's: a Lease that is not
+// an identity Lease, whose holderIdentity is not <name>_..., or whose renewTime lies in the
+// future is skipped (a future renewTime would count as alive for ever); an address that is
+// not exactly an IP and port keeps the apiserver known but not routable. Each error names the
+// Lease.
+func TestBuildChecksLeases(t *testing.T) {
+	now := time.Date(2026, 11, 23, 10, 0, 0, 0, time.UTC)
+	lease := func(name, holder, renew, address string) string {
+		l := "apiVersion: coordination.k8s.io/v1\nkind: Lease\nmetadata:\n  name: " + name + "\n  namespace: kube-system\n" +
+			"  labels: {apiserver.kubernetes.io/identity: kube-apiserver, kubernetes.io/hostname: " + name + "}\n"
+		if address != "" {
+			l += "  annotations: {kubernetes.io/peer-advertise-address: \"" + address + "\"}\n"
+		}
+		l += "spec: {"
+		if holder != "" {
+			l += "holderIdentity: " + holder + ", "
+		}
+		return l + "renewTime: \"" + renew + "\"}\n"
+	}
+	fresh := "2026-11-23T09:59:55.000000Z"
+	for _, c := range []struct {
+		name, yaml string
+		err        string // "": accepted
+		routable   bool
+	}{
+		{"an apiserver's", lease("apiserver-aaa", "apiserver-aaa_6f1c", fresh, "10.0.0.1:6443"), "", true},
+		{"IPv6", lease("apiserver-aaa", "apiserver-aaa_6f1c", fresh, "[fd00::1]:6443"), "", true},
+		{"clock a little ahead", lease("apiserver-aaa", "apiserver-aaa_6f1c", "2026-11-23T10:00:09.000000Z", "10.0.0.1:6443"), "", true},
+		{"not an identity Lease", "apiVersion: coordination.k8s.io/v1\nkind: Lease\nmetadata: {name: some-controller, namespace: kube-system}\n",
+			"Lease kube-system/some-controller skipped: not an apiserver identity Lease", false},
+		{"no holder", lease("apiserver-aaa", "", fresh, "10.0.0.1:6443"), "Lease kube-system/apiserver-aaa rejected: holderIdentity missing", false},
+		{"someone else's holder", lease("apiserver-aaa", "kube-controller-manager_1", fresh, "10.0.0.1:6443"), `rejected: holderIdentity "kube-controller-manager_1"`, false},
+		{"holder without the separator", lease("apiserver-aaa", "apiserver-aaab", fresh, "10.0.0.1:6443"), `holderIdentity "apiserver-aaab"`, false},
+		{"renewTime in the future", lease("apiserver-aaa", "apiserver-aaa_6f1c", "2099-01-01T00:00:00.000000Z", "10.0.0.1:6443"), "rejected: renewTime 2099-01-01T00:00:00Z is", false},
+		{"a URL", lease("apiserver-aaa", "apiserver-aaa_6f1c", fresh, "127.0.0.1:1/evil?x=1"), `"127.0.0.1:1/evil?x=1" is not an IP address and port`, false},
+		{"a DNS name", lease("apiserver-aaa", "apiserver-aaa_6f1c", fresh, "evil.example.com:443"), "is not an IP address and port", false},
+		{"user info", lease("apiserver-aaa", "apiserver-aaa_6f1c", fresh, "u:p@10.0.0.1:6443"), "is not an IP address and port", false},
+		{"no port", lease("apiserver-aaa", "apiserver-aaa_6f1c", fresh, "10.0.0.3"), "is not an IP address and port", false},
+		{"port 0", lease("apiserver-aaa", "apiserver-aaa_6f1c", fresh, "10.0.0.3:0"), "is not an IP address and port", false},
+		{"unspecified address", lease("apiserver-aaa", "apiserver-aaa_6f1c", fresh, "0.0.0.0:6443"), "is not an IP address and port", false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			objs, err := objects.DecodeFixture(strings.NewReader(c.yaml))
+			if err != nil {
+				t.Fatal(err)
+			}
+			topo, errs := objects.Build(objs, objects.Options{Now: now})
+			if c.err == "" && len(errs) > 0 {
+				t.Fatalf("errors: %v", errs)
+			}
+			if c.err != "" && (len(errs) == 0 || !strings.Contains(errs[0].Error(), c.err)) {
+				t.Fatalf("errors %v, want one containing %q", errs, c.err)
+			}
+			if got := len(topo.Live()) == 1; got != c.routable {
+				t.Errorf("routable %v, want %v: %+v", got, c.routable, topo.APIServers)
+			}
+		})
+	}
+	// An address given by flag (--apiserver-addresses) is checked the same way.
+	objs, err := objects.DecodeFixture(strings.NewReader(lease("apiserver-aaa", "apiserver-aaa_6f1c", fresh, "")))
 	if err != nil {
 		t.Fatal(err)
 	}
-	topo, errs := objects.Build(objs, objects.Options{})
-	if len(errs) != 2 || !strings.Contains(errs[0].Error(), "Lease kube-system/some-controller skipped") ||
-		!strings.Contains(errs[1].Error(), `Lease kube-system/apiserver-ccc: annotation kubernetes.io/peer-advertise-address="10.0.0.3" is not host:port`) {
-		t.Fatalf("errors: %v", errs)
-	}
-	if len(topo.APIServers) != 1 || topo.APIServers[0].Address != "" || len(topo.Live()) != 0 {
-		t.Errorf("apiservers: %+v, want C kept without an address (so not routable)", topo.APIServers)
+	topo, errs := objects.Build(objs, objects.Options{Now: now, Addresses: map[string]string{"apiserver-aaa": "localhost:6443"}})
+	if len(errs) != 1 || !strings.Contains(errs[0].Error(), `the address given for hostname "apiserver-aaa", "localhost:6443", is not an IP address and port`) || len(topo.Live()) != 0 {
+		t.Errorf("address by flag: errors %v, live %v", errs, topo.Live())
 	}
 }
 
