@@ -117,7 +117,7 @@ func TestChartOnRealAPIServer(t *testing.T) {
 
 	t.Run("rbac", func(t *testing.T) {
 		type access struct {
-			verb, group, resource, namespace, path string
+			verb, group, resource, namespace, name, path string
 		}
 		// each is a once for each verb, the way an RBAC rule lists them.
 		each := func(a access, verbs ...string) []access {
@@ -129,11 +129,13 @@ func TestChartOnRealAPIServer(t *testing.T) {
 			return out
 		}
 		leases := access{group: "coordination.k8s.io", resource: "leases", namespace: "kube-system"}
+		authentication := access{resource: "configmaps", namespace: "kube-system", name: "extension-apiserver-authentication"}
 		storageVersions := access{group: "internal.apiserver.k8s.io", resource: "storageversions"}
 		apiServices := access{group: "apiregistration.k8s.io", resource: "apiservices"}
 		crds := access{group: "apiextensions.k8s.io", resource: "customresourcedefinitions"}
 		allowed := slices.Concat(
 			each(leases, "get", "list", "watch"),
+			each(authentication, "get", "list", "watch"),
 			each(storageVersions, "get", "list", "watch"),
 			each(apiServices, "list", "watch"),
 			each(crds, "list", "watch"),
@@ -148,6 +150,8 @@ func TestChartOnRealAPIServer(t *testing.T) {
 				{verb: "list", group: "coordination.k8s.io", resource: "leases", namespace: "kube-node-lease"},
 			},
 			each(leases, "update", "create", "delete", "patch"),
+			each(authentication, "update", "delete", "patch"),
+			[]access{{verb: "get", resource: "configmaps", namespace: "kube-system", name: "kubeadm-config"}},
 			each(storageVersions, "update", "delete"),
 			each(apiServices, "update"),
 			each(crds, "create"),
@@ -169,7 +173,7 @@ func TestChartOnRealAPIServer(t *testing.T) {
 			if a.path != "" {
 				spec.NonResourceAttributes = &authorizationv1.NonResourceAttributes{Verb: a.verb, Path: a.path}
 			} else {
-				spec.ResourceAttributes = &authorizationv1.ResourceAttributes{Verb: a.verb, Group: a.group, Resource: a.resource, Namespace: a.namespace}
+				spec.ResourceAttributes = &authorizationv1.ResourceAttributes{Verb: a.verb, Group: a.group, Resource: a.resource, Namespace: a.namespace, Name: a.name}
 			}
 			res, err := client.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{Spec: spec}, metav1.CreateOptions{})
 			if err != nil {

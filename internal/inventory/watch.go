@@ -14,6 +14,7 @@ import (
 	apidiscoveryv2 "k8s.io/api/apidiscovery/v2"
 	apiserverinternalv1alpha1 "k8s.io/api/apiserverinternal/v1alpha1"
 	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -71,11 +72,12 @@ type Watcher struct {
 	opts     WatchOptions
 	onChange func(*topology.Topology)
 
-	client  kubernetes.Interface
-	dynamic dynamic.Interface
-	leases  cache.Store
-	svs     cache.Store // nil when the StorageVersion API is off
-	apisvcs cache.Store
+	client         kubernetes.Interface
+	dynamic        dynamic.Interface
+	leases         cache.Store
+	authentication cache.Store
+	svs            cache.Store // nil when the StorageVersion API is off
+	apisvcs        cache.Store
 
 	kick chan struct{}
 	// reported are the build errors already logged (rebuild's own: it runs on one goroutine).
@@ -147,7 +149,17 @@ func (w *Watcher) Run(ctx context.Context) error {
 	leaseInformer := leaseFactory.Coordination().V1().Leases().Informer()
 	leaseInformer.AddEventHandler(kick)
 	w.leases = leaseInformer.GetStore()
-	synced := []cache.InformerSynced{leaseInformer.HasSynced}
+	// The apiservers' authentication ConfigMap, for the identity header names they read;
+	// the chart's RBAC allows this one object only.
+	authFactory := informers.NewSharedInformerFactoryWithOptions(w.client, 0,
+		informers.WithNamespace(objects.AuthenticationNamespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = "metadata.name=" + objects.AuthenticationConfigMap
+		}))
+	authInformer := authFactory.Core().V1().ConfigMaps().Informer()
+	authInformer.AddEventHandler(kick)
+	w.authentication = authInformer.GetStore()
+	synced := []cache.InformerSynced{leaseInformer.HasSynced, authInformer.HasSynced}
 
 	if w.hasStorageVersionAPI(ctx) {
 		clusterFactory := informers.NewSharedInformerFactory(w.client, 0)
@@ -175,6 +187,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 	synced = append(synced, apisvcInformer.HasSynced)
 
 	leaseFactory.Start(ctx.Done())
+	authFactory.Start(ctx.Done())
 	dynFactory.Start(ctx.Done())
 	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
 		return errors.New("inventory: informers did not sync")
@@ -224,6 +237,11 @@ func (w *Watcher) rebuild(ctx context.Context) {
 	for _, o := range w.leases.List() {
 		if l, ok := o.(*coordinationv1.Lease); ok {
 			objs.Leases = append(objs.Leases, *l)
+		}
+	}
+	for _, o := range w.authentication.List() {
+		if cm, ok := o.(*corev1.ConfigMap); ok && cm.Name == objects.AuthenticationConfigMap {
+			objs.Authentication = cm
 		}
 	}
 	if w.svs != nil {

@@ -173,3 +173,51 @@ func TestWatcherAgainstMixedControlPlane(t *testing.T) {
 		return nil
 	})
 }
+
+// TestWatcherReadsRequestHeaderNames: the identity header names come from what the
+// apiservers publish in kube-system/extension-apiserver-authentication, a union over them:
+// here cp-a reads the defaults, cp-b X-User, X-Groups and X-Extra-.
+func TestWatcherReadsRequestHeaderNames(t *testing.T) {
+	ctx := testutil.Context(t, 10*time.Minute)
+	cp := controlplane.ForTest(t, ctx, controlplane.Options{Log: testutil.LogWriter(t), Servers: []controlplane.ServerSpec{
+		{Name: "cp-a", Version: "v1.37.1"},
+		{Name: "cp-b", Version: "v1.37.1", Args: []string{
+			"--requestheader-username-headers=X-User", "--requestheader-group-headers=X-Groups", "--requestheader-extra-headers-prefix=X-Extra-",
+		}},
+	}})
+	var latest atomic.Pointer[topology.Topology]
+	w, err := inventory.NewWatcher(cp.Server("cp-a").RESTConfig(), inventory.WatchOptions{
+		Log: slog.New(slog.NewTextHandler(testutil.LogWriter(t), nil)),
+	}, func(t *topology.Topology) { latest.Store(t) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	go func() {
+		if err := w.Run(wctx); err != nil {
+			t.Error(err)
+		}
+	}()
+	testutil.WaitFor(t, ctx, 90*time.Second, "both apiservers' header names", func() error {
+		topo := latest.Load()
+		if topo == nil {
+			return fmt.Errorf("no topology yet")
+		}
+		h := topo.RequestHeaders
+		if !slices.Contains(h.User, "x-remote-user") || !slices.Contains(h.User, "x-user") ||
+			!slices.Contains(h.Group, "x-remote-group") || !slices.Contains(h.Group, "x-groups") ||
+			!slices.Contains(h.ExtraPrefix, "x-remote-extra-") || !slices.Contains(h.ExtraPrefix, "x-extra-") {
+			return fmt.Errorf("request headers %+v", h)
+		}
+		return nil
+	})
+	// And they reach the plan, which the listener and extproc follow.
+	p, err := plan.Build(latest.Load())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(p.RequestHeaders.User, "x-user") {
+		t.Errorf("plan request headers %+v", p.RequestHeaders)
+	}
+}

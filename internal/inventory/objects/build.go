@@ -9,6 +9,7 @@ import (
 	apidiscoveryv2 "k8s.io/api/apidiscovery/v2"
 	apiserverinternalv1alpha1 "k8s.io/api/apiserverinternal/v1alpha1"
 	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kube-mvp/kube-mvp/internal/topology"
@@ -58,6 +59,9 @@ type Objects struct {
 	// Discovery holds each apiserver's own discovery (the items of /api and /apis together),
 	// by apiserver ID. An apiserver without an entry is described by StorageVersions instead.
 	Discovery map[string]*apidiscoveryv2.APIGroupDiscoveryList
+	// Authentication is kube-system/extension-apiserver-authentication (nil: not published),
+	// for the identity header names the apiservers read.
+	Authentication *corev1.ConfigMap
 }
 
 // Options tune Build.
@@ -141,6 +145,10 @@ func Build(objs Objects, opts Options) (*topology.Topology, []error) {
 	t, err := topology.New(servers, served, everywhere)
 	if err != nil {
 		return nil, append(errs, err)
+	}
+	t.RequestHeaders, err = RequestHeadersFrom(objs.Authentication)
+	if err != nil {
+		errs = append(errs, err)
 	}
 	var live []*apidiscoveryv2.APIGroupDiscoveryList
 	for _, id := range t.Live() { // sorted by ID: the merge is deterministic

@@ -2,6 +2,7 @@ package objects_test
 
 import (
 	"errors"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -200,7 +201,7 @@ func TestBuildChecksLeases(t *testing.T) {
 func TestDecodeFixtureNamesBadDocuments(t *testing.T) {
 	_, err := objects.DecodeFixture(strings.NewReader(`
 apiVersion: v1
-kind: ConfigMap
+kind: Secret
 metadata: {name: x}
 ---
 apiVersion: coordination.k8s.io/v1
@@ -211,7 +212,7 @@ spec: {holderIdentity: 7, bogus: true}
 	if err == nil {
 		t.Fatal("no error")
 	}
-	for _, want := range []string{`document 1: v1 ConfigMap "x": unknown kind`, `document 2: coordination.k8s.io/v1 Lease "bad-lease"`} {
+	for _, want := range []string{`document 1: v1 Secret "x": unknown kind`, `document 2: coordination.k8s.io/v1 Lease "bad-lease"`} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not contain %q", err, want)
 		}
@@ -254,5 +255,43 @@ func TestAllLeasesStale(t *testing.T) {
 	}
 	if !found {
 		t.Errorf("all stale: no error says so: %v", errs)
+	}
+}
+
+// TestRequestHeadersFromAuthenticationConfigMap: the identity header names come from the
+// ConfigMap the apiservers publish (JSON lists; a union over every apiserver), lower case,
+// with the defaults for what it does not say; a list that does not parse is reported and
+// defaults.
+func TestRequestHeadersFromAuthenticationConfigMap(t *testing.T) {
+	objs, err := objects.DecodeFixture(strings.NewReader(`
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: extension-apiserver-authentication, namespace: kube-system}
+data:
+  requestheader-username-headers: '["X-Remote-User","X-User"]'
+  requestheader-group-headers: '["X-Groups"]'
+  requestheader-extra-headers-prefix: '["X-Remote-Extra-","X-Extra-"]'
+  requestheader-uid-headers: 'not json'
+  requestheader-allowed-names: '["front-proxy-client"]'
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	topo, errs := objects.Build(objs, objects.Options{})
+	want := topology.RequestHeaders{
+		User: []string{"x-remote-user", "x-user"}, UID: []string{"x-remote-uid"}, Group: []string{"x-groups"},
+		ExtraPrefix: []string{"x-remote-extra-", "x-extra-"},
+	}
+	if !reflect.DeepEqual(topo.RequestHeaders, want) {
+		t.Errorf("request headers %+v, want %+v", topo.RequestHeaders, want)
+	}
+	if len(errs) != 1 || !strings.Contains(errs[0].Error(), "ConfigMap kube-system/extension-apiserver-authentication: [requestheader-uid-headers] are not JSON lists") {
+		t.Errorf("errors %v", errs)
+	}
+	if h, err := objects.RequestHeadersFrom(nil); err != nil || !reflect.DeepEqual(h, topology.DefaultRequestHeaders()) {
+		t.Errorf("no ConfigMap: %+v, %v; want the defaults", h, err)
+	}
+	if _, err := objects.DecodeFixture(strings.NewReader("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: other, namespace: kube-system}\n")); err == nil || !strings.Contains(err.Error(), "the only ConfigMap read is kube-system/extension-apiserver-authentication") {
+		t.Errorf("another ConfigMap: %v", err)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	apidiscoveryv2 "k8s.io/api/apidiscovery/v2"
 	apiserverinternalv1alpha1 "k8s.io/api/apiserverinternal/v1alpha1"
 	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
@@ -135,6 +136,15 @@ func decodeDocument(raw []byte, objs *Objects) error {
 			return fmt.Errorf("%s: %w", what, err)
 		}
 		objs.APIServices = append(objs.APIServices, s)
+	case "v1 ConfigMap":
+		var cm corev1.ConfigMap
+		if err := strict(&cm); err != nil {
+			return err
+		}
+		if cm.Namespace != AuthenticationNamespace || cm.Name != AuthenticationConfigMap {
+			return fmt.Errorf("%s: the only ConfigMap read is %s/%s", what, AuthenticationNamespace, AuthenticationConfigMap)
+		}
+		objs.Authentication = &cm
 	case FixtureAPIVersion + " " + FixtureDiscoveryKind:
 		var d APIServerDiscovery
 		if err := strict(&d); err != nil {
@@ -146,7 +156,7 @@ func decodeDocument(raw []byte, objs *Objects) error {
 		objs.Discovery[d.Name] = &d.Discovery
 	default:
 		if head.Items == nil {
-			return fmt.Errorf("%s: unknown kind (want Lease, StorageVersion, APIService, %s or a List of them)", what, FixtureDiscoveryKind)
+			return fmt.Errorf("%s: unknown kind (want Lease, StorageVersion, APIService, %s/%s ConfigMap, %s or a List of them)", what, AuthenticationNamespace, AuthenticationConfigMap, FixtureDiscoveryKind)
 		}
 		var errs []error
 		for i, item := range head.Items {
