@@ -12,12 +12,12 @@ import (
 // Hold is what Envoy's config must keep besides what the current plan names.
 type Hold struct {
 	// Lingering are subset clusters, by name, kept for older routing tables (their members
-	// as when last named; the snapshot gives each only its live ones). Nil when none.
+	// as when last named; the plan gives each only its live ones). Nil when none.
 	Lingering map[string]topology.ServerSet
 	// Joining are live apiserver IDs held out of the default cluster. Nil when none. It may
-	// hold every live apiserver (all came live together after the first Observe): the
-	// snapshot then holds none back (snapshot's defaultMembers), since an empty default
-	// cluster serves nobody, and that is not this package's decision.
+	// hold every live apiserver (all came live together after the first Observe): the plan
+	// then holds none back (plan.Plan.WithHold), since an empty default cluster serves
+	// nobody, and that is not this package's decision.
 	Joining map[string]bool
 }
 
