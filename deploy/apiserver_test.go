@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/restmapper"
 
+	"github.com/kube-mvp/kube-mvp/internal/contract"
 	"github.com/kube-mvp/kube-mvp/internal/testutil"
 	"github.com/kube-mvp/kube-mvp/test/controlplane"
 )
@@ -207,6 +208,18 @@ func TestChartOnRealAPIServer(t *testing.T) {
 		for _, a := range allowed[:8] {
 			if ok, err := review(envoyUser, saGroups, a); err != nil || ok {
 				t.Errorf("%s: %+v allowed (%v), want denied", envoyUser, a, err)
+			}
+		}
+		// Envoy's health checks ask as contract.HealthCheckUser: the chart lets it GET /readyz
+		// and nothing else (reviewed without groups, so that Kubernetes' own grants to every
+		// authenticated user, such as system:public-info-viewer, do not count).
+		if ok, err := review(contract.HealthCheckUser, nil, access{verb: "get", path: "/readyz"}); err != nil || !ok {
+			t.Errorf("%s: GET /readyz denied (%v), want allowed", contract.HealthCheckUser, err)
+		}
+		for _, a := range []access{{verb: "get", path: "/metrics"}, {verb: "get", path: "/livez"}, {verb: "get", path: "/api"},
+			{verb: "list", resource: "pods", namespace: "kube-system"}, {verb: "get", resource: "secrets", namespace: ns}} {
+			if ok, err := review(contract.HealthCheckUser, nil, a); err != nil || ok {
+				t.Errorf("%s: %+v allowed (%v), want denied", contract.HealthCheckUser, a, err)
 			}
 		}
 	})

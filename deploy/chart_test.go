@@ -237,7 +237,7 @@ var chartCases = []chartCase{
 		check: func(t *testing.T, r *rendered, ns string) {
 			// certgen: a hook Job with its own ServiceAccount, Role and RoleBinding, and a
 			// CronJob with another set (the hook's are deleted once it succeeded).
-			want := map[string]int{"ServiceAccount": 4, "Role": 3, "RoleBinding": 3, "ClusterRole": 1, "ClusterRoleBinding": 1,
+			want := map[string]int{"ServiceAccount": 4, "Role": 3, "RoleBinding": 3, "ClusterRole": 2, "ClusterRoleBinding": 2,
 				"ConfigMap": 1, "Deployment": 2, "Service": 2, "PodDisruptionBudget": 2, "NetworkPolicy": 1, "Job": 1, "CronJob": 1}
 			if got := r.kinds(); !maps.Equal(got, want) {
 				t.Errorf("kinds %v, want %v (no Secret without certificates)", got, want)

@@ -31,6 +31,11 @@ const (
 	// sidecar mode: the ID or hostname of the apiserver it runs beside.
 	NodeMetadataLocalAPIServer = "kube-mvp.io/local-apiserver"
 
+	// HealthCheckUser is who Envoy's /readyz health checks ask as (with the front-proxy
+	// certificate): a user of its own, which the chart allows GET /readyz and nothing else,
+	// so the checks work whatever the cluster's anonymous policy.
+	HealthCheckUser = "kube-mvp:health-check"
+
 	// ClusterDefault holds every live apiserver (a front proxy's default cluster).
 	ClusterDefault = "kube-apiservers"
 	// ClusterLocal, in sidecar mode, holds only the local apiserver.

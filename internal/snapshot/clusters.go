@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/kube-mvp/kube-mvp/internal/contract"
 	"github.com/kube-mvp/kube-mvp/internal/plan"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
@@ -87,8 +88,10 @@ func (b *builder) clusters() ([]*clusterv3.Cluster, []*endpointv3.ClusterLoadAss
 					Path: "/readyz",
 					// The check presents the proxy client certificate (the cluster's TLS), and
 					// an apiserver answers 401 to that certificate without a user header. So
-					// it asks as the anonymous user, what /readyz sees from a plain prober.
-					RequestHeadersToAdd: anonymousIdentityHeaders(b.p.RequestHeaders),
+					// it asks as a user of its own, allowed /readyz by Kubernetes' default
+					// system:public-info-viewer and by the chart's own role where a hardened
+					// cluster removed that: anonymous requests may be off.
+					RequestHeadersToAdd: healthCheckIdentityHeaders(b.p.RequestHeaders),
 				}},
 			}},
 			CommonLbConfig: &clusterv3.Cluster_CommonLbConfig{HealthyPanicThreshold: &typev3.Percent{Value: 0}},
@@ -211,13 +214,12 @@ func (b *builder) extProcCluster() *clusterv3.Cluster {
 	}
 }
 
-// anonymousIdentityHeaders name the user the apiserver's anonymous authenticator would.
-func anonymousIdentityHeaders(h topology.RequestHeaders) []*corev3.HeaderValueOption {
-	set := func(k, v string) *corev3.HeaderValueOption {
-		return &corev3.HeaderValueOption{
-			Header:       &corev3.HeaderValue{Key: k, Value: v},
-			AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
-		}
-	}
-	return []*corev3.HeaderValueOption{set(h.User[0], "system:anonymous"), set(h.Group[0], "system:unauthenticated")}
+// healthCheckIdentityHeaders name the health-check user (contract.HealthCheckUser), in the
+// header the apiservers read; it gets no group beyond the system:authenticated every
+// authenticated user gets.
+func healthCheckIdentityHeaders(h topology.RequestHeaders) []*corev3.HeaderValueOption {
+	return []*corev3.HeaderValueOption{{
+		Header:       &corev3.HeaderValue{Key: h.User[0], Value: contract.HealthCheckUser},
+		AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
+	}}
 }

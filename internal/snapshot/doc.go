@@ -110,10 +110,11 @@
 //     on local-origin failures only (split_external_local_origin_errors, 2 consecutive
 //     connect failures eject, max_ejection_percent 100) — 5xx answers are not ejected for,
 //     since an apiserver's 500 is usually about the request (a failing webhook), not the
-//     server; active health check GET /readyz over the cluster's TLS every 5s as
-//     X-Remote-User system:anonymous / X-Remote-Group system:unauthenticated (the proxy
-//     certificate without a user header gets a 401; /readyz is open to anonymous users
-//     under Kubernetes' default RBAC); healthy_panic_threshold 0, so a
+//     server; active health check GET /readyz over the cluster's TLS every 5s as the user
+//     contract.HealthCheckUser in the apiservers' user header (the proxy certificate
+//     without a user header gets a 401; that user may GET /readyz by Kubernetes' default
+//     system:public-info-viewer and by the chart's own role, whatever the anonymous
+//     policy); healthy_panic_threshold 0, so a
 //     cluster with no healthy apiserver answers 503 instead of trying unhealthy ones;
 //     metadata listing the apiservers inside (ID, hostname, address).
 //   - "kube-mvp-extproc": static (STRICT_DNS for a host name) cluster for cmd/extproc,
