@@ -86,6 +86,11 @@ func TestWatcherAgainstMixedControlPlane(t *testing.T) {
 		if got := topo.Served[deployments]; len(got) != 2 {
 			return fmt.Errorf("apps/v1 deployments served by %v, want both", got)
 		}
+		// Both discoveries, not StorageVersions for one that is still starting (its first
+		// fetch may fail while post-start hooks run): subresources and the merged document.
+		if got := topo.Served[topology.Resource{Version: "v1", Resource: "pods", Subresource: "log"}]; len(got) != 2 || topo.Discovery == nil {
+			return fmt.Errorf("core/v1 pods/log served by %v, merged discovery %v: want both apiservers' discovery", got, topo.Discovery != nil)
+		}
 		return nil
 	})
 	topo := latest.Load()
