@@ -17,7 +17,6 @@ var t0 = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 // none is the want.next of an Observe with nothing pending.
 const none time.Duration = -1
 
-type set = topology.ServerSet
 type sets = map[string]topology.ServerSet
 
 // observation is one Observe at t0+at and what it must return.

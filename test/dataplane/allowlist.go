@@ -58,8 +58,6 @@ func cat(lists ...[]string) []string {
 	return out
 }
 
-func typeURL(t string) string { return "type.googleapis.com/" + t }
-
 // prefixed returns prefix+"."+each of paths.
 func prefixed(prefix string, paths ...string) []string {
 	out := make([]string, len(paths))
