@@ -327,7 +327,7 @@ func newServeMetrics(reg prometheus.Registerer) *serveMetrics {
 	}
 	m.refused = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kube_mvp_xds_refused_total",
-		Help: "gRPC calls and xDS streams refused, by reason (role: no or wrong control-plane certificate role; node: a node that does not fit its certificate; max-nodes, max-streams: a limit reached; fetch: unary xDS fetch).",
+		Help: "gRPC calls and xDS streams refused, by reason (role: no or wrong control-plane certificate role; node: a node that does not fit its certificate; envoy-version: an Envoy older than kube-mvp needs; max-nodes, max-streams: a limit reached; fetch: unary xDS fetch).",
 	}, []string{"reason"})
 	m.skipped = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "kube_mvp_xds_objects_skipped",

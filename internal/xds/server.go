@@ -300,12 +300,36 @@ func localAPIServer(node *core.Node) string {
 	return node.GetMetadata().GetFields()[LocalAPIServerMetadataKey].GetStringValue()
 }
 
+// MinEnvoyVersion is the oldest Envoy the configuration works with: it uses the early header
+// mutation's remove_on_match and ext_proc's status_on_error, both new in 1.36.0, and an
+// older Envoy rejects what it does not know.
+var MinEnvoyVersion = [3]uint32{1, 36, 0}
+
+// checkEnvoyVersion refuses an Envoy older than MinEnvoyVersion, by the build version every
+// Envoy sends with its node; other clients (and an Envoy that sends none) pass.
+func checkEnvoyVersion(node *core.Node) error {
+	v := node.GetUserAgentBuildVersion().GetVersion()
+	if node.GetUserAgentName() != "envoy" || v == nil {
+		return nil
+	}
+	got := [3]uint32{v.GetMajorNumber(), v.GetMinorNumber(), v.GetPatch()}
+	if slices.Compare(got[:], MinEnvoyVersion[:]) < 0 {
+		return fmt.Errorf("node %q is Envoy %d.%d.%d; kube-mvp's configuration needs Envoy %d.%d.%d or newer (early header mutation remove_on_match, ext_proc status_on_error): upgrade Envoy",
+			node.GetId(), got[0], got[1], got[2], MinEnvoyVersion[0], MinEnvoyVersion[1], MinEnvoyVersion[2])
+	}
+	return nil
+}
+
 // join counts a new stream of node, opened with a certificate of role, creating the node's
 // state (and giving it its snapshot) on its first stream. It refuses a node that does not
-// fit the role, one whose ID another role holds, and new nodes beyond Limits.MaxNodes.
+// fit the role, one whose ID another role holds, an Envoy older than MinEnvoyVersion, and new
+// nodes beyond Limits.MaxNodes.
 func (s *Server) join(role cptls.Role, node *core.Node) error {
 	if node.GetId() == "" {
 		return s.refuse("node", codes.InvalidArgument, fmt.Errorf("the first request of a stream names no node id"))
+	}
+	if err := checkEnvoyVersion(node); err != nil {
+		return s.refuse("envoy-version", codes.FailedPrecondition, err)
 	}
 	local := localAPIServer(node)
 	if s.RequireRole {

@@ -17,6 +17,7 @@ import (
 	cluster "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
@@ -379,4 +380,52 @@ func serveADS(t *testing.T, ctx context.Context, srv *xds.Server) string {
 	go g.Serve(lis)
 	t.Cleanup(g.Stop)
 	return lis.Addr().String()
+}
+
+// TestEnvoyVersion: an Envoy older than MinEnvoyVersion gets no configuration it would reject
+// but a refusal saying what to upgrade; 1.36.0 and newer, and clients that are not Envoy or
+// send no build version, are served.
+func TestEnvoyVersion(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	srv := xds.New(clustersOnly, noMBB, slog.New(slog.DiscardHandler))
+	refused := map[string]int{}
+	var mu sync.Mutex
+	srv.OnRefused = func(reason string, _ error) { mu.Lock(); refused[reason]++; mu.Unlock() }
+	addr := serveADS(t, ctx, srv)
+	srv.Update(plans(t, topo(t, true)))
+	envoy := func(id string, major, minor, patch uint32) *core.Node {
+		return &core.Node{Id: id, UserAgentName: "envoy", UserAgentVersionType: &core.Node_UserAgentBuildVersion{UserAgentBuildVersion: &core.BuildVersion{
+			Version: &typev3.SemanticVersion{MajorNumber: major, MinorNumber: minor, Patch: patch},
+		}}}
+	}
+	for _, c := range []struct {
+		node *core.Node
+		ok   bool
+	}{
+		{envoy("old", 1, 35, 9), false},
+		{envoy("older", 0, 99, 0), false},
+		{envoy("min", 1, 36, 0), true},
+		{envoy("new", 1, 37, 1), true},
+		{envoy("two", 2, 0, 0), true},
+		{&core.Node{Id: "stand-in", UserAgentName: "kube-mvp-test-dataplane"}, true},
+		{&core.Node{Id: "envoy-without-version", UserAgentName: "envoy"}, true},
+	} {
+		sctx, scancel := context.WithCancel(ctx)
+		a := dial(t, sctx, addr, c.node)
+		a.send(&discovery.DiscoveryRequest{})
+		_, err := a.stream.Recv()
+		scancel()
+		if c.ok && err != nil {
+			t.Errorf("%s: %v, want served", c.node.GetId(), err)
+		}
+		if !c.ok && (status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "needs Envoy 1.36.0 or newer")) {
+			t.Errorf("%s: %v, want FailedPrecondition naming the version needed", c.node.GetId(), err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if refused["envoy-version"] != 2 {
+		t.Errorf("refusals %v, want two envoy-version", refused)
+	}
 }
