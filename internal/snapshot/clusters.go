@@ -53,6 +53,7 @@ func (b *builder) clusters() ([]*clusterv3.Cluster, []*endpointv3.ClusterLoadAss
 	for _, c := range b.p.Clusters {
 		clusters = append(clusters, &clusterv3.Cluster{
 			Name:                          c.Name,
+			AltStatName:                   statName(c.Name),
 			ClusterDiscoveryType:          &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS},
 			EdsClusterConfig:              &clusterv3.Cluster_EdsClusterConfig{EdsConfig: ads()},
 			ConnectTimeout:                durationpb.New(apiserverConnectTimeout),
@@ -112,6 +113,18 @@ func (b *builder) clusters() ([]*clusterv3.Cluster, []*endpointv3.ClusterLoadAss
 	clusters = append(clusters, b.extProcCluster())
 	slices.SortFunc(clusters, func(a, b *clusterv3.Cluster) int { return strings.Compare(a.GetName(), b.GetName()) })
 	return clusters, cla
+}
+
+// statName is the name a cluster's stats go under when its own name would split them: Envoy
+// reads a stat name as dot-separated tokens (cluster.<name>.upstream_rq_total), so hostnames
+// with dots (FQDNs, common for control-plane nodes) would break the cluster_name tag;
+// Cluster.alt_stat_name takes their place there, with '_' for every '.'. Empty (the name
+// itself) otherwise.
+func statName(cluster string) string {
+	if !strings.Contains(cluster, ".") {
+		return ""
+	}
+	return strings.ReplaceAll(cluster, ".", "_")
 }
 
 func circuitBreakers() *clusterv3.CircuitBreakers {

@@ -165,7 +165,7 @@ var allowed = map[string][]string{
 	tPrevHosts:   {},
 	tHTTPOptions: {"explicit_http_config", "explicit_http_config.http_protocol_options", "explicit_http_config.http2_protocol_options"},
 	tCluster: cat([]string{
-		"name", "type", "eds_cluster_config", "eds_cluster_config.eds_config", "eds_cluster_config.eds_config.ads",
+		"name", "alt_stat_name", "type", "eds_cluster_config", "eds_cluster_config.eds_config", "eds_cluster_config.eds_config.ads",
 		"eds_cluster_config.eds_config.resource_api_version", "eds_cluster_config.service_name",
 		"connect_timeout", "lb_policy", "common_lb_config", "common_lb_config.healthy_panic_threshold", "common_lb_config.healthy_panic_threshold.value",
 		"circuit_breakers", "circuit_breakers.thresholds", "circuit_breakers.thresholds.max_connections",

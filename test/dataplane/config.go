@@ -655,6 +655,9 @@ func compileRoute(r *routev3.Route) (*route, error) {
 type clusterCfg struct {
 	raw            *clusterv3.Cluster
 	name           string
+	// stat is the name in the cluster's stats (cluster.<stat>.*): Envoy uses alt_stat_name
+	// when set, else the name, with every ':' turned into '_' (Cluster.alt_stat_name doc).
+	stat           string
 	kind           clusterv3.Cluster_DiscoveryType
 	edsName        string
 	connectTimeout time.Duration
@@ -707,7 +710,11 @@ func durOr(d *durationpb.Duration, def time.Duration) time.Duration {
 }
 
 func compileCluster(c *clusterv3.Cluster) (*clusterCfg, error) {
-	out := &clusterCfg{raw: c, name: c.GetName(), kind: c.GetType(),
+	stat := c.GetAltStatName()
+	if stat == "" {
+		stat = c.GetName()
+	}
+	out := &clusterCfg{raw: c, name: c.GetName(), stat: strings.ReplaceAll(stat, ":", "_"), kind: c.GetType(),
 		// Envoy: connect_timeout defaults to 5s; healthy_panic_threshold to 50%.
 		connectTimeout: durOr(c.GetConnectTimeout(), 5*time.Second), panicThreshold: 50,
 		leastRequest: c.GetLbPolicy() == clusterv3.Cluster_LEAST_REQUEST,

@@ -264,6 +264,8 @@ type envOptions struct {
 	editExtProc func(*extprocfilterv3.ExternalProcessor)
 	// requestHeaders, if set, are the identity headers the apiservers read.
 	requestHeaders topology.RequestHeaders
+	// hostSuffix, if set, is appended to every apiserver's hostname (FQDNs: cp-a.example.com).
+	hostSuffix string
 }
 
 var fixtureAddresses = map[string]string{"cp-a": "127.0.0.1", "cp-b": "127.0.0.2", "cp-c": "127.0.0.3"}
@@ -289,6 +291,11 @@ func newEnv(t testing.TB, o envOptions) *env {
 		t.Fatal(err)
 	}
 	fixture := string(raw)
+	if o.hostSuffix != "" {
+		for host := range fixtureAddresses {
+			fixture = strings.ReplaceAll(fixture, "kubernetes.io/hostname: "+host+"}", "kubernetes.io/hostname: "+host+o.hostSuffix+"}")
+		}
+	}
 	for host, ip := range fixtureAddresses {
 		f := newFakeAPIServer(t, e.pki, host, ip, o.tick, o.ticks)
 		e.apiservers[host] = f

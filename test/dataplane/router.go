@@ -54,7 +54,7 @@ func (st *stream) router(rt *route) {
 		return
 	}
 	cc, hosts, transport := c.snapshot()
-	cp := "cluster." + name + "."
+	cp := "cluster." + cc.stat + "."
 
 	// Circuit breaker max_requests: requests beyond it are rejected with UO.
 	if c.active.Add(1) > cc.maxRequests {
@@ -171,7 +171,7 @@ func (st *stream) router(rt *route) {
 // wait up to (2^n - 1) × 25 ms, capped at 250 ms.
 func (st *stream) mayRetry(ctx context.Context, c *liveCluster, cc *clusterCfg, attempt, retries int) bool {
 	d := st.d
-	cp := "cluster." + c.name + "."
+	cp := c.statPrefix()
 	if attempt >= retries {
 		d.stats.inc(cp + "upstream_rq_retry_limit_exceeded")
 		st.addFlag(flagRetryLimitExceeded)
@@ -244,7 +244,7 @@ func (st *stream) retriable(rt *route, kind failureKind) bool {
 // x-envoy-* headers with suppress_envoy_headers.
 func (st *stream) attempt(ctx context.Context, c *liveCluster, cc *clusterCfg, tr *http.Transport, h *liveHost, body io.Reader, n int64) (*http.Response, failureKind, error) {
 	d := st.d
-	cp := "cluster." + c.name + "."
+	cp := c.statPrefix()
 	scheme := "http"
 	if cc.tls != nil {
 		scheme = "https"
@@ -327,7 +327,7 @@ var responseHopByHop = []string{"Connection", "Keep-Alive", "Proxy-Connection", 
 // upstream, timeouts, ...) also passes through the ext_proc filter's encodeHeaders.
 func (st *stream) respond(c *liveCluster, h *liveHost, resp *http.Response) {
 	d := st.d
-	cp := "cluster." + c.name + "."
+	cp := c.statPrefix()
 	d.stats.inc(cp + "upstream_rq_" + strconv.Itoa(resp.StatusCode))
 	d.stats.inc(fmt.Sprintf("%supstream_rq_%dxx", cp, resp.StatusCode/100))
 	h.mu.Lock()

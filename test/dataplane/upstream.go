@@ -82,6 +82,16 @@ func (c *liveCluster) stop() {
 	}
 }
 
+// statPrefix is "cluster.<stat name>." of the cluster's current configuration.
+func (c *liveCluster) statPrefix() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cfg == nil {
+		return "cluster." + c.name + "."
+	}
+	return "cluster." + c.cfg.stat + "."
+}
+
 func (c *liveCluster) snapshot() (*clusterCfg, []*liveHost, *http.Transport) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -177,7 +187,7 @@ func (e *connectError) Unwrap() error { return e.err }
 // cluster's explicit_http_config says. Responses are never decompressed.
 func (c *liveCluster) newTransport(cc *clusterCfg) *http.Transport {
 	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
-		c.d.stats.inc("cluster." + c.name + ".upstream_cx_total") // Envoy: connections opened
+		c.d.stats.inc(c.statPrefix() + "upstream_cx_total") // Envoy: connections opened
 		nd := net.Dialer{Timeout: cc.connectTimeout}
 		conn, err := nd.DialContext(ctx, "tcp", addr)
 		if err != nil {
@@ -355,7 +365,7 @@ func (c *liveCluster) localOriginResult(cc *clusterCfg, hosts []*liveHost, h *li
 	d := min(time.Duration(h.ejections)*o.base, max(o.base, o.max))
 	h.ejectedUntil = now.Add(d)
 	h.localFailures = 0
-	c.d.stats.inc("cluster." + c.name + ".outlier_detection.ejections_enforced_total")
+	c.d.stats.inc(c.statPrefix() + "outlier_detection.ejections_enforced_total")
 }
 
 // healthCheckLoop is the active HTTP health checker: every interval (no_traffic_interval
@@ -380,7 +390,7 @@ func (c *liveCluster) healthCheckLoop(ctx context.Context, cc *clusterCfg) {
 		}
 		wg.Wait()
 		interval := cc.hc.interval
-		if c.d.stats.get("cluster."+c.name+".upstream_rq_total") == 0 {
+		if c.d.stats.get(c.statPrefix()+"upstream_rq_total") == 0 {
 			interval = cc.hc.noTraffic
 		}
 		select {
@@ -423,11 +433,11 @@ func (c *liveCluster) checkHost(ctx context.Context, cc *clusterCfg, client *htt
 	if ctx.Err() != nil {
 		return
 	}
-	c.d.stats.inc("cluster." + c.name + ".health_check.attempt")
+	c.d.stats.inc(c.statPrefix() + "health_check.attempt")
 	if !ok {
-		c.d.stats.inc("cluster." + c.name + ".health_check.failure")
+		c.d.stats.inc(c.statPrefix() + "health_check.failure")
 	} else {
-		c.d.stats.inc("cluster." + c.name + ".health_check.success")
+		c.d.stats.inc(c.statPrefix() + "health_check.success")
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
