@@ -653,8 +653,8 @@ func compileRoute(r *routev3.Route) (*route, error) {
 // Clusters.
 
 type clusterCfg struct {
-	raw            *clusterv3.Cluster
-	name           string
+	raw  *clusterv3.Cluster
+	name string
 	// stat is the name in the cluster's stats (cluster.<stat>.*): Envoy uses alt_stat_name
 	// when set, else the name, with every ':' turned into '_' (Cluster.alt_stat_name doc).
 	stat           string
