@@ -28,6 +28,7 @@ type routeFacts struct {
 	name     string
 	prefix   string
 	path     string
+	regex    string   // safe_regex, matched against the whole path
 	header   string   // the header a present_match requires, if any
 	absent   []string // the headers an inverted present_match requires absent
 	cluster  string   // or "header:<name>" for cluster_header
@@ -43,7 +44,7 @@ func readRoutes(t *testing.T, res *snapshot.Resources) []routeFacts {
 	rc := res.Routes[0].(*routev3.RouteConfiguration)
 	var out []routeFacts
 	for _, r := range rc.GetVirtualHosts()[0].GetRoutes() {
-		f := routeFacts{name: r.GetName(), prefix: r.GetMatch().GetPrefix(), path: r.GetMatch().GetPath(), extProc: true}
+		f := routeFacts{name: r.GetName(), prefix: r.GetMatch().GetPrefix(), path: r.GetMatch().GetPath(), regex: r.GetMatch().GetSafeRegex().GetRegex(), extProc: true}
 		for _, h := range r.GetMatch().GetHeaders() {
 			if h.GetInvertMatch() {
 				f.absent = append(f.absent, h.GetName())
@@ -171,8 +172,8 @@ func TestRoutingFacts(t *testing.T) {
 					t.Errorf("route %s: ext_proc metadata %v, want it to start with %v", r.name, r.metadata, localMetadata(topo))
 				}
 			}
-			if r := routes[3]; r.name != snapshot.RouteDiscovery || r.path != "/apis" || r.cluster != def || !r.extProc {
-				t.Errorf("fourth route = %+v, want the discovery route: path /apis, ext_proc on", r)
+			if r := routes[3]; r.name != snapshot.RouteDiscovery || r.regex != "/apis/?" || r.cluster != def || !r.extProc {
+				t.Errorf("fourth route = %+v, want the discovery route: path /apis or /apis/, ext_proc on", r)
 			}
 			if r := routes[len(routes)-1]; r.name != snapshot.RouteFallback || r.prefix != "/" || r.header != "" || r.cluster != def || r.extProc {
 				t.Errorf("last route = %+v, want the catch-all route with ext_proc off", r)

@@ -7,6 +7,7 @@ import (
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	previoushostsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/retry/host/previous_hosts/v3"
+	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -37,7 +38,7 @@ const (
 //     x-forwarded-client-cert and no Sec-WebSocket-Protocol (which can carry a bearer token):
 //     a request without credentials, which extproc forwards as system:anonymous; ext_proc on,
 //     told so by the stream's gRPC metadata (extproc never sees the Authorization header).
-//  4. path /apis (aggregated discovery): the default cluster, ext_proc ON, which answers an
+//  4. path /apis or /apis/ (aggregated discovery): the default cluster, ext_proc ON, which answers an
 //     apiserver's 200 with the merged discovery of every live apiserver.
 //  5. per published group/version (prefix /api/v1/, /apis/<g>/<v>/): straight to the default
 //     cluster with ext_proc off when every resource of the group/version goes there anyway;
@@ -121,9 +122,11 @@ func (b *builder) routeConfiguration() *routev3.RouteConfiguration {
 			TypedPerFilterConfig: extProcOn(&corev3.HeaderValue{Key: contract.MetadataCaller, Value: contract.CallerAnonymous}),
 		})
 	}
+	// "/apis/" is the same document to an apiserver as "/apis", so it is merged too. A
+	// route's safe_regex matches the whole path, without the query.
 	routes = append(routes, &routev3.Route{
 		Name:                 RouteDiscovery,
-		Match:                &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Path{Path: "/apis"}},
+		Match:                &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_SafeRegex{SafeRegex: &matcherv3.RegexMatcher{Regex: "/apis/?"}}},
 		Action:               action(def),
 		TypedPerFilterConfig: extProcOn(),
 	})

@@ -431,3 +431,27 @@ func TestCredentialsNotForwardedToExtProc(t *testing.T) {
 		}
 	}
 }
+
+// TestDiscoveryRoute: GET /apis and /apis/ are the same document to an apiserver, so both
+// take the discovery route (ext_proc on, for the merged discovery); a longer path does not.
+func TestDiscoveryRoute(t *testing.T) {
+	p := &recordingProc{}
+	e := newEnv(t, envOptions{extProc: p})
+	c := e.client(nil) // a bearer token: only the discovery route engages ext_proc here
+	for _, path := range []string{"/apis", "/apis/", "/apisx", "/apis//", "/apis/?timeout=32s"} {
+		p.mu.Lock()
+		p.seen = nil
+		p.mu.Unlock()
+		e.do(c, "GET", path, nil)
+		p.mu.Lock()
+		n := len(p.seen)
+		p.mu.Unlock()
+		want := 1
+		if path == "/apisx" || path == "/apis//" {
+			want = 0
+		}
+		if n != want {
+			t.Errorf("GET %s: %d ext_proc streams, want %d", path, n, want)
+		}
+	}
+}
