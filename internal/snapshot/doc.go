@@ -65,7 +65,7 @@
 //     contract.MetadataCaller (ExtProcPerRoute overrides.grpc_initial_metadata), so
 //     extproc forwards system:anonymous: an apiserver refuses (401) the proxy certificate
 //     without a user header, where it would have served an anonymous client.
-//  4. "discovery": path /apis → default cluster, ext_proc ON: for GET /apis asking for
+//  4. "discovery": path /apis or /apis/ (safe_regex) → default cluster, ext_proc ON: for GET /apis asking for
 //     aggregated discovery, extproc asks for the response headers (mode_override, hence
 //     allow_mode_override on the filter) and answers an apiserver's 200 with the merged
 //     discovery of every live apiserver (the apiserver still authenticates and authorizes).
