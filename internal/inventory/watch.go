@@ -96,6 +96,7 @@ type discovered struct {
 	fetched time.Time
 	rounds  int // fetches started for this holder
 	list    *apidiscoveryv2.APIGroupDiscoveryList
+	listAt  time.Time // when list arrived
 }
 
 // settleRefetch: an apiserver that has just started may publish its discovery piecemeal
@@ -267,7 +268,7 @@ func (w *Watcher) rebuild(ctx context.Context) {
 
 	opts := w.opts.Options
 	opts.Now = w.opts.Clock()
-	objs.Discovery = w.discoveryFor(ctx, objs.Leases, opts)
+	objs.Discovery, objs.DiscoveredAt = w.discoveryFor(ctx, objs.Leases, opts)
 	t, errs := objects.Build(objs, opts)
 	var news []error
 	news, w.reported = newlyReported(w.reported, errs)
@@ -300,10 +301,11 @@ func newlyReported(prev map[string]bool, errs []error) ([]error, map[string]bool
 
 // discoveryFor returns the discovery to use per live apiserver and starts fetches for those
 // whose copy is missing, stale, or from before a restart.
-func (w *Watcher) discoveryFor(ctx context.Context, leases []coordinationv1.Lease, opts objects.Options) map[string]*apidiscoveryv2.APIGroupDiscoveryList {
+func (w *Watcher) discoveryFor(ctx context.Context, leases []coordinationv1.Lease, opts objects.Options) (map[string]*apidiscoveryv2.APIGroupDiscoveryList, map[string]time.Time) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	out := map[string]*apidiscoveryv2.APIGroupDiscoveryList{}
+	at := map[string]time.Time{}
 	live := map[string]bool{}
 	for i := range leases {
 		l := &leases[i]
@@ -318,7 +320,7 @@ func (w *Watcher) discoveryFor(ctx context.Context, leases []coordinationv1.Leas
 		}
 		d, have := w.discovery[s.ID]
 		if have && d.holder == holder && d.list != nil {
-			out[s.ID] = d.list
+			out[s.ID], at[s.ID] = d.list, d.listAt
 		}
 		settled := w.apisChanged.Add(apisSettle)
 		stale := have && (!d.fetched.After(w.apisChanged) || (!opts.Now.Before(settled) && d.fetched.Before(settled)))
@@ -334,7 +336,11 @@ func (w *Watcher) discoveryFor(ctx context.Context, leases []coordinationv1.Leas
 				rounds = d.rounds + 1
 			}
 			// Mark as fetched now so one slow server is not asked again on every rebuild.
-			w.discovery[s.ID] = discovered{holder: holder, fetched: opts.Now, rounds: rounds, list: keepIf(d.holder == holder, d.list)}
+			var listAt time.Time
+			if d.holder == holder {
+				listAt = d.listAt
+			}
+			w.discovery[s.ID] = discovered{holder: holder, fetched: opts.Now, rounds: rounds, list: keepIf(d.holder == holder, d.list), listAt: listAt}
 			go w.fetchDiscovery(ctx, s, holder)
 		}
 	}
@@ -343,7 +349,7 @@ func (w *Watcher) discoveryFor(ctx context.Context, leases []coordinationv1.Leas
 			delete(w.discovery, id)
 		}
 	}
-	return out
+	return out, at
 }
 
 func keepIf(ok bool, l *apidiscoveryv2.APIGroupDiscoveryList) *apidiscoveryv2.APIGroupDiscoveryList {
@@ -361,7 +367,7 @@ func (w *Watcher) fetchDiscovery(ctx context.Context, s topology.APIServer, hold
 		if err != nil {
 			w.opts.Log.Warn("discovery failed; using StorageVersions for this apiserver", "apiserver", s.ID, "address", s.Address, "error", err)
 		} else {
-			d.list = list
+			d.list, d.listAt = list, w.opts.Clock()
 			w.discovery[s.ID] = d
 		}
 	}

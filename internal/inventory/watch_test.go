@@ -94,6 +94,11 @@ func TestWatcherAgainstMixedControlPlane(t *testing.T) {
 		return nil
 	})
 	topo := latest.Load()
+	for _, id := range []string{idA, idB} {
+		if s := topo.Sources[id]; s.From != topology.SourceDiscovery || s.Since.IsZero() {
+			t.Errorf("%s: capabilities from %+v, want discovery with its time", id, s)
+		}
+	}
 	for _, c := range []struct {
 		r       topology.Resource
 		outcome topology.Outcome

@@ -9,7 +9,7 @@ import (
 // View is a plan for people, with the names an operator matches against Envoy's /clusters
 // and route metadata: xds-server's /debug/topology (JSON) and the golden files (YAML).
 type View struct {
-	APIServers []topology.APIServer `json:"apiservers"`
+	APIServers []APIServerView `json:"apiservers"`
 	// LocalAPIServer is the sidecar's apiserver (?local=); empty for the front plan.
 	LocalAPIServer   string             `json:"localAPIServer,omitempty"`
 	DefaultCluster   string             `json:"defaultCluster"`
@@ -22,6 +22,12 @@ type View struct {
 	// MergedDiscoveryETag is the ETag of the merged /apis discovery extproc serves; empty
 	// while it cannot be built (a live apiserver's discovery not fetched yet).
 	MergedDiscoveryETag string `json:"mergedDiscoveryETag,omitempty"`
+}
+
+// APIServerView is an apiserver and where what it serves was learnt from.
+type APIServerView struct {
+	topology.APIServer
+	topology.Source
 }
 
 // GroupVersionView lists a group/version's resources and where each is routed.
@@ -46,7 +52,10 @@ type ResourceView struct {
 // View is p as xds-server's /debug/topology shows it and the golden files keep it.
 func (p *Plan) View() View {
 	t := p.Topology
-	v := View{APIServers: t.APIServers, LocalAPIServer: p.LocalID, DefaultCluster: p.DefaultClusterName(), Clusters: p.Clusters, RequestHeaders: p.RequestHeaders}
+	v := View{LocalAPIServer: p.LocalID, DefaultCluster: p.DefaultClusterName(), Clusters: p.Clusters, RequestHeaders: p.RequestHeaders}
+	for _, a := range t.APIServers {
+		v.APIServers = append(v.APIServers, APIServerView{APIServer: a, Source: t.Sources[a.ID]})
+	}
 	if t.Discovery != nil {
 		v.MergedDiscoveryETag = t.Discovery.ETag
 	}

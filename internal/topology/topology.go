@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 )
 
 // APIServer is one kube-apiserver identity, as published by its identity Lease.
@@ -104,6 +105,9 @@ type Topology struct {
 	// LocalID, in sidecar mode, is the apiserver this Envoy sits beside; empty for a front
 	// load balancer.
 	LocalID string `json:"localID,omitempty"`
+	// Sources say, by apiserver ID, where what it serves was learnt from (for people: the
+	// rule does not read it).
+	Sources map[string]Source `json:"-"`
 	// RequestHeaders are the identity headers the apiservers read; zero means their
 	// defaults (RequestHeaders.OrDefault).
 	RequestHeaders RequestHeaders `json:"-"`
@@ -113,6 +117,23 @@ type Topology struct {
 
 	byID map[string]int
 }
+
+// Source is where what an apiserver serves was learnt from.
+type Source struct {
+	// From is "discovery" (its own aggregated discovery, resources and subresources),
+	// "storageVersions" (StorageVersion entries naming it, which know no subresources) or
+	// "none".
+	From string `json:"capabilitiesFrom,omitempty"`
+	// Since is when that discovery was fetched; zero when unknown.
+	Since time.Time `json:"capabilitiesSince,omitzero"`
+}
+
+// Source values.
+const (
+	SourceDiscovery       = "discovery"
+	SourceStorageVersions = "storageVersions"
+	SourceNone            = "none"
+)
 
 // Discovery is an aggregated discovery document (apidiscovery.k8s.io/v2
 // APIGroupDiscoveryList, JSON) and its ETag header value.

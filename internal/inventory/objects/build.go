@@ -59,6 +59,9 @@ type Objects struct {
 	// Discovery holds each apiserver's own discovery (the items of /api and /apis together),
 	// by apiserver ID. An apiserver without an entry is described by StorageVersions instead.
 	Discovery map[string]*apidiscoveryv2.APIGroupDiscoveryList
+	// DiscoveredAt is when each apiserver's Discovery was fetched, by ID (optional: for
+	// /debug/topology).
+	DiscoveredAt map[string]time.Time
 	// Authentication is kube-system/extension-apiserver-authentication (nil: not published),
 	// for the identity header names the apiservers read.
 	Authentication *corev1.ConfigMap
@@ -138,13 +141,29 @@ func Build(objs Objects, opts Options) (*topology.Topology, []error) {
 			}
 		}
 	}
+	fromStorageVersions := map[string]bool{}
+	addFromSV := func(r topology.Resource, id string) {
+		fromStorageVersions[id] = true
+		add(r, id)
+	}
 	for i := range objs.StorageVersions {
-		errs = append(errs, addStorageVersion(&objs.StorageVersions[i], objs.Discovery, add)...)
+		errs = append(errs, addStorageVersion(&objs.StorageVersions[i], objs.Discovery, addFromSV)...)
 	}
 
 	t, err := topology.New(servers, served, everywhere)
 	if err != nil {
 		return nil, append(errs, err)
+	}
+	t.Sources = make(map[string]topology.Source, len(t.APIServers))
+	for _, s := range t.APIServers {
+		switch {
+		case objs.Discovery[s.ID] != nil:
+			t.Sources[s.ID] = topology.Source{From: topology.SourceDiscovery, Since: objs.DiscoveredAt[s.ID]}
+		case fromStorageVersions[s.ID]:
+			t.Sources[s.ID] = topology.Source{From: topology.SourceStorageVersions}
+		default:
+			t.Sources[s.ID] = topology.Source{From: topology.SourceNone}
+		}
 	}
 	t.RequestHeaders, err = RequestHeadersFrom(objs.Authentication)
 	if err != nil {

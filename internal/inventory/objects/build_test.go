@@ -126,6 +126,21 @@ func TestBuildFromFixture(t *testing.T) {
 	if d := topo.DecideResource(topology.Resource{Version: "v1", Resource: "pods"}); d.Outcome != topology.Unavailable {
 		t.Errorf("pods served only by dead B: %v, want unavailable", d.Outcome)
 	}
+	// Where each apiserver's capabilities come from, for /debug/topology.
+	if got := topo.Sources; got["apiserver-aaa"].From != topology.SourceDiscovery || got["apiserver-bbb"].From != topology.SourceStorageVersions {
+		t.Errorf("sources %+v, want A from discovery, B from StorageVersions", got)
+	}
+	fetched := now.Add(-3 * time.Second)
+	objs.DiscoveredAt = map[string]time.Time{"apiserver-aaa": fetched}
+	topo, _ = objects.Build(objs, objects.Options{Now: now, Addresses: map[string]string{"cp-b": "10.0.0.2:6443"}})
+	if got := topo.Sources["apiserver-aaa"]; !got.Since.Equal(fetched) {
+		t.Errorf("A's discovery since %v, want %v", got.Since, fetched)
+	}
+	objs.StorageVersions = nil
+	topo, _ = objects.Build(objs, objects.Options{Now: now, Addresses: map[string]string{"cp-b": "10.0.0.2:6443"}})
+	if got := topo.Sources["apiserver-bbb"].From; got != topology.SourceNone {
+		t.Errorf("B with neither discovery nor StorageVersions: %q, want none", got)
+	}
 }
 
 // TestBuildChecksLeases: anyone who may write Leases in kube-system can write an identity
