@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/rest"
 
 	"github.com/kube-mvp/kube-mvp/internal/inventory"
 	"github.com/kube-mvp/kube-mvp/internal/inventory/objects"
@@ -26,6 +27,28 @@ import (
 	"github.com/kube-mvp/kube-mvp/test/controlplane"
 )
 
+// watch runs a Watcher on cfg until the test ends; the returned pointer holds its latest
+// topology (nil before the first).
+func watch(t *testing.T, ctx context.Context, cfg *rest.Config, opts inventory.WatchOptions) *atomic.Pointer[topology.Topology] {
+	t.Helper()
+	var latest atomic.Pointer[topology.Topology]
+	opts.Log = slog.New(slog.NewTextHandler(testutil.LogWriter(t), nil))
+	w, err := inventory.NewWatcher(cfg, opts, func(t *topology.Topology) { latest.Store(t) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := w.Run(wctx); err != nil {
+			t.Error(err)
+		}
+	}()
+	t.Cleanup(func() { stop(); <-done })
+	return &latest
+}
+
 // TestWatcherAgainstMixedControlPlane follows a real two-version control plane: A v1.37.1
 // with every API, B v1.36.4 with batch/v1 off. It then kills A, sees it leave, and brings it
 // back.
@@ -33,24 +56,12 @@ func TestWatcherAgainstMixedControlPlane(t *testing.T) {
 	ctx := testutil.Context(t, 15*time.Minute)
 	cp := controlplane.ForTest(t, ctx, controlplane.Options{Log: testutil.LogWriter(t), Servers: controlplane.MixedServers()})
 
-	var latest atomic.Pointer[topology.Topology]
 	// Leases renew every 10 s; 15 s notices a dead server quickly without flapping.
-	w, err := inventory.NewWatcher(cp.Server("cp-b").RESTConfig(), inventory.WatchOptions{
+	latest := watch(t, ctx, cp.Server("cp-b").RESTConfig(), inventory.WatchOptions{
 		Options: objects.Options{LivenessWindow: 15 * time.Second},
 		// Only a restart or a CRD change may refetch discovery in this test.
 		DiscoveryInterval: time.Hour,
-		Log:               slog.New(slog.NewTextHandler(testutil.LogWriter(t), nil)),
-	}, func(t *topology.Topology) { latest.Store(t) })
-	if err != nil {
-		t.Fatal(err)
-	}
-	wctx, stop := context.WithCancel(ctx)
-	defer stop()
-	go func() {
-		if err := w.Run(wctx); err != nil {
-			t.Error(err)
-		}
-	}()
+	})
 
 	jobs := topology.Resource{Group: "batch", Version: "v1", Resource: "jobs"}
 	jobStatus := topology.Resource{Group: "batch", Version: "v1", Resource: "jobs", Subresource: "status"}
@@ -195,20 +206,7 @@ func TestWatcherReadsRequestHeaderNames(t *testing.T) {
 			"--requestheader-username-headers=X-User", "--requestheader-group-headers=X-Groups", "--requestheader-extra-headers-prefix=X-Extra-",
 		}},
 	}})
-	var latest atomic.Pointer[topology.Topology]
-	w, err := inventory.NewWatcher(cp.Server("cp-a").RESTConfig(), inventory.WatchOptions{
-		Log: slog.New(slog.NewTextHandler(testutil.LogWriter(t), nil)),
-	}, func(t *topology.Topology) { latest.Store(t) })
-	if err != nil {
-		t.Fatal(err)
-	}
-	wctx, stop := context.WithCancel(ctx)
-	defer stop()
-	go func() {
-		if err := w.Run(wctx); err != nil {
-			t.Error(err)
-		}
-	}()
+	latest := watch(t, ctx, cp.Server("cp-a").RESTConfig(), inventory.WatchOptions{})
 	testutil.WaitFor(t, ctx, 90*time.Second, "both apiservers' header names", func() error {
 		topo := latest.Load()
 		if topo == nil {
