@@ -2,7 +2,6 @@ package plan
 
 import (
 	"fmt"
-	"maps"
 	"slices"
 	"sync"
 
@@ -105,17 +104,6 @@ func (rs *Routes) Len() int {
 	return len(rs.all)
 }
 
-// Clusters are the cluster names the routes name, sorted.
-func (rs *Routes) Clusters() []string {
-	set := map[string]bool{rs.Default.Cluster: true}
-	for _, r := range rs.all {
-		if r.Cluster != "" {
-			set[r.Cluster] = true
-		}
-	}
-	return slices.Sorted(maps.Keys(set))
-}
-
 // Table is what extproc decides from, for every kind of Envoy: each plan's Routes and the
 // merged discovery. xds-server sends it as the routing table (internal/table).
 type Table struct {
@@ -153,7 +141,7 @@ func (e *Envoys) Table() *Table {
 func (t *Table) Live() int {
 	n := 0
 	for _, s := range t.APIServers {
-		if s.Alive && s.Address != "" {
+		if s.Routable() {
 			n++
 		}
 	}

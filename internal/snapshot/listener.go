@@ -2,6 +2,7 @@ package snapshot
 
 import (
 	"regexp"
+	"slices"
 	"strings"
 
 	accesslogv3 "github.com/envoyproxy/go-control-plane/envoy/config/accesslog/v3"
@@ -108,18 +109,22 @@ func (b *builder) stripClientHeaders() *earlymutationv3.HeaderMutation {
 		}}}
 	}
 	strip := []*mutationrulesv3.HeaderMutation{removePrefix(contract.HeaderRemotePrefix)}
-	h := b.p.RequestHeaders
-	for _, p := range h.ExtraPrefix {
-		if !strings.HasPrefix(p, contract.HeaderRemotePrefix) {
-			strip = append(strip, removePrefix(p))
-		}
+	prefixes, names := b.otherIdentityHeaders()
+	for _, p := range prefixes {
+		strip = append(strip, removePrefix(p))
 	}
-	for _, n := range h.Names() {
-		if !strings.HasPrefix(n, contract.HeaderRemotePrefix) {
-			strip = append(strip, remove(n))
-		}
+	for _, n := range names {
+		strip = append(strip, remove(n))
 	}
 	return &earlymutationv3.HeaderMutation{Mutations: append(strip, remove(contract.HeaderPeerProxied), remove(contract.HeaderRoutingCluster))}
+}
+
+// otherIdentityHeaders are the plan's identity header extra prefixes and names that the
+// x-remote- prefix, always stripped and always extproc's, does not cover already.
+func (b *builder) otherIdentityHeaders() (prefixes, names []string) {
+	covered := func(h string) bool { return strings.HasPrefix(h, contract.HeaderRemotePrefix) }
+	h := b.p.RequestHeaders
+	return slices.DeleteFunc(slices.Clone(h.ExtraPrefix), covered), slices.DeleteFunc(h.Names(), covered)
 }
 
 func (b *builder) extProcFilter() *extprocv3.ExternalProcessor {
@@ -128,15 +133,12 @@ func (b *builder) extProcFilter() *extprocv3.ExternalProcessor {
 	// 503 Status, the merged discovery) are checked with the same rules (Envoy ≥ 1.32), so
 	// their content-type, etag and vary are allowed too.
 	owned := []string{regexp.QuoteMeta(contract.HeaderRoutingCluster), regexp.QuoteMeta(contract.HeaderPeerProxied), regexp.QuoteMeta(contract.HeaderXFCC), regexp.QuoteMeta(contract.HeaderRemotePrefix) + ".+"}
-	for _, p := range b.p.RequestHeaders.ExtraPrefix {
-		if !strings.HasPrefix(p, contract.HeaderRemotePrefix) {
-			owned = append(owned, regexp.QuoteMeta(p)+".+")
-		}
+	prefixes, names := b.otherIdentityHeaders()
+	for _, p := range prefixes {
+		owned = append(owned, regexp.QuoteMeta(p)+".+")
 	}
-	for _, n := range b.p.RequestHeaders.Names() {
-		if !strings.HasPrefix(n, contract.HeaderRemotePrefix) {
-			owned = append(owned, regexp.QuoteMeta(n))
-		}
+	for _, n := range names {
+		owned = append(owned, regexp.QuoteMeta(n))
 	}
 	allowed := "^(" + strings.Join(owned, "|") + "|content-type|etag|vary)$"
 	exact := func(s string) *matcherv3.StringMatcher {

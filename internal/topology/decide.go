@@ -88,7 +88,7 @@ func (t *Topology) Capable(r Resource) Capability {
 		if !ok {
 			continue
 		}
-		if s.Alive && s.Address != "" {
+		if s.Routable() {
 			c.Live = append(c.Live, id)
 		} else {
 			c.Known = append(c.Known, id)

@@ -30,6 +30,9 @@ type APIServer struct {
 	Alive bool `json:"alive"`
 }
 
+// Routable reports whether requests can go to s: its Lease is fresh and its address known.
+func (s APIServer) Routable() bool { return s.Alive && s.Address != "" }
+
 // Resource names a group/version/resource, optionally narrowed to one subresource.
 // Core resources have Group "".
 type Resource struct {
@@ -210,7 +213,7 @@ func (t *Topology) ResolveLocal(idOrHostname string) (string, error) {
 			continue
 		}
 		all = append(all, a.ID)
-		if a.Alive && a.Address != "" {
+		if a.Routable() {
 			live = append(live, a.ID)
 		}
 	}
@@ -239,7 +242,7 @@ func (t *Topology) Server(id string) (APIServer, bool) {
 func (t *Topology) Live() []string {
 	var ids []string
 	for _, s := range t.APIServers {
-		if s.Alive && s.Address != "" {
+		if s.Routable() {
 			ids = append(ids, s.ID)
 		}
 	}
