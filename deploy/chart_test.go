@@ -762,6 +762,8 @@ func TestTemplateRejects(t *testing.T) {
 		{"cert-without-key", map[string]any{"certificates": map[string]any{"servingCert": string(p.Serving.CertPEM)}}, "servingCert and certificates.servingKey go together"},
 		{"proxy-key-without-cert", map[string]any{"certificates": map[string]any{"proxyClientKey": string(p.ProxyClient.KeyPEM)}}, "proxyClientCert and certificates.proxyClientKey go together"},
 		{"client-ca-without-serving", map[string]any{"certificates": map[string]any{"clientCA": string(p.ClientCA.CertPEM)}}, "client CA needs a serving certificate"},
+		{"client-ca-without-proxy-cert", map[string]any{"certificates": map[string]any{"clientCA": string(p.ClientCA.CertPEM),
+			"servingCert": string(p.Serving.CertPEM), "servingKey": string(p.Serving.KeyPEM)}}, "client CA needs the front-proxy client certificate"},
 		{"sidecar-on-apiserver-port", map[string]any{"mode": "sidecar", "networkPolicy": map[string]any{"enabled": false}, "sidecar": map[string]any{"listenPort": 6443}}, "apiserver's own port"},
 		{"sidecar-host-network-policy", map[string]any{"mode": "sidecar"}, "networkPolicy.xdsFrom"},
 		{"proxy-cert-without-peer-ca", map[string]any{"certificates": map[string]any{"proxyClientCert": string(p.ProxyClient.CertPEM), "proxyClientKey": string(p.ProxyClient.KeyPEM)}},

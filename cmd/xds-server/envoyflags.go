@@ -15,7 +15,7 @@ import (
 // envoyFlags are the flags that shape the Envoy configuration, shared by translate and serve.
 type envoyFlags struct {
 	cfg       snapshot.Config
-	anonymous bool
+	anonymous bool // deprecated, ignored
 }
 
 // flagSet defines the flags, with snapshot's defaults.
@@ -34,7 +34,9 @@ func (e *envoyFlags) flagSet() *pflag.FlagSet {
 	fs.Var(cli.NewValue(&c.ExtProcMessageTimeout, snapshot.DefaultExtProcMessageTimeout, "DURATION",
 		cli.Duration(1, "a positive duration, e.g. 200ms")), "extproc-message-timeout", "how long Envoy waits for extproc")
 	fs.StringVar(&c.UpstreamServerName, "upstream-server-name", snapshot.DefaultUpstreamServerName, "SNI and SAN expected of the apiservers, a DNS `NAME`")
-	cli.Bool(fs, &e.anonymous, "anonymous-auth", true, "as the apiservers' own flag: with false, requests without credentials are not forwarded as system:anonymous")
+	cli.Bool(fs, &e.anonymous, "anonymous-auth", true, "ignored")
+	// Requests without credentials now reach the apiservers as they are, and they decide.
+	_ = fs.MarkDeprecated("anonymous-auth", "it has no effect: requests without credentials reach the apiservers without the proxy certificate, and each apiserver applies its own anonymous policy")
 	for _, f := range []struct {
 		p          *string
 		name, what string
@@ -69,7 +71,6 @@ var configFlags = map[string]string{
 
 // config is the parsed configuration; what makes it invalid is added to errs in flag terms.
 func (e *envoyFlags) config(errs *multierror.Error) (snapshot.Config, *multierror.Error) {
-	e.cfg.DisableAnonymous = !e.anonymous
 	for _, err := range e.cfg.Validate() {
 		var ce *snapshot.ConfigError
 		flag, known := "", false

@@ -43,15 +43,29 @@ const (
 	// ClusterSubsetPrefix starts the name of a cluster holding a strict subset, followed by
 	// the members' hostnames joined by "+" (plan.SubsetClusterName).
 	ClusterSubsetPrefix = "kube-apiservers-only-"
+	// ClusterFrontProxySuffix ends the name of the front-proxy twin of every apiserver
+	// cluster (FrontProxyCluster). A plan's cluster names the apiservers; Envoy has each
+	// twice: as named, its connections present no client certificate, so the apiserver
+	// authenticates the caller's own credentials exactly as without a proxy; the twin
+	// presents the front-proxy certificate and carries the identity headers kube-mvp sets for
+	// a client certificate it verified. "/" appears in no hostname or apiserver ID, so a twin
+	// never collides with a plan's name.
+	ClusterFrontProxySuffix = "/front-proxy"
 
-	// MetadataCaller is the ext_proc stream's gRPC metadata key with which Envoy's
-	// "anonymous" route tells extproc the request carries no credentials at all
-	// (value CallerAnonymous): extproc never sees the Authorization header itself.
-	MetadataCaller  = "x-kube-mvp-caller"
-	CallerAnonymous = "anonymous"
+	// MetadataCaller is the ext_proc stream's gRPC metadata key with which Envoy's routes
+	// tell extproc what it cannot see itself (it never receives Authorization or
+	// Sec-WebSocket-Protocol): CallerCertificateAndToken, the request has a client
+	// certificate and also a bearer token, which the apiserver falls back to when it rejects
+	// the certificate.
+	MetadataCaller            = "x-kube-mvp-caller"
+	CallerCertificateAndToken = "certificate-and-bearer-token"
 	// MetadataLocalAPIServer is the ext_proc stream's gRPC metadata key with which a
 	// sidecar Envoy's routes name the apiserver it runs beside (its ID, as xds-server
 	// resolved the node's NodeMetadataLocalAPIServer), so extproc decides by that sidecar's
 	// plan: the local apiserver is configured once, on the Envoy node.
 	MetadataLocalAPIServer = "x-kube-mvp-local-apiserver"
 )
+
+// FrontProxyCluster is the name of the front-proxy twin of the apiserver cluster named
+// cluster (see ClusterFrontProxySuffix).
+func FrontProxyCluster(cluster string) string { return cluster + ClusterFrontProxySuffix }

@@ -36,8 +36,14 @@ import (
 // Without a client certificate Envoy sets no XFCC at all. Hence an XFCC header that reaches
 // us was written by Envoy and describes this connection's certificate; the parser below is
 // still strict and fails closed: anything that is not exactly one well-formed element with
-// exactly one Subject is treated as "no identity" (the request goes on without identity
-// headers, so the apiserver authenticates it by its bearer token or as anonymous) and logged.
+// exactly one Subject is rejected (a local 401) and logged.
+//
+// Where the request goes. Only a request whose identity we set goes to the front-proxy twin
+// of the planned cluster (contract.FrontProxyCluster), whose connections present the proxy
+// certificate; every other request goes to the planned cluster itself, whose connections
+// present no certificate, with its own credentials (Authorization, WebSocket token, or none),
+// so the apiserver authenticates it exactly as without a proxy. The proxy certificate never
+// turns a request into anyone, anonymous included.
 //
 // The mapping is Kubernetes' own for client certificates (k8s.io/apiserver
 // pkg/authentication/request/x509, CommonNameUserConversion), applied to the subject Envoy
@@ -51,14 +57,16 @@ import (
 //   - groups = every O, in certificate order (reverse of printed order).
 //   - uid = the UID attribute (0.9.2342.19200300.100.1.1) when exactly one is present, as
 //     with the AllowParsingUserUIDFromCertAuth gate (beta, on by default since 1.33). Several,
-//     or an empty one, make Kubernetes fail the authentication; we then forward no identity.
+//     or an empty one, make Kubernetes fail the authentication: refused (see identityRefused).
 //   - extra authentication.kubernetes.io/credential-id = "X509SHA256=<hex sha256 of the
 //     certificate>", which Kubernetes records for every certificate user (audit logs). Envoy's
 //     XFCC Hash element is that same digest in lower-case hex.
 //
 // Values that cannot travel in an HTTP header unchanged (control characters, leading or
 // trailing white space, which HTTP servers strip, turning " system:admin" into
-// "system:admin") make the whole identity rejected rather than altered.
+// "system:admin") make the whole identity rejected rather than altered: a local 401, even
+// with a bearer token, because the apiserver would have authenticated the certificate's
+// user, not the token's.
 
 // credentialIDKey is "authentication.kubernetes.io/credential-id" (k8s.io/apiserver
 // user.CredentialIDKey) percent-encoded, as the requestheader authenticator path-unescapes
@@ -70,18 +78,11 @@ const credentialIDKey = "authentication.kubernetes.io%2fcredential-id"
 // case-insensitively anyway).
 type identityHeaders struct {
 	user, uid, group, credentialID string
-	// unauthenticated is what the apiserver's anonymous authenticator yields, in these names.
-	unauthenticated *clientIdentity
 }
 
 func newIdentityHeaders(h topology.RequestHeaders) identityHeaders {
 	h = h.OrDefault()
-	ih := identityHeaders{user: h.User[0], uid: h.UID[0], group: h.Group[0], credentialID: h.ExtraPrefix[0] + credentialIDKey}
-	ih.unauthenticated = &clientIdentity{res: identityUnauthenticated, set: []*corev3.HeaderValueOption{
-		setHeader(ih.user, "system:anonymous", false),
-		setHeader(ih.group, "system:unauthenticated", false),
-	}}
-	return ih
+	return identityHeaders{user: h.User[0], uid: h.UID[0], group: h.Group[0], credentialID: h.ExtraPrefix[0] + credentialIDKey}
 }
 
 // identityResult classifies what a request told about its client.
@@ -95,25 +96,21 @@ const (
 	// identityAnonymous: a certificate with an empty CommonName, which Kubernetes does not
 	// authenticate; no identity headers.
 	identityAnonymous
-	// identityRejected: an XFCC header we do not trust to mean one thing; no identity headers.
+	// identityRefused: a certificate the apiserver's x509 authenticator rejects (several
+	// UIDs, an empty one). The apiserver would then authenticate the request by a bearer
+	// token if it has one, and refuse it (401) otherwise, never as anonymous: the request
+	// goes on without identity headers only when Envoy's route says it has a token
+	// (contract.CallerCertificateAndToken), and is answered 401 otherwise.
+	identityRefused
+	// identityRejected: an XFCC header we do not trust to mean one thing, or an identity
+	// that cannot be forwarded unchanged; answered 401.
 	identityRejected
-	// identityUnauthenticated: Envoy's "anonymous" route says the request has no credentials
-	// at all (contract.MetadataCaller); forwarded as system:anonymous.
-	identityUnauthenticated
 	numIdentityResults
 )
 
 func (r identityResult) String() string {
-	return [...]string{"none", "forwarded", "anonymous", "rejected", "unauthenticated"}[r]
+	return [...]string{"none", "forwarded", "anonymous", "refused", "rejected"}[r]
 }
-
-// Requests without any credentials. Envoy's "anonymous" route (no verified client
-// certificate, no Authorization header) opens the ext_proc stream with
-// contract.MetadataCaller. The apiserver would authenticate such a request as
-// system:anonymous; behind Envoy it sees only the proxy client certificate, and refuses a
-// front-proxy certificate without X-Remote-User (401). So extproc forwards the anonymous
-// user as the apiserver's own authenticator would, and authorization decides as for a direct
-// anonymous request. extproc never sees the Authorization header: only the route knows.
 
 // identity is a client certificate's Kubernetes user.
 type identity struct {
@@ -203,7 +200,7 @@ func identityFromSubject(dn string) (identity, identityResult, error) {
 		return identity{}, identityAnonymous, nil
 	}
 	if uids > 1 || (uids == 1 && id.uid == "") {
-		return identity{}, identityRejected, fmt.Errorf("subject %q: %d UID attributes or an empty one; Kubernetes rejects such a certificate", dn, uids)
+		return identity{}, identityRefused, fmt.Errorf("subject %q: %d UID attributes or an empty one; Kubernetes rejects such a certificate", dn, uids)
 	}
 	bad := ""
 	switch {

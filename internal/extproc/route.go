@@ -90,14 +90,17 @@ func (v *view) route(r plan.Route) *route {
 // route is what a decision turns into: the response and the metric to count it in.
 type route struct {
 	outcome topology.Outcome
-	// cluster is the value of x-kube-mvp-cluster; empty for Unavailable.
+	// cluster is the value of x-kube-mvp-cluster for requests with their own credentials
+	// (the planned cluster); empty for Unavailable.
 	cluster string
-	// set holds the routing header (and x-kubernetes-peer-proxied for a subset).
-	set []*corev3.HeaderValueOption
+	// set holds the routing header naming cluster (and x-kubernetes-peer-proxied for a
+	// subset); frontProxySet the same for the cluster's front-proxy twin, for requests with
+	// identity headers.
+	set, frontProxySet []*corev3.HeaderValueOption
 	// removals are the table's fixedRemovals.
 	removals []string
-	// resp is the whole answer for a request without client identity or X-Remote-Extra-*
-	// headers to remove; for Unavailable, the immediate 503 for every request.
+	// resp is the whole answer for a request without client identity or client-supplied
+	// extra headers to remove; for Unavailable, the immediate 503 for every request.
 	resp *extprocv3.ProcessingResponse
 
 	labels      [4]string
@@ -119,9 +122,12 @@ func newRoute(d plan.Route, m *metrics, removals []string) *route {
 	}
 	r.cluster = d.Cluster
 	r.set = []*corev3.HeaderValueOption{setHeader(contract.HeaderRoutingCluster, r.cluster, false)}
+	r.frontProxySet = []*corev3.HeaderValueOption{setHeader(contract.HeaderRoutingCluster, contract.FrontProxyCluster(r.cluster), false)}
 	if d.Outcome == topology.Subset {
 		// An apiserver that runs upstream's in-process MVP must not proxy the request again.
-		r.set = append(r.set, setHeader(contract.HeaderPeerProxied, "true", false))
+		peerProxied := setHeader(contract.HeaderPeerProxied, "true", false)
+		r.set = append(r.set, peerProxied)
+		r.frontProxySet = append(r.frontProxySet, peerProxied)
 	}
 	r.resp = headersResponse(r.set, r.removals)
 	return r
@@ -132,21 +138,25 @@ func (r *route) count() {
 	r.counter.Inc()
 }
 
-// response is r's answer for a request with identity headers to set (idSet, from a
-// clientIdentity) or client-supplied X-Remote-Extra-* headers to remove (extras, lower-case
-// names).
-func (r *route) response(idSet []*corev3.HeaderValueOption, extras []string) *extprocv3.ProcessingResponse {
-	remove := r.removals
-	if len(extras) > 0 {
-		remove = make([]string, 0, len(r.removals)+len(extras))
-		remove = append(append(remove, r.removals...), extras...)
+// response is r's answer for a request with its own credentials and client-supplied extra
+// headers to remove (extras, lower-case names).
+func (r *route) response(extras []string) *extprocv3.ProcessingResponse {
+	return headersResponse(r.set, r.withExtras(extras))
+}
+
+// frontProxyResponse is r's answer for a request whose identity headers (idSet, from a
+// clientIdentity) we set: it goes to the front-proxy twin of r's cluster.
+func (r *route) frontProxyResponse(idSet []*corev3.HeaderValueOption, extras []string) *extprocv3.ProcessingResponse {
+	set := make([]*corev3.HeaderValueOption, 0, len(r.frontProxySet)+len(idSet))
+	return headersResponse(append(append(set, r.frontProxySet...), idSet...), r.withExtras(extras))
+}
+
+func (r *route) withExtras(extras []string) []string {
+	if len(extras) == 0 {
+		return r.removals
 	}
-	set := r.set
-	if len(idSet) > 0 {
-		set = make([]*corev3.HeaderValueOption, 0, len(r.set)+len(idSet))
-		set = append(append(set, r.set...), idSet...)
-	}
-	return headersResponse(set, remove)
+	remove := make([]string, 0, len(r.removals)+len(extras))
+	return append(append(remove, r.removals...), extras...)
 }
 
 // headersResponse answers request_headers by continuing with a header mutation.
@@ -184,19 +194,28 @@ func setHeader(key, value string, appendValue bool) *corev3.HeaderValueOption {
 
 // immediate503 answers the client directly with a Kubernetes Status, as an apiserver would.
 func immediate503(message, details string) *extprocv3.ProcessingResponse {
+	return immediateStatus(typev3.StatusCode_ServiceUnavailable, metav1.StatusReasonServiceUnavailable, message, details)
+}
+
+// immediate401 is the apiserver's own answer to a request it cannot authenticate.
+func immediate401() *extprocv3.ProcessingResponse {
+	return immediateStatus(typev3.StatusCode_Unauthorized, metav1.StatusReasonUnauthorized, "Unauthorized", "kube_mvp_client_certificate_refused")
+}
+
+func immediateStatus(code typev3.StatusCode, reason metav1.StatusReason, message, details string) *extprocv3.ProcessingResponse {
 	body, err := json.Marshal(&metav1.Status{
 		TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"},
 		Status:   metav1.StatusFailure,
 		Message:  message,
-		Reason:   metav1.StatusReasonServiceUnavailable,
-		Code:     503,
+		Reason:   reason,
+		Code:     int32(code),
 	})
 	if err != nil {
 		panic(err) // a fixed struct of strings always marshals
 	}
 	return &extprocv3.ProcessingResponse{
 		Response: &extprocv3.ProcessingResponse_ImmediateResponse{ImmediateResponse: &extprocv3.ImmediateResponse{
-			Status: &typev3.HttpStatus{Code: typev3.StatusCode_ServiceUnavailable},
+			Status: &typev3.HttpStatus{Code: code},
 			Headers: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{
 				setHeader("content-type", "application/json", false),
 			}},

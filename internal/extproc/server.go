@@ -52,13 +52,15 @@ type Server struct {
 	table atomic.Pointer[table]
 	setMu sync.Mutex // serialises SetTopology (metrics bookkeeping)
 
-	log        *slog.Logger
-	now        func() time.Time
-	reg        *prometheus.Registry
-	m          *metrics
-	noTable    *extprocv3.ProcessingResponse
-	noPlan     *extprocv3.ProcessingResponse
-	unexpected [len(unexpectedTypes)]*extprocv3.ProcessingResponse
+	log     *slog.Logger
+	now     func() time.Time
+	reg     *prometheus.Registry
+	m       *metrics
+	noTable *extprocv3.ProcessingResponse
+	noPlan  *extprocv3.ProcessingResponse
+	// unauthorized answers a client certificate the apiserver would not authenticate either.
+	unauthorized *extprocv3.ProcessingResponse
+	unexpected   [len(unexpectedTypes)]*extprocv3.ProcessingResponse
 
 	identityLog, errorLog logLimiter
 }
@@ -82,6 +84,7 @@ func New(opts Options) *Server {
 	}
 	s.m = newMetrics(s.reg, s)
 	s.noTable = immediate503("kube-mvp has no routing table yet", "kube_mvp_no_routing_table")
+	s.unauthorized = immediate401()
 	s.noPlan = immediate503("kube-mvp has no routing plan yet for the apiserver this proxy runs beside", "kube_mvp_no_local_plan")
 	empty := &extprocv3.HeadersResponse{}
 	s.unexpected = [...]*extprocv3.ProcessingResponse{
@@ -156,13 +159,13 @@ func (s *Server) Version() string {
 // processing mode (request headers SEND, everything else SKIP/NONE), sends a single
 // request_headers message and expects exactly one response to it; for a merged-discovery
 // request, whose answer asked for them (mode_override), the response headers follow on the
-// same stream. The stream's gRPC metadata may say the request has no credentials at all
-// (Envoy's anonymous route), and, from a sidecar Envoy, which apiserver it runs beside: its
+// same stream. The stream's gRPC metadata may say the request has a bearer token besides its
+// client certificate (Envoy's client-certificate-and-token routes), and, from a sidecar Envoy, which apiserver it runs beside: its
 // requests are decided by that sidecar's plan.
 func (s *Server) Process(stream grpc.BidiStreamingServer[extprocv3.ProcessingRequest, extprocv3.ProcessingResponse]) error {
 	md, _ := metadata.FromIncomingContext(stream.Context())
 	caller := md.Get(contract.MetadataCaller)
-	anonymous := len(caller) == 1 && caller[0] == contract.CallerAnonymous
+	withToken := len(caller) == 1 && caller[0] == contract.CallerCertificateAndToken
 	var local string
 	if l := md.Get(contract.MetadataLocalAPIServer); len(l) == 1 {
 		local = l[0]
@@ -176,7 +179,7 @@ func (s *Server) Process(stream grpc.BidiStreamingServer[extprocv3.ProcessingReq
 			}
 			return err
 		}
-		if err := stream.Send(s.respond(req, anonymous, local, &disc)); err != nil {
+		if err := stream.Send(s.respond(req, withToken, local, &disc)); err != nil {
 			return err
 		}
 	}
@@ -186,11 +189,11 @@ func (s *Server) Process(stream grpc.BidiStreamingServer[extprocv3.ProcessingReq
 // processing mode; each is counted and answered with an empty response of its own type
 // (which lets the request continue unchanged) rather than failing the stream, which with
 // failure_mode_allow: false would fail the client's request.
-func (s *Server) respond(req *extprocv3.ProcessingRequest, anonymous bool, local string, disc *discoveryState) *extprocv3.ProcessingResponse {
+func (s *Server) respond(req *extprocv3.ProcessingRequest, withToken bool, local string, disc *discoveryState) *extprocv3.ProcessingResponse {
 	var u int
 	switch r := req.GetRequest().(type) {
 	case *extprocv3.ProcessingRequest_RequestHeaders:
-		return s.requestHeaders(r.RequestHeaders, anonymous, local, disc)
+		return s.requestHeaders(r.RequestHeaders, withToken, local, disc)
 	case *extprocv3.ProcessingRequest_ResponseHeaders:
 		if disc.doc != nil { // we asked for these (mode_override)
 			return s.mergedDiscoveryResponse(r.ResponseHeaders, disc)
@@ -212,10 +215,10 @@ func (s *Server) respond(req *extprocv3.ProcessingRequest, anonymous bool, local
 }
 
 // requestHeaders is the whole per-request work: scan the headers, settle the client
-// identity, decide, answer. anonymous: Envoy's route says the request has no credentials;
-// local: the sidecar Envoy's apiserver ("" for a front proxy); disc is filled in for a
+// identity, decide, answer. withToken: Envoy's route says the request has a bearer token
+// besides its client certificate; local: the sidecar Envoy's apiserver ("" for a front proxy); disc is filled in for a
 // merged-discovery request.
-func (s *Server) requestHeaders(h *extprocv3.HttpHeaders, anonymous bool, local string, disc *discoveryState) *extprocv3.ProcessingResponse {
+func (s *Server) requestHeaders(h *extprocv3.HttpHeaders, withToken bool, local string, disc *discoveryState) *extprocv3.ProcessingResponse {
 	var (
 		method, path        string
 		accept, ifNoneMatch string
@@ -271,19 +274,25 @@ func (s *Server) requestHeaders(h *extprocv3.HttpHeaders, anonymous bool, local 
 	}
 
 	var id *clientIdentity
-	switch {
-	case xfccCount > 1:
+	if xfccCount > 1 {
 		id = newClientIdentity(make([]string, xfccCount), tb.identities.hdr) // rejected: several headers
-	case anonymous && xfccCount == 0: // the route also required no XFCC; fail closed if not
-		id = tb.identities.hdr.unauthenticated
-	default:
+	} else {
 		id = tb.identities.get(xfcc)
 	}
 	s.m.identity[id.res].Inc()
+	refuse := id.res == identityRejected || (id.res == identityRefused && !withToken)
 	if id.err != nil {
 		if n, ok := s.identityLog.allow(s.now()); ok {
-			s.log.Warn("client identity not forwarded: the request goes on without X-Remote-* headers", "error", id.err, "similar_suppressed", n)
+			outcome := "the request goes on with its bearer token, without identity headers"
+			if refuse {
+				outcome = "answered 401"
+			}
+			s.log.Warn("client certificate not forwarded: "+outcome, "error", id.err, "similar_suppressed", n)
 		}
+	}
+	if refuse {
+		// The apiserver authenticates before it routes: 401 comes before any 503.
+		return s.unauthorized
 	}
 
 	v := tb.view(local)
@@ -311,8 +320,11 @@ func (s *Server) requestHeaders(h *extprocv3.HttpHeaders, anonymous bool, local 
 		return rt.resp
 	}
 	resp := rt.resp
-	if len(id.set) != 0 || len(extras) != 0 {
-		resp = rt.response(id.set, extras)
+	switch {
+	case id.res == identityForwarded:
+		resp = rt.frontProxyResponse(id.set, extras)
+	case len(extras) != 0:
+		resp = rt.response(extras)
 	}
 	if tb.plans.Discovery != nil && wantsMergedDiscovery(method, path, accept) {
 		*disc = discoveryState{doc: tb.plans.Discovery, ifNoneMatch: ifNoneMatch}

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/kube-mvp/kube-mvp/internal/cli"
+	"github.com/kube-mvp/kube-mvp/internal/contract"
 	"github.com/kube-mvp/kube-mvp/internal/plan"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
@@ -149,14 +150,23 @@ func (b *builder) errorf(format string, args ...any) {
 	b.errs = append(b.errs, fmt.Errorf(format, args...))
 }
 
-// producible maps every cluster that extproc may name by the plan's routes to one resource
-// that leads there, for checkReferences' error messages.
+// producible maps every cluster that extproc may name by the plan's routes (and, with a
+// proxy client certificate, their front-proxy twins) to one resource that leads there, for
+// checkReferences' error messages.
 func (b *builder) producible() map[string]string {
-	out := map[string]string{b.p.Routes.Default.Cluster: "non-resource requests"}
-	for _, r := range b.p.Routes.All() {
-		if _, ok := out[r.Cluster]; !ok && r.Cluster != "" {
-			out[r.Cluster] = r.Resource.String()
+	out := map[string]string{}
+	add := func(cluster, what string) {
+		if _, ok := out[cluster]; ok || cluster == "" {
+			return
 		}
+		out[cluster] = what
+		if len(b.cfg.Secrets.ProxyClientCert) > 0 {
+			out[contract.FrontProxyCluster(cluster)] = what + " with a client certificate"
+		}
+	}
+	add(b.p.Routes.Default.Cluster, "non-resource requests")
+	for _, r := range b.p.Routes.All() {
+		add(r.Cluster, r.Resource.String())
 	}
 	return out
 }

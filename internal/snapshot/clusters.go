@@ -33,13 +33,40 @@ const (
 	retryLimit          = 10_000
 )
 
-// clusters returns every cluster, sorted by name, and the endpoints of the EDS ones.
+// healthCheckSocket is the transport_socket_matches entry (and the health check's
+// transport_socket_match_criteria) with which a caller cluster's health checks present the
+// proxy client certificate while its requests present none. No endpoint carries the key in
+// its envoy.transport_socket_match metadata, so requests always take the cluster's own
+// transport socket.
+const healthCheckSocket = "health-check"
+
+// clusters returns every cluster, sorted by name, and the endpoints of the EDS ones. Each
+// cluster of the plan is emitted twice (contract.ClusterFrontProxySuffix): as named, for
+// requests that carry the caller's own credentials, whose TLS presents no client
+// certificate; and, with a proxy client certificate configured, its front-proxy twin,
+// whose TLS presents it, for requests whose identity extproc set from a client certificate
+// it verified.
 func (b *builder) clusters() ([]*clusterv3.Cluster, []*endpointv3.ClusterLoadAssignment) {
 	what := "apiserver clusters: "
 	// The typed configs shared by every apiserver cluster are packed (and validated) once.
-	tls := &corev3.TransportSocket{
+	asCaller := &corev3.TransportSocket{
 		Name:       tlsTransportSocketName,
-		ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: b.pack(what+"upstream TLS", b.upstreamTLS())},
+		ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: b.pack(what+"upstream TLS", b.upstreamTLS(false))},
+	}
+	var asFrontProxy *corev3.TransportSocket
+	var healthCheckMatch []*clusterv3.Cluster_TransportSocketMatch
+	var healthCheckCriteria *structpb.Struct
+	if len(b.cfg.Secrets.ProxyClientCert) > 0 {
+		asFrontProxy = &corev3.TransportSocket{
+			Name:       tlsTransportSocketName,
+			ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: b.pack(what+"upstream TLS with the proxy certificate", b.upstreamTLS(true))},
+		}
+		healthCheckCriteria = &structpb.Struct{Fields: map[string]*structpb.Value{"kube-mvp": structpb.NewStringValue(healthCheckSocket)}}
+		healthCheckMatch = []*clusterv3.Cluster_TransportSocketMatch{{
+			Name:            healthCheckSocket,
+			Match:           healthCheckCriteria,
+			TransportSocket: asFrontProxy,
+		}}
 	}
 	http1 := map[string]*anypb.Any{httpProtocolOptionsKey: b.pack(what+"HTTP protocol options", &httpv3.HttpProtocolOptions{
 		UpstreamProtocolOptions: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_{ExplicitHttpConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig{
@@ -51,68 +78,86 @@ func (b *builder) clusters() ([]*clusterv3.Cluster, []*endpointv3.ClusterLoadAss
 	var clusters []*clusterv3.Cluster
 	var cla []*endpointv3.ClusterLoadAssignment
 	for _, c := range b.p.Clusters {
-		clusters = append(clusters, &clusterv3.Cluster{
-			Name:                          c.Name,
-			AltStatName:                   statName(c.Name),
-			ClusterDiscoveryType:          &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS},
-			EdsClusterConfig:              &clusterv3.Cluster_EdsClusterConfig{EdsConfig: ads()},
-			ConnectTimeout:                durationpb.New(apiserverConnectTimeout),
-			LbPolicy:                      clusterv3.Cluster_LEAST_REQUEST,
-			TransportSocket:               tls,
-			TypedExtensionProtocolOptions: http1,
-			CircuitBreakers:               circuitBreakers(),
-			OutlierDetection: &clusterv3.OutlierDetection{
-				SplitExternalLocalOriginErrors: true,
-				// Two refused connections in a row: the process is not listening (a stopping
-				// apiserver closes its listener before its Lease goes), so the request's
-				// last retry already avoids it.
-				ConsecutiveLocalOriginFailure:          wrapperspb.UInt32(2),
-				EnforcingConsecutiveLocalOriginFailure: wrapperspb.UInt32(100),
-				EnforcingLocalOriginSuccessRate:        wrapperspb.UInt32(0),
-				EnforcingConsecutive_5Xx:               wrapperspb.UInt32(0),
-				EnforcingConsecutiveGatewayFailure:     wrapperspb.UInt32(0),
-				EnforcingSuccessRate:                   wrapperspb.UInt32(0),
-				Interval:                               durationpb.New(5 * time.Second),
-				BaseEjectionTime:                       durationpb.New(10 * time.Second),
-				MaxEjectionTime:                        durationpb.New(60 * time.Second),
-				MaxEjectionPercent:                     wrapperspb.UInt32(100),
-				SuccessfulActiveHealthCheckUnejectHost: wrapperspb.Bool(true),
-			},
-			HealthChecks: []*corev3.HealthCheck{{
-				Timeout:            durationpb.New(2 * time.Second),
-				Interval:           durationpb.New(5 * time.Second),
-				NoTrafficInterval:  durationpb.New(10 * time.Second),
-				UnhealthyThreshold: wrapperspb.UInt32(2),
-				HealthyThreshold:   wrapperspb.UInt32(1),
-				HealthChecker: &corev3.HealthCheck_HttpHealthCheck_{HttpHealthCheck: &corev3.HealthCheck_HttpHealthCheck{
-					Host: b.cfg.UpstreamServerName,
-					Path: "/readyz",
-					// The check presents the proxy client certificate (the cluster's TLS), and
-					// an apiserver answers 401 to that certificate without a user header. So
-					// it asks as a user of its own, allowed /readyz by Kubernetes' default
-					// system:public-info-viewer and by the chart's own role where a hardened
-					// cluster removed that: anonymous requests may be off.
-					RequestHeadersToAdd: healthCheckIdentityHeaders(b.p.RequestHeaders),
-				}},
-			}},
-			CommonLbConfig: &clusterv3.Cluster_CommonLbConfig{HealthyPanicThreshold: &typev3.Percent{Value: 0}},
-			Metadata:       b.clusterMetadata(c),
-		})
 		var lb []*endpointv3.LbEndpoint
 		for _, id := range c.Members {
 			if e := addrs[id]; e != nil {
 				lb = append(lb, e)
 			}
 		}
-		a := &endpointv3.ClusterLoadAssignment{ClusterName: c.Name}
-		if len(lb) > 0 {
-			a.Endpoints = []*endpointv3.LocalityLbEndpoints{{LbEndpoints: lb}}
+		assignment := func(name string) *endpointv3.ClusterLoadAssignment {
+			a := &endpointv3.ClusterLoadAssignment{ClusterName: name}
+			if len(lb) > 0 {
+				a.Endpoints = []*endpointv3.LocalityLbEndpoints{{LbEndpoints: lb}}
+			}
+			return a
 		}
-		cla = append(cla, a)
+		caller := b.apiserverCluster(c.Name, c, asCaller, http1)
+		caller.TransportSocketMatches = healthCheckMatch
+		caller.HealthChecks[0].TransportSocketMatchCriteria = healthCheckCriteria
+		clusters, cla = append(clusters, caller), append(cla, assignment(c.Name))
+		if asFrontProxy != nil {
+			name := contract.FrontProxyCluster(c.Name)
+			clusters, cla = append(clusters, b.apiserverCluster(name, c, asFrontProxy, http1)), append(cla, assignment(name))
+		}
 	}
 	clusters = append(clusters, b.extProcCluster())
 	slices.SortFunc(clusters, func(a, b *clusterv3.Cluster) int { return strings.Compare(a.GetName(), b.GetName()) })
+	slices.SortFunc(cla, func(a, b *endpointv3.ClusterLoadAssignment) int {
+		return strings.Compare(a.GetClusterName(), b.GetClusterName())
+	})
 	return clusters, cla
+}
+
+// apiserverCluster is the EDS cluster name of the plan's cluster c, with transport socket tls.
+func (b *builder) apiserverCluster(name string, c plan.Cluster, tls *corev3.TransportSocket, http1 map[string]*anypb.Any) *clusterv3.Cluster {
+	return &clusterv3.Cluster{
+		Name:                          name,
+		AltStatName:                   statName(name),
+		ClusterDiscoveryType:          &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS},
+		EdsClusterConfig:              &clusterv3.Cluster_EdsClusterConfig{EdsConfig: ads()},
+		ConnectTimeout:                durationpb.New(apiserverConnectTimeout),
+		LbPolicy:                      clusterv3.Cluster_LEAST_REQUEST,
+		TransportSocket:               tls,
+		TypedExtensionProtocolOptions: http1,
+		CircuitBreakers:               circuitBreakers(),
+		OutlierDetection: &clusterv3.OutlierDetection{
+			SplitExternalLocalOriginErrors: true,
+			// Two refused connections in a row: the process is not listening (a stopping
+			// apiserver closes its listener before its Lease goes), so the request's
+			// last retry already avoids it.
+			ConsecutiveLocalOriginFailure:          wrapperspb.UInt32(2),
+			EnforcingConsecutiveLocalOriginFailure: wrapperspb.UInt32(100),
+			EnforcingLocalOriginSuccessRate:        wrapperspb.UInt32(0),
+			EnforcingConsecutive_5Xx:               wrapperspb.UInt32(0),
+			EnforcingConsecutiveGatewayFailure:     wrapperspb.UInt32(0),
+			EnforcingSuccessRate:                   wrapperspb.UInt32(0),
+			Interval:                               durationpb.New(5 * time.Second),
+			BaseEjectionTime:                       durationpb.New(10 * time.Second),
+			MaxEjectionTime:                        durationpb.New(60 * time.Second),
+			MaxEjectionPercent:                     wrapperspb.UInt32(100),
+			SuccessfulActiveHealthCheckUnejectHost: wrapperspb.Bool(true),
+		},
+		HealthChecks: []*corev3.HealthCheck{{
+			Timeout:            durationpb.New(2 * time.Second),
+			Interval:           durationpb.New(5 * time.Second),
+			NoTrafficInterval:  durationpb.New(10 * time.Second),
+			UnhealthyThreshold: wrapperspb.UInt32(2),
+			HealthyThreshold:   wrapperspb.UInt32(1),
+			HealthChecker: &corev3.HealthCheck_HttpHealthCheck_{HttpHealthCheck: &corev3.HealthCheck_HttpHealthCheck{
+				Host: b.cfg.UpstreamServerName,
+				Path: "/readyz",
+				// The check presents the proxy client certificate (the front-proxy TLS; a
+				// caller cluster's health checks take it by transport_socket_match_criteria),
+				// and an apiserver answers 401 to that certificate without a user header. So
+				// it asks as a user of its own, allowed /readyz by Kubernetes' default
+				// system:public-info-viewer and by the chart's own role where a hardened
+				// cluster removed that: anonymous requests may be off.
+				RequestHeadersToAdd: healthCheckIdentityHeaders(b.p.RequestHeaders),
+			}},
+		}},
+		CommonLbConfig: &clusterv3.Cluster_CommonLbConfig{HealthyPanicThreshold: &typev3.Percent{Value: 0}},
+		Metadata:       b.clusterMetadata(c),
+	}
 }
 
 // statName is the name a cluster's stats go under when its own name would split them: Envoy

@@ -37,14 +37,6 @@ type Config struct {
 	// UpstreamServerName is the SNI Envoy sends to the apiservers and the DNS SAN it requires
 	// in their serving certificates; default kubernetes.default.svc.
 	UpstreamServerName string
-	// DisableAnonymous mirrors kube-apiserver --anonymous-auth=false. By default a request
-	// without credentials (no verified client certificate, no Authorization and no
-	// Sec-WebSocket-Protocol header) takes the "anonymous" route, on which extproc forwards
-	// it as system:anonymous: behind Envoy the apiserver sees only the proxy client
-	// certificate, and refuses that without a user header (401) where it would have served
-	// an anonymous client (/readyz, /version, kubeadm's cluster-info). Set it when the
-	// apiservers refuse anonymous requests, so that kube-mvp does too.
-	DisableAnonymous bool
 	// Secrets name the certificate files Envoy reads, delivered by SDS as file references.
 	Secrets SecretFiles
 }
@@ -62,11 +54,13 @@ type Config struct {
 //     (or anonymous requests) authenticate.
 //   - ClientCA empty: Envoy does not ask clients for certificates; client-certificate users
 //     cannot authenticate through the proxy (bearer tokens still work). The
-//     x-forwarded-client-cert route (which engages extproc for identity mapping) is left out.
+//     x-forwarded-client-cert routes (which engage extproc for identity mapping) are left out.
 //     A ClientCA without a serving certificate is an error: it could never be used.
 //   - ProxyClientCert+ProxyClientKey (both or neither) empty: Envoy presents no client
-//     certificate to the apiservers. They then ignore the X-Remote-* headers extproc sets, so
-//     client-certificate users reach them as anonymous; bearer tokens still work.
+//     certificate to the apiservers, and there are no front-proxy clusters; health checks
+//     ask as anonymous. A ClientCA without a proxy client certificate is an error: the
+//     identity of a verified client certificate could not be forwarded, and the request
+//     would reach the apiserver as anonymous.
 //   - PeerCA empty: Envoy does NOT verify the apiservers' serving certificates (TLS is still
 //     used, and SNI still sent). Insecure; for experiments only. A proxy client certificate
 //     without PeerCA is an error: the front-proxy key, as strong as cluster-admin, would be
@@ -169,6 +163,9 @@ func (c Config) check() (config, []error) {
 	pair("ProxyClientCert", s.ProxyClientCert, "ProxyClientKey", s.ProxyClientKey)
 	if s.ClientCA != "" && s.ServingCert == "" {
 		bad("Secrets.ClientCA", "is given but there is no serving certificate: without TLS on the listener no client certificate can be verified")
+	}
+	if s.ClientCA != "" && s.ProxyClientCert == "" {
+		bad("Secrets.ProxyClientCert", "is missing: the identity of client certificates verified against ClientCA cannot be forwarded without it, and they would reach the apiservers as anonymous")
 	}
 	if s.ProxyClientCert != "" && s.PeerCA == "" {
 		bad("Secrets.PeerCA", "is missing: the proxy client certificate (as strong as cluster-admin) would go to apiservers nobody verified")

@@ -8,12 +8,15 @@ import (
 	"testing"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kube-mvp/kube-mvp/internal/contract"
@@ -29,8 +32,7 @@ type routeFacts struct {
 	prefix   string
 	path     string
 	regex    string   // safe_regex, matched against the whole path
-	header   string   // the header a present_match requires, if any
-	absent   []string // the headers an inverted present_match requires absent
+	headers  []string // header matchers: "name" (present), "!name" (absent), "name~regex", "name=value" (any case), "name*=substring"
 	cluster  string   // or "header:<name>" for cluster_header
 	extProc  bool
 	metadata []string // ext_proc overrides.grpc_initial_metadata, "key=value"
@@ -46,10 +48,20 @@ func readRoutes(t *testing.T, res *snapshot.Resources) []routeFacts {
 	for _, r := range rc.GetVirtualHosts()[0].GetRoutes() {
 		f := routeFacts{name: r.GetName(), prefix: r.GetMatch().GetPrefix(), path: r.GetMatch().GetPath(), regex: r.GetMatch().GetSafeRegex().GetRegex(), extProc: true}
 		for _, h := range r.GetMatch().GetHeaders() {
-			if h.GetInvertMatch() {
-				f.absent = append(f.absent, h.GetName())
-			} else {
-				f.header = h.GetName()
+			sm := h.GetStringMatch()
+			switch {
+			case h.GetPresentMatch() && h.GetInvertMatch():
+				f.headers = append(f.headers, "!"+h.GetName())
+			case h.GetPresentMatch():
+				f.headers = append(f.headers, h.GetName())
+			case sm.GetSafeRegex() != nil:
+				f.headers = append(f.headers, h.GetName()+"~"+sm.GetSafeRegex().GetRegex())
+			case sm.GetExact() != "" && sm.GetIgnoreCase():
+				f.headers = append(f.headers, h.GetName()+"="+sm.GetExact())
+			case sm.GetContains() != "":
+				f.headers = append(f.headers, h.GetName()+"*="+sm.GetContains())
+			default:
+				t.Fatalf("route %s: header matcher %v not understood by this test", r.GetName(), h)
 			}
 		}
 		if c := r.GetRoute().GetCluster(); c != "" {
@@ -155,16 +167,21 @@ func TestRoutingFacts(t *testing.T) {
 			def := plan.DefaultCluster(topo.LocalID)
 
 			// Fixed routes first and last, in order.
-			if r := routes[0]; r.name != snapshot.RouteRoutingHeader || r.header != contract.HeaderRoutingCluster || r.cluster != "header:"+contract.HeaderRoutingCluster || r.extProc {
+			if r := routes[0]; r.name != snapshot.RouteRoutingHeader || !slices.Equal(r.headers, []string{contract.HeaderRoutingCluster}) || r.cluster != "header:"+contract.HeaderRoutingCluster || r.extProc {
 				t.Errorf("first route = %+v, want the routing-header route with ext_proc off", r)
 			}
-			if r := routes[1]; r.name != snapshot.RouteClientCertificate || r.header != "x-forwarded-client-cert" || r.cluster != def || !r.extProc {
-				t.Errorf("second route = %+v, want the client-certificate route with ext_proc on", r)
-			}
-			if r := routes[2]; r.name != snapshot.RouteAnonymous || r.cluster != def || !r.extProc ||
-				!slices.Equal(r.absent, []string{"authorization", "x-forwarded-client-cert", "sec-websocket-protocol"}) ||
-				!slices.Equal(r.metadata, append(localMetadata(topo), "x-kube-mvp-caller=anonymous")) {
-				t.Errorf("third route = %+v, want the anonymous route: no credentials, ext_proc on, told so by gRPC metadata", r)
+			// Client certificates: ext_proc on (identity), with gRPC metadata saying when a
+			// bearer token is there too (the apiserver's fallback for a certificate it rejects).
+			withToken := append(localMetadata(topo), "x-kube-mvp-caller=certificate-and-bearer-token")
+			for i, want := range []routeFacts{
+				{name: snapshot.RouteClientCertificateAndToken, prefix: "/", headers: []string{"x-forwarded-client-cert", "authorization~[Bb][Ee][Aa][Rr][Ee][Rr] [^ ].*"}, metadata: withToken},
+				{name: snapshot.RouteClientCertificateAndWebSocketToken, prefix: "/", headers: []string{"x-forwarded-client-cert", "upgrade=websocket", "sec-websocket-protocol*=base64url.bearer.authorization.k8s.io."}, metadata: withToken},
+				{name: snapshot.RouteClientCertificate, prefix: "/", headers: []string{"x-forwarded-client-cert"}, metadata: localMetadata(topo)},
+			} {
+				want.cluster, want.extProc = def, true
+				if r := routes[1+i]; !equalFacts(r, want) {
+					t.Errorf("route %d = %+v, want %+v", 1+i, r, want)
+				}
 			}
 			// A sidecar's ext_proc streams name its apiserver, so extproc decides by its plan.
 			for _, r := range routes {
@@ -172,15 +189,15 @@ func TestRoutingFacts(t *testing.T) {
 					t.Errorf("route %s: ext_proc metadata %v, want it to start with %v", r.name, r.metadata, localMetadata(topo))
 				}
 			}
-			if r := routes[3]; r.name != snapshot.RouteDiscovery || r.regex != "/apis/?" || r.cluster != def || !r.extProc {
-				t.Errorf("fourth route = %+v, want the discovery route: path /apis or /apis/, ext_proc on", r)
+			if r := routes[4]; r.name != snapshot.RouteDiscovery || r.regex != "/apis/?" || r.cluster != def || !r.extProc || r.headers != nil {
+				t.Errorf("fifth route = %+v, want the discovery route: path /apis or /apis/, ext_proc on", r)
 			}
-			if r := routes[len(routes)-1]; r.name != snapshot.RouteFallback || r.prefix != "/" || r.header != "" || r.cluster != def || r.extProc {
+			if r := routes[len(routes)-1]; r.name != snapshot.RouteFallback || r.prefix != "/" || r.headers != nil || r.cluster != def || r.extProc {
 				t.Errorf("last route = %+v, want the catch-all route with ext_proc off", r)
 			}
 
 			gvRoutes := map[string]routeFacts{}
-			for _, r := range routes[4 : len(routes)-1] {
+			for _, r := range routes[5 : len(routes)-1] {
 				gvRoutes[r.name] = r
 				if r.cluster != def {
 					t.Errorf("route %s goes to %s, want the default cluster %s", r.name, r.cluster, def)
@@ -199,8 +216,13 @@ func TestRoutingFacts(t *testing.T) {
 			if n := len(w.extProcGVs) + len(w.directGVs); n != len(gvRoutes) {
 				t.Errorf("%d group/version routes %v, want %d", len(gvRoutes), slices.Sorted(maps.Keys(gvRoutes)), n)
 			}
-			if got := readMembers(res); !maps.EqualFunc(got, w.members, slices.Equal) {
-				t.Errorf("cluster members = %v, want %v", got, w.members)
+			// Every cluster has its front-proxy twin, with the same apiservers.
+			wantMembers := maps.Clone(w.members)
+			for c, m := range w.members {
+				wantMembers[contract.FrontProxyCluster(c)] = m
+			}
+			if got := readMembers(res); !maps.EqualFunc(got, wantMembers, slices.Equal) {
+				t.Errorf("cluster members = %v, want %v", got, wantMembers)
 			}
 
 			// Whatever extproc may decide for any published resource names a defined cluster.
@@ -209,8 +231,8 @@ func TestRoutingFacts(t *testing.T) {
 				clusters[c.(*clusterv3.Cluster).GetName()] = true
 			}
 			for _, r := range mustPlan(t, topo).Routes.All() {
-				if r.Cluster != "" && !clusters[r.Cluster] {
-					t.Errorf("extproc routes %s to %s, which is not defined", r.Resource, r.Cluster)
+				if r.Cluster != "" && (!clusters[r.Cluster] || !clusters[contract.FrontProxyCluster(r.Cluster)]) {
+					t.Errorf("extproc routes %s to %s, which is not defined with its front-proxy twin", r.Resource, r.Cluster)
 				}
 			}
 		})
@@ -257,24 +279,80 @@ func TestLocalReplyIsKubernetesStatus(t *testing.T) {
 	}
 }
 
-// TestNoAnonymousRoute: with DisableAnonymous (apiservers run --anonymous-auth=false), or
-// without a proxy client certificate (the apiservers then see the client's own anonymity),
-// there is no anonymous route.
-func TestNoAnonymousRoute(t *testing.T) {
-	disabled := testConfig()
-	disabled.DisableAnonymous = true
+func equalFacts(a, b routeFacts) bool {
+	return a.name == b.name && a.prefix == b.prefix && a.path == b.path && a.regex == b.regex && slices.Equal(a.headers, b.headers) &&
+		a.cluster == b.cluster && a.extProc == b.extProc && slices.Equal(a.metadata, b.metadata)
+}
+
+// TestProxyCertificateOnlyWithOurIdentity: the proxy client certificate is presented only by
+// the front-proxy twins (where extproc sends the requests whose identity it set) and by the
+// health checks; a plan's own cluster, where every other request goes, presents none, so the
+// apiserver authenticates those requests' own credentials. Without a proxy certificate there
+// are no twins.
+func TestProxyCertificateOnlyWithOurIdentity(t *testing.T) {
 	noProxyCert := testConfig()
-	noProxyCert.Secrets.ProxyClientCert, noProxyCert.Secrets.ProxyClientKey = "", ""
-	for name, cfg := range map[string]snapshot.Config{"DisableAnonymous": disabled, "no proxy client certificate": noProxyCert} {
-		res, err := snapshot.Build(mustPlan(t, loadCase(t, "batch-off")), cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, r := range readRoutes(t, res) {
-			if r.name == snapshot.RouteAnonymous {
-				t.Errorf("%s: anonymous route present", name)
+	noProxyCert.Secrets.ClientCA, noProxyCert.Secrets.ProxyClientCert, noProxyCert.Secrets.ProxyClientKey = "", "", ""
+	for name, cfg := range map[string]snapshot.Config{"with proxy certificate": testConfig(), "without": noProxyCert} {
+		t.Run(name, func(t *testing.T) {
+			p := mustPlan(t, loadCase(t, "batch-off"))
+			res, err := snapshot.Build(p, cfg)
+			if err != nil {
+				t.Fatal(err)
 			}
-		}
+			byName := map[string]*clusterv3.Cluster{}
+			for _, r := range res.Clusters {
+				byName[r.(*clusterv3.Cluster).GetName()] = r.(*clusterv3.Cluster)
+			}
+			certOf := func(ts *corev3.TransportSocket) string {
+				var tls tlsv3.UpstreamTlsContext
+				if err := ts.GetTypedConfig().UnmarshalTo(&tls); err != nil {
+					t.Fatal(err)
+				}
+				if c := tls.GetCommonTlsContext().GetTlsCertificateSdsSecretConfigs(); len(c) == 1 {
+					return c[0].GetName()
+				}
+				return ""
+			}
+			withCert := cfg.Secrets.ProxyClientCert != ""
+			for _, pc := range p.Clusters {
+				c := byName[pc.Name]
+				if c == nil {
+					t.Fatalf("cluster %s missing", pc.Name)
+				}
+				if got := certOf(c.GetTransportSocket()); got != "" {
+					t.Errorf("%s presents %s to the apiservers; want no client certificate", pc.Name, got)
+				}
+				twin := byName[contract.FrontProxyCluster(pc.Name)]
+				if !withCert {
+					if twin != nil || len(c.GetTransportSocketMatches()) != 0 {
+						t.Errorf("without a proxy certificate: twin %v, transport socket matches %v", twin != nil, c.GetTransportSocketMatches())
+					}
+					continue
+				}
+				if twin == nil || certOf(twin.GetTransportSocket()) != snapshot.SecretProxyClientCert || len(twin.GetTransportSocketMatches()) != 0 {
+					t.Fatalf("front-proxy twin of %s: %v; want one presenting %s", pc.Name, twin, snapshot.SecretProxyClientCert)
+				}
+				// The caller cluster's health checks resolve to the proxy certificate as Envoy's
+				// TransportSocketMatcher would: the first match whose labels all equal the criteria's.
+				crit := c.GetHealthChecks()[0].GetTransportSocketMatchCriteria()
+				var resolved *corev3.TransportSocket
+				for _, m := range c.GetTransportSocketMatches() {
+					ok := true
+					for k, v := range m.GetMatch().GetFields() {
+						if !proto.Equal(crit.GetFields()[k], v) {
+							ok = false
+						}
+					}
+					if ok {
+						resolved = m.GetTransportSocket()
+						break
+					}
+				}
+				if crit == nil || resolved == nil || certOf(resolved) != snapshot.SecretProxyClientCert {
+					t.Errorf("%s: health checks do not present the proxy certificate (criteria %v)", pc.Name, crit)
+				}
+			}
+		})
 	}
 }
 

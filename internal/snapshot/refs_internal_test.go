@@ -26,6 +26,9 @@ func testResources(t *testing.T) (*Resources, map[string]string) {
 		ServingKey:  "/etc/kube-mvp/serving/tls.key",
 		ClientCA:    "/etc/kube-mvp/client-ca/ca.crt",
 		PeerCA:      "/etc/kube-mvp/peer-ca/ca.crt",
+		// The front-proxy twins are clusters extproc can name too.
+		ProxyClientCert: "/etc/kube-mvp/proxy-client/tls.crt",
+		ProxyClientKey:  "/etc/kube-mvp/proxy-client/tls.key",
 	}}
 	p, err := plan.Build(topo)
 	if err != nil {
@@ -35,7 +38,7 @@ func testResources(t *testing.T) (*Resources, map[string]string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return res, (&builder{p: p, t: topo}).producible()
+	return res, (&builder{p: p, t: topo, cfg: config{Config: cfg}}).producible()
 }
 
 func without(list []types.Resource, name string) []types.Resource {

@@ -21,29 +21,41 @@ import (
 // Route names of the fixed routes; the group/version routes are named by
 // topology.GroupVersion.String ("core/v1", "batch/v1").
 const (
-	RouteRoutingHeader     = "extproc-decided"
-	RouteClientCertificate = "client-certificate"
-	RouteAnonymous         = "anonymous"
-	RouteDiscovery         = "discovery"
-	RouteFallback          = "default"
+	RouteRoutingHeader                      = "extproc-decided"
+	RouteClientCertificate                  = "client-certificate"
+	RouteClientCertificateAndToken          = "client-certificate-and-token"
+	RouteClientCertificateAndWebSocketToken = "client-certificate-and-websocket-token"
+	RouteDiscovery                          = "discovery"
+	RouteFallback                           = "default"
 )
+
+// bearerTokenRegex matches an Authorization header that the apiserver's bearer token
+// authenticator reads a token from (k8s.io/apiserver request/bearertoken: after trimming, the
+// first space-separated word is "bearer" in any case and the second is not empty). Envoy
+// matches the whole value, whose surrounding white space HTTP already removed.
+const bearerTokenRegex = "[Bb][Ee][Aa][Rr][Ee][Rr] [^ ].*"
+
+// webSocketBearerProtocolPrefix starts the Sec-WebSocket-Protocol entry in which a WebSocket
+// client passes its bearer token (k8s.io/apiserver request/websocket); the apiserver reads it
+// only from a WebSocket upgrade request.
+const webSocketBearerProtocolPrefix = "base64url.bearer.authorization.k8s.io."
 
 // routeConfiguration is the one route table. First match wins:
 //
 //  1. the routing header is present: it can only have come from extproc (the early header
 //     mutation strips it from clients), so go to the cluster it names; ext_proc off.
 //  2. (with a client CA) x-forwarded-client-cert is present: the client presented a verified
-//     certificate, whose identity extproc must turn into X-Remote-* headers; ext_proc on.
-//  3. (with a proxy client certificate, unless DisableAnonymous) no Authorization, no
-//     x-forwarded-client-cert and no Sec-WebSocket-Protocol (which can carry a bearer token):
-//     a request without credentials, which extproc forwards as system:anonymous; ext_proc on,
-//     told so by the stream's gRPC metadata (extproc never sees the Authorization header).
-//  4. path /apis or /apis/ (aggregated discovery): the default cluster, ext_proc ON, which answers an
+//     certificate, whose identity extproc turns into identity headers for the front-proxy
+//     twin of the cluster it names (or, when the apiserver would not authenticate the
+//     certificate, leaves to the request's other credentials or refuses); ext_proc on. Three
+//     routes: with a bearer token in Authorization, with one in a WebSocket upgrade's
+//     Sec-WebSocket-Protocol (both tell extproc so in the stream's gRPC metadata), without.
+//  3. path /apis or /apis/ (aggregated discovery): the default cluster, ext_proc ON, which answers an
 //     apiserver's 200 with the merged discovery of every live apiserver.
-//  5. per published group/version (prefix /api/v1/, /apis/<g>/<v>/): straight to the default
+//  4. per published group/version (prefix /api/v1/, /apis/<g>/<v>/): straight to the default
 //     cluster with ext_proc off when every resource of the group/version goes there anyway;
 //     otherwise ext_proc on (it sets the routing header and the route is matched again).
-//  6. prefix / (non-resource paths, unpublished group/versions such as CRDs and aggregated
+//  5. prefix / (non-resource paths, unpublished group/versions such as CRDs and aggregated
 //     APIs): the default cluster; ext_proc off.
 func (b *builder) routeConfiguration() *routev3.RouteConfiguration {
 	def := b.p.DefaultClusterName()
@@ -78,6 +90,10 @@ func (b *builder) routeConfiguration() *routev3.RouteConfiguration {
 			RetryPolicy:      retry,
 		}}
 	}
+	matching := func(header, regex string) *routev3.HeaderMatcher {
+		return &routev3.HeaderMatcher{Name: header, HeaderMatchSpecifier: &routev3.HeaderMatcher_StringMatch{StringMatch: &matcherv3.StringMatcher{
+			MatchPattern: &matcherv3.StringMatcher_SafeRegex{SafeRegex: &matcherv3.RegexMatcher{Regex: regex}}}}}
+	}
 	present := func(header string) []*routev3.HeaderMatcher {
 		return []*routev3.HeaderMatcher{{
 			Name:                 header,
@@ -100,27 +116,33 @@ func (b *builder) routeConfiguration() *routev3.RouteConfiguration {
 		TypedPerFilterConfig: extProcOff,
 	}}
 	if len(b.cfg.Secrets.ClientCA) > 0 {
-		routes = append(routes, &routev3.Route{
-			Name:                 RouteClientCertificate,
-			Match:                prefix("/", present(contract.HeaderXFCC)),
-			Action:               action(def),
-			TypedPerFilterConfig: extProcOn(),
-		})
-	}
-	if len(b.cfg.Secrets.ProxyClientCert) > 0 && !b.cfg.DisableAnonymous {
-		absent := func(header string) *routev3.HeaderMatcher {
-			return &routev3.HeaderMatcher{
-				Name:                 header,
-				HeaderMatchSpecifier: &routev3.HeaderMatcher_PresentMatch{PresentMatch: true},
-				InvertMatch:          true,
-			}
-		}
-		routes = append(routes, &routev3.Route{
-			Name:                 RouteAnonymous,
-			Match:                prefix("/", []*routev3.HeaderMatcher{absent("authorization"), absent(contract.HeaderXFCC), absent("sec-websocket-protocol")}),
-			Action:               action(def),
-			TypedPerFilterConfig: extProcOn(&corev3.HeaderValue{Key: contract.MetadataCaller, Value: contract.CallerAnonymous}),
-		})
+		// A certificate the apiserver would reject (extproc tells) is refused with 401 unless
+		// the request also has a bearer token, which the apiserver then authenticates
+		// instead; extproc never sees the token, so these routes tell it one is there.
+		withToken := extProcOn(&corev3.HeaderValue{Key: contract.MetadataCaller, Value: contract.CallerCertificateAndToken})
+		routes = append(routes,
+			&routev3.Route{
+				Name:                 RouteClientCertificateAndToken,
+				Match:                prefix("/", append(present(contract.HeaderXFCC), matching("authorization", bearerTokenRegex))),
+				Action:               action(def),
+				TypedPerFilterConfig: withToken,
+			},
+			&routev3.Route{
+				Name: RouteClientCertificateAndWebSocketToken,
+				Match: prefix("/", append(present(contract.HeaderXFCC),
+					&routev3.HeaderMatcher{Name: "upgrade", HeaderMatchSpecifier: &routev3.HeaderMatcher_StringMatch{StringMatch: &matcherv3.StringMatcher{
+						MatchPattern: &matcherv3.StringMatcher_Exact{Exact: "websocket"}, IgnoreCase: true}}},
+					&routev3.HeaderMatcher{Name: "sec-websocket-protocol", HeaderMatchSpecifier: &routev3.HeaderMatcher_StringMatch{StringMatch: &matcherv3.StringMatcher{
+						MatchPattern: &matcherv3.StringMatcher_Contains{Contains: webSocketBearerProtocolPrefix}}}})),
+				Action:               action(def),
+				TypedPerFilterConfig: withToken,
+			},
+			&routev3.Route{
+				Name:                 RouteClientCertificate,
+				Match:                prefix("/", present(contract.HeaderXFCC)),
+				Action:               action(def),
+				TypedPerFilterConfig: extProcOn(),
+			})
 	}
 	// "/apis/" is the same document to an apiserver as "/apis", so it is merged too. A
 	// route's safe_regex matches the whole path, without the query.

@@ -74,13 +74,13 @@ func (b *builder) downstreamTLS() *tlsv3.DownstreamTlsContext {
 	}
 }
 
-// upstreamTLS is the TLS of every apiserver cluster: SNI and a DNS SAN check on
-// UpstreamServerName against the peer CA, and the proxy client certificate, which the
-// apiservers trust for front-proxy (X-Remote-*) authentication. ALPN offers only HTTP/1.1,
-// which SPDY upgrades need.
-func (b *builder) upstreamTLS() *tlsv3.UpstreamTlsContext {
+// upstreamTLS is the TLS of the apiserver clusters: SNI and a DNS SAN check on
+// UpstreamServerName against the peer CA and, for the front-proxy clusters (asFrontProxy),
+// the proxy client certificate, which the apiservers trust for front-proxy (X-Remote-*)
+// authentication. ALPN offers only HTTP/1.1, which SPDY upgrades need.
+func (b *builder) upstreamTLS(asFrontProxy bool) *tlsv3.UpstreamTlsContext {
 	common := &tlsv3.CommonTlsContext{AlpnProtocols: []string{"http/1.1"}}
-	if len(b.cfg.Secrets.ProxyClientCert) > 0 {
+	if asFrontProxy {
 		common.TlsCertificateSdsSecretConfigs = []*tlsv3.SdsSecretConfig{sdsSecret(SecretProxyClientCert)}
 	}
 	if len(b.cfg.Secrets.PeerCA) > 0 {

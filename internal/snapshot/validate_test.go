@@ -194,11 +194,13 @@ func TestEmptyCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(res.Endpoints) != 1 {
-		t.Fatalf("%d endpoint resources, want 1", len(res.Endpoints))
+	if len(res.Endpoints) != 2 {
+		t.Fatalf("%d endpoint resources, want 2 (the default cluster and its front-proxy twin)", len(res.Endpoints))
 	}
-	if cla := res.Endpoints[0].(*endpointv3.ClusterLoadAssignment); cla.GetClusterName() != contract.ClusterDefault || len(cla.GetEndpoints()) != 0 {
-		t.Errorf("endpoints = %v", cla)
+	for i, name := range []string{contract.ClusterDefault, contract.FrontProxyCluster(contract.ClusterDefault)} {
+		if cla := res.Endpoints[i].(*endpointv3.ClusterLoadAssignment); cla.GetClusterName() != name || len(cla.GetEndpoints()) != 0 {
+			t.Errorf("endpoints = %v, want %s without endpoints", cla, name)
+		}
 	}
 	if _, err := res.Snapshot(); err != nil {
 		t.Error(err)
@@ -209,7 +211,7 @@ func TestEmptyCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m := readMembers(res); len(m) != 1 || len(m[contract.ClusterLocal]) != 0 {
+	if m := readMembers(res); len(m) != 2 || len(m[contract.ClusterLocal]) != 0 || len(m[contract.FrontProxyCluster(contract.ClusterLocal)]) != 0 {
 		t.Errorf("sidecar of an unknown apiserver: members %v", m)
 	}
 }

@@ -177,6 +177,10 @@ var allowed = map[string][]string{
 		"health_checks.http_health_check.request_headers_to_add", "health_checks.http_health_check.request_headers_to_add.header",
 		"health_checks.http_health_check.request_headers_to_add.header.key", "health_checks.http_health_check.request_headers_to_add.header.value",
 		"health_checks.http_health_check.request_headers_to_add.append_action",
+		"health_checks.transport_socket_match_criteria",
+		"transport_socket_matches", "transport_socket_matches.name", "transport_socket_matches.match",
+		"transport_socket_matches.transport_socket", "transport_socket_matches.transport_socket.name",
+		"transport_socket_matches.transport_socket.typed_config",
 		"outlier_detection", "outlier_detection.interval", "outlier_detection.base_ejection_time", "outlier_detection.max_ejection_time",
 		"outlier_detection.max_ejection_percent", "outlier_detection.consecutive_local_origin_failure",
 		"outlier_detection.enforcing_consecutive_local_origin_failure", "outlier_detection.split_external_local_origin_errors",
@@ -216,8 +220,9 @@ var anyTypes = map[string]map[string][]string{
 		"virtual_hosts.routes.typed_per_filter_config":                              {tExtProcRoute},
 	},
 	tCluster: {
-		"transport_socket.typed_config":    {tUpTLS},
-		"typed_extension_protocol_options": {tHTTPOptions},
+		"transport_socket.typed_config":                          {tUpTLS},
+		"transport_socket_matches.transport_socket.typed_config": {tUpTLS},
+		"typed_extension_protocol_options":                       {tHTTPOptions},
 	},
 }
 

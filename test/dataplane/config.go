@@ -664,12 +664,14 @@ type clusterCfg struct {
 	leastRequest   bool
 	panicThreshold float64 // percent
 	tls            *upstreamTLS
-	http2          bool
-	hc             *healthCheckCfg
-	outlier        *outlierCfg
-	maxRequests    int64
-	maxRetries     int64
-	staticHosts    []hostCfg
+	// socketMatches are transport_socket_matches, in order.
+	socketMatches []socketMatch
+	http2         bool
+	hc            *healthCheckCfg
+	outlier       *outlierCfg
+	maxRequests   int64
+	maxRetries    int64
+	staticHosts   []hostCfg
 }
 
 type upstreamTLS struct {
@@ -680,7 +682,14 @@ type upstreamTLS struct {
 	alpn       []string
 }
 
+type socketMatch struct {
+	labels *structpb.Struct
+	tls    *upstreamTLS
+}
+
 type healthCheckCfg struct {
+	// tls is the transport socket of the checks' connections (nil: plain TCP).
+	tls                          *upstreamTLS
 	path, host                   string
 	headers                      [][2]string // request_headers_to_add, in order
 	interval, timeout, noTraffic time.Duration
@@ -749,29 +758,18 @@ func compileCluster(c *clusterv3.Cluster) (*clusterCfg, error) {
 		}
 	}
 	if ts := c.GetTransportSocket(); ts != nil {
-		ctx := &tlsv3.UpstreamTlsContext{}
-		if err := ts.GetTypedConfig().UnmarshalTo(ctx); err != nil {
+		t, err := compileUpstreamTLS(ts)
+		if err != nil {
 			return nil, fmt.Errorf("transport_socket: %w", err)
 		}
-		ct := ctx.GetCommonTlsContext()
-		t := &upstreamTLS{sni: ctx.GetSni(), alpn: ct.GetAlpnProtocols()}
-		if n := len(ct.GetTlsCertificateSdsSecretConfigs()); n > 1 {
-			return nil, errors.New("transport_socket: at most one tls_certificate_sds_secret_configs is implemented")
-		} else if n == 1 {
-			t.certSecret = ct.GetTlsCertificateSdsSecretConfigs()[0].GetName()
-		}
-		t.caSecret = ct.GetValidationContextSdsSecretConfig().GetName()
-		if cv := ct.GetCombinedValidationContext(); cv != nil {
-			t.caSecret = cv.GetValidationContextSdsSecretConfig().GetName()
-			for _, san := range cv.GetDefaultValidationContext().GetMatchTypedSubjectAltNames() {
-				sm, err := compileStringMatcher(san.GetMatcher())
-				if err != nil {
-					return nil, err
-				}
-				t.sans = append(t.sans, sm)
-			}
-		}
 		out.tls = t
+	}
+	for i, m := range c.GetTransportSocketMatches() {
+		t, err := compileUpstreamTLS(m.GetTransportSocket())
+		if err != nil {
+			return nil, fmt.Errorf("transport_socket_matches[%d] (%s): %w", i, m.GetName(), err)
+		}
+		out.socketMatches = append(out.socketMatches, socketMatch{labels: m.GetMatch(), tls: t})
 	}
 	for k, v := range c.GetTypedExtensionProtocolOptions() {
 		if k != "envoy.extensions.upstreams.http.v3.HttpProtocolOptions" {
@@ -798,6 +796,13 @@ func compileCluster(c *clusterv3.Cluster) (*clusterCfg, error) {
 		}
 		if out.hc.host == "" {
 			out.hc.host = c.GetName() // Envoy: the host header defaults to the cluster name
+		}
+		// Envoy (HostImpl::createHealthCheckConnection): with transport_socket_match_criteria
+		// the check's connections take the transport socket those criteria resolve to; without,
+		// the host's own, which here is always the cluster's (no endpoint carries match labels).
+		out.hc.tls = out.tls
+		if crit := h.GetTransportSocketMatchCriteria(); crit != nil {
+			out.hc.tls = out.resolveTransportSocket(crit)
 		}
 		for _, o := range h.GetHttpHealthCheck().GetRequestHeadersToAdd() {
 			k, v := o.GetHeader().GetKey(), o.GetHeader().GetValue()
@@ -842,6 +847,58 @@ func compileCluster(c *clusterv3.Cluster) (*clusterCfg, error) {
 	return out, nil
 }
 
+// compileUpstreamTLS reads an UpstreamTlsContext transport socket.
+func compileUpstreamTLS(ts *corev3.TransportSocket) (*upstreamTLS, error) {
+	ctx := &tlsv3.UpstreamTlsContext{}
+	if err := ts.GetTypedConfig().UnmarshalTo(ctx); err != nil {
+		return nil, err
+	}
+	ct := ctx.GetCommonTlsContext()
+	t := &upstreamTLS{sni: ctx.GetSni(), alpn: ct.GetAlpnProtocols()}
+	if n := len(ct.GetTlsCertificateSdsSecretConfigs()); n > 1 {
+		return nil, errors.New("at most one tls_certificate_sds_secret_configs is implemented")
+	} else if n == 1 {
+		t.certSecret = ct.GetTlsCertificateSdsSecretConfigs()[0].GetName()
+	}
+	t.caSecret = ct.GetValidationContextSdsSecretConfig().GetName()
+	if cv := ct.GetCombinedValidationContext(); cv != nil {
+		t.caSecret = cv.GetValidationContextSdsSecretConfig().GetName()
+		for _, san := range cv.GetDefaultValidationContext().GetMatchTypedSubjectAltNames() {
+			sm, err := compileStringMatcher(san.GetMatcher())
+			if err != nil {
+				return nil, err
+			}
+			t.sans = append(t.sans, sm)
+		}
+	}
+	return t, nil
+}
+
+// transportSocketMatchKey is the metadata namespace in which Envoy looks up transport socket
+// match labels (Config::MetadataFilters::ENVOY_TRANSPORT_SOCKET_MATCH).
+const transportSocketMatchKey = "envoy.transport_socket_match"
+
+// resolveTransportSocket is Envoy's TransportSocketMatcherImpl::resolve: the first of the
+// cluster's transport_socket_matches whose every label is in criteria with an equal value
+// (Config::Metadata::metadataLabelMatch; an empty match matches anything), else the
+// cluster's own transport socket.
+func (cc *clusterCfg) resolveTransportSocket(criteria *structpb.Struct) *upstreamTLS {
+	for _, m := range cc.socketMatches {
+		ok := true
+		for k, v := range m.labels.GetFields() {
+			got, present := criteria.GetFields()[k]
+			if !present || !proto.Equal(got, v) {
+				ok = false
+				break
+			}
+		}
+		if ok {
+			return m.tls
+		}
+	}
+	return cc.tls
+}
+
 func compileHosts(cla *endpointv3.ClusterLoadAssignment) ([]hostCfg, error) {
 	var out []hostCfg
 	for _, loc := range cla.GetEndpoints() {
@@ -851,6 +908,11 @@ func compileHosts(cla *endpointv3.ClusterLoadAssignment) ([]hostCfg, error) {
 			default:
 				// Envoy excludes such hosts from balancing; we simply leave them out.
 				continue
+			}
+			if _, ok := ep.GetMetadata().GetFilterMetadata()[transportSocketMatchKey]; ok {
+				// Envoy would pick this host's transport socket from
+				// transport_socket_matches; this data plane uses the cluster's for data.
+				return nil, errors.New("endpoint metadata " + transportSocketMatchKey + " is not implemented")
 			}
 			e := ep.GetEndpoint()
 			h := hostCfg{hostname: e.GetHostname(), metadata: ep.GetMetadata()}

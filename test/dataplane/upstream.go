@@ -147,7 +147,7 @@ func (d *DataPlane) syncClustersLocked() {
 			if c.transport != nil {
 				c.transport.CloseIdleConnections()
 			}
-			c.transport = c.newTransport(cc)
+			c.transport = c.newTransport(cc, cc.tls)
 			if c.hcCancel != nil {
 				c.hcCancel()
 				c.hcCancel = nil
@@ -185,7 +185,7 @@ func (e *connectError) Unwrap() error { return e.err }
 // newTransport is the cluster's connection pool: connections within connect_timeout, TLS
 // per the UpstreamTlsContext with the current SDS secrets, HTTP/1.1 or HTTP/2 as the
 // cluster's explicit_http_config says. Responses are never decompressed.
-func (c *liveCluster) newTransport(cc *clusterCfg) *http.Transport {
+func (c *liveCluster) newTransport(cc *clusterCfg, socket *upstreamTLS) *http.Transport {
 	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
 		c.d.stats.inc(c.statPrefix() + "upstream_cx_total") // Envoy: connections opened
 		nd := net.Dialer{Timeout: cc.connectTimeout}
@@ -193,10 +193,10 @@ func (c *liveCluster) newTransport(cc *clusterCfg) *http.Transport {
 		if err != nil {
 			return nil, &connectError{err}
 		}
-		if cc.tls == nil {
+		if socket == nil {
 			return conn, nil
 		}
-		tc, err := c.d.upstreamTLSConfig(cc.tls)
+		tc, err := c.d.upstreamTLSConfig(socket)
 		if err != nil {
 			conn.Close()
 			return nil, &connectError{err}
@@ -220,7 +220,7 @@ func (c *liveCluster) newTransport(cc *clusterCfg) *http.Transport {
 	p := new(http.Protocols)
 	if cc.http2 {
 		p.SetHTTP2(true)
-		p.SetUnencryptedHTTP2(cc.tls == nil)
+		p.SetUnencryptedHTTP2(socket == nil)
 	} else {
 		p.SetHTTP1(true)
 	}
@@ -375,7 +375,7 @@ func (c *liveCluster) localOriginResult(cc *clusterCfg, hosts []*liveHost, h *li
 // successes; the first check of a new host decides at once. A success unejects an ejected
 // host when successful_active_health_check_uneject_host is set.
 func (c *liveCluster) healthCheckLoop(ctx context.Context, cc *clusterCfg) {
-	tr := c.newTransport(cc)
+	tr := c.newTransport(cc, cc.hc.tls)
 	defer tr.CloseIdleConnections()
 	client := &http.Client{Transport: tr, Timeout: cc.hc.timeout}
 	for {
@@ -404,13 +404,16 @@ func (c *liveCluster) healthCheckLoop(ctx context.Context, cc *clusterCfg) {
 
 func (c *liveCluster) checkHost(ctx context.Context, cc *clusterCfg, client *http.Client, h *liveHost) {
 	scheme := "http"
-	if cc.tls != nil {
+	if cc.hc.tls != nil {
 		scheme = "https"
 	}
-	if cc.tls != nil {
+	for _, t := range []*upstreamTLS{cc.tls, cc.hc.tls} {
 		// A cluster whose SDS secrets have not arrived is still warming in Envoy: no
 		// health checks, and the hosts stay pending until they do.
-		if _, err := c.d.upstreamTLSConfig(cc.tls); err != nil {
+		if t == nil {
+			continue
+		}
+		if _, err := c.d.upstreamTLSConfig(t); err != nil {
 			return
 		}
 	}

@@ -86,6 +86,7 @@ its declared parts; otherwise the parts whose PEM values are set.
 {{- end }}
 {{- if and $parts.proxyClient (not $parts.peerCA) }}{{ fail "certificates: a proxy client certificate needs a peer CA (peerCA): the front-proxy key is as strong as cluster-admin and must only go to verified apiservers" }}{{ end }}
 {{- if and $parts.clientCA (not $parts.serving) }}{{ fail "certificates: a client CA needs a serving certificate (without TLS on Envoy's listener no client certificate can be verified)" }}{{ end }}
+{{- if and $parts.clientCA (not $parts.proxyClient) (not (include "kube-mvp.kubeadmFrontProxy" .)) }}{{ fail "certificates: a client CA needs the front-proxy client certificate (proxyClientCert/proxyClientKey): without it a verified client certificate's identity cannot be forwarded, and its requests would reach the apiservers as anonymous" }}{{ end }}
 {{- toJson $parts }}
 {{- end }}
 
