@@ -16,11 +16,24 @@ import (
 type envoyFlags struct {
 	cfg       snapshot.Config
 	anonymous bool // deprecated, ignored
+	fs        *pflag.FlagSet
+}
+
+// warnings name the deprecated flags the command line set, and why they do nothing.
+func (e *envoyFlags) warnings() []string {
+	var out []string
+	e.fs.VisitAll(func(f *pflag.Flag) {
+		if f.Changed && f.Deprecated != "" {
+			out = append(out, fmt.Sprintf("--%s is deprecated: %s", f.Name, f.Deprecated))
+		}
+	})
+	return out
 }
 
 // flagSet defines the flags, with snapshot's defaults.
 func (e *envoyFlags) flagSet() *pflag.FlagSet {
 	fs := cli.NewFlagSet("envoy")
+	e.fs = fs
 	c, s := &e.cfg, &e.cfg.Secrets
 	fs.StringVar(&c.ListenAddress, "listen-address", snapshot.DefaultListenAddress, "Envoy's listener address, an `IP`")
 	fs.Var(cli.NewValue(&c.ListenPort, snapshot.DefaultListenPort, "PORT", func(v string) (uint32, error) {

@@ -179,6 +179,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer, read
 		return code
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
+	for _, w := range opts.envoy.warnings() {
+		log.Warn(w)
+	}
 	if err := serve(ctx, opts, log, ready); err != nil {
 		log.Error("xds-server stopped", "error", err)
 		return 1

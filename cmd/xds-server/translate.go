@@ -95,6 +95,9 @@ func runTranslate(args []string, stdout, stderr io.Writer) int {
 	if code, ok := cli.Done("xds-server translate", err, translateUsage, stdout, stderr); !ok {
 		return code
 	}
+	for _, w := range opts.envoy.warnings() {
+		fmt.Fprintln(stderr, "xds-server translate: warning: "+w)
+	}
 
 	objs, err := objects.LoadFixture(opts.file)
 	if err != nil {

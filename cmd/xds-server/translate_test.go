@@ -258,24 +258,23 @@ func TestHelp(t *testing.T) {
 	}
 }
 
-// TestTranslateAnonymousAuth: --anonymous-auth=false (as on the apiservers) drops the
-// anonymous route, and the flag accepts only true or false.
-func TestTranslateAnonymousAuth(t *testing.T) {
+// TestTranslateAnonymousAuthIgnored: --anonymous-auth, which made kube-mvp forward
+// credential-less requests as system:anonymous, is deprecated: accepted (existing command
+// lines keep working) with a warning saying it has no effect, and it changes nothing, since
+// such requests now reach the apiservers as they are. Only true or false are accepted.
+func TestTranslateAnonymousAuthIgnored(t *testing.T) {
 	base := append([]string{"translate", "-f", filepath.Join(goldenDir, "batch-off.in.yaml")}, secretFlags...)
-	for _, tc := range []struct {
-		flag          string
-		wantAnonymous bool
-	}{{"", true}, {"--anonymous-auth", true}, {"--anonymous-auth=true", true}, {"--anonymous-auth=false", false}} {
-		args := base
-		if tc.flag != "" {
-			args = append(append([]string{}, base...), tc.flag)
+	_, want, _ := runCmd(base...)
+	for _, flag := range []string{"--anonymous-auth", "--anonymous-auth=true", "--anonymous-auth=false"} {
+		code, out, errOut := runCmd(append(append([]string{}, base...), flag)...)
+		if code != 0 || out != want {
+			t.Errorf("%s: exit %d, output differs: %v: %s", flag, code, out != want, errOut)
 		}
-		code, out, errOut := runCmd(args...)
-		if code != 0 {
-			t.Fatalf("%s: exit %d: %s", tc.flag, code, errOut)
+		if !strings.Contains(errOut, "anonymous-auth") || !strings.Contains(errOut, "no effect") {
+			t.Errorf("%s: no deprecation warning: %q", flag, errOut)
 		}
-		if got := strings.Contains(out, `"name": "anonymous"`); got != tc.wantAnonymous {
-			t.Errorf("%q: anonymous route present %v, want %v", tc.flag, got, tc.wantAnonymous)
+		if strings.Contains(out, `"name": "anonymous"`) {
+			t.Errorf("%s: an anonymous route", flag)
 		}
 	}
 	if code, _, errOut := runCmd(append(append([]string{}, base...), "--anonymous-auth=no")...); code != 2 || !strings.Contains(errOut, "--anonymous-auth") {

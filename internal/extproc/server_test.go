@@ -17,9 +17,19 @@ import (
 
 // want is what a request should turn into.
 type want struct {
-	cluster string // x-kube-mvp-cluster; empty means an immediate 503
-	subset  bool   // x-kubernetes-peer-proxied: true is set
-	message string // the 503 Status message
+	cluster      string // x-kube-mvp-cluster; empty means an immediate 503 (or 401)
+	subset       bool   // x-kubernetes-peer-proxied: true is set
+	message      string // the 503 Status message
+	unauthorized bool   // an immediate 401 Status
+}
+
+// refused is the answer to a client certificate the apiserver would not authenticate.
+var refused = want{unauthorized: true}
+
+// asFrontProxy is w for a request whose identity extproc set: the front-proxy twin.
+func asFrontProxy(w want) want {
+	w.cluster = contract.FrontProxyCluster(w.cluster)
+	return w
 }
 
 func routed(cluster string) want { return want{cluster: cluster} }
@@ -31,6 +41,10 @@ func unavailable(gvr string) want {
 // checkResponse asserts that resp is w's answer to req.
 func checkResponse(t *testing.T, req *extprocv3.HttpHeaders, resp *extprocv3.ProcessingResponse, w want) {
 	t.Helper()
+	if w.unauthorized {
+		checkStatus(t, resp, typev3.StatusCode_Unauthorized, "Unauthorized", "Unauthorized")
+		return
+	}
 	if w.cluster == "" {
 		checkStatus503(t, resp, w.message)
 		return
@@ -62,12 +76,18 @@ func checkResponse(t *testing.T, req *extprocv3.HttpHeaders, resp *extprocv3.Pro
 
 func checkStatus503(t *testing.T, resp *extprocv3.ProcessingResponse, message string) {
 	t.Helper()
+	checkStatus(t, resp, typev3.StatusCode_ServiceUnavailable, "ServiceUnavailable", message)
+}
+
+// checkStatus asserts that resp is an immediate Kubernetes Status with code, reason and message.
+func checkStatus(t *testing.T, resp *extprocv3.ProcessingResponse, code typev3.StatusCode, reason, message string) {
+	t.Helper()
 	ir := resp.GetImmediateResponse()
 	if ir == nil {
 		t.Fatalf("want an immediate response, got %v", resp)
 	}
-	if ir.GetStatus().GetCode() != typev3.StatusCode_ServiceUnavailable {
-		t.Errorf("status %v, want 503", ir.GetStatus().GetCode())
+	if ir.GetStatus().GetCode() != code {
+		t.Errorf("status %v, want %v", ir.GetStatus().GetCode(), code)
 	}
 	var ct []string
 	for _, o := range ir.GetHeaders().GetSetHeaders() {
@@ -84,7 +104,7 @@ func checkStatus503(t *testing.T, resp *extprocv3.ProcessingResponse, message st
 	}
 	wantBody := map[string]any{
 		"kind": "Status", "apiVersion": "v1", "metadata": map[string]any{}, "status": "Failure",
-		"message": message, "reason": "ServiceUnavailable", "code": float64(503),
+		"message": message, "reason": reason, "code": float64(code),
 	}
 	if len(body) != len(wantBody) {
 		t.Errorf("body %s has fields other than %v", ir.GetBody(), wantBody)

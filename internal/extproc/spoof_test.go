@@ -62,13 +62,15 @@ func TestSpoofedHeaders(t *testing.T) {
 		{"spoofed, no certificate, subset route", "/apis/batch/v1/jobs", spoofed, subset("kube-apiservers-only-cp-a"), nil, nil},
 		{"spoofed in mixed case", "/apis/batch/v1/jobs", mixedCase, subset("kube-apiservers-only-cp-a"), nil, []string{"x-remote-extra-scopes"}},
 		{"spoofed, non-resource", "/healthz", spoofed, routed("kube-apiservers"), nil, nil},
-		{"certificate only", "/api/v1/pods", []string{contract.HeaderXFCC, xfcc}, routed("kube-apiservers"), alice, nil},
-		{"certificate and spoofed", "/api/v1/pods", append([]string{contract.HeaderXFCC, xfcc}, spoofed...), routed("kube-apiservers"), alice, nil},
-		{"certificate and spoofed, subset route", "/apis/batch/v1/namespaces/x/cronjobs", append(slices.Clone(spoofed), contract.HeaderXFCC, xfcc), subset("kube-apiservers-only-cp-a"), alice, nil},
-		{"certificate in a mixed-case header", "/api/v1/pods", append([]string{"X-Forwarded-Client-Cert", xfcc}, mixedCase...), routed("kube-apiservers"), alice, nil},
+		{"certificate only", "/api/v1/pods", []string{contract.HeaderXFCC, xfcc}, asFrontProxy(routed("kube-apiservers")), alice, nil},
+		{"certificate and spoofed", "/api/v1/pods", append([]string{contract.HeaderXFCC, xfcc}, spoofed...), asFrontProxy(routed("kube-apiservers")), alice, nil},
+		{"certificate and spoofed, subset route", "/apis/batch/v1/namespaces/x/cronjobs", append(slices.Clone(spoofed), contract.HeaderXFCC, xfcc), asFrontProxy(subset("kube-apiservers-only-cp-a")), alice, nil},
+		{"certificate in a mixed-case header", "/api/v1/pods", append([]string{"X-Forwarded-Client-Cert", xfcc}, mixedCase...), asFrontProxy(routed("kube-apiservers")), alice, nil},
+		// The apiserver does not authenticate an empty CN: the request's own credentials
+		// decide, on a cluster that presents no proxy certificate.
 		{"certificate without CN", "/api/v1/pods", append([]string{contract.HeaderXFCC, `Hash=` + hash + `;Subject="O=system:masters";URI=`}, spoofed...), routed("kube-apiservers"), nil, nil},
-		{"two XFCC headers", "/api/v1/pods", append([]string{contract.HeaderXFCC, xfcc, contract.HeaderXFCC, `Subject="CN=system:admin"`}, spoofed...), routed("kube-apiservers"), nil, nil},
-		{"XFCC with two elements", "/api/v1/pods", append([]string{contract.HeaderXFCC, `Subject="CN=mallory",` + xfcc}, spoofed...), routed("kube-apiservers"), nil, nil},
+		{"two XFCC headers", "/api/v1/pods", append([]string{contract.HeaderXFCC, xfcc, contract.HeaderXFCC, `Subject="CN=system:admin"`}, spoofed...), refused, nil, nil},
+		{"XFCC with two elements", "/api/v1/pods", append([]string{contract.HeaderXFCC, `Subject="CN=mallory",` + xfcc}, spoofed...), refused, nil, nil},
 		{"certificate, but no live server: 503 all the same", "/apis/storagemigration.k8s.io/v1alpha1/storageversionmigrations", append([]string{contract.HeaderXFCC, xfcc}, spoofed...),
 			unavailable("storagemigration.k8s.io/v1alpha1/storageversionmigrations"), nil, nil},
 	}
@@ -77,7 +79,7 @@ func TestSpoofedHeaders(t *testing.T) {
 			req := request("GET", c.path, append(slices.Clone(innocent), c.extra...)...)
 			resp := call(t, client, req)
 			checkResponse(t, req, resp, c.want)
-			if c.want.cluster == "" {
+			if c.want.cluster == "" || c.want.unauthorized {
 				return
 			}
 			hs := applyMutation(t, req, resp)
@@ -122,36 +124,49 @@ func TestSpoofedHeaders(t *testing.T) {
 	}
 }
 
-// TestAnonymousCaller: on a stream that Envoy's "anonymous" route opened (its gRPC metadata
-// says the request has no credentials), the apiserver is told system:anonymous, as its own
-// anonymous authenticator would; spoofed headers are still removed, the routing decision is
-// unchanged, and a client certificate (which that route excludes) would still win.
-func TestAnonymousCaller(t *testing.T) {
+// TestCertificateOutcomes: what the apiserver's authenticators would make of a client
+// certificate, and of a bearer token beside it, decides where a request goes. Its user goes
+// as that user to the front-proxy twin, token or not (x509 comes before tokens); a
+// certificate the apiserver would reject (two UIDs) is refused with 401 unless Envoy's route
+// says a bearer token is there, which the apiserver then authenticates on a cluster without
+// the proxy certificate; an identity that cannot be forwarded unchanged is refused even with
+// a token (the apiserver would have taken the certificate's user, not the token's); a
+// certificate without CN leaves it to the other credentials. The 401 comes before a 503,
+// as the apiserver authenticates before anything else.
+func TestCertificateOutcomes(t *testing.T) {
 	srv := New(Options{})
 	srv.SetTopology(loadFixture(t, "upgrade.yaml", fixtureNow), "v1")
 	client := serve(t, "tcp", srv)
-	xfcc := `Hash=` + strings.Repeat("0f", 32) + `;Subject="CN=alice,O=team-a";URI=`
-	spoofed := []string{"x-remote-user", "system:admin", "x-remote-group", "system:masters", "x-remote-extra-scopes", "all"}
-	anon := []string{contract.MetadataCaller, contract.CallerAnonymous}
+	hash := strings.Repeat("0f", 32)
+	cert := func(subject string) []string {
+		return []string{contract.HeaderXFCC, `Hash=` + hash + `;Subject="` + subject + `";URI=`}
+	}
+	alice := cert("CN=alice,O=team-a")
+	twoUIDs := cert("UID=u1,UID=u2,CN=alice")
+	controlChar := cert(`CN=alice\0A`)
+	noCN := cert("O=system:masters")
+	token := []string{contract.MetadataCaller, contract.CallerCertificateAndToken}
+	spoofed := []string{"x-remote-user", "system:admin", "x-remote-group", "system:masters"}
 
 	cases := []struct {
 		name     string
 		metadata []string
-		extra    []string
+		headers  []string
 		path     string
 		want     want
 		user     []string
 		groups   []string
 	}{
-		{"anonymous, spoofed", anon, spoofed, "/apis/batch/v1/jobs",
-			subset("kube-apiservers-only-cp-a"), []string{"system:anonymous"}, []string{"system:unauthenticated"}},
-		{"anonymous, non-resource", anon, nil, "/readyz",
-			routed("kube-apiservers"), []string{"system:anonymous"}, []string{"system:unauthenticated"}},
-		{"anonymous route but a certificate", anon, []string{contract.HeaderXFCC, xfcc}, "/api/v1/pods",
-			routed("kube-apiservers"), []string{"alice"}, []string{"team-a"}},
-		{"other metadata value", []string{contract.MetadataCaller, "someone"}, spoofed, "/api/v1/pods",
-			routed("kube-apiservers"), nil, nil},
-		{"no metadata", nil, spoofed, "/api/v1/pods", routed("kube-apiservers"), nil, nil},
+		{"user", nil, alice, "/api/v1/pods", asFrontProxy(routed("kube-apiservers")), []string{"alice"}, []string{"team-a"}},
+		{"user and token", token, alice, "/apis/batch/v1/jobs", asFrontProxy(subset("kube-apiservers-only-cp-a")), []string{"alice"}, []string{"team-a"}},
+		{"rejected by the apiserver, no token", nil, twoUIDs, "/api/v1/pods", refused, nil, nil},
+		{"rejected by the apiserver, other metadata", []string{contract.MetadataCaller, "someone"}, twoUIDs, "/api/v1/pods", refused, nil, nil},
+		{"rejected by the apiserver, token", token, append(slices.Clone(twoUIDs), spoofed...), "/apis/batch/v1/jobs", subset("kube-apiservers-only-cp-a"), nil, nil},
+		{"rejected by the apiserver, resource unavailable", nil, twoUIDs, "/apis/storagemigration.k8s.io/v1alpha1/storageversionmigrations", refused, nil, nil},
+		{"cannot be forwarded, token", token, controlChar, "/api/v1/pods", refused, nil, nil},
+		{"no CN", nil, append(slices.Clone(noCN), spoofed...), "/readyz", routed("kube-apiservers"), nil, nil},
+		{"no CN, token", token, noCN, "/apis/batch/v1/jobs", subset("kube-apiservers-only-cp-a"), nil, nil},
+		{"no certificate", nil, spoofed, "/apis/batch/v1/jobs", subset("kube-apiservers-only-cp-a"), nil, nil},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -160,21 +175,21 @@ func TestAnonymousCaller(t *testing.T) {
 			if c.metadata != nil {
 				ctx = metadata.AppendToOutgoingContext(ctx, c.metadata...)
 			}
-			req := request("GET", c.path, c.extra...)
+			req := request("GET", c.path, c.headers...)
 			resp, err := exchange(ctx, client, &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: req}})
 			if err != nil {
 				t.Fatal(err)
 			}
 			checkResponse(t, req, resp, c.want)
+			if c.want.unauthorized {
+				return
+			}
 			hs := applyMutation(t, req, resp)
 			if got := values(hs, contract.HeaderRemoteUser); !slices.Equal(got, c.user) {
 				t.Errorf("X-Remote-User %q, want %q", got, c.user)
 			}
 			if got := values(hs, contract.HeaderRemoteGroup); !slices.Equal(got, c.groups) {
 				t.Errorf("X-Remote-Group %q, want %q", got, c.groups)
-			}
-			if got := values(hs, "x-remote-extra-scopes"); got != nil {
-				t.Errorf("spoofed extra reaches the apiserver: %q", got)
 			}
 		})
 	}

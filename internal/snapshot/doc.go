@@ -17,7 +17,8 @@
 //     any filter: a spoofed X-Remote-User never reaches a route, extproc or an apiserver.
 //   - forward_client_cert_details SANITIZE_SET with subject and URI (not the certificate):
 //     Envoy replaces any client x-forwarded-client-cert with one describing the verified
-//     certificate, from which extproc derives X-Remote-User/-Group (CN/O).
+//     certificate, from which extproc derives X-Remote-User/-Group (CN/O), and removes it
+//     from requests without a certificate.
 //   - upgrade_configs websocket and spdy/3.1 (exec, attach, port-forward);
 //     stream_idle_timeout and request_timeout 0 (watches last as long as the client wants);
 //     use_remote_address (x-forwarded-for carries the client, for the apiservers' audit log);
@@ -56,27 +57,27 @@
 //
 //  1. "extproc-decided": the routing header is present (only extproc can have set it) →
 //     cluster_header; ext_proc off.
-//  2. "client-certificate" (only with a client CA): x-forwarded-client-cert is present, i.e.
-//     the client presented a verified certificate → default cluster, ext_proc ON, because
-//     identity mapping needs extproc on every client-certificate request.
-//  3. "anonymous" (with a proxy client certificate, unless Config.DisableAnonymous): no
-//     authorization, no x-forwarded-client-cert, no sec-websocket-protocol header, i.e. a
-//     request without credentials → default cluster, ext_proc ON with gRPC metadata
-//     contract.MetadataCaller (ExtProcPerRoute overrides.grpc_initial_metadata), so
-//     extproc forwards system:anonymous: an apiserver refuses (401) the proxy certificate
-//     without a user header, where it would have served an anonymous client.
-//  4. "discovery": path /apis or /apis/ (safe_regex) → default cluster, ext_proc ON: for GET /apis asking for
+//  2. "client-certificate-and-token", "client-certificate-and-websocket-token",
+//     "client-certificate" (only with a client CA): x-forwarded-client-cert is present, i.e.
+//     the client presented a verified certificate → default cluster, ext_proc ON, which maps
+//     the certificate to identity headers and names the front-proxy twin of the cluster it
+//     decides. The first two also need a bearer token (an Authorization header the
+//     apiserver's bearer authenticator reads a token from, or a WebSocket upgrade's
+//     Sec-WebSocket-Protocol bearer entry) and tell extproc so in gRPC metadata
+//     (contract.MetadataCaller): a certificate the apiserver would reject is then left to
+//     the token, on a cluster without the proxy certificate, and answered 401 otherwise.
+//  3. "discovery": path /apis or /apis/ (safe_regex) → default cluster, ext_proc ON: for GET /apis asking for
 //     aggregated discovery, extproc asks for the response headers (mode_override, hence
 //     allow_mode_override on the filter) and answers an apiserver's 200 with the merged
 //     discovery of every live apiserver (the apiserver still authenticates and authorizes).
-//  5. one route per published group/version, named "core/v1", "batch/v1", …, prefix
+//  4. one route per published group/version, named "core/v1", "batch/v1", …, prefix
 //     "/api/v1/" or "/apis/<g>/<v>/", with route metadata (filter_metadata "kube-mvp") naming
 //     the cluster each resource and subresource goes to (and those that are unavailable or
 //     not served), so /config_dump shows who serves what; the clusters' metadata names the
 //     apiservers inside. When every resource of it goes to the default cluster (outcome
 //     Default, or NotServed, which the default apiservers answer with 404 themselves) the
 //     route goes straight there with ext_proc off (line rate); otherwise ext_proc decides.
-//  6. "default": prefix "/" (non-resource paths, CRDs, aggregated APIs) → default cluster;
+//  5. "default": prefix "/" (non-resource paths, CRDs, aggregated APIs) → default cluster;
 //     ext_proc off.
 //
 // In a sidecar's configuration every route with ext_proc on also names the sidecar's
@@ -101,8 +102,14 @@
 //   - One cluster per serving set that some Subset decision of the plan names
 //     (plan.SubsetClusterName, e.g. "kube-apiservers-only-cp-a+cp-c"), and the lingering ones
 //     make before break holds: the plan's Clusters.
-//   - All apiserver clusters: EDS over ADS; upstream TLS from SDS (the proxy client
-//     certificate kube-mvp-proxy-client-cert as client certificate; the peer CA
+//   - Each of these twice: as named, with upstream TLS that presents no client certificate,
+//     for every request that carries its caller's own credentials (bearer token, Basic,
+//     WebSocket token, none), so that the apiserver authenticates it as it would directly;
+//     and its front-proxy twin (contract.FrontProxyCluster, "<name>/front-proxy", with a
+//     proxy client certificate configured), which presents the proxy client certificate
+//     kube-mvp-proxy-client-cert, for the requests whose identity extproc set from a
+//     verified client certificate. The proxy certificate never turns a request into anyone.
+//   - All apiserver clusters: EDS over ADS; upstream TLS from SDS (the peer CA
 //     kube-mvp-peer-ca with a DNS SAN match on UpstreamServerName; SNI UpstreamServerName);
 //     explicit HTTP/1.1 (SPDY upgrades need it); LEAST_REQUEST balancing (long watches make
 //     request counts, not round robin, the fair measure); circuit breakers at 100000
@@ -110,9 +117,11 @@
 //     on local-origin failures only (split_external_local_origin_errors, 2 consecutive
 //     connect failures eject, max_ejection_percent 100) — 5xx answers are not ejected for,
 //     since an apiserver's 500 is usually about the request (a failing webhook), not the
-//     server; active health check GET /readyz over the cluster's TLS every 5s as the user
-//     contract.HealthCheckUser in the apiservers' user header (the proxy certificate
-//     without a user header gets a 401; that user may GET /readyz by Kubernetes' default
+//     server; active health check GET /readyz every 5s with the proxy certificate (a
+//     caller cluster's checks take it from transport_socket_matches by their
+//     transport_socket_match_criteria; no endpoint carries match labels, so requests keep
+//     the cluster's own socket) as the user contract.HealthCheckUser in the apiservers' user
+//     header (the proxy certificate without a user header gets a 401; that user may GET /readyz by Kubernetes' default
 //     system:public-info-viewer and by the chart's own role, whatever the anonymous
 //     policy); healthy_panic_threshold 0, so a
 //     cluster with no healthy apiserver answers 503 instead of trying unhealthy ones;
