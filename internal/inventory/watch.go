@@ -89,14 +89,31 @@ type Watcher struct {
 	// fetched before then is refetched (the merged discovery must show new CRDs at once),
 	// and again once apisSettle has passed.
 	apisChanged time.Time
+	// pendingFirst: the last discoveryFor saw an apiserver whose first fetch (for its
+	// current instance) has not finished.
+	pendingFirst bool
+
+	// published: onChange was called once; startedAt: when the informers synced. The first
+	// topology waits (up to firstDiscoveryWait) for the first fetch from every live apiserver,
+	// so that a starting replica does not serve a plan in which nobody is routable yet.
+	published bool
+	startedAt time.Time
 }
 
+// firstDiscoveryWait bounds how long the first topology waits for the first discovery fetches
+// (each has a 10 s timeout).
+const firstDiscoveryWait = 12 * time.Second
+
 type discovered struct {
-	holder  string // holderIdentity when fetched: a restart changes it
-	fetched time.Time
-	rounds  int // fetches started for this holder
-	list    *apidiscoveryv2.APIGroupDiscoveryList
-	listAt  time.Time // when list arrived
+	// instance is the Lease's holderIdentity and address when fetched: a restart changes
+	// the holder, and discovery counts only from the address the Lease names now.
+	instance string
+	fetched  time.Time
+	// failed: the last fetch failed (the apiserver is not routable until one succeeds).
+	failed bool
+	rounds int // fetches started for this instance
+	list   *apidiscoveryv2.APIGroupDiscoveryList
+	listAt time.Time // when list arrived
 }
 
 // settleRefetch: an apiserver that has just started may publish its discovery piecemeal
@@ -193,6 +210,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
 		return errors.New("inventory: informers did not sync")
 	}
+	w.startedAt = w.opts.Clock()
 
 	// Leases expire without an event; look again well within the liveness window.
 	tick := time.NewTicker(max(w.opts.LivenessWindow/6, 500*time.Millisecond))
@@ -278,9 +296,20 @@ func (w *Watcher) rebuild(ctx context.Context) {
 	if w.opts.OnSkipped != nil {
 		w.opts.OnSkipped(len(errs))
 	}
-	if t != nil {
-		w.onChange(t)
+	if t == nil {
+		return
 	}
+	if !w.published {
+		w.mu.Lock()
+		waiting := w.pendingFirst && w.opts.Clock().Sub(w.startedAt) < firstDiscoveryWait
+		w.mu.Unlock()
+		if waiting {
+			// Every fetch triggers a rebuild when it ends; the tick bounds the wait.
+			return
+		}
+		w.published = true
+	}
+	w.onChange(t)
 }
 
 // newlyReported returns the errors of a build that the previous build did not report, and
@@ -304,23 +333,29 @@ func newlyReported(prev map[string]bool, errs []error) ([]error, map[string]bool
 func (w *Watcher) discoveryFor(ctx context.Context, leases []coordinationv1.Lease, opts objects.Options) (map[string]*apidiscoveryv2.APIGroupDiscoveryList, map[string]time.Time) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.pendingFirst = false
 	out := map[string]*apidiscoveryv2.APIGroupDiscoveryList{}
 	at := map[string]time.Time{}
 	live := map[string]bool{}
+	servers, _ := objects.APIServers(leases, opts)
+	holders := map[string]string{}
 	for i := range leases {
-		l := &leases[i]
-		s, _ := objects.APIServerFromLease(l, opts)
-		if !s.Alive || s.Address == "" {
+		if h := leases[i].Spec.HolderIdentity; h != nil {
+			holders[leases[i].Name] = *h
+		}
+	}
+	for _, s := range servers {
+		if !s.Routable() {
 			continue
 		}
 		live[s.ID] = true
-		holder := ""
-		if l.Spec.HolderIdentity != nil {
-			holder = *l.Spec.HolderIdentity
-		}
+		instance := holders[s.ID] + " at " + s.Address
 		d, have := w.discovery[s.ID]
-		if have && d.holder == holder && d.list != nil {
+		if have && d.instance == instance && d.list != nil {
 			out[s.ID], at[s.ID] = d.list, d.listAt
+		}
+		if have && d.instance == instance && d.list == nil && !d.failed {
+			w.pendingFirst = true // fetching: not known yet whether it is routable
 		}
 		settled := w.apisChanged.Add(apisSettle)
 		stale := have && (!d.fetched.After(w.apisChanged) || (!opts.Now.Before(settled) && d.fetched.Before(settled)))
@@ -329,19 +364,22 @@ func (w *Watcher) discoveryFor(ctx context.Context, leases []coordinationv1.Leas
 			time.AfterFunc(minRefetch-opts.Now.Sub(d.fetched), w.trigger)
 			stale = false
 		}
-		settling := have && d.holder == holder && d.rounds < 2 && opts.Now.Sub(d.fetched) > settleRefetch
-		if !have || d.holder != holder || stale || settling || opts.Now.Sub(d.fetched) > w.opts.DiscoveryInterval {
+		settling := have && d.instance == instance && (d.rounds < 2 || d.list == nil) && opts.Now.Sub(d.fetched) > settleRefetch
+		if !have || d.instance != instance || stale || settling || opts.Now.Sub(d.fetched) > w.opts.DiscoveryInterval {
 			rounds := 1
-			if have && d.holder == holder {
+			if have && d.instance == instance {
 				rounds = d.rounds + 1
 			}
 			// Mark as fetched now so one slow server is not asked again on every rebuild.
 			var listAt time.Time
-			if d.holder == holder {
+			if d.instance == instance {
 				listAt = d.listAt
 			}
-			w.discovery[s.ID] = discovered{holder: holder, fetched: opts.Now, rounds: rounds, list: keepIf(d.holder == holder, d.list), listAt: listAt}
-			go w.fetchDiscovery(ctx, s, holder)
+			w.discovery[s.ID] = discovered{instance: instance, fetched: opts.Now, rounds: rounds, list: keepIf(d.instance == instance, d.list), listAt: listAt}
+			if !have || d.instance != instance {
+				w.pendingFirst = true
+			}
+			go w.fetchDiscovery(ctx, s, instance)
 		}
 	}
 	for id := range maps.Keys(w.discovery) {
@@ -359,22 +397,25 @@ func keepIf(ok bool, l *apidiscoveryv2.APIGroupDiscoveryList) *apidiscoveryv2.AP
 	return nil
 }
 
-func (w *Watcher) fetchDiscovery(ctx context.Context, s topology.APIServer, holder string) {
+func (w *Watcher) fetchDiscovery(ctx context.Context, s topology.APIServer, instance string) {
 	list, err := FetchDiscovery(ctx, w.cfg, s.Address, w.opts.ServerName)
 	w.mu.Lock()
 	d, ok := w.discovery[s.ID]
-	if ok && d.holder == holder {
+	if ok && d.instance == instance {
 		if err != nil {
-			w.opts.Log.Warn("discovery failed; using StorageVersions for this apiserver", "apiserver", s.ID, "address", s.Address, "error", err)
+			if d.list == nil {
+				w.opts.Log.Warn("discovery failed: this apiserver takes no part in routing until its discovery can be fetched at its address over verified TLS", "apiserver", s.ID, "address", s.Address, "error", err)
+			} else {
+				w.opts.Log.Warn("discovery failed; the previous copy stays in use", "apiserver", s.ID, "address", s.Address, "error", err)
+			}
+			d.failed = true
 		} else {
-			d.list, d.listAt = list, w.opts.Clock()
-			w.discovery[s.ID] = d
+			d.list, d.listAt, d.failed = list, w.opts.Clock(), false
 		}
+		w.discovery[s.ID] = d
 	}
 	w.mu.Unlock()
-	if err == nil {
-		w.trigger()
-	}
+	w.trigger()
 }
 
 // FetchDiscovery asks one apiserver, at its own address, what it serves itself: the

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	apidiscoveryv2 "k8s.io/api/apidiscovery/v2"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
@@ -20,9 +21,16 @@ import (
 // discovery again, on a clock the test sets: a new apiserver at once and once more after
 // settleRefetch; after a CRD or APIService change at once (no sooner than minRefetch after the
 // last fetch) and once more apisSettle after the change; otherwise not before the
-// DiscoveryInterval. The fetches themselves fail (nothing listens), which leaves the decision
-// visible: the time of the last fetch started.
+// DiscoveryInterval. An apiserver that never answered is asked again every settleRefetch: it
+// takes no part in routing until it does. The fetches themselves fail (nothing listens);
+// answered marks them as successful. What is checked is the decision: the time of the last
+// fetch started.
 func TestDiscoveryRefetchRule(t *testing.T) {
+	testRefetchRule(t, true)
+	testRefetchRule(t, false)
+}
+
+func testRefetchRule(t *testing.T, answers bool) {
 	t0 := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
 	const id = "apiserver-a"
 	w := &Watcher{
@@ -53,7 +61,14 @@ func TestDiscoveryRefetchRule(t *testing.T) {
 		fetched := w.discovery[id].fetched
 		w.mu.Unlock()
 		if got := fetched.Equal(now); got != wantFetch {
-			t.Errorf("t0+%s (%s): fetch started %v, want %v (last fetch t0+%s)", after, why, got, wantFetch, fetched.Sub(t0))
+			t.Errorf("answers %v, t0+%s (%s): fetch started %v, want %v (last fetch t0+%s)", answers, after, why, got, wantFetch, fetched.Sub(t0))
+		}
+		if answers { // as if the fetch had succeeded
+			w.mu.Lock()
+			d := w.discovery[id]
+			d.list = &apidiscoveryv2.APIGroupDiscoveryList{}
+			w.discovery[id] = d
+			w.mu.Unlock()
 		}
 	}
 	apisChanged := func(after time.Duration) {
@@ -65,6 +80,11 @@ func TestDiscoveryRefetchRule(t *testing.T) {
 	step(0, true, "a new apiserver")
 	step(2*time.Second, false, "just fetched")
 	step(6*time.Second, true, "settling: once more after settleRefetch")
+	if !answers {
+		step(8*time.Second, false, "never answered, fetched less than settleRefetch ago")
+		step(12*time.Second, true, "never answered: again after settleRefetch")
+		return
+	}
 	step(20*time.Second, false, "settled, within DiscoveryInterval")
 
 	apisChanged(30 * time.Second)

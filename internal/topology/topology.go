@@ -129,6 +129,9 @@ type Source struct {
 	From string `json:"capabilitiesFrom,omitempty"`
 	// Since is when that discovery was fetched; zero when unknown.
 	Since time.Time `json:"capabilitiesSince,omitzero"`
+	// Unverified: its Lease is fresh, but its own discovery has not (yet) been fetched at
+	// its address over verified TLS, so it counts as not alive: it takes no part in routing.
+	Unverified bool `json:"awaitingVerifiedDiscovery,omitempty"`
 }
 
 // Source values.

@@ -78,6 +78,31 @@ type Options struct {
 	Addresses map[string]string
 }
 
+// APIServers are the apiservers the Leases describe, alive by their renewTime (see
+// allStaleMeansStaleWatch for when none is), with an error for each Lease skipped or partly
+// used.
+func APIServers(leases []coordinationv1.Lease, opts Options) ([]topology.APIServer, []error) {
+	window := opts.LivenessWindow
+	if window == 0 {
+		window = DefaultLivenessWindow
+	}
+	var errs []error
+	var servers []topology.APIServer
+	for i := range leases {
+		s, err := APIServerFromLease(&leases[i], opts)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		if s.ID != "" {
+			servers = append(servers, s)
+		}
+	}
+	if err := allStaleMeansStaleWatch(servers, leases, opts.Now, window); err != nil {
+		errs = append(errs, err)
+	}
+	return servers, errs
+}
+
 // Build turns watched objects into a Topology. It never stops at a bad object: each one it
 // cannot use is skipped and reported in the returned errors, which name it.
 func Build(objs Objects, opts Options) (*topology.Topology, []error) {
@@ -87,18 +112,16 @@ func Build(objs Objects, opts Options) (*topology.Topology, []error) {
 		window = DefaultLivenessWindow
 	}
 
-	var servers []topology.APIServer
-	for i := range objs.Leases {
-		s, err := APIServerFromLease(&objs.Leases[i], opts)
-		if err != nil {
-			errs = append(errs, err)
+	servers, errs := APIServers(objs.Leases, opts)
+	// An apiserver takes part in routing only once its own discovery was fetched at its
+	// address over verified TLS: a Lease is only a claim, which anyone who may write Leases in
+	// kube-system can make, and a forged one pointing at any address must change nothing.
+	unverified := map[string]bool{}
+	for i, s := range servers {
+		if s.Routable() && objs.Discovery[s.ID] == nil {
+			servers[i].Alive = false
+			unverified[s.ID] = true
 		}
-		if s.ID != "" {
-			servers = append(servers, s)
-		}
-	}
-	if err := allStaleMeansStaleWatch(servers, objs.Leases, opts.Now, window); err != nil {
-		errs = append(errs, err)
 	}
 
 	var everywhere []string
@@ -160,9 +183,9 @@ func Build(objs Objects, opts Options) (*topology.Topology, []error) {
 		case objs.Discovery[s.ID] != nil:
 			t.Sources[s.ID] = topology.Source{From: topology.SourceDiscovery, Since: objs.DiscoveredAt[s.ID]}
 		case fromStorageVersions[s.ID]:
-			t.Sources[s.ID] = topology.Source{From: topology.SourceStorageVersions}
+			t.Sources[s.ID] = topology.Source{From: topology.SourceStorageVersions, Unverified: unverified[s.ID]}
 		default:
-			t.Sources[s.ID] = topology.Source{From: topology.SourceNone}
+			t.Sources[s.ID] = topology.Source{From: topology.SourceNone, Unverified: unverified[s.ID]}
 		}
 	}
 	t.RequestHeaders, err = RequestHeadersFrom(objs.Authentication)

@@ -9,8 +9,10 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-multierror"
+	apidiscoveryv2 "k8s.io/api/apidiscovery/v2"
 
 	"github.com/kube-mvp/kube-mvp/internal/inventory/objects"
+	"github.com/kube-mvp/kube-mvp/internal/plan"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 
@@ -190,6 +192,7 @@ func TestBuildChecksLeases(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			verified(&objs, "apiserver-aaa")
 			topo, errs := objects.Build(objs, objects.Options{Now: now})
 			if c.err == "" && len(errs) > 0 {
 				t.Fatalf("errors: %v", errs)
@@ -246,6 +249,7 @@ func TestAllLeasesStale(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	verified(&objs, "apiserver-bbb")
 	opts := objects.Options{Addresses: map[string]string{"cp-b": "10.0.0.2:6443"}}
 
 	opts.Now = time.Date(2026, 11, 23, 10, 0, 10, 0, time.UTC) // A fresh, B an hour old
@@ -308,5 +312,76 @@ data:
 	}
 	if _, err := objects.DecodeFixture(strings.NewReader("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: other, namespace: kube-system}\n")); err == nil || !strings.Contains(err.Error(), "the only ConfigMap read is kube-system/extension-apiserver-authentication") {
 		t.Errorf("another ConfigMap: %v", err)
+	}
+}
+
+// verified gives each of ids an (empty) discovery, as if fetched at its address over
+// verified TLS, unless it has one.
+func verified(objs *objects.Objects, ids ...string) {
+	if objs.Discovery == nil {
+		objs.Discovery = map[string]*apidiscoveryv2.APIGroupDiscoveryList{}
+	}
+	for _, id := range ids {
+		if objs.Discovery[id] == nil {
+			objs.Discovery[id] = &apidiscoveryv2.APIGroupDiscoveryList{}
+		}
+	}
+}
+
+// TestUnverifiedLeaseChangesNothing: an identity Lease that passes every check (fresh,
+// holder, IP address) is still only a claim, which anyone allowed to write Leases in
+// kube-system can make. Until its apiserver's own discovery was fetched at that address over
+// verified TLS it takes no part in routing: the plan is the one without it, and
+// /debug/topology says why it is not alive. Once verified, it counts.
+func TestUnverifiedLeaseChangesNothing(t *testing.T) {
+	const forged = `
+---
+apiVersion: coordination.k8s.io/v1
+kind: Lease
+metadata:
+  name: apiserver-zzz
+  namespace: kube-system
+  labels: {apiserver.kubernetes.io/identity: kube-apiserver, kubernetes.io/hostname: cp-a}
+  annotations: {kubernetes.io/peer-advertise-address: "10.6.6.6:6443"}
+spec: {holderIdentity: apiserver-zzz_1, leaseDurationSeconds: 3600, renewTime: "2026-11-23T10:00:05.000000Z"}
+`
+	now := time.Date(2026, 11, 23, 10, 0, 10, 0, time.UTC)
+	opts := objects.Options{Now: now, Addresses: map[string]string{"cp-b": "10.0.0.2:6443"}}
+	build := func(fixture string) *plan.Plan {
+		t.Helper()
+		objs, err := objects.DecodeFixture(strings.NewReader(fixture))
+		if err != nil {
+			t.Fatal(err)
+		}
+		topo, _ := objects.Build(objs, opts)
+		p, err := plan.Build(topo)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	without, with := build(mixedFixture), build(mixedFixture+forged)
+	if !reflect.DeepEqual(without.Clusters, with.Clusters) || !reflect.DeepEqual(without.Routes.All(), with.Routes.All()) || !reflect.DeepEqual(without.GroupVersions, with.GroupVersions) {
+		t.Errorf("a fresh Lease without verified discovery changed the plan:\nclusters %v\nwant     %v", with.Clusters, without.Clusters)
+	}
+	if src := with.Topology.Sources["apiserver-zzz"]; !src.Unverified {
+		t.Errorf("source %+v, want it marked as awaiting verified discovery", src)
+	}
+	if s, _ := with.Topology.Server("apiserver-zzz"); s.Alive {
+		t.Errorf("unverified apiserver counts as alive: %+v", s)
+	}
+	// The sidecar beside cp-a still finds its own apiserver: the one live Lease of that hostname.
+	if id, err := with.Topology.ResolveLocal("cp-a"); err != nil || id != "apiserver-aaa" {
+		t.Errorf("ResolveLocal(cp-a) = %q, %v; want apiserver-aaa", id, err)
+	}
+
+	objs, err := objects.DecodeFixture(strings.NewReader(mixedFixture + forged))
+	if err != nil {
+		t.Fatal(err)
+	}
+	verified(&objs, "apiserver-zzz")
+	topo, _ := objects.Build(objs, opts)
+	if !slices.Contains(topo.Live(), "apiserver-zzz") || topo.Sources["apiserver-zzz"].Unverified {
+		t.Errorf("verified: live %v, source %+v", topo.Live(), topo.Sources["apiserver-zzz"])
 	}
 }
