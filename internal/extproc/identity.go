@@ -1,6 +1,8 @@
 package extproc
 
 import (
+	"encoding/asn1"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strings"
@@ -52,12 +54,13 @@ import (
 //   - user  = the subject's CommonName. Go keeps the last CN of the certificate's
 //     RDNSequence; Envoy (BoringSSL, XN_FLAG_RFC2253, which includes XN_FLAG_DN_REV) prints
 //     the attributes in reverse order, so that is the first CN printed. An empty CN is not
-//     authenticated by Kubernetes: no identity headers, the apiserver sees an anonymous (or
-//     bearer-token) request, exactly as without the proxy.
+//     authenticated by Kubernetes, and the certificate makes the apiserver's front-proxy
+//     authenticator fail: 401 unless a bearer token decides (identityAnonymous).
 //   - groups = every O, in certificate order (reverse of printed order).
-//   - uid = the UID attribute (0.9.2342.19200300.100.1.1) when exactly one is present, as
-//     with the AllowParsingUserUIDFromCertAuth gate (beta, on by default since 1.33). Several,
-//     or an empty one, make Kubernetes fail the authentication: refused (see identityRefused).
+//   - uid = Kubernetes' UID attribute (1.3.6.1.4.1.57683.2, printed by BoringSSL as the hex of
+//     its DER) when exactly one is present, as with the AllowParsingUserUIDFromCertAuth gate
+//     (beta, on by default since 1.33). Several, an empty one or one that is not a string make
+//     Kubernetes fail the authentication: refused (see identityRefused).
 //   - extra authentication.kubernetes.io/credential-id = "X509SHA256=<hex sha256 of the
 //     certificate>", which Kubernetes records for every certificate user (audit logs). Envoy's
 //     XFCC Hash element is that same digest in lower-case hex.
@@ -93,8 +96,11 @@ const (
 	identityNone identityResult = iota
 	// identityForwarded: a certificate user; identity headers are set.
 	identityForwarded
-	// identityAnonymous: a certificate with an empty CommonName, which Kubernetes does not
-	// authenticate; no identity headers.
+	// identityAnonymous: a certificate with an empty CommonName. The x509 authenticator
+	// passes over it, but the front-proxy authenticator that every apiserver behind kube-mvp
+	// has fails on a certificate its CA did not sign, and that error makes the apiserver
+	// refuse the request (401) unless a bearer token authenticates it: handled as
+	// identityRefused.
 	identityAnonymous
 	// identityRefused: a certificate the apiserver's x509 authenticator rejects (several
 	// UIDs, an empty one). The apiserver would then authenticate the request by a bearer
@@ -180,6 +186,15 @@ func identityFromSubject(dn string) (identity, identityResult, error) {
 		if kind == attrOther {
 			continue
 		}
+		if kind == attrUID {
+			// Kubernetes' UID attribute has no short name: BoringSSL prints it as its DER.
+			uid, err := uidValue(a)
+			if err != nil {
+				return identity{}, identityRefused, fmt.Errorf("subject %q: %w", dn, err)
+			}
+			id.uid, uids = uid, uids+1
+			continue
+		}
 		if a.dumped {
 			return identity{}, identityRejected, fmt.Errorf("subject %q: %s is not a string", dn, a.typ)
 		}
@@ -192,8 +207,6 @@ func identityFromSubject(dn string) (identity, identityResult, error) {
 			if a.value != "" {
 				id.groups = append(id.groups, a.value)
 			}
-		case attrUID:
-			id.uid, uids = a.value, uids+1
 		}
 	}
 	if id.user == "" {
@@ -220,6 +233,35 @@ func identityFromSubject(dn string) (identity, identityResult, error) {
 	return id, identityForwarded, nil
 }
 
+// kubernetesUIDOID is the attribute Kubernetes reads a certificate user's UID from
+// (k8s.io/apimachinery asn1.X509UID); not LDAP's UID (0.9.2342.19200300.100.1.1), which it
+// ignores, as we do.
+const kubernetesUIDOID = "1.3.6.1.4.1.57683.2"
+
+// uidValue is the string a UID attribute holds, as Go's encoding/asn1 (which the apiserver's
+// x509 parsing uses) decodes it: BoringSSL prints an attribute it has no name for as "#" and
+// the hex of its DER. A value Go does not decode to a string fails the apiserver's
+// authentication.
+func uidValue(a ava) (string, error) {
+	if !a.dumped {
+		return a.value, nil
+	}
+	der, err := hex.DecodeString(strings.TrimPrefix(a.value, "#"))
+	if err != nil {
+		return "", fmt.Errorf("UID %s: %w", a.value, err)
+	}
+	var v any
+	rest, err := asn1.Unmarshal(der, &v)
+	if err != nil || len(rest) != 0 {
+		return "", fmt.Errorf("UID #%s is not one DER value", a.value)
+	}
+	s, ok := v.(string)
+	if !ok {
+		return "", fmt.Errorf("UID #%s is not a string; Kubernetes rejects such a certificate", a.value)
+	}
+	return s, nil
+}
+
 type attrKind int
 
 const (
@@ -236,7 +278,7 @@ func attributeKind(typ string) attrKind {
 		return attrCN
 	case strings.EqualFold(typ, "O") || typ == "2.5.4.10":
 		return attrO
-	case strings.EqualFold(typ, "UID") || typ == "0.9.2342.19200300.100.1.1":
+	case typ == kubernetesUIDOID:
 		return attrUID
 	}
 	return attrOther

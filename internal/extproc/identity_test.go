@@ -24,18 +24,20 @@ import (
 )
 
 var (
-	oidCN    = asn1.ObjectIdentifier{2, 5, 4, 3}
-	oidO     = asn1.ObjectIdentifier{2, 5, 4, 10}
-	oidOU    = asn1.ObjectIdentifier{2, 5, 4, 11}
-	oidC     = asn1.ObjectIdentifier{2, 5, 4, 6}
-	oidUID   = asn1.ObjectIdentifier{0, 9, 2342, 19200300, 100, 1, 1}
+	oidCN      = asn1.ObjectIdentifier{2, 5, 4, 3}
+	oidO       = asn1.ObjectIdentifier{2, 5, 4, 10}
+	oidOU      = asn1.ObjectIdentifier{2, 5, 4, 11}
+	oidC       = asn1.ObjectIdentifier{2, 5, 4, 6}
+	oidLDAPUID = asn1.ObjectIdentifier{0, 9, 2342, 19200300, 100, 1, 1}
+	// oidUID is Kubernetes' (k8s.io/apimachinery asn1.X509UID), which BoringSSL has no name for.
+	oidUID   = asn1.ObjectIdentifier{1, 3, 6, 1, 4, 1, 57683, 2}
 	oidEmail = asn1.ObjectIdentifier{1, 2, 840, 113549, 1, 9, 1}
 	oidOdd   = asn1.ObjectIdentifier{1, 3, 6, 1, 4, 1, 99999, 1}
 )
 
 var shortNames = map[string]string{
 	oidCN.String(): "CN", oidO.String(): "O", oidOU.String(): "OU", oidC.String(): "C",
-	oidUID.String(): "UID", oidEmail.String(): "emailAddress",
+	oidLDAPUID.String(): "UID", oidEmail.String(): "emailAddress",
 }
 
 // printRFC2253 prints a certificate subject the way Envoy does for XFCC Subject: BoringSSL's
@@ -187,6 +189,10 @@ func TestIdentityMatchesKubernetes(t *testing.T) {
 		{"empty subject", pkix.RDNSequence{}},
 		{"empty O is dropped (header authenticator drops empty values)", pkix.RDNSequence{rdn(oidO, ""), rdn(oidO, "real"), rdn(oidCN, "frank")}},
 		{"two UIDs: Kubernetes fails it", pkix.RDNSequence{rdn(oidUID, "u1"), rdn(oidUID, "u2"), rdn(oidCN, "gina")}},
+		{"empty UID: Kubernetes fails it", pkix.RDNSequence{rdn(oidUID, ""), rdn(oidCN, "gina")}},
+		{"UTF-8 UID", pkix.RDNSequence{rdn(oidUID, "ü-uid"), rdn(oidCN, "gina")}},
+		{"LDAP UID is not Kubernetes' UID: ignored", pkix.RDNSequence{rdn(oidLDAPUID, "ldap-uid"), rdn(oidCN, "ivan")}},
+		{"two LDAP UIDs: ignored", pkix.RDNSequence{rdn(oidLDAPUID, "a"), rdn(oidLDAPUID, "b"), rdn(oidCN, "ivan")}},
 		{"leading space in CN: rejected, not trimmed", pkix.RDNSequence{rdn(oidCN, " system:admin")}},
 		{"control character in O: rejected", pkix.RDNSequence{rdn(oidO, "bad\ngroup"), rdn(oidCN, "harry")}},
 	}

@@ -102,7 +102,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 	}
 	identity := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kube_mvp_extproc_client_identity_total",
-		Help: "Requests by what their client certificate (XFCC) gave: none (no certificate), forwarded (identity headers set, front-proxy cluster), anonymous (empty CN: the request's other credentials decide), refused (a certificate the apiserver rejects: 401 unless a bearer token decides), rejected (an identity that cannot be forwarded unchanged, or a malformed XFCC: 401; see the log).",
+		Help: "Requests by what their client certificate (XFCC) gave: none (no certificate), forwarded (identity headers set, front-proxy cluster), anonymous (empty CN) and refused (a certificate the apiserver rejects): 401 unless a bearer token decides, rejected (an identity that cannot be forwarded unchanged, or a malformed XFCC: 401; see the log).",
 	}, []string{"result"})
 	for r := range numIdentityResults {
 		m.identity[r] = identity.WithLabelValues(r.String())

@@ -280,7 +280,7 @@ func (s *Server) requestHeaders(h *extprocv3.HttpHeaders, withToken bool, local 
 		id = tb.identities.get(xfcc)
 	}
 	s.m.identity[id.res].Inc()
-	refuse := id.res == identityRejected || (id.res == identityRefused && !withToken)
+	refuse := id.res == identityRejected || ((id.res == identityRefused || id.res == identityAnonymous) && !withToken)
 	if id.err != nil {
 		if n, ok := s.identityLog.allow(s.now()); ok {
 			outcome := "the request goes on with its bearer token, without identity headers"

@@ -66,9 +66,9 @@ func TestSpoofedHeaders(t *testing.T) {
 		{"certificate and spoofed", "/api/v1/pods", append([]string{contract.HeaderXFCC, xfcc}, spoofed...), asFrontProxy(routed("kube-apiservers")), alice, nil},
 		{"certificate and spoofed, subset route", "/apis/batch/v1/namespaces/x/cronjobs", append(slices.Clone(spoofed), contract.HeaderXFCC, xfcc), asFrontProxy(subset("kube-apiservers-only-cp-a")), alice, nil},
 		{"certificate in a mixed-case header", "/api/v1/pods", append([]string{"X-Forwarded-Client-Cert", xfcc}, mixedCase...), asFrontProxy(routed("kube-apiservers")), alice, nil},
-		// The apiserver does not authenticate an empty CN: the request's own credentials
-		// decide, on a cluster that presents no proxy certificate.
-		{"certificate without CN", "/api/v1/pods", append([]string{contract.HeaderXFCC, `Hash=` + hash + `;Subject="O=system:masters";URI=`}, spoofed...), routed("kube-apiservers"), nil, nil},
+		// An empty CN: the apiserver refuses it (its front-proxy authenticator fails on the
+		// certificate) unless a bearer token authenticates the request.
+		{"certificate without CN", "/api/v1/pods", append([]string{contract.HeaderXFCC, `Hash=` + hash + `;Subject="O=system:masters";URI=`}, spoofed...), refused, nil, nil},
 		{"two XFCC headers", "/api/v1/pods", append([]string{contract.HeaderXFCC, xfcc, contract.HeaderXFCC, `Subject="CN=system:admin"`}, spoofed...), refused, nil, nil},
 		{"XFCC with two elements", "/api/v1/pods", append([]string{contract.HeaderXFCC, `Subject="CN=mallory",` + xfcc}, spoofed...), refused, nil, nil},
 		{"certificate, but no live server: 503 all the same", "/apis/storagemigration.k8s.io/v1alpha1/storageversionmigrations", append([]string{contract.HeaderXFCC, xfcc}, spoofed...),
@@ -129,10 +129,11 @@ func TestSpoofedHeaders(t *testing.T) {
 // as that user to the front-proxy twin, token or not (x509 comes before tokens); a
 // certificate the apiserver would reject (two UIDs) is refused with 401 unless Envoy's route
 // says a bearer token is there, which the apiserver then authenticates on a cluster without
-// the proxy certificate; an identity that cannot be forwarded unchanged is refused even with
-// a token (the apiserver would have taken the certificate's user, not the token's); a
-// certificate without CN leaves it to the other credentials. The 401 comes before a 503,
-// as the apiserver authenticates before anything else.
+// the proxy certificate; a certificate without CN is the same (the x509 authenticator passes
+// over it, the front-proxy authenticator every apiserver behind kube-mvp has fails on it);
+// an identity that cannot be forwarded unchanged is refused even with a token (the apiserver
+// would have taken the certificate's user, not the token's). The 401 comes before a 503, as
+// the apiserver authenticates before anything else.
 func TestCertificateOutcomes(t *testing.T) {
 	srv := New(Options{})
 	srv.SetTopology(loadFixture(t, "upgrade.yaml", fixtureNow), "v1")
@@ -142,7 +143,8 @@ func TestCertificateOutcomes(t *testing.T) {
 		return []string{contract.HeaderXFCC, `Hash=` + hash + `;Subject="` + subject + `";URI=`}
 	}
 	alice := cert("CN=alice,O=team-a")
-	twoUIDs := cert("UID=u1,UID=u2,CN=alice")
+	// Kubernetes' UID attribute, "u1" and "u2" as PrintableStrings, as BoringSSL prints them.
+	twoUIDs := cert("1.3.6.1.4.1.57683.2=#13027531,1.3.6.1.4.1.57683.2=#13027532,CN=alice")
 	controlChar := cert(`CN=alice\0A`)
 	noCN := cert("O=system:masters")
 	token := []string{contract.MetadataCaller, contract.CallerCertificateAndToken}
@@ -164,7 +166,7 @@ func TestCertificateOutcomes(t *testing.T) {
 		{"rejected by the apiserver, token", token, append(slices.Clone(twoUIDs), spoofed...), "/apis/batch/v1/jobs", subset("kube-apiservers-only-cp-a"), nil, nil},
 		{"rejected by the apiserver, resource unavailable", nil, twoUIDs, "/apis/storagemigration.k8s.io/v1alpha1/storageversionmigrations", refused, nil, nil},
 		{"cannot be forwarded, token", token, controlChar, "/api/v1/pods", refused, nil, nil},
-		{"no CN", nil, append(slices.Clone(noCN), spoofed...), "/readyz", routed("kube-apiservers"), nil, nil},
+		{"no CN", nil, append(slices.Clone(noCN), spoofed...), "/readyz", refused, nil, nil},
 		{"no CN, token", token, noCN, "/apis/batch/v1/jobs", subset("kube-apiservers-only-cp-a"), nil, nil},
 		{"no certificate", nil, spoofed, "/apis/batch/v1/jobs", subset("kube-apiservers-only-cp-a"), nil, nil},
 	}
