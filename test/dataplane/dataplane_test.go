@@ -106,7 +106,10 @@ func getJSON(t *testing.T, url string, v any) {
 
 // TestClientCertificateIdentity: a verified client certificate becomes an XFCC header built
 // as Envoy builds it, which engages ext_proc (route "client-certificate"), which forwards
-// X-Remote-User/-Group to the apiserver. Spoofed identity headers never arrive.
+// X-Remote-User/-Group to the apiserver over the front-proxy twin cluster, whose connections
+// present the proxy client certificate. A bearer token and a request without credentials
+// reach the apiserver as they came: no client certificate, no identity headers. Spoofed
+// identity headers never arrive.
 func TestClientCertificateIdentity(t *testing.T) {
 	e := newEnv(t, envOptions{})
 	cert := e.userCert("alice", "team-a", "team-b")
@@ -126,6 +129,9 @@ func TestClientCertificateIdentity(t *testing.T) {
 	}
 	if h.Get("X-Remote-Extra-Scopes") != "" || h.Get("X-Kubernetes-Peer-Proxied") != "" {
 		t.Errorf("spoofed headers arrived: %v", h)
+	}
+	if r.seen.ClientCert != proxyClientCert || h.Get("X-Kube-Mvp-Cluster") != "kube-apiservers/front-proxy" {
+		t.Errorf("certificate user: client certificate %q, cluster %q; want the proxy's, kube-apiservers/front-proxy", r.seen.ClientCert, h.Get("X-Kube-Mvp-Cluster"))
 	}
 	// extproc consumed the XFCC header Envoy built (and removes it); the credential ID it
 	// derived from the XFCC Hash proves the hash is the certificate's SHA-256.
@@ -151,6 +157,9 @@ func TestClientCertificateIdentity(t *testing.T) {
 	if got := r.seen.Header.Get("Authorization"); got != "Bearer "+testToken {
 		t.Errorf("Authorization = %q arrived, want the token", got)
 	}
+	if r.seen.ClientCert != "" {
+		t.Errorf("bearer token: the apiserver saw client certificate %q, want none", r.seen.ClientCert)
+	}
 	if got := r.seen.Header.Get("X-Forwarded-For"); got != "127.0.0.1" {
 		t.Errorf("X-Forwarded-For = %q", got)
 	}
@@ -160,25 +169,30 @@ func TestClientCertificateIdentity(t *testing.T) {
 	if r.header.Get("Server") != "fake-apiserver" {
 		t.Errorf("server header not passed through: %q", r.header.Get("Server"))
 	}
-	// No credentials at all: the anonymous route tells extproc (gRPC metadata), which
-	// forwards system:anonymous as the apiserver's anonymous authenticator would.
+	// No credentials at all: the request reaches the apiserver as it came, without a client
+	// certificate and without identity headers, so the apiserver authenticates it as it
+	// would directly (anonymous, or 401 where anonymous requests are off). Line rate
+	// (core/v1, /version) and through ext_proc (batch/v1 needs a decision) alike.
 	for _, path := range []string{"/api/v1/namespaces", "/apis/batch/v1/jobs", "/version"} {
-		r = e.do(e.anonymousClient(nil), "GET", path, spoof)
+		r = e.do(e.noTokenClient(nil), "GET", path, spoof)
 		if r.status != 200 {
 			t.Fatalf("%s: status %d: %s", path, r.status, r.body)
 		}
 		h := r.seen.Header
-		if got := h.Values("X-Remote-User"); strings.Join(got, ",") != "system:anonymous" {
-			t.Errorf("%s: anonymous X-Remote-User = %q", path, got)
+		for k, v := range h {
+			if strings.HasPrefix(strings.ToLower(k), "x-remote-") || k == "Authorization" || k == "X-Forwarded-Client-Cert" {
+				t.Errorf("%s: no credentials, yet %s %q arrived", path, k, v)
+			}
 		}
-		if got := h.Values("X-Remote-Group"); strings.Join(got, ",") != "system:unauthenticated" {
-			t.Errorf("%s: anonymous X-Remote-Group = %q", path, got)
+		if r.seen.ClientCert != "" {
+			t.Errorf("%s: no credentials, yet the apiserver saw client certificate %q", path, r.seen.ClientCert)
 		}
-		if h.Get("X-Remote-Extra-Scopes") != "" || h.Get("X-Forwarded-Client-Cert") != "" {
-			t.Errorf("%s: spoofed headers arrived: %v", path, h)
+		wantCluster := map[string]string{"/apis/batch/v1/jobs": "kube-apiservers-only-cp-a+cp-c"}[path]
+		if got := h.Get("X-Kube-Mvp-Cluster"); got != wantCluster {
+			t.Errorf("%s: routing header %q, want %q", path, got, wantCluster)
 		}
 		if path == "/apis/batch/v1/jobs" && r.seen.Server == "cp-b" {
-			t.Errorf("anonymous batch/v1 reached cp-b, which does not serve it")
+			t.Errorf("batch/v1 without credentials reached cp-b, which does not serve it")
 		}
 	}
 }
@@ -206,15 +220,15 @@ func TestFQDNClusterStats(t *testing.T) {
 
 // TestOtherRequestHeaderNames: apiservers that read other identity headers
 // (--requestheader-username-headers=X-User, …): the listener strips those names (and their
-// extra prefix) from every client, extproc's mutation of them passes the filter's rules, and a
-// certificate user and an anonymous client arrive in them.
+// extra prefix) from every client, extproc's mutation of them passes the filter's rules, a
+// certificate user arrives in them, and a bearer token or no credentials arrive with none.
 func TestOtherRequestHeaderNames(t *testing.T) {
 	e := newEnv(t, envOptions{requestHeaders: topology.RequestHeaders{User: []string{"x-user"}, UID: []string{"x-uid"}, Group: []string{"x-groups"}, ExtraPrefix: []string{"x-extra-"}}})
 	spoof := map[string]string{"X-User": "system:admin", "X-Groups": "system:masters", "X-Uid": "0", "X-Extra-Scopes": "all"}
 	// /api/v1/namespaces: a line-rate route for a bearer token (only the listener strips);
 	// /apis/batch/v1/jobs: extproc decides (and removes the names too).
 	for _, path := range []string{"/api/v1/namespaces", "/apis/batch/v1/jobs"} {
-		for name, c := range map[string]*http.Client{"bearer token": e.client(nil), "certificate": e.client(e.userCert("alice", "team-a")), "anonymous": e.anonymousClient(nil)} {
+		for name, c := range map[string]*http.Client{"bearer token": e.client(nil), "certificate": e.client(e.userCert("alice", "team-a")), "no credentials": e.noTokenClient(nil)} {
 			checkOtherRequestHeaderNames(t, e, c, path, name, spoof)
 		}
 	}
@@ -227,12 +241,15 @@ func checkOtherRequestHeaderNames(t *testing.T, e *env, c *http.Client, path, na
 		t.Fatalf("%s %s: status %d: %s", name, path, r.status, r.body)
 	}
 	h := r.seen.Header
-	want := map[string]string{"bearer token": "", "certificate": "alice", "anonymous": "system:anonymous"}[name]
+	want := map[string]string{"bearer token": "", "certificate": "alice", "no credentials": ""}[name]
 	if got := strings.Join(h.Values("X-User"), ","); got != want {
 		t.Errorf("%s %s: X-User %q, want %q", name, path, got, want)
 	}
-	if got := strings.Join(h.Values("X-Groups"), ","); got == "system:masters" || (name == "bearer token" && got != "") {
+	if got := strings.Join(h.Values("X-Groups"), ","); got == "system:masters" || (name != "certificate" && got != "") {
 		t.Errorf("%s %s: X-Groups %q", name, path, got)
+	}
+	if wantCert := map[string]string{"certificate": proxyClientCert}[name]; r.seen.ClientCert != wantCert {
+		t.Errorf("%s %s: the apiserver saw client certificate %q, want %q", name, path, r.seen.ClientCert, wantCert)
 	}
 	if h.Get("X-Uid") != "" || h.Get("X-Extra-Scopes") != "" || h.Get("X-Remote-User") != "" {
 		t.Errorf("%s %s: spoofed or default-named headers arrived: %v", name, path, h)
@@ -318,13 +335,18 @@ func TestUpgrade(t *testing.T) {
 		}
 		conn.Close()
 	}
+	upgrades := 0
 	for _, f := range e.apiservers {
 		for _, r := range f.requests() {
-			// No credentials: the anonymous user, never the spoofed one.
-			if got := r.Header.Values("X-Remote-User"); len(got) != 1 || got[0] != "system:anonymous" {
-				t.Errorf("X-Remote-User %q reached %s on an upgrade, want system:anonymous", got, f.name)
+			upgrades++
+			// No credentials: none arrive, neither the spoofed user nor a client certificate.
+			if got := r.Header.Values("X-Remote-User"); len(got) != 0 || r.ClientCert != "" {
+				t.Errorf("X-Remote-User %q, client certificate %q reached %s on an upgrade without credentials, want none", got, r.ClientCert, f.name)
 			}
 		}
+	}
+	if upgrades != 2 {
+		t.Errorf("the apiservers saw %d upgrades, want 2", upgrades)
 	}
 	// Not configured: 403.
 	conn, err := tls.Dial("tcp", e.dp.ListenerAddr("kube-apiserver"), &tls.Config{RootCAs: pool, ServerName: "localhost", NextProtos: []string{"http/1.1"}})

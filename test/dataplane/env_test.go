@@ -126,6 +126,20 @@ type seenRequest struct {
 	Path   string      `json:"path"`
 	Host   string      `json:"host"`
 	Header http.Header `json:"header"`
+	// ClientCert is the client certificate the request's TLS connection presented:
+	// "CN=<common name>", or "" for none.
+	ClientCert string `json:"clientCert"`
+}
+
+// proxyClientCert is seenRequest.ClientCert of the data plane's proxy client certificate.
+const proxyClientCert = "CN=front-proxy-client"
+
+// clientCert is seenRequest.ClientCert of r's connection.
+func clientCert(r *http.Request) string {
+	if r.TLS == nil || len(r.TLS.PeerCertificates) == 0 {
+		return ""
+	}
+	return "CN=" + r.TLS.PeerCertificates[0].Subject.CommonName
 }
 
 type fakeAPIServer struct {
@@ -133,6 +147,8 @@ type fakeAPIServer struct {
 	srv  *httptest.Server
 	mu   sync.Mutex
 	seen []seenRequest
+	// checks are the /readyz requests (the data plane's health checks).
+	checks []seenRequest
 	// refusal, when set, answers every request but /readyz with this status (and Retry-After
 	// when retryAfter), as an apiserver that does not process it.
 	refusal *refusal
@@ -159,19 +175,39 @@ func (f *fakeAPIServer) requests() []seenRequest {
 	return append([]seenRequest(nil), f.seen...)
 }
 
-// newFakeAPIServer is an HTTPS server on ip that requires a client certificate of the
-// front-proxy CA, like an apiserver with --requestheader-client-ca-file (the data plane's
-// proxy client certificate), and serves /readyz, a streaming /watch, upgrades (echo) and
-// everything else as a JSON echo of the request.
+// readyzChecks returns the /readyz requests f has seen.
+func (f *fakeAPIServer) readyzChecks() []seenRequest {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]seenRequest(nil), f.checks...)
+}
+
+// newFakeAPIServer is an HTTPS server on ip that asks for (but does not require) a client
+// certificate and verifies one of the front-proxy CA, like an apiserver with
+// --requestheader-client-ca-file (the data plane's proxy client certificate), and records
+// which one each request's connection presented. It serves /readyz as an apiserver with
+// anonymous requests off: 200 only to a request that presents the proxy client certificate
+// (the health checks' identity header comes with it), else 401. It serves a streaming
+// /watch, upgrades (echo) and everything else as a JSON echo of the request.
 func newFakeAPIServer(t testing.TB, p *pki, name, ip string, tick time.Duration, ticks int) *fakeAPIServer {
 	f := &fakeAPIServer{name: name}
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen := seenRequest{Server: name, Method: r.Method, Path: r.URL.RequestURI(), Host: r.Host, Header: r.Header.Clone(), ClientCert: clientCert(r)}
 		if r.URL.Path == "/readyz" {
+			f.mu.Lock()
+			f.checks = append(f.checks, seen)
+			f.mu.Unlock()
+			if seen.ClientCert != proxyClientCert {
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(http.StatusUnauthorized)
+				_, _ = io.WriteString(w, `{"kind":"Status","apiVersion":"v1","status":"Failure","message":"Unauthorized","reason":"Unauthorized","code":401}`)
+				return
+			}
 			_, _ = io.WriteString(w, "ok")
 			return
 		}
 		f.mu.Lock()
-		f.seen = append(f.seen, seenRequest{Server: name, Method: r.Method, Path: r.URL.RequestURI(), Host: r.Host, Header: r.Header.Clone()})
+		f.seen = append(f.seen, seen)
 		ref := f.refusal
 		f.mu.Unlock()
 		w.Header().Set("Server", "fake-apiserver")
@@ -218,7 +254,7 @@ func newFakeAPIServer(t testing.TB, p *pki, name, ip string, tick time.Duration,
 			}
 		default:
 			w.Header().Set("Content-Type", "application/json")
-			_ = json.NewEncoder(w).Encode(seenRequest{Server: name, Method: r.Method, Path: r.URL.RequestURI(), Host: r.Host, Header: r.Header})
+			_ = json.NewEncoder(w).Encode(seen)
 		}
 	})
 	ln, err := net.Listen("tcp", ip+":0")
@@ -230,7 +266,7 @@ func newFakeAPIServer(t testing.TB, p *pki, name, ip string, tick time.Duration,
 	srv.Listener = ln
 	proxyPool := x509.NewCertPool()
 	proxyPool.AddCert(p.proxyCA.Cert)
-	srv.TLS = &tls.Config{Certificates: []tls.Certificate{p.apiserver.tls(t)}, ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: proxyPool}
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{p.apiserver.tls(t)}, ClientAuth: tls.VerifyClientCertIfGiven, ClientCAs: proxyPool}
 	srv.StartTLS()
 	f.srv = srv
 	t.Cleanup(srv.Close)
@@ -266,6 +302,8 @@ type envOptions struct {
 	requestHeaders topology.RequestHeaders
 	// hostSuffix, if set, is appended to every apiserver's hostname (FQDNs: cp-a.example.com).
 	hostSuffix string
+	// editResources, if set, changes the snapshot's resources before the data plane gets them.
+	editResources func(*snapshot.Resources) error
 }
 
 var fixtureAddresses = map[string]string{"cp-a": "127.0.0.1", "cp-b": "127.0.0.2", "cp-c": "127.0.0.3"}
@@ -333,6 +371,11 @@ func newEnv(t testing.TB, o envOptions) *env {
 		}
 		if o.editExtProc != nil {
 			if err := editExtProc(res, o.editExtProc); err != nil {
+				return nil, err
+			}
+		}
+		if o.editResources != nil {
+			if err := o.editResources(res); err != nil {
 				return nil, err
 			}
 		}
@@ -421,15 +464,16 @@ func (e *env) startExtProc(sock string, srv extprocv3.ExternalProcessorServer) {
 	e.t.Cleanup(e.extGRPC.Stop)
 }
 
-// testToken is the bearer token of client(nil): the fake apiservers accept anything, and a
-// request with credentials takes the line-rate routes, where an anonymous one takes the
-// anonymous route through ext_proc (see anonymousClient).
+// testToken is the bearer token of client(nil): the fake apiservers accept anything. A
+// request with a bearer token, like one without any credentials (noTokenClient(nil)), takes
+// the line-rate routes (ext_proc only where its group/version needs a decision) and reaches
+// the apiservers as it came, over connections that present no client certificate.
 const testToken = "test-token"
 
 // client is an HTTPS client trusting the serving CA, with a client certificate if given,
 // else with the bearer token testToken; HTTP/2 when the server agrees.
 func (e *env) client(cert *tls.Certificate) *http.Client {
-	c := e.anonymousClient(cert)
+	c := e.noTokenClient(cert)
 	if cert == nil {
 		c.Transport = bearer{c.Transport}
 	}
@@ -444,8 +488,9 @@ func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
 	return b.RoundTripper.RoundTrip(r)
 }
 
-// anonymousClient is client without the bearer token.
-func (e *env) anonymousClient(cert *tls.Certificate) *http.Client {
+// noTokenClient is client without the bearer token: with cert nil, a client without any
+// credentials.
+func (e *env) noTokenClient(cert *tls.Certificate) *http.Client {
 	pool := x509.NewCertPool()
 	pool.AddCert(e.pki.servingCA.Cert)
 	tc := &tls.Config{RootCAs: pool, ServerName: "localhost"}

@@ -156,7 +156,7 @@ func TestExtProcResponseHeaders(t *testing.T) {
 	if n := e.dp.NACKs(); len(n) > 0 {
 		t.Fatalf("NACKs: %q", n)
 	}
-	c := e.anonymousClient(nil) // the anonymous route goes through ext_proc
+	c := e.client(nil) // GET /apis takes the discovery route, through ext_proc
 
 	t.Run("immediate", func(t *testing.T) {
 		var r reply
@@ -288,7 +288,7 @@ func wantRoutingFailure(t *testing.T, r reply, details string) {
 func TestExtProcModeOverrideIgnored(t *testing.T) {
 	p := newRespHeadersProc()
 	e := newEnv(t, envOptions{extProc: p, editExtProc: func(ep *extprocfilterv3.ExternalProcessor) { ep.AllowModeOverride = false }})
-	c := e.anonymousClient(nil)
+	c := e.client(nil) // the discovery route, through ext_proc
 	for _, tc := range []string{"immediate", "silent"} {
 		var r reply
 		d := e.statDelta(func() { r = e.do(c, "GET", "/apis", map[string]string{"X-Test-Case": tc}) })

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
@@ -25,6 +27,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	"sigs.k8s.io/yaml"
 
@@ -112,6 +115,20 @@ func TestNACKUnimplemented(t *testing.T) {
 			rc := r.Routes[0].(*routev3.RouteConfiguration)
 			rc.VirtualHosts[0].Routes[0].GetRoute().RetryPolicy.RetryOn = "5xx"
 		}, `retry condition "5xx" is not implemented`},
+		// Envoy would pick such a host's transport socket from the cluster's
+		// transport_socket_matches; this data plane always uses the cluster's own for requests.
+		{"endpoint transport socket match", func(t *testing.T, r *snapshot.Resources) {
+			cla := r.Endpoints[0].(*endpointv3.ClusterLoadAssignment)
+			ep := proto.Clone(cla.Endpoints[0].LbEndpoints[0]).(*endpointv3.LbEndpoint)
+			if ep.Metadata == nil {
+				ep.Metadata = &corev3.Metadata{}
+			}
+			if ep.Metadata.FilterMetadata == nil {
+				ep.Metadata.FilterMetadata = map[string]*structpb.Struct{}
+			}
+			ep.Metadata.FilterMetadata["envoy.transport_socket_match"] = &structpb.Struct{Fields: map[string]*structpb.Value{"kube-mvp": structpb.NewStringValue("health-check")}}
+			cla.Endpoints[0].LbEndpoints[0] = ep
+		}, "ClusterLoadAssignment \"" + "kube-apiservers\": endpoint metadata envoy.transport_socket_match is not implemented"},
 		{"HCM value", func(t *testing.T, r *snapshot.Resources) {
 			l := r.Listeners[0].(*listenerv3.Listener)
 			h := hcmOf(t, l)

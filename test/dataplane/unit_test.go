@@ -167,6 +167,8 @@ func TestRouteMatching(t *testing.T) {
 		return routeName(st.matchRoute())
 	}
 	token := headerList{{"authorization", "Bearer t"}}
+	// cert is a request with a client certificate (the XFCC header Envoy sets) and hdr.
+	cert := func(hdr ...kv) headerList { return append(headerList{{"x-forwarded-client-cert", "Hash=1"}}, hdr...) }
 	cases := []struct {
 		path string
 		hdr  headerList
@@ -179,8 +181,24 @@ func TestRouteMatching(t *testing.T) {
 		{"/api/v1", token, "default"},
 		{"/apis/batch/v1", token, "default"},
 		{"/healthz", token, "default"},
-		{"/healthz", nil, "anonymous"},
+		{"/healthz", nil, "default"}, // no credentials: the line-rate routes, as a bearer token
+		{"/api/v1/pods", nil, "core/v1"},
+		{"/apis/batch/v1/jobs", nil, "batch/v1"},
 		{"/api/v1/pods", headerList{{"sec-websocket-protocol", "base64url.bearer.authorization.k8s.io.dA"}}, "core/v1"},
+		// A client certificate and a bearer token (the apiserver's bearer token
+		// authenticator: "bearer" in any case, a space, a token that does not start with one).
+		{"/api/v1/pods", cert(token...), "client-certificate-and-token"},
+		{"/api/v1/pods", cert(kv{"authorization", "bEaReR t u"}), "client-certificate-and-token"},
+		{"/api/v1/pods", cert(kv{"authorization", "Basic dTpw"}), "client-certificate"},
+		{"/api/v1/pods", cert(kv{"authorization", "Bearer"}), "client-certificate"},
+		{"/api/v1/pods", cert(kv{"authorization", "Bearer  t"}), "client-certificate"},
+		{"/api/v1/pods", cert(kv{"authorization", "Bearertoken"}), "client-certificate"},
+		// A WebSocket upgrade with its token in Sec-WebSocket-Protocol; without the upgrade,
+		// the apiserver reads no token there.
+		{"/api/v1/pods", cert(kv{"upgrade", "WebSocket"}, kv{"sec-websocket-protocol", "base64url.bearer.authorization.k8s.io.dA, channel.k8s.io"}), "client-certificate-and-websocket-token"},
+		{"/api/v1/pods", cert(kv{"sec-websocket-protocol", "base64url.bearer.authorization.k8s.io.dA"}), "client-certificate"},
+		{"/api/v1/pods", cert(kv{"upgrade", "websocket"}, kv{"sec-websocket-protocol", "channel.k8s.io"}), "client-certificate"},
+		{"/api/v1/pods", cert(kv{"upgrade", "SPDY/3.1"}, kv{"sec-websocket-protocol", "base64url.bearer.authorization.k8s.io.dA"}), "client-certificate"},
 	}
 	for _, tc := range cases {
 		if got := match(tc.path, tc.hdr); got != tc.want {
