@@ -176,7 +176,7 @@ func TestRoutingFacts(t *testing.T) {
 			withToken := append(localMetadata(topo), "x-kube-mvp-caller=certificate-and-bearer-token")
 			for i, want := range []routeFacts{
 				{name: snapshot.RouteClientCertificateAndToken, prefix: "/", headers: []string{"x-forwarded-client-cert", "authorization~[Bb][Ee][Aa][Rr][Ee][Rr] [^ ].*"}, metadata: withToken},
-				{name: snapshot.RouteClientCertificateAndWebSocketToken, prefix: "/", headers: []string{"x-forwarded-client-cert", "upgrade=websocket", "sec-websocket-protocol*=base64url.bearer.authorization.k8s.io."}, metadata: withToken},
+				{name: snapshot.RouteClientCertificateAndWebSocketToken, prefix: "/", headers: []string{"x-forwarded-client-cert", "upgrade=websocket", `sec-websocket-protocol~(.*,)?[ \t]*base64url\.bearer\.authorization\.k8s\.io\..*`}, metadata: withToken},
 				{name: snapshot.RouteClientCertificate, prefix: "/", headers: []string{"x-forwarded-client-cert"}, metadata: localMetadata(topo)},
 			} {
 				want.cluster, want.extProc = def, true

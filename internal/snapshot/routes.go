@@ -35,10 +35,12 @@ const (
 // matches the whole value, whose surrounding white space HTTP already removed.
 const bearerTokenRegex = "[Bb][Ee][Aa][Rr][Ee][Rr] [^ ].*"
 
-// webSocketBearerProtocolPrefix starts the Sec-WebSocket-Protocol entry in which a WebSocket
-// client passes its bearer token (k8s.io/apiserver request/websocket); the apiserver reads it
-// only from a WebSocket upgrade request.
-const webSocketBearerProtocolPrefix = "base64url.bearer.authorization.k8s.io."
+// webSocketBearerProtocolRegex matches a Sec-WebSocket-Protocol header with an entry that
+// starts "base64url.bearer.authorization.k8s.io.", in which a WebSocket client passes its
+// bearer token: the apiserver (k8s.io/apiserver request/websocket) splits the values at ","
+// and trims each entry, and reads it only from a WebSocket upgrade request. Envoy matches
+// the whole value, several headers joined with ",".
+const webSocketBearerProtocolRegex = `(.*,)?[ \t]*base64url\.bearer\.authorization\.k8s\.io\..*`
 
 // routeConfiguration is the one route table. First match wins:
 //
@@ -132,8 +134,7 @@ func (b *builder) routeConfiguration() *routev3.RouteConfiguration {
 				Match: prefix("/", append(present(contract.HeaderXFCC),
 					&routev3.HeaderMatcher{Name: "upgrade", HeaderMatchSpecifier: &routev3.HeaderMatcher_StringMatch{StringMatch: &matcherv3.StringMatcher{
 						MatchPattern: &matcherv3.StringMatcher_Exact{Exact: "websocket"}, IgnoreCase: true}}},
-					&routev3.HeaderMatcher{Name: "sec-websocket-protocol", HeaderMatchSpecifier: &routev3.HeaderMatcher_StringMatch{StringMatch: &matcherv3.StringMatcher{
-						MatchPattern: &matcherv3.StringMatcher_Contains{Contains: webSocketBearerProtocolPrefix}}}})),
+					matching("sec-websocket-protocol", webSocketBearerProtocolRegex))),
 				Action:               action(def),
 				TypedPerFilterConfig: withToken,
 			},

@@ -25,9 +25,10 @@ func (e *env) subjectCert(name pkix.Name) *tls.Certificate {
 	return &c
 }
 
-// oidUID is the LDAP UID attribute (0.9.2342.19200300.100.1.1), which Kubernetes reads a
-// client certificate user's UID from.
-var oidUID = asn1.ObjectIdentifier{0, 9, 2342, 19200300, 100, 1, 1}
+// oidUID is the attribute Kubernetes reads a client certificate user's UID from
+// (k8s.io/apimachinery asn1.X509UID); BoringSSL, and so the data plane's XFCC, prints it as
+// the hex of its DER.
+var oidUID = asn1.ObjectIdentifier{1, 3, 6, 1, 4, 1, 57683, 2}
 
 // identityHeaders returns the request's X-Remote-* headers and X-Forwarded-Client-Cert.
 func identityHeaders(h http.Header) map[string][]string {
@@ -53,8 +54,8 @@ func (e *env) seenCount() int {
 // for a certificate user (over the front-proxy twin cluster); a certificate the apiserver
 // would reject is answered 401 unless a bearer token (Authorization, or a WebSocket
 // upgrade's Sec-WebSocket-Protocol) decides, which then reaches the apiserver without
-// certificate and identity headers, as it would directly; a certificate without CommonName
-// identifies nobody and its request goes on with its own credentials.
+// certificate and identity headers, as it would directly; a certificate without CommonName is
+// the same (the apiserver's front-proxy authenticator fails on it).
 func TestClientCertificateOutcomes(t *testing.T) {
 	e := newEnv(t, envOptions{})
 	alice := e.subjectCert(pkix.Name{CommonName: "alice", Organization: []string{"team-a"}})
@@ -86,7 +87,7 @@ func TestClientCertificateOutcomes(t *testing.T) {
 		{"refused certificate, empty bearer token", refused, "/api/v1/namespaces", map[string]string{"Authorization": "Bearer"}, nil},
 		// Not a WebSocket upgrade: the apiserver reads no token from Sec-WebSocket-Protocol.
 		{"refused certificate, WebSocket protocol without upgrade", refused, "/api/v1/namespaces", map[string]string{"Sec-WebSocket-Protocol": "base64url.bearer.authorization.k8s.io.eA"}, nil},
-		{"certificate without CommonName", noCN, "/api/v1/namespaces", nil, forwarded("kube-apiservers", "", "")},
+		{"certificate without CommonName", noCN, "/api/v1/namespaces", nil, nil},
 		{"certificate without CommonName, bearer token", noCN, "/api/v1/namespaces", map[string]string{"Authorization": "Bearer x"}, forwarded("kube-apiservers", "", "Bearer x")},
 	}
 	for _, tc := range cases {
@@ -207,10 +208,19 @@ func TestRefusedCertificateWebSocket(t *testing.T) {
 		t.Errorf("caller cluster upstream_rq_total %d, want 1", got)
 	}
 
-	resp, _, _ = upgrade("channel.k8s.io")
-	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
-	checkUnauthorized(t, "without a token", reply{status: resp.StatusCode, header: resp.Header, body: body})
-	if n := e.seenCount(); n != 1 {
-		t.Errorf("the apiservers saw %d requests, want still 1", n)
+	// The apiserver reads a token only from an entry that starts with the prefix (after
+	// trimming); anywhere else it is no token, and the refused certificate stays refused.
+	for _, p := range []string{"channel.k8s.io", "x.base64url.bearer.authorization.k8s.io.eA, channel.k8s.io"} {
+		resp, _, _ = upgrade(p)
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
+		checkUnauthorized(t, "protocols "+p, reply{status: resp.StatusCode, header: resp.Header, body: body})
+		if n := e.seenCount(); n != 1 {
+			t.Errorf("protocols %s: the apiservers saw %d requests, want still 1", p, n)
+		}
+	}
+	// A token entry after others counts.
+	resp, _, _ = upgrade("channel.k8s.io,  base64url.bearer.authorization.k8s.io.eA")
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		t.Errorf("token as the second entry: status %d, want 101", resp.StatusCode)
 	}
 }

@@ -407,7 +407,13 @@ func (c *liveCluster) checkHost(ctx context.Context, cc *clusterCfg, client *htt
 	if cc.hc.tls != nil {
 		scheme = "https"
 	}
-	for _, t := range []*upstreamTLS{cc.tls, cc.hc.tls} {
+	// Envoy (Cluster warming) waits for the secrets of every transport socket of the
+	// cluster, transport_socket_matches included.
+	sockets := []*upstreamTLS{cc.tls, cc.hc.tls}
+	for _, m := range cc.socketMatches {
+		sockets = append(sockets, m.tls)
+	}
+	for _, t := range sockets {
 		// A cluster whose SDS secrets have not arrived is still warming in Envoy: no
 		// health checks, and the hosts stay pending until they do.
 		if t == nil {
