@@ -15,7 +15,7 @@ import (
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
-	apiserverinternalv1alpha1 "k8s.io/api/apiserverinternal/v1alpha1"
+	apidiscoveryv2 "k8s.io/api/apidiscovery/v2"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -27,11 +27,12 @@ import (
 )
 
 // benchObjects is a large control plane mid-upgrade as the informers see it: 5 identity
-// Leases and StorageVersions for 400 resources in 40 group/versions; every fourth
-// group/version is not served by one apiserver, so there are subset clusters.
+// Leases and each apiserver's own discovery (as fetched, verified) for 400 resources in 40
+// group/versions; every fourth group/version is not served by one apiserver, so there are
+// subset clusters.
 func benchObjects(now time.Time) objects.Objects {
 	const servers, gvs, perGV = 5, 40, 10
-	var objs objects.Objects
+	objs := objects.Objects{Discovery: map[string]*apidiscoveryv2.APIGroupDiscoveryList{}}
 	var ids []string
 	for i := range servers {
 		id := fmt.Sprintf("apiserver-%026d", i)
@@ -45,21 +46,20 @@ func benchObjects(now time.Time) objects.Objects {
 			},
 			Spec: coordinationv1.LeaseSpec{HolderIdentity: new(id + "_holder"), RenewTime: &renew},
 		})
+		objs.Discovery[id] = &apidiscoveryv2.APIGroupDiscoveryList{}
 	}
 	for g := range gvs {
-		group := fmt.Sprintf("group%d.example.io", g)
+		group := apidiscoveryv2.APIGroupDiscovery{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("group%d.example.io", g)}}
+		v := apidiscoveryv2.APIVersionDiscovery{Version: "v1"}
 		for r := range perGV {
-			sv := apiserverinternalv1alpha1.StorageVersion{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s.things%d", group, r)}}
-			for i, id := range ids {
-				if g%4 == 0 && i == g%servers {
-					continue
-				}
-				gv := group + "/v1"
-				sv.Status.StorageVersions = append(sv.Status.StorageVersions, apiserverinternalv1alpha1.ServerStorageVersion{
-					APIServerID: id, EncodingVersion: gv, DecodableVersions: []string{gv}, ServedVersions: []string{gv},
-				})
+			v.Resources = append(v.Resources, apidiscoveryv2.APIResourceDiscovery{Resource: fmt.Sprintf("things%d", r), Scope: apidiscoveryv2.ScopeNamespace, Verbs: []string{"get", "list"}})
+		}
+		group.Versions = []apidiscoveryv2.APIVersionDiscovery{v}
+		for i, id := range ids {
+			if g%4 == 0 && i == g%servers {
+				continue
 			}
-			objs.StorageVersions = append(objs.StorageVersions, sv)
+			objs.Discovery[id].Items = append(objs.Discovery[id].Items, group)
 		}
 	}
 	return objs
