@@ -3,6 +3,7 @@ package deploy
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -10,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -324,16 +326,48 @@ func TestChartOnRealAPIServer(t *testing.T) {
 			t.Error("config_dump does not name the serving certificate's file, or holds a key")
 		}
 
+		// extproc's files of the certificates Secret (the proxy certificate check) are the
+		// control plane's, under the Secret's key names, where the test's directory is.
+		certDir := filepath.Join(dir, "certificates")
+		if err := os.Mkdir(certDir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		for key, from := range map[string]string{"proxy-client.crt": "proxy-client.crt", "proxy-client.key": "proxy-client.key", "peer-ca.crt": "server-ca.crt"} {
+			b, err := os.ReadFile(cp.PKI.Path(from))
+			if err == nil {
+				err = os.WriteFile(filepath.Join(certDir, key), b, 0o600)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
 		envoyPod := podSpec(t, r.mustFind(t, "Deployment", fullname+"-envoy"))
-		extprocArgs := localArgs("extproc", container(t, envoyPod, "extproc").Args, map[string]string{
+		var extprocArgs []string
+		for _, a := range localArgs("extproc", container(t, envoyPod, "extproc").Args, map[string]string{
 			"--source":        "xds:127.0.0.1:" + xdsPort,
 			"--admin-address": "127.0.0.1:" + extprocAdmin,
-		})
+		}) {
+			extprocArgs = append(extprocArgs, strings.ReplaceAll(a, "/etc/kube-mvp/certificates", certDir))
+		}
 		stopExtproc := startProcess(t, filepath.Join(bin, "extproc"), extprocArgs...)
 		defer stopExtproc()
 		testutil.WaitFor(t, ctx, 90*time.Second, "extproc /readyz (a routing table from xds-server)", func() error {
 			return getOK("http://127.0.0.1:" + extprocAdmin + "/readyz")
 		})
+		// With the chart's flags extproc checked the apiserver with the proxy certificate,
+		// which it accepts.
+		testutil.WaitFor(t, ctx, 90*time.Second, "extproc's proxy certificate check", func() error {
+			m, err := getBody("http://127.0.0.1:" + extprocAdmin + "/metrics")
+			if err == nil && !strings.Contains(m, "kube_mvp_extproc_proxy_certificate_accepted{apiserver=") {
+				err = errors.New("no kube_mvp_extproc_proxy_certificate_accepted yet")
+			} else if err == nil && !regexp.MustCompile(`kube_mvp_extproc_proxy_certificate_accepted\{apiserver="[^"]+"\} 1\n`).MatchString(m) {
+				err = fmt.Errorf("the apiserver refuses the proxy certificate: %s", m)
+			}
+			return err
+		})
+		if body, err := getBody("http://127.0.0.1:" + extprocAdmin + "/readyz"); err != nil || strings.Contains(body, "refuse") {
+			t.Errorf("extproc /readyz: %v\n%s", err, body)
+		}
 		if _, err := os.Stat(filepath.Join(sockDir, "extproc.sock")); err != nil {
 			t.Errorf("extproc's socket is not where xds-server tells Envoy to find it: %v", err)
 		}

@@ -181,7 +181,8 @@ var (
 		"apiserver-addresses", "listen-address", "listen-port", "extproc-address", "extproc-message-timeout",
 		"upstream-server-name", "serving-cert", "serving-key", "client-ca", "proxy-client-cert", "proxy-client-key", "peer-ca",
 		"xds-tls-dir", "max-nodes", "max-streams"}
-	extprocFlags = []string{"source", "listen", "admin-address", "now", "poll-interval", "xds-tls-dir"}
+	extprocFlags = []string{"source", "listen", "admin-address", "now", "poll-interval", "xds-tls-dir",
+		"proxy-client-cert", "proxy-client-key", "peer-ca", "upstream-server-name"}
 )
 
 // decodeBootstrap decodes Envoy bootstrap YAML strictly (unknown fields are errors, as for
@@ -298,7 +299,8 @@ var chartCases = []chartCase{
 						if m.Name != v.Name {
 							continue
 						}
-						if c.Name != "envoy" {
+						// extproc mounts some of its files (checkCommon checks which).
+						if c.Name != "envoy" && (c.Name != "extproc" || len(v.Secret.Items) == 0) {
 							t.Errorf("container %s mounts the certificates Secret", c.Name)
 						}
 						mount = m.MountPath
@@ -345,18 +347,22 @@ var chartCases = []chartCase{
 		name: "sidecar-kubeadm-front-proxy",
 		values: func(p *controlplane.PKI) map[string]any {
 			return map[string]any{"mode": "sidecar", "networkPolicy": map[string]any{"enabled": false},
-				"sidecar":      map[string]any{"kubeadmFrontProxyClient": true},
+				"sidecar": map[string]any{"kubeadmFrontProxyClient": true},
+				// extproc verifies the apiservers with Envoy's name too (checkCommon).
+				"xdsServer":    map[string]any{"upstreamServerName": "kubernetes.default.svc.cluster.local"},
 				"certificates": map[string]any{"servingCert": string(p.Serving.CertPEM), "servingKey": string(p.Serving.KeyPEM), "peerCA": string(p.ServerCA.CertPEM)}}
 		},
 		check: func(t *testing.T, r *rendered, ns string) {
 			spec := podSpec(t, r.mustFind(t, "DaemonSet", fullname+"-envoy"))
 			var vol string
 			for _, v := range spec.Volumes {
-				if v.HostPath != nil {
-					if v.HostPath.Path != "/etc/kubernetes/pki" {
-						t.Errorf("hostPath %s", v.HostPath.Path)
-					}
+				switch {
+				case v.HostPath == nil:
+				case v.HostPath.Path == "/etc/kubernetes/pki":
 					vol = v.Name
+				case v.HostPath.Path != "/etc/kubernetes/pki/front-proxy-client.crt" && v.HostPath.Path != "/etc/kubernetes/pki/front-proxy-client.key":
+					// extproc's two files are checked by checkCommon.
+					t.Errorf("hostPath %s", v.HostPath.Path)
 				}
 			}
 			if vol == "" {
@@ -639,6 +645,7 @@ func checkCommon(t *testing.T, r *rendered, ns string) {
 	if !slices.ContainsFunc(es.Volumes, func(v corev1.Volume) bool { return v.Name == "extproc-socket" && v.EmptyDir != nil }) {
 		t.Error("the socket directory is not an emptyDir")
 	}
+	checkProxyCheckFiles(t, es, extproc, xf)
 	if extproc.ReadinessProbe.HTTPGet.Path != "/readyz" || extproc.LivenessProbe.HTTPGet.Path != "/healthz" {
 		t.Errorf("extproc probes %v %v", extproc.ReadinessProbe, extproc.LivenessProbe)
 	}
@@ -691,6 +698,68 @@ func checkCommon(t *testing.T, r *rendered, ns string) {
 	}
 	if _, ok := b.GetNode().GetMetadata().GetFields()[xds.LocalAPIServerMetadataKey]; ok {
 		t.Error("the shared bootstrap names a local apiserver; it is per node (--config-yaml)")
+	}
+}
+
+// checkProxyCheckFiles: with a proxy client certificate (xds-server's --proxy-client-cert),
+// extproc checks the apiservers with exactly the files Envoy presents and verifies them with
+// (the same paths as xds-server names, the same server name), and its container mounts those
+// three files read-only and nothing else of the certificates (no serving key, no whole
+// Secret, no node PKI directory); without one it has neither the flags nor the mounts.
+func checkProxyCheckFiles(t *testing.T, spec *corev1.PodSpec, extproc *corev1.Container, xf map[string]string) {
+	t.Helper()
+	pf := flags(t, extproc.Args)
+	names := []string{"proxy-client-cert", "proxy-client-key", "peer-ca", "upstream-server-name"}
+	own := func(m corev1.VolumeMount) bool { return m.Name == "extproc-socket" || m.Name == "extproc-tls" }
+	if xf["proxy-client-cert"] == "" {
+		for _, n := range names {
+			if v, ok := pf[n]; ok {
+				t.Errorf("extproc --%s=%s without a proxy client certificate", n, v)
+			}
+		}
+		for _, m := range extproc.VolumeMounts {
+			if !own(m) {
+				t.Errorf("extproc mounts %s at %s without a proxy client certificate", m.Name, m.MountPath)
+			}
+		}
+		return
+	}
+	for _, n := range names {
+		if pf[n] == "" || pf[n] != xf[n] {
+			t.Errorf("extproc --%s=%q, xds-server (Envoy's file) %q", n, pf[n], xf[n])
+		}
+	}
+	volumes := map[string]corev1.Volume{}
+	for _, v := range spec.Volumes {
+		volumes[v.Name] = v
+	}
+	provided := map[string]bool{}
+	for _, m := range extproc.VolumeMounts {
+		if own(m) {
+			continue
+		}
+		v, ok := volumes[m.Name]
+		switch {
+		case !ok:
+			t.Errorf("extproc mounts %s, which is no volume", m.Name)
+		case !m.ReadOnly || m.SubPath != "":
+			t.Errorf("extproc mounts %s read-only %v, subPath %q", m.Name, m.ReadOnly, m.SubPath)
+		case v.Secret != nil && len(v.Secret.Items) > 0:
+			for _, it := range v.Secret.Items {
+				if it.Key != it.Path {
+					t.Errorf("extproc's %s: key %s at %s", m.Name, it.Key, it.Path)
+				}
+				provided[m.MountPath+"/"+it.Path] = true
+			}
+		case v.HostPath != nil && v.HostPath.Type != nil && *v.HostPath.Type == corev1.HostPathFile && v.HostPath.Path == m.MountPath:
+			provided[m.MountPath] = true
+		default:
+			t.Errorf("extproc mounts %s at %s: %+v, want a Secret's items or a hostPath file", m.Name, m.MountPath, v.VolumeSource)
+		}
+	}
+	want := map[string]bool{xf["proxy-client-cert"]: true, xf["proxy-client-key"]: true, xf["peer-ca"]: true}
+	if !maps.Equal(provided, want) {
+		t.Errorf("extproc's mounts provide %v, want exactly %v", slices.Sorted(maps.Keys(provided)), slices.Sorted(maps.Keys(want)))
 	}
 }
 

@@ -7,6 +7,12 @@
 // ADDR is unix:/path/to.sock or host:port. The admin address serves /healthz, /readyz (ready
 // once a routing table is loaded) and /metrics. With a file source SIGHUP re-reads the file;
 // SIGTERM or SIGINT stops gracefully.
+//
+// With --proxy-client-cert, --proxy-client-key and --peer-ca (the files Envoy presents and
+// verifies with, in the same pod) extproc asks every live apiserver of its routing table
+// whether it accepts the proxy certificate as a front proxy (internal/frontproxy): /readyz
+// fails when every apiserver that answered refuses it, and lists the refusing ones, with what
+// to fix, as warnings when only some do.
 package main
 
 import (
@@ -40,6 +46,7 @@ import (
 	"github.com/kube-mvp/kube-mvp/internal/cli"
 	"github.com/kube-mvp/kube-mvp/internal/cptls"
 	"github.com/kube-mvp/kube-mvp/internal/extproc"
+	"github.com/kube-mvp/kube-mvp/internal/frontproxy"
 	"github.com/kube-mvp/kube-mvp/internal/plan"
 	"github.com/kube-mvp/kube-mvp/internal/table"
 	"github.com/kube-mvp/kube-mvp/internal/version"
@@ -65,10 +72,14 @@ type config struct {
 	now          time.Time
 	pollInterval time.Duration
 	xdsTLS       *cptls.Files // xds source: nil with --xds-insecure-plaintext
+	// proxyCheck are the files of the proxy certificate check; nil without
+	// --proxy-client-cert.
+	proxyCheck *frontproxy.Files
 
 	// Flags read into the above after parsing.
 	source, tlsDir string
 	plaintext      bool
+	proxy          frontproxy.Files
 }
 
 // extprocService is the gRPC health service name of the ext_proc API.
@@ -85,6 +96,12 @@ func (c *config) flagSet() *pflag.FlagSet {
 	fs.Var(cli.NewValue(&c.now, time.Time{}, "RFC3339", cli.Time), "now", "file source: judge Lease liveness at this time (default: every Lease is live)")
 	fs.Var(cli.NewValue(&c.pollInterval, 0, "DURATION", cli.Duration(0, "a non-negative duration, e.g. 10s")), "poll-interval",
 		"file source: also re-read the file when it changes, checked this often (0: only on SIGHUP)")
+	fs.StringVar(&c.proxy.Cert, "proxy-client-cert", "", "the front-proxy client certificate Envoy presents to the apiservers (xds-server's --proxy-client-cert), a `FILE` in this container: "+
+		"extproc then asks every live apiserver whether it accepts it as a front proxy, when they change and every 60 s; /readyz fails when every apiserver that answered refuses it "+
+		"and lists those that refuse it, with what to fix (needs --proxy-client-key and --peer-ca; re-read for every round)")
+	fs.StringVar(&c.proxy.Key, "proxy-client-key", "", "the key of --proxy-client-cert, a `FILE`")
+	fs.StringVar(&c.proxy.PeerCA, "peer-ca", "", "the CA of the apiservers' serving certificates (xds-server's --peer-ca), a `FILE`: the proxy certificate goes only to apiservers it verifies")
+	fs.StringVar(&c.proxy.ServerName, "upstream-server-name", frontproxy.DefaultServerName, "with --proxy-client-cert: the SNI sent to the apiservers and the DNS SAN required of them (xds-server's --upstream-server-name), a `NAME`")
 	fs.Bool("version", false, "print the version and exit")
 	return fs
 }
@@ -155,7 +172,35 @@ func parseArgs(args []string) (config, error) {
 			}
 		}
 	}
+	errs = checkProxyFlags(&cfg, fs, errs)
 	return cfg, cli.Err(errs)
+}
+
+// checkProxyFlags validates the proxy certificate check's flags and loads its files once, so
+// a wrong path stops start-up.
+func checkProxyFlags(cfg *config, fs *pflag.FlagSet, errs *multierror.Error) *multierror.Error {
+	p := cfg.proxy
+	switch {
+	case (p.Cert == "") != (p.Key == ""):
+		return multierror.Append(errs, errors.New("--proxy-client-cert and --proxy-client-key go together: give both or neither"))
+	case p.Cert == "":
+		for _, name := range []string{"peer-ca", "upstream-server-name"} {
+			if fs.Changed(name) {
+				errs = multierror.Append(errs, fmt.Errorf("--%s applies only with --proxy-client-cert and --proxy-client-key: it verifies the apiservers the proxy certificate is checked with", name))
+			}
+		}
+		return errs
+	case p.PeerCA == "":
+		return multierror.Append(errs, errors.New("--proxy-client-cert needs --peer-ca, the CA of the apiservers' serving certificates (xds-server's --peer-ca): the proxy certificate goes only to verified apiservers"))
+	}
+	if n := p.ServerName; n == "" || strings.ContainsAny(n, " /:") || n != strings.ToLower(n) {
+		return multierror.Append(errs, fmt.Errorf("--upstream-server-name %q is not a lower-case DNS name, e.g. %s", n, frontproxy.DefaultServerName))
+	}
+	if _, err := p.Load(); err != nil {
+		return multierror.Append(errs, fmt.Errorf("--proxy-client-cert, --proxy-client-key, --peer-ca: %w", err))
+	}
+	cfg.proxyCheck = &p
+	return errs
 }
 
 func checkHostPort(a string) error {
@@ -214,6 +259,9 @@ type app struct {
 	errs      chan error
 	stopWatch context.CancelFunc
 	watchDone chan struct{}
+	// proxyCheck checks the apiservers with the proxy certificate; nil without
+	// --proxy-client-cert.
+	proxyCheck *frontproxy.Monitor
 }
 
 // start opens both listeners and serves. A file source is loaded first, so a bad file stops
@@ -228,8 +276,21 @@ func start(cfg config, log *slog.Logger, reload <-chan os.Signal) (*app, error) 
 	a.health = health.NewServer()
 	a.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	a.health.SetServingStatus(extprocService, healthpb.HealthCheckResponse_NOT_SERVING)
+	if files := cfg.proxyCheck; files != nil {
+		a.proxyCheck = frontproxy.NewMonitor(frontproxy.MonitorOptions{
+			NewCheck: func() (frontproxy.CheckFunc, error) {
+				c, err := files.Load()
+				return c.Check, err
+			},
+			Logger:     log,
+			Registerer: reg,
+		})
+	}
 	apply := func(t *plan.Table, version string) {
 		a.srv.SetTable(t, version)
+		if a.proxyCheck != nil {
+			a.proxyCheck.SetTable(t)
+		}
 		a.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 		a.health.SetServingStatus(extprocService, healthpb.HealthCheckResponse_SERVING)
 	}
@@ -292,7 +353,19 @@ func start(cfg config, log *slog.Logger, reload <-chan os.Signal) (*app, error) 
 			http.Error(w, "no routing table yet", http.StatusServiceUnavailable)
 			return
 		}
-		fmt.Fprintf(w, "ok: routing table %s\n", a.srv.Version())
+		// The proxy certificate fails readiness only when every apiserver that answered
+		// refuses it (nothing can work); a few refusing apiservers are warnings, since their
+		// 401s to Envoy's health checks keep requests away from them already, and failing
+		// every Envoy pod's readiness for one misconfigured apiserver would be an outage.
+		ready, report := true, ""
+		if a.proxyCheck != nil {
+			ready, report = a.proxyCheck.Report()
+		}
+		if !ready {
+			http.Error(w, strings.TrimSuffix(report, "\n"), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintf(w, "ok: routing table %s\n%s", a.srv.Version(), report)
 	})
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	a.admin = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
@@ -307,6 +380,11 @@ func start(cfg config, log *slog.Logger, reload <-chan os.Signal) (*app, error) 
 	a.stopWatch = cancel
 	go func() {
 		defer close(a.watchDone)
+		if a.proxyCheck != nil {
+			checked := make(chan struct{})
+			go func() { defer close(checked); a.proxyCheck.Run(watchCtx) }()
+			defer func() { <-checked }()
+		}
 		follow(watchCtx)
 	}()
 	log.Info("extproc serving", "listen", addrString(a.grpcLis), "admin", a.adminLis.Addr().String(), "table", a.srv.Version(), "source", cfg.sourceFile+cfg.sourceXDS)

@@ -3,10 +3,15 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -24,6 +29,7 @@ import (
 	"github.com/kube-mvp/kube-mvp/internal/cptls"
 	"github.com/kube-mvp/kube-mvp/internal/cptls/cptlstest"
 	"github.com/kube-mvp/kube-mvp/internal/extproc"
+	"github.com/kube-mvp/kube-mvp/internal/frontproxy"
 	"github.com/kube-mvp/kube-mvp/internal/plan"
 	"github.com/kube-mvp/kube-mvp/internal/table"
 	"github.com/kube-mvp/kube-mvp/internal/testutil"
@@ -367,4 +373,193 @@ func httpStatus(t *testing.T, url string) int {
 	}
 	res.Body.Close()
 	return res.StatusCode
+}
+
+// TestProxyCheckFlags: the proxy certificate check's flags go together, each problem saying
+// what to give.
+func TestProxyCheckFlags(t *testing.T) {
+	dir := shortTempDir(t)
+	f := writeProxyFiles(t, dir, newCheckPKI(t))
+	base := []string{"--source", "file:" + fixture, "--listen", "unix:" + filepath.Join(dir, "s.sock")}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--proxy-client-cert", f.Cert, "--peer-ca", f.PeerCA}, "--proxy-client-cert and --proxy-client-key go together"},
+		{[]string{"--proxy-client-key", f.Key}, "--proxy-client-cert and --proxy-client-key go together"},
+		{[]string{"--proxy-client-cert", f.Cert, "--proxy-client-key", f.Key}, "--proxy-client-cert needs --peer-ca"},
+		{[]string{"--peer-ca", f.PeerCA}, "--peer-ca applies only with --proxy-client-cert and --proxy-client-key"},
+		{[]string{"--upstream-server-name", "apiserver.example.com"}, "--upstream-server-name applies only with --proxy-client-cert"},
+		{[]string{"--proxy-client-cert", f.Cert, "--proxy-client-key", f.Key, "--peer-ca", f.PeerCA, "--upstream-server-name", "Kubernetes:443"}, `--upstream-server-name "Kubernetes:443" is not a lower-case DNS name`},
+		{[]string{"--proxy-client-cert", f.Cert, "--proxy-client-key", f.PeerCA, "--peer-ca", f.PeerCA}, "--proxy-client-cert, --proxy-client-key, --peer-ca: proxy client certificate " + f.Cert},
+		{[]string{"--proxy-client-cert", f.Cert, "--proxy-client-key", f.Key, "--peer-ca", filepath.Join(dir, "nope")}, "--proxy-client-cert, --proxy-client-key, --peer-ca: peer CA: open " + filepath.Join(dir, "nope")},
+	} {
+		if _, err := parseArgs(append(base, c.args...)); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: %v, want %q", c.args, err, c.want)
+		}
+	}
+	cfg, err := parseArgs(append(base, "--proxy-client-cert", f.Cert, "--proxy-client-key", f.Key, "--peer-ca", f.PeerCA))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.proxyCheck == nil || *cfg.proxyCheck != f {
+		t.Errorf("proxy check files %+v, want %+v", cfg.proxyCheck, f)
+	}
+	if cfg, err := parseArgs(base); err != nil || cfg.proxyCheck != nil {
+		t.Errorf("without the flags: %v, check %+v", err, cfg.proxyCheck)
+	}
+}
+
+// checkPKI is the certificates of the proxy certificate check.
+type checkPKI struct {
+	servingCA, frontProxyCA *testutil.CA
+	serving                 tls.Certificate
+	proxy                   testutil.Leaf
+}
+
+func newCheckPKI(t *testing.T) *checkPKI {
+	t.Helper()
+	p := &checkPKI{}
+	var err error
+	if p.servingCA, err = testutil.NewCA("serving-ca"); err != nil {
+		t.Fatal(err)
+	}
+	if p.frontProxyCA, err = testutil.NewCA("front-proxy-ca"); err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := p.servingCA.Issue(&x509.Certificate{Subject: pkix.Name{CommonName: "kube-apiserver"}, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, DNSNames: []string{"kubernetes.default.svc"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.serving, err = tls.X509KeyPair(leaf.CertPEM, leaf.KeyPEM); err != nil {
+		t.Fatal(err)
+	}
+	if p.proxy, err = p.frontProxyCA.Issue(&x509.Certificate{Subject: pkix.Name{CommonName: "front-proxy-client"}, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func writeProxyFiles(t *testing.T, dir string, p *checkPKI) frontproxy.Files {
+	t.Helper()
+	f := frontproxy.Files{Cert: filepath.Join(dir, "proxy-client.crt"), Key: filepath.Join(dir, "proxy-client.key"), PeerCA: filepath.Join(dir, "peer-ca.crt"), ServerName: frontproxy.DefaultServerName}
+	for path, b := range map[string][]byte{f.Cert: p.proxy.CertPEM, f.Key: p.proxy.KeyPEM, f.PeerCA: p.servingCA.CertPEM} {
+		if err := os.WriteFile(path, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return f
+}
+
+// fakeAPIServer answers a SelfSubjectReview as an apiserver whose
+// --requestheader-allowed-names are allowed: as the X-Remote-User of a front proxy it
+// accepts, 401 otherwise.
+func fakeAPIServer(t *testing.T, p *checkPKI, allowed string) string {
+	t.Helper()
+	roots := x509.NewCertPool()
+	roots.AddCert(p.frontProxyCA.Cert)
+	s := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		certs := r.TLS.PeerCertificates
+		if len(certs) == 0 || certs[0].Subject.CommonName != allowed || r.URL.Path != frontproxy.ReviewPath {
+			w.WriteHeader(http.StatusUnauthorized)
+			return
+		}
+		if _, err := certs[0].Verify(x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+			w.WriteHeader(http.StatusUnauthorized)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"kind":"SelfSubjectReview","status":{"userInfo":{"username":%q}}}`, r.Header.Get("X-Remote-User"))
+	}))
+	s.TLS = &tls.Config{Certificates: []tls.Certificate{p.serving}, ClientAuth: tls.RequestClientCert}
+	s.StartTLS()
+	t.Cleanup(s.Close)
+	return s.Listener.Addr().String()
+}
+
+// TestProxyCertificateCheck: with the proxy certificate's flags, /readyz lists an apiserver
+// that refuses the certificate as a warning while another accepts it, and fails, naming
+// each and what to fix, once every apiserver refuses it; /metrics has the gauge.
+func TestProxyCertificateCheck(t *testing.T) {
+	dir := shortTempDir(t)
+	p := newCheckPKI(t)
+	f := writeProxyFiles(t, dir, p)
+	accepting, refusing := fakeAPIServer(t, p, "front-proxy-client"), fakeAPIServer(t, p, "someone-else")
+	orig, err := os.ReadFile(fixture)
+	if err != nil {
+		t.Fatal(err)
+	}
+	table := filepath.Join(dir, "table.yaml")
+	writeTable := func(a, b string) {
+		s := strings.NewReplacer("10.0.0.1:6443", a, "10.0.0.2:6443", b).Replace(string(orig))
+		if err := os.WriteFile(table, []byte(s), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeTable(accepting, refusing)
+	cfg, err := parseArgs([]string{"--source", "file:" + table, "--listen", "unix:" + filepath.Join(dir, "s.sock"), "--admin-address", "127.0.0.1:0",
+		"--now", "2026-11-23T10:00:10Z", "--proxy-client-cert", f.Cert, "--proxy-client-key", f.Key, "--peer-ca", f.PeerCA})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs testutil.SyncBuffer
+	hup := make(chan os.Signal, 1)
+	a, err := start(cfg, slog.New(slog.NewTextHandler(&logs, nil)), hup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	waited := make(chan error, 1)
+	go func() { waited <- a.wait(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-waited; err != nil {
+			t.Errorf("wait: %v", err)
+		}
+	}()
+	admin := "http://" + a.adminLis.Addr().String()
+	get := func(path string) (int, string) {
+		res, err := http.Get(admin + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return res.StatusCode, string(b)
+	}
+	refusedB := "  - apiserver-bbb (hostname cp-b, address " + refusing + `): does not accept the proxy certificate as a front proxy: add its CN "front-proxy-client" to --requestheader-allowed-names and its issuer's CA (CN=front-proxy-ca) to --requestheader-client-ca-file`
+	var code int
+	var body string
+	testutil.WaitFor(t, t.Context(), 30*time.Second, "/readyz warning about cp-b", testutil.Cond(func() bool {
+		code, body = get("/readyz")
+		return strings.Contains(body, "warning")
+	}))
+	if code != 200 || !strings.HasPrefix(body, "ok: routing table ") || !strings.Contains(body, "warning: 1 of 2 apiservers that answered refuse kube-mvp's proxy certificate") ||
+		!strings.Contains(body, refusedB) || !strings.Contains(body, "accepted by: cp-a\n") {
+		t.Errorf("/readyz: %d\n%s", code, body)
+	}
+	if _, metrics := get("/metrics"); !strings.Contains(metrics, `kube_mvp_extproc_proxy_certificate_accepted{apiserver="apiserver-aaa"} 1`) ||
+		!strings.Contains(metrics, `kube_mvp_extproc_proxy_certificate_accepted{apiserver="apiserver-bbb"} 0`) {
+		t.Errorf("/metrics lacks the gauges:\n%s", metrics)
+	}
+
+	// cp-a moves to an apiserver that refuses the certificate too: not ready.
+	writeTable(refusing, refusing)
+	hup <- syscall.SIGHUP
+	testutil.WaitFor(t, t.Context(), 30*time.Second, "/readyz failing", testutil.Cond(func() bool {
+		code, body = get("/readyz")
+		return code == 503
+	}))
+	for _, want := range []string{
+		"every apiserver that answered (2) refuses kube-mvp's proxy certificate",
+		"  - apiserver-aaa (hostname cp-a, address " + refusing + "): does not accept the proxy certificate as a front proxy",
+		refusedB,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/readyz lacks %q:\n%s", want, body)
+		}
+	}
+	if n := strings.Count(logs.String(), "apiserver refuses the proxy certificate"); n != 2 {
+		t.Errorf("%d refusals logged, want one per apiserver:\n%s", n, logs.String())
+	}
 }

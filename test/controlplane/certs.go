@@ -12,6 +12,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/kube-mvp/kube-mvp/internal/testutil"
 )
@@ -107,6 +108,11 @@ func NewPKI(dir string) (*PKI, error) {
 		"proxy-client.key":   p.ProxyClient.KeyPEM,
 		"sa.key":             pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: saKeyDER}),
 		"sa.pub":             pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: saPubDER}),
+
+		// A --client-ca-file that also trusts the front-proxy CA: an apiserver with it takes
+		// the proxy certificate as a client certificate of its own when it does not accept
+		// it as a front proxy's.
+		"client-and-front-proxy-ca.crt": slices.Concat(p.ClientCA.CertPEM, p.FrontProxyCA.CertPEM),
 	}
 	for name, b := range files {
 		if err := os.WriteFile(p.Path(name), b, 0o600); err != nil {

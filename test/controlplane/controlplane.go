@@ -41,7 +41,10 @@ type ServerSpec struct {
 	// proxy client certificate); off, the feature gate is still on so the identity Lease carries
 	// the peer-advertise address.
 	PeerProxy bool
-	// Args are extra kube-apiserver flags, appended last.
+	// Args are extra kube-apiserver flags, appended last. A flag given here as --name=value
+	// replaces the default flag of that name: kube-apiserver appends the values of a list flag
+	// given twice (--requestheader-allowed-names=a then =b allows both), so appending alone
+	// could not change such a default.
 	Args []string
 }
 
@@ -324,7 +327,7 @@ func (s *Server) start(ctx context.Context, bins Binaries) error {
 	if s.Spec.PeerProxy {
 		args = append(args, "--peer-ca-file="+p.Path("server-ca.crt"))
 	}
-	args = append(args, s.Spec.Args...)
+	args = withOverrides(args, s.Spec.Args)
 	// Each apiserver gets its own UTS namespace so it sees its own hostname: the apiserver ID
 	// is a hash of the hostname, and two servers with one ID would share a Lease.
 	wrapper := []string{"--uts", "--", "/bin/sh", "-c", `hostname "$0" && exec "$@"`, s.Spec.Name, bins.KubeAPIServer}
@@ -335,6 +338,22 @@ func (s *Server) start(ctx context.Context, bins Binaries) error {
 	s.proc = proc
 	fmt.Fprintf(s.cp.log, "kube-apiserver %s (%s): starting on %s\n", s.Spec.Name, s.Spec.Version, s.URL())
 	return nil
+}
+
+// withOverrides is args without the flags extra gives, followed by extra.
+func withOverrides(args, extra []string) []string {
+	name := func(a string) string {
+		n, _, _ := strings.Cut(a, "=")
+		return n
+	}
+	given := map[string]bool{}
+	for _, a := range extra {
+		if strings.HasPrefix(a, "--") {
+			given[name(a)] = true
+		}
+	}
+	out := slices.DeleteFunc(slices.Clone(args), func(a string) bool { return given[name(a)] })
+	return append(out, extra...)
 }
 
 // WaitReady waits until /readyz is ok and writes are accepted: with StorageVersionAPI on, an

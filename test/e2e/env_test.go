@@ -59,7 +59,13 @@ type env struct {
 
 func newEnv(t testing.TB, ctx context.Context, servers ...controlplane.ServerSpec) *env {
 	t.Helper()
-	cp := controlplane.ForTest(t, ctx, controlplane.Options{Servers: servers})
+	return newEnvOptions(t, ctx, controlplane.Options{Servers: servers})
+}
+
+// newEnvOptions is newEnv for a control plane with opts.
+func newEnvOptions(t testing.TB, ctx context.Context, opts controlplane.Options) *env {
+	t.Helper()
+	cp := controlplane.ForTest(t, ctx, opts)
 	dir, err := os.MkdirTemp("/tmp", "kmvp-")
 	if err != nil {
 		t.Fatal(err)

@@ -72,6 +72,9 @@ type Options struct {
 	// per upstream attempt, for failing tests). Benchmarks use info, as Envoy runs in
 	// production: formatting each ext_proc exchange costs about half a millisecond.
 	DataPlaneLogLevel slog.Leveler
+	// ExtprocUnready: Start waits for extproc's /healthz, not its /readyz, for tests in
+	// which its readiness must fail (every apiserver refuses the proxy certificate).
+	ExtprocUnready bool
 }
 
 // TestExtProcMessageTimeout is how long the data plane waits for extproc in tests. The
@@ -160,15 +163,24 @@ func Start(ctx context.Context, opts Options) (k *KubeMVP, err error) {
 	}
 	k.procs = append(k.procs, p)
 
+	// extproc checks with the files Envoy presents and verifies with (xds-server's
+	// --proxy-client-cert, --proxy-client-key, --peer-ca) that the apiservers accept the
+	// proxy certificate.
 	extArgs := []string{"--source", "xds:" + addrs[0], "--xds-tls-dir", k.ControlPlaneTLS(cptls.RoleExtproc),
-		"--listen", "unix:" + sock, "--admin-address", addrs[2]}
+		"--listen", "unix:" + sock, "--admin-address", addrs[2],
+		"--proxy-client-cert", pki.Path("proxy-client.crt"), "--proxy-client-key", pki.Path("proxy-client.key"), "--peer-ca", pki.Path("server-ca.crt"),
+	}
 	p, err = startProcess(filepath.Join(dir, "extproc.log"), filepath.Join(opts.BinDir, "extproc"), extArgs...)
 	if err != nil {
 		return nil, err
 	}
 	k.procs = append(k.procs, p)
-	if err := waitOK(ctx, k.ExtprocAdmin+"/readyz", 2*time.Minute); err != nil {
-		return nil, fmt.Errorf("extproc never got a routing table: %w\n%s", err, k.Logs())
+	if opts.ExtprocUnready {
+		if err := waitOK(ctx, k.ExtprocAdmin+"/healthz", 2*time.Minute); err != nil {
+			return nil, fmt.Errorf("extproc never served: %w\n%s", err, k.Logs())
+		}
+	} else if err := waitOK(ctx, k.ExtprocAdmin+"/readyz", 2*time.Minute); err != nil {
+		return nil, fmt.Errorf("extproc never became ready (a routing table, and an apiserver that accepts the proxy certificate): %w\n%s", err, k.Logs())
 	}
 
 	logger := opts.Logger

@@ -97,3 +97,20 @@ its declared parts; otherwise the parts whose PEM values are set.
 {{- define "kube-mvp.kubeadmFrontProxy" -}}
 {{- if and (eq .Values.mode "sidecar") .Values.sidecar.kubeadmFrontProxyClient }}true{{ end }}
 {{- end }}
+
+{{/*
+The proxy client certificate's files, as Envoy reads them: {"cert": PATH, "key": PATH}, or {}
+without one. The node's kubeadm pair with sidecar.kubeadmFrontProxyClient, else the
+certificates Secret's.
+*/}}
+{{- define "kube-mvp.proxyClient.files" -}}
+{{- $parts := include "kube-mvp.certificates.parts" . | fromJson }}
+{{- if include "kube-mvp.kubeadmFrontProxy" . }}
+{{- toJson (dict "cert" "/etc/kubernetes/pki/front-proxy-client.crt" "key" "/etc/kubernetes/pki/front-proxy-client.key") }}
+{{- else if $parts.proxyClient }}
+{{- $dir := include "kube-mvp.certificates.dir" . }}
+{{- toJson (dict "cert" (printf "%s/proxy-client.crt" $dir) "key" (printf "%s/proxy-client.key" $dir)) }}
+{{- else }}
+{{- toJson dict }}
+{{- end }}
+{{- end }}
