@@ -122,6 +122,7 @@ func Start(ctx context.Context, opts Options) (cp *ControlPlane, err error) {
 		seen[s.Name] = true
 	}
 	cp = &ControlPlane{dir: opts.Dir, log: opts.Log, servers: map[string]*Server{}}
+	started := cp // "return nil, err" clears cp before the deferred clean-up runs
 	if cp.log == nil {
 		cp.log = io.Discard
 	}
@@ -133,7 +134,7 @@ func Start(ctx context.Context, opts Options) (cp *ControlPlane, err error) {
 	}
 	defer func() {
 		if err != nil {
-			cp.Close()
+			started.Close()
 			cp = nil
 		}
 	}()
