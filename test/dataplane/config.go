@@ -903,16 +903,16 @@ func compileHosts(cla *endpointv3.ClusterLoadAssignment) ([]hostCfg, error) {
 	var out []hostCfg
 	for _, loc := range cla.GetEndpoints() {
 		for _, ep := range loc.GetLbEndpoints() {
+			if _, ok := ep.GetMetadata().GetFilterMetadata()[transportSocketMatchKey]; ok {
+				// Envoy would pick this host's transport socket from
+				// transport_socket_matches; this data plane uses the cluster's for data.
+				return nil, errors.New("endpoint metadata " + transportSocketMatchKey + " is not implemented")
+			}
 			switch ep.GetHealthStatus() {
 			case corev3.HealthStatus_UNKNOWN, corev3.HealthStatus_HEALTHY:
 			default:
 				// Envoy excludes such hosts from balancing; we simply leave them out.
 				continue
-			}
-			if _, ok := ep.GetMetadata().GetFilterMetadata()[transportSocketMatchKey]; ok {
-				// Envoy would pick this host's transport socket from
-				// transport_socket_matches; this data plane uses the cluster's for data.
-				return nil, errors.New("endpoint metadata " + transportSocketMatchKey + " is not implemented")
 			}
 			e := ep.GetEndpoint()
 			h := hostCfg{hostname: e.GetHostname(), metadata: ep.GetMetadata()}
