@@ -134,15 +134,8 @@ func anonymousScenarios(t *testing.T, ctx context.Context, e *env, k *harness.Ku
 	ldapUID := asn1.ObjectIdentifier{0, 9, 2342, 19200300, 100, 1, 1}
 	oneUID, twoUIDs := withUIDs(kubernetesUID, "alice-uid"), withUIDs(kubernetesUID, "uid-1", "uid-2")
 	ldapUIDCert, twoLDAPUIDs := withUIDs(ldapUID, "alice-ldap-uid"), withUIDs(ldapUID, "uid-1", "uid-2")
-	if _, err := admin.CoreV1().ServiceAccounts("default").Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "bob"}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	tr, err := admin.CoreV1().ServiceAccounts("default").CreateToken(ctx, "bob", &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	const bob = "system:serviceaccount:default:bob"
-	validToken := "Bearer " + tr.Status.Token
+	validToken := "Bearer " + serviceAccountToken(t, ctx, admin, "bob")
 	const invalidToken = "Bearer not-a-token-anybody-issued"
 
 	spoof := http.Header{"X-Remote-User": {"system:admin"}, "X-Remote-Group": {"system:masters"}}

@@ -17,6 +17,9 @@ import (
 	"testing"
 	"time"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
@@ -179,4 +182,18 @@ func decodeStatus(t *testing.T, res *http.Response) status {
 func waitFor(t *testing.T, ctx context.Context, what string, check func() error) {
 	t.Helper()
 	testutil.WaitFor(t, ctx, 2*time.Minute, what, check)
+}
+
+// serviceAccountToken creates service account name in namespace default and returns a token
+// of it.
+func serviceAccountToken(t *testing.T, ctx context.Context, admin *kubernetes.Clientset, name string) string {
+	t.Helper()
+	if _, err := admin.CoreV1().ServiceAccounts("default").Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	tr, err := admin.CoreV1().ServiceAccounts("default").CreateToken(ctx, name, &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tr.Status.Token
 }

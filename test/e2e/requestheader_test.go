@@ -9,10 +9,6 @@ import (
 	"testing"
 	"time"
 
-	authenticationv1 "k8s.io/api/authentication/v1"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
 	"github.com/kube-mvp/kube-mvp/internal/testutil"
 	"github.com/kube-mvp/kube-mvp/test/controlplane"
 )
@@ -41,14 +37,7 @@ func TestCustomRequestHeaderNames(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	adminC := e.adminClient(e.cp.Server("cp-a"))
-	if _, err := adminC.CoreV1().ServiceAccounts("default").Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "carol"}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	tr, err := adminC.CoreV1().ServiceAccounts("default").CreateToken(ctx, "carol", &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	carolToken := serviceAccountToken(t, ctx, e.adminClient(e.cp.Server("cp-a")), "carol")
 
 	spoof := http.Header{
 		"X-Login": {"system:admin"}, "X-Teams": {"system:masters"}, "X-Id": {"0"}, "X-Attr-Scopes": {"everything"},
@@ -62,7 +51,7 @@ func TestCustomRequestHeaderNames(t *testing.T) {
 		wantUser string
 	}{
 		{"client certificate with UID", &alice, "", `"username":"alice","uid":"alice-uid","groups":["team-a","team-b","system:authenticated"]`},
-		{"bearer token", nil, tr.Status.Token, `"username":"system:serviceaccount:default:carol"`},
+		{"bearer token", nil, carolToken, `"username":"system:serviceaccount:default:carol"`},
 		{"no credentials", nil, "", ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -253,16 +253,7 @@ func identityScenarios(t *testing.T, ctx context.Context, e *env, k *harness.Kub
 	if err != nil {
 		t.Fatal(err)
 	}
-	// A service account token for bob.
-	adminC := e.adminClient(e.cp.Server("cp-a"))
-	if _, err := adminC.CoreV1().ServiceAccounts("default").Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "bob"}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	tr, err := adminC.CoreV1().ServiceAccounts("default").CreateToken(ctx, "bob", &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	bobToken := tr.Status.Token
+	bobToken := serviceAccountToken(t, ctx, e.adminClient(e.cp.Server("cp-a")), "bob")
 	const bob = "system:serviceaccount:default:bob"
 
 	spoof := http.Header{
