@@ -46,6 +46,9 @@ func (e *envoyFlags) flagSet() *pflag.FlagSet {
 	fs.StringVar(&c.ExtProcAddress, "extproc-address", snapshot.DefaultExtProcAddress, "extproc's `ADDR`: unix:/path/to.sock or host:port")
 	fs.Var(cli.NewValue(&c.ExtProcMessageTimeout, snapshot.DefaultExtProcMessageTimeout, "DURATION",
 		cli.Duration(1, "a positive duration, e.g. 200ms")), "extproc-message-timeout", "how long Envoy waits for extproc")
+	fs.Var(cli.NewValue(&c.UpstreamRequestTimeout, snapshot.DefaultUpstreamRequestTimeout, "DURATION",
+		cli.Duration(1, "a positive duration, e.g. 65s")), "upstream-request-timeout",
+		"route timeout of requests that are not long-running (watch, exec, attach, port-forward, proxy and logs have none); keep it above the apiservers' --request-timeout")
 	fs.StringVar(&c.UpstreamServerName, "upstream-server-name", snapshot.DefaultUpstreamServerName, "SNI and SAN expected of the apiservers, a DNS `NAME`")
 	cli.Bool(fs, &e.anonymous, "anonymous-auth", true, "ignored")
 	// Requests without credentials now reach the apiservers as they are, and they decide.
@@ -73,6 +76,7 @@ var configFlags = map[string]string{
 	"ListenPort":              "--listen-port",
 	"ExtProcAddress":          "--extproc-address",
 	"ExtProcMessageTimeout":   "--extproc-message-timeout",
+	"UpstreamRequestTimeout":  "--upstream-request-timeout",
 	"UpstreamServerName":      "--upstream-server-name",
 	"Secrets.ServingCert":     "--serving-cert",
 	"Secrets.ServingKey":      "--serving-key",

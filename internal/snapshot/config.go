@@ -17,6 +17,9 @@ const (
 	DefaultExtProcAddress        = "127.0.0.1:9001"
 	DefaultExtProcMessageTimeout = 200 * time.Millisecond
 	DefaultUpstreamServerName    = "kubernetes.default.svc"
+	// DefaultUpstreamRequestTimeout is just above the apiserver's own --request-timeout
+	// default (1m), so that a live apiserver's own 504 Timeout always comes first.
+	DefaultUpstreamRequestTimeout = 65 * time.Second
 )
 
 // Config is everything besides the topology that shapes the Envoy configuration. The zero
@@ -34,6 +37,12 @@ type Config struct {
 	// ExtProcMessageTimeout bounds how long Envoy waits for extproc's answer to one request's
 	// headers; default 200ms. When it expires the request fails (see the package doc).
 	ExtProcMessageTimeout time.Duration
+	// UpstreamRequestTimeout is the route timeout of every request the apiserver does not
+	// treat as long-running (watches, exec, attach, port-forward, proxy, logs keep none);
+	// default 65s, just above the apiserver's --request-timeout (1m). It should stay above
+	// the apiservers' --request-timeout: it is there for an apiserver that stopped answering
+	// (frozen, partitioned), not to cut requests short.
+	UpstreamRequestTimeout time.Duration
 	// UpstreamServerName is the SNI Envoy sends to the apiservers and the DNS SAN it requires
 	// in their serving certificates; default kubernetes.default.svc.
 	UpstreamServerName string
@@ -101,6 +110,9 @@ func (c Config) withDefaults() Config {
 	if c.UpstreamServerName == "" {
 		c.UpstreamServerName = DefaultUpstreamServerName
 	}
+	if c.UpstreamRequestTimeout == 0 {
+		c.UpstreamRequestTimeout = DefaultUpstreamRequestTimeout
+	}
 	return c
 }
 
@@ -139,6 +151,9 @@ func (c Config) check() (config, []error) {
 	}
 	if cfg.ExtProcMessageTimeout < time.Millisecond || cfg.ExtProcMessageTimeout > time.Hour {
 		bad("ExtProcMessageTimeout", "%v is not between 1ms and 1h", cfg.ExtProcMessageTimeout)
+	}
+	if cfg.UpstreamRequestTimeout < time.Second || cfg.UpstreamRequestTimeout > 24*time.Hour {
+		bad("UpstreamRequestTimeout", "%v is not between 1s and 24h", cfg.UpstreamRequestTimeout)
 	}
 	if strings.ContainsAny(cfg.UpstreamServerName, " /:") || cfg.UpstreamServerName != strings.ToLower(cfg.UpstreamServerName) {
 		bad("UpstreamServerName", "%q is not a lower-case DNS name", cfg.UpstreamServerName)

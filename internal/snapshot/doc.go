@@ -20,13 +20,15 @@
 //     certificate, from which extproc derives X-Remote-User/-Group (CN/O), and removes it
 //     from requests without a certificate.
 //   - upgrade_configs websocket and spdy/3.1 (exec, attach, port-forward);
-//     stream_idle_timeout and request_timeout 0 (watches last as long as the client wants);
+//     stream_idle_timeout and request_timeout 0 (watches last as long as the client wants;
+//     other requests have a route timeout, see the route configuration);
 //     use_remote_address (x-forwarded-for carries the client, for the apiservers' audit log);
 //     server header passed through; the router adds no x-envoy-* headers.
 //   - HTTP filters: ext_proc, then router.
 //   - local_reply_config: Envoy's own failures become a Kubernetes Status (application/json,
 //     reason ServiceUnavailable, code 503): response flags UH, UF, UC, UR, UO, URX, NC, NR,
-//     and ext_proc failures (see below). NR is mapped to 503 too: the catch-all route makes
+//     and ext_proc failures (see below); a route timeout (UT) stays a 504, a Status with
+//     reason Timeout as the apiserver's own. NR is mapped to 503 too: the catch-all route makes
 //     "no route" impossible unless the configuration is inconsistent, and a 404 would tell
 //     the client the resource does not exist. There is no top-level body format, so every
 //     other local reply, notably extproc's own 503 Status for an unavailable serving set,
@@ -85,7 +87,20 @@
 // extproc decides by that sidecar's plan; the local apiserver is configured only on the
 // Envoy node.
 //
-// Every route: timeout 0 and idle_timeout 0 (watches must not be cut); retries only where the
+// Every route but "discovery" comes after two twins (longRunningRoutes) with the same match
+// plus what makes a request long-running to the apiserver, the same action and filter
+// configuration, and timeout 0: "<name>:watch" (a watch query parameter, present_match) and
+// "<name>:long-running" (a path regex: /watch/ and /proxy/ after the group/version, the
+// subresources exec, attach, portforward, log and proxy, /debug/pprof/; kube-apiserver's
+// BasicLongRunningRequestCheck). Every other request gets Config.UpstreamRequestTimeout
+// (65s), just above the apiserver's --request-timeout (1m): a live apiserver has answered
+// its own 504 by then, so only one that stopped answering (frozen, partitioned) meets the
+// route timeout, Envoy's 504 UT, which the local reply config keeps a 504 as a Timeout
+// Status (the request may have been processed; a 503 would say it was not). extproc-decided
+// requests are matched again after extproc set the routing header, so the routing-header
+// route's twins choose their timeout the same way. idle_timeout is 0 everywhere.
+//
+// Retries only where the
 // request cannot have reached an apiserver (connect-failure, refused-stream,
 // reset-before-request) or the apiserver says it did not process it (retriable-headers:
 // Retry-After, sent with 503 "apiserver is shutting down" and with 429), 2 retries on other hosts (previous_hosts, 20 host selection

@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"encoding/json"
 	"maps"
+	"regexp"
 	"slices"
+	"strings"
 	"testing"
+	"time"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -164,7 +167,10 @@ func TestRoutingFacts(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			routes := readRoutes(t, res)
+			// The long-running twins (TestLongRunningRoutes) aside.
+			routes := slices.DeleteFunc(readRoutes(t, res), func(r routeFacts) bool {
+				return strings.HasSuffix(r.name, snapshot.RouteSuffixWatch) || strings.HasSuffix(r.name, snapshot.RouteSuffixLongRunning)
+			})
 			def := plan.DefaultCluster(topo.LocalID)
 
 			// Fixed routes first and last, in order.
@@ -257,8 +263,14 @@ func TestLocalReplyIsKubernetesStatus(t *testing.T) {
 		t.Fatalf("want mappers and no top-level body format (extproc's own 503 must pass untouched)")
 	}
 	for i, m := range mappers {
-		if m.GetStatusCode().GetValue() != 503 {
-			t.Errorf("mapper %d: status %d, want 503", i, m.GetStatusCode().GetValue())
+		// A route timeout (UT) stays a 504, as the apiserver's own Timeout Status; every
+		// other failure is a 503 ServiceUnavailable.
+		wantCode, wantReason := int32(503), metav1.StatusReasonServiceUnavailable
+		if slices.Equal(m.GetFilter().GetResponseFlagFilter().GetFlags(), []string{"UT"}) {
+			wantCode, wantReason = 504, metav1.StatusReasonTimeout
+		}
+		if int32(m.GetStatusCode().GetValue()) != wantCode {
+			t.Errorf("mapper %d: status %d, want %d", i, m.GetStatusCode().GetValue(), wantCode)
 		}
 		f := m.GetBodyFormatOverride()
 		if f.GetContentType() != "application/json" {
@@ -274,7 +286,7 @@ func TestLocalReplyIsKubernetesStatus(t *testing.T) {
 		if err := dec.Decode(&s); err != nil {
 			t.Fatalf("mapper %d: %s does not decode as a Status: %v", i, b, err)
 		}
-		if s.Kind != "Status" || s.APIVersion != "v1" || s.Status != metav1.StatusFailure || s.Reason != metav1.StatusReasonServiceUnavailable || s.Code != 503 || s.Message == "" {
+		if s.Kind != "Status" || s.APIVersion != "v1" || s.Status != metav1.StatusFailure || s.Reason != wantReason || s.Code != wantCode || s.Message == "" {
 			t.Errorf("mapper %d: %+v", i, s)
 		}
 	}
@@ -436,4 +448,107 @@ func localMetadata(topo *topology.Topology) []string {
 		return nil
 	}
 	return []string{contract.MetadataLocalAPIServer + "=" + topo.LocalID}
+}
+
+// TestLongRunningRoutes: every route that forwards requests, but the discovery route, comes
+// after two twins that match the same requests when the apiserver treats them as long-running
+// (a watch query parameter; a long-running path), with the same action, retry policy, filter
+// configuration and metadata but no timeout; the route itself, and the discovery route, time
+// out after Config.UpstreamRequestTimeout. Which paths are long-running is checked against
+// the twins' regexes.
+func TestLongRunningRoutes(t *testing.T) {
+	cfg := testConfig()
+	cfg.UpstreamRequestTimeout = 70 * time.Second
+	for _, name := range fixtures.Names(t) {
+		t.Run(name, func(t *testing.T) {
+			res, err := snapshot.Build(mustPlan(t, loadCase(t, name)), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			routes := res.Routes[0].(*routev3.RouteConfiguration).GetVirtualHosts()[0].GetRoutes()
+			bases := 0
+			for i, r := range routes {
+				n := r.GetName()
+				if strings.HasSuffix(n, snapshot.RouteSuffixWatch) || strings.HasSuffix(n, snapshot.RouteSuffixLongRunning) {
+					continue
+				}
+				bases++
+				if got := r.GetRoute().GetTimeout().AsDuration(); got != cfg.UpstreamRequestTimeout {
+					t.Errorf("route %s: timeout %v, want %v", n, got, cfg.UpstreamRequestTimeout)
+				}
+				if n == snapshot.RouteDiscovery {
+					continue
+				}
+				if i < 2 || routes[i-2].GetName() != n+snapshot.RouteSuffixWatch || routes[i-1].GetName() != n+snapshot.RouteSuffixLongRunning {
+					t.Errorf("route %s: not preceded by its long-running twins", n)
+					continue
+				}
+				for _, tw := range routes[i-2 : i] {
+					if got := tw.GetRoute().GetTimeout().AsDuration(); got != 0 {
+						t.Errorf("route %s: timeout %v, want none", tw.GetName(), got)
+					}
+					c := proto.Clone(tw).(*routev3.Route)
+					c.Name, c.Match, c.GetRoute().Timeout = n, r.GetMatch(), r.GetRoute().GetTimeout()
+					if !proto.Equal(c, r) {
+						t.Errorf("route %s differs from %s in more than its name, match and timeout", tw.GetName(), n)
+					}
+				}
+				watch, lr := routes[i-2].GetMatch(), routes[i-1].GetMatch()
+				q := watch.GetQueryParameters()
+				if len(q) != 1 || q[0].GetName() != "watch" || !q[0].GetPresentMatch() || !proto.Equal(stripQuery(watch), r.GetMatch()) {
+					t.Errorf("route %s: match %v, want %s's and a watch query parameter", routes[i-2].GetName(), watch, n)
+				}
+				if !slices.EqualFunc(lr.GetHeaders(), r.GetMatch().GetHeaders(), func(a, b *routev3.HeaderMatcher) bool { return proto.Equal(a, b) }) || lr.GetSafeRegex() == nil {
+					t.Errorf("route %s: match %v, want %s's headers and a path regex", routes[i-1].GetName(), lr, n)
+					continue
+				}
+				re := regexp.MustCompile("^(?:" + lr.GetSafeRegex().GetRegex() + ")$")
+				prefix := r.GetMatch().GetPrefix()
+				for _, c := range []struct {
+					path string
+					long bool
+				}{
+					{"/api/v1/watch/namespaces/default/pods", true},
+					{"/api/v1/namespaces/default/pods/p/exec", true},
+					{"/api/v1/namespaces/default/pods/p/attach", true},
+					{"/api/v1/namespaces/default/pods/p/portforward", true},
+					{"/api/v1/namespaces/default/pods/p/log", true},
+					{"/api/v1/namespaces/default/services/s/proxy/a/b", true},
+					{"/api/v1/nodes/n/proxy", true},
+					{"/api/v1/nodes/n/proxy/metrics", true},
+					{"/api/v1/proxy/namespaces/default/services/s", true},
+					{"/apis/batch/v1/watch/jobs", true},
+					{"/apis/batch/v1/namespaces/default/jobs/j/log", true},
+					{"/debug/pprof/profile", true},
+					{"/api/v1/namespaces/default/pods", false},
+					{"/api/v1/namespaces/default/pods/p", false},
+					{"/api/v1/namespaces/default/pods/p/status", false},
+					{"/api/v1/namespaces/default/pods/p/eviction", false},
+					{"/api/v1/namespaces/default", false},
+					{"/apis/batch/v1/namespaces/default/jobs/j/status", false},
+					{"/apis/batch/v1", false},
+					{"/api", false},
+					{"/apis", false},
+					{"/healthz", false},
+					{"/debug/flags/v", false},
+				} {
+					if !strings.HasPrefix(c.path, prefix) {
+						continue
+					}
+					if got := re.MatchString(c.path); got != c.long {
+						t.Errorf("route %s: %s matched %v, want %v", routes[i-1].GetName(), c.path, got, c.long)
+					}
+				}
+			}
+			if len(routes) != bases+2*(bases-1) {
+				t.Errorf("%d routes, want %d and their twins (the discovery route has none)", len(routes), bases)
+			}
+		})
+	}
+}
+
+func stripQuery(m *routev3.RouteMatch) *routev3.RouteMatch {
+	c := proto.Clone(m).(*routev3.RouteMatch)
+	c.QueryParameters = nil
+	return c
 }

@@ -197,6 +197,19 @@ func (b *builder) localReplyConfig() *hcmv3.LocalReplyConfig {
 			BodyFormatOverride: statusBody("kube-mvp: no apiserver that can serve this request is available (%RESPONSE_CODE_DETAILS%)"),
 		},
 		{
+			// The route timeout (UT, Envoy's 504 "upstream request timeout"): the apiserver
+			// did not answer within Config.UpstreamRequestTimeout, longer than its own
+			// --request-timeout, so it has stopped answering. It stays a 504, as the
+			// apiserver's own timeout Status (reason Timeout): the request may have been
+			// processed (a write may be committed), which a 503 would deny and which
+			// client-go does not retry.
+			Filter: &accesslogv3.AccessLogFilter{FilterSpecifier: &accesslogv3.AccessLogFilter_ResponseFlagFilter{
+				ResponseFlagFilter: &accesslogv3.ResponseFlagFilter{Flags: []string{"UT"}},
+			}},
+			StatusCode:         wrapperspb.UInt32(504),
+			BodyFormatOverride: kubeStatus("kube-mvp: the apiserver did not answer in time (%RESPONSE_CODE_DETAILS%)", "Timeout", 504),
+		},
+		{
 			// The ext_proc filter failed (status_on_error): extproc unreachable, too slow, or
 			// it asked for a forbidden header mutation.
 			Filter: &accesslogv3.AccessLogFilter{FilterSpecifier: &accesslogv3.AccessLogFilter_StatusCodeFilter{
@@ -210,8 +223,8 @@ func (b *builder) localReplyConfig() *hcmv3.LocalReplyConfig {
 		},
 		{
 			// extproc did not answer within message_timeout: Envoy 1.35+ answers 504
-			// (envoyproxy/envoy#39217). Envoy's only other 504 would be a route timeout,
-			// and every route has none.
+			// (envoyproxy/envoy#39217). Envoy's only other 504, a route timeout, has flag
+			// UT and was mapped above.
 			Filter: &accesslogv3.AccessLogFilter{FilterSpecifier: &accesslogv3.AccessLogFilter_StatusCodeFilter{
 				StatusCodeFilter: &accesslogv3.StatusCodeFilter{Comparison: &accesslogv3.ComparisonFilter{
 					Op:    accesslogv3.ComparisonFilter_EQ,
@@ -224,17 +237,22 @@ func (b *builder) localReplyConfig() *hcmv3.LocalReplyConfig {
 	}}
 }
 
-// statusBody is a metav1.Status for a 503, as JSON. Envoy's JSON formatter keeps numbers as
-// numbers and nested (also empty) objects as objects; message may use format commands.
+// statusBody is a metav1.Status for a 503, as JSON.
 func statusBody(message string) *corev3.SubstitutionFormatString {
+	return kubeStatus(message, "ServiceUnavailable", 503)
+}
+
+// kubeStatus is a metav1.Status failure, as JSON. Envoy's JSON formatter keeps numbers as
+// numbers and nested (also empty) objects as objects; message may use format commands.
+func kubeStatus(message, reason string, code int) *corev3.SubstitutionFormatString {
 	s, err := structpb.NewStruct(map[string]any{
 		"kind":       "Status",
 		"apiVersion": "v1",
 		"metadata":   map[string]any{},
 		"status":     "Failure",
 		"message":    message,
-		"reason":     "ServiceUnavailable",
-		"code":       503,
+		"reason":     reason,
+		"code":       code,
 	})
 	if err != nil {
 		panic(err) // a fixed map of strings and numbers always converts

@@ -1,6 +1,7 @@
 package snapshot
 
 import (
+	"regexp"
 	"slices"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -8,6 +9,7 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	previoushostsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/retry/host/previous_hosts/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -87,7 +89,7 @@ func (b *builder) routeConfiguration() *routev3.RouteConfiguration {
 	action := func(cluster string) *routev3.Route_Route {
 		return &routev3.Route_Route{Route: &routev3.RouteAction{
 			ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: cluster},
-			Timeout:          durationpb.New(0),
+			Timeout:          durationpb.New(b.cfg.UpstreamRequestTimeout),
 			IdleTimeout:      durationpb.New(0),
 			RetryPolicy:      retry,
 		}}
@@ -111,7 +113,7 @@ func (b *builder) routeConfiguration() *routev3.RouteConfiguration {
 		Match: prefix("/", present(contract.HeaderRoutingCluster)),
 		Action: &routev3.Route_Route{Route: &routev3.RouteAction{
 			ClusterSpecifier: &routev3.RouteAction_ClusterHeader{ClusterHeader: contract.HeaderRoutingCluster},
-			Timeout:          durationpb.New(0),
+			Timeout:          durationpb.New(b.cfg.UpstreamRequestTimeout),
 			IdleTimeout:      durationpb.New(0),
 			RetryPolicy:      retry,
 		}},
@@ -172,14 +174,77 @@ func (b *builder) routeConfiguration() *routev3.RouteConfiguration {
 		Action:               action(def),
 		TypedPerFilterConfig: extProcOff,
 	})
+	var all []*routev3.Route
+	for _, r := range routes {
+		if r.GetName() != RouteDiscovery {
+			all = append(all, longRunningRoutes(r)...)
+		}
+		all = append(all, r)
+	}
 	return &routev3.RouteConfiguration{
 		Name: RouteConfigName,
 		VirtualHosts: []*routev3.VirtualHost{{
 			Name:    VirtualHostName,
 			Domains: []string{"*"},
-			Routes:  routes,
+			Routes:  all,
 		}},
 	}
+}
+
+// Suffixes of the names of the long-running twins of a route (longRunningRoutes).
+const (
+	RouteSuffixWatch       = ":watch"
+	RouteSuffixLongRunning = ":long-running"
+)
+
+// longRunningTail matches, after a group/version prefix ("/api/v1/", "/apis/<g>/<v>/"), the
+// paths the apiserver treats as long-running by themselves. kube-apiserver's LongRunningFunc
+// is BasicLongRunningRequestCheck(verbs watch and proxy; subresources attach, exec, proxy,
+// log, portforward) plus non-resource paths under /debug/pprof/ (k8s.io/apiserver
+// pkg/server/filters/longrunning.go); RequestInfo (k8s.io/apiserver pkg/endpoints/request
+// requestinfo.go) takes the verb from a first path segment "watch" or "proxy", and the
+// subresource from the segment after the name, namespaces/<ns>/ aside. The regex matches a
+// little more than that (e.g. a ConfigMap named "log"), which only leaves such a request
+// without a timeout, as every request was before.
+const longRunningTail = `((watch|proxy)(/.*)?|(namespaces/[^/]+/)?[^/]+/[^/]+/(exec|attach|portforward|log|proxy)(/.*)?)`
+
+// longRunningAnyRegex is longRunningTail after any group/version, or /debug/pprof/, for the
+// routes whose prefix is "/".
+const longRunningAnyRegex = `(/api/[^/]+|/apis/[^/]+/[^/]+)/` + longRunningTail + `|/debug/pprof/.*`
+
+// longRunningRoutes are the two twins of r, to go before it, that match what r matches when
+// the apiserver would treat the request as long-running, with r's action and filter
+// configuration but no timeout:
+//
+//   - "<name>:watch": the query has a watch parameter. The apiserver decodes it into
+//     ListOptions.Watch (runtime.Convert_Slice_string_To_bool: the first value, anything but
+//     "0" and "false" in any case is true, "" too) and a collection GET with Watch is verb
+//     watch. Envoy's QueryParameterMatcher also looks at the first value only; present_match
+//     is used, so watch=false (which no client sends) gets no timeout either.
+//   - "<name>:long-running": the path is long-running (longRunningTail).
+//
+// Every other request gets r's timeout, Config.UpstreamRequestTimeout: just above the
+// apiserver's --request-timeout, after which a live apiserver has answered 504 itself, so
+// only an apiserver that stopped answering meets it.
+func longRunningRoutes(r *routev3.Route) []*routev3.Route {
+	noTimeout := func(name string) *routev3.Route {
+		c := proto.Clone(r).(*routev3.Route)
+		c.Name = r.GetName() + name
+		c.GetRoute().Timeout = durationpb.New(0)
+		return c
+	}
+	watch := noTimeout(RouteSuffixWatch)
+	watch.Match.QueryParameters = []*routev3.QueryParameterMatcher{{
+		Name:                         "watch",
+		QueryParameterMatchSpecifier: &routev3.QueryParameterMatcher_PresentMatch{PresentMatch: true},
+	}}
+	lr := noTimeout(RouteSuffixLongRunning)
+	regex := longRunningAnyRegex
+	if p := r.GetMatch().GetPrefix(); p != "/" {
+		regex = regexp.QuoteMeta(p) + longRunningTail
+	}
+	lr.Match.PathSpecifier = &routev3.RouteMatch_SafeRegex{SafeRegex: &matcherv3.RegexMatcher{Regex: regex}}
+	return []*routev3.Route{watch, lr}
 }
 
 // retryPolicy retries only what is safe to retry whatever the verb: the request never

@@ -498,6 +498,7 @@ type route struct {
 	prefix, path    *string
 	re              *regexp.Regexp
 	headers         []*headerMatcher
+	query           []*queryMatcher
 	cluster         string
 	clusterHeader   string
 	timeout         time.Duration // 0: none
@@ -513,6 +514,12 @@ type headerMatcher struct {
 	present *bool
 	str     *stringMatcher
 	invert  bool
+}
+
+// queryMatcher is a QueryParameterMatcher: string_match, or present_match (str nil).
+type queryMatcher struct {
+	name string
+	str  *stringMatcher
 }
 
 type retryPolicy struct {
@@ -582,6 +589,24 @@ func compileRoute(r *routev3.Route) (*route, error) {
 			return nil, fmt.Errorf("match.headers: %w", err)
 		}
 		out.headers = append(out.headers, hm)
+	}
+	for _, q := range m.GetQueryParameters() {
+		qm := &queryMatcher{name: q.GetName()}
+		switch s := q.GetQueryParameterMatchSpecifier().(type) {
+		case *routev3.QueryParameterMatcher_PresentMatch:
+			if !s.PresentMatch {
+				return nil, errors.New("match.query_parameters: present_match false is not implemented")
+			}
+		case *routev3.QueryParameterMatcher_StringMatch:
+			sm, err := compileStringMatcher(s.StringMatch)
+			if err != nil {
+				return nil, fmt.Errorf("match.query_parameters: %w", err)
+			}
+			qm.str = sm
+		default:
+			return nil, errors.New("match.query_parameters: only present_match and string_match are implemented")
+		}
+		out.query = append(out.query, qm)
 	}
 	a := r.GetRoute()
 	if a == nil {

@@ -507,3 +507,47 @@ func TestWaitReadyTimeout(t *testing.T) {
 		t.Fatal("ready without a control plane")
 	}
 }
+
+// TestRouteTimeout: a request to an apiserver that stopped answering ends at the route
+// timeout with Envoy's 504 (UT), mapped to a Timeout Status, and is not retried; a watch
+// (watch query parameter, or /watch/ path) and a pod's logs outlive the timeout.
+func TestRouteTimeout(t *testing.T) {
+	const timeout = time.Second
+	e := newEnv(t, envOptions{upstreamRequestTimeout: timeout, tick: 400 * time.Millisecond, ticks: 5})
+	c := e.client(nil)
+	for _, f := range e.apiservers {
+		f.mu.Lock()
+		f.stall = func(r *http.Request) bool { return strings.Contains(r.URL.Path, "/stalled") }
+		f.mu.Unlock()
+	}
+	start := time.Now()
+	r := e.do(c, "GET", "/api/v1/namespaces/default/configmaps/stalled", nil)
+	took := time.Since(start)
+	if r.status != http.StatusGatewayTimeout || !strings.Contains(string(r.body), `"reason":"Timeout"`) {
+		t.Fatalf("status %d, want the 504 Timeout Status: %s", r.status, r.body)
+	}
+	if took < timeout || took > timeout+time.Second {
+		t.Errorf("answered after %v, want the route timeout %v", took, timeout)
+	}
+	if got := e.stat("cluster.kube-apiservers.upstream_rq_timeout"); got != 1 {
+		t.Errorf("upstream_rq_timeout = %d, want 1", got)
+	}
+	if got := e.stat("cluster.kube-apiservers.upstream_rq_retry"); got != 0 {
+		t.Errorf("upstream_rq_retry = %d: a timed-out request was retried", got)
+	}
+	// Long-running requests keep no timeout: each streams for 2 s, twice the route timeout.
+	for _, path := range []string{
+		"/api/v1/namespaces/default/configmaps?watch=true",
+		"/api/v1/namespaces/default/configmaps?watch=1&resourceVersion=0",
+		"/api/v1/namespaces/default/configmaps?watch",
+		"/api/v1/watch/namespaces/default/configmaps",
+		"/apis/batch/v1/namespaces/default/jobs?watch=true", // extproc decides
+		"/apis/batch/v1/watch/namespaces/default/jobs",      // extproc decides
+	} {
+		start := time.Now()
+		r := e.do(c, "GET", path, nil)
+		if r.status != 200 || strings.Count(string(r.body), "ADDED") != 5 {
+			t.Errorf("GET %s: status %d after %v, want all 5 events: %s", path, r.status, time.Since(start), r.body)
+		}
+	}
+}

@@ -152,6 +152,9 @@ type fakeAPIServer struct {
 	// refusal, when set, answers every request but /readyz with this status (and Retry-After
 	// when retryAfter), as an apiserver that does not process it.
 	refusal *refusal
+	// stall, when set and true for a request, leaves it unanswered until the client goes
+	// away, as a frozen (SIGSTOPped) apiserver.
+	stall func(*http.Request) bool
 }
 
 type refusal struct {
@@ -208,10 +211,12 @@ func newFakeAPIServer(t testing.TB, p *pki, name, ip string, tick time.Duration,
 		}
 		f.mu.Lock()
 		f.seen = append(f.seen, seen)
-		ref := f.refusal
+		ref, stall := f.refusal, f.stall
 		f.mu.Unlock()
 		w.Header().Set("Server", "fake-apiserver")
 		switch {
+		case stall != nil && stall(r):
+			<-r.Context().Done()
 		case ref != nil:
 			if ref.retryAfter {
 				w.Header().Set("Retry-After", "1")
@@ -236,7 +241,7 @@ func newFakeAPIServer(t testing.TB, p *pki, name, ip string, tick time.Duration,
 				_, _ = brw.WriteString(name + ":" + line)
 				_ = brw.Flush()
 			}
-		case strings.Contains(r.URL.RawQuery, "watch=true"):
+		case isWatch(r):
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(http.StatusOK)
 			rc := http.NewResponseController(w)
@@ -304,6 +309,8 @@ type envOptions struct {
 	hostSuffix string
 	// editResources, if set, changes the snapshot's resources before the data plane gets them.
 	editResources func(*snapshot.Resources) error
+	// upstreamRequestTimeout, if set, is snapshot.Config.UpstreamRequestTimeout.
+	upstreamRequestTimeout time.Duration
 }
 
 var fixtureAddresses = map[string]string{"cp-a": "127.0.0.1", "cp-b": "127.0.0.2", "cp-c": "127.0.0.3"}
@@ -362,7 +369,7 @@ func newEnv(t testing.TB, o envOptions) *env {
 	e.secrets = e.pki.files(t)
 	cfg := snapshot.Config{
 		ListenAddress: "127.0.0.1", ListenPort: 6443, ExtProcAddress: "unix:" + sock,
-		Secrets: e.secrets,
+		Secrets: e.secrets, UpstreamRequestTimeout: o.upstreamRequestTimeout,
 	}
 	e.xds = xds.New(func(p *plan.Plan) (*cachev3.Snapshot, error) {
 		res, err := snapshot.Build(p, cfg)
@@ -558,4 +565,15 @@ func (e *env) stat(name string) uint64 { return e.dp.stats.get(name) }
 func readLine(br *bufio.Reader) string {
 	s, _ := br.ReadString('\n')
 	return s
+}
+
+// isWatch: the apiserver would serve r as a watch: a /watch/ path, or a watch query parameter
+// whose first value is not "0" or "false" (k8s.io/apimachinery runtime
+// Convert_Slice_string_To_bool).
+func isWatch(r *http.Request) bool {
+	if strings.Contains(r.URL.Path, "/watch/") {
+		return true
+	}
+	v, ok := r.URL.Query()["watch"]
+	return ok && len(v) > 0 && v[0] != "0" && !strings.EqualFold(v[0], "false")
 }

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"sort"
 	"strconv"
 	"strings"
@@ -291,11 +292,54 @@ func (st *stream) matchRoute() *route {
 				continue
 			}
 		}
-		if st.headersMatch(r.headers) {
+		if st.headersMatch(r.headers) && queryMatch(st.path, r.query) {
 			return r
 		}
 	}
 	return nil
+}
+
+// queryMatch: every matcher must match the request's query. As Envoy
+// (source/common/router/config_utility.cc, QueryParameterMatcher::matches; the query parsed by
+// Http::Utility::QueryParamsMulti::parseAndDecodeQueryString): the query after the first '?'
+// up to any '#' is split at '&', each part at its first '=' (none: the value is ""), names
+// and values percent-decoded; only a parameter's first value is matched; present_match asks
+// for the name only.
+func queryMatch(path string, ms []*queryMatcher) bool {
+	if len(ms) == 0 {
+		return true
+	}
+	first := map[string]string{}
+	if i := strings.IndexByte(path, '?'); i >= 0 {
+		q := path[i+1:]
+		if j := strings.IndexByte(q, '#'); j >= 0 {
+			q = q[:j]
+		}
+		for _, part := range strings.Split(q, "&") {
+			if part == "" {
+				continue
+			}
+			name, value, _ := strings.Cut(part, "=")
+			name, value = queryUnescape(name), queryUnescape(value)
+			if _, ok := first[name]; !ok {
+				first[name] = value
+			}
+		}
+	}
+	for _, m := range ms {
+		v, ok := first[m.name]
+		if !ok || m.str != nil && !m.str.match(v) {
+			return false
+		}
+	}
+	return true
+}
+
+func queryUnescape(s string) string {
+	if u, err := url.QueryUnescape(s); err == nil {
+		return u
+	}
+	return s
 }
 
 func selectVirtualHost(vhs []*virtualHost, host string) *virtualHost {

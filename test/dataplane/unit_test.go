@@ -93,7 +93,13 @@ func TestLocalReplyMapping(t *testing.T) {
 			t.Errorf("%s: body not formatted like Envoy's JSON formatter: %q", flag, lr.body)
 		}
 	}
-	lr := h.mapLocalReply(500, "", "ext_proc_error_gRPC_error_14", nil)
+	// A route timeout stays a 504, with the apiserver's own Timeout reason.
+	lr := h.mapLocalReply(504, "upstream request timeout", "upstream_response_timeout", []string{"UT"})
+	if lr.status != 504 || !strings.Contains(string(lr.body), `"reason":"Timeout"`) || !strings.Contains(string(lr.body), `"code":504`) ||
+		!strings.Contains(string(lr.body), "the apiserver did not answer in time (upstream_response_timeout)") {
+		t.Errorf("UT: %d %s", lr.status, lr.body)
+	}
+	lr = h.mapLocalReply(500, "", "ext_proc_error_gRPC_error_14", nil)
 	if lr.status != 503 || !strings.Contains(string(lr.body), "the routing decision failed (ext_proc_error_gRPC_error_14)") {
 		t.Errorf("ext_proc failure: %d %s", lr.status, lr.body)
 	}
@@ -174,7 +180,15 @@ func TestRouteMatching(t *testing.T) {
 		hdr  headerList
 		want string
 	}{
-		{"/apis/batch/v1/jobs?watch=true", token, "batch/v1"},
+		{"/apis/batch/v1/jobs?watch=true", token, "batch/v1:watch"},
+		{"/apis/batch/v1/jobs?resourceVersion=1&watch", token, "batch/v1:watch"},
+		{"/apis/batch/v1/jobs?watc%68=1", token, "batch/v1:watch"}, // names are decoded
+		{"/apis/batch/v1/jobs?watchx=1", token, "batch/v1"},
+		{"/apis/batch/v1/watch/jobs", token, "batch/v1:long-running"},
+		{"/api/v1/namespaces/d/pods/p/log", token, "core/v1:long-running"},
+		{"/api/v1/namespaces/d/pods/p/exec", cert(token...), "client-certificate-and-token:long-running"},
+		{"/api/v1/pods?watch=true", headerList{{"x-kube-mvp-cluster", "x"}}, "extproc-decided:watch"},
+		{"/debug/pprof/profile", token, "default:long-running"},
 		{"/apis/batch/v1/jobs", headerList{{"x-kube-mvp-cluster", "x"}}, "extproc-decided"},
 		{"/api/v1/pods", headerList{{"x-forwarded-client-cert", "Hash=1"}}, "client-certificate"},
 		{"/api/v1/pods", token, "core/v1"},
