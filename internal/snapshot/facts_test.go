@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"maps"
 	"slices"
+	"strings"
 	"testing"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
@@ -28,14 +29,15 @@ import (
 
 // routeFacts is what a route does, read back from the generated resources.
 type routeFacts struct {
-	name     string
-	prefix   string
-	path     string
-	regex    string   // safe_regex, matched against the whole path
-	headers  []string // header matchers: "name" (present), "!name" (absent), "name~regex", "name=value" (any case), "name*=substring"
-	cluster  string   // or "header:<name>" for cluster_header
-	extProc  bool
-	metadata []string // ext_proc overrides.grpc_initial_metadata, "key=value"
+	name      string
+	prefix    string
+	sepPrefix string // path_separated_prefix
+	path      string
+	regex     string   // safe_regex, matched against the whole path
+	headers   []string // header matchers: "name" (present), "!name" (absent), "name~regex", "name=value" (any case), "name*=substring"
+	cluster   string   // or "header:<name>" for cluster_header
+	extProc   bool
+	metadata  []string // ext_proc overrides.grpc_initial_metadata, "key=value"
 }
 
 func readRoutes(t *testing.T, res *snapshot.Resources) []routeFacts {
@@ -46,7 +48,7 @@ func readRoutes(t *testing.T, res *snapshot.Resources) []routeFacts {
 	rc := res.Routes[0].(*routev3.RouteConfiguration)
 	var out []routeFacts
 	for _, r := range rc.GetVirtualHosts()[0].GetRoutes() {
-		f := routeFacts{name: r.GetName(), prefix: r.GetMatch().GetPrefix(), path: r.GetMatch().GetPath(), regex: r.GetMatch().GetSafeRegex().GetRegex(), extProc: true}
+		f := routeFacts{name: r.GetName(), prefix: r.GetMatch().GetPrefix(), sepPrefix: r.GetMatch().GetPathSeparatedPrefix(), path: r.GetMatch().GetPath(), regex: r.GetMatch().GetSafeRegex().GetRegex(), extProc: true}
 		for _, h := range r.GetMatch().GetHeaders() {
 			sm := h.GetStringMatch()
 			switch {
@@ -197,11 +199,20 @@ func TestRoutingFacts(t *testing.T) {
 				t.Errorf("last route = %+v, want the catch-all route with ext_proc off", r)
 			}
 
+			// Paths whose route the raw path cannot tell go to extproc, which decodes them.
+			if r := routes[5]; r.name != snapshot.RouteEscapedPath || r.regex != `//.*|.*%.*` || r.cluster != def || !r.extProc || r.headers != nil {
+				t.Errorf("sixth route = %+v, want the escaped-path route: a %%-escape or a leading //, ext_proc on", r)
+			}
+
 			gvRoutes := map[string]routeFacts{}
-			for _, r := range routes[5 : len(routes)-1] {
+			for _, r := range routes[6 : len(routes)-1] {
 				gvRoutes[r.name] = r
 				if r.cluster != def {
 					t.Errorf("route %s goes to %s, want the default cluster %s", r.name, r.cluster, def)
+				}
+				// The group/version's document and everything under it, nothing else.
+				if r.prefix != "" || r.regex != "" || r.path != "" || (r.sepPrefix != "/api/v1" && !strings.HasPrefix(r.sepPrefix, "/apis/")) || strings.HasSuffix(r.sepPrefix, "/") {
+					t.Errorf("route %s matches %+v, want path_separated_prefix /api/<v> or /apis/<g>/<v>", r.name, r)
 				}
 			}
 			for _, gv := range w.extProcGVs {
