@@ -166,7 +166,10 @@ func TestDecisions(t *testing.T) {
 		{"discovery /api", fx, "GET", "/api", routed("kube-apiservers")},
 		{"discovery /apis", fx, "GET", "/apis", routed("kube-apiservers")},
 		{"discovery /apis/batch", fx, "GET", "/apis/batch", routed("kube-apiservers")},
-		{"discovery /apis/batch/v1, although batch/v1 is a subset", fx, "GET", "/apis/batch/v1", routed("kube-apiservers")},
+		{"group/version document /apis/batch/v1 goes to who serves batch/v1", fx, "GET", "/apis/batch/v1", subset("kube-apiservers-only-cp-a")},
+		{"group/version document with an escaped slash", fx, "GET", "/apis/batch%2Fv1?timeout=32s", subset("kube-apiservers-only-cp-a")},
+		{"escaped slash: list jobs", fx, "GET", "/apis/batch%2Fv1/namespaces/default/jobs", subset("kube-apiservers-only-cp-a")},
+		{"core document /api/v1, served by all", fx, "GET", "/api/v1", routed("kube-apiservers")},
 
 		// Resources every live apiserver serves: the default set.
 		{"served by all: list pods", fx, "GET", "/api/v1/namespaces/default/pods", routed("kube-apiservers")},

@@ -70,6 +70,10 @@ type GroupVersion struct {
 	ExtProc bool
 	// Routes of its resources and subresources, sorted.
 	Routes []Route
+	// Document is the route of its discovery document (GET /apis/<group>/<version>, or
+	// /api/v1), keyed topology.GroupVersion.Document: the apiservers that serve any resource
+	// of it, decided by the same rule as every resource.
+	Document Route
 }
 
 // Plan is every decision for one topology and one kind of Envoy.
@@ -105,6 +109,9 @@ type shared struct {
 	// names are the subset cluster names of caps[i].Live, made when first needed.
 	names   []string
 	byNames map[string]string // ServerSet.Key → cluster name
+	// docs and docCaps are the group/versions' document keys and who can serve each, sorted.
+	docs    []topology.Resource
+	docCaps []topology.Capability
 }
 
 func newShared(t *topology.Topology) *shared {
@@ -114,17 +121,28 @@ func newShared(t *topology.Topology) *shared {
 	for i, r := range s.resources {
 		s.caps[i] = t.Capable(r)
 	}
+	for _, gv := range t.GroupVersions() {
+		s.docs = append(s.docs, gv.Document())
+		s.docCaps = append(s.docCaps, t.Capable(gv.Document()))
+	}
 	return s
+}
+
+// nameOf is the subset cluster name of the live apiservers set.
+func (s *shared) nameOf(set topology.ServerSet) string {
+	key := set.Key()
+	name := s.byNames[key]
+	if name == "" {
+		name = SubsetClusterName(s.t, set)
+		s.byNames[key] = name
+	}
+	return name
 }
 
 // subsetName is the cluster name of resource i's live capable apiservers.
 func (s *shared) subsetName(i int) string {
 	if s.names[i] == "" {
-		key := s.caps[i].Live.Key()
-		if s.names[i] = s.byNames[key]; s.names[i] == "" {
-			s.names[i] = SubsetClusterName(s.t, s.caps[i].Live)
-			s.byNames[key] = s.names[i]
-		}
+		s.names[i] = s.nameOf(s.caps[i].Live)
 	}
 	return s.names[i]
 }
@@ -134,34 +152,53 @@ func (s *shared) plan(local string) (*Plan, error) {
 	t := s.t.WithLocal(local)
 	p := &Plan{Topology: t, LocalID: local, RequestHeaders: t.RequestHeaders.OrDefault()}
 	def := DefaultCluster(local)
-	all := make([]Route, len(s.resources))
 	subsets := map[string]topology.ServerSet{}
-	for i, r := range s.resources { // sorted: group/versions come in order
-		d := s.caps[i].Decide(local, s.live)
+	route := func(r topology.Resource, c topology.Capability, name func() string) (Route, error) {
+		d := c.Decide(local, s.live)
 		route := Route{Resource: r, Outcome: d.Outcome, Servers: d.Servers}
 		switch d.Outcome {
-		case topology.Subset: // d.Servers are caps[i].Live
-			route.Cluster = s.subsetName(i)
+		case topology.Subset: // d.Servers are c.Live
+			route.Cluster = name()
 			if prev, ok := subsets[route.Cluster]; ok && !slices.Equal(prev, d.Servers) {
-				return nil, fmt.Errorf("cluster name %s stands for two serving sets, [%s] and [%s] (two apiservers share a hostname?)", route.Cluster, prev.Key(), d.Servers.Key())
+				return Route{}, fmt.Errorf("cluster name %s stands for two serving sets, [%s] and [%s] (two apiservers share a hostname?)", route.Cluster, prev.Key(), d.Servers.Key())
 			}
 			subsets[route.Cluster] = d.Servers
 		case topology.Default, topology.NotServed:
 			route.Cluster = def
 		}
-		all[i] = route
+		return route, nil
+	}
+	// all holds, per group/version in order, its document's route and then its resources'
+	// (sorted: a document key has no resource name, so it sorts first).
+	all := make([]Route, 0, len(s.docs)+len(s.resources))
+	for i, r := range s.resources { // sorted: group/versions come in order
 		if n := len(p.GroupVersions); n == 0 || p.GroupVersions[n-1].GroupVersion != r.GroupVersion() {
-			p.GroupVersions = append(p.GroupVersions, GroupVersion{GroupVersion: r.GroupVersion(), Routes: all[i:i]})
+			j := len(p.GroupVersions) // s.docs has every group/version of s.resources, in order
+			doc, err := route(s.docs[j], s.docCaps[j], func() string { return s.nameOf(s.docCaps[j].Live) })
+			if err != nil {
+				return nil, err
+			}
+			all = append(all, doc)
+			p.GroupVersions = append(p.GroupVersions, GroupVersion{GroupVersion: r.GroupVersion(), Document: doc, ExtProc: doc.Cluster != def})
 		}
-		gv := &p.GroupVersions[len(p.GroupVersions)-1]
-		gv.Routes = gv.Routes[:len(gv.Routes)+1] // all[i] joins its group/version
-		if route.Cluster != def {
-			gv.ExtProc = true
+		rt, err := route(r, s.caps[i], func() string { return s.subsetName(i) })
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, rt)
+		if rt.Cluster != def {
+			p.GroupVersions[len(p.GroupVersions)-1].ExtProc = true
 		}
 	}
-	for i := range p.GroupVersions {
-		r := p.GroupVersions[i].Routes
-		p.GroupVersions[i].Routes = r[:len(r):len(r)] // an append must not run into the next
+	// Each group/version's routes are its part of all, after its document's.
+	for i, at := 0, 0; i < len(p.GroupVersions); i++ {
+		at++ // the document
+		end := at
+		for end < len(all) && !all[end].Resource.IsDocument() {
+			end++
+		}
+		p.GroupVersions[i].Routes = all[at:end:end] // an append must not run into the next
+		at = end
 	}
 	p.Routes = newRoutes(local, all)
 	if local != "" {

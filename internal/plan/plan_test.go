@@ -60,7 +60,12 @@ func TestDecide(t *testing.T) {
 		resource string
 	}{
 		{"non-resource", tp, "GET", "/healthz", topology.Default, nil, "kube-apiservers", ""},
-		{"discovery is non-resource", tp, "GET", "/apis/batch/v1", topology.Default, nil, "kube-apiservers", ""},
+		{"group/version document: whoever serves any of it", tp, "GET", "/apis/batch/v1", topology.Subset, []string{"id-a", "id-c"}, "kube-apiservers-only-cp-a+cp-c", "batch/v1/"},
+		{"escaped group/version document", tp, "GET", "/apis/batch%2Fv1?timeout=32s", topology.Subset, []string{"id-a", "id-c"}, "kube-apiservers-only-cp-a+cp-c", "batch/v1/"},
+		{"escaped slash in a resource path", tp, "GET", "/apis/batch%2Fv1/namespaces/x/jobs", topology.Subset, []string{"id-a", "id-c"}, "kube-apiservers-only-cp-a+cp-c", "batch/v1/jobs"},
+		{"core document served by all", tp, "GET", "/api/v1", topology.Default, nil, "kube-apiservers", "core/v1/"},
+		{"group document is non-resource", tp, "GET", "/apis/batch", topology.Default, nil, "kube-apiservers", ""},
+		{"sidecar: document the local apiserver lacks", sidecarB, "GET", "/apis/batch/v1/", topology.Subset, []string{"id-a", "id-c"}, "kube-apiservers-only-cp-a+cp-c", "batch/v1/"},
 		{"served by every live server", tp, "GET", "/api/v1/namespaces/x/pods", topology.Default, nil, "kube-apiservers", "core/v1/pods"},
 		{"duplicates in input do not matter", tp, "GET", "/apis/apps/v1/deployments", topology.Default, nil, "kube-apiservers", "apps/v1/deployments"},
 		{"strict subset", tp, "GET", "/apis/batch/v1/namespaces/x/jobs", topology.Subset, []string{"id-a", "id-c"}, "kube-apiservers-only-cp-a+cp-c", "batch/v1/jobs"},
@@ -83,8 +88,11 @@ func TestDecide(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			req := topology.ParsePathHeader(c.method, c.path)
 			var d topology.Decision // the rule itself, for a request
-			if req.IsResourceRequest {
+			switch {
+			case req.IsResourceRequest:
 				d = c.topo.DecideResource(topology.Resource{Group: req.APIGroup, Version: req.APIVersion, Resource: req.Resource, Subresource: req.Subresource})
+			case req.GroupVersionDocument:
+				d = c.topo.DecideResource(topology.GroupVersion{Group: req.APIGroup, Version: req.APIVersion}.Document())
 			}
 			if d.Outcome != c.outcome || !slices.Equal([]string(d.Servers), c.servers) {
 				t.Errorf("%s %s: %v %v, want %v %v", c.method, c.path, d.Outcome, d.Servers, c.outcome, c.servers)

@@ -29,13 +29,13 @@ func newRoutes(local string, sorted []Route) *Routes {
 }
 
 // NewRoutes assembles routes received from elsewhere (the routing table). Every route must
-// name a cluster unless it is Unavailable, its key must be a resource, and no key may come
-// twice.
+// name a cluster unless it is Unavailable, its key must be a resource or a group/version's
+// document (topology.GroupVersion.Document), and no key may come twice.
 func NewRoutes(local string, routes []Route) (*Routes, error) {
 	sorted := slices.Clone(routes)
 	slices.SortFunc(sorted, compareRoutes)
 	for i, r := range sorted {
-		if r.Resource.Version == "" || r.Resource.Resource == "" {
+		if r.Resource.Version == "" || (r.Resource.Resource == "" && !r.Resource.IsDocument()) {
 			return nil, fmt.Errorf("route for %q lacks a version or resource", r.Resource)
 		}
 		if (r.Cluster == "") != (r.Outcome == topology.Unavailable) {
@@ -63,6 +63,13 @@ func (rs *Routes) makeIndex() {
 // topology (the default route for requests that are not for a resource), looked up instead
 // of computed.
 func (rs *Routes) Decide(req topology.RequestInfo) Route {
+	if req.GroupVersionDocument {
+		gv := topology.GroupVersion{Group: req.APIGroup, Version: req.APIVersion}
+		if route, ok := rs.Route(gv.Document()); ok {
+			return route
+		}
+		return rs.Default
+	}
 	if !req.IsResourceRequest {
 		return rs.Default
 	}

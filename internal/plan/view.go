@@ -36,7 +36,9 @@ type GroupVersionView struct {
 	PathPrefix   string `json:"pathPrefix"`
 	// ExtProc: its requests take the ext_proc route (some resource does not go to the
 	// default cluster); false: line rate.
-	ExtProc   bool           `json:"extProc"`
+	ExtProc bool `json:"extProc"`
+	// Document is its discovery document (Resource is its path): whoever serves any of it.
+	Document  ResourceView   `json:"document"`
 	Resources []ResourceView `json:"resources"`
 }
 
@@ -65,6 +67,20 @@ func (p *Plan) View() View {
 	slices.Sort(v.ServedEverywhere)
 	for _, gv := range p.GroupVersions {
 		gvv := GroupVersionView{GroupVersion: gv.GroupVersion.String(), PathPrefix: gv.GroupVersion.PathPrefix(), ExtProc: gv.ExtProc}
+		d := gv.Document
+		gvv.Document = ResourceView{Resource: gv.GroupVersion.Path(), Outcome: d.Outcome.String(), Cluster: d.Cluster}
+		var servedBy []string
+		for _, r := range gv.Routes {
+			servedBy = append(servedBy, t.Served[r.Resource]...)
+		}
+		for _, id := range slices.Compact(slices.Sorted(slices.Values(servedBy))) {
+			gvv.Document.ServedBy = append(gvv.Document.ServedBy, hostnameOr(t, id))
+		}
+		if d.Outcome == topology.Unavailable {
+			for _, id := range d.Servers {
+				gvv.Document.Candidates = append(gvv.Document.Candidates, hostnameOr(t, id))
+			}
+		}
 		for _, r := range gv.Routes {
 			name := r.Resource.Resource
 			if r.Resource.Subresource != "" {

@@ -166,7 +166,13 @@ func (b *builder) producible() map[string]string {
 	}
 	add(b.p.Routes.Default.Cluster, "non-resource requests")
 	for _, r := range b.p.Routes.All() {
+		if r.Resource.IsDocument() {
+			continue // named below, after the resources: a resource is the clearer example
+		}
 		add(r.Cluster, r.Resource.String())
+	}
+	for _, gv := range b.p.GroupVersions {
+		add(gv.Document.Cluster, "the "+gv.GroupVersion.String()+" document")
 	}
 	return out
 }

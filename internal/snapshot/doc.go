@@ -72,15 +72,47 @@
 //     aggregated discovery, extproc asks for the response headers (mode_override, hence
 //     allow_mode_override on the filter) and answers an apiserver's 200 with the merged
 //     discovery of every live apiserver (the apiserver still authenticates and authorizes).
-//  4. one route per published group/version, named "core/v1", "batch/v1", …, prefix
-//     "/api/v1/" or "/apis/<g>/<v>/", with route metadata (filter_metadata "kube-mvp") naming
-//     the cluster each resource and subresource goes to (and those that are unavailable or
-//     not served), so /config_dump shows who serves what; the clusters' metadata names the
-//     apiservers inside. When every resource of it goes to the default cluster (outcome
-//     Default, or NotServed, which the default apiservers answer with 404 themselves) the
-//     route goes straight there with ext_proc off (line rate); otherwise ext_proc decides.
-//  5. "default": prefix "/" (non-resource paths, CRDs, aggregated APIs) → default cluster;
+//  4. "escaped-path": a path (without the query) with a %-escape or a leading "//" (safe_regex
+//     `//.*|.*%.*`) → default cluster, ext_proc ON, which decides on the path as the apiserver
+//     decodes it (see "Paths" below). No route timeout and no long-running twins: a regex
+//     cannot be intersected with the long-running paths', and such paths are rare.
+//  5. one route per published group/version, named "core/v1", "batch/v1", …,
+//     path_separated_prefix "/api/v1" or "/apis/<g>/<v>" (the path itself, the
+//     group/version's discovery document, or followed by "/"; "/apis/batch/v1beta1" is not
+//     batch/v1's), with route metadata (filter_metadata "kube-mvp") naming the cluster each
+//     resource and subresource goes to (and those that are unavailable or not served) and
+//     the cluster of the document ("document": whoever serves any resource of the
+//     group/version, plan.GroupVersion.Document), so /config_dump shows who serves what; the
+//     clusters' metadata names the apiservers inside. When every resource of it goes to the
+//     default cluster (outcome Default, or NotServed, which the default apiservers answer
+//     with 404 themselves; its document then goes there too) the route goes straight there
+//     with ext_proc off (line rate); otherwise ext_proc decides.
+//  6. "default": prefix "/" (non-resource paths, CRDs, aggregated APIs) → default cluster;
 //     ext_proc off.
+//
+// # Paths
+//
+// The apiserver routes a request by req.URL.Path: Go's server %-decodes it ("%2F" too), and
+// RequestInfoFactory trims every leading and trailing "/" and splits at "/"; it resolves no
+// dot-segment. Envoy matches routes against the :path as received. The two agree on every
+// path that starts with a single "/" and has no %-escape: its first segments are then the
+// same for both, and a path_separated_prefix route matches exactly the paths whose
+// RequestInfo has that group/version. Every other path takes route 4 to extproc, whose
+// parser (topology.ParsePathHeader, tested against upstream's RequestInfoFactory) decodes
+// it as the apiserver does: "/apis/batch%2Fv1/namespaces/x/jobs" goes to the apiservers
+// that serve batch/v1.
+//
+// The path is forwarded unchanged. The HCM options that would let Envoy route on a decoded
+// path all change the forwarded one too, so they are set explicitly off (no runtime default
+// can turn them on): normalize_path false (RFC 3986 normalization rewrites the upstream
+// :path, resolves dot-segments the apiserver reads literally, and decodes escapes
+// differently from Go), merge_slashes false (rewrites the upstream :path) and
+// path_with_escaped_slashes_action KEEP_UNCHANGED. UNESCAPE_AND_FORWARD would forward
+// "%2F" as "/" and UNESCAPE_AND_REDIRECT would answer a redirect that not every client
+// follows (a POST, a watch, a WebSocket upgrade); REJECT_REQUEST would turn requests the
+// apiserver serves into 400s, e.g. a "*/proxy" subresource whose tail carries "%2F" for the
+// pod or service behind it. None of them covers "%61" or "//" either. Routing such paths
+// through extproc costs one ext_proc round trip only for those rare paths.
 //
 // In a sidecar's configuration every route with ext_proc on also names the sidecar's
 // apiserver in the ext_proc stream's gRPC metadata (contract.MetadataLocalAPIServer), so

@@ -31,14 +31,15 @@ import (
 
 // routeFacts is what a route does, read back from the generated resources.
 type routeFacts struct {
-	name     string
-	prefix   string
-	path     string
-	regex    string   // safe_regex, matched against the whole path
-	headers  []string // header matchers: "name" (present), "!name" (absent), "name~regex", "name=value" (any case), "name*=substring"
-	cluster  string   // or "header:<name>" for cluster_header
-	extProc  bool
-	metadata []string // ext_proc overrides.grpc_initial_metadata, "key=value"
+	name      string
+	prefix    string
+	sepPrefix string // path_separated_prefix
+	path      string
+	regex     string   // safe_regex, matched against the whole path
+	headers   []string // header matchers: "name" (present), "!name" (absent), "name~regex", "name=value" (any case), "name*=substring"
+	cluster   string   // or "header:<name>" for cluster_header
+	extProc   bool
+	metadata  []string // ext_proc overrides.grpc_initial_metadata, "key=value"
 }
 
 func readRoutes(t *testing.T, res *snapshot.Resources) []routeFacts {
@@ -49,7 +50,7 @@ func readRoutes(t *testing.T, res *snapshot.Resources) []routeFacts {
 	rc := res.Routes[0].(*routev3.RouteConfiguration)
 	var out []routeFacts
 	for _, r := range rc.GetVirtualHosts()[0].GetRoutes() {
-		f := routeFacts{name: r.GetName(), prefix: r.GetMatch().GetPrefix(), path: r.GetMatch().GetPath(), regex: r.GetMatch().GetSafeRegex().GetRegex(), extProc: true}
+		f := routeFacts{name: r.GetName(), prefix: r.GetMatch().GetPrefix(), sepPrefix: r.GetMatch().GetPathSeparatedPrefix(), path: r.GetMatch().GetPath(), regex: r.GetMatch().GetSafeRegex().GetRegex(), extProc: true}
 		for _, h := range r.GetMatch().GetHeaders() {
 			sm := h.GetStringMatch()
 			switch {
@@ -203,11 +204,20 @@ func TestRoutingFacts(t *testing.T) {
 				t.Errorf("last route = %+v, want the catch-all route with ext_proc off", r)
 			}
 
+			// Paths whose route the raw path cannot tell go to extproc, which decodes them.
+			if r := routes[5]; r.name != snapshot.RouteEscapedPath || r.regex != `//.*|.*%.*` || r.cluster != def || !r.extProc || r.headers != nil {
+				t.Errorf("sixth route = %+v, want the escaped-path route: a %%-escape or a leading //, ext_proc on", r)
+			}
+
 			gvRoutes := map[string]routeFacts{}
-			for _, r := range routes[5 : len(routes)-1] {
+			for _, r := range routes[6 : len(routes)-1] {
 				gvRoutes[r.name] = r
 				if r.cluster != def {
 					t.Errorf("route %s goes to %s, want the default cluster %s", r.name, r.cluster, def)
+				}
+				// The group/version's document and everything under it, nothing else.
+				if r.prefix != "" || r.regex != "" || r.path != "" || (r.sepPrefix != "/api/v1" && !strings.HasPrefix(r.sepPrefix, "/apis/")) || strings.HasSuffix(r.sepPrefix, "/") {
+					t.Errorf("route %s matches %+v, want path_separated_prefix /api/<v> or /apis/<g>/<v>", r.name, r)
 				}
 			}
 			for _, gv := range w.extProcGVs {
@@ -466,17 +476,26 @@ func TestLongRunningRoutes(t *testing.T) {
 				t.Fatal(err)
 			}
 			routes := res.Routes[0].(*routev3.RouteConfiguration).GetVirtualHosts()[0].GetRoutes()
-			bases := 0
+			bases, untwinned := 0, 0
 			for i, r := range routes {
 				n := r.GetName()
 				if strings.HasSuffix(n, snapshot.RouteSuffixWatch) || strings.HasSuffix(n, snapshot.RouteSuffixLongRunning) {
 					continue
 				}
 				bases++
+				if n == snapshot.RouteEscapedPath {
+					// Unclassifiable paths: no twins, no timeout.
+					untwinned++
+					if got := r.GetRoute().GetTimeout().AsDuration(); got != 0 || (i >= 1 && strings.HasPrefix(routes[i-1].GetName(), n)) {
+						t.Errorf("route %s: timeout %v, preceded by %s; want no timeout, no twins", n, got, routes[i-1].GetName())
+					}
+					continue
+				}
 				if got := r.GetRoute().GetTimeout().AsDuration(); got != cfg.UpstreamRequestTimeout {
 					t.Errorf("route %s: timeout %v, want %v", n, got, cfg.UpstreamRequestTimeout)
 				}
 				if n == snapshot.RouteDiscovery {
+					untwinned++
 					continue
 				}
 				if i < 2 || routes[i-2].GetName() != n+snapshot.RouteSuffixWatch || routes[i-1].GetName() != n+snapshot.RouteSuffixLongRunning {
@@ -504,6 +523,9 @@ func TestLongRunningRoutes(t *testing.T) {
 				}
 				re := regexp.MustCompile("^(?:" + lr.GetSafeRegex().GetRegex() + ")$")
 				prefix := r.GetMatch().GetPrefix()
+				if p := r.GetMatch().GetPathSeparatedPrefix(); p != "" {
+					prefix = p + "/"
+				}
 				for _, c := range []struct {
 					path string
 					long bool
@@ -540,8 +562,8 @@ func TestLongRunningRoutes(t *testing.T) {
 					}
 				}
 			}
-			if len(routes) != bases+2*(bases-1) {
-				t.Errorf("%d routes, want %d and their twins (the discovery route has none)", len(routes), bases)
+			if len(routes) != bases+2*(bases-untwinned) {
+				t.Errorf("%d routes, want %d and their twins (the discovery and escaped-path routes have none)", len(routes), bases)
 			}
 		})
 	}

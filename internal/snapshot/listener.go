@@ -86,7 +86,14 @@ func (b *builder) httpConnectionManager() *hcmv3.HttpConnectionManager {
 		RequestTimeout:             durationpb.New(0),
 		UseRemoteAddress:           wrapperspb.Bool(true),
 		ServerHeaderTransformation: hcmv3.HttpConnectionManager_PASS_THROUGH,
-		LocalReplyConfig:           b.localReplyConfig(),
+		// The path is routed and forwarded as the client sent it: each of these would
+		// change the forwarded :path too (doc.go, "Paths"). Set explicitly, so that no
+		// runtime default (http_connection_manager.normalize_path,
+		// .path_with_escaped_slashes_action) changes them.
+		NormalizePath:                wrapperspb.Bool(false),
+		MergeSlashes:                 false,
+		PathWithEscapedSlashesAction: hcmv3.HttpConnectionManager_KEEP_UNCHANGED,
+		LocalReplyConfig:             b.localReplyConfig(),
 	}
 }
 

@@ -28,6 +28,7 @@ const (
 	RouteClientCertificateAndToken          = "client-certificate-and-token"
 	RouteClientCertificateAndWebSocketToken = "client-certificate-and-websocket-token"
 	RouteDiscovery                          = "discovery"
+	RouteEscapedPath                        = "escaped-path"
 	RouteFallback                           = "default"
 )
 
@@ -44,6 +45,13 @@ const bearerTokenRegex = "[Bb][Ee][Aa][Rr][Ee][Rr] [^ ].*"
 // the whole value, several headers joined with ",".
 const webSocketBearerProtocolRegex = `(.*,)?[ \t]*base64url\.bearer\.authorization\.k8s\.io\..*`
 
+// escapedPathRegex matches the paths (without the query) whose route Envoy cannot tell from
+// the path as it is on the wire, because the apiserver reads another one: any %-escape (Go's
+// server decodes them into req.URL.Path, which kube-apiserver's RequestInfoFactory splits, so
+// "/apis/batch%2Fv1/jobs" is batch/v1 jobs to it) and a leading "//" (RequestInfoFactory
+// trims every leading slash). Envoy matches safe_regex against the whole path.
+const escapedPathRegex = `//.*|.*%.*`
+
 // routeConfiguration is the one route table. First match wins:
 //
 //  1. the routing header is present: it can only have come from extproc (the early header
@@ -56,10 +64,15 @@ const webSocketBearerProtocolRegex = `(.*,)?[ \t]*base64url\.bearer\.authorizati
 //     Sec-WebSocket-Protocol (both tell extproc so in the stream's gRPC metadata), without.
 //  3. path /apis or /apis/ (aggregated discovery): the default cluster, ext_proc ON, which answers an
 //     apiserver's 200 with the merged discovery of every live apiserver.
-//  4. per published group/version (prefix /api/v1/, /apis/<g>/<v>/): straight to the default
-//     cluster with ext_proc off when every resource of the group/version goes there anyway;
-//     otherwise ext_proc on (it sets the routing header and the route is matched again).
-//  5. prefix / (non-resource paths, unpublished group/versions such as CRDs and aggregated
+//  4. a path with a %-escape or a leading "//" (escapedPathRegex): the default cluster,
+//     ext_proc ON, which decides on the path as the apiserver decodes it; the path is
+//     forwarded unchanged.
+//  5. per published group/version (path_separated_prefix /api/v1, /apis/<g>/<v>: the
+//     group/version's document and everything under it): straight to the default cluster
+//     with ext_proc off when every resource of the group/version (hence its document) goes
+//     there anyway; otherwise ext_proc on (it sets the routing header and the route is
+//     matched again).
+//  6. prefix / (non-resource paths, unpublished group/versions such as CRDs and aggregated
 //     APIs): the default cluster; ext_proc off.
 func (b *builder) routeConfiguration() *routev3.RouteConfiguration {
 	def := b.p.DefaultClusterName()
@@ -155,10 +168,16 @@ func (b *builder) routeConfiguration() *routev3.RouteConfiguration {
 		Action:               action(def),
 		TypedPerFilterConfig: extProcOn(),
 	})
+	routes = append(routes, &routev3.Route{
+		Name:                 RouteEscapedPath,
+		Match:                &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_SafeRegex{SafeRegex: &matcherv3.RegexMatcher{Regex: escapedPathRegex}}},
+		Action:               action(def),
+		TypedPerFilterConfig: extProcOn(),
+	})
 	for _, gv := range b.p.GroupVersions {
 		r := &routev3.Route{
 			Name:                 gv.GroupVersion.String(),
-			Match:                prefix(gv.GroupVersion.PathPrefix(), nil),
+			Match:                &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_PathSeparatedPrefix{PathSeparatedPrefix: gv.GroupVersion.Path()}},
 			Action:               action(def),
 			Metadata:             b.groupVersionMetadata(gv),
 			TypedPerFilterConfig: extProcOff,
@@ -176,7 +195,13 @@ func (b *builder) routeConfiguration() *routev3.RouteConfiguration {
 	})
 	var all []*routev3.Route
 	for _, r := range routes {
-		if r.GetName() != RouteDiscovery {
+		switch r.GetName() {
+		case RouteDiscovery: // never long-running
+		case RouteEscapedPath:
+			// Its regex cannot be intersected with the long-running paths', and such paths
+			// are rare: no timeout, as every request had before.
+			r.GetRoute().Timeout = durationpb.New(0)
+		default:
 			all = append(all, longRunningRoutes(r)...)
 		}
 		all = append(all, r)
@@ -239,9 +264,19 @@ func longRunningRoutes(r *routev3.Route) []*routev3.Route {
 		QueryParameterMatchSpecifier: &routev3.QueryParameterMatcher_PresentMatch{PresentMatch: true},
 	}}
 	lr := noTimeout(RouteSuffixLongRunning)
-	regex := longRunningAnyRegex
-	if p := r.GetMatch().GetPrefix(); p != "/" {
-		regex = regexp.QuoteMeta(p) + longRunningTail
+	var regex string
+	switch m := r.GetMatch().GetPathSpecifier().(type) {
+	case *routev3.RouteMatch_Prefix:
+		regex = longRunningAnyRegex
+		if m.Prefix != "/" {
+			regex = regexp.QuoteMeta(m.Prefix) + longRunningTail
+		}
+	case *routev3.RouteMatch_PathSeparatedPrefix:
+		regex = regexp.QuoteMeta(m.PathSeparatedPrefix+"/") + longRunningTail
+	default:
+		// No long-running paths can be told apart: no timeout at all, as before.
+		r.GetRoute().Timeout = durationpb.New(0)
+		return nil
 	}
 	lr.Match.PathSpecifier = &routev3.RouteMatch_SafeRegex{SafeRegex: &matcherv3.RegexMatcher{Regex: regex}}
 	return []*routev3.Route{watch, lr}
@@ -282,6 +317,7 @@ func (b *builder) retryPolicy(what string) *routev3.RetryPolicy {
 //
 //	groupVersion: batch/v1
 //	extProc: true
+//	document: kube-apiservers-only-cp-a+cp-c  # GET /apis/batch/v1: who serves any of it
 //	clusters: {kube-apiservers-only-cp-a+cp-c: [cronjobs, jobs, jobs/status]}
 //	unavailable: {storageversionmigrations: [apiserver-…]}  # serving apiservers all dead: 503
 //	notServed: [podsecuritypolicies]  # only stale IDs: the default apiservers answer 404
@@ -318,6 +354,12 @@ func (b *builder) groupVersionMetadata(gv plan.GroupVersion) *corev3.Metadata {
 		"groupVersion": structpb.NewStringValue(gv.GroupVersion.String()),
 		"extProc":      structpb.NewBoolValue(gv.ExtProc),
 	}}
+	// Where its document goes: a cluster, or "unavailable" (an immediate 503).
+	if doc := gv.Document.Cluster; doc != "" {
+		md.Fields["document"] = structpb.NewStringValue(doc)
+	} else {
+		md.Fields["document"] = structpb.NewStringValue("unavailable")
+	}
 	if len(clusters) > 0 {
 		cs := &structpb.Struct{Fields: make(map[string]*structpb.Value, len(clusters))}
 		for c, l := range clusters {

@@ -62,19 +62,30 @@ func build(p *plan.Table, now time.Time) (*tablev1.Table, []byte) {
 		tb.Apiservers = append(tb.Apiservers, &tablev1.APIServer{Id: s.ID, Hostname: s.Hostname, Address: s.Address, Alive: s.Alive})
 	}
 	// Every plan of one table routes the same keys (one topology's published resources).
-	var keys []topology.Resource
+	// The group/versions' documents travel apart (Plan.document_routes), so that a reader
+	// that does not know them still reads every resource key.
+	var keys, docs []topology.Resource
 	if front := p.Routes[""]; front != nil {
 		for _, r := range front.All() { // sorted by group, version, resource, subresource
-			keys = append(keys, r.Resource)
+			if r.Resource.IsDocument() {
+				docs = append(docs, r.Resource)
+			} else {
+				keys = append(keys, r.Resource)
+			}
 		}
 	}
 	var gv *tablev1.GroupVersion
+	var gvs []topology.GroupVersion
 	for _, r := range keys {
 		if gv == nil || gv.Group != r.Group || gv.Version != r.Version {
 			gv = &tablev1.GroupVersion{Group: r.Group, Version: r.Version}
 			tb.GroupVersions = append(tb.GroupVersions, gv)
+			gvs = append(gvs, r.GroupVersion())
 		}
 		gv.Resources = append(gv.Resources, &tablev1.PublishedResource{Resource: r.Resource, Subresource: r.Subresource})
+	}
+	if len(docs) == 0 {
+		gvs = nil // plans made without documents (routes assembled by hand): none sent
 	}
 	locals := slices.Sorted(maps.Keys(p.Routes)) // "" (the front proxy) first
 	for _, local := range locals {
@@ -85,6 +96,16 @@ func build(p *plan.Table, now time.Time) (*tablev1.Table, []byte) {
 			cluster string
 		}
 		index := map[wire]uint32{}
+		add := func(route plan.Route) uint32 { // route's index in pp.Routes
+			r := wire{route.Outcome, route.Cluster}
+			n, ok := index[r]
+			if !ok {
+				n = uint32(len(pp.Routes))
+				index[r] = n
+				pp.Routes = append(pp.Routes, &tablev1.Route{Outcome: outcomes[r.outcome], Cluster: r.cluster})
+			}
+			return n
+		}
 		routes := rs.All() // normally the same keys in the same order: one topology's
 		for i, key := range keys {
 			route := rs.Default
@@ -93,14 +114,14 @@ func build(p *plan.Table, now time.Time) (*tablev1.Table, []byte) {
 			} else if r, ok := rs.Route(key); ok {
 				route = r
 			}
-			r := wire{route.Outcome, route.Cluster}
-			n, ok := index[r]
+			pp.ResourceRoutes[i] = add(route)
+		}
+		for _, g := range gvs {
+			route, ok := rs.Route(g.Document())
 			if !ok {
-				n = uint32(len(pp.Routes))
-				index[r] = n
-				pp.Routes = append(pp.Routes, &tablev1.Route{Outcome: outcomes[r.outcome], Cluster: r.cluster})
+				route = rs.Default
 			}
-			pp.ResourceRoutes[i] = n
+			pp.DocumentRoutes = append(pp.DocumentRoutes, add(route))
 		}
 		tb.Plans = append(tb.Plans, pp)
 	}
@@ -155,7 +176,11 @@ func FromProto(tb *tablev1.Table) (*plan.Table, error) {
 	var keys []topology.Resource
 	for _, gv := range tb.GetGroupVersions() {
 		for _, r := range gv.GetResources() {
-			keys = append(keys, topology.Resource{Group: gv.GetGroup(), Version: gv.GetVersion(), Resource: r.GetResource(), Subresource: r.GetSubresource()})
+			k := topology.Resource{Group: gv.GetGroup(), Version: gv.GetVersion(), Resource: r.GetResource(), Subresource: r.GetSubresource()}
+			if k.Resource == "" {
+				return nil, malformed("resource %q without a name", k)
+			}
+			keys = append(keys, k)
 		}
 	}
 	for _, pp := range tb.GetPlans() {
@@ -174,13 +199,28 @@ func FromProto(tb *tablev1.Table) (*plan.Table, error) {
 			}
 			routes[i] = plan.Route{Outcome: o, Cluster: r.GetCluster()}
 		}
-		byKey := make([]plan.Route, len(keys))
+		byKey := make([]plan.Route, len(keys), len(keys)+len(pp.GetDocumentRoutes()))
 		for i, n := range pp.GetResourceRoutes() {
 			if uint64(n) >= uint64(len(routes)) {
 				return nil, malformed("plan %q: resource %s names route %d of %d", local, keys[i], n, len(routes))
 			}
 			byKey[i] = routes[n]
 			byKey[i].Resource = keys[i]
+		}
+		if docs := pp.GetDocumentRoutes(); len(docs) > 0 {
+			if len(docs) != len(tb.GetGroupVersions()) {
+				return nil, malformed("plan %q routes %d documents of %d group/versions", local, len(docs), len(tb.GetGroupVersions()))
+			}
+			for i, n := range docs {
+				gv := tb.GetGroupVersions()[i]
+				key := topology.GroupVersion{Group: gv.GetGroup(), Version: gv.GetVersion()}.Document()
+				if uint64(n) >= uint64(len(routes)) {
+					return nil, malformed("plan %q: document of %s names route %d of %d", local, key, n, len(routes))
+				}
+				route := routes[n]
+				route.Resource = key
+				byKey = append(byKey, route)
+			}
 		}
 		rs, err := plan.NewRoutes(local, byKey)
 		if err != nil {

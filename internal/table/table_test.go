@@ -112,6 +112,21 @@ func TestRoundTrip(t *testing.T) {
 	if got := out.Routes[""].Lookup(topology.Resource{Group: "batch", Version: "v1", Resource: "jobs", Subresource: "scale"}); got.Cluster != "kube-apiservers-only-cp-a" {
 		t.Errorf("unpublished subresource of jobs goes to %q, want jobs' cluster", got.Cluster)
 	}
+	// A group/version's document goes to whoever serves some resource of it.
+	batchDoc := topology.GroupVersion{Group: "batch", Version: "v1"}.Document()
+	if got := out.Routes[""].Lookup(batchDoc); got.Cluster != "kube-apiservers-only-cp-a" || got.Outcome != topology.Subset {
+		t.Errorf("batch/v1 document goes %s to %q, want subset to cp-a's cluster", got.Outcome, got.Cluster)
+	}
+	// A table from an xds-server that sends no documents: they go to the default cluster.
+	old := proto.CloneOf(tb)
+	for _, p := range old.Plans {
+		p.DocumentRoutes = nil
+	}
+	if o, err := table.FromProto(old); err != nil {
+		t.Errorf("table without documents: %v", err)
+	} else if got := o.Routes[""].Decide(topology.RequestInfo{GroupVersionDocument: true, APIGroup: "batch", APIVersion: "v1"}); got.Cluster != o.Routes[""].Default.Cluster {
+		t.Errorf("without documents, batch/v1's goes to %q, want the default cluster", got.Cluster)
+	}
 	if again := table.ToProto(out, time.Unix(99, 0)); again.Version != tb.Version {
 		t.Errorf("version depends on more than content: %s vs %s", again.Version, tb.Version)
 	}
@@ -163,6 +178,8 @@ func TestFromProtoRejects(t *testing.T) {
 			}
 		}, table.ErrMalformed},
 		{"resource without name", func(tb *tablev1.Table) { tb.GroupVersions[0].Resources[0].Resource = "" }, table.ErrMalformed},
+		{"documents of fewer group/versions", func(tb *tablev1.Table) { tb.Plans[0].DocumentRoutes = tb.Plans[0].DocumentRoutes[1:] }, table.ErrMalformed},
+		{"document route out of range", func(tb *tablev1.Table) { tb.Plans[0].DocumentRoutes[0] = 99 }, table.ErrMalformed},
 		{"group/version without version", func(tb *tablev1.Table) { tb.GroupVersions[0].Version = "" }, table.ErrMalformed},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

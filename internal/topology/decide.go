@@ -66,10 +66,15 @@ type Capability struct {
 	Live, Known ServerSet
 }
 
-// Capable is who can serve a request on resource r.
+// Capable is who can serve a request on resource r. For a group/version's document
+// (r.IsDocument, GroupVersion.Document) that is every apiserver that serves some resource of
+// the group/version: an apiserver that serves none of it answers the document with 404.
 func (t *Topology) Capable(r Resource) Capability {
 	if t.ServedEverywhere[r.Group] {
 		return Capability{}
+	}
+	if r.IsDocument() {
+		return t.capableDocument(r)
 	}
 	key := r
 	capable, published := t.Served[key]
@@ -84,6 +89,34 @@ func (t *Topology) Capable(r Resource) Capability {
 	}
 	c := Capability{Key: key}
 	for _, id := range capable {
+		s, ok := t.Server(id)
+		if !ok {
+			continue
+		}
+		if s.Routable() {
+			c.Live = append(c.Live, id)
+		} else {
+			c.Known = append(c.Known, id)
+		}
+	}
+	return c
+}
+
+// capableDocument is Capable for the document key r: the union of the apiservers that serve
+// each published resource of r's group/version (subresources add nobody, since whoever
+// serves a subresource serves its resource). Zero when the group/version is not published.
+func (t *Topology) capableDocument(r Resource) Capability {
+	var ids []string
+	for k, capable := range t.Served {
+		if k.Group == r.Group && k.Version == r.Version {
+			ids = append(ids, capable...)
+		}
+	}
+	if len(ids) == 0 {
+		return Capability{}
+	}
+	c := Capability{Key: r}
+	for _, id := range slices.Compact(slices.Sorted(slices.Values(ids))) {
 		s, ok := t.Server(id)
 		if !ok {
 			continue

@@ -17,3 +17,59 @@ func TestNewRejectsBadInput(t *testing.T) {
 		t.Error("resource without version accepted")
 	}
 }
+
+// A group/version's document goes to whoever serves any resource of it: a subset when only
+// some live apiservers serve some of it, the default set when every live one serves some,
+// 503 when only dead ones do.
+func TestDecideDocument(t *testing.T) {
+	live := func(id string) topology.APIServer {
+		return topology.APIServer{ID: id, Hostname: id, Address: "10.0.0." + id[len(id)-1:] + ":6443", Alive: true}
+	}
+	dead := topology.APIServer{ID: "d", Hostname: "d"}
+	batch := topology.GroupVersion{Group: "batch", Version: "v1"}
+	res := func(gv topology.GroupVersion, r string) topology.Resource {
+		return topology.Resource{Group: gv.Group, Version: gv.Version, Resource: r}
+	}
+	alpha := topology.GroupVersion{Group: "x.k8s.io", Version: "v1alpha1"}
+	gone := topology.GroupVersion{Group: "gone.k8s.io", Version: "v1"}
+	tp, err := topology.New([]topology.APIServer{live("s1"), live("s2"), live("s3"), dead}, map[topology.Resource][]string{
+		res(batch, "jobs"):     {"s1", "s2"},
+		res(batch, "cronjobs"): {"s2", "s3"},
+		res(alpha, "things"):   {"s1"},
+		res(alpha, "others"):   {"s2"},
+		res(gone, "ghosts"):    {"d"},
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		gv      topology.GroupVersion
+		outcome topology.Outcome
+		servers topology.ServerSet
+	}{
+		{batch, topology.Default, nil},                                               // s1+s2+s3: every live one
+		{alpha, topology.Subset, topology.ServerSet{"s1", "s2"}},                     // the union, not either resource's set
+		{gone, topology.Unavailable, topology.ServerSet{"d"}},                        // only a dead one
+		{topology.GroupVersion{Group: "nope", Version: "v1"}, topology.Default, nil}, // unpublished
+	} {
+		d := tp.DecideResource(c.gv.Document())
+		if d.Outcome != c.outcome || !equalSets(d.Servers, c.servers) {
+			t.Errorf("%s document: %s %v, want %s %v", c.gv, d.Outcome, d.Servers, c.outcome, c.servers)
+		}
+	}
+	if !batch.Document().IsDocument() || res(batch, "jobs").IsDocument() {
+		t.Error("IsDocument")
+	}
+}
+
+func equalSets(a, b topology.ServerSet) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}

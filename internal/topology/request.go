@@ -6,8 +6,14 @@ package topology
 // they are not computed.
 type RequestInfo struct {
 	IsResourceRequest bool
-	APIGroup          string
-	APIVersion        string
-	Resource          string
-	Subresource       string
+	// GroupVersionDocument: the path is a group/version's discovery document, "/api/<v>" or
+	// "/apis/<g>/<v>" (slashes around it ignored), whose group and version are in APIGroup and
+	// APIVersion. Upstream has no such field: to it this is a non-resource request (its
+	// RequestInfo leaves group and version empty), answered by the handler that serves the
+	// group/version, so an apiserver that serves none of it answers 404.
+	GroupVersionDocument bool
+	APIGroup             string
+	APIVersion           string
+	Resource             string
+	Subresource          string
 }

@@ -56,6 +56,9 @@ func ParsePathHeader(_, pathHeader string) RequestInfo {
 // Decoding changes the result: "/api/v1/namespaces/a%2Fb/pods" is resource "b" to the
 // apiserver. ParsePathHeader does this split and decoding.
 //
+// A group/version's document ("/api/v1", "/apis/batch/v1") is a non-resource request to
+// upstream; here it is marked GroupVersionDocument, with its group and version.
+//
 // Where upstream also returns an error (a "watch" or "proxy" path prefix with nothing
 // after it; the apiserver then answers 500) the result is the partial info upstream returns.
 func ParsePath(path string) RequestInfo {
@@ -66,6 +69,11 @@ func ParsePath(path string) RequestInfo {
 	}
 	s.n = strings.Count(s.rest, "/") + 1
 	if s.n < 3 {
+		if s.n == 2 {
+			if api, v := cutSlash(s.rest); api == "api" && v != "" {
+				return RequestInfo{GroupVersionDocument: true, APIVersion: v}
+			}
+		}
 		return info
 	}
 	prefix := s.pop()
@@ -74,6 +82,11 @@ func ParsePath(path string) RequestInfo {
 	}
 	if prefix == "apis" {
 		if s.n < 3 {
+			if s.n == 2 {
+				if g, v := cutSlash(s.rest); g != "" && v != "" {
+					return RequestInfo{GroupVersionDocument: true, APIGroup: g, APIVersion: v}
+				}
+			}
 			return info
 		}
 		info.APIGroup = s.pop()

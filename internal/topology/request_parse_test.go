@@ -46,6 +46,9 @@ func upstream(method, target string) (topology.RequestInfo, bool) {
 // upstreamURL is upstream's answer, cut down to the fields RequestInfo keeps.
 func upstreamURL(method string, u *url.URL) topology.RequestInfo {
 	ri, _ := upstreamFactory.NewRequestInfo(&http.Request{Method: method, URL: u})
+	if !ri.IsResourceRequest {
+		return groupVersionDocument(ri.Path)
+	}
 	return topology.RequestInfo{
 		IsResourceRequest: ri.IsResourceRequest,
 		APIGroup:          ri.APIGroup,
@@ -53,6 +56,29 @@ func upstreamURL(method string, u *url.URL) topology.RequestInfo {
 		Resource:          ri.Resource,
 		Subresource:       ri.Subresource,
 	}
+}
+
+// groupVersionDocument is what a non-resource request's path (upstream's RequestInfo.Path,
+// req.URL.Path) parses to: upstream marks no group/version document, so this splits the path
+// as upstream's splitPath does (slashes trimmed around, split at every "/") and recognises
+// the paths go-restful's group/version web services answer: api/<v>, apis/<g>/<v>.
+func groupVersionDocument(path string) topology.RequestInfo {
+	var parts []string
+	if p := strings.Trim(path, "/"); p != "" {
+		parts = strings.Split(p, "/")
+	}
+	switch {
+	case len(parts) == 2 && parts[0] == "api" && parts[1] != "":
+		return topology.RequestInfo{GroupVersionDocument: true, APIVersion: parts[1]}
+	case len(parts) == 3 && parts[0] == "apis" && parts[1] != "" && parts[2] != "":
+		return topology.RequestInfo{GroupVersionDocument: true, APIGroup: parts[1], APIVersion: parts[2]}
+	}
+	return topology.RequestInfo{}
+}
+
+// doc is the expected RequestInfo of a group/version document.
+func doc(group, version string) topology.RequestInfo {
+	return topology.RequestInfo{GroupVersionDocument: true, APIGroup: group, APIVersion: version}
 }
 
 // parseCase is a target (as in :path) and what it parses to, with any method: the corpus
@@ -113,12 +139,22 @@ var parseCases = []parseCase{
 	{"%3F is part of the path", "/api/v1/pods%3Fwatch=1", res("", "v1", "pods?watch=1", "")},
 	{"'+' stays in the path", "/api/v1/pods+x", res("", "v1", "pods+x", "")},
 	{"absolute-form target", "http://h/apis/batch/v1/jobs?watch=1", res("batch", "v1", "jobs", "")},
+
+	// Group/version documents: a non-resource request to upstream, served by the group/version.
+	{"core document", "/api/v1", doc("", "v1")},
+	{"group document", "/apis/batch/v1?timeout=32s", doc("batch", "v1")},
+	{"document, trailing slash", "/apis/batch/v1/", doc("batch", "v1")},
+	{"document, leading slashes", "//apis/batch/v1", doc("batch", "v1")},
+	{"document, escaped slash", "/apis/batch%2Fv1", doc("batch", "v1")},
+	{"document, escaped slash resource", "/apis/batch%2Fv1/namespaces/x/jobs", res("batch", "v1", "jobs", "")},
+	{"no document: empty group", "/apis//v1", nonRes},
+	{"no document: group only", "/apis/batch", nonRes},
 }
 
 // nonResourceTargets parse as non-resource requests: not a version and a resource under
 // /api or /apis, or rejected with 400 by Go's server before any handler runs.
 var nonResourceTargets = []string{
-	"/", "/healthz?verbose", "/api", "/api/v1", "/apis/apps/", "/apis/apps/v1", "/openapi/v3/apis/apps/v1", "*",
+	"/", "/healthz?verbose", "/api", "/apis/apps/", "/openapi/v3/apis/apps/v1", "*",
 	// Rejected: bad escape, control bytes in the path and in the query, relative, empty.
 	"/api/v1/pods/%zz?watch=1", "/api/v1/pods\x00", "/api/v1/pods?a=\x7f", "api/v1/pods", "",
 }

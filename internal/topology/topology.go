@@ -77,13 +77,28 @@ type GroupVersion struct {
 	Version string `json:"version"`
 }
 
-// PathPrefix is the URL prefix under which every request for gv starts, with a trailing slash:
-// "/api/v1/" for core, "/apis/<group>/<version>/" otherwise.
-func (gv GroupVersion) PathPrefix() string {
+// Path is the path of gv's discovery document ("/api/v1" for core, "/apis/<group>/<version>"
+// otherwise), under which every request for gv also starts, followed by "/".
+func (gv GroupVersion) Path() string {
 	if gv.Group == "" {
-		return "/api/" + gv.Version + "/"
+		return "/api/" + gv.Version
 	}
-	return "/apis/" + gv.Group + "/" + gv.Version + "/"
+	return "/apis/" + gv.Group + "/" + gv.Version
+}
+
+// PathPrefix is Path followed by "/": the prefix of gv's resource requests.
+func (gv GroupVersion) PathPrefix() string { return gv.Path() + "/" }
+
+// Document is the serving-table key of gv's discovery document (GET /apis/<group>/<version>,
+// an APIResourceList): a Resource with gv and no resource name, which no real resource has.
+// Who serves it is who serves any resource of gv (Topology.Capable).
+func (gv GroupVersion) Document() Resource {
+	return Resource{Group: gv.Group, Version: gv.Version}
+}
+
+// IsDocument reports whether r is a group/version's document key (GroupVersion.Document).
+func (r Resource) IsDocument() bool {
+	return r.Resource == "" && r.Subresource == "" && r.Version != ""
 }
 
 func (gv GroupVersion) String() string {

@@ -100,6 +100,8 @@ var allowed = map[string][]string{
 		"forward_client_cert_details", "set_current_client_cert_details", "set_current_client_cert_details.subject", "set_current_client_cert_details.uri",
 		"use_remote_address", "upgrade_configs", "upgrade_configs.upgrade_type", "upgrade_configs.enabled",
 		"request_timeout", "stream_idle_timeout", "server_header_transformation",
+		// Allowed only with the values that leave the path alone: see valueChecks.
+		"normalize_path", "path_with_escaped_slashes_action",
 		"local_reply_config", "local_reply_config.mappers", "local_reply_config.mappers.filter",
 		"local_reply_config.mappers.filter.response_flag_filter", "local_reply_config.mappers.filter.response_flag_filter.flags",
 		"local_reply_config.mappers.filter.status_code_filter", "local_reply_config.mappers.filter.status_code_filter.comparison",
@@ -146,6 +148,7 @@ var allowed = map[string][]string{
 	tRouteConfig: cat([]string{
 		"name", "virtual_hosts", "virtual_hosts.name", "virtual_hosts.domains", "virtual_hosts.routes", "virtual_hosts.routes.name",
 		"virtual_hosts.routes.match", "virtual_hosts.routes.match.prefix", "virtual_hosts.routes.match.path",
+		"virtual_hosts.routes.match.path_separated_prefix",
 		"virtual_hosts.routes.match.safe_regex", "virtual_hosts.routes.match.safe_regex.regex",
 		"virtual_hosts.routes.match.headers", "virtual_hosts.routes.match.headers.name", "virtual_hosts.routes.match.headers.present_match",
 		"virtual_hosts.routes.match.headers.invert_match", "virtual_hosts.routes.match.headers.string_match",
@@ -276,12 +279,16 @@ func retryOn(_ protoreflect.FieldDescriptor, v protoreflect.Value) error {
 // valueChecks is root type -> path -> check of the field's value (for a list, each element).
 var valueChecks = map[string]map[string]valueCheck{
 	tHCM: {
-		"forward_client_cert_details":            enumIn("SANITIZE", "SANITIZE_SET"),
-		"upgrade_configs.upgrade_type":           stringIn("websocket", "spdy/3.1"),
-		"request_timeout":                        zeroDuration,
-		"stream_idle_timeout":                    zeroDuration,
-		"server_header_transformation":           enumIn("OVERWRITE", "PASS_THROUGH"),
-		"rds.config_source.resource_api_version": enumIn("V3"),
+		"forward_client_cert_details":  enumIn("SANITIZE", "SANITIZE_SET"),
+		"upgrade_configs.upgrade_type": stringIn("websocket", "spdy/3.1"),
+		"request_timeout":              zeroDuration,
+		"stream_idle_timeout":          zeroDuration,
+		"server_header_transformation": enumIn("OVERWRITE", "PASS_THROUGH"),
+		// Normalisation, slash merging and unescaping are not implemented: only the values
+		// under which Envoy routes and forwards the :path as received.
+		"normalize_path":                                                     falseBool,
+		"path_with_escaped_slashes_action":                                   enumIn("KEEP_UNCHANGED"),
+		"rds.config_source.resource_api_version":                             enumIn("V3"),
 		"local_reply_config.mappers.filter.status_code_filter.comparison.op": enumIn("EQ", "GE", "LE"),
 	},
 	tExtProc: {
@@ -307,6 +314,15 @@ var valueChecks = map[string]map[string]valueCheck{
 		"outlier_detection.enforcing_success_rate":                zeroPercentU32,
 		"eds_cluster_config.eds_config.resource_api_version":      enumIn("V3"),
 	},
+}
+
+// falseBool accepts a BoolValue of false.
+func falseBool(_ protoreflect.FieldDescriptor, v protoreflect.Value) error {
+	m := v.Message()
+	if m.Get(m.Descriptor().Fields().ByName("value")).Bool() {
+		return fmt.Errorf("true is not implemented (only false)")
+	}
+	return nil
 }
 
 // zeroPercentU32 accepts a UInt32Value of 0: the detector is disabled, which is implemented.

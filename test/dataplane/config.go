@@ -496,6 +496,7 @@ type virtualHost struct {
 type route struct {
 	name            string
 	prefix, path    *string
+	sepPrefix       *string // path_separated_prefix
 	re              *regexp.Regexp
 	headers         []*headerMatcher
 	query           []*queryMatcher
@@ -574,6 +575,12 @@ func compileRoute(r *routev3.Route) (*route, error) {
 		out.prefix = &p.Prefix
 	case *routev3.RouteMatch_Path:
 		out.path = &p.Path
+	case *routev3.RouteMatch_PathSeparatedPrefix:
+		// Envoy's validation (route_components.proto): no '?' or '#', not ending in '/'.
+		if err := m.Validate(); err != nil {
+			return nil, err
+		}
+		out.sepPrefix = &p.PathSeparatedPrefix
 	case *routev3.RouteMatch_SafeRegex:
 		re, err := compileRE2(p.SafeRegex.GetRegex())
 		if err != nil {
@@ -581,7 +588,7 @@ func compileRoute(r *routev3.Route) (*route, error) {
 		}
 		out.re = re
 	default:
-		return nil, errors.New("match: only prefix, path and safe_regex are implemented")
+		return nil, errors.New("match: only prefix, path, path_separated_prefix and safe_regex are implemented")
 	}
 	for _, h := range m.GetHeaders() {
 		hm, err := compileHeaderMatcher(h)

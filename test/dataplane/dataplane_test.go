@@ -15,7 +15,9 @@ import (
 	"testing"
 	"time"
 
+	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
@@ -89,6 +91,64 @@ func TestRoutesToRightCluster(t *testing.T) {
 	getJSON(t, e.dp.AdminURL()+"/stats", &st)
 	if len(st.Stats) == 0 {
 		t.Errorf("no stats")
+	}
+}
+
+// TestGroupVersionDocumentAndEscapedPaths: batch/v1's document and resource paths that
+// reach batch/v1 only once decoded (as Go's server and kube-apiserver's RequestInfoFactory
+// decode them) go, through the real extproc, only to the apiservers that serve batch/v1 (cp-a
+// and cp-c; cp-b would answer 404), and every path reaches the apiserver exactly as sent.
+func TestGroupVersionDocumentAndEscapedPaths(t *testing.T) {
+	// Not a test of message_timeout: a slow first decision under -race on a busy machine
+	// must not fail the request.
+	e := newEnv(t, envOptions{editExtProc: func(ep *extprocfilterv3.ExternalProcessor) { ep.MessageTimeout = durationpb.New(5 * time.Second) }})
+	if n := e.dp.NACKs(); len(n) > 0 {
+		t.Fatalf("NACKs: %q", n)
+	}
+	c := e.client(nil)
+	const subset = "kube-apiservers-only-cp-a+cp-c"
+	for _, path := range []string{
+		"/apis/batch/v1",
+		"/apis/batch/v1/",
+		"/apis/batch/v1?timeout=32s",
+		"/apis/batch%2Fv1",
+		"/apis/batch%2Fv1/namespaces/default/jobs",
+		"/apis/batch%2fv1/namespaces/default/jobs?limit=500", // (a watch would stream: the fake apiserver answers it so)
+		"/apis/b%61tch/v1/jobs",
+		"//apis/batch/v1/namespaces/default/jobs",
+	} {
+		servers, clusters := map[string]int{}, map[string]int{}
+		for range 12 {
+			r := e.do(c, "GET", path, nil)
+			if r.status != 200 {
+				t.Fatalf("GET %s: status %d: %s", path, r.status, r.body)
+			}
+			servers[r.seen.Server]++
+			clusters[r.seen.Header.Get("X-Kube-Mvp-Cluster")]++
+			if r.seen.Target != path {
+				t.Errorf("GET %s reached %s as %q, want it unchanged", path, r.seen.Server, r.seen.Target)
+			}
+		}
+		if servers["cp-b"] > 0 || clusters[subset] != 12 {
+			t.Errorf("GET %s went to %v with routing headers %v; want only cp-a and cp-c, by %s", path, servers, clusters, subset)
+		}
+	}
+	// Served by every apiserver: the core document and a path whose escapes decode to a
+	// core resource go to the default cluster; dot-segments are neither resolved nor
+	// routed on (the apiserver reads them literally too).
+	for path, wantExtProc := range map[string]bool{
+		"/api/v1":                               false,
+		"/api/v1/namespaces/default/pods/p%2Fq": true,
+		"/api/v1/namespaces/default/pods/p/proxy/a/../../../../../apis/batch/v1/jobs": false,
+		"/apis/apps/v1/namespaces/default/deployments/./../x":                         false,
+	} {
+		r := e.do(c, "GET", path, nil)
+		if r.status != 200 || r.seen.Target != path {
+			t.Errorf("GET %s: status %d, reached %s as %q; want 200 and the path unchanged", path, r.status, r.seen.Server, r.seen.Target)
+		}
+		if got := r.seen.Header.Get("X-Kube-Mvp-Cluster"); (got != "") != wantExtProc || (got != "" && got != "kube-apiservers") {
+			t.Errorf("GET %s: routing header %q, want the default cluster (through extproc: %v)", path, got, wantExtProc)
+		}
 	}
 }
 

@@ -121,9 +121,11 @@ func (p *pki) files(t testing.TB) snapshot.SecretFiles {
 // ---- fake apiservers -----------------------------------------------------------------------
 
 type seenRequest struct {
-	Server string      `json:"server"`
-	Method string      `json:"method"`
-	Path   string      `json:"path"`
+	Server string `json:"server"`
+	Method string `json:"method"`
+	Path   string `json:"path"`
+	// Target is the request-target exactly as received (escapes, "//", dot-segments).
+	Target string      `json:"target"`
 	Host   string      `json:"host"`
 	Header http.Header `json:"header"`
 	// ClientCert is the client certificate the request's TLS connection presented:
@@ -195,7 +197,7 @@ func (f *fakeAPIServer) readyzChecks() []seenRequest {
 func newFakeAPIServer(t testing.TB, p *pki, name, ip string, tick time.Duration, ticks int) *fakeAPIServer {
 	f := &fakeAPIServer{name: name}
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		seen := seenRequest{Server: name, Method: r.Method, Path: r.URL.RequestURI(), Host: r.Host, Header: r.Header.Clone(), ClientCert: clientCert(r)}
+		seen := seenRequest{Server: name, Method: r.Method, Path: r.URL.RequestURI(), Target: r.RequestURI, Host: r.Host, Header: r.Header.Clone(), ClientCert: clientCert(r)}
 		if r.URL.Path == "/readyz" {
 			f.mu.Lock()
 			f.checks = append(f.checks, seen)

@@ -103,8 +103,11 @@ func (d *DataPlane) handler(listenerName string) http.Handler {
 		if r.TLS != nil {
 			st.scheme = "https"
 		}
+		// :path as received: Go's servers keep the raw request-target (HTTP/1) or :path
+		// (HTTP/2) in RequestURI. An absolute-form target ("http://h/p", HTTP/1) becomes its
+		// path and query, as Envoy's HTTP/1 codec makes it.
 		st.path = r.RequestURI
-		if r.ProtoMajor >= 2 || st.path == "" {
+		if !strings.HasPrefix(st.path, "/") {
 			st.path = r.URL.RequestURI()
 		}
 		start := time.Now()
@@ -273,14 +276,23 @@ func (st *stream) matchRoute() *route {
 	if vh == nil {
 		return nil
 	}
+	// Path matching ignores the query and fragment (Http::PathUtil::removeQueryAndFragment,
+	// source/common/http/path_utility.cc): everything from the first '?' or '#'. With
+	// normalize_path false, merge_slashes false and path_with_escaped_slashes_action
+	// KEEP_UNCHANGED (the only values implemented) Envoy matches the :path as received:
+	// %-escapes, "//" and dot-segments stay as they are.
 	path := st.path
 	if i := strings.IndexAny(path, "?#"); i >= 0 {
-		path = path[:i] // path matching ignores the query string
+		path = path[:i]
 	}
 	for _, r := range vh.routes {
 		switch {
 		case r.prefix != nil:
 			if !strings.HasPrefix(path, *r.prefix) {
+				continue
+			}
+		case r.sepPrefix != nil:
+			if !pathSeparatedPrefixMatch(path, *r.sepPrefix) {
 				continue
 			}
 		case r.path != nil:
@@ -340,6 +352,15 @@ func queryUnescape(s string) string {
 		return u
 	}
 	return s
+}
+
+// pathSeparatedPrefixMatch is RouteMatch.path_separated_prefix (case sensitive), as
+// PathSeparatedPrefixRouteEntryImpl::matches does it (source/common/router/config_impl.cc):
+// the path without query and fragment starts with the prefix, and is the prefix or goes on
+// with '/'. "/apis/batch/v1" matches "/apis/batch/v1", "/apis/batch/v1/" and
+// "/apis/batch/v1/jobs", not "/apis/batch/v1beta1" nor "/apis/batch%2Fv1".
+func pathSeparatedPrefixMatch(path, prefix string) bool {
+	return strings.HasPrefix(path, prefix) && (len(path) == len(prefix) || path[len(prefix)] == '/')
 }
 
 func selectVirtualHost(vhs []*virtualHost, host string) *virtualHost {

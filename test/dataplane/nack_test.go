@@ -111,6 +111,34 @@ func TestNACKUnimplemented(t *testing.T) {
 			rc := r.Routes[0].(*routev3.RouteConfiguration)
 			rc.VirtualHosts[0].Routes[0].GetRoute().PrefixRewrite = "/x"
 		}, "field virtual_hosts.routes.route.prefix_rewrite is not implemented"},
+		// Path normalization, slash merging and unescaping change the routed and forwarded
+		// :path; none is implemented.
+		{"normalize_path", func(t *testing.T, r *snapshot.Resources) {
+			l := r.Listeners[0].(*listenerv3.Listener)
+			h := hcmOf(t, l)
+			h.NormalizePath = wrapperspb.Bool(true)
+			setHCM(t, l, h)
+		}, "field normalize_path: true is not implemented"},
+		{"merge_slashes", func(t *testing.T, r *snapshot.Resources) {
+			l := r.Listeners[0].(*listenerv3.Listener)
+			h := hcmOf(t, l)
+			h.MergeSlashes = true
+			setHCM(t, l, h)
+		}, "field merge_slashes is not implemented"},
+		{"escaped slashes unescaped", func(t *testing.T, r *snapshot.Resources) {
+			l := r.Listeners[0].(*listenerv3.Listener)
+			h := hcmOf(t, l)
+			h.PathWithEscapedSlashesAction = hcmv3.HttpConnectionManager_UNESCAPE_AND_FORWARD
+			setHCM(t, l, h)
+		}, "field path_with_escaped_slashes_action: value UNESCAPE_AND_FORWARD is not implemented"},
+		{"path_separated_prefix ending in /", func(t *testing.T, r *snapshot.Resources) {
+			rc := r.Routes[0].(*routev3.RouteConfiguration)
+			for _, rt := range rc.VirtualHosts[0].Routes {
+				if p, ok := rt.Match.PathSpecifier.(*routev3.RouteMatch_PathSeparatedPrefix); ok {
+					p.PathSeparatedPrefix += "/"
+				}
+			}
+		}, `PathSeparatedPrefix: value does not match regex pattern`},
 		{"retry condition", func(t *testing.T, r *snapshot.Resources) {
 			rc := r.Routes[0].(*routev3.RouteConfiguration)
 			rc.VirtualHosts[0].Routes[0].GetRoute().RetryPolicy.RetryOn = "5xx"

@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptrace"
+	"net/url"
 	"sort"
 	"strconv"
 	"strings"
@@ -259,11 +260,7 @@ func (st *stream) attempt(ctx context.Context, c *liveCluster, cc *clusterCfg, t
 	if err != nil {
 		return nil, connectFailure, err
 	}
-	req.URL.Opaque = ""
-	path := st.path
-	if u, err := req.URL.Parse(path); err == nil {
-		req.URL.Path, req.URL.RawPath, req.URL.RawQuery = u.Path, u.RawPath, u.RawQuery
-	}
+	setRequestTarget(req.URL, st.path)
 	req.Host = st.host
 	req.ContentLength = n
 	if body == nil {
@@ -309,6 +306,32 @@ func (st *stream) attempt(ctx context.Context, c *liveCluster, cc *clusterCfg, t
 		return nil, resetBeforeRequest, err
 	default:
 		return nil, resetAfterRequest, err
+	}
+}
+
+// setRequestTarget makes u's request-target (what Go's client writes in the request line,
+// URL.RequestURI) exactly target, the downstream :path. Envoy forwards the :path as received
+// when it neither rewrites nor normalizes it (normalize_path and merge_slashes false,
+// path_with_escaped_slashes_action KEEP_UNCHANGED; the router's upstream request headers are
+// the downstream ones, source/common/router/router.cc): no %-escape is decoded or re-encoded,
+// "//" stays (url.URL.Parse would read "//apis/x" as host "apis") and no dot-segment is
+// resolved (URL.ResolveReference would turn "/apis/x/../y" into "/apis/y").
+func setRequestTarget(u *url.URL, target string) {
+	path, query, hasQuery := strings.Cut(target, "?")
+	u.RawQuery, u.ForceQuery = query, hasQuery && query == ""
+	u.Path, u.RawPath, u.Opaque = "", "", ""
+	if !strings.HasPrefix(path, "//") {
+		// An opaque URL is written as is (RequestURI returns Opaque).
+		u.Opaque = path
+		return
+	}
+	// RequestURI would prefix an opaque "//..." with the scheme; Path with RawPath is
+	// written as RawPath when that is a valid encoding of Path, which a path Go's server
+	// accepted is.
+	if p, err := url.PathUnescape(path); err == nil {
+		u.Path, u.RawPath = p, path
+	} else {
+		u.Path = path
 	}
 }
 

@@ -8,6 +8,8 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"net"
+	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 
@@ -192,8 +194,28 @@ func TestRouteMatching(t *testing.T) {
 		{"/apis/batch/v1/jobs", headerList{{"x-kube-mvp-cluster", "x"}}, "extproc-decided"},
 		{"/api/v1/pods", headerList{{"x-forwarded-client-cert", "Hash=1"}}, "client-certificate"},
 		{"/api/v1/pods", token, "core/v1"},
-		{"/api/v1", token, "default"},
-		{"/apis/batch/v1", token, "default"},
+		// path_separated_prefix (PathSeparatedPrefixRouteEntryImpl::matches,
+		// source/common/router/config_impl.cc): the prefix itself, or followed by '/';
+		// query and fragment cut off first (Http::PathUtil::removeQueryAndFragment).
+		{"/api/v1", token, "core/v1"},
+		{"/apis/batch/v1", token, "batch/v1"},
+		{"/apis/batch/v1/", token, "batch/v1"},
+		{"/apis/batch/v1?timeout=32s", token, "batch/v1"},
+		{"/apis/batch/v1#frag", token, "batch/v1"},
+		{"/apis/batch/v1beta1/jobs", token, "default"},
+		{"/apis/batch/v1beta1", token, "default"},
+		{"/apis/batch", token, "default"},
+		// With normalize_path and merge_slashes false and KEEP_UNCHANGED escaped slashes, the
+		// path is matched as received: these match no group/version route, so the
+		// escaped-path route sends them to extproc, which decodes them as the apiserver does.
+		{"/apis/batch%2Fv1/namespaces/x/jobs", token, "escaped-path"},
+		{"/apis/batch%2fv1", token, "escaped-path"},
+		{"/apis/b%61tch/v1/jobs", token, "escaped-path"},
+		{"//apis/batch/v1/jobs", token, "escaped-path"},
+		{"/api/v1/pods?fieldSelector=a%3Db", token, "core/v1"}, // an escape in the query only
+		// Dot-segments are not resolved: the apiserver reads them literally too.
+		{"/apis/batch/v1/../../apps/v1/deployments", token, "batch/v1"},
+		{"/apis/apps/v1/./x/../../../batch/v1/jobs", token, "apps/v1"},
 		{"/healthz", token, "default"},
 		{"/healthz", nil, "default"}, // no credentials: the line-rate routes, as a bearer token
 		{"/api/v1/pods", nil, "core/v1"},
@@ -226,4 +248,33 @@ func TestRouteMatching(t *testing.T) {
 		}
 	}
 	_ = net.IPv4len
+}
+
+// TestSetRequestTarget: the upstream request line carries the downstream :path unchanged, as
+// Envoy's router forwards it (no path rewrite, no normalization configured).
+func TestSetRequestTarget(t *testing.T) {
+	for _, target := range []string{
+		"/apis/batch/v1/jobs?watch=1",
+		"/apis/batch%2Fv1/namespaces/x/jobs",
+		"/apis/b%61tch/v1",
+		"//apis/batch/v1/jobs",
+		"//apis/batch%2Fv1?x=%2F",
+		"/api/v1/namespaces/default/pods/p/proxy/a/../b/./c//d%2Fe",
+		"/api/v1/pods?",
+		"/",
+	} {
+		u := &url.URL{Scheme: "https", Host: "10.0.0.1:6443"}
+		setRequestTarget(u, target)
+		if got := u.RequestURI(); got != target {
+			t.Errorf("request-target %q written as %q", target, got)
+		}
+		req := &http.Request{Method: "GET", URL: u, Host: "h", Header: http.Header{}}
+		var b strings.Builder
+		if err := req.Write(&b); err != nil {
+			t.Fatal(err)
+		}
+		if line, _, _ := strings.Cut(b.String(), "\r\n"); line != "GET "+target+" HTTP/1.1" {
+			t.Errorf("request line %q, want GET %s HTTP/1.1", line, target)
+		}
+	}
 }

@@ -597,6 +597,12 @@ type Plan struct {
 	// For each published resource, in Table.group_versions order, the index into routes of
 	// where its requests go. Everything else goes to the plan's default cluster.
 	ResourceRoutes []uint32 `protobuf:"varint,3,rep,packed,name=resource_routes,json=resourceRoutes,proto3" json:"resource_routes,omitempty"`
+	// For each group/version, in Table.group_versions order, the index into routes of where
+	// its discovery document (GET /apis/<group>/<version>, /api/<version>) goes: to whoever
+	// serves any resource of it. Empty from an xds-server that did not send it: the documents
+	// then go to the default cluster. A reader that does not know this field ignores it and
+	// sends the documents to the default cluster, as before.
+	DocumentRoutes []uint32 `protobuf:"varint,4,rep,packed,name=document_routes,json=documentRoutes,proto3" json:"document_routes,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -648,6 +654,13 @@ func (x *Plan) GetRoutes() []*Route {
 func (x *Plan) GetResourceRoutes() []uint32 {
 	if x != nil {
 		return x.ResourceRoutes
+	}
+	return nil
+}
+
+func (x *Plan) GetDocumentRoutes() []uint32 {
+	if x != nil {
+		return x.DocumentRoutes
 	}
 	return nil
 }
@@ -748,11 +761,12 @@ const file_kubemvp_table_v1_table_proto_rawDesc = "" +
 	"\tresources\x18\x03 \x03(\v2#.kubemvp.table.v1.PublishedResourceR\tresources\"W\n" +
 	"\x11PublishedResource\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12 \n" +
-	"\vsubresource\x18\x02 \x01(\tR\vsubresourceJ\x04\b\x03\x10\x04\"\x89\x01\n" +
+	"\vsubresource\x18\x02 \x01(\tR\vsubresourceJ\x04\b\x03\x10\x04\"\xb2\x01\n" +
 	"\x04Plan\x12'\n" +
 	"\x0flocal_apiserver\x18\x01 \x01(\tR\x0elocalApiserver\x12/\n" +
 	"\x06routes\x18\x02 \x03(\v2\x17.kubemvp.table.v1.RouteR\x06routes\x12'\n" +
-	"\x0fresource_routes\x18\x03 \x03(\rR\x0eresourceRoutes\"V\n" +
+	"\x0fresource_routes\x18\x03 \x03(\rR\x0eresourceRoutes\x12'\n" +
+	"\x0fdocument_routes\x18\x04 \x03(\rR\x0edocumentRoutes\"V\n" +
 	"\x05Route\x123\n" +
 	"\aoutcome\x18\x01 \x01(\x0e2\x19.kubemvp.table.v1.OutcomeR\aoutcome\x12\x18\n" +
 	"\acluster\x18\x02 \x01(\tR\acluster*|\n" +
