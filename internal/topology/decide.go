@@ -106,17 +106,12 @@ func (t *Topology) Capable(r Resource) Capability {
 // each published resource of r's group/version (subresources add nobody, since whoever
 // serves a subresource serves its resource). Zero when the group/version is not published.
 func (t *Topology) capableDocument(r Resource) Capability {
-	var ids []string
-	for k, capable := range t.Served {
-		if k.Group == r.Group && k.Version == r.Version {
-			ids = append(ids, capable...)
-		}
-	}
+	ids := t.servingGroupVersion[r.GroupVersion()]
 	if len(ids) == 0 {
 		return Capability{}
 	}
 	c := Capability{Key: r}
-	for _, id := range slices.Compact(slices.Sorted(slices.Values(ids))) {
+	for _, id := range ids {
 		s, ok := t.Server(id)
 		if !ok {
 			continue

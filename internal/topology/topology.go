@@ -134,6 +134,9 @@ type Topology struct {
 	Discovery *Discovery `json:"-"`
 
 	byID map[string]int
+	// servingGroupVersion is, per group/version, every apiserver ID that serves one of its
+	// resources (sorted, distinct): the capability of its document, built once by New.
+	servingGroupVersion map[GroupVersion][]string
 }
 
 // Source is where what an apiserver serves was learnt from.
@@ -204,6 +207,14 @@ func New(servers []APIServer, served map[Resource][]string, everywhere []string)
 	}
 	for _, g := range everywhere {
 		t.ServedEverywhere[g] = true
+	}
+	t.servingGroupVersion = map[GroupVersion][]string{}
+	for r, ids := range t.Served {
+		gv := r.GroupVersion()
+		t.servingGroupVersion[gv] = append(t.servingGroupVersion[gv], ids...)
+	}
+	for gv, ids := range t.servingGroupVersion {
+		t.servingGroupVersion[gv] = slices.Compact(slices.Sorted(slices.Values(ids)))
 	}
 	return t, nil
 }
