@@ -137,19 +137,9 @@ func TestServe(t *testing.T) {
 	l.(*net.UnixListener).SetUnlinkOnClose(false)
 	l.Close()
 
-	cfg, err := parseArgs([]string{"--source", "file:" + fixture, "--listen", "unix:" + sock, "--admin-address", "127.0.0.1:0", "--now", "2026-11-23T10:00:10Z"})
-	if err != nil {
-		t.Fatal(err)
-	}
 	var logs testutil.SyncBuffer
 	hup := make(chan os.Signal, 1)
-	a, err := start(cfg, slog.New(slog.NewTextHandler(&logs, nil)), hup)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	waited := make(chan error, 1)
-	go func() { waited <- a.wait(ctx) }()
+	a, stop := runExtproc(t, &logs, hup, "--source", "file:"+fixture, "--listen", "unix:"+sock, "--admin-address", "127.0.0.1:0", "--now", "2026-11-23T10:00:10Z")
 
 	// A second instance on the same socket must not steal it.
 	if _, err := listen("unix:" + sock); err == nil || !strings.Contains(err.Error(), "another process") {
@@ -195,10 +185,7 @@ func TestServe(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 
-	cancel()
-	if err := <-waited; err != nil {
-		t.Errorf("wait: %v", err)
-	}
+	stop()
 	if _, err := os.Stat(sock); !os.IsNotExist(err) {
 		t.Errorf("socket left behind: %v", err)
 	}
@@ -240,23 +227,8 @@ func TestXDSSource(t *testing.T) {
 			t.Errorf("%v: %v, want %q", tc.args, err, tc.want)
 		}
 	}
-	cfg, err := parseArgs([]string{"--source", "xds:" + tableAddr, "--xds-tls-dir", tlsDir, "--listen", "unix:" + sock, "--admin-address", "127.0.0.1:0"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, err := start(cfg, slog.New(slog.DiscardHandler), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	waited := make(chan error, 1)
-	go func() { waited <- a.wait(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-waited; err != nil {
-			t.Errorf("wait: %v", err)
-		}
-	}()
+	a, stop := runExtproc(t, io.Discard, nil, "--source", "xds:"+tableAddr, "--xds-tls-dir", tlsDir, "--listen", "unix:"+sock, "--admin-address", "127.0.0.1:0")
+	defer stop()
 	conn, err := grpc.NewClient("unix:"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -497,26 +469,11 @@ func TestProxyCertificateCheck(t *testing.T) {
 		}
 	}
 	writeTable(accepting, refusing)
-	cfg, err := parseArgs([]string{"--source", "file:" + table, "--listen", "unix:" + filepath.Join(dir, "s.sock"), "--admin-address", "127.0.0.1:0",
-		"--now", "2026-11-23T10:00:10Z", "--proxy-client-cert", f.Cert, "--proxy-client-key", f.Key, "--peer-ca", f.PeerCA})
-	if err != nil {
-		t.Fatal(err)
-	}
 	var logs testutil.SyncBuffer
 	hup := make(chan os.Signal, 1)
-	a, err := start(cfg, slog.New(slog.NewTextHandler(&logs, nil)), hup)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	waited := make(chan error, 1)
-	go func() { waited <- a.wait(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-waited; err != nil {
-			t.Errorf("wait: %v", err)
-		}
-	}()
+	a, stop := runExtproc(t, &logs, hup, "--source", "file:"+table, "--listen", "unix:"+filepath.Join(dir, "s.sock"), "--admin-address", "127.0.0.1:0",
+		"--now", "2026-11-23T10:00:10Z", "--proxy-client-cert", f.Cert, "--proxy-client-key", f.Key, "--peer-ca", f.PeerCA)
+	defer stop()
 	admin := "http://" + a.adminLis.Addr().String()
 	get := func(path string) (int, string) {
 		res, err := http.Get(admin + path)
@@ -561,5 +518,28 @@ func TestProxyCertificateCheck(t *testing.T) {
 	}
 	if n := strings.Count(logs.String(), "apiserver refuses the proxy certificate"); n != 2 {
 		t.Errorf("%d refusals logged, want one per apiserver:\n%s", n, logs.String())
+	}
+}
+
+// runExtproc starts extproc with args, logging to log and reloading on hup (may be nil);
+// stop ends it and checks that it ended cleanly.
+func runExtproc(t *testing.T, log io.Writer, hup chan os.Signal, args ...string) (a *app, stop func()) {
+	t.Helper()
+	cfg, err := parseArgs(args)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err = start(cfg, slog.New(slog.NewTextHandler(log, nil)), hup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	waited := make(chan error, 1)
+	go func() { waited <- a.wait(ctx) }()
+	return a, func() {
+		cancel()
+		if err := <-waited; err != nil {
+			t.Errorf("wait: %v", err)
+		}
 	}
 }

@@ -74,7 +74,9 @@ func (t *Topology) Capable(r Resource) Capability {
 		return Capability{}
 	}
 	if r.IsDocument() {
-		return t.capableDocument(r)
+		// Whoever serves some resource of the group/version (subresources add nobody, since
+		// whoever serves a subresource serves its resource).
+		return t.capability(r, t.servingGroupVersion[r.GroupVersion()])
 	}
 	key := r
 	capable, published := t.Served[key]
@@ -87,30 +89,16 @@ func (t *Topology) Capable(r Resource) Capability {
 	if !published {
 		return Capability{}
 	}
-	c := Capability{Key: key}
-	for _, id := range capable {
-		s, ok := t.Server(id)
-		if !ok {
-			continue
-		}
-		if s.Routable() {
-			c.Live = append(c.Live, id)
-		} else {
-			c.Known = append(c.Known, id)
-		}
-	}
-	return c
+	return t.capability(key, capable)
 }
 
-// capableDocument is Capable for the document key r: the union of the apiservers that serve
-// each published resource of r's group/version (subresources add nobody, since whoever
-// serves a subresource serves its resource). Zero when the group/version is not published.
-func (t *Topology) capableDocument(r Resource) Capability {
-	ids := t.servingGroupVersion[r.GroupVersion()]
+// capability splits the apiservers ids that can serve key into live and known ones; zero
+// when there are none.
+func (t *Topology) capability(key Resource, ids []string) Capability {
 	if len(ids) == 0 {
 		return Capability{}
 	}
-	c := Capability{Key: r}
+	c := Capability{Key: key}
 	for _, id := range ids {
 		s, ok := t.Server(id)
 		if !ok {
