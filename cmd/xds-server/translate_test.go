@@ -97,7 +97,8 @@ func splitTopLevel(y string) (map[string]string, error) {
 		if line == "" {
 			continue
 		}
-		if strings.HasPrefix(line, " ") || strings.HasPrefix(line, "- ") {
+		// An empty line belongs to the block scalar it is in (the Lua script).
+		if strings.HasPrefix(line, " ") || strings.HasPrefix(line, "- ") || line == "\n" {
 			if key == "" {
 				return nil, fmt.Errorf("line %d is under no key", i+1)
 			}

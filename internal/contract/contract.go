@@ -21,8 +21,24 @@ const (
 	// HeaderPeerProxied is upstream's loop guard between apiservers.
 	HeaderPeerProxied = "x-kubernetes-peer-proxied"
 
-	// HeaderXFCC carries the verified client certificate from Envoy to extproc.
+	// HeaderXFCC is set by Envoy's listener on a request whose connection has a verified
+	// client certificate; routes match its presence.
 	HeaderXFCC = "x-forwarded-client-cert"
+
+	// HeaderIdentityDecision is where Envoy's Lua filter (internal/snapshot/identity.lua)
+	// tells the routes what it decided for a request with a client certificate:
+	// IdentityFrontProxy (identity headers set: the front-proxy twin of the cluster) or
+	// IdentityOwnCredentials (the apiserver would reject the certificate but the request has
+	// a bearer token: forwarded with its own credentials). The listener strips it from
+	// clients and the route configuration removes it before any apiserver.
+	HeaderIdentityDecision = "x-kube-mvp-identity"
+	IdentityFrontProxy     = "front-proxy"
+	IdentityOwnCredentials = "own-credentials"
+
+	// CredentialIDExtraKey is the user extra "authentication.kubernetes.io/credential-id"
+	// (k8s.io/apiserver user.CredentialIDKey) as a header name suffix: the requestheader
+	// authenticator path-unescapes extra keys, so "/" travels as "%2f".
+	CredentialIDExtraKey = "authentication.kubernetes.io%2fcredential-id"
 
 	// MediaTypeAggregatedDiscovery is the Accept/Content-Type of aggregated discovery (v2).
 	MediaTypeAggregatedDiscovery = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
@@ -52,13 +68,6 @@ const (
 	// never collides with a plan's name.
 	ClusterFrontProxySuffix = "/front-proxy"
 
-	// MetadataCaller is the ext_proc stream's gRPC metadata key with which Envoy's routes
-	// tell extproc what it cannot see itself (it never receives Authorization or
-	// Sec-WebSocket-Protocol): CallerCertificateAndToken, the request has a client
-	// certificate and also a bearer token, which the apiserver falls back to when it rejects
-	// the certificate.
-	MetadataCaller            = "x-kube-mvp-caller"
-	CallerCertificateAndToken = "certificate-and-bearer-token"
 	// MetadataLocalAPIServer is the ext_proc stream's gRPC metadata key with which a
 	// sidecar Envoy's routes name the apiserver it runs beside (its ID, as xds-server
 	// resolved the node's NodeMetadataLocalAPIServer), so extproc decides by that sidecar's

@@ -48,7 +48,11 @@ func benchRequests(withCert bool) []*extprocv3.ProcessingRequest {
 		"x-envoy-expected-rq-timeout-ms", "0",
 	}
 	if withCert {
-		common = append(common, contract.HeaderXFCC, "Hash="+strings.Repeat("5a", 32)+`;Subject="CN=system:node:worker-1,O=system:nodes";URI=`)
+		// What Envoy's Lua filter set for a kubelet's certificate.
+		common = append(common, contract.HeaderXFCC, "Hash="+strings.Repeat("5a", 32)+`;Subject="CN=system:node:worker-1,O=system:nodes";URI=`,
+			contract.HeaderIdentityDecision, contract.IdentityFrontProxy,
+			contract.HeaderRemoteUser, "system:node:worker-1", contract.HeaderRemoteGroup, "system:nodes",
+			contract.HeaderRemoteExtraPrefix+contract.CredentialIDExtraKey, "X509SHA256="+strings.Repeat("5a", 32))
 	}
 	var reqs []*extprocv3.ProcessingRequest
 	for _, rl := range [][2]string{
@@ -128,7 +132,7 @@ func BenchmarkDecideInProcess(b *testing.B) {
 			b.ReportAllocs()
 			var disc discoveryState
 			for i := 0; b.Loop(); i++ {
-				if srv.respond(reqs[i%len(reqs)], false, "", &disc) == nil {
+				if srv.respond(reqs[i%len(reqs)], "", &disc) == nil {
 					b.Fatal("no response")
 				}
 			}

@@ -67,7 +67,6 @@ type metrics struct {
 	// unexpected counts messages our processing mode should never send (body, trailers,
 	// response headers); each is answered with an empty response of its type.
 	unexpected [len(unexpectedTypes)]prometheus.Counter
-	identity   [numIdentityResults]prometheus.Counter
 	discovery  [len(discoveryResults)]prometheus.Counter
 	stripped   [len(strippedNames)]prometheus.Counter
 	version    *prometheus.GaugeVec
@@ -100,13 +99,6 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 	for i, t := range unexpectedTypes {
 		m.unexpected[i] = unexpected.WithLabelValues(t)
 	}
-	identity := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "kube_mvp_extproc_client_identity_total",
-		Help: "Requests by what their client certificate (XFCC) gave: none (no certificate), forwarded (identity headers set, front-proxy cluster), anonymous (empty CN) and refused (a certificate the apiserver rejects): 401 unless a bearer token decides, rejected (an identity that cannot be forwarded unchanged, or a malformed XFCC: 401; see the log).",
-	}, []string{"result"})
-	for r := range numIdentityResults {
-		m.identity[r] = identity.WithLabelValues(r.String())
-	}
 	stripped := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kube_mvp_extproc_stripped_headers_total",
 		Help: "Requests that arrived carrying a client-supplied identity or routing header, which was removed (Envoy's listener should already have removed them).",
@@ -134,7 +126,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 	m.noTable = m.decisions.WithLabelValues(outcomeNoTable, "", "", "")
 	m.noPlan = m.decisions.WithLabelValues(outcomeNoLocalPlan, "", "", "")
 	m.internalError = m.decisions.WithLabelValues(outcomeInternalError, "", "", "")
-	reg.MustRegister(m.decisions, m.version, unexpected, identity, stripped, discovery, age)
+	reg.MustRegister(m.decisions, m.version, unexpected, stripped, discovery, age)
 	m.registerTableUpdates(reg, s)
 	return m
 }

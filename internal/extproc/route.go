@@ -17,16 +17,21 @@ import (
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 
-// fixedRemovals are removed from every request, whether present or not (removing an absent
-// header is a no-op in Envoy): the table's identity header names (user, uid, group), the loop
-// guard and the routing header. The listener's early header mutation already strips them;
-// this is defence in depth for a listener configured by hand, and the XFCC header, which
-// Envoy set for us, must not reach the apiservers. ext_proc's remove_headers takes exact
-// names only, so client-supplied extra headers (the extra prefixes) are added per request,
-// by name. Shared by every response of a table: never modified.
+// fixedRemovals are removed from every request without identity headers of the Lua filter,
+// whether present or not (removing an absent header is a no-op in Envoy): the table's
+// identity header names (user, uid, group) and frontProxyRemovals. The listener's early
+// header mutation already strips them; this is defence in depth for a listener configured
+// by hand. ext_proc's remove_headers takes exact names only, so client-supplied extra
+// headers (the extra prefixes) are added per request, by name. Shared by every response of a
+// table: never modified.
 func fixedRemovals(h topology.RequestHeaders) []string {
-	return append(h.OrDefault().Names(), contract.HeaderPeerProxied, contract.HeaderRoutingCluster, contract.HeaderXFCC)
+	return append(h.OrDefault().Names(), frontProxyRemovals...)
 }
+
+// frontProxyRemovals are removed from every request whose identity the Lua filter set: the
+// loop guard and the routing header, which only we may set, and the XFCC header, which no
+// apiserver needs.
+var frontProxyRemovals = []string{contract.HeaderPeerProxied, contract.HeaderRoutingCluster, contract.HeaderXFCC}
 
 // table is one routing table with everything derived from it that requests need, so a
 // request sees one consistent table and does no work that depends only on the table.
@@ -37,15 +42,13 @@ type table struct {
 	m        *metrics
 	// removals are fixedRemovals of the table's identity headers.
 	removals []string
-	// identities are the client identities, forwarded in the table's identity headers.
-	identities *identityCache
 	// views are the prepared routes of each kind of Envoy, by local apiserver ("" for a
 	// front proxy). An extproc serves one Envoy, so a view is prepared when first asked for.
 	views map[string]*view
 }
 
-func newTable(p *plan.Table, version string, at time.Time, m *metrics, identities *identityCache) *table {
-	tb := &table{plans: p, version: version, loadedAt: at, m: m, removals: fixedRemovals(p.RequestHeaders), identities: identities, views: make(map[string]*view, len(p.Routes))}
+func newTable(p *plan.Table, version string, at time.Time, m *metrics) *table {
+	tb := &table{plans: p, version: version, loadedAt: at, m: m, removals: fixedRemovals(p.RequestHeaders), views: make(map[string]*view, len(p.Routes))}
 	for local, rs := range p.Routes {
 		tb.views[local] = &view{routes: rs}
 	}
@@ -101,7 +104,8 @@ type route struct {
 	removals []string
 	// resp is the whole answer for a request without client identity or client-supplied
 	// extra headers to remove; for Unavailable, the immediate 503 for every request.
-	resp *extprocv3.ProcessingResponse
+	// frontProxyResp is the answer for a request whose identity the Lua filter set.
+	resp, frontProxyResp *extprocv3.ProcessingResponse
 
 	labels      [4]string
 	counterOnce sync.Once
@@ -118,6 +122,7 @@ func newRoute(d plan.Route, m *metrics, removals []string) *route {
 	r.labels = [4]string{d.Outcome.String(), d.Resource.Group, d.Resource.Version, res}
 	if d.Outcome == topology.Unavailable {
 		r.resp = immediate503("no apiserver that serves "+d.Resource.String()+" is available", "kube_mvp_no_live_apiserver")
+		r.frontProxyResp = r.resp
 		return r
 	}
 	r.cluster = d.Cluster
@@ -130,6 +135,7 @@ func newRoute(d plan.Route, m *metrics, removals []string) *route {
 		r.frontProxySet = append(r.frontProxySet, peerProxied)
 	}
 	r.resp = headersResponse(r.set, r.removals)
+	r.frontProxyResp = headersResponse(r.frontProxySet, frontProxyRemovals)
 	return r
 }
 
@@ -142,13 +148,6 @@ func (r *route) count() {
 // headers to remove (extras, lower-case names).
 func (r *route) response(extras []string) *extprocv3.ProcessingResponse {
 	return headersResponse(r.set, r.withExtras(extras))
-}
-
-// frontProxyResponse is r's answer for a request whose identity headers (idSet, from a
-// clientIdentity) we set: it goes to the front-proxy twin of r's cluster.
-func (r *route) frontProxyResponse(idSet []*corev3.HeaderValueOption, extras []string) *extprocv3.ProcessingResponse {
-	set := make([]*corev3.HeaderValueOption, 0, len(r.frontProxySet)+len(idSet))
-	return headersResponse(append(append(set, r.frontProxySet...), idSet...), r.withExtras(extras))
 }
 
 func (r *route) withExtras(extras []string) []string {
@@ -195,11 +194,6 @@ func setHeader(key, value string, appendValue bool) *corev3.HeaderValueOption {
 // immediate503 answers the client directly with a Kubernetes Status, as an apiserver would.
 func immediate503(message, details string) *extprocv3.ProcessingResponse {
 	return immediateStatus(typev3.StatusCode_ServiceUnavailable, metav1.StatusReasonServiceUnavailable, message, details)
-}
-
-// immediate401 is the apiserver's own answer to a request it cannot authenticate.
-func immediate401() *extprocv3.ProcessingResponse {
-	return immediateStatus(typev3.StatusCode_Unauthorized, metav1.StatusReasonUnauthorized, "Unauthorized", "kube_mvp_client_certificate_refused")
 }
 
 func immediateStatus(code typev3.StatusCode, reason metav1.StatusReason, message, details string) *extprocv3.ProcessingResponse {

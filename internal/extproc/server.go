@@ -3,9 +3,13 @@
 // request headers; we look the request up in the plan of that Envoy (the same plan its
 // route tables were translated from: the front proxy's, or a sidecar's, named in the
 // stream's gRPC metadata) and answer with a header mutation that names the cluster in
-// x-kube-mvp-cluster, strips client-supplied identity and routing headers, and forwards the
-// client certificate's identity as front-proxy headers (identity.go), or with an immediate
-// Kubernetes Status 503 when the apiservers that serve the resource are all down.
+// x-kube-mvp-cluster, strips client-supplied identity and routing headers, or with an
+// immediate Kubernetes Status 503 when the apiservers that serve the resource are all down.
+//
+// Client identity is not decided here: Envoy's Lua filter (internal/snapshot/identity.lua)
+// maps a verified client certificate to front-proxy headers before ext_proc runs, and says so
+// in contract.HeaderIdentityDecision; such a request goes to the front-proxy twin of the
+// cluster we name (contract.FrontProxyCluster), with the identity headers the filter set.
 //
 // The routing table (a plan.Table) is swapped atomically with SetTable by whatever source
 // feeds it: the table stream from xds-server (internal/table.Follow, whose apply callback
@@ -17,7 +21,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"reflect"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -58,16 +61,11 @@ type Server struct {
 	m       *metrics
 	noTable *extprocv3.ProcessingResponse
 	noPlan  *extprocv3.ProcessingResponse
-	// unauthorized answers a client certificate the apiserver would not authenticate either.
-	unauthorized *extprocv3.ProcessingResponse
 	unexpected   [len(unexpectedTypes)]*extprocv3.ProcessingResponse
 
-	identityLog, errorLog logLimiter
+	errorLog logLimiter
 }
 
-// identityCacheSize is the number of distinct client certificates whose identity headers are
-// kept ready (per generation; see identityCache).
-const identityCacheSize = 4096
 
 // New returns a Server without a routing table: until the first SetTopology every request
 // is answered 503.
@@ -84,7 +82,6 @@ func New(opts Options) *Server {
 	}
 	s.m = newMetrics(s.reg, s)
 	s.noTable = immediate503("kube-mvp has no routing table yet", "kube_mvp_no_routing_table")
-	s.unauthorized = immediate401()
 	s.noPlan = immediate503("kube-mvp has no routing plan yet for the apiserver this proxy runs beside", "kube_mvp_no_local_plan")
 	empty := &extprocv3.HeadersResponse{}
 	s.unexpected = [...]*extprocv3.ProcessingResponse{
@@ -127,12 +124,7 @@ func (s *Server) SetTable(p *plan.Table, version string) {
 	s.setMu.Lock()
 	defer s.setMu.Unlock()
 	old := s.table.Load()
-	// Identities stay cached across tables while the identity header names stay the same.
-	identities := newIdentityCache(identityCacheSize, p.RequestHeaders)
-	if old != nil && reflect.DeepEqual(old.identities.names, p.RequestHeaders) {
-		identities = old.identities
-	}
-	tb := newTable(p, version, s.now(), s.m, identities)
+	tb := newTable(p, version, s.now(), s.m)
 	s.table.Store(tb)
 	oldVersion := ""
 	if old != nil {
@@ -159,13 +151,10 @@ func (s *Server) Version() string {
 // processing mode (request headers SEND, everything else SKIP/NONE), sends a single
 // request_headers message and expects exactly one response to it; for a merged-discovery
 // request, whose answer asked for them (mode_override), the response headers follow on the
-// same stream. The stream's gRPC metadata may say the request has a bearer token besides its
-// client certificate (Envoy's client-certificate-and-token routes), and, from a sidecar Envoy, which apiserver it runs beside: its
-// requests are decided by that sidecar's plan.
+// same stream. The stream's gRPC metadata may say, from a sidecar Envoy, which apiserver it
+// runs beside: its requests are decided by that sidecar's plan.
 func (s *Server) Process(stream grpc.BidiStreamingServer[extprocv3.ProcessingRequest, extprocv3.ProcessingResponse]) error {
 	md, _ := metadata.FromIncomingContext(stream.Context())
-	caller := md.Get(contract.MetadataCaller)
-	withToken := len(caller) == 1 && caller[0] == contract.CallerCertificateAndToken
 	var local string
 	if l := md.Get(contract.MetadataLocalAPIServer); len(l) == 1 {
 		local = l[0]
@@ -179,7 +168,7 @@ func (s *Server) Process(stream grpc.BidiStreamingServer[extprocv3.ProcessingReq
 			}
 			return err
 		}
-		if err := stream.Send(s.respond(req, withToken, local, &disc)); err != nil {
+		if err := stream.Send(s.respond(req, local, &disc)); err != nil {
 			return err
 		}
 	}
@@ -189,11 +178,11 @@ func (s *Server) Process(stream grpc.BidiStreamingServer[extprocv3.ProcessingReq
 // processing mode; each is counted and answered with an empty response of its own type
 // (which lets the request continue unchanged) rather than failing the stream, which with
 // failure_mode_allow: false would fail the client's request.
-func (s *Server) respond(req *extprocv3.ProcessingRequest, withToken bool, local string, disc *discoveryState) *extprocv3.ProcessingResponse {
+func (s *Server) respond(req *extprocv3.ProcessingRequest, local string, disc *discoveryState) *extprocv3.ProcessingResponse {
 	var u int
 	switch r := req.GetRequest().(type) {
 	case *extprocv3.ProcessingRequest_RequestHeaders:
-		return s.requestHeaders(r.RequestHeaders, withToken, local, disc)
+		return s.requestHeaders(r.RequestHeaders, local, disc)
 	case *extprocv3.ProcessingRequest_ResponseHeaders:
 		if disc.doc != nil { // we asked for these (mode_override)
 			return s.mergedDiscoveryResponse(r.ResponseHeaders, disc)
@@ -214,16 +203,14 @@ func (s *Server) respond(req *extprocv3.ProcessingRequest, withToken bool, local
 	return s.unexpected[u]
 }
 
-// requestHeaders is the whole per-request work: scan the headers, settle the client
-// identity, decide, answer. withToken: Envoy's route says the request has a bearer token
-// besides its client certificate; local: the sidecar Envoy's apiserver ("" for a front proxy); disc is filled in for a
-// merged-discovery request.
-func (s *Server) requestHeaders(h *extprocv3.HttpHeaders, withToken bool, local string, disc *discoveryState) *extprocv3.ProcessingResponse {
+// requestHeaders is the whole per-request work: scan the headers, decide, answer. local: the
+// sidecar Envoy's apiserver ("" for a front proxy); disc is filled in for a merged-discovery
+// request.
+func (s *Server) requestHeaders(h *extprocv3.HttpHeaders, local string, disc *discoveryState) *extprocv3.ProcessingResponse {
 	var (
 		method, path        string
 		accept, ifNoneMatch string
-		xfcc                *corev3.HeaderValue
-		xfccCount           int
+		decision            string
 		extras              []string
 		stripped            int
 	)
@@ -252,8 +239,8 @@ func (s *Server) requestHeaders(h *extprocv3.HttpHeaders, withToken bool, local 
 			accept = headerValue(hv)
 		case (k[0] == 'i' || k[0] == 'I') && equalFold(k, "if-none-match"):
 			ifNoneMatch = headerValue(hv)
-		case equalFold(k, contract.HeaderXFCC):
-			xfcc, xfccCount = hv, xfccCount+1
+		case equalFold(k, contract.HeaderIdentityDecision):
+			decision = headerValue(hv)
 		case anyEqualFold(names.User, k):
 			stripped |= strippedUser
 		case anyEqualFold(names.Group, k):
@@ -269,30 +256,16 @@ func (s *Server) requestHeaders(h *extprocv3.HttpHeaders, withToken bool, local 
 			extras = append(extras, toLower(k))
 		}
 	}
+	// Identity headers are the Lua filter's when it says it set them (the listener strips
+	// clients' own before any filter runs); otherwise any that arrived are the client's, and
+	// are removed.
+	frontProxy := decision == contract.IdentityFrontProxy
+	if frontProxy {
+		stripped &^= strippedUser | strippedGroup | strippedUID | strippedExtra
+		extras = nil
+	}
 	if stripped != 0 {
 		s.m.countStripped(stripped)
-	}
-
-	var id *clientIdentity
-	if xfccCount > 1 {
-		id = newClientIdentity(make([]string, xfccCount), tb.identities.hdr) // rejected: several headers
-	} else {
-		id = tb.identities.get(xfcc)
-	}
-	s.m.identity[id.res].Inc()
-	refuse := id.res == identityRejected || ((id.res == identityRefused || id.res == identityAnonymous) && !withToken)
-	if id.err != nil {
-		if n, ok := s.identityLog.allow(s.now()); ok {
-			outcome := "the request goes on with its bearer token, without identity headers"
-			if refuse {
-				outcome = "answered 401"
-			}
-			s.log.Warn("client certificate not forwarded: "+outcome, "error", id.err, "similar_suppressed", n)
-		}
-	}
-	if refuse {
-		// The apiserver authenticates before it routes: 401 comes before any 503.
-		return s.unauthorized
 	}
 
 	v := tb.view(local)
@@ -306,8 +279,7 @@ func (s *Server) requestHeaders(h *extprocv3.HttpHeaders, withToken bool, local 
 	rt, err := decide(v, method, path)
 	if err != nil {
 		// The parser or Decide failed on this input: send it to the default set, whose
-		// handler chain answers it as it would without kube-mvp. Identity handling above is
-		// unaffected.
+		// handler chain answers it as it would without kube-mvp.
 		if n, ok := s.errorLog.allow(s.now()); ok {
 			s.log.Error("routing decision failed; using the default cluster", "method", method, "path", path, "error", err, "similar_suppressed", n)
 		}
@@ -321,8 +293,8 @@ func (s *Server) requestHeaders(h *extprocv3.HttpHeaders, withToken bool, local 
 	}
 	resp := rt.resp
 	switch {
-	case id.res == identityForwarded:
-		resp = rt.frontProxyResponse(id.set, extras)
+	case frontProxy:
+		resp = rt.frontProxyResp
 	case len(extras) != 0:
 		resp = rt.response(extras)
 	}

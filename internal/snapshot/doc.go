@@ -13,18 +13,27 @@
 //     Without a serving certificate the listener is plain HTTP (experiments only).
 //   - Early header mutation (envoy.http.early_header_mutation.header_mutation) removes every
 //     client-supplied x-remote-* header (prefix match, so -user, -group, -uid and every
-//     -extra-*), x-kubernetes-peer-proxied and the routing header before routing and before
-//     any filter: a spoofed X-Remote-User never reaches a route, extproc or an apiserver.
+//     -extra-*), x-kubernetes-peer-proxied, the routing header and the identity decision
+//     header before routing and before any filter: a spoofed X-Remote-User never reaches a
+//     route, a filter or an apiserver.
 //   - forward_client_cert_details SANITIZE_SET with subject and URI (not the certificate):
 //     Envoy replaces any client x-forwarded-client-cert with one describing the verified
-//     certificate, from which extproc derives X-Remote-User/-Group (CN/O), and removes it
-//     from requests without a certificate.
+//     certificate and removes it from requests without one; routes match its presence (the
+//     route configuration removes it before any apiserver).
 //   - upgrade_configs websocket and spdy/3.1 (exec, attach, port-forward);
 //     stream_idle_timeout and request_timeout 0 (watches last as long as the client wants;
 //     other requests have a route timeout, see the route configuration);
 //     use_remote_address (x-forwarded-for carries the client, for the apiservers' audit log);
 //     server header passed through; the router adds no x-envoy-* headers.
-//   - HTTP filters: ext_proc, then router.
+//   - HTTP filters: Lua "kube-mvp.identity", ext_proc, router. The Lua filter holds
+//     IdentityScript (identity.lua) under source_codes "kube-mvp-identity" and runs it where
+//     the route configuration names it (the virtual host's LuaPerRoute, which also passes the
+//     header names in filter_context): for a verified client certificate it sets the
+//     front-proxy identity headers as the apiserver's x509 authenticator would map the
+//     certificate (CN, one group per O, Kubernetes' UID attribute, the credential ID
+//     X509SHA256=<digest>), or answers 401 where the apiserver would, and writes its decision
+//     in x-kube-mvp-identity, then clears the route cache. The script is static: a listener
+//     change drains every client connection, watches included.
 //   - local_reply_config: Envoy's own failures become a Kubernetes Status (application/json,
 //     reason ServiceUnavailable, code 503): response flags UH, UF, UC, UR, UO, URX, NC, NR,
 //     and ext_proc failures (see below); a route timeout (UT) stays a 504, a Status with
@@ -45,13 +54,17 @@
 // (500 is used precisely so that extproc's deliberate 503s are not rewritten).
 // route_cache_action CLEAR: the route is matched again after extproc set the routing header.
 // mutation_rules: everything is disallowed except the headers extproc owns (the routing
-// header, x-kubernetes-peer-proxied, x-forwarded-client-cert and x-remote-*, plus
+// header, x-kubernetes-peer-proxied, and the removal of x-forwarded-client-cert and of
+// client-supplied x-remote-*, plus
 // content-type, etag and vary, which its immediate responses carry and which Envoy 1.32+
 // checks with the same rules), and a disallowed mutation fails the request rather than
 // being dropped. A message_timeout is a 504 (Envoy 1.35+), mapped to a 503 Status too. Authorization, cookie,
 // proxy-authorization and sec-websocket-protocol (a WebSocket client's bearer token) headers
 // are not forwarded to extproc: it never needs credentials.
-// The filter is disabled per route (ExtProcPerRoute disabled) where no decision is needed.
+// The filter is disabled per route (ExtProcPerRoute disabled) where no decision is needed:
+// in a control plane whose apiservers all serve the same APIs no request opens a stream. On
+// the discovery route alone, failure_mode_allow is overridden to true: without extproc a
+// client gets one apiserver's own discovery, as it would without kube-mvp.
 //
 // # Route configuration "kube-apiserver"
 //
@@ -59,15 +72,10 @@
 //
 //  1. "extproc-decided": the routing header is present (only extproc can have set it) →
 //     cluster_header; ext_proc off.
-//  2. "client-certificate-and-token", "client-certificate-and-websocket-token",
-//     "client-certificate" (only with a client CA): x-forwarded-client-cert is present, i.e.
-//     the client presented a verified certificate → default cluster, ext_proc ON, which maps
-//     the certificate to identity headers and names the front-proxy twin of the cluster it
-//     decides. The first two also need a bearer token (an Authorization header the
-//     apiserver's bearer authenticator reads a token from, or a WebSocket upgrade's
-//     Sec-WebSocket-Protocol bearer entry) and tell extproc so in gRPC metadata
-//     (contract.MetadataCaller): a certificate the apiserver would reject is then left to
-//     the token, on a cluster without the proxy certificate, and answered 401 otherwise.
+//  2. "client-certificate-undecided" (only with a client CA): x-forwarded-client-cert is
+//     present and x-kube-mvp-identity is not, i.e. the Lua filter did not decide a verified
+//     certificate's identity (a script error): a direct 503 Status, never forwarded without
+//     the identity the apiserver would have given it.
 //  3. "discovery": path /apis or /apis/ (safe_regex) → default cluster, ext_proc ON: for GET /apis asking for
 //     aggregated discovery, extproc asks for the response headers (mode_override, hence
 //     allow_mode_override on the filter) and answers an apiserver's 200 with the merged
@@ -89,6 +97,14 @@
 //     with ext_proc off (line rate); otherwise ext_proc decides.
 //  6. "default": prefix "/" (non-resource paths, CRDs, aggregated APIs) → default cluster;
 //     ext_proc off.
+//
+// Every route but 2 has long-running twins (see longRunningRoutes); with a client CA every
+// route from 3 on, twins included, comes right after its front-proxy twin "<name>:front-proxy":
+// the same match plus x-kube-mvp-identity = front-proxy, to the front-proxy twin of its
+// cluster (the routes that ask extproc get the same; extproc names the twin for such a
+// request). A request the Lua filter decided "own-credentials" (a certificate the apiserver
+// would reject, with a bearer token) takes the ordinary routes. The virtual host removes
+// x-kube-mvp-identity and x-forwarded-client-cert before any apiserver.
 //
 // # Paths
 //

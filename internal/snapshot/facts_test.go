@@ -3,6 +3,7 @@ package snapshot_test
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"maps"
 	"regexp"
 	"slices"
@@ -36,9 +37,10 @@ type routeFacts struct {
 	sepPrefix string // path_separated_prefix
 	path      string
 	regex     string   // safe_regex, matched against the whole path
-	headers   []string // header matchers: "name" (present), "!name" (absent), "name~regex", "name=value" (any case), "name*=substring"
-	cluster   string   // or "header:<name>" for cluster_header
+	headers   []string // header matchers: "name" (present), "!name" (absent), "name~regex", "name=value" (any case), "name==value", "name*=substring"
+	cluster   string   // or "header:<name>" for cluster_header, "direct:<status>" for direct_response
 	extProc   bool
+	failOpen  bool     // ext_proc overrides.failure_mode_allow
 	metadata  []string // ext_proc overrides.grpc_initial_metadata, "key=value"
 }
 
@@ -62,6 +64,8 @@ func readRoutes(t *testing.T, res *snapshot.Resources) []routeFacts {
 				f.headers = append(f.headers, h.GetName()+"~"+sm.GetSafeRegex().GetRegex())
 			case sm.GetExact() != "" && sm.GetIgnoreCase():
 				f.headers = append(f.headers, h.GetName()+"="+sm.GetExact())
+			case sm.GetExact() != "":
+				f.headers = append(f.headers, h.GetName()+"=="+sm.GetExact())
 			case sm.GetContains() != "":
 				f.headers = append(f.headers, h.GetName()+"*="+sm.GetContains())
 			default:
@@ -70,6 +74,8 @@ func readRoutes(t *testing.T, res *snapshot.Resources) []routeFacts {
 		}
 		if c := r.GetRoute().GetCluster(); c != "" {
 			f.cluster = c
+		} else if d := r.GetDirectResponse(); d != nil {
+			f.cluster = fmt.Sprintf("direct:%d", d.GetStatus())
 		} else {
 			f.cluster = "header:" + r.GetRoute().GetClusterHeader()
 		}
@@ -79,6 +85,7 @@ func readRoutes(t *testing.T, res *snapshot.Resources) []routeFacts {
 				t.Fatal(err)
 			}
 			f.extProc = !per.GetDisabled()
+			f.failOpen = per.GetOverrides().GetFailureModeAllow().GetValue()
 			for _, m := range per.GetOverrides().GetGrpcInitialMetadata() {
 				f.metadata = append(f.metadata, m.GetKey()+"="+m.GetValue())
 			}
@@ -168,8 +175,34 @@ func TestRoutingFacts(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			// Every forwarding route is right after its front-proxy twin: the same match for
+			// requests whose identity the Lua filter set, to the twin of its cluster.
+			all := readRoutes(t, res)
+			var routes []routeFacts
+			for i := 0; i < len(all); i++ {
+				r := all[i]
+				if !strings.HasSuffix(r.name, snapshot.RouteSuffixFrontProxy) {
+					twinBefore := i > 0 && all[i-1].name == r.name+snapshot.RouteSuffixFrontProxy
+					if !twinBefore && !strings.HasPrefix(r.name, snapshot.RouteRoutingHeader) && r.name != snapshot.RouteIdentityUndecided {
+						t.Errorf("route %s has no front-proxy twin before it", r.name)
+					}
+					routes = append(routes, r)
+					continue
+				}
+				if i+1 == len(all) {
+					t.Fatalf("front-proxy route %s is last", r.name)
+				}
+				next := all[i+1]
+				want := next
+				want.name += snapshot.RouteSuffixFrontProxy
+				want.headers = append(slices.Clone(next.headers), contract.HeaderIdentityDecision+"=="+contract.IdentityFrontProxy)
+				want.cluster = contract.FrontProxyCluster(next.cluster)
+				if !equalFacts(r, want) || r.failOpen != next.failOpen {
+					t.Errorf("front-proxy route %+v, want %+v", r, want)
+				}
+			}
 			// The long-running twins (TestLongRunningRoutes) aside.
-			routes := slices.DeleteFunc(readRoutes(t, res), func(r routeFacts) bool {
+			routes = slices.DeleteFunc(routes, func(r routeFacts) bool {
 				return strings.HasSuffix(r.name, snapshot.RouteSuffixWatch) || strings.HasSuffix(r.name, snapshot.RouteSuffixLongRunning)
 			})
 			def := plan.DefaultCluster(topo.LocalID)
@@ -178,39 +211,34 @@ func TestRoutingFacts(t *testing.T) {
 			if r := routes[0]; r.name != snapshot.RouteRoutingHeader || !slices.Equal(r.headers, []string{contract.HeaderRoutingCluster}) || r.cluster != "header:"+contract.HeaderRoutingCluster || r.extProc {
 				t.Errorf("first route = %+v, want the routing-header route with ext_proc off", r)
 			}
-			// Client certificates: ext_proc on (identity), with gRPC metadata saying when a
-			// bearer token is there too (the apiserver's fallback for a certificate it rejects).
-			withToken := append(localMetadata(topo), "x-kube-mvp-caller=certificate-and-bearer-token")
-			for i, want := range []routeFacts{
-				{name: snapshot.RouteClientCertificateAndToken, prefix: "/", headers: []string{"x-forwarded-client-cert", "authorization~[Bb][Ee][Aa][Rr][Ee][Rr] [^ ].*"}, metadata: withToken},
-				{name: snapshot.RouteClientCertificateAndWebSocketToken, prefix: "/", headers: []string{"x-forwarded-client-cert", "upgrade=websocket", `sec-websocket-protocol~(.*,)?[ \t]*base64url\.bearer\.authorization\.k8s\.io\..*`}, metadata: withToken},
-				{name: snapshot.RouteClientCertificate, prefix: "/", headers: []string{"x-forwarded-client-cert"}, metadata: localMetadata(topo)},
-			} {
-				want.cluster, want.extProc = def, true
-				if r := routes[1+i]; !equalFacts(r, want) {
-					t.Errorf("route %d = %+v, want %+v", 1+i, r, want)
-				}
+			// A client certificate whose identity the Lua filter did not decide is refused.
+			if r := routes[1]; r.name != snapshot.RouteIdentityUndecided || !slices.Equal(r.headers, []string{contract.HeaderXFCC, "!" + contract.HeaderIdentityDecision}) || r.cluster != "direct:503" || r.extProc {
+				t.Errorf("second route = %+v, want the undecided-identity route: XFCC without decision, a direct 503", r)
 			}
 			// A sidecar's ext_proc streams name its apiserver, so extproc decides by its plan.
 			for _, r := range routes {
-				if r.extProc && !slices.Equal(r.metadata[:min(len(r.metadata), len(localMetadata(topo)))], localMetadata(topo)) {
-					t.Errorf("route %s: ext_proc metadata %v, want it to start with %v", r.name, r.metadata, localMetadata(topo))
+				if r.extProc && !slices.Equal(r.metadata, localMetadata(topo)) {
+					t.Errorf("route %s: ext_proc metadata %v, want %v", r.name, r.metadata, localMetadata(topo))
+				}
+				// Only merged discovery may do without extproc.
+				if r.failOpen != (r.name == snapshot.RouteDiscovery) {
+					t.Errorf("route %s: failure_mode_allow %v", r.name, r.failOpen)
 				}
 			}
-			if r := routes[4]; r.name != snapshot.RouteDiscovery || r.regex != "/apis/?" || r.cluster != def || !r.extProc || r.headers != nil {
-				t.Errorf("fifth route = %+v, want the discovery route: path /apis or /apis/, ext_proc on", r)
+			if r := routes[2]; r.name != snapshot.RouteDiscovery || r.regex != "/apis/?" || r.cluster != def || !r.extProc || r.headers != nil {
+				t.Errorf("third route = %+v, want the discovery route: path /apis or /apis/, ext_proc on", r)
 			}
 			if r := routes[len(routes)-1]; r.name != snapshot.RouteFallback || r.prefix != "/" || r.headers != nil || r.cluster != def || r.extProc {
 				t.Errorf("last route = %+v, want the catch-all route with ext_proc off", r)
 			}
 
 			// Paths whose route the raw path cannot tell go to extproc, which decodes them.
-			if r := routes[5]; r.name != snapshot.RouteEscapedPath || r.regex != `//.*|.*%.*` || r.cluster != def || !r.extProc || r.headers != nil {
-				t.Errorf("sixth route = %+v, want the escaped-path route: a %%-escape or a leading //, ext_proc on", r)
+			if r := routes[3]; r.name != snapshot.RouteEscapedPath || r.regex != `//.*|.*%.*` || r.cluster != def || !r.extProc || r.headers != nil {
+				t.Errorf("fourth route = %+v, want the escaped-path route: a %%-escape or a leading //, ext_proc on", r)
 			}
 
 			gvRoutes := map[string]routeFacts{}
-			for _, r := range routes[6 : len(routes)-1] {
+			for _, r := range routes[4 : len(routes)-1] {
 				gvRoutes[r.name] = r
 				if r.cluster != def {
 					t.Errorf("route %s goes to %s, want the default cluster %s", r.name, r.cluster, def)
@@ -475,7 +503,11 @@ func TestLongRunningRoutes(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			routes := res.Routes[0].(*routev3.RouteConfiguration).GetVirtualHosts()[0].GetRoutes()
+			// The front-proxy twins (TestRoutingFacts) and the undecided-identity route, which
+			// forwards nothing, aside.
+			routes := slices.DeleteFunc(slices.Clone(res.Routes[0].(*routev3.RouteConfiguration).GetVirtualHosts()[0].GetRoutes()), func(r *routev3.Route) bool {
+				return strings.HasSuffix(r.GetName(), snapshot.RouteSuffixFrontProxy) || r.GetName() == snapshot.RouteIdentityUndecided
+			})
 			bases, untwinned := 0, 0
 			for i, r := range routes {
 				n := r.GetName()

@@ -1,6 +1,7 @@
 package snapshot
 
 import (
+	"encoding/json"
 	"regexp"
 	"slices"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	luav3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/lua/v3"
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	earlymutationv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/http/early_header_mutation/header_mutation/v3"
@@ -18,6 +20,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kube-mvp/kube-mvp/internal/contract"
 )
@@ -69,6 +72,7 @@ func (b *builder) httpConnectionManager() *hcmv3.HttpConnectionManager {
 			TypedConfig: b.pack(what+"early header mutation", b.stripClientHeaders()),
 		}},
 		HttpFilters: []*hcmv3.HttpFilter{
+			{Name: identityFilterName, ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: b.pack(what+"Lua filter", identityFilter())}},
 			{Name: extProcFilterName, ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: b.pack(what+"ext_proc filter", b.extProcFilter())}},
 			{Name: routerFilterName, ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: b.pack(what+"router filter", &routerv3.Router{SuppressEnvoyHeaders: true})}},
 		},
@@ -123,7 +127,7 @@ func (b *builder) stripClientHeaders() *earlymutationv3.HeaderMutation {
 	for _, n := range names {
 		strip = append(strip, remove(n))
 	}
-	return &earlymutationv3.HeaderMutation{Mutations: append(strip, remove(contract.HeaderPeerProxied), remove(contract.HeaderRoutingCluster))}
+	return &earlymutationv3.HeaderMutation{Mutations: append(strip, remove(contract.HeaderPeerProxied), remove(contract.HeaderRoutingCluster), remove(contract.HeaderIdentityDecision))}
 }
 
 // otherIdentityHeaders are the plan's identity header extra prefixes and names that the
@@ -245,6 +249,34 @@ func (b *builder) localReplyConfig() *hcmv3.LocalReplyConfig {
 }
 
 // statusBody is a metav1.Status for a 503, as JSON.
+// identityFilter is the Lua filter that maps a verified client certificate to its identity
+// (IdentityScript). The script is named, not the default: it runs where the route
+// configuration's LuaPerRoute names it, which also hands it the header names, so a request
+// never meets the script without them.
+func identityFilter() *luav3.Lua {
+	return &luav3.Lua{
+		SourceCodes: map[string]*corev3.DataSource{
+			identityScriptName: {Specifier: &corev3.DataSource_InlineString{InlineString: IdentityScript}},
+		},
+		StatPrefix: "kube_mvp_identity",
+	}
+}
+
+// statusJSON is a Kubernetes Status as an apiserver writes it.
+func statusJSON(message, reason string, code int32) string {
+	b, err := json.Marshal(&metav1.Status{
+		TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"},
+		Status:   metav1.StatusFailure,
+		Message:  message,
+		Reason:   metav1.StatusReason(reason),
+		Code:     code,
+	})
+	if err != nil {
+		panic(err) // a fixed struct of strings always marshals
+	}
+	return string(b)
+}
+
 func statusBody(message string) *corev3.SubstitutionFormatString {
 	return kubeStatus(message, "ServiceUnavailable", 503)
 }

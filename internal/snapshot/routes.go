@@ -2,11 +2,12 @@ package snapshot
 
 import (
 	"regexp"
-	"slices"
+	"strings"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	luav3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/lua/v3"
 	previoushostsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/retry/host/previous_hosts/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	"google.golang.org/protobuf/proto"
@@ -23,27 +24,14 @@ import (
 // Route names of the fixed routes; the group/version routes are named by
 // topology.GroupVersion.String ("core/v1", "batch/v1").
 const (
-	RouteRoutingHeader                      = "extproc-decided"
-	RouteClientCertificate                  = "client-certificate"
-	RouteClientCertificateAndToken          = "client-certificate-and-token"
-	RouteClientCertificateAndWebSocketToken = "client-certificate-and-websocket-token"
-	RouteDiscovery                          = "discovery"
-	RouteEscapedPath                        = "escaped-path"
-	RouteFallback                           = "default"
+	RouteRoutingHeader       = "extproc-decided"
+	RouteIdentityUndecided   = "client-certificate-undecided"
+	RouteDiscovery           = "discovery"
+	RouteEscapedPath         = "escaped-path"
+	RouteFallback            = "default"
+	RouteSuffixFrontProxy    = ":front-proxy"
+	identityUndecidedMessage = "kube-mvp: the client certificate could not be mapped to a user (see the Envoy log)"
 )
-
-// bearerTokenRegex matches an Authorization header that the apiserver's bearer token
-// authenticator reads a token from (k8s.io/apiserver request/bearertoken: after trimming, the
-// first space-separated word is "bearer" in any case and the second is not empty). Envoy
-// matches the whole value, whose surrounding white space HTTP already removed.
-const bearerTokenRegex = "[Bb][Ee][Aa][Rr][Ee][Rr] [^ ].*"
-
-// webSocketBearerProtocolRegex matches a Sec-WebSocket-Protocol header with an entry that
-// starts "base64url.bearer.authorization.k8s.io.", in which a WebSocket client passes its
-// bearer token: the apiserver (k8s.io/apiserver request/websocket) splits the values at ","
-// and trims each entry, and reads it only from a WebSocket upgrade request. Envoy matches
-// the whole value, several headers joined with ",".
-const webSocketBearerProtocolRegex = `(.*,)?[ \t]*base64url\.bearer\.authorization\.k8s\.io\..*`
 
 // escapedPathRegex matches the paths (without the query) whose route Envoy cannot tell from
 // the path as it is on the wire, because the apiserver reads another one: any %-escape (Go's
@@ -56,14 +44,14 @@ const escapedPathRegex = `//.*|.*%.*`
 //
 //  1. the routing header is present: it can only have come from extproc (the early header
 //     mutation strips it from clients), so go to the cluster it names; ext_proc off.
-//  2. (with a client CA) x-forwarded-client-cert is present: the client presented a verified
-//     certificate, whose identity extproc turns into identity headers for the front-proxy
-//     twin of the cluster it names (or, when the apiserver would not authenticate the
-//     certificate, leaves to the request's other credentials or refuses); ext_proc on. Three
-//     routes: with a bearer token in Authorization, with one in a WebSocket upgrade's
-//     Sec-WebSocket-Protocol (both tell extproc so in the stream's gRPC metadata), without.
-//  3. path /apis or /apis/ (aggregated discovery): the default cluster, ext_proc ON, which answers an
-//     apiserver's 200 with the merged discovery of every live apiserver.
+//  2. (with a client CA) x-forwarded-client-cert is present but the identity decision header
+//     is not: the client presented a verified certificate and the Lua filter did not decide
+//     its identity (the script failed): refused with a 503 Status, never forwarded without
+//     the identity the apiserver would have given it.
+//  3. path /apis or /apis/ (aggregated discovery): the default cluster, ext_proc ON, which
+//     answers an apiserver's 200 with the merged discovery of every live apiserver. Only here
+//     may ext_proc fail open (failure_mode_allow): without extproc the client gets one
+//     apiserver's own discovery, which is what it would get without kube-mvp.
 //  4. a path with a %-escape or a leading "//" (escapedPathRegex): the default cluster,
 //     ext_proc ON, which decides on the path as the apiserver decodes it; the path is
 //     forwarded unchanged.
@@ -74,6 +62,12 @@ const escapedPathRegex = `//.*|.*%.*`
 //     matched again).
 //  6. prefix / (non-resource paths, unpublished group/versions such as CRDs and aggregated
 //     APIs): the default cluster; ext_proc off.
+//
+// Every route from 3 on has long-running twins (longRunningRoutes) and, with a client CA, a
+// front-proxy twin of each (frontProxyRoute) for the requests whose identity the Lua filter
+// set. So a request that needs no routing decision never opens an ext_proc stream, whoever
+// the client is; the virtual host gives the Lua filter the identity header names
+// (identityPerRoute) and removes kube-mvp's own request headers before any apiserver.
 func (b *builder) routeConfiguration() *routev3.RouteConfiguration {
 	def := b.p.DefaultClusterName()
 	what := "route configuration " + RouteConfigName + ": "
@@ -84,13 +78,22 @@ func (b *builder) routeConfiguration() *routev3.RouteConfiguration {
 	if b.p.LocalID != "" {
 		local = []*corev3.HeaderValue{{Key: contract.MetadataLocalAPIServer, Value: b.p.LocalID}}
 	}
-	extProcOn := func(extra ...*corev3.HeaderValue) map[string]*anypb.Any {
-		md := append(slices.Clone(local), extra...)
-		if len(md) == 0 {
+	extProcOn := func() map[string]*anypb.Any {
+		if len(local) == 0 {
 			return nil
 		}
 		return map[string]*anypb.Any{extProcFilterName: b.pack(what+"ext_proc per-route config", &extprocv3.ExtProcPerRoute{
-			Override: &extprocv3.ExtProcPerRoute_Overrides{Overrides: &extprocv3.ExtProcOverrides{GrpcInitialMetadata: md}},
+			Override: &extprocv3.ExtProcPerRoute_Overrides{Overrides: &extprocv3.ExtProcOverrides{GrpcInitialMetadata: local}},
+		})}
+	}
+	// extProcFailOpen is extProcOn that lets the request go on to its route's cluster when
+	// extproc cannot be reached or fails (the discovery route).
+	extProcFailOpen := func() map[string]*anypb.Any {
+		return map[string]*anypb.Any{extProcFilterName: b.pack(what+"ext_proc per-route config", &extprocv3.ExtProcPerRoute{
+			Override: &extprocv3.ExtProcPerRoute_Overrides{Overrides: &extprocv3.ExtProcOverrides{
+				GrpcInitialMetadata: local,
+				FailureModeAllow:    wrapperspb.Bool(true),
+			}},
 		})}
 	}
 	extProcOff := map[string]*anypb.Any{
@@ -106,10 +109,6 @@ func (b *builder) routeConfiguration() *routev3.RouteConfiguration {
 			IdleTimeout:      durationpb.New(0),
 			RetryPolicy:      retry,
 		}}
-	}
-	matching := func(header, regex string) *routev3.HeaderMatcher {
-		return &routev3.HeaderMatcher{Name: header, HeaderMatchSpecifier: &routev3.HeaderMatcher_StringMatch{StringMatch: &matcherv3.StringMatcher{
-			MatchPattern: &matcherv3.StringMatcher_SafeRegex{SafeRegex: &matcherv3.RegexMatcher{Regex: regex}}}}}
 	}
 	present := func(header string) []*routev3.HeaderMatcher {
 		return []*routev3.HeaderMatcher{{
@@ -132,33 +131,21 @@ func (b *builder) routeConfiguration() *routev3.RouteConfiguration {
 		}},
 		TypedPerFilterConfig: extProcOff,
 	}}
-	if len(b.cfg.Secrets.ClientCA) > 0 {
-		// A certificate the apiserver would reject (extproc tells) is refused with 401 unless
-		// the request also has a bearer token, which the apiserver then authenticates
-		// instead; extproc never sees the token, so these routes tell it one is there.
-		withToken := extProcOn(&corev3.HeaderValue{Key: contract.MetadataCaller, Value: contract.CallerCertificateAndToken})
-		routes = append(routes,
-			&routev3.Route{
-				Name:                 RouteClientCertificateAndToken,
-				Match:                prefix("/", append(present(contract.HeaderXFCC), matching("authorization", bearerTokenRegex))),
-				Action:               action(def),
-				TypedPerFilterConfig: withToken,
-			},
-			&routev3.Route{
-				Name: RouteClientCertificateAndWebSocketToken,
-				Match: prefix("/", append(present(contract.HeaderXFCC),
-					&routev3.HeaderMatcher{Name: "upgrade", HeaderMatchSpecifier: &routev3.HeaderMatcher_StringMatch{StringMatch: &matcherv3.StringMatcher{
-						MatchPattern: &matcherv3.StringMatcher_Exact{Exact: "websocket"}, IgnoreCase: true}}},
-					matching("sec-websocket-protocol", webSocketBearerProtocolRegex))),
-				Action:               action(def),
-				TypedPerFilterConfig: withToken,
-			},
-			&routev3.Route{
-				Name:                 RouteClientCertificate,
-				Match:                prefix("/", present(contract.HeaderXFCC)),
-				Action:               action(def),
-				TypedPerFilterConfig: extProcOn(),
-			})
+	clientCertificates := len(b.cfg.Secrets.ClientCA) > 0
+	if clientCertificates {
+		routes = append(routes, &routev3.Route{
+			Name: RouteIdentityUndecided,
+			Match: prefix("/", append(present(contract.HeaderXFCC), &routev3.HeaderMatcher{
+				Name:                 contract.HeaderIdentityDecision,
+				HeaderMatchSpecifier: &routev3.HeaderMatcher_PresentMatch{PresentMatch: true},
+				InvertMatch:          true,
+			})),
+			Action: &routev3.Route_DirectResponse{DirectResponse: &routev3.DirectResponseAction{
+				Status: 503,
+				Body:   &corev3.DataSource{Specifier: &corev3.DataSource_InlineString{InlineString: statusJSON(identityUndecidedMessage, "ServiceUnavailable", 503)}},
+			}},
+			TypedPerFilterConfig: extProcOff,
+		})
 	}
 	// "/apis/" is the same document to an apiserver as "/apis", so it is merged too. A
 	// route's safe_regex matches the whole path, without the query.
@@ -166,7 +153,7 @@ func (b *builder) routeConfiguration() *routev3.RouteConfiguration {
 		Name:                 RouteDiscovery,
 		Match:                &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_SafeRegex{SafeRegex: &matcherv3.RegexMatcher{Regex: "/apis/?"}}},
 		Action:               action(def),
-		TypedPerFilterConfig: extProcOn(),
+		TypedPerFilterConfig: extProcFailOpen(),
 	})
 	routes = append(routes, &routev3.Route{
 		Name:                 RouteEscapedPath,
@@ -195,16 +182,29 @@ func (b *builder) routeConfiguration() *routev3.RouteConfiguration {
 	})
 	var all []*routev3.Route
 	for _, r := range routes {
+		var forwarding []*routev3.Route
 		switch r.GetName() {
+		case RouteIdentityUndecided:
+			all = append(all, r)
+			continue
+		case RouteRoutingHeader:
+			// extproc names the front-proxy twin itself.
+			all = append(append(all, longRunningRoutes(r)...), r)
+			continue
 		case RouteDiscovery: // never long-running
 		case RouteEscapedPath:
 			// Its regex cannot be intersected with the long-running paths', and such paths
 			// are rare: no timeout, as every request had before.
 			r.GetRoute().Timeout = durationpb.New(0)
 		default:
-			all = append(all, longRunningRoutes(r)...)
+			forwarding = longRunningRoutes(r)
 		}
-		all = append(all, r)
+		for _, f := range append(forwarding, r) {
+			if clientCertificates {
+				all = append(all, frontProxyRoute(f))
+			}
+			all = append(all, f)
+		}
 	}
 	return &routev3.RouteConfiguration{
 		Name: RouteConfigName,
@@ -212,7 +212,50 @@ func (b *builder) routeConfiguration() *routev3.RouteConfiguration {
 			Name:    VirtualHostName,
 			Domains: []string{"*"},
 			Routes:  all,
+			// The identity decision is for Envoy's routes only, and the XFCC header for the
+			// Lua filter and the routes; neither is anything an apiserver should read.
+			RequestHeadersToRemove: []string{contract.HeaderIdentityDecision, contract.HeaderXFCC},
+			TypedPerFilterConfig:   map[string]*anypb.Any{identityFilterName: b.pack(what+"Lua per-route config", b.identityPerRoute())},
 		}},
+	}
+}
+
+// frontProxyRoute is the twin of r, to go right before it, for requests whose identity the
+// Lua filter set (identity decision "front-proxy"): the same match and filter configuration,
+// to the front-proxy twin of r's cluster, whose connections present the proxy certificate.
+// extproc, on the routes that ask it, names the twin itself for such requests.
+func frontProxyRoute(r *routev3.Route) *routev3.Route {
+	c := proto.Clone(r).(*routev3.Route)
+	c.Name = r.GetName() + RouteSuffixFrontProxy
+	c.Match.Headers = append(c.Match.Headers, &routev3.HeaderMatcher{
+		Name: contract.HeaderIdentityDecision,
+		HeaderMatchSpecifier: &routev3.HeaderMatcher_StringMatch{StringMatch: &matcherv3.StringMatcher{
+			MatchPattern: &matcherv3.StringMatcher_Exact{Exact: contract.IdentityFrontProxy}}},
+	})
+	if cs, ok := c.GetRoute().GetClusterSpecifier().(*routev3.RouteAction_Cluster); ok {
+		cs.Cluster = contract.FrontProxyCluster(cs.Cluster)
+	}
+	return c
+}
+
+// identityPerRoute gives the Lua filter (identity.lua) the names of the headers it sets: the
+// first of each of the apiservers' request-header names, and kube-mvp's decision header. The
+// virtual host carries it, so a change of names is a route update, not a listener one.
+func (b *builder) identityPerRoute() *luav3.LuaPerRoute {
+	h := b.p.RequestHeaders.OrDefault()
+	ctx, err := structpb.NewStruct(map[string]any{
+		"decision_header":      contract.HeaderIdentityDecision,
+		"user_header":          strings.ToLower(h.User[0]),
+		"uid_header":           strings.ToLower(h.UID[0]),
+		"group_header":         strings.ToLower(h.Group[0]),
+		"credential_id_header": strings.ToLower(h.ExtraPrefix[0]) + contract.CredentialIDExtraKey,
+	})
+	if err != nil {
+		panic(err) // a fixed map of strings always converts
+	}
+	return &luav3.LuaPerRoute{
+		Override:      &luav3.LuaPerRoute_Name{Name: identityScriptName},
+		FilterContext: ctx,
 	}
 }
 

@@ -122,8 +122,8 @@ func TestClusterNameCollision(t *testing.T) {
 }
 
 // TestNoSecrets: with no certificates at all the configuration is still valid: a plain-HTTP
-// listener, no client-certificate route, upstream TLS without a client certificate or
-// verification.
+// listener, no client-certificate routes (neither the undecided-identity route nor
+// front-proxy twins), upstream TLS without a client certificate or verification.
 func TestNoSecrets(t *testing.T) {
 	res, err := snapshot.Build(mustPlan(t, loadCase(t, "batch-off")), snapshot.Config{})
 	if err != nil {
@@ -137,8 +137,8 @@ func TestNoSecrets(t *testing.T) {
 		t.Errorf("listener has a transport socket without a serving certificate: %v", ts)
 	}
 	for _, r := range readRoutes(t, res) {
-		if r.name == snapshot.RouteClientCertificate {
-			t.Error("client-certificate route without a client CA")
+		if r.name == snapshot.RouteIdentityUndecided || strings.HasSuffix(r.name, snapshot.RouteSuffixFrontProxy) {
+			t.Errorf("client-certificate route %s without a client CA", r.name)
 		}
 	}
 	if _, err := res.Snapshot(); err != nil {
