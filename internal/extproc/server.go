@@ -55,17 +55,16 @@ type Server struct {
 	table atomic.Pointer[table]
 	setMu sync.Mutex // serialises SetTopology (metrics bookkeeping)
 
-	log     *slog.Logger
-	now     func() time.Time
-	reg     *prometheus.Registry
-	m       *metrics
-	noTable *extprocv3.ProcessingResponse
-	noPlan  *extprocv3.ProcessingResponse
-	unexpected   [len(unexpectedTypes)]*extprocv3.ProcessingResponse
+	log        *slog.Logger
+	now        func() time.Time
+	reg        *prometheus.Registry
+	m          *metrics
+	noTable    *extprocv3.ProcessingResponse
+	noPlan     *extprocv3.ProcessingResponse
+	unexpected [len(unexpectedTypes)]*extprocv3.ProcessingResponse
 
 	errorLog logLimiter
 }
-
 
 // New returns a Server without a routing table: until the first SetTopology every request
 // is answered 503.
