@@ -144,6 +144,11 @@ func (b *builder) routeConfiguration() *routev3.RouteConfiguration {
 				Status: 503,
 				Body:   &corev3.DataSource{Specifier: &corev3.DataSource_InlineString{InlineString: statusJSON(identityUndecidedMessage, "ServiceUnavailable", 503)}},
 			}},
+			// A direct response's headers come from the route (DirectResponseAction.body).
+			ResponseHeadersToAdd: []*corev3.HeaderValueOption{{
+				Header:       &corev3.HeaderValue{Key: "content-type", Value: "application/json"},
+				AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
+			}},
 			TypedPerFilterConfig: extProcOff,
 		})
 	}

@@ -491,6 +491,9 @@ type virtualHost struct {
 	name    string
 	domains []string
 	routes  []*route
+	// requestHeadersToRemove: removed from the request before it is forwarded (the router's
+	// finalizeRequestHeaders, after every filter).
+	requestHeadersToRemove []string
 }
 
 type route struct {
@@ -508,6 +511,20 @@ type route struct {
 	// extProcMetadata: filter name -> overrides.grpc_initial_metadata, added to the
 	// ext_proc stream's gRPC metadata for requests on this route.
 	extProcMetadata map[string][]kv
+	// extProcFailOpen: filter name -> overrides.failure_mode_allow, replacing the filter's
+	// failure_mode_allow for requests on this route.
+	extProcFailOpen map[string]bool
+	// direct is a direct_response action (nil for a route action).
+	direct *directResponse
+	// responseHeadersToAdd are the route's response_headers_to_add (every one
+	// OVERWRITE_IF_EXISTS_OR_ADD; the allowlist admits nothing else).
+	responseHeadersToAdd []kv
+	vhost                *virtualHost
+}
+
+type directResponse struct {
+	status int
+	body   string
 }
 
 type headerMatcher struct {
@@ -538,11 +555,15 @@ func compileRouteConfig(rc *routev3.RouteConfiguration) (*routeConfig, error) {
 		for _, d := range vh.GetDomains() {
 			v.domains = append(v.domains, strings.ToLower(d))
 		}
+		for _, h := range vh.GetRequestHeadersToRemove() {
+			v.requestHeadersToRemove = append(v.requestHeadersToRemove, strings.ToLower(h))
+		}
 		for j, r := range vh.GetRoutes() {
 			cr, err := compileRoute(r)
 			if err != nil {
 				return nil, fmt.Errorf("virtual_hosts[%d].routes[%d] (%s): %w", i, j, r.GetName(), err)
 			}
+			cr.vhost = v
 			v.routes = append(v.routes, cr)
 		}
 		out.vhosts = append(out.vhosts, v)
@@ -568,7 +589,13 @@ func compileHeaderMatcher(h *routev3.HeaderMatcher) (*headerMatcher, error) {
 }
 
 func compileRoute(r *routev3.Route) (*route, error) {
-	out := &route{name: r.GetName(), extProcDisabled: map[string]bool{}, extProcMetadata: map[string][]kv{}}
+	out := &route{name: r.GetName(), extProcDisabled: map[string]bool{}, extProcMetadata: map[string][]kv{}, extProcFailOpen: map[string]bool{}}
+	for _, h := range r.GetResponseHeadersToAdd() {
+		if h.GetAppendAction() != corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD || len(h.GetHeader().GetRawValue()) > 0 {
+			return nil, errors.New("response_headers_to_add: only append_action OVERWRITE_IF_EXISTS_OR_ADD with a value is implemented")
+		}
+		out.responseHeadersToAdd = append(out.responseHeadersToAdd, kv{strings.ToLower(h.GetHeader().GetKey()), h.GetHeader().GetValue()})
+	}
 	m := r.GetMatch()
 	switch p := m.GetPathSpecifier().(type) {
 	case *routev3.RouteMatch_Prefix:
@@ -615,9 +642,25 @@ func compileRoute(r *routev3.Route) (*route, error) {
 		}
 		out.query = append(out.query, qm)
 	}
+	if dr := r.GetDirectResponse(); dr != nil {
+		// DirectResponseAction: status (validated 200..599) and an inline body; the router
+		// answers with a local reply (Router::Filter::decodeHeaders, sendLocalReply with
+		// details "direct_response"), to which the route's response_headers_to_add apply.
+		if err := dr.Validate(); err != nil {
+			return nil, err
+		}
+		if dr.GetBody() != nil && dr.GetBody().GetInlineString() == "" {
+			return nil, errors.New("direct_response.body: only inline_string is implemented")
+		}
+		out.direct = &directResponse{status: int(dr.GetStatus()), body: dr.GetBody().GetInlineString()}
+		if err := compilePerFilter(r, out); err != nil {
+			return nil, err
+		}
+		return out, nil
+	}
 	a := r.GetRoute()
 	if a == nil {
-		return nil, errors.New("only route actions (route:) are implemented")
+		return nil, errors.New("only route actions (route:) and direct_response are implemented")
 	}
 	out.cluster, out.clusterHeader = a.GetCluster(), strings.ToLower(a.GetClusterHeader())
 	if out.cluster == "" && out.clusterHeader == "" {
@@ -657,28 +700,40 @@ func compileRoute(r *routev3.Route) (*route, error) {
 		}
 		out.retry = p
 	}
+	if err := compilePerFilter(r, out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// compilePerFilter reads a route's typed_per_filter_config (ext_proc's; the allowlist admits
+// no other).
+func compilePerFilter(r *routev3.Route, out *route) error {
 	for k, v := range r.GetTypedPerFilterConfig() {
 		pr := &extprocfilterv3.ExtProcPerRoute{}
 		if err := v.UnmarshalTo(pr); err != nil {
-			return nil, fmt.Errorf("typed_per_filter_config[%s]: %w", k, err)
+			return fmt.Errorf("typed_per_filter_config[%s]: %w", k, err)
 		}
 		if o := pr.GetOverrides(); o != nil {
 			// ExtProcOverrides.grpc_initial_metadata: sent on the streams this route opens
 			// (the allowlist admits no other override).
+			if fm := o.GetFailureModeAllow(); fm != nil {
+				out.extProcFailOpen[k] = fm.GetValue()
+			}
 			for _, m := range o.GetGrpcInitialMetadata() {
 				if m.GetKey() == "" || len(m.GetRawValue()) > 0 {
-					return nil, fmt.Errorf("typed_per_filter_config[%s]: grpc_initial_metadata needs a key and a value (raw_value is not implemented)", k)
+					return fmt.Errorf("typed_per_filter_config[%s]: grpc_initial_metadata needs a key and a value (raw_value is not implemented)", k)
 				}
 				out.extProcMetadata[k] = append(out.extProcMetadata[k], kv{strings.ToLower(m.GetKey()), m.GetValue()})
 			}
 			continue
 		}
 		if !pr.GetDisabled() {
-			return nil, fmt.Errorf("typed_per_filter_config[%s]: disabled: false is not implemented", k)
+			return fmt.Errorf("typed_per_filter_config[%s]: disabled: false is not implemented", k)
 		}
 		out.extProcDisabled[k] = true
 	}
-	return out, nil
+	return nil
 }
 
 // ---------------------------------------------------------------------------------------

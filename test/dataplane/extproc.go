@@ -117,7 +117,11 @@ func (st *stream) extProcFail(ep *extProcCfg, sp, details string) bool {
 func (st *stream) extProcFailWith(ep *extProcCfg, sp string, code int, details string) bool {
 	d := st.d
 	d.stats.inc(sp + "streams_failed")
-	if ep.failureModeAllow {
+	failOpen := ep.failureModeAllow
+	if st.extProcFailOpen != nil {
+		failOpen = *st.extProcFailOpen // the route's ExtProcOverrides.failure_mode_allow
+	}
+	if failOpen {
 		d.stats.inc(sp + "failure_mode_allowed")
 		return true
 	}

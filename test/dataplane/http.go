@@ -87,6 +87,8 @@ type stream struct {
 
 	// ext is the ext_proc stream kept open for the response headers (nil if none).
 	ext *extProcStream
+	// extProcFailOpen is the route's overrides.failure_mode_allow, if it has one.
+	extProcFailOpen *bool
 }
 
 func (st *stream) prefix() string { return "http." + st.hcm.statPrefix + "." }
@@ -178,6 +180,9 @@ func (st *stream) serve() {
 		var md []kv
 		if rt != nil {
 			md = rt.extProcMetadata[ep.filterName]
+			if v, ok := rt.extProcFailOpen[ep.filterName]; ok {
+				st.extProcFailOpen = &v
+			}
 		}
 		start := time.Now()
 		clear, ok := st.runExtProc(ep, md)

@@ -42,6 +42,15 @@ func (st *stream) router(rt *route) {
 		st.localReply(http.StatusNotFound, "", "route_not_found")
 		return
 	}
+	if rt.direct != nil {
+		st.localReply(rt.direct.status, rt.direct.body, "direct_response", rt.responseHeadersToAdd...)
+		return
+	}
+	// The virtual host's request_headers_to_remove (finalizeRequestHeaders, once every
+	// filter has run).
+	for _, h := range rt.vhost.requestHeadersToRemove {
+		st.hdr.del(h)
+	}
 	name := rt.cluster
 	if rt.clusterHeader != "" {
 		// cluster_header: a missing header or an unknown cluster is "cluster not found",
