@@ -275,6 +275,24 @@ func (p *Plan) WithHold(h Hold) *Plan {
 // DefaultClusterName is the cluster of outcomes Default and NotServed.
 func (p *Plan) DefaultClusterName() string { return DefaultCluster(p.LocalID) }
 
+// MergesDiscovery reports whether the apiservers of the default set differ in what they
+// serve, i.e. some resource goes to a strict subset of the live apiservers: only then is the
+// merged discovery (/apis) anything but what each of them answers itself, and worth an
+// ext_proc round trip.
+func (p *Plan) MergesDiscovery() bool {
+	for _, gv := range p.GroupVersions {
+		if gv.Document.Outcome == topology.Subset {
+			return true
+		}
+		for _, r := range gv.Routes {
+			if r.Outcome == topology.Subset {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // SubsetClusters are the subset clusters the plan's decisions name, by name.
 func (p *Plan) SubsetClusters() map[string]topology.ServerSet {
 	out := map[string]topology.ServerSet{}

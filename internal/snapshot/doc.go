@@ -76,7 +76,9 @@
 //     present and x-kube-mvp-identity is not, i.e. the Lua filter did not decide a verified
 //     certificate's identity (a script error): a direct 503 Status, never forwarded without
 //     the identity the apiserver would have given it.
-//  3. "discovery": path /apis or /apis/ (safe_regex) → default cluster, ext_proc ON: for GET /apis asking for
+//  3. "discovery": path /apis or /apis/ (safe_regex) → default cluster; when the live
+//     apiservers differ in what they serve (plan.Plan.MergesDiscovery; otherwise each answers
+//     what the merge would, and ext_proc is off) ext_proc ON: for GET /apis asking for
 //     aggregated discovery, extproc asks for the response headers (mode_override, hence
 //     allow_mode_override on the filter) and answers an apiserver's 200 with the merged
 //     discovery of every live apiserver (the apiserver still authenticates and authorizes).

@@ -119,6 +119,9 @@ func TestRoutingFacts(t *testing.T) {
 		extProcGVs []string            // group/version routes with ext_proc on
 		directGVs  []string            // group/version routes with ext_proc off
 		members    map[string][]string // EDS cluster -> endpoint hostnames
+		// mergedDiscovery: the live apiservers differ in what they serve, so /apis takes
+		// ext_proc (a subset cluster exists).
+		mergedDiscovery bool
 	}
 	all := []string{"cp-a", "cp-b", "cp-c"}
 	cases := map[string]want{
@@ -127,14 +130,16 @@ func TestRoutingFacts(t *testing.T) {
 			members:   map[string][]string{contract.ClusterDefault: all},
 		},
 		"batch-off": {
-			extProcGVs: []string{"batch/v1"},
-			directGVs:  []string{"core/v1", "apps/v1", "rbac.authorization.k8s.io/v1"},
-			members:    map[string][]string{contract.ClusterDefault: all, "kube-apiservers-only-cp-a+cp-c": {"cp-a", "cp-c"}},
+			extProcGVs:      []string{"batch/v1"},
+			directGVs:       []string{"core/v1", "apps/v1", "rbac.authorization.k8s.io/v1"},
+			mergedDiscovery: true,
+			members:         map[string][]string{contract.ClusterDefault: all, "kube-apiservers-only-cp-a+cp-c": {"cp-a", "cp-c"}},
 		},
 		"new-resource": {
-			extProcGVs: []string{"core/v1", "storage.k8s.io/v1"},
-			directGVs:  []string{"apps/v1", "batch/v1", "rbac.authorization.k8s.io/v1"},
-			members:    map[string][]string{contract.ClusterDefault: all, "kube-apiservers-only-cp-a": {"cp-a"}},
+			extProcGVs:      []string{"core/v1", "storage.k8s.io/v1"},
+			directGVs:       []string{"apps/v1", "batch/v1", "rbac.authorization.k8s.io/v1"},
+			mergedDiscovery: true,
+			members:         map[string][]string{contract.ClusterDefault: all, "kube-apiservers-only-cp-a": {"cp-a"}},
 		},
 		"dead-lease": {
 			// cp-c alone serves storagemigration: Unavailable, which extproc answers with 503.
@@ -143,14 +148,16 @@ func TestRoutingFacts(t *testing.T) {
 			members:    map[string][]string{contract.ClusterDefault: {"cp-a", "cp-b"}},
 		},
 		"discovery-only": {
-			extProcGVs: []string{"apps/v1"},
-			directGVs:  []string{"core/v1", "batch/v1", "rbac.authorization.k8s.io/v1"},
-			members:    map[string][]string{contract.ClusterDefault: all, "kube-apiservers-only-cp-a+cp-c": {"cp-a", "cp-c"}},
+			extProcGVs:      []string{"apps/v1"},
+			directGVs:       []string{"core/v1", "batch/v1", "rbac.authorization.k8s.io/v1"},
+			mergedDiscovery: true,
+			members:         map[string][]string{contract.ClusterDefault: all, "kube-apiservers-only-cp-a+cp-c": {"cp-a", "cp-c"}},
 		},
 		"sidecar": {
-			extProcGVs: []string{"batch/v1"},
-			directGVs:  []string{"core/v1", "apps/v1", "rbac.authorization.k8s.io/v1"},
-			members:    map[string][]string{contract.ClusterLocal: {"cp-b"}, "kube-apiservers-only-cp-a+cp-c": {"cp-a", "cp-c"}},
+			extProcGVs:      []string{"batch/v1"},
+			directGVs:       []string{"core/v1", "apps/v1", "rbac.authorization.k8s.io/v1"},
+			mergedDiscovery: true,
+			members:         map[string][]string{contract.ClusterLocal: {"cp-b"}, "kube-apiservers-only-cp-a+cp-c": {"cp-a", "cp-c"}},
 		},
 		"storageversion-only": {
 			// Nobody verified is up: what the StorageVersions name answers 503 from extproc.
@@ -221,12 +228,13 @@ func TestRoutingFacts(t *testing.T) {
 					t.Errorf("route %s: ext_proc metadata %v, want %v", r.name, r.metadata, localMetadata(topo))
 				}
 				// Only merged discovery may do without extproc.
-				if r.failOpen != (r.name == snapshot.RouteDiscovery) {
+				if r.failOpen != (r.name == snapshot.RouteDiscovery && r.extProc) {
 					t.Errorf("route %s: failure_mode_allow %v", r.name, r.failOpen)
 				}
 			}
-			if r := routes[2]; r.name != snapshot.RouteDiscovery || r.regex != "/apis/?" || r.cluster != def || !r.extProc || r.headers != nil {
-				t.Errorf("third route = %+v, want the discovery route: path /apis or /apis/, ext_proc on", r)
+			// Merged discovery only when the live apiservers serve different things.
+			if r := routes[2]; r.name != snapshot.RouteDiscovery || r.regex != "/apis/?" || r.cluster != def || r.extProc != w.mergedDiscovery || r.headers != nil {
+				t.Errorf("third route = %+v, want the discovery route: path /apis or /apis/, ext_proc %v", r, w.mergedDiscovery)
 			}
 			if r := routes[len(routes)-1]; r.name != snapshot.RouteFallback || r.prefix != "/" || r.headers != nil || r.cluster != def || r.extProc {
 				t.Errorf("last route = %+v, want the catch-all route with ext_proc off", r)

@@ -48,7 +48,8 @@ const escapedPathRegex = `//.*|.*%.*`
 //     is not: the client presented a verified certificate and the Lua filter did not decide
 //     its identity (the script failed): refused with a 503 Status, never forwarded without
 //     the identity the apiserver would have given it.
-//  3. path /apis or /apis/ (aggregated discovery): the default cluster, ext_proc ON, which
+//  3. path /apis or /apis/ (aggregated discovery): the default cluster; when the live
+//     apiservers differ in what they serve (Plan.MergesDiscovery), ext_proc ON, which
 //     answers an apiserver's 200 with the merged discovery of every live apiserver. Only here
 //     may ext_proc fail open (failure_mode_allow): without extproc the client gets one
 //     apiserver's own discovery, which is what it would get without kube-mvp.
@@ -154,11 +155,15 @@ func (b *builder) routeConfiguration() *routev3.RouteConfiguration {
 	}
 	// "/apis/" is the same document to an apiserver as "/apis", so it is merged too. A
 	// route's safe_regex matches the whole path, without the query.
+	discovery := extProcOff
+	if b.p.MergesDiscovery() {
+		discovery = extProcFailOpen()
+	}
 	routes = append(routes, &routev3.Route{
 		Name:                 RouteDiscovery,
 		Match:                &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_SafeRegex{SafeRegex: &matcherv3.RegexMatcher{Regex: "/apis/?"}}},
 		Action:               action(def),
-		TypedPerFilterConfig: extProcFailOpen(),
+		TypedPerFilterConfig: discovery,
 	})
 	routes = append(routes, &routev3.Route{
 		Name:                 RouteEscapedPath,
