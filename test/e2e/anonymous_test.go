@@ -250,7 +250,16 @@ func anonymousScenarios(t *testing.T, ctx context.Context, e *env, k *harness.Ku
 			}
 		})
 	}
+	// One apiserver serves everything: no request of any kind needed a routing decision, so
+	// none opened an ext_proc stream (Envoy's Lua filter decided every certificate).
+	if n := k.DataPlane.Stat(extProcStreams); n != 0 {
+		t.Errorf("%d ext_proc streams in a control plane whose apiservers all serve the same APIs, want 0", n)
+	}
 }
+
+// extProcStreams is the data plane's count of ext_proc streams opened (Envoy's
+// http.<stat_prefix>.ext_proc.<filter stat_prefix>.streams_started).
+const extProcStreams = "http.kube_apiserver.ext_proc.kube_mvp.streams_started"
 
 // answer is what a test compares of a response: the status code and either the identity the
 // apiserver saw (SelfSubjectReview), the kind (and name) of the object, the Status message,

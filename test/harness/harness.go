@@ -235,6 +235,16 @@ func BootstrapTLS(dir string) *dataplane.XDSTLS {
 }
 
 // Endpoint is the https://host:port where clients reach the apiservers through kube-mvp.
+// StopExtproc stops extproc (SIGTERM, then SIGKILL after a second), leaving xds-server and
+// the data plane running: what Envoy meets when its extproc crashes.
+func (k *KubeMVP) StopExtproc() {
+	for _, p := range k.procs {
+		if filepath.Base(p.cmd.Path) == "extproc" {
+			p.stop(time.Second)
+		}
+	}
+}
+
 func (k *KubeMVP) Endpoint() string {
 	return "https://" + k.DataPlane.ListenerAddr(ListenerName)
 }

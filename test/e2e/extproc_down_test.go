@@ -1,0 +1,120 @@
+package e2e
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"testing"
+	"time"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/kube-mvp/kube-mvp/internal/testutil"
+	"github.com/kube-mvp/kube-mvp/test/controlplane"
+)
+
+// TestExtprocDown: extproc only decides where a routing decision is needed, so when it is
+// gone (crashed, restarting) every other request is still served, with the identity the
+// apiserver would give it: a kubelet-style client certificate, a bearer token, nobody. The
+// merged discovery falls back to one apiserver's own (a client may miss the APIs only the
+// other serves: allowed there, and only there), and a request that needs the decision gets
+// a 503 Status, never a wrong apiserver's 404. Measured with a client on a cold discovery
+// cache, as kubectl after a restart.
+func TestExtprocDown(t *testing.T) {
+	ctx := testutil.Context(t, 6*time.Minute)
+	e := newEnv(t, ctx, controlplane.MixedServers()...) // cp-b does not serve batch/v1
+	k := e.startKubeMVP(ctx, "front", "")
+	admin := e.adminClient(e.cp.Server("cp-a"))
+	token := serviceAccountToken(t, ctx, admin, "bob")
+
+	// With extproc up: batch/v1 is routed to cp-a, so the merged discovery shows it.
+	through := func(cert *controlplane.KeyPair, token string) *kubernetes.Clientset {
+		return kubernetes.NewForConfigOrDie(e.through(k, cert, token))
+	}
+	if _, err := through(&e.cp.PKI.Admin, "").BatchV1().Jobs("default").List(ctx, metav1.ListOptions{}); err != nil {
+		t.Fatalf("listing jobs through kube-mvp with extproc up: %v", err)
+	}
+	decided := k.DataPlane.Stat(extProcStreams)
+	if decided == 0 {
+		t.Fatal("the batch/v1 request opened no ext_proc stream: the test would prove nothing")
+	}
+
+	k.StopExtproc()
+
+	// Whoami, through kube-mvp, for every kind of caller: the route of
+	// authentication.k8s.io/v1 (both apiservers serve it) needs no decision.
+	whoami := func(c *kubernetes.Clientset) (string, error) {
+		r, err := c.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
+		if err != nil {
+			return "", err
+		}
+		return r.Status.UserInfo.Username, nil
+	}
+	for _, c := range []struct {
+		name   string
+		client *kubernetes.Clientset
+		want   string
+	}{
+		{"client certificate", through(&e.cp.PKI.Admin, ""), controlplane.AdminUser},
+		{"bearer token", through(nil, token), "system:serviceaccount:default:bob"},
+	} {
+		for i := range 5 {
+			got, err := whoami(c.client)
+			if err != nil || got != c.want {
+				t.Fatalf("%s, request %d with extproc down: %q, %v; want %q", c.name, i, got, err, c.want)
+			}
+		}
+	}
+	nss, err := through(&e.cp.PKI.Admin, "").CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
+	if err != nil || len(nss.Items) == 0 {
+		t.Fatalf("kubectl get ns with extproc down: %v", err)
+	}
+
+	// A cold discovery cache: /apis falls back to one apiserver's own discovery, which
+	// must be served (and may lack batch/v1 when cp-b answers).
+	for i := range 6 {
+		dc := discovery.NewDiscoveryClientForConfigOrDie(e.through(k, &e.cp.PKI.Admin, ""))
+		groups, err := dc.ServerGroups()
+		if err != nil {
+			t.Fatalf("discovery %d with extproc down: %v", i, err)
+		}
+		if !slices.ContainsFunc(groups.Groups, func(g metav1.APIGroup) bool { return g.Name == "apps" }) {
+			t.Fatalf("discovery %d with extproc down lists no apps group: %v", i, groups.Groups)
+		}
+	}
+
+	// batch/v1 needs the decision: a 503 Status, every time (cp-b would have said 404).
+	hc := e.rawClient(&e.cp.PKI.Admin)
+	defer hc.CloseIdleConnections()
+	for i := range 6 {
+		req, err := http.NewRequestWithContext(ctx, "GET", k.Endpoint()+"/apis/batch/v1/namespaces/default/jobs", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var st metav1.Status
+		err = json.NewDecoder(res.Body).Decode(&st)
+		res.Body.Close()
+		if res.StatusCode != http.StatusServiceUnavailable || err != nil || st.Kind != "Status" || st.Code != http.StatusServiceUnavailable {
+			t.Fatalf("batch/v1 jobs %d with extproc down: %d %+v (%v); want a 503 Status", i, res.StatusCode, st, err)
+		}
+	}
+	_, err = through(&e.cp.PKI.Admin, "").BatchV1().Jobs("default").List(ctx, metav1.ListOptions{})
+	if !apierrors.IsServiceUnavailable(err) {
+		t.Fatalf("client-go batch/v1 list with extproc down: %v, want ServiceUnavailable", err)
+	}
+	if f := k.DataPlane.Stat("http.kube_apiserver.ext_proc.kube_mvp.streams_failed"); f == 0 {
+		t.Error("no ext_proc stream failed: were the batch/v1 requests decided at all?")
+	}
+	_ = errors.New
+	_ = fmt.Sprint
+}
