@@ -10,7 +10,7 @@
 --                      front-proxy headers; the route sends the request to the front-proxy
 --                      twin of its cluster (whose connections present the proxy certificate).
 --   "own-credentials"  the apiserver would reject the certificate (empty CN, several or an
---                      empty UID, a CN, O or UID that is not a string Go reads) but the request carries a bearer
+--                      empty UID, an attribute printed as DER that is not a string Go reads) but the request carries a bearer
 --                      token, which the apiserver then authenticates instead: forwarded with
 --                      its own credentials, no identity headers.
 --   (a local 401)      the certificate is rejected and there is no token, or its identity
@@ -257,14 +257,17 @@ local function identity(subject)
   for k = #avas, 1, -1 do
     local a = avas[k]
     local what = kind(a.typ)
+    -- Any attribute printed as its DER must be a string Go decodes: else Go cannot parse the
+    -- certificate at all, which the apiserver then fails.
+    if a.dumped and der_string(from_hex(a.value)) == nil then
+      return { result = REFUSED }, a.typ .. " is not a string Go reads"
+    end
     if what == "uid" then
       local v = a.value
       if a.dumped then v = der_string(from_hex(a.value)) end
-      if v == nil then return { result = REFUSED }, "a UID that is not a string" end
       uid, uids = v, uids + 1
     elseif what ~= nil then
-      -- Not a string: Go cannot parse the certificate, which the apiserver then fails.
-      if a.dumped then return { result = REFUSED }, a.typ .. " is not a string" end
+      if a.dumped then return { result = REFUSED }, a.typ .. " is not printed as a string" end
       if what == "cn" then
         user = a.value
       elseif a.value ~= "" then -- an empty O cannot be forwarded and grants nothing

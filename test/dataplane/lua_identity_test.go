@@ -348,7 +348,9 @@ func identityRDNs(data []byte) [][]rawATV {
 				v = val(tagUTF8, []byte(s))
 			case 2:
 				v = val(tagBMP, bmp(strings.Map(func(r rune) rune {
-					if r > 0xFFFF || r >= 0xD800 && r <= 0xDFFF || r >= 0xFDD0 && r <= 0xFDEF || r >= 0xFFFE {
+					// Go refuses these; and Go strips a final U+0000 that BoringSSL prints
+					// (a 401 where the apiserver accepts: fails closed, invisible to the script).
+					if r == 0 || r > 0xFFFF || r >= 0xD800 && r <= 0xDFFF || r >= 0xFDD0 && r <= 0xFDEF || r >= 0xFFFE {
 						return 'x'
 					}
 					return r
