@@ -10,7 +10,7 @@
 --                      front-proxy headers; the route sends the request to the front-proxy
 --                      twin of its cluster (whose connections present the proxy certificate).
 --   "own-credentials"  the apiserver would reject the certificate (empty CN, several or an
---                      empty UID, a UID that is not a string) but the request carries a bearer
+--                      empty UID, an attribute printed as DER that is not a string Go reads) but the request carries a bearer
 --                      token, which the apiserver then authenticates instead: forwarded with
 --                      its own credentials, no identity headers.
 --   (a local 401)      the certificate is rejected and there is no token, or its identity
@@ -28,7 +28,7 @@
 -- Only this subset of Envoy's Lua API is used (the test data plane implements exactly it):
 -- handle:streamInfo():downstreamSslConnection() and, on it, peerCertificatePresented(),
 -- peerCertificateValidated(), subjectPeerCertificate(), sha256PeerCertificateDigest();
--- handle:filterContext(), handle:headers() with get/add/replace/remove, handle:respond(),
+-- handle:filterContext() and get() on it, handle:headers() with get/add/replace/remove, handle:respond(),
 -- handle:clearRouteCache(), handle:logWarn().
 
 local UNAUTHORIZED = '{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure",'
@@ -208,25 +208,20 @@ local function der_string(der)
     if all_bytes(v, function(b) return b < 0x80 end) then return v end
   elseif tag == 0x12 then -- NumericString
     if all_bytes(v, function(b) return b == 32 or (b >= 48 and b <= 57) end) then return v end
-  elseif tag == 0x14 then -- T61String: Go keeps the bytes
-    return v
-  elseif tag == 0x1E then -- BMPString: UTF-16BE, an optional 00 00 terminator stripped
+  elseif tag == 0x14 then -- T61String: Go reads it as Latin-1
+    local out = {}
+    for k = 1, #v do out[k] = utf8_char(v:byte(k)) end
+    return table.concat(out)
+  elseif tag == 0x1E then -- BMPString: UCS-2, an optional 00 00 terminator stripped
     if #v % 2 ~= 0 then return nil end
     if #v >= 2 and v:byte(#v) == 0 and v:byte(#v - 1) == 0 then v = v:sub(1, #v - 2) end
     local out, k = {}, 1
     while k <= #v do
       local u = v:byte(k) * 256 + v:byte(k + 1)
       k = k + 2
-      if u >= 0xD800 and u <= 0xDBFF and k <= #v then
-        local u2 = v:byte(k) * 256 + v:byte(k + 1)
-        if u2 >= 0xDC00 and u2 <= 0xDFFF then
-          u = 0x10000 + (u - 0xD800) * 0x400 + (u2 - 0xDC00)
-          k = k + 2
-        else
-          u = 0xFFFD
-        end
-      elseif u >= 0xD800 and u <= 0xDFFF then
-        u = 0xFFFD
+      -- Go refuses surrogates (UTF-16 only) and the noncharacters FFFE, FFFF, FDD0-FDEF.
+      if (u >= 0xD800 and u <= 0xDFFF) or u >= 0xFFFE or (u >= 0xFDD0 and u <= 0xFDEF) then
+        return nil
       end
       out[#out + 1] = utf8_char(u)
     end
@@ -262,13 +257,17 @@ local function identity(subject)
   for k = #avas, 1, -1 do
     local a = avas[k]
     local what = kind(a.typ)
+    -- Any attribute printed as its DER must be a string Go decodes: else Go cannot parse the
+    -- certificate at all, which the apiserver then fails.
+    if a.dumped and der_string(from_hex(a.value)) == nil then
+      return { result = REFUSED }, a.typ .. " is not a string Go reads"
+    end
     if what == "uid" then
       local v = a.value
       if a.dumped then v = der_string(from_hex(a.value)) end
-      if v == nil then return { result = REFUSED }, "a UID that is not a string" end
       uid, uids = v, uids + 1
     elseif what ~= nil then
-      if a.dumped then return { result = REJECTED }, a.typ .. " is not a string" end
+      if a.dumped then return { result = REFUSED }, a.typ .. " is not printed as a string" end
       if what == "cn" then
         user = a.value
       elseif a.value ~= "" then -- an empty O cannot be forwarded and grants nothing
@@ -325,9 +324,10 @@ end
 
 local function names(ctx)
   if ctx == nil then return nil end
+  -- The filter context is an object (Envoy's metadata wrapper), read with get(), not a table.
   local n = {
-    decision = ctx["decision_header"], user = ctx["user_header"], uid = ctx["uid_header"],
-    group = ctx["group_header"], credential_id = ctx["credential_id_header"],
+    decision = ctx:get("decision_header"), user = ctx:get("user_header"), uid = ctx:get("uid_header"),
+    group = ctx:get("group_header"), credential_id = ctx:get("credential_id_header"),
   }
   for _, key in ipairs({ "decision", "user", "uid", "group", "credential_id" }) do
     if type(n[key]) ~= "string" or n[key] == "" then return nil end

@@ -10,6 +10,7 @@ import (
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	luafilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/lua/v3"
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	earlymutationv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/http/early_header_mutation/header_mutation/v3"
@@ -42,6 +43,8 @@ var (
 	tExtProc      = name(&extprocfilterv3.ExternalProcessor{})
 	tExtProcRoute = name(&extprocfilterv3.ExtProcPerRoute{})
 	tRouter       = name(&routerv3.Router{})
+	tLua          = name(&luafilterv3.Lua{})
+	tLuaRoute     = name(&luafilterv3.LuaPerRoute{})
 	tRouteConfig  = name(&routev3.RouteConfiguration{})
 	tPrevHosts    = name(&previoushostsv3.PreviousHostsPredicate{})
 	tCluster      = name(&clusterv3.Cluster{})
@@ -112,7 +115,13 @@ var allowed = map[string][]string{
 		"local_reply_config.mappers.body_format_override", "local_reply_config.mappers.body_format_override.json_format",
 		"local_reply_config.mappers.body_format_override.text_format", "local_reply_config.mappers.body_format_override.content_type",
 	}),
-	tRouter:       {"suppress_envoy_headers"},
+	tRouter: {"suppress_envoy_headers"},
+	// The Lua filter (lua.go): scripts inline only; no filter-level filter_context, no
+	// clear_route_cache set explicitly (its default, true, is what is implemented), no
+	// package paths, no shared VMs, no deprecated inline_code.
+	tLua: {"stat_prefix", "source_codes", "source_codes.inline_string", "default_source_code", "default_source_code.inline_string"},
+	// LuaPerRoute: no per-route source_code.
+	tLuaRoute:     {"disabled", "name", "filter_context"},
 	tExtProcRoute: {"disabled", "overrides", "overrides.grpc_initial_metadata", "overrides.grpc_initial_metadata.key", "overrides.grpc_initial_metadata.value", "overrides.failure_mode_allow"},
 	tEarly: cat([]string{"mutations", "mutations.remove", "mutations.remove_on_match", "mutations.remove_on_match.key_matcher"},
 		prefixed("mutations.remove_on_match.key_matcher", stringMatcherPaths...)),
@@ -164,7 +173,7 @@ var allowed = map[string][]string{
 		"virtual_hosts.routes.route.retry_policy.retriable_headers.present_match", "virtual_hosts.routes.route.retry_policy.retriable_headers.invert_match",
 		"virtual_hosts.routes.route.retry_policy.retriable_headers.string_match",
 		"virtual_hosts.routes.metadata", "virtual_hosts.routes.metadata.filter_metadata",
-		"virtual_hosts.routes.typed_per_filter_config",
+		"virtual_hosts.routes.typed_per_filter_config", "virtual_hosts.typed_per_filter_config",
 		"virtual_hosts.request_headers_to_remove",
 		"virtual_hosts.routes.direct_response", "virtual_hosts.routes.direct_response.status",
 		"virtual_hosts.routes.direct_response.body", "virtual_hosts.routes.direct_response.body.inline_string",
@@ -224,12 +233,13 @@ var anyTypes = map[string]map[string][]string{
 		"filter_chains.transport_socket.typed_config": {tDownTLS},
 	},
 	tHCM: {
-		"http_filters.typed_config":                     {tExtProc, tRouter},
+		"http_filters.typed_config":                     {tLua, tExtProc, tRouter},
 		"early_header_mutation_extensions.typed_config": {tEarly},
 	},
 	tRouteConfig: {
 		"virtual_hosts.routes.route.retry_policy.retry_host_predicate.typed_config": {tPrevHosts},
-		"virtual_hosts.routes.typed_per_filter_config":                              {tExtProcRoute},
+		"virtual_hosts.routes.typed_per_filter_config":                              {tExtProcRoute, tLuaRoute},
+		"virtual_hosts.typed_per_filter_config":                                     {tLuaRoute},
 	},
 	tCluster: {
 		"transport_socket.typed_config":                          {tUpTLS},

@@ -17,6 +17,7 @@ import (
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	luafilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/lua/v3"
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	earlymutationv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/http/early_header_mutation/header_mutation/v3"
@@ -173,18 +174,26 @@ type downstreamTLS struct {
 }
 
 type hcmCfg struct {
-	statPrefix        string
-	rdsName           string
-	early             []headerRemoval
-	fcc               hcmv3.HttpConnectionManager_ForwardClientCertDetails
-	certSubject       bool
-	certURI           bool
-	useRemoteAddress  bool
-	upgrades          map[string]bool
-	extProc           *extProcCfg // nil: no ext_proc filter
+	statPrefix       string
+	rdsName          string
+	early            []headerRemoval
+	fcc              hcmv3.HttpConnectionManager_ForwardClientCertDetails
+	certSubject      bool
+	certURI          bool
+	useRemoteAddress bool
+	upgrades         map[string]bool
+	extProc          *extProcCfg // nil: no ext_proc filter
+	// filters are the HTTP filters before the router, in the configured order: each
+	// entry is one of lua or extProc.
+	filters           []httpFilterCfg
 	suppressEnvoy     bool
 	passThroughServer bool
 	localReply        []*localReplyMapper
+}
+
+type httpFilterCfg struct {
+	lua     *luaFilterCfg
+	extProc *extProcCfg
 }
 
 type headerRemoval struct {
@@ -297,6 +306,13 @@ func compileHCM(h *hcmv3.HttpConnectionManager) (*hcmCfg, error) {
 				return nil, fmt.Errorf("http_filters[%d] (%s): %w", i, f.GetName(), err)
 			}
 			out.extProc = ep
+			out.filters = append(out.filters, httpFilterCfg{extProc: ep})
+		case *luafilterv3.Lua:
+			lf, err := compileLua(f.GetName(), c)
+			if err != nil {
+				return nil, fmt.Errorf("http_filters[%d] (%s): %w", i, f.GetName(), err)
+			}
+			out.filters = append(out.filters, httpFilterCfg{lua: lf})
 		}
 	}
 	if _, ok := mustUnmarshalLast(filters).(*routerv3.Router); !ok {
@@ -494,6 +510,7 @@ type virtualHost struct {
 	// requestHeadersToRemove: removed from the request before it is forwarded (the router's
 	// finalizeRequestHeaders, after every filter).
 	requestHeadersToRemove []string
+	lua                    map[string]*luaRouteCfg // filter name -> typed_per_filter_config LuaPerRoute
 }
 
 type route struct {
@@ -519,7 +536,8 @@ type route struct {
 	// responseHeadersToAdd are the route's response_headers_to_add (every one
 	// OVERWRITE_IF_EXISTS_OR_ADD; the allowlist admits nothing else).
 	responseHeadersToAdd []kv
-	vhost                *virtualHost
+	lua                  map[string]*luaRouteCfg // filter name -> typed_per_filter_config LuaPerRoute
+	vh                   *virtualHost
 }
 
 type directResponse struct {
@@ -551,7 +569,18 @@ type retryPolicy struct {
 func compileRouteConfig(rc *routev3.RouteConfiguration) (*routeConfig, error) {
 	out := &routeConfig{name: rc.GetName()}
 	for i, vh := range rc.GetVirtualHosts() {
-		v := &virtualHost{name: vh.GetName()}
+		v := &virtualHost{name: vh.GetName(), lua: map[string]*luaRouteCfg{}}
+		for k, a := range vh.GetTypedPerFilterConfig() {
+			pr := &luafilterv3.LuaPerRoute{}
+			if err := a.UnmarshalTo(pr); err != nil {
+				return nil, fmt.Errorf("virtual_hosts[%d].typed_per_filter_config[%s]: %w", i, k, err)
+			}
+			c, err := compileLuaPerRoute(pr)
+			if err != nil {
+				return nil, fmt.Errorf("virtual_hosts[%d].typed_per_filter_config[%s]: %w", i, k, err)
+			}
+			v.lua[k] = c
+		}
 		for _, d := range vh.GetDomains() {
 			v.domains = append(v.domains, strings.ToLower(d))
 		}
@@ -563,7 +592,7 @@ func compileRouteConfig(rc *routev3.RouteConfiguration) (*routeConfig, error) {
 			if err != nil {
 				return nil, fmt.Errorf("virtual_hosts[%d].routes[%d] (%s): %w", i, j, r.GetName(), err)
 			}
-			cr.vhost = v
+			cr.vh = v
 			v.routes = append(v.routes, cr)
 		}
 		out.vhosts = append(out.vhosts, v)
@@ -589,7 +618,7 @@ func compileHeaderMatcher(h *routev3.HeaderMatcher) (*headerMatcher, error) {
 }
 
 func compileRoute(r *routev3.Route) (*route, error) {
-	out := &route{name: r.GetName(), extProcDisabled: map[string]bool{}, extProcMetadata: map[string][]kv{}, extProcFailOpen: map[string]bool{}}
+	out := &route{name: r.GetName(), extProcDisabled: map[string]bool{}, extProcMetadata: map[string][]kv{}, extProcFailOpen: map[string]bool{}, lua: map[string]*luaRouteCfg{}}
 	for _, h := range r.GetResponseHeadersToAdd() {
 		if h.GetAppendAction() != corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD || len(h.GetHeader().GetRawValue()) > 0 {
 			return nil, errors.New("response_headers_to_add: only append_action OVERWRITE_IF_EXISTS_OR_ADD with a value is implemented")
@@ -710,6 +739,18 @@ func compileRoute(r *routev3.Route) (*route, error) {
 // no other).
 func compilePerFilter(r *routev3.Route, out *route) error {
 	for k, v := range r.GetTypedPerFilterConfig() {
+		if v.MessageIs(&luafilterv3.LuaPerRoute{}) {
+			lp := &luafilterv3.LuaPerRoute{}
+			if err := v.UnmarshalTo(lp); err != nil {
+				return fmt.Errorf("typed_per_filter_config[%s]: %w", k, err)
+			}
+			c, err := compileLuaPerRoute(lp)
+			if err != nil {
+				return fmt.Errorf("typed_per_filter_config[%s]: %w", k, err)
+			}
+			out.lua[k] = c
+			continue
+		}
 		pr := &extprocfilterv3.ExtProcPerRoute{}
 		if err := v.UnmarshalTo(pr); err != nil {
 			return fmt.Errorf("typed_per_filter_config[%s]: %w", k, err)

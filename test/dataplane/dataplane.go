@@ -2,7 +2,10 @@
 // or from a `xds-server translate -o json` dump) and executes exactly the subset of Envoy that
 // our configuration uses, the way Envoy documents it: the listener with downstream TLS from
 // SDS, the HTTP connection manager (early header mutation, x-forwarded-client-cert,
-// x-forwarded-for, upgrades, local replies), the ext_proc filter, route matching and the
+// x-forwarded-for, upgrades, local replies), the HTTP filters in their configured order —
+// Envoy's Lua filter (lua.go: the subset of its API internal/snapshot/identity.lua uses, on an
+// embedded Lua 5.1 VM) and the ext_proc filter —, route matching (again after a filter
+// clears the route cache) and the
 // router (cluster / cluster_header, retries), and clusters with EDS, upstream TLS, health
 // checks, outlier detection and least-request balancing.
 //
@@ -18,6 +21,9 @@
 //     cluster warming; we do not model warming).
 //   - The router buffers request bodies of up to 1 MiB so that retries can replay them (Envoy
 //     buffers while streaming); larger bodies are streamed and not retried, as in Envoy.
+//   - The Lua filter runs envoy_on_request only (no envoy_on_response, body or trailers), opens
+//     only Lua's base, string, table and math libraries, and cannot modify pseudo-headers; any
+//     other API is a script runtime error here.
 //   - The ext_proc response-headers step (processing_mode or mode_override
 //     response_header_mode SEND) runs for upstream responses only; in Envoy a local reply
 //     the router sends after the request-headers step also passes through it.

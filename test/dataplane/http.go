@@ -176,23 +176,43 @@ func (st *stream) serve() {
 
 	rt := st.matchRoute()
 	d.log.Debug("request", "path", st.path, "route", routeName(rt), "tls", st.r.TLS != nil && len(st.r.TLS.PeerCertificates) > 0)
-	if ep := st.hcm.extProc; ep != nil && ep.sendHeaders && (rt == nil || !rt.extProcDisabled[ep.filterName]) {
-		var md []kv
-		if rt != nil {
-			md = rt.extProcMetadata[ep.filterName]
-			if v, ok := rt.extProcFailOpen[ep.filterName]; ok {
-				st.extProcFailOpen = &v
+	// The HTTP filters in their configured order, then the router. A filter that clears the
+	// route cache makes the route be matched again, with the headers as it left them, before
+	// the next filter (the connection manager recomputes a cleared route when it is next
+	// asked for it: the next filter's per-route configuration, or the router).
+	for _, f := range st.hcm.filters {
+		clear := false
+		switch {
+		case f.lua != nil:
+			start := time.Now()
+			c, ok := st.runLua(f.lua, rt)
+			d.stats.timing("dataplane.timing.lua_request_headers", start)
+			if !ok {
+				return
 			}
-		}
-		start := time.Now()
-		clear, ok := st.runExtProc(ep, md)
-		d.stats.timing("dataplane.timing.ext_proc_request_headers", start)
-		if !ok {
-			return
+			clear = c
+		case f.extProc != nil:
+			ep := f.extProc
+			if !ep.sendHeaders || (rt != nil && rt.extProcDisabled[ep.filterName]) {
+				continue
+			}
+			var md []kv
+			if rt != nil {
+				md = rt.extProcMetadata[ep.filterName]
+				if v, ok := rt.extProcFailOpen[ep.filterName]; ok {
+					st.extProcFailOpen = &v
+				}
+			}
+			start := time.Now()
+			c, ok := st.runExtProc(ep, md)
+			d.stats.timing("dataplane.timing.ext_proc_request_headers", start)
+			if !ok {
+				return
+			}
+			// route_cache_action / clear_route_cache.
+			clear = c
 		}
 		if clear {
-			// route_cache_action / clear_route_cache: the route is matched again with the
-			// mutated headers.
 			rt = st.matchRoute()
 		}
 	}

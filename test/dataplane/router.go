@@ -48,7 +48,7 @@ func (st *stream) router(rt *route) {
 	}
 	// The virtual host's request_headers_to_remove (finalizeRequestHeaders, once every
 	// filter has run).
-	for _, h := range rt.vhost.requestHeadersToRemove {
+	for _, h := range rt.vh.requestHeadersToRemove {
 		st.hdr.del(h)
 	}
 	name := rt.cluster

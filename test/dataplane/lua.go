@@ -1,0 +1,599 @@
+package dataplane
+
+import (
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/hex"
+	"fmt"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+
+	luafilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/lua/v3"
+	lua "github.com/yuin/gopher-lua"
+	"github.com/yuin/gopher-lua/parse"
+	"google.golang.org/protobuf/types/known/structpb"
+)
+
+// Envoy's HTTP Lua filter (envoy.extensions.filters.http.lua.v3.Lua), the request path only,
+// on an embedded Lua 5.1 VM (gopher-lua; Envoy runs LuaJIT, whose language is Lua 5.1). The
+// references are to Envoy's source/extensions/filters/http/lua/lua_filter.{h,cc} and
+// wrappers.cc, source/extensions/filters/common/lua/wrappers.cc and
+// docs/root/configuration/http/http_filters/lua_filter.rst.
+//
+// Modelled as Envoy does it:
+//   - Every script is loaded and run once when the configuration is applied, to find its
+//     global envoy_on_request (PerLuaCodeSetup; ThreadLocalState runs it on the main thread
+//     first): a script that does not compile or fails at its top level rejects the
+//     configuration (a NACK). Each worker then has its own Lua state, in which the script ran
+//     once: globals persist across the requests a state serves, and are not shared between
+//     states ("All Lua environments are per worker thread"). Here a bounded pool of states
+//     stands for the workers.
+//   - The script for a request is the most specific LuaPerRoute's (route, else virtual host;
+//     Http::Utility::resolveMostSpecificPerFilterConfig): disabled runs nothing; name selects
+//     a source_codes entry, and a name that has none runs nothing, silently
+//     (FilterConfig::perLuaCodeSetup returns nullptr); without a LuaPerRoute the
+//     default_source_code runs, if any. handle:filterContext() is that same LuaPerRoute's
+//     filter_context (an empty context without one).
+//   - envoy_on_request runs as a coroutine. respond() sends a local reply and yields: the rest
+//     of the script and the rest of the filter chain do not run. A runtime error (in Lua, or an
+//     API misuse) is logged, counts http.<hcm prefix>.lua[.<stat_prefix>].errors, and the
+//     request continues down the filter chain with whatever the script did before it
+//     (Filter::doHeaders -> scriptError; decodeHeaders returns Continue).
+//   - Any header modification clears the route cache, Lua.clear_route_cache being unset (its
+//     default is true: FilterConfig, DecoderCallbacks::onHeadersModified); clearRouteCache()
+//     clears it explicitly. The connection manager then matches the route again, with the
+//     modified headers, before the next filter.
+//
+// The API is exactly the subset internal/snapshot/identity.lua uses; calling anything else is a
+// Lua runtime error here (as an unimplemented field is a NACK), while Envoy would run it:
+//
+//	handle:headers()          get (repeated headers joined with ","), add, replace, remove
+//	handle:streamInfo()       downstreamSslConnection()
+//	ssl                       peerCertificatePresented(), peerCertificateValidated(),
+//	                          subjectPeerCertificate(), sha256PeerCertificateDigest()
+//	handle:filterContext()    get(key)
+//	handle:respond(headers, body), handle:clearRouteCache(), handle:logWarn(message)
+//
+// Only Lua's base, string, table and math libraries are opened (Envoy opens all of LuaJIT's).
+// Pseudo-headers can be read (get) but not modified here.
+
+// luaFilterCfg is one Lua filter of an HTTP connection manager.
+type luaFilterCfg struct {
+	name  string // the filter's name: its key in typed_per_filter_config
+	stats string // counter prefix below the connection manager's, "lua." + stat_prefix
+	def   *luaScript
+	named map[string]*luaScript // source_codes
+}
+
+// luaRouteCfg is a compiled LuaPerRoute.
+type luaRouteCfg struct {
+	disabled bool
+	name     string
+	context  *structpb.Struct
+}
+
+// luaScript is one script: its compiled chunk and the Lua states ("workers") it runs in.
+type luaScript struct {
+	proto *lua.FunctionProto
+	mu    sync.Mutex
+	idle  []*luaVM
+	made  int
+	cond  *sync.Cond
+}
+
+// luaWorkers is how many Lua states a script gets, as Envoy has one per worker thread.
+var luaWorkers = max(2, runtime.GOMAXPROCS(0))
+
+type luaVM struct {
+	L         *lua.LState
+	onRequest *lua.LFunction // nil: the script does not hook requests
+}
+
+func compileLua(filterName string, c *luafilterv3.Lua) (*luaFilterCfg, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	out := &luaFilterCfg{name: filterName, stats: "lua", named: map[string]*luaScript{}}
+	if c.GetStatPrefix() != "" {
+		out.stats = "lua." + c.GetStatPrefix()
+	}
+	if ds := c.GetDefaultSourceCode(); ds != nil {
+		s, err := loadLua("default_source_code", ds.GetInlineString())
+		if err != nil {
+			return nil, fmt.Errorf("default_source_code: %w", err)
+		}
+		out.def = s
+	}
+	for _, k := range sortedKeys(c.GetSourceCodes()) {
+		s, err := loadLua(k, c.GetSourceCodes()[k].GetInlineString())
+		if err != nil {
+			return nil, fmt.Errorf("source_codes[%s]: %w", k, err)
+		}
+		out.named[k] = s
+	}
+	return out, nil
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func compileLuaPerRoute(c *luafilterv3.LuaPerRoute) (*luaRouteCfg, error) {
+	// PGV: the override is required, disabled must be true, name non-empty.
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return &luaRouteCfg{disabled: c.GetDisabled(), name: c.GetName(), context: c.GetFilterContext()}, nil
+}
+
+// loadLua compiles a script and runs it once in a first state, as Envoy does at load.
+func loadLua(name, src string) (*luaScript, error) {
+	chunk, err := parse.Parse(strings.NewReader(src), name)
+	if err != nil {
+		return nil, fmt.Errorf("script load error: %w", err)
+	}
+	proto, err := lua.Compile(chunk, name)
+	if err != nil {
+		return nil, fmt.Errorf("script load error: %w", err)
+	}
+	s := &luaScript{proto: proto}
+	s.cond = sync.NewCond(&s.mu)
+	vm, err := s.newVM()
+	if err != nil {
+		return nil, err
+	}
+	s.idle, s.made = []*luaVM{vm}, 1
+	return s, nil
+}
+
+func (s *luaScript) newVM() (*luaVM, error) {
+	L := lua.NewState(lua.Options{SkipOpenLibs: true})
+	for _, lib := range []struct {
+		name string
+		fn   lua.LGFunction
+	}{{lua.BaseLibName, lua.OpenBase}, {lua.TabLibName, lua.OpenTable}, {lua.StringLibName, lua.OpenString}, {lua.MathLibName, lua.OpenMath}} {
+		L.Push(L.NewFunction(lib.fn))
+		L.Push(lua.LString(lib.name))
+		L.Call(1, 0)
+	}
+	L.Push(L.NewFunctionFromProto(s.proto))
+	if err := L.PCall(0, 0, nil); err != nil {
+		L.Close()
+		return nil, fmt.Errorf("script load error: %w", err)
+	}
+	vm := &luaVM{L: L}
+	if fn, ok := L.GetGlobal("envoy_on_request").(*lua.LFunction); ok {
+		vm.onRequest = fn
+	}
+	return vm, nil
+}
+
+// get takes a state: an idle one, a new one while there are fewer than luaWorkers, else it
+// waits for one.
+func (s *luaScript) get() (*luaVM, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for {
+		if n := len(s.idle); n > 0 {
+			vm := s.idle[n-1]
+			s.idle = s.idle[:n-1]
+			return vm, nil
+		}
+		if s.made < luaWorkers {
+			s.made++
+			s.mu.Unlock()
+			vm, err := s.newVM()
+			s.mu.Lock()
+			if err != nil {
+				s.made--
+			}
+			return vm, err
+		}
+		s.cond.Wait()
+	}
+}
+
+func (s *luaScript) put(vm *luaVM) {
+	s.mu.Lock()
+	s.idle = append(s.idle, vm)
+	s.mu.Unlock()
+	s.cond.Signal()
+}
+
+// luaPerRoute is the most specific LuaPerRoute for the filter on rt (nil: none).
+func luaPerRoute(rt *route, filter string) *luaRouteCfg {
+	if rt == nil {
+		return nil
+	}
+	if c := rt.lua[filter]; c != nil {
+		return c
+	}
+	if rt.vh != nil {
+		return rt.vh.lua[filter]
+	}
+	return nil
+}
+
+// luaSSL is what the script sees of the downstream TLS connection.
+type luaSSL struct {
+	peer      *x509.Certificate // nil: none presented
+	validated bool
+}
+
+// luaRequest is what the Lua filter reads and changes of a request. The stream implements it;
+// the identity tests drive the filter through it directly.
+type luaRequest struct {
+	hdr        *headerList
+	pseudo     func(name string) (string, bool) // :authority, :path, :method, :scheme
+	ssl        *luaSSL                          // nil: not a TLS connection
+	routeClear bool                             // the route cache was cleared
+	// reply is the local reply respond() asked for (nil: none).
+	reply *luaReply
+}
+
+type luaReply struct {
+	status  int
+	body    string
+	headers []kv
+}
+
+// luaOutcome of running a filter for a request.
+type luaOutcome struct {
+	ran bool  // a script ran
+	err error // the script's runtime error (the request continues)
+}
+
+// run runs the filter's request script for req, given the request's route.
+func (f *luaFilterCfg) run(rt *route, req *luaRequest, log func(level, msg string)) luaOutcome {
+	pr := luaPerRoute(rt, f.name)
+	script := f.def
+	var ctx *structpb.Struct
+	if pr != nil {
+		ctx = pr.context
+		switch {
+		case pr.disabled:
+			return luaOutcome{}
+		case pr.name != "":
+			script = f.named[pr.name] // none: nothing runs
+		}
+	}
+	if script == nil {
+		return luaOutcome{}
+	}
+	vm, err := script.get()
+	if err != nil {
+		return luaOutcome{ran: true, err: err}
+	}
+	defer script.put(vm)
+	if vm.onRequest == nil {
+		return luaOutcome{}
+	}
+	h := &luaHandle{req: req, ctx: ctx, log: log}
+	L := vm.L
+	co, cancel := L.NewThread()
+	if cancel != nil {
+		defer cancel()
+	}
+	state, rerr, _ := L.Resume(co, vm.onRequest, h.userdata(L))
+	h.dead = true // the handle and its objects must not outlive the call
+	if state == lua.ResumeError {
+		return luaOutcome{ran: true, err: rerr}
+	}
+	// ResumeYield: respond() ended the script (the coroutine is never resumed).
+	return luaOutcome{ran: true}
+}
+
+// luaHandle is the stream handle and the objects it hands out.
+type luaHandle struct {
+	req  *luaRequest
+	ctx  *structpb.Struct
+	log  func(level, msg string)
+	dead bool
+	// The objects are created once per handle, as Envoy's wrappers are.
+	headers, streamInfo, ssl, filterContext *lua.LUserData
+}
+
+// object makes a userdata of the given kind whose methods are fns (the metatable's __index, as
+// Envoy's BaseLuaObject does: any other key reads nil).
+func (h *luaHandle) object(L *lua.LState, kind string, fns map[string]lua.LGFunction) *lua.LUserData {
+	ud := L.NewUserData()
+	ud.Value = kind
+	methods := L.NewTable()
+	for name, fn := range fns {
+		fn := fn
+		methods.RawSetString(name, L.NewFunction(func(L *lua.LState) int {
+			// Envoy checks the object's type (luaL_checkudata) and that it is still alive
+			// (LuaDeathRef): a call with '.', or on a handle kept past its request, fails.
+			self, ok := L.Get(1).(*lua.LUserData)
+			if !ok || self != ud {
+				L.RaiseError("%s.%s: bad self argument (call it with ':')", kind, name)
+			}
+			if h.dead {
+				L.RaiseError("object used outside of proper scope")
+			}
+			return fn(L)
+		}))
+	}
+	mt := L.NewTable()
+	mt.RawSetString("__index", methods)
+	L.SetMetatable(ud, mt)
+	return ud
+}
+
+func (h *luaHandle) userdata(L *lua.LState) *lua.LUserData {
+	return h.object(L, "stream handle", map[string]lua.LGFunction{
+		"headers": func(L *lua.LState) int {
+			if h.headers == nil {
+				h.headers = h.headerObject(L)
+			}
+			L.Push(h.headers)
+			return 1
+		},
+		"streamInfo": func(L *lua.LState) int {
+			if h.streamInfo == nil {
+				h.streamInfo = h.object(L, "stream info", map[string]lua.LGFunction{
+					// StreamInfoWrapper::luaDownstreamSslConnection: nil without TLS.
+					"downstreamSslConnection": func(L *lua.LState) int {
+						if h.req.ssl == nil {
+							L.Push(lua.LNil)
+							return 1
+						}
+						if h.ssl == nil {
+							h.ssl = h.sslObject(L)
+						}
+						L.Push(h.ssl)
+						return 1
+					},
+				})
+			}
+			L.Push(h.streamInfo)
+			return 1
+		},
+		"filterContext": func(L *lua.LState) int {
+			if h.filterContext == nil {
+				h.filterContext = h.object(L, "metadata", map[string]lua.LGFunction{
+					// MetadataMapWrapper::luaGet: the value converted to Lua, nil if absent.
+					"get": func(L *lua.LState) int {
+						key := L.CheckString(2)
+						v, ok := h.ctx.GetFields()[key]
+						if !ok {
+							L.Push(lua.LNil)
+							return 1
+						}
+						L.Push(luaValue(L, v))
+						return 1
+					},
+				})
+			}
+			L.Push(h.filterContext)
+			return 1
+		},
+		"respond":         h.respond,
+		"clearRouteCache": func(*lua.LState) int { h.req.routeClear = true; return 0 },
+		// StreamHandleWrapper::luaLogWarn -> scriptLog at warn.
+		"logWarn": func(L *lua.LState) int {
+			h.log("warn", L.CheckString(2))
+			return 0
+		},
+	})
+}
+
+// luaValue converts a filter context value as MetadataMapWrapper::setValue does.
+func luaValue(L *lua.LState, v *structpb.Value) lua.LValue {
+	switch k := v.GetKind().(type) {
+	case *structpb.Value_StringValue:
+		return lua.LString(k.StringValue)
+	case *structpb.Value_NumberValue:
+		return lua.LNumber(k.NumberValue)
+	case *structpb.Value_BoolValue:
+		return lua.LBool(k.BoolValue)
+	case *structpb.Value_StructValue:
+		t := L.NewTable()
+		for name, f := range k.StructValue.GetFields() {
+			t.RawSetString(name, luaValue(L, f))
+		}
+		return t
+	case *structpb.Value_ListValue:
+		t := L.NewTable()
+		for i, e := range k.ListValue.GetValues() {
+			t.RawSetInt(i+1, luaValue(L, e))
+		}
+		return t
+	}
+	return lua.LNil
+}
+
+// headerObject is HeaderMapWrapper (source/extensions/filters/http/lua/wrappers.cc).
+func (h *luaHandle) headerObject(L *lua.LState) *lua.LUserData {
+	// checkModifiable: before any change, the filter's onHeadersModified clears the route
+	// cache (Lua.clear_route_cache unset: true).
+	modify := func(L *lua.LState) string {
+		key := strings.ToLower(L.CheckString(2))
+		if strings.HasPrefix(key, ":") {
+			L.RaiseError("modifying the pseudo-header %s is not implemented by the test data plane", key)
+		}
+		h.req.routeClear = true
+		return key
+	}
+	return h.object(L, "header map", map[string]lua.LGFunction{
+		// luaGet: every value of the header joined with "," (getAllOfHeaderAsString), nil if
+		// there is none.
+		"get": func(L *lua.LState) int {
+			key := strings.ToLower(L.CheckString(2))
+			var v string
+			var ok bool
+			if strings.HasPrefix(key, ":") {
+				v, ok = h.req.pseudo(key)
+			} else {
+				v, ok = h.req.hdr.get(key)
+			}
+			if !ok {
+				L.Push(lua.LNil)
+			} else {
+				L.Push(lua.LString(v))
+			}
+			return 1
+		},
+		// luaAdd: addCopy, another value after any existing ones.
+		"add": func(L *lua.LState) int {
+			key := modify(L)
+			h.req.hdr.add(key, L.CheckString(3))
+			return 0
+		},
+		// luaReplace: setCopy, which removes every value and adds this one.
+		"replace": func(L *lua.LState) int {
+			key := modify(L)
+			h.req.hdr.set(key, L.CheckString(3))
+			return 0
+		},
+		// luaRemove: every value.
+		"remove": func(L *lua.LState) int {
+			key := modify(L)
+			h.req.hdr.del(key)
+			return 0
+		},
+	})
+}
+
+// sslObject is SslConnectionWrapper (source/extensions/filters/common/lua/wrappers.cc) over
+// the connection's Ssl::ConnectionInfo.
+func (h *luaHandle) sslObject(L *lua.LState) *lua.LUserData {
+	ssl := h.req.ssl
+	return h.object(L, "ssl connection", map[string]lua.LGFunction{
+		"peerCertificatePresented": func(L *lua.LState) int {
+			L.Push(lua.LBool(ssl.peer != nil))
+			return 1
+		},
+		"peerCertificateValidated": func(L *lua.LState) int {
+			L.Push(lua.LBool(ssl.peer != nil && ssl.validated))
+			return 1
+		},
+		// subjectPeerCertificate: X509_NAME_print_ex(XN_FLAG_RFC2253), "" without a certificate.
+		"subjectPeerCertificate": func(L *lua.LState) int {
+			s := ""
+			if ssl.peer != nil {
+				s = rfc2253(ssl.peer.RawSubject)
+			}
+			L.Push(lua.LString(s))
+			return 1
+		},
+		// sha256PeerCertificateDigest: lower-case hex of the SHA-256 of the DER, "" without one.
+		"sha256PeerCertificateDigest": func(L *lua.LState) int {
+			s := ""
+			if ssl.peer != nil {
+				sum := sha256.Sum256(ssl.peer.Raw)
+				s = hex.EncodeToString(sum[:])
+			}
+			L.Push(lua.LString(s))
+			return 1
+		},
+	})
+}
+
+// respond is StreamHandleWrapper::luaRespond: a table of headers (a value may be a table of
+// values), an optional body; :status must be 200-599. Envoy then sends a local reply
+// (DecoderCallbacks::respond -> sendLocalReply with details "lua_response", so
+// local_reply_config applies, the script's headers added to it) and yields: the script ends.
+func (h *luaHandle) respond(L *lua.LState) int {
+	tbl := L.CheckTable(2)
+	body := ""
+	if L.GetTop() >= 3 && L.Get(3) != lua.LNil {
+		body = L.CheckString(3)
+	}
+	var headers []kv
+	var errs []string
+	str := func(v lua.LValue) (string, bool) {
+		switch v := v.(type) {
+		case lua.LString:
+			return string(v), true
+		case lua.LNumber:
+			return v.String(), true
+		}
+		return "", false
+	}
+	tbl.ForEach(func(k, v lua.LValue) {
+		key, ok := k.(lua.LString)
+		if !ok {
+			errs = append(errs, "header key must be a string")
+			return
+		}
+		add := func(v lua.LValue) {
+			s, ok := str(v)
+			if !ok {
+				errs = append(errs, "header value must be a string")
+				return
+			}
+			headers = append(headers, kv{strings.ToLower(string(key)), s})
+		}
+		if t, isTable := v.(*lua.LTable); isTable {
+			t.ForEach(func(_, e lua.LValue) { add(e) })
+		} else {
+			add(v)
+		}
+	})
+	if len(errs) > 0 {
+		L.RaiseError("%s", errs[0])
+	}
+	status := -1
+	var extra []kv
+	for _, e := range headers {
+		switch {
+		case e.name == ":status":
+			if status == -1 {
+				status, _ = strconv.Atoi(e.value)
+			}
+		case strings.HasPrefix(e.name, ":"), e.name == "content-length":
+			// The local reply's own.
+		default:
+			extra = append(extra, e)
+		}
+	}
+	if status < 200 || status >= 600 {
+		L.RaiseError(":status must be between 200-599")
+	}
+	sort.SliceStable(extra, func(i, j int) bool { return extra[i].name < extra[j].name })
+	h.req.reply = &luaReply{status: status, body: body, headers: extra}
+	return L.Yield()
+}
+
+// runLua runs one Lua filter for the stream; false when it answered the request.
+func (st *stream) runLua(f *luaFilterCfg, rt *route) (clear, ok bool) {
+	req := &luaRequest{hdr: &st.hdr, pseudo: st.pseudoHeader}
+	if st.r.TLS != nil {
+		req.ssl = &luaSSL{}
+		if pc := st.r.TLS.PeerCertificates; len(pc) > 0 {
+			req.ssl.peer = pc[0]
+			req.ssl.validated = len(st.r.TLS.VerifiedChains) > 0
+		}
+	}
+	d := st.d
+	out := f.run(rt, req, func(level, msg string) {
+		d.log.Warn("lua script log", "filter", f.name, "level", level, "message", msg)
+	})
+	if out.err != nil {
+		// Filter::scriptError: the errors counter and an error log; the request continues.
+		d.stats.inc(st.prefix() + f.stats + ".errors")
+		d.log.Error("lua script error", "filter", f.name, "error", out.err)
+	}
+	if r := req.reply; r != nil {
+		st.localReply(r.status, r.body, "lua_response", r.headers...)
+		return false, false
+	}
+	return req.routeClear, true
+}
+
+func (st *stream) pseudoHeader(name string) (string, bool) {
+	switch name {
+	case ":method", ":path", ":authority", ":scheme":
+		return st.headerForMatch(name)
+	}
+	return "", false
+}
