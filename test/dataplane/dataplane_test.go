@@ -164,18 +164,21 @@ func getJSON(t *testing.T, url string, v any) {
 	}
 }
 
-// TestClientCertificateIdentity: a verified client certificate becomes an XFCC header built
-// as Envoy builds it, which engages ext_proc (route "client-certificate"), which forwards
-// X-Remote-User/-Group to the apiserver over the front-proxy twin cluster, whose connections
+// TestClientCertificateIdentity: for a verified client certificate the Lua filter
+// (identity.lua) sets X-Remote-User/-Group and the credential ID, and the request goes, at
+// line rate (no ext_proc) on the group/version's front-proxy route, or through extproc where
+// the group/version needs a decision, to the front-proxy twin cluster, whose connections
 // present the proxy client certificate. A bearer token and a request without credentials
 // reach the apiserver as they came: no client certificate, no identity headers. Spoofed
-// identity headers never arrive.
+// identity and decision headers never arrive.
 func TestClientCertificateIdentity(t *testing.T) {
 	e := newEnv(t, envOptions{})
 	cert := e.userCert("alice", "team-a", "team-b")
 	c := e.client(cert)
 	spoof := map[string]string{"X-Remote-User": "system:admin", "X-Remote-Group": "system:masters", "X-Remote-Extra-Scopes": "all",
-		"X-Kubernetes-Peer-Proxied": "true", "X-Kube-Mvp-Cluster": "kube-apiservers-only-cp-a", "X-Forwarded-Client-Cert": "Hash=00;Subject=\"CN=root\""}
+		"X-Kubernetes-Peer-Proxied": "true", "X-Kube-Mvp-Cluster": "kube-apiservers-only-cp-a", "X-Forwarded-Client-Cert": "Hash=00;Subject=\"CN=root\"",
+		"X-Kube-Mvp-Identity": "front-proxy"}
+	streams := e.stat(extProcStreamsStat)
 	r := e.do(c, "GET", "/api/v1/namespaces", spoof)
 	if r.status != 200 {
 		t.Fatalf("status %d: %s", r.status, r.body)
@@ -190,11 +193,14 @@ func TestClientCertificateIdentity(t *testing.T) {
 	if h.Get("X-Remote-Extra-Scopes") != "" || h.Get("X-Kubernetes-Peer-Proxied") != "" {
 		t.Errorf("spoofed headers arrived: %v", h)
 	}
-	if r.seen.ClientCert != proxyClientCert || h.Get("X-Kube-Mvp-Cluster") != "kube-apiservers/front-proxy" {
-		t.Errorf("certificate user: client certificate %q, cluster %q; want the proxy's, kube-apiservers/front-proxy", r.seen.ClientCert, h.Get("X-Kube-Mvp-Cluster"))
+	if r.seen.ClientCert != proxyClientCert || h.Get("X-Kube-Mvp-Cluster") != "" || h.Get("X-Kube-Mvp-Identity") != "" {
+		t.Errorf("certificate user: client certificate %q, routing header %q, decision %q; want the proxy's, none, none", r.seen.ClientCert, h.Get("X-Kube-Mvp-Cluster"), h.Get("X-Kube-Mvp-Identity"))
 	}
-	// extproc consumed the XFCC header Envoy built (and removes it); the credential ID it
-	// derived from the XFCC Hash proves the hash is the certificate's SHA-256.
+	if n := e.stat(extProcStreamsStat) - streams; n != 0 {
+		t.Errorf("core/v1 with a client certificate opened %d ext_proc streams, want 0 (line rate)", n)
+	}
+	// The route configuration removes the XFCC header Envoy built; the credential ID the Lua
+	// filter set from Envoy's digest is the certificate's SHA-256.
 	if xfcc := h.Get("X-Forwarded-Client-Cert"); xfcc != "" {
 		t.Errorf("XFCC reached the apiserver: %q", xfcc)
 	}
@@ -209,7 +215,7 @@ func TestClientCertificateIdentity(t *testing.T) {
 	if r.status != 200 {
 		t.Fatalf("status %d: %s", r.status, r.body)
 	}
-	for _, k := range []string{"X-Remote-User", "X-Remote-Group", "X-Remote-Extra-Scopes", "X-Kubernetes-Peer-Proxied", "X-Kube-Mvp-Cluster", "X-Forwarded-Client-Cert"} {
+	for _, k := range []string{"X-Remote-User", "X-Remote-Group", "X-Remote-Extra-Scopes", "X-Kubernetes-Peer-Proxied", "X-Kube-Mvp-Cluster", "X-Forwarded-Client-Cert", "X-Kube-Mvp-Identity"} {
 		if v := r.seen.Header.Get(k); v != "" {
 			t.Errorf("%s = %q arrived", k, v)
 		}

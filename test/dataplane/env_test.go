@@ -579,3 +579,7 @@ func isWatch(r *http.Request) bool {
 	v, ok := r.URL.Query()["watch"]
 	return ok && len(v) > 0 && v[0] != "0" && !strings.EqualFold(v[0], "false")
 }
+
+// extProcStreamsStat counts the ext_proc streams opened (Envoy's
+// http.<stat_prefix>.ext_proc.<filter stat_prefix>.streams_started).
+const extProcStreamsStat = "http.kube_apiserver.ext_proc.kube_mvp.streams_started"

@@ -175,8 +175,10 @@ func TestRouteMatching(t *testing.T) {
 		return routeName(st.matchRoute())
 	}
 	token := headerList{{"authorization", "Bearer t"}}
-	// cert is a request with a client certificate (the XFCC header Envoy sets) and hdr.
+	// cert is a request with a client certificate (the XFCC header Envoy sets) and hdr;
+	// decided adds the Lua filter's identity decision.
 	cert := func(hdr ...kv) headerList { return append(headerList{{"x-forwarded-client-cert", "Hash=1"}}, hdr...) }
+	decided := func(d string, hdr ...kv) headerList { return cert(append([]kv{{"x-kube-mvp-identity", d}}, hdr...)...) }
 	cases := []struct {
 		path string
 		hdr  headerList
@@ -188,11 +190,14 @@ func TestRouteMatching(t *testing.T) {
 		{"/apis/batch/v1/jobs?watchx=1", token, "batch/v1"},
 		{"/apis/batch/v1/watch/jobs", token, "batch/v1:long-running"},
 		{"/api/v1/namespaces/d/pods/p/log", token, "core/v1:long-running"},
-		{"/api/v1/namespaces/d/pods/p/exec", cert(token...), "client-certificate-and-token:long-running"},
+		{"/api/v1/namespaces/d/pods/p/exec", decided("front-proxy", token...), "core/v1:long-running:front-proxy"},
+		{"/api/v1/namespaces/d/pods/p/exec", decided("own-credentials", token...), "core/v1:long-running"},
 		{"/api/v1/pods?watch=true", headerList{{"x-kube-mvp-cluster", "x"}}, "extproc-decided:watch"},
 		{"/debug/pprof/profile", token, "default:long-running"},
 		{"/apis/batch/v1/jobs", headerList{{"x-kube-mvp-cluster", "x"}}, "extproc-decided"},
-		{"/api/v1/pods", headerList{{"x-forwarded-client-cert", "Hash=1"}}, "client-certificate"},
+		// A certificate without the Lua filter's decision is refused, whatever else comes.
+		{"/api/v1/pods", cert(), "client-certificate-undecided"},
+		{"/api/v1/pods", headerList{{"x-kube-mvp-cluster", "x"}, {"x-forwarded-client-cert", "Hash=1"}}, "extproc-decided"},
 		{"/api/v1/pods", token, "core/v1"},
 		// path_separated_prefix (PathSeparatedPrefixRouteEntryImpl::matches,
 		// source/common/router/config_impl.cc): the prefix itself, or followed by '/';
@@ -221,20 +226,17 @@ func TestRouteMatching(t *testing.T) {
 		{"/api/v1/pods", nil, "core/v1"},
 		{"/apis/batch/v1/jobs", nil, "batch/v1"},
 		{"/api/v1/pods", headerList{{"sec-websocket-protocol", "base64url.bearer.authorization.k8s.io.dA"}}, "core/v1"},
-		// A client certificate and a bearer token (the apiserver's bearer token
-		// authenticator: "bearer" in any case, a space, a token that does not start with one).
-		{"/api/v1/pods", cert(token...), "client-certificate-and-token"},
-		{"/api/v1/pods", cert(kv{"authorization", "bEaReR t u"}), "client-certificate-and-token"},
-		{"/api/v1/pods", cert(kv{"authorization", "Basic dTpw"}), "client-certificate"},
-		{"/api/v1/pods", cert(kv{"authorization", "Bearer"}), "client-certificate"},
-		{"/api/v1/pods", cert(kv{"authorization", "Bearer  t"}), "client-certificate"},
-		{"/api/v1/pods", cert(kv{"authorization", "Bearertoken"}), "client-certificate"},
-		// A WebSocket upgrade with its token in Sec-WebSocket-Protocol; without the upgrade,
-		// the apiserver reads no token there.
-		{"/api/v1/pods", cert(kv{"upgrade", "WebSocket"}, kv{"sec-websocket-protocol", "base64url.bearer.authorization.k8s.io.dA, channel.k8s.io"}), "client-certificate-and-websocket-token"},
-		{"/api/v1/pods", cert(kv{"sec-websocket-protocol", "base64url.bearer.authorization.k8s.io.dA"}), "client-certificate"},
-		{"/api/v1/pods", cert(kv{"upgrade", "websocket"}, kv{"sec-websocket-protocol", "channel.k8s.io"}), "client-certificate"},
-		{"/api/v1/pods", cert(kv{"upgrade", "SPDY/3.1"}, kv{"sec-websocket-protocol", "base64url.bearer.authorization.k8s.io.dA"}), "client-certificate"},
+		// The Lua filter's decisions: its identity goes to the front-proxy twin of the route
+		// the request would take anyway; own credentials take that route itself.
+		{"/api/v1/pods", decided("front-proxy"), "core/v1:front-proxy"},
+		{"/api/v1/pods?watch=1", decided("front-proxy"), "core/v1:watch:front-proxy"},
+		{"/apis/batch/v1/jobs", decided("front-proxy"), "batch/v1:front-proxy"},
+		{"/apis", decided("front-proxy"), "discovery:front-proxy"},
+		{"/apis/batch%2Fv1/jobs", decided("front-proxy"), "escaped-path:front-proxy"},
+		{"/healthz", decided("front-proxy"), "default:front-proxy"},
+		{"/api/v1/pods", decided("own-credentials", token...), "core/v1"},
+		{"/api/v1/pods", decided("FRONT-PROXY"), "core/v1"}, // exact, case-sensitive value
+		{"/api/v1/pods", headerList{{"x-kube-mvp-identity", "front-proxy"}}, "core/v1:front-proxy"},
 	}
 	for _, tc := range cases {
 		if got := match(tc.path, tc.hdr); got != tc.want {
