@@ -2,7 +2,6 @@ package dataplane
 
 import (
 	"errors"
-	"net/http"
 	"slices"
 	"strings"
 	"sync"
