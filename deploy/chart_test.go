@@ -7,6 +7,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"sort"
 	"strings"
@@ -22,6 +23,7 @@ import (
 	"helm.sh/helm/v3/pkg/releaseutil"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
@@ -180,7 +182,7 @@ var (
 	xdsServerFlags = []string{"kubeconfig", "xds-address", "admin-address", "liveness-window", "discovery-interval",
 		"apiserver-addresses", "listen-address", "listen-port", "extproc-address", "extproc-message-timeout",
 		"upstream-server-name", "serving-cert", "serving-key", "client-ca", "proxy-client-cert", "proxy-client-key", "peer-ca",
-		"xds-tls-dir", "max-nodes", "max-streams"}
+		"xds-tls-dir", "max-nodes", "max-streams", "departed-apiserver-grace", "memory-configmap"}
 	extprocFlags = []string{"source", "listen", "admin-address", "now", "poll-interval", "xds-tls-dir",
 		"proxy-client-cert", "proxy-client-key", "peer-ca", "upstream-server-name"}
 )
@@ -238,10 +240,26 @@ var chartCases = []chartCase{
 		check: func(t *testing.T, r *rendered, ns string) {
 			// certgen: a hook Job with its own ServiceAccount, Role and RoleBinding, and a
 			// CronJob with another set (the hook's are deleted once it succeeded).
-			want := map[string]int{"ServiceAccount": 4, "Role": 3, "RoleBinding": 3, "ClusterRole": 2, "ClusterRoleBinding": 2,
+			// xds-server: a Role in kube-system (Leases) and one in the release namespace (its
+			// memory ConfigMap).
+			want := map[string]int{"ServiceAccount": 4, "Role": 4, "RoleBinding": 4, "ClusterRole": 2, "ClusterRoleBinding": 2,
 				"ConfigMap": 1, "Deployment": 2, "Service": 2, "PodDisruptionBudget": 2, "NetworkPolicy": 1, "Job": 1, "CronJob": 1}
 			if got := r.kinds(); !maps.Equal(got, want) {
 				t.Errorf("kinds %v, want %v (no Secret without certificates)", got, want)
+			}
+			// The memory ConfigMap: that one object by name, and create.
+			var memoryRules []rbacv1.PolicyRule
+			for _, o := range r.objs {
+				if role, ok := o.typed.(*rbacv1.Role); ok && role.Namespace == ns && role.Name == fullname+"-xds-server" {
+					memoryRules = role.Rules
+				}
+			}
+			wantRules := []rbacv1.PolicyRule{
+				{APIGroups: []string{""}, Resources: []string{"configmaps"}, ResourceNames: []string{fullname + "-xds-server-memory"}, Verbs: []string{"get", "list", "watch", "update"}},
+				{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"create"}},
+			}
+			if !reflect.DeepEqual(memoryRules, wantRules) {
+				t.Errorf("xds-server's Role in %s: %+v, want %+v", ns, memoryRules, wantRules)
 			}
 			d := r.mustFind(t, "Deployment", fullname+"-xds-server").typed.(*appsv1.Deployment)
 			if *d.Spec.Replicas != 2 {
@@ -465,7 +483,7 @@ var chartCases = []chartCase{
 		values: func(*controlplane.PKI) map[string]any {
 			return map[string]any{
 				"xdsServer": map[string]any{"replicas": 3, "port": 18001, "adminPort": 9101, "livenessWindow": "45s", "discoveryInterval": "2m",
-					"upstreamServerName": "apiserver.example.com",
+					"departedAPIServerGrace": "5m", "upstreamServerName": "apiserver.example.com",
 					"apiserverAddresses": map[string]any{"cp-b": "10.0.0.2:6443", "cp-a": "10.0.0.1:6443"}},
 				"envoy":         map[string]any{"listenAddress": "::", "listenPort": 8443, "adminPort": 19901, "healthPort": 19902, "logLevel": "debug"},
 				"extproc":       map[string]any{"adminPort": 9003, "messageTimeout": "500ms"},
@@ -476,7 +494,8 @@ var chartCases = []chartCase{
 			f := flags(t, container(t, podSpec(t, r.mustFind(t, "Deployment", fullname+"-xds-server")), "xds-server").Args[1:])
 			want := map[string]string{"xds-address": ":18001", "admin-address": ":9101", "liveness-window": "45s", "discovery-interval": "2m",
 				"upstream-server-name": "apiserver.example.com", "apiserver-addresses": "cp-a=10.0.0.1:6443,cp-b=10.0.0.2:6443",
-				"listen-address": "::", "listen-port": "8443", "extproc-message-timeout": "500ms"}
+				"listen-address": "::", "listen-port": "8443", "extproc-message-timeout": "500ms",
+				"departed-apiserver-grace": "5m", "memory-configmap": ns + "/" + fullname + "-xds-server-memory"}
 			for k, v := range want {
 				if f[k] != v {
 					t.Errorf("--%s=%q, want %q", k, f[k], v)

@@ -74,9 +74,9 @@ type serveOptions struct {
 	tableDelay, linger time.Duration
 
 	// Flags read into the above after parsing.
-	kubeconfig, tlsDir, addresses string
-	plaintext                     bool
-	envoy                         envoyFlags
+	kubeconfig, tlsDir, addresses, memoryConfigMap string
+	plaintext                                      bool
+	envoy                                          envoyFlags
 }
 
 // flagSet defines serve's flags on o, with their defaults.
@@ -105,6 +105,9 @@ func (o *serveOptions) flagSet() *pflag.FlagSet {
 		"a Lease renewed longer ago is a dead apiserver")
 	duration(&o.watch.DiscoveryInterval, inventory.DefaultDiscoveryInterval, "discovery-interval", time.Second, "a refetch per apiserver",
 		"refetch each apiserver's discovery this often")
+	duration(&o.watch.DepartedGrace, inventory.DefaultDepartedGrace, "departed-apiserver-grace", time.Second, "the memory is checked every few seconds",
+		"remember what an apiserver served this long after its identity Lease is deleted (503, not 404, for its APIs meanwhile); while a stale Lease exists it is remembered anyway")
+	fs.StringVar(&o.memoryConfigMap, "memory-configmap", "", "keep that memory in this ConfigMap, `NAMESPACE/NAME`, shared by every replica and read at start (default: in this process only)")
 	fs.StringVar(&o.addresses, "apiserver-addresses", "", "addresses for Leases without a peer-advertise address, a `LIST` of HOSTNAME=HOST:PORT")
 	duration(&o.tableDelay, 2*time.Second, "routing-table-delay", 0, "0 sends each table at once",
 		"send extproc a routing table that names a new cluster or apiserver this long after Envoy got it, so it is warm")
@@ -143,6 +146,11 @@ func parseServe(args []string) (serveOptions, error) {
 				continue
 			}
 			opts.watch.Addresses[host] = addr
+		}
+	}
+	if opts.memoryConfigMap != "" {
+		if opts.watch.MemoryConfigMap, err = inventory.ParseMemoryConfigMap(opts.memoryConfigMap); err != nil {
+			errs = multierror.Append(errs, fmt.Errorf("--memory-configmap: %v", err))
 		}
 	}
 	opts.cfg, errs = opts.envoy.config(errs)

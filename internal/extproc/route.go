@@ -2,6 +2,7 @@ package extproc
 
 import (
 	"encoding/json"
+	"strconv"
 	"sync"
 	"time"
 
@@ -191,19 +192,32 @@ func setHeader(key, value string, appendValue bool) *corev3.HeaderValueOption {
 	return o
 }
 
-// immediate503 answers the client directly with a Kubernetes Status, as an apiserver would.
+// retryAfterSeconds is the Retry-After of kube-mvp's own 503s: nobody can answer now, and
+// client-go retries a 503 that carries Retry-After by itself (up to 10 times), which rides
+// out a restart or a rolling upgrade without an error reaching the caller.
+const retryAfterSeconds = 1
+
+// immediate503 answers the client directly with a Kubernetes Status, as an apiserver would,
+// and Retry-After.
 func immediate503(message, details string) *extprocv3.ProcessingResponse {
-	return immediateStatus(typev3.StatusCode_ServiceUnavailable, metav1.StatusReasonServiceUnavailable, message, details)
+	r := immediateStatus(typev3.StatusCode_ServiceUnavailable, metav1.StatusReasonServiceUnavailable, message, details)
+	ir := r.GetImmediateResponse()
+	ir.Headers.SetHeaders = append(ir.Headers.SetHeaders, setHeader("retry-after", strconv.Itoa(retryAfterSeconds), false))
+	return r
 }
 
 func immediateStatus(code typev3.StatusCode, reason metav1.StatusReason, message, details string) *extprocv3.ProcessingResponse {
-	body, err := json.Marshal(&metav1.Status{
+	st := &metav1.Status{
 		TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"},
 		Status:   metav1.StatusFailure,
 		Message:  message,
 		Reason:   reason,
 		Code:     int32(code),
-	})
+	}
+	if code == typev3.StatusCode_ServiceUnavailable {
+		st.Details = &metav1.StatusDetails{RetryAfterSeconds: retryAfterSeconds}
+	}
+	body, err := json.Marshal(st)
 	if err != nil {
 		panic(err) // a fixed struct of strings always marshals
 	}

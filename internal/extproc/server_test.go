@@ -75,6 +75,15 @@ func checkResponse(t *testing.T, req *extprocv3.HttpHeaders, resp *extprocv3.Pro
 func checkStatus503(t *testing.T, resp *extprocv3.ProcessingResponse, message string) {
 	t.Helper()
 	checkStatus(t, resp, typev3.StatusCode_ServiceUnavailable, "ServiceUnavailable", message)
+	var retryAfter []string
+	for _, o := range resp.GetImmediateResponse().GetHeaders().GetSetHeaders() {
+		if strings.EqualFold(o.GetHeader().GetKey(), "retry-after") {
+			retryAfter = append(retryAfter, string(o.GetHeader().GetRawValue()))
+		}
+	}
+	if !slices.Equal(retryAfter, []string{"1"}) {
+		t.Errorf("retry-after %q, want 1 (client-go retries a 503 with Retry-After itself)", retryAfter)
+	}
 }
 
 // checkStatus asserts that resp is an immediate Kubernetes Status with code, reason and message.
@@ -103,6 +112,9 @@ func checkStatus(t *testing.T, resp *extprocv3.ProcessingResponse, code typev3.S
 	wantBody := map[string]any{
 		"kind": "Status", "apiVersion": "v1", "metadata": map[string]any{}, "status": "Failure",
 		"message": message, "reason": reason, "code": float64(code),
+	}
+	if code == typev3.StatusCode_ServiceUnavailable {
+		wantBody["details"] = map[string]any{"retryAfterSeconds": float64(1)}
 	}
 	if len(body) != len(wantBody) {
 		t.Errorf("body %s has fields other than %v", ir.GetBody(), wantBody)

@@ -61,6 +61,12 @@ type WatchOptions struct {
 	// Clock returns the current time; nil means time.Now.
 	Clock func() time.Time
 	Log   *slog.Logger
+	// DepartedGrace is how long a departed apiserver's last discovery is remembered after
+	// its identity Lease is deleted (objects.Memory); zero means DefaultDepartedGrace.
+	DepartedGrace time.Duration
+	// MemoryConfigMap names the ConfigMap that keeps that memory across restarts and
+	// replicas; zero keeps it in this process only.
+	MemoryConfigMap MemoryConfigMap
 	// OnSkipped, if set, is told after every build how many objects were skipped or only
 	// partly used (each is logged once, when it first appears).
 	OnSkipped func(n int)
@@ -78,6 +84,12 @@ type Watcher struct {
 	authentication cache.Store
 	svs            cache.Store // nil when the StorageVersion API is off
 	apisvcs        cache.Store
+	memoryStore    cache.Store // nil without WatchOptions.MemoryConfigMap
+
+	// memory is what each apiserver served when last seen live (rebuild's own, like
+	// reported); persist writes it to the ConfigMap.
+	memory  objects.Memory
+	persist memoryWriter
 
 	kick chan struct{}
 	// reported are the build errors already logged (rebuild's own: it runs on one goroutine).
@@ -138,6 +150,9 @@ func NewWatcher(cfg *rest.Config, opts WatchOptions, onChange func(*topology.Top
 	if opts.Log == nil {
 		opts.Log = slog.Default()
 	}
+	if opts.DepartedGrace == 0 {
+		opts.DepartedGrace = DefaultDepartedGrace
+	}
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, err
@@ -178,6 +193,19 @@ func (w *Watcher) Run(ctx context.Context) error {
 	authInformer.AddEventHandler(kick)
 	w.authentication = authInformer.GetStore()
 	synced := []cache.InformerSynced{leaseInformer.HasSynced, authInformer.HasSynced}
+	if cm := w.opts.MemoryConfigMap; cm.Name != "" {
+		// The memory of departed apiservers, written by every replica (see memoryWriter);
+		// the chart's RBAC allows this one object only.
+		memFactory := informers.NewSharedInformerFactoryWithOptions(w.client, 0,
+			informers.WithNamespace(cm.Namespace),
+			informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = "metadata.name=" + cm.Name }))
+		memInformer := memFactory.Core().V1().ConfigMaps().Informer()
+		memInformer.AddEventHandler(kick)
+		w.memoryStore = memInformer.GetStore()
+		w.persist = memoryWriter{client: w.client, cm: cm, log: w.opts.Log, done: w.trigger}
+		synced = append(synced, memInformer.HasSynced)
+		memFactory.Start(ctx.Done())
+	}
 
 	if w.hasStorageVersionAPI(ctx) {
 		clusterFactory := informers.NewSharedInformerFactory(w.client, 0)
@@ -287,6 +315,7 @@ func (w *Watcher) rebuild(ctx context.Context) {
 	opts := w.opts.Options
 	opts.Now = w.opts.Clock()
 	objs.Discovery, objs.DiscoveredAt = w.discoveryFor(ctx, objs.Leases, opts)
+	objs.Remembered = w.remember(ctx, objs, opts)
 	t, errs := objects.Build(objs, opts)
 	var news []error
 	news, w.reported = newlyReported(w.reported, errs)

@@ -142,7 +142,7 @@ func (b *builder) extProcFilter() *extprocv3.ExternalProcessor {
 	// extproc may set or remove only the headers it owns; anything else fails the request
 	// (disallow_is_error) rather than being silently dropped. Its immediate responses (the
 	// 503 Status, the merged discovery) are checked with the same rules (Envoy ≥ 1.32), so
-	// their content-type, etag and vary are allowed too.
+	// their content-type, etag and vary are allowed too, and Retry-After (on the 503).
 	owned := []string{regexp.QuoteMeta(contract.HeaderRoutingCluster), regexp.QuoteMeta(contract.HeaderPeerProxied), regexp.QuoteMeta(contract.HeaderXFCC), regexp.QuoteMeta(contract.HeaderRemotePrefix) + ".+"}
 	prefixes, names := b.otherIdentityHeaders()
 	for _, p := range prefixes {
@@ -151,7 +151,7 @@ func (b *builder) extProcFilter() *extprocv3.ExternalProcessor {
 	for _, n := range names {
 		owned = append(owned, regexp.QuoteMeta(n))
 	}
-	allowed := "^(" + strings.Join(owned, "|") + "|content-type|etag|vary)$"
+	allowed := "^(" + strings.Join(owned, "|") + "|content-type|etag|vary|retry-after)$"
 	exact := func(s string) *matcherv3.StringMatcher {
 		return &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: s}}
 	}

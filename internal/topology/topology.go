@@ -142,11 +142,16 @@ type Topology struct {
 // Source is where what an apiserver serves was learnt from.
 type Source struct {
 	// From is "discovery" (its own aggregated discovery, resources and subresources),
-	// "storageVersions" (StorageVersion entries naming it, which know no subresources) or
-	// "none".
+	// "remembered" (its last verified discovery, kept after it departed: its Lease stale,
+	// or deleted within the grace period), "storageVersions" (StorageVersion entries naming
+	// it, which know no subresources) or "none".
 	From string `json:"capabilitiesFrom,omitempty"`
-	// Since is when that discovery was fetched; zero when unknown.
+	// Since is when that discovery was fetched (for "remembered": when the apiserver was
+	// last seen live with it); zero when unknown.
 	Since time.Time `json:"capabilitiesSince,omitzero"`
+	// LeaseDeleted, for "remembered": when its identity Lease was seen deleted (its grace
+	// period runs from then); zero while the Lease exists.
+	LeaseDeleted time.Time `json:"leaseDeletedAt,omitzero"`
 	// Unverified: its Lease is fresh, but its own discovery has not (yet) been fetched at
 	// its address over verified TLS, so it counts as not alive: it takes no part in routing.
 	Unverified bool `json:"awaitingVerifiedDiscovery,omitempty"`
@@ -156,6 +161,7 @@ type Source struct {
 const (
 	SourceDiscovery       = "discovery"
 	SourceStorageVersions = "storageVersions"
+	SourceRemembered      = "remembered"
 	SourceNone            = "none"
 )
 

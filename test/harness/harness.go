@@ -72,6 +72,8 @@ type Options struct {
 	// per upstream attempt, for failing tests). Benchmarks use info, as Envoy runs in
 	// production: formatting each ext_proc exchange costs about half a millisecond.
 	DataPlaneLogLevel slog.Leveler
+	// XDSServerArgs are extra `xds-server serve` flags, appended last.
+	XDSServerArgs []string
 	// ExtprocUnready: Start waits for extproc's /healthz, not its /readyz, for tests in
 	// which its readiness must fail (every apiserver refuses the proxy certificate).
 	ExtprocUnready bool
@@ -95,7 +97,9 @@ type KubeMVP struct {
 	// tls.key, ca.crt), as xds-server certgen --out-dir made it.
 	ControlPlaneTLS func(cptls.Role) string
 	DataPlane       *dataplane.DataPlane
-	procs           []*process
+	procs           []*process // xds-server first
+	xdsArgs         []string
+	xdsLog          string
 	apiBalancer     *RoundRobin
 	dataPlaneLog    *os.File // nil when Options.Logger was given
 }
@@ -157,7 +161,9 @@ func Start(ctx context.Context, opts Options) (k *KubeMVP, err error) {
 		opts.ExtProcMessageTimeout = TestExtProcMessageTimeout
 	}
 	xdsArgs = append(xdsArgs, "--extproc-message-timeout", opts.ExtProcMessageTimeout.String())
-	p, err := startProcess(filepath.Join(dir, "xds-server.log"), filepath.Join(opts.BinDir, "xds-server"), xdsArgs...)
+	xdsArgs = append(xdsArgs, opts.XDSServerArgs...)
+	k.xdsArgs, k.xdsLog = append([]string{filepath.Join(opts.BinDir, "xds-server")}, xdsArgs...), filepath.Join(dir, "xds-server.log")
+	p, err := startProcess(k.xdsLog, k.xdsArgs[0], k.xdsArgs[1:]...)
 	if err != nil {
 		return nil, err
 	}
@@ -225,6 +231,22 @@ func Start(ctx context.Context, opts Options) (k *KubeMVP, err error) {
 	case <-time.After(3 * time.Second): // --routing-table-delay (2s) and then some
 	}
 	return k, nil
+}
+
+// RestartXDSServer stops xds-server (SIGTERM) and starts it again with the same flags, on
+// the same addresses (its log appended to), and waits until its admin port answers
+// /readyz. Envoy and extproc reconnect by themselves.
+func (k *KubeMVP) RestartXDSServer(ctx context.Context) error {
+	k.procs[0].stop(15 * time.Second)
+	if err := os.Rename(k.xdsLog, k.xdsLog+".1"); err != nil {
+		return err
+	}
+	p, err := startProcess(k.xdsLog, k.xdsArgs[0], k.xdsArgs[1:]...)
+	if err != nil {
+		return err
+	}
+	k.procs[0] = p
+	return waitOK(ctx, k.XDSAdmin+"/readyz", 2*time.Minute)
 }
 
 // BootstrapTLS is what envoy/*.yaml configure for the xds-server cluster, for a role's

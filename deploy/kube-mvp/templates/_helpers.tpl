@@ -37,6 +37,7 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- end }}
 
 {{- define "kube-mvp.xdsServer.name" -}}{{ include "kube-mvp.fullname" . }}-xds-server{{- end }}
+{{- define "kube-mvp.xdsServer.memoryConfigMap" -}}{{ include "kube-mvp.xdsServer.name" . }}-memory{{- end }}
 {{- define "kube-mvp.envoy.name" -}}{{ include "kube-mvp.fullname" . }}-envoy{{- end }}
 
 {{- define "kube-mvp.xdsServer.serviceAccount" -}}

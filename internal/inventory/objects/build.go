@@ -2,7 +2,9 @@ package objects
 
 import (
 	"fmt"
+	"maps"
 	"net/netip"
+	"slices"
 	"strings"
 	"time"
 
@@ -62,6 +64,11 @@ type Objects struct {
 	// DiscoveredAt is when each apiserver's Discovery was fetched, by ID (optional: for
 	// /debug/topology).
 	DiscoveredAt map[string]time.Time
+	// Remembered is what departed apiservers served (see Memory): used for every apiserver
+	// without Discovery, as StorageVersions are, so that what only they served is
+	// Unavailable (503) rather than not served (404). One whose Lease is gone is listed as
+	// a dead apiserver while it is remembered.
+	Remembered Memory
 	// Authentication is kube-system/extension-apiserver-authentication (nil: not published),
 	// for the identity header names the apiservers read.
 	Authentication *corev1.ConfigMap
@@ -164,6 +171,26 @@ func Build(objs Objects, opts Options) (*topology.Topology, []error) {
 			}
 		}
 	}
+	// What departed apiservers served: the same mechanism as StorageVersions, an ID that
+	// serves the resource but is not live (Capability.Known), so Decide answers Unavailable.
+	remembered := map[string]bool{}
+	hasLease := map[string]bool{}
+	for _, s := range servers {
+		hasLease[s.ID] = true
+	}
+	for _, id := range slices.Sorted(maps.Keys(objs.Remembered)) {
+		r := objs.Remembered[id]
+		if objs.Discovery[id] != nil {
+			continue
+		}
+		remembered[id] = true
+		for _, res := range r.Served {
+			add(res, id)
+		}
+		if !hasLease[id] {
+			servers = append(servers, topology.APIServer{ID: id, Hostname: r.Hostname})
+		}
+	}
 	fromStorageVersions := map[string]bool{}
 	addFromSV := func(r topology.Resource, id string) {
 		fromStorageVersions[id] = true
@@ -182,6 +209,9 @@ func Build(objs Objects, opts Options) (*topology.Topology, []error) {
 		switch {
 		case objs.Discovery[s.ID] != nil:
 			t.Sources[s.ID] = topology.Source{From: topology.SourceDiscovery, Since: objs.DiscoveredAt[s.ID]}
+		case remembered[s.ID]:
+			r := objs.Remembered[s.ID]
+			t.Sources[s.ID] = topology.Source{From: topology.SourceRemembered, Since: r.LastSeen, LeaseDeleted: r.LeaseGone, Unverified: unverified[s.ID]}
 		case fromStorageVersions[s.ID]:
 			t.Sources[s.ID] = topology.Source{From: topology.SourceStorageVersions, Unverified: unverified[s.ID]}
 		default:

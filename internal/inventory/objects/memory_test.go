@@ -1,0 +1,312 @@
+package objects_test
+
+import (
+	"maps"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	apidiscoveryv2 "k8s.io/api/apidiscovery/v2"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kube-mvp/kube-mvp/internal/inventory/objects"
+	"github.com/kube-mvp/kube-mvp/internal/topology"
+)
+
+var (
+	jobs       = topology.Resource{Group: "batch", Version: "v1", Resource: "jobs"}
+	jobsStatus = topology.Resource{Group: "batch", Version: "v1", Resource: "jobs", Subresource: "status"}
+	pods       = topology.Resource{Version: "v1", Resource: "pods"}
+	batchV1    = topology.GroupVersion{Group: "batch", Version: "v1"}.Document()
+	t0         = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	grace      = 2 * time.Minute
+)
+
+// memCluster is a two-apiserver cluster for the memory tests: a serves batch/v1 and the core
+// group, b the core group only. Its clock is set by the test, never slept on.
+type memCluster struct {
+	now    time.Time
+	leases map[string]bool // ID -> Lease exists
+	live   map[string]bool // ID -> Lease fresh and discovery verified
+	mem    objects.Memory
+}
+
+func newMemCluster() *memCluster {
+	return &memCluster{now: t0, leases: map[string]bool{"apiserver-a": true, "apiserver-b": true}, live: map[string]bool{"apiserver-a": true, "apiserver-b": true}}
+}
+
+func servedOf(id string) []topology.Resource {
+	if id == "apiserver-a" {
+		return []topology.Resource{jobs, jobsStatus, pods}
+	}
+	return []topology.Resource{pods}
+}
+
+// look is one rebuild: Observe, then Build with the memory and the live apiservers' discovery.
+func (c *memCluster) look(t *testing.T) *topology.Topology {
+	t.Helper()
+	verified := map[string]objects.Remembered{}
+	for id, ok := range c.live {
+		if ok {
+			verified[id] = objects.Remembered{Hostname: id, Served: servedOf(id)}
+		}
+	}
+	c.mem = c.mem.Observe(objects.Sighting{Now: c.now, Leases: c.leases, Verified: verified, Grace: grace})
+	return c.build(t, c.mem)
+}
+
+func (c *memCluster) build(t *testing.T, mem objects.Memory) *topology.Topology {
+	t.Helper()
+	objs := objects.Objects{Discovery: map[string]*apidiscoveryv2.APIGroupDiscoveryList{}, Remembered: mem}
+	for _, id := range slices.Sorted(maps.Keys(c.leases)) {
+		if !c.leases[id] {
+			continue
+		}
+		renewed := c.now.Add(-time.Minute) // stale
+		if c.live[id] {
+			renewed = c.now
+			objs.Discovery[id] = discoveryOf(servedOf(id))
+		}
+		objs.Leases = append(objs.Leases, leaseAt(id, renewed))
+	}
+	topo, errs := objects.Build(objs, objects.Options{Now: c.now})
+	if len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	return topo
+}
+
+// leaseAt is apiserver id's identity Lease, renewed at renewed, with an address.
+func leaseAt(id string, renewed time.Time) coordinationv1.Lease {
+	holder := id + "_1"
+	return coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: id, Namespace: objects.IdentityLeaseNamespace,
+			Labels:      map[string]string{objects.IdentityLabel: objects.IdentityLabelValue, objects.HostnameLabel: id},
+			Annotations: map[string]string{objects.PeerAdvertiseAnnotation: "10.0.0." + string(id[len(id)-1]-'a'+'1') + ":6443"}},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: &holder, RenewTime: &metav1.MicroTime{Time: renewed}},
+	}
+}
+
+func discoveryOf(rs []topology.Resource) *apidiscoveryv2.APIGroupDiscoveryList {
+	list := &apidiscoveryv2.APIGroupDiscoveryList{}
+	for _, r := range rs {
+		if r.Subresource != "" {
+			continue
+		}
+		res := apidiscoveryv2.APIResourceDiscovery{Resource: r.Resource}
+		for _, s := range rs {
+			if s.Parent() == r && s.Subresource != "" {
+				res.Subresources = append(res.Subresources, apidiscoveryv2.APISubresourceDiscovery{Subresource: s.Subresource})
+			}
+		}
+		list.Items = append(list.Items, apidiscoveryv2.APIGroupDiscovery{Versions: []apidiscoveryv2.APIVersionDiscovery{{Version: r.Version, Resources: []apidiscoveryv2.APIResourceDiscovery{res}}}})
+		list.Items[len(list.Items)-1].Name = r.Group
+	}
+	return list
+}
+
+func outcome(topo *topology.Topology, r topology.Resource) topology.Outcome {
+	return topo.DecideResource(r).Outcome
+}
+
+func TestMemoryStaleLeaseKeepsItUnavailable(t *testing.T) {
+	c := newMemCluster()
+	if o := outcome(c.look(t), jobs); o != topology.Subset {
+		t.Fatalf("jobs with a live: %v, want subset", o)
+	}
+	c.live["apiserver-a"] = false // killed: its Lease stays, stale
+	for _, after := range []time.Duration{time.Second, time.Hour, 5 * time.Hour} {
+		c.now = t0.Add(after)
+		topo := c.look(t)
+		for _, r := range []topology.Resource{jobs, jobsStatus, batchV1} {
+			if d := topo.DecideResource(r); d.Outcome != topology.Unavailable || !slices.Equal(d.Servers, []string{"apiserver-a"}) {
+				t.Errorf("%s after %s with a's Lease stale: %v %v, want unavailable [apiserver-a]", r, after, d.Outcome, d.Servers)
+			}
+		}
+		if s := topo.Sources["apiserver-a"]; s.From != topology.SourceRemembered || !s.Since.Equal(t0) || !s.LeaseDeleted.IsZero() {
+			t.Errorf("source of a: %+v, want remembered since %s", s, t0)
+		}
+	}
+	// b, the only live apiserver, serves pods: the default set (b), not a 503.
+	if o := outcome(c.look(t), pods); o != topology.Default {
+		t.Errorf("pods, which live b serves: %v, want default", o)
+	}
+}
+
+func TestMemoryDeletedLeaseGraceThenForgotten(t *testing.T) {
+	c := newMemCluster()
+	c.look(t)
+	c.now = t0.Add(10 * time.Second)
+	c.live["apiserver-a"], c.leases["apiserver-a"] = false, false // graceful stop: Lease deleted
+	deleted := c.now
+	topo := c.look(t)
+	if o := outcome(topo, jobs); o != topology.Unavailable {
+		t.Errorf("jobs just after a's Lease was deleted: %v, want unavailable", o)
+	}
+	if s := topo.Sources["apiserver-a"]; s.From != topology.SourceRemembered || !s.LeaseDeleted.Equal(deleted) {
+		t.Errorf("source of a: %+v, want remembered, Lease deleted at %s", s, deleted)
+	}
+	if a, ok := topo.Server("apiserver-a"); !ok || a.Routable() {
+		t.Errorf("a listed %v, routable %v: want listed as dead while remembered", ok, a.Routable())
+	}
+	c.now = deleted.Add(grace - time.Second)
+	if o := outcome(c.look(t), batchV1); o != topology.Unavailable {
+		t.Errorf("batch/v1 document a second before the grace period ends: %v, want unavailable", o)
+	}
+	c.now = deleted.Add(grace)
+	topo = c.look(t)
+	if o := outcome(topo, jobs); o != topology.NotServed && o != topology.Default {
+		t.Errorf("jobs after the grace period: %v, want the normal 404 path", o)
+	}
+	if _, ok := topo.Server("apiserver-a"); ok || len(c.mem) != 1 {
+		t.Errorf("a still known after its grace period (memory %v)", slices.Collect(maps.Keys(c.mem)))
+	}
+}
+
+func TestMemoryLiveServerEndsUnavailable(t *testing.T) {
+	c := newMemCluster()
+	c.look(t)
+	c.live["apiserver-a"] = false
+	c.now = t0.Add(time.Minute)
+	if o := outcome(c.look(t), jobs); o != topology.Unavailable {
+		t.Fatalf("jobs: %v, want unavailable", o)
+	}
+	// b starts serving batch/v1 (upgraded): routed to it at once.
+	c.now = c.now.Add(time.Second)
+	verified := map[string]objects.Remembered{"apiserver-b": {Served: []topology.Resource{jobs, pods}}}
+	c.mem = c.mem.Observe(objects.Sighting{Now: c.now, Leases: c.leases, Verified: verified, Grace: grace})
+	objs := objects.Objects{
+		Leases:     []coordinationv1.Lease{leaseAt("apiserver-a", c.now.Add(-time.Minute)), leaseAt("apiserver-b", c.now)},
+		Discovery:  map[string]*apidiscoveryv2.APIGroupDiscoveryList{"apiserver-b": discoveryOf([]topology.Resource{jobs, pods})},
+		Remembered: c.mem,
+	}
+	topo, _ := objects.Build(objs, objects.Options{Now: c.now})
+	// b is the only live apiserver: the default set is b.
+	if d := topo.DecideResource(jobs); d.Outcome != topology.Default {
+		t.Errorf("jobs with b live and serving it: %v %v, want default (b)", d.Outcome, d.Servers)
+	}
+	// a comes back: its own discovery replaces the memory.
+	c.live["apiserver-a"] = true
+	c.now = c.now.Add(time.Second)
+	topo = c.look(t)
+	if s := topo.Sources["apiserver-a"]; s.From != topology.SourceDiscovery {
+		t.Errorf("source of a back live: %+v, want discovery", s)
+	}
+	if c.mem["apiserver-a"].LastSeen.Before(c.now.Truncate(time.Second)) {
+		t.Errorf("a's last sighting %s, want %s", c.mem["apiserver-a"].LastSeen, c.now)
+	}
+}
+
+func TestMemoryLeaseBackBeforeGraceEnds(t *testing.T) {
+	c := newMemCluster()
+	c.look(t)
+	c.live["apiserver-a"], c.leases["apiserver-a"] = false, false
+	c.now = t0.Add(time.Minute)
+	c.look(t)
+	// A restart: its new Lease appears before its discovery is verified.
+	c.leases["apiserver-a"] = true
+	c.now = t0.Add(time.Minute + grace)
+	if o := outcome(c.look(t), jobs); o != topology.Unavailable {
+		t.Errorf("jobs with a's new Lease, discovery not verified yet, past the grace: %v, want unavailable", o)
+	}
+	if !c.mem["apiserver-a"].LeaseGone.IsZero() {
+		t.Errorf("grace still running while a has a Lease: %+v", c.mem["apiserver-a"])
+	}
+}
+
+func TestMemoryRoundTripAndRestart(t *testing.T) {
+	c := newMemCluster()
+	c.look(t)
+	c.live["apiserver-a"], c.leases["apiserver-a"] = false, false
+	c.now = t0.Add(30 * time.Second)
+	c.look(t)
+	data := objects.EncodeMemory(c.mem)
+	// A new process: starts from the ConfigMap only.
+	reloaded, err := objects.DecodeMemory(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id, r := range c.mem {
+		if !reloaded[id].Equal(r) {
+			t.Errorf("%s: reloaded %+v, want %+v", id, reloaded[id], r)
+		}
+	}
+	if objects.NeedsWrite(reloaded, c.mem, map[string]bool{"apiserver-b": true}) {
+		t.Error("the reloaded memory needs writing again: replicas would write for ever")
+	}
+	restarted := &memCluster{now: c.now.Add(10 * time.Second), leases: c.leases, live: c.live, mem: reloaded}
+	if o := outcome(restarted.look(t), jobs); o != topology.Unavailable {
+		t.Errorf("jobs after a restart from the ConfigMap: %v, want unavailable", o)
+	}
+	// The grace period still counts from the deletion, not from the restart.
+	restarted.now = c.now.Add(grace)
+	if o := outcome(restarted.look(t), jobs); o == topology.Unavailable {
+		t.Errorf("jobs after the grace period counted from the deletion: still unavailable")
+	}
+}
+
+func TestDecodeMemoryMalformed(t *testing.T) {
+	for name, value := range map[string]string{
+		"not json":        `{"lastSeen":`,
+		"no lastSeen":     `{"served":{"batch/v1":"jobs"}}`,
+		"bad gv":          `{"lastSeen":"2026-01-02T03:04:05Z","served":{"a/b/c":"jobs"}}`,
+		"bad resource":    `{"lastSeen":"2026-01-02T03:04:05Z","served":{"batch/v1":"jobs/status/x"}}`,
+		"wrong JSON type": `{"lastSeen":"2026-01-02T03:04:05Z","served":["jobs"]}`,
+	} {
+		_, err := objects.DecodeMemory(map[string]string{"apiserver-good": `{"lastSeen":"2026-01-02T03:04:05Z","served":{"v1":"pods"}}`, "apiserver-x": value})
+		if err == nil {
+			t.Errorf("%s: decoded without error", name)
+		} else if want := `"apiserver-x"`; !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: error %q does not name the entry %s", name, err, want)
+		}
+	}
+}
+
+// TestMergeMemoryTwoWriters: two replicas see a's departure at slightly different times and
+// merge each other's writes; whatever the order, both end with one memory and stop writing.
+func TestMergeMemoryTwoWriters(t *testing.T) {
+	r1, r2 := newMemCluster(), newMemCluster()
+	r1.look(t)
+	r2.now = t0.Add(time.Second)
+	r2.look(t)
+	for _, r := range []*memCluster{r1, r2} {
+		r.live["apiserver-a"], r.leases["apiserver-a"] = false, false
+	}
+	r1.now, r2.now = t0.Add(20*time.Second), t0.Add(23*time.Second)
+	r1.look(t)
+	r2.look(t)
+	// r1 writes first; r2 merges what it read, and the other way round.
+	m12 := objects.MergeMemory(r2.mem, r1.mem, r2.now, grace)
+	m21 := objects.MergeMemory(r1.mem, r2.mem, r1.now, grace)
+	if len(m12) != len(m21) {
+		t.Fatalf("merges differ: %v vs %v", m12, m21)
+	}
+	for id := range m12 {
+		if !m12[id].Equal(m21[id]) {
+			t.Errorf("%s: merge depends on order: %+v vs %+v", id, m12[id], m21[id])
+		}
+	}
+	a := m12["apiserver-a"]
+	if !a.LastSeen.Equal(t0.Add(time.Second)) || !a.LeaseGone.Equal(t0.Add(20*time.Second)) {
+		t.Errorf("merged a: last seen %s, Lease gone %s; want the latest sighting (t0+1s) and the first deletion seen (t0+20s)", a.LastSeen, a.LeaseGone)
+	}
+	if objects.NeedsWrite(m12, m21, nil) {
+		t.Error("after merging, a replica still has something to write: they would fight")
+	}
+	if !objects.NeedsWrite(r1.mem, m12, nil) {
+		t.Error("r1's write lacks r2's later sighting of a, yet nothing to write")
+	}
+	// A restart of a with the same ID beats an older deletion.
+	back := m12["apiserver-a"]
+	back.LastSeen, back.LeaseGone = t0.Add(time.Minute), time.Time{}
+	merged := objects.MergeMemory(m12, objects.Memory{"apiserver-a": back}, t0.Add(time.Minute), grace)
+	if !merged["apiserver-a"].LeaseGone.IsZero() {
+		t.Errorf("a seen live after its old deletion still counts as deleted: %+v", merged["apiserver-a"])
+	}
+	// Past the grace period, the merge drops it whoever still has it.
+	if m := objects.MergeMemory(m12, nil, t0.Add(20*time.Second+grace), grace); len(m) != 1 {
+		t.Errorf("after the grace period the merge keeps %v", slices.Collect(maps.Keys(m)))
+	}
+}
