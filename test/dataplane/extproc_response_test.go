@@ -3,7 +3,6 @@ package dataplane
 import (
 	"errors"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 
