@@ -10,9 +10,10 @@
 --                      front-proxy headers; the route sends the request to the front-proxy
 --                      twin of its cluster (whose connections present the proxy certificate).
 --   "own-credentials"  the apiserver would reject the certificate (empty CN, several or an
---                      empty UID, an attribute printed as DER that is not a string Go reads) but the request carries a bearer
---                      token, which the apiserver then authenticates instead: forwarded with
---                      its own credentials, no identity headers.
+--                      empty UID, an attribute printed as DER that is not a string Go reads)
+--                      but the request carries a bearer token, which the apiserver then
+--                      authenticates instead: forwarded with its own credentials, no
+--                      identity headers.
 --   (a local 401)      the certificate is rejected and there is no token, or its identity
 --                      cannot travel in a header unchanged.
 --
@@ -28,8 +29,8 @@
 -- Only this subset of Envoy's Lua API is used (the test data plane implements exactly it):
 -- handle:streamInfo():downstreamSslConnection() and, on it, peerCertificatePresented(),
 -- peerCertificateValidated(), subjectPeerCertificate(), sha256PeerCertificateDigest();
--- handle:filterContext() and get() on it, handle:headers() with get/add/replace/remove, handle:respond(),
--- handle:clearRouteCache(), handle:logWarn().
+-- handle:filterContext() and get() on it, handle:headers() with get/add/replace/remove,
+-- handle:respond(), handle:clearRouteCache(), handle:logWarn().
 
 local UNAUTHORIZED = '{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure",'
   .. '"message":"Unauthorized","reason":"Unauthorized","code":401}'
@@ -324,10 +325,15 @@ end
 
 local function names(ctx)
   if ctx == nil then return nil end
-  -- The filter context is an object (Envoy's metadata wrapper), read with get(), not a table.
+  -- Envoy's source hands the filter context over as its metadata wrapper, read with get();
+  -- its documentation indexes it as a table. Both are read, so the script works either way.
+  local function get(key)
+    if type(ctx) == "table" then return ctx[key] end
+    return ctx:get(key)
+  end
   local n = {
-    decision = ctx:get("decision_header"), user = ctx:get("user_header"), uid = ctx:get("uid_header"),
-    group = ctx:get("group_header"), credential_id = ctx:get("credential_id_header"),
+    decision = get("decision_header"), user = get("user_header"), uid = get("uid_header"),
+    group = get("group_header"), credential_id = get("credential_id_header"),
   }
   for _, key in ipairs({ "decision", "user", "uid", "group", "credential_id" }) do
     if type(n[key]) ~= "string" or n[key] == "" then return nil end
