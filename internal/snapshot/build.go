@@ -44,7 +44,6 @@ const (
 const (
 	extProcFilterName        = "envoy.filters.http.ext_proc"
 	identityFilterName       = "kube-mvp.identity" // the Lua filter running IdentityScript
-	identityScriptName       = "kube-mvp-identity" // its name in the filter's source_codes
 	routerFilterName         = "envoy.filters.http.router"
 	hcmFilterName            = "envoy.filters.network.http_connection_manager"
 	tlsTransportSocketName   = "envoy.transport_sockets.tls"

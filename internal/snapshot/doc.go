@@ -25,15 +25,15 @@
 //     other requests have a route timeout, see the route configuration);
 //     use_remote_address (x-forwarded-for carries the client, for the apiservers' audit log);
 //     server header passed through; the router adds no x-envoy-* headers.
-//   - HTTP filters: Lua "kube-mvp.identity", ext_proc, router. The Lua filter holds
-//     IdentityScript (identity.lua) under source_codes "kube-mvp-identity" and runs it where
-//     the route configuration names it (the virtual host's LuaPerRoute, which also passes the
-//     header names in filter_context): for a verified client certificate it sets the
+//   - HTTP filters: Lua "kube-mvp.identity", ext_proc, router. The Lua filter runs
+//     IdentityScript (identity.lua, its default_source_code) on every request, with the
+//     header names from the virtual host's metadata under the filter's name
+//     (handle:virtualHost():metadata(), Envoy 1.36): for a verified client certificate it sets the
 //     front-proxy identity headers as the apiserver's x509 authenticator would map the
 //     certificate (CN, one group per O, Kubernetes' UID attribute, the credential ID
 //     X509SHA256=<digest>), or answers 401 where the apiserver would, and writes its decision
-//     in x-kube-mvp-identity, then clears the route cache. The script is static: a listener
-//     change drains every client connection, watches included.
+//     in x-kube-mvp-identity; a header change makes Envoy match the route again. The script is
+//     static: a listener change drains every client connection, watches included.
 //   - local_reply_config: Envoy's own failures become a Kubernetes Status (application/json,
 //     reason ServiceUnavailable, code 503): response flags UH, UF, UC, UR, UO, URX, NC, NR,
 //     and ext_proc failures (see below); a route timeout (UT) stays a 504, a Status with

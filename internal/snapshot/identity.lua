@@ -17,20 +17,21 @@
 --   (a local 401)      the certificate is rejected and there is no token, or its identity
 --                      cannot travel in a header unchanged.
 --
--- Then it clears the route cache, so that the route is matched again with the decision. A
--- request with a certificate and no decision (the script failed, or the route configuration
--- gave it no header names) matches a route that refuses it: identity never falls open.
+-- Changing a header makes Envoy match the route again (the filter's clear_route_cache, true by
+-- default), now with the decision. A request with a certificate and no decision (the script
+-- failed, or the route configuration gave it no header names) matches a route that refuses
+-- it: identity never falls open.
 --
 -- The script is static: it is part of the listener, and a listener change drains every client
 -- connection, watches included. Everything that varies comes from the route configuration:
--- the header names, in the filter context of the virtual host's LuaPerRoute:
+-- the header names, in the virtual host's metadata under this filter's name:
 --   decision_header, user_header, uid_header, group_header, credential_id_header.
 --
 -- Only this subset of Envoy's Lua API is used (the test data plane implements exactly it):
 -- handle:streamInfo():downstreamSslConnection() and, on it, peerCertificatePresented(),
 -- peerCertificateValidated(), subjectPeerCertificate(), sha256PeerCertificateDigest();
--- handle:filterContext() and get() on it, handle:headers() with get/add/replace/remove,
--- handle:respond(), handle:clearRouteCache(), handle:logWarn().
+-- handle:virtualHost():metadata() and get() on it (Envoy 1.36), handle:headers() with
+-- get/add/replace/remove, handle:respond(), handle:logWarn().
 
 local UNAUTHORIZED = '{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure",'
   .. '"message":"Unauthorized","reason":"Unauthorized","code":401}'
@@ -323,14 +324,9 @@ local function has_bearer_token(headers)
   return false
 end
 
-local function names(ctx)
-  if ctx == nil then return nil end
-  -- Envoy's source hands the filter context over as its metadata wrapper, read with get();
-  -- its documentation indexes it as a table. Both are read, so the script works either way.
-  local function get(key)
-    if type(ctx) == "table" then return ctx[key] end
-    return ctx:get(key)
-  end
+local function names(md)
+  if md == nil then return nil end
+  local function get(key) return md:get(key) end
   local n = {
     decision = get("decision_header"), user = get("user_header"), uid = get("uid_header"),
     group = get("group_header"), credential_id = get("credential_id_header"),
@@ -344,7 +340,8 @@ end
 function envoy_on_request(handle)
   local ssl = handle:streamInfo():downstreamSslConnection()
   if ssl == nil or not ssl:peerCertificatePresented() then return end
-  local h = names(handle:filterContext())
+  local vh = handle:virtualHost()
+  local h = vh and names(vh:metadata())
   if h == nil then
     handle:logWarn("kube-mvp identity: the route configuration gives no header names; the request is refused")
     return
@@ -365,7 +362,5 @@ function envoy_on_request(handle)
   else
     handle:logWarn("kube-mvp identity: client certificate " .. subject .. " refused: " .. (why or id.result))
     handle:respond({ [":status"] = "401", ["content-type"] = "application/json" }, UNAUTHORIZED)
-    return
   end
-  handle:clearRouteCache()
 end

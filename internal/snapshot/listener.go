@@ -250,15 +250,12 @@ func (b *builder) localReplyConfig() *hcmv3.LocalReplyConfig {
 
 // statusBody is a metav1.Status for a 503, as JSON.
 // identityFilter is the Lua filter that maps a verified client certificate to its identity
-// (IdentityScript). The script is named, not the default: it runs where the route
-// configuration's LuaPerRoute names it, which also hands it the header names, so a request
-// never meets the script without them.
+// (IdentityScript), on every request; the header names come from the virtual host's metadata
+// (identityMetadata).
 func identityFilter() *luav3.Lua {
 	return &luav3.Lua{
-		SourceCodes: map[string]*corev3.DataSource{
-			identityScriptName: {Specifier: &corev3.DataSource_InlineString{InlineString: IdentityScript}},
-		},
-		StatPrefix: "kube_mvp_identity",
+		DefaultSourceCode: &corev3.DataSource{Specifier: &corev3.DataSource_InlineString{InlineString: IdentityScript}},
+		StatPrefix:        "kube_mvp_identity",
 	}
 }
 

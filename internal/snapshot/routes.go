@@ -7,7 +7,6 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
-	luav3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/lua/v3"
 	previoushostsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/retry/host/previous_hosts/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	"google.golang.org/protobuf/proto"
@@ -225,7 +224,7 @@ func (b *builder) routeConfiguration() *routev3.RouteConfiguration {
 			// The identity decision is for Envoy's routes only, and the XFCC header for the
 			// Lua filter and the routes; neither is anything an apiserver should read.
 			RequestHeadersToRemove: []string{contract.HeaderIdentityDecision, contract.HeaderXFCC},
-			TypedPerFilterConfig:   map[string]*anypb.Any{identityFilterName: b.pack(what+"Lua per-route config", b.identityPerRoute())},
+			Metadata:               &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{identityFilterName: b.identityMetadata()}},
 		}},
 	}
 }
@@ -248,10 +247,12 @@ func frontProxyRoute(r *routev3.Route) *routev3.Route {
 	return c
 }
 
-// identityPerRoute gives the Lua filter (identity.lua) the names of the headers it sets: the
+// identityMetadata gives the Lua filter (identity.lua) the names of the headers it sets: the
 // first of each of the apiservers' request-header names, and kube-mvp's decision header. The
-// virtual host carries it, so a change of names is a route update, not a listener one.
-func (b *builder) identityPerRoute() *luav3.LuaPerRoute {
+// virtual host's metadata under the filter's name carries them (the script reads them with
+// handle:virtualHost():metadata(), Envoy 1.36), so a change of names is a route update, not a
+// listener one.
+func (b *builder) identityMetadata() *structpb.Struct {
 	h := b.p.RequestHeaders.OrDefault()
 	ctx, err := structpb.NewStruct(map[string]any{
 		"decision_header":      contract.HeaderIdentityDecision,
@@ -263,10 +264,7 @@ func (b *builder) identityPerRoute() *luav3.LuaPerRoute {
 	if err != nil {
 		panic(err) // a fixed map of strings always converts
 	}
-	return &luav3.LuaPerRoute{
-		Override:      &luav3.LuaPerRoute_Name{Name: identityScriptName},
-		FilterContext: ctx,
-	}
+	return ctx
 }
 
 // Suffixes of the names of the long-running twins of a route (longRunningRoutes).

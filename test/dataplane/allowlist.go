@@ -120,8 +120,8 @@ var allowed = map[string][]string{
 	// clear_route_cache set explicitly (its default, true, is what is implemented), no
 	// package paths, no shared VMs, no deprecated inline_code.
 	tLua: {"stat_prefix", "source_codes", "source_codes.inline_string", "default_source_code", "default_source_code.inline_string"},
-	// LuaPerRoute: no per-route source_code.
-	tLuaRoute:     {"disabled", "name", "filter_context"},
+	// LuaPerRoute: no per-route source_code, no filter_context (not in Envoy 1.36).
+	tLuaRoute:     {"disabled", "name"},
 	tExtProcRoute: {"disabled", "overrides", "overrides.grpc_initial_metadata", "overrides.grpc_initial_metadata.key", "overrides.grpc_initial_metadata.value", "overrides.failure_mode_allow"},
 	tEarly: cat([]string{"mutations", "mutations.remove", "mutations.remove_on_match", "mutations.remove_on_match.key_matcher"},
 		prefixed("mutations.remove_on_match.key_matcher", stringMatcherPaths...)),
@@ -174,7 +174,7 @@ var allowed = map[string][]string{
 		"virtual_hosts.routes.route.retry_policy.retriable_headers.string_match",
 		"virtual_hosts.routes.metadata", "virtual_hosts.routes.metadata.filter_metadata",
 		"virtual_hosts.routes.typed_per_filter_config", "virtual_hosts.typed_per_filter_config",
-		"virtual_hosts.request_headers_to_remove",
+		"virtual_hosts.request_headers_to_remove", "virtual_hosts.metadata", "virtual_hosts.metadata.filter_metadata",
 		"virtual_hosts.routes.direct_response", "virtual_hosts.routes.direct_response.status",
 		"virtual_hosts.routes.direct_response.body", "virtual_hosts.routes.direct_response.body.inline_string",
 		"virtual_hosts.routes.response_headers_to_add", "virtual_hosts.routes.response_headers_to_add.header",

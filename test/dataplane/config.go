@@ -511,6 +511,7 @@ type virtualHost struct {
 	// finalizeRequestHeaders, after every filter).
 	requestHeadersToRemove []string
 	lua                    map[string]*luaRouteCfg // filter name -> typed_per_filter_config LuaPerRoute
+	filterMetadata         map[string]*structpb.Struct
 }
 
 type route struct {
@@ -584,6 +585,7 @@ func compileRouteConfig(rc *routev3.RouteConfiguration) (*routeConfig, error) {
 		for _, d := range vh.GetDomains() {
 			v.domains = append(v.domains, strings.ToLower(d))
 		}
+		v.filterMetadata = vh.GetMetadata().GetFilterMetadata()
 		for _, h := range vh.GetRequestHeadersToRemove() {
 			v.requestHeadersToRemove = append(v.requestHeadersToRemove, strings.ToLower(h))
 		}

@@ -35,17 +35,15 @@ import (
 //     Http::Utility::resolveMostSpecificPerFilterConfig): disabled runs nothing; name selects
 //     a source_codes entry, and a name that has none runs nothing, silently
 //     (FilterConfig::perLuaCodeSetup returns nullptr); without a LuaPerRoute the
-//     default_source_code runs, if any. handle:filterContext() is that same LuaPerRoute's
-//     filter_context (an empty context without one).
+//     default_source_code runs, if any.
 //   - envoy_on_request runs as a coroutine. respond() sends a local reply and yields: the rest
 //     of the script and the rest of the filter chain do not run. A runtime error (in Lua, or an
 //     API misuse) is logged, counts http.<hcm prefix>.lua[.<stat_prefix>].errors, and the
 //     request continues down the filter chain with whatever the script did before it
 //     (Filter::doHeaders -> scriptError; decodeHeaders returns Continue).
 //   - Any header modification clears the route cache, Lua.clear_route_cache being unset (its
-//     default is true: FilterConfig, DecoderCallbacks::onHeadersModified); clearRouteCache()
-//     clears it explicitly. The connection manager then matches the route again, with the
-//     modified headers, before the next filter.
+//     default is true: FilterConfig, DecoderCallbacks::onHeadersModified). The connection
+//     manager then matches the route again, with the modified headers, before the next filter.
 //
 // The API is exactly the subset internal/snapshot/identity.lua uses; calling anything else is a
 // Lua runtime error here (as an unimplemented field is a NACK), while Envoy would run it:
@@ -54,8 +52,9 @@ import (
 //	handle:streamInfo()       downstreamSslConnection()
 //	ssl                       peerCertificatePresented(), peerCertificateValidated(),
 //	                          subjectPeerCertificate(), sha256PeerCertificateDigest()
-//	handle:filterContext()    get(key)
-//	handle:respond(headers, body), handle:clearRouteCache(), handle:logWarn(message)
+//	handle:virtualHost()      metadata() -> get(key): the virtual host's filter_metadata under
+//	                          the filter's name (VirtualHostWrapper, Envoy 1.36)
+//	handle:respond(headers, body), handle:logWarn(message)
 //
 // Only Lua's base, string, table and math libraries are opened (Envoy opens all of LuaJIT's).
 // Pseudo-headers can be read (get) but not modified here.
@@ -72,7 +71,6 @@ type luaFilterCfg struct {
 type luaRouteCfg struct {
 	disabled bool
 	name     string
-	context  *structpb.Struct
 }
 
 // luaScript is one script: its compiled chunk and the Lua states ("workers") it runs in.
@@ -131,7 +129,11 @@ func compileLuaPerRoute(c *luafilterv3.LuaPerRoute) (*luaRouteCfg, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
-	return &luaRouteCfg{disabled: c.GetDisabled(), name: c.GetName(), context: c.GetFilterContext()}, nil
+	if c.GetFilterContext() != nil {
+		// Not in our minimum Envoy, and not used: refused rather than ignored.
+		return nil, fmt.Errorf("filter_context is not implemented")
+	}
+	return &luaRouteCfg{disabled: c.GetDisabled(), name: c.GetName()}, nil
 }
 
 // loadLua compiles a script and runs it once in a first state, as Envoy does at load.
@@ -255,9 +257,15 @@ type luaOutcome struct {
 func (f *luaFilterCfg) run(rt *route, req *luaRequest, log func(level, msg string)) luaOutcome {
 	pr := luaPerRoute(rt, f.name)
 	script := f.def
-	var ctx *structpb.Struct
+	// The virtual host's metadata under the filter's name (VirtualHostWrapper::luaMetadata:
+	// the filter's configured name, else the canonical envoy.filters.http.lua).
+	var vhMeta *structpb.Struct
+	if rt != nil && rt.vh != nil {
+		if vhMeta = rt.vh.filterMetadata[f.name]; vhMeta == nil {
+			vhMeta = rt.vh.filterMetadata["envoy.filters.http.lua"]
+		}
+	}
 	if pr != nil {
-		ctx = pr.context
 		switch {
 		case pr.disabled:
 			return luaOutcome{}
@@ -276,7 +284,7 @@ func (f *luaFilterCfg) run(rt *route, req *luaRequest, log func(level, msg strin
 	if vm.onRequest == nil {
 		return luaOutcome{}
 	}
-	h := &luaHandle{req: req, ctx: ctx, log: log}
+	h := &luaHandle{req: req, vhMeta: vhMeta, log: log}
 	L := vm.L
 	co, cancel := L.NewThread()
 	if cancel != nil {
@@ -293,12 +301,12 @@ func (f *luaFilterCfg) run(rt *route, req *luaRequest, log func(level, msg strin
 
 // luaHandle is the stream handle and the objects it hands out.
 type luaHandle struct {
-	req  *luaRequest
-	ctx  *structpb.Struct
-	log  func(level, msg string)
-	dead bool
+	req    *luaRequest
+	vhMeta *structpb.Struct
+	log    func(level, msg string)
+	dead   bool
 	// The objects are created once per handle, as Envoy's wrappers are.
-	headers, streamInfo, ssl, filterContext *lua.LUserData
+	headers, streamInfo, ssl, virtualHost, vhMetadata *lua.LUserData
 }
 
 // object makes a userdata of the given kind whose methods are fns (the metatable's __index, as
@@ -357,27 +365,36 @@ func (h *luaHandle) userdata(L *lua.LState) *lua.LUserData {
 			L.Push(h.streamInfo)
 			return 1
 		},
-		"filterContext": func(L *lua.LState) int {
-			if h.filterContext == nil {
-				h.filterContext = h.object(L, "metadata", map[string]lua.LGFunction{
-					// MetadataMapWrapper::luaGet: the value converted to Lua, nil if absent.
-					"get": func(L *lua.LState) int {
-						key := L.CheckString(2)
-						v, ok := h.ctx.GetFields()[key]
-						if !ok {
-							L.Push(lua.LNil)
-							return 1
+		// StreamHandleWrapper::luaVirtualHost: the matched virtual host, whose metadata() is
+		// its filter_metadata under the filter's name (empty without one).
+		"virtualHost": func(L *lua.LState) int {
+			if h.virtualHost == nil {
+				h.virtualHost = h.object(L, "virtual host", map[string]lua.LGFunction{
+					"metadata": func(L *lua.LState) int {
+						if h.vhMetadata == nil {
+							h.vhMetadata = h.object(L, "metadata", map[string]lua.LGFunction{
+								// MetadataMapWrapper::luaGet: the value converted to Lua, nil if absent.
+								"get": func(L *lua.LState) int {
+									key := L.CheckString(2)
+									v, ok := h.vhMeta.GetFields()[key]
+									if !ok {
+										L.Push(lua.LNil)
+										return 1
+									}
+									L.Push(luaValue(L, v))
+									return 1
+								},
+							})
 						}
-						L.Push(luaValue(L, v))
+						L.Push(h.vhMetadata)
 						return 1
 					},
 				})
 			}
-			L.Push(h.filterContext)
+			L.Push(h.virtualHost)
 			return 1
 		},
-		"respond":         h.respond,
-		"clearRouteCache": func(*lua.LState) int { h.req.routeClear = true; return 0 },
+		"respond": h.respond,
 		// StreamHandleWrapper::luaLogWarn -> scriptLog at warn.
 		"logWarn": func(L *lua.LState) int {
 			h.log("warn", L.CheckString(2))
@@ -386,7 +403,7 @@ func (h *luaHandle) userdata(L *lua.LState) *lua.LUserData {
 	})
 }
 
-// luaValue converts a filter context value as MetadataMapWrapper::setValue does.
+// luaValue converts a metadata value as MetadataMapWrapper::setValue does.
 func luaValue(L *lua.LState, v *structpb.Value) lua.LValue {
 	switch k := v.GetKind().(type) {
 	case *structpb.Value_StringValue:

@@ -40,12 +40,13 @@ var (
 	identityErr  error
 )
 
-// identityLua is the Lua filter as the snapshot configures it, and a route with its LuaPerRoute.
+// identityLua is the Lua filter as the snapshot configures it, and a route whose virtual host
+// has the header names in its metadata.
 func identityLua(t testing.TB) (*luaFilterCfg, *route) {
 	identityOnce.Do(func() {
 		identityCfg, identityErr = compileLua(identityFilter, &luafilterv3.Lua{
-			SourceCodes: map[string]*corev3.DataSource{"kube-mvp-identity": {Specifier: &corev3.DataSource_InlineString{InlineString: snapshot.IdentityScript}}},
-			StatPrefix:  "kube_mvp_identity",
+			DefaultSourceCode: &corev3.DataSource{Specifier: &corev3.DataSource_InlineString{InlineString: snapshot.IdentityScript}},
+			StatPrefix:        "kube_mvp_identity",
 		})
 	})
 	if identityErr != nil {
@@ -59,7 +60,7 @@ func identityLua(t testing.TB) (*luaFilterCfg, *route) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	vh := &virtualHost{lua: map[string]*luaRouteCfg{identityFilter: {name: "kube-mvp-identity", context: fc}}}
+	vh := &virtualHost{filterMetadata: map[string]*structpb.Struct{identityFilter: fc}}
 	return identityCfg, &route{name: "r", vh: vh}
 }
 

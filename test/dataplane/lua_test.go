@@ -86,14 +86,15 @@ func TestLuaPerRouteResolution(t *testing.T) {
 		DefaultSourceCode: inline(respondWith("201", "default")),
 		SourceCodes: map[string]*corev3.DataSource{
 			"vh": inline(respondWith("202", "vh")), "route": inline(respondWith("203", "route")),
-			"ctx": inline(`function envoy_on_request(h) local c = h:filterContext()
-				h:respond({[":status"] = "200"}, tostring(c:get("k")) .. "/" .. tostring(c.k) .. "/" .. tostring(c:get("n"))) end`),
+			"md": inline(`function envoy_on_request(h) local m = h:virtualHost():metadata()
+				h:respond({[":status"] = "200"}, tostring(m:get("k")) .. "/" .. tostring(m.k) .. "/" .. tostring(m:get("n"))) end`),
 		},
 	}
-	ctx, _ := structpb.NewStruct(map[string]any{"k": "v", "n": 2})
+	md, _ := structpb.NewStruct(map[string]any{"k": "v", "n": 2})
 	cases := []struct {
 		name        string
 		vh, rt      *luafilterv3.LuaPerRoute
+		vhMeta      map[string]*structpb.Struct
 		status      int
 		body        string
 		continueOn  bool // no script ran: the router answered (404/503)
@@ -106,11 +107,15 @@ func TestLuaPerRouteResolution(t *testing.T) {
 		{name: "disabled on the route", vh: &luafilterv3.LuaPerRoute{Override: &luafilterv3.LuaPerRoute_Name{Name: "vh"}},
 			rt: &luafilterv3.LuaPerRoute{Override: &luafilterv3.LuaPerRoute_Disabled{Disabled: true}}, continueOn: true},
 		{name: "a name without source code runs nothing", vh: &luafilterv3.LuaPerRoute{Override: &luafilterv3.LuaPerRoute_Name{Name: "nope"}}, continueOn: true},
-		{name: "filter_context of the most specific only",
-			vh: &luafilterv3.LuaPerRoute{Override: &luafilterv3.LuaPerRoute_Name{Name: "ctx"}, FilterContext: ctx},
-			rt: &luafilterv3.LuaPerRoute{Override: &luafilterv3.LuaPerRoute_Name{Name: "ctx"}}, status: 200, body: "nil/nil/nil"},
-		{name: "filter_context read with get", vh: &luafilterv3.LuaPerRoute{Override: &luafilterv3.LuaPerRoute_Name{Name: "ctx"}, FilterContext: ctx},
+		{name: "virtual host metadata under the filter's name, read with get",
+			vh: &luafilterv3.LuaPerRoute{Override: &luafilterv3.LuaPerRoute_Name{Name: "md"}}, vhMeta: map[string]*structpb.Struct{"lua": md},
 			status: 200, body: "v/nil/2"},
+		{name: "virtual host metadata under the canonical name",
+			vh: &luafilterv3.LuaPerRoute{Override: &luafilterv3.LuaPerRoute_Name{Name: "md"}}, vhMeta: map[string]*structpb.Struct{"envoy.filters.http.lua": md},
+			status: 200, body: "v/nil/2"},
+		{name: "virtual host metadata under another filter's name",
+			vh: &luafilterv3.LuaPerRoute{Override: &luafilterv3.LuaPerRoute_Name{Name: "md"}}, vhMeta: map[string]*structpb.Struct{"other": md},
+			status: 200, body: "nil/nil/nil"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -122,7 +127,11 @@ func TestLuaPerRouteResolution(t *testing.T) {
 			if c.vh != nil {
 				vtp = perRoute(t, c.vh)
 			}
-			st, w := luaStream(t, []*hcmv3.HttpFilter{luaHTTPFilter(t, "lua", lua)}, vhost([]*routev3.Route{r}, vtp), nil)
+			rc := vhost([]*routev3.Route{r}, vtp)
+			if c.vhMeta != nil {
+				rc.VirtualHosts[0].Metadata = &corev3.Metadata{FilterMetadata: c.vhMeta}
+			}
+			st, w := luaStream(t, []*hcmv3.HttpFilter{luaHTTPFilter(t, "lua", lua)}, rc, nil)
 			st.serve()
 			if c.continueOn {
 				if w.Code != 503 {
@@ -179,7 +188,7 @@ func TestLuaRuntimeErrorContinues(t *testing.T) {
 	}
 }
 
-// TestLuaRouteRematch: a header the script changes (or clearRouteCache) makes the route be
+// TestLuaRouteRematch: a header the script changes makes the route be
 // matched again before the next filter, which then sees the new route's per-route config.
 func TestLuaRouteRematch(t *testing.T) {
 	second := &luafilterv3.Lua{SourceCodes: map[string]*corev3.DataSource{"answer": inline(respondWith("418", "second"))}}
@@ -192,10 +201,10 @@ func TestLuaRouteRematch(t *testing.T) {
 		script string
 		code   int
 	}{
-		"replace clears the route cache":  {`function envoy_on_request(h) h:headers():replace("x-d", "1") end`, 418},
-		"remove clears it too":            {`function envoy_on_request(h) h:headers():remove("x-none") end`, 404},
-		"reading does not":                {`function envoy_on_request(h) local _ = h:headers():get("x-d") end`, 404},
-		"clearRouteCache, header present": {`function envoy_on_request(h) h:clearRouteCache() end`, 418},
+		"replace clears the route cache": {`function envoy_on_request(h) h:headers():replace("x-d", "1") end`, 418},
+		"remove clears it too":           {`function envoy_on_request(h) h:headers():remove("x-none") end`, 404},
+		"reading does not":               {`function envoy_on_request(h) local _ = h:headers():get("x-d") end`, 404},
+		"an API the script may not use":  {`function envoy_on_request(h) h:clearRouteCache() end`, 404},
 	} {
 		t.Run(name, func(t *testing.T) {
 			hdr := map[string]string{}
@@ -259,6 +268,7 @@ func TestLuaNACK(t *testing.T) {
 		"inline_code":                 {lua: &luafilterv3.Lua{InlineCode: "function envoy_on_request(h) end"}, want: "inline_code is not implemented"},
 		"per-route source_code":       {route: &luafilterv3.LuaPerRoute{Override: &luafilterv3.LuaPerRoute_SourceCode{SourceCode: ok}}, want: "source_code is not implemented"},
 		"per-route disabled false":    {route: &luafilterv3.LuaPerRoute{Override: &luafilterv3.LuaPerRoute_Disabled{Disabled: false}}, want: "Disabled"},
+		"per-route filter_context":    {route: &luafilterv3.LuaPerRoute{Override: &luafilterv3.LuaPerRoute_Name{Name: "s"}, FilterContext: &structpb.Struct{}}, want: "filter_context is not implemented"},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -288,14 +298,16 @@ func TestLuaNACK(t *testing.T) {
 		})
 	}
 	// The configuration the snapshot emits is accepted.
-	good := &luafilterv3.Lua{StatPrefix: "kube_mvp_identity", SourceCodes: map[string]*corev3.DataSource{"s": ok}}
+	good := &luafilterv3.Lua{StatPrefix: "kube_mvp_identity", DefaultSourceCode: ok}
 	h := &hcmv3.HttpConnectionManager{StatPrefix: "t", RouteSpecifier: &hcmv3.HttpConnectionManager_Rds{Rds: &hcmv3.Rds{RouteConfigName: "rc"}},
 		HttpFilters: []*hcmv3.HttpFilter{luaHTTPFilter(t, "lua", good), {Name: "router", ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(t, &routerv3.Router{})}}}}
 	if errs := checkFields(h); len(errs) > 0 {
 		t.Fatal(errs)
 	}
-	ctx, _ := structpb.NewStruct(map[string]any{"decision_header": "x"})
-	if errs := checkFields(vhost([]*routev3.Route{routeTo("r")}, perRoute(t, &luafilterv3.LuaPerRoute{Override: &luafilterv3.LuaPerRoute_Name{Name: "s"}, FilterContext: ctx}))); len(errs) > 0 {
+	names, _ := structpb.NewStruct(map[string]any{"decision_header": "x"})
+	rc := vhost([]*routev3.Route{routeTo("r")}, nil)
+	rc.VirtualHosts[0].Metadata = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{"lua": names}}
+	if errs := checkFields(rc); len(errs) > 0 {
 		t.Fatal(errs)
 	}
 }
