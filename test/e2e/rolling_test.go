@@ -64,6 +64,7 @@ func TestRollingUpgrade(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	streams := front.DataPlane.Stat(extProcStreams)
 	ours := newLoad(t, e, "kube-mvp", front.Endpoint())
 	plain := newLoad(t, e, "round-robin", "https://"+lb.Addr())
 	loadCtx, stopLoad := context.WithCancel(ctx)
@@ -88,6 +89,14 @@ func TestRollingUpgrade(t *testing.T) {
 
 	t.Logf("through kube-mvp:   %s", ours)
 	t.Logf("through round robin: %s", plain)
+	// ext_proc only where a routing decision is needed: batch/v1 (off on cp-b throughout) and
+	// the group/versions that are mixed while the versions are (new resources in v1.37).
+	total, batch := ours.total.Load(), ours.countWhat("list jobs", "get job", "list cronjobs", "watch jobs")
+	opened := front.DataPlane.Stat(extProcStreams) - streams
+	t.Logf("ext_proc streams per 1,000 requests: %.0f (batch/v1, mixed throughout: %.0f per 1,000)", 1000*float64(opened)/float64(total), 1000*float64(batch)/float64(total))
+	if opened >= uint64(total) {
+		t.Errorf("%d ext_proc streams for %d requests: every request took ext_proc", opened, total)
+	}
 	if ours.total.Load() < 500 {
 		t.Errorf("only %d requests through kube-mvp: the load generator did not run", ours.total.Load())
 	}
@@ -311,6 +320,17 @@ func (l *load) snapshot() map[reqKey]int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return maps.Clone(l.codes)
+}
+
+// countWhat is how many requests (watch requests included) of the kinds in whats were made.
+func (l *load) countWhat(whats ...string) int64 {
+	var n int64
+	for k, c := range l.snapshot() {
+		if slices.Contains(whats, k.what) {
+			n += int64(c)
+		}
+	}
+	return n
 }
 
 func (l *load) count(code int) int {
