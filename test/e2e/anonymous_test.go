@@ -138,7 +138,7 @@ func anonymousScenarios(t *testing.T, ctx context.Context, e *env, k *harness.Ku
 	validToken := "Bearer " + serviceAccountToken(t, ctx, admin, "bob")
 	const invalidToken = "Bearer not-a-token-anybody-issued"
 
-	spoof := http.Header{"X-Remote-User": {"system:admin"}, "X-Remote-Group": {"system:masters"}}
+	spoof := http.Header{"X-Remote-User": {"system:admin"}, "X-Remote-Group": {"system:masters"}, "X-Kube-Mvp-Identity": {"front-proxy"}}
 	with := func(h http.Header, kv ...string) http.Header {
 		out := h.Clone()
 		if out == nil {

@@ -263,6 +263,7 @@ func identityScenarios(t *testing.T, ctx context.Context, e *env, k *harness.Kub
 		"X-Remote-Extra-Scopes":     {"everything"},
 		"X-Kubernetes-Peer-Proxied": {"true"},
 		"X-Kube-Mvp-Cluster":        {"kube-apiservers"},
+		"X-Kube-Mvp-Identity":       {"front-proxy"}, // what Envoy's Lua filter writes for a certificate user
 	}
 	cases := []struct {
 		name     string
