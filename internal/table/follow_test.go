@@ -82,7 +82,13 @@ func follow(t *testing.T, addr string, opts ...table.FollowOption) *follower {
 // wait waits until cond holds of f (under its lock).
 func (f *follower) wait(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	testutil.WaitFor(t, t.Context(), 20*time.Second, what, func() error {
+	f.waitUpTo(t, 20*time.Second, what, cond)
+}
+
+// waitUpTo is wait with another bound.
+func (f *follower) waitUpTo(t *testing.T, bound time.Duration, what string, cond func() bool) {
+	t.Helper()
+	testutil.WaitFor(t, t.Context(), bound, what, func() error {
 		f.mu.Lock()
 		defer f.mu.Unlock()
 		if cond() {
@@ -169,7 +175,9 @@ func TestLargeTableStreams(t *testing.T) {
 	srv.Publish(big, time.Now())
 	addr, _ := serve(t, "127.0.0.1:0", srv)
 	f := follow(t, addr)
-	f.wait(t, "the table", func() bool { return len(f.versions) == 1 || len(f.rejects) > 0 })
+	// Tens of MB to encode, chunk, send and decode under -race: on a busy 2-core machine
+	// that took more than 20 s.
+	f.waitUpTo(t, 3*time.Minute, "the table", func() bool { return len(f.versions) == 1 || len(f.rejects) > 0 })
 	f.mu.Lock()
 	got, rejects := f.last, f.rejects
 	f.mu.Unlock()
