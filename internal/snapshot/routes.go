@@ -2,6 +2,7 @@ package snapshot
 
 import (
 	"regexp"
+	"slices"
 	"strings"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -9,7 +10,6 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	previoushostsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/retry/host/previous_hosts/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -234,17 +234,44 @@ func (b *builder) routeConfiguration() *routev3.RouteConfiguration {
 // to the front-proxy twin of r's cluster, whose connections present the proxy certificate.
 // extproc, on the routes that ask it, names the twin itself for such requests.
 func frontProxyRoute(r *routev3.Route) *routev3.Route {
-	c := proto.Clone(r).(*routev3.Route)
-	c.Name = r.GetName() + RouteSuffixFrontProxy
-	c.Match.Headers = append(c.Match.Headers, &routev3.HeaderMatcher{
-		Name: contract.HeaderIdentityDecision,
-		HeaderMatchSpecifier: &routev3.HeaderMatcher_StringMatch{StringMatch: &matcherv3.StringMatcher{
-			MatchPattern: &matcherv3.StringMatcher_Exact{Exact: contract.IdentityFrontProxy}}},
-	})
-	if cs, ok := c.GetRoute().GetClusterSpecifier().(*routev3.RouteAction_Cluster); ok {
-		cs.Cluster = contract.FrontProxyCluster(cs.Cluster)
+	c := twin(r, RouteSuffixFrontProxy)
+	c.Match.Headers = append(slices.Clip(c.Match.Headers), frontProxyDecision)
+	if cs, ok := r.GetRoute().GetClusterSpecifier().(*routev3.RouteAction_Cluster); ok {
+		c.GetRoute().ClusterSpecifier = &routev3.RouteAction_Cluster{Cluster: contract.FrontProxyCluster(cs.Cluster)}
 	}
 	return c
+}
+
+// frontProxyDecision matches the Lua filter's decision that it set the identity headers.
+// Shared by every front-proxy route: never modified.
+var frontProxyDecision = &routev3.HeaderMatcher{
+	Name: contract.HeaderIdentityDecision,
+	HeaderMatchSpecifier: &routev3.HeaderMatcher_StringMatch{StringMatch: &matcherv3.StringMatcher{
+		MatchPattern: &matcherv3.StringMatcher_Exact{Exact: contract.IdentityFrontProxy}}},
+}
+
+// twin is a copy of the forwarding route r named r's name + suffix, with a Match and a
+// RouteAction of its own to change; everything below them (matchers, retry policy, per-filter
+// configuration, metadata) is shared with r, which nothing modifies once built: a deep copy
+// of every route's twins was most of what translation allocated.
+func twin(r *routev3.Route, suffix string) *routev3.Route {
+	m, a := r.GetMatch(), r.GetRoute()
+	return &routev3.Route{
+		Name: r.GetName() + suffix,
+		Match: &routev3.RouteMatch{
+			PathSpecifier:   m.GetPathSpecifier(),
+			Headers:         m.GetHeaders(),
+			QueryParameters: m.GetQueryParameters(),
+		},
+		Action: &routev3.Route_Route{Route: &routev3.RouteAction{
+			ClusterSpecifier: a.GetClusterSpecifier(),
+			Timeout:          a.GetTimeout(),
+			IdleTimeout:      a.GetIdleTimeout(),
+			RetryPolicy:      a.GetRetryPolicy(),
+		}},
+		Metadata:             r.GetMetadata(),
+		TypedPerFilterConfig: r.GetTypedPerFilterConfig(),
+	}
 }
 
 // identityMetadata gives the Lua filter (identity.lua) the names of the headers it sets: the
@@ -304,8 +331,7 @@ const longRunningAnyRegex = `(/api/[^/]+|/apis/[^/]+/[^/]+)/` + longRunningTail 
 // only an apiserver that stopped answering meets it.
 func longRunningRoutes(r *routev3.Route) []*routev3.Route {
 	noTimeout := func(name string) *routev3.Route {
-		c := proto.Clone(r).(*routev3.Route)
-		c.Name = r.GetName() + name
+		c := twin(r, name)
 		c.GetRoute().Timeout = durationpb.New(0)
 		return c
 	}
