@@ -156,7 +156,15 @@ func (b *builder) apiserverCluster(name string, c plan.Cluster, tls *corev3.Tran
 			}},
 		}},
 		CommonLbConfig: &clusterv3.Cluster_CommonLbConfig{HealthyPanicThreshold: &typev3.Percent{Value: 0}},
-		Metadata:       b.clusterMetadata(c),
+		// EDS (the identity Leases) decides membership: an apiserver whose Lease is gone,
+		// or which left a subset, leaves the cluster with the EDS update. Without this,
+		// Envoy keeps a removed host that still passes active health checks
+		// (PENDING_DYNAMIC_REMOVAL, BaseDynamicClusterImpl::updateDynamicHostList in
+		// source/common/upstream/upstream_impl.cc), sending it traffic for as long as its
+		// /readyz answers: a subset cluster would keep a server that no longer serves the
+		// subset's resources.
+		IgnoreHealthOnHostRemoval: true,
+		Metadata:                  b.clusterMetadata(c),
 	}
 }
 

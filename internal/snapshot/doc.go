@@ -172,6 +172,8 @@
 //     system:public-info-viewer and by the chart's own role, whatever the anonymous
 //     policy); healthy_panic_threshold 0, so a
 //     cluster with no healthy apiserver answers 503 instead of trying unhealthy ones;
+//     ignore_health_on_host_removal, so EDS alone decides membership (without it Envoy keeps
+//     an apiserver that left a cluster while its /readyz still answers 200);
 //     metadata listing the apiservers inside (ID, hostname, address).
 //   - "kube-mvp-extproc": static (STRICT_DNS for a host name) cluster for cmd/extproc,
 //     HTTP/2, a unix socket or host:port from Config.

@@ -196,7 +196,7 @@ var allowed = map[string][]string{
 		"outlier_detection.enforcing_local_origin_success_rate", "outlier_detection.enforcing_success_rate",
 		"transport_socket", "transport_socket.name", "transport_socket.typed_config",
 		"typed_extension_protocol_options", "metadata", "metadata.filter_metadata",
-		"load_assignment",
+		"load_assignment", "ignore_health_on_host_removal",
 	}, prefixed("load_assignment", endpointPaths()...)),
 	tCLA: endpointPaths(),
 	tSecret: {

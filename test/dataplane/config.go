@@ -704,6 +704,9 @@ type clusterCfg struct {
 	maxRequests   int64
 	maxRetries    int64
 	staticHosts   []hostCfg
+	// ignoreHealthOnHostRemoval: a host that leaves EDS goes at once, even while it passes
+	// active health checks (syncClustersLocked).
+	ignoreHealthOnHostRemoval bool
 }
 
 type upstreamTLS struct {
@@ -761,6 +764,7 @@ func compileCluster(c *clusterv3.Cluster) (*clusterCfg, error) {
 		leastRequest: c.GetLbPolicy() == clusterv3.Cluster_LEAST_REQUEST,
 		// Envoy's default circuit breaker thresholds.
 		maxRequests: 1024, maxRetries: 3,
+		ignoreHealthOnHostRemoval: c.GetIgnoreHealthOnHostRemoval(),
 	}
 	if p := c.GetCommonLbConfig().GetHealthyPanicThreshold(); p != nil {
 		out.panicThreshold = p.GetValue()

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -22,12 +23,16 @@ type liveHost struct {
 	hostCfg
 	active atomic.Int64 // requests in flight (least request)
 
-	mu              sync.Mutex
-	hcPending       bool // no active health check result yet
-	failedHC        bool
-	hcSuccesses     int
-	hcFailures      int
-	localFailures   int // consecutive local-origin failures
+	mu            sync.Mutex
+	hcPending     bool // no active health check result yet
+	failedHC      bool
+	hcSuccesses   int
+	hcFailures    int
+	localFailures int // consecutive local-origin failures
+	// pendingRemoval is Envoy's PENDING_DYNAMIC_REMOVAL: the host left EDS but was kept
+	// because it passes active health checks (syncClustersLocked); it still takes traffic
+	// and is removed once it fails them (removePendingHost).
+	pendingRemoval  bool
 	ejectedUntil    time.Time
 	ejections       int
 	rqTotal, rqErrs uint64
@@ -42,7 +47,7 @@ func (h *liveHost) withConfig(hc hostCfg) *liveHost {
 	defer h.mu.Unlock()
 	return &liveHost{
 		hostCfg: hc, hcPending: h.hcPending, failedHC: h.failedHC, hcSuccesses: h.hcSuccesses, hcFailures: h.hcFailures,
-		localFailures: h.localFailures, ejectedUntil: h.ejectedUntil, ejections: h.ejections,
+		localFailures: h.localFailures, ejectedUntil: h.ejectedUntil, ejections: h.ejections, pendingRemoval: h.pendingRemoval,
 		rqTotal: h.rqTotal, rqErrs: h.rqErrs, rqSuccess: h.rqSuccess,
 	}
 }
@@ -126,8 +131,15 @@ func (d *DataPlane) syncClustersLocked() {
 		}
 		var nh []*liveHost
 		pending := false
+		kept := map[string]bool{}
 		for _, hc := range hosts {
 			if h := old[hc.address]; h != nil {
+				kept[hc.address] = true
+				// Back in EDS: no longer pending removal (Envoy clears
+				// PENDING_DYNAMIC_REMOVAL of a host matched by address).
+				h.mu.Lock()
+				h.pendingRemoval = false
+				h.mu.Unlock()
 				if h.hostname != hc.hostname || !proto.Equal(h.metadata, hc.metadata) {
 					h = h.withConfig(hc)
 				}
@@ -135,6 +147,30 @@ func (d *DataPlane) syncClustersLocked() {
 				continue
 			}
 			nh = append(nh, &liveHost{hostCfg: hc, hcPending: cc.hc != nil})
+		}
+		if cc.edsName != "" && cc.hc != nil && !cc.ignoreHealthOnHostRemoval {
+			// A host that left EDS stays while it passes active health checks, unless the
+			// cluster sets ignore_health_on_host_removal: Envoy's
+			// BaseDynamicClusterImpl::updateDynamicHostList
+			// (source/common/upstream/upstream_impl.cc) keeps every removed host that has
+			// neither FAILED_ACTIVE_HC nor FAILED_EDS_HEALTH, marked
+			// PENDING_DYNAMIC_REMOVAL, when the cluster has a health checker and
+			// drainConnectionsOnHostRemoval() (ignore_health_on_host_removal) is false. A
+			// host with no check result yet still carries the FAILED_ACTIVE_HC every new
+			// host starts with there, so it goes. The kept host stays healthy and takes
+			// traffic (PENDING_DYNAMIC_REMOVAL is not in excludeBasedOnHealthFlag).
+			for _, h := range c.hosts {
+				if kept[h.address] {
+					continue
+				}
+				h.mu.Lock()
+				keep := !h.failedHC && !h.hcPending
+				h.pendingRemoval = keep
+				h.mu.Unlock()
+				if keep {
+					nh = append(nh, h)
+				}
+			}
 		}
 		for _, h := range nh {
 			h.mu.Lock()
@@ -448,6 +484,14 @@ func (c *liveCluster) checkHost(ctx context.Context, cc *clusterCfg, client *htt
 	} else {
 		c.d.stats.inc(c.statPrefix() + "health_check.success")
 	}
+	if c.recordCheck(cc, h, ok) {
+		c.removePendingHost(h)
+	}
+}
+
+// recordCheck applies a health check result to h; true when h, pending removal, now fails
+// active health checks and must go.
+func (c *liveCluster) recordCheck(cc *clusterCfg, h *liveHost, ok bool) (remove bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	first := h.hcPending
@@ -461,11 +505,33 @@ func (c *liveCluster) checkHost(ctx context.Context, cc *clusterCfg, client *htt
 		if cc.outlier != nil && cc.outlier.unejectOnHealthyActiveHC && time.Now().Before(h.ejectedUntil) {
 			h.ejectedUntil = time.Time{}
 		}
-		return
+		return false
 	}
 	h.hcSuccesses = 0
 	h.hcFailures++
 	if !h.failedHC && (first || h.hcFailures >= max(1, cc.hc.unhealthy)) {
 		h.failedHC = true
+		if h.pendingRemoval {
+			// Envoy: the health transition reloads the hosts, and
+			// EdsClusterImpl::reloadHealthyHostsHelper (source/common/upstream/eds.cc)
+			// removes a host with both FAILED_ACTIVE_HC and PENDING_DYNAMIC_REMOVAL.
+			return true
+		}
 	}
+	return false
+}
+
+// removePendingHost drops h, pending removal and now failing active health checks, from the
+// cluster's hosts (unless EDS brought it back meanwhile). Called without h.mu held: syncClustersLocked
+// takes c.mu before a host's mu.
+func (c *liveCluster) removePendingHost(h *liveHost) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	h.mu.Lock()
+	gone := h.pendingRemoval
+	h.mu.Unlock()
+	if !gone {
+		return
+	}
+	c.hosts = slices.DeleteFunc(slices.Clone(c.hosts), func(x *liveHost) bool { return x == h })
 }
