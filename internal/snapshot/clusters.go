@@ -31,6 +31,15 @@ const (
 	// minutes; Envoy's default of 1024 would cap a control plane at about a thousand watchers.
 	circuitBreakerLimit = 100_000
 	retryLimit          = 10_000
+	// apiserverIdleTimeout closes an upstream connection idle this long, before the
+	// apiserver does: Go's net/http server (the apiserver's) closes a kept-alive
+	// connection after 90s idle (k8s.io/apiserver pkg/server/secure_serving.go: IdleTimeout 90s, HTTP/2 too),
+	// Envoy's default upstream idle timeout is 1h. With the apiserver closing first, Envoy
+	// can write a request on a connection whose FIN is in flight: a reset after the request
+	// was sent, which is a 503 UC that no retry_on we use retries (not connect-failure, not
+	// reset-before-request, not refused-stream, no Retry-After). Closing at 50s, well below
+	// 90s, leaves the race to Envoy's side, where it is harmless.
+	apiserverIdleTimeout = 50 * time.Second
 )
 
 // healthCheckSocket is the transport_socket_matches entry (and the health check's
@@ -69,6 +78,7 @@ func (b *builder) clusters() ([]*clusterv3.Cluster, []*endpointv3.ClusterLoadAss
 		}}
 	}
 	http1 := map[string]*anypb.Any{httpProtocolOptionsKey: b.pack(what+"HTTP protocol options", &httpv3.HttpProtocolOptions{
+		CommonHttpProtocolOptions: &corev3.HttpProtocolOptions{IdleTimeout: durationpb.New(apiserverIdleTimeout)},
 		UpstreamProtocolOptions: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_{ExplicitHttpConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig{
 			ProtocolConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_HttpProtocolOptions{HttpProtocolOptions: &corev3.Http1ProtocolOptions{}},
 		}},

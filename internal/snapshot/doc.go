@@ -158,7 +158,9 @@
 //     verified client certificate. The proxy certificate never turns a request into anyone.
 //   - All apiserver clusters: EDS over ADS; upstream TLS from SDS (the peer CA
 //     kube-mvp-peer-ca with a DNS SAN match on UpstreamServerName; SNI UpstreamServerName);
-//     explicit HTTP/1.1 (SPDY upgrades need it); LEAST_REQUEST balancing (long watches make
+//     explicit HTTP/1.1 (SPDY upgrades need it), with an upstream idle_timeout of 50s, below
+//     the apiservers' own 90s, so an idle connection is closed by Envoy, never by the
+//     apiserver under a request Envoy just wrote (a 503 UC no retry policy covers); LEAST_REQUEST balancing (long watches make
 //     request counts, not round robin, the fair measure); circuit breakers at 100000
 //     connections/requests (default 1024 would cap the number of watches); outlier detection
 //     on local-origin failures only (split_external_local_origin_errors, 2 consecutive

@@ -251,7 +251,12 @@ func (c *liveCluster) newTransport(cc *clusterCfg, socket *upstreamTLS) *http.Tr
 		DialTLSContext:      dial,
 		DisableCompression:  true,
 		MaxIdleConnsPerHost: 64,
-		IdleConnTimeout:     time.Hour, // Envoy: no idle timeout on upstream connections by default
+		// Envoy's CodecClient (source/common/http/codec_client.cc) takes the cluster's
+		// idle timeout (idle_timeout_(host_->cluster().idleTimeout())), for the request
+		// pool's connections and the health checker's alike, and closes the connection
+		// once it has had no active request for that long; Go's IdleConnTimeout is the
+		// same rule (0: never).
+		IdleConnTimeout: cc.idleTimeout,
 	}
 	p := new(http.Protocols)
 	if cc.http2 {
