@@ -119,7 +119,7 @@
 // extproc decides by that sidecar's plan; the local apiserver is configured only on the
 // Envoy node.
 //
-// Every route but "discovery" comes after two twins (longRunningRoutes) with the same match
+// Every route but "discovery" comes after two twins (longRunningRoutes; long-running first) with the same match
 // plus what makes a request long-running to the apiserver, the same action and filter
 // configuration, and timeout 0: "<name>:watch" (a watch query parameter, present_match) and
 // "<name>:long-running" (a path regex: /watch/ and /proxy/ after the group/version, the
@@ -138,6 +138,15 @@
 // Retry-After, sent with 503 "apiserver is shutting down" and with 429), 2 retries on other hosts (previous_hosts, 20 host selection
 // attempts: least request favours the host that just refused, having nothing in flight), so
 // a dead peer costs a retry, not an error, while a capable peer remains.
+//
+// GET and HEAD also retry "reset", on read twins: every route but the long-running twins and
+// "escaped-path" comes right after "<name>:read" (readRoute), the same route with a :method
+// match of GET|HEAD and "reset" added to retry_on. An apiserver closing a kept-alive
+// HTTP/1.1 connection (a stopping apiserver closes its idle connections) can meet a request
+// Envoy just wrote on it: a reset after the request was sent, which only "reset" retries, and
+// which is safe to retry only for reads. Exec, attach, portforward and proxy (which run
+// something even as a GET) match a long-running twin first; every other verb keeps the
+// policy above, which retries nothing an apiserver may have executed.
 //
 // # Clusters
 //

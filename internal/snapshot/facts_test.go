@@ -168,9 +168,9 @@ func TestRoutingFacts(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			// The long-running twins (TestLongRunningRoutes) aside.
+			// The long-running and read twins (TestLongRunningRoutes, TestReadRoutes) aside.
 			routes := slices.DeleteFunc(readRoutes(t, res), func(r routeFacts) bool {
-				return strings.HasSuffix(r.name, snapshot.RouteSuffixWatch) || strings.HasSuffix(r.name, snapshot.RouteSuffixLongRunning)
+				return isTwin(r.name)
 			})
 			def := plan.DefaultCluster(topo.LocalID)
 
@@ -479,7 +479,7 @@ func TestLongRunningRoutes(t *testing.T) {
 			bases, untwinned := 0, 0
 			for i, r := range routes {
 				n := r.GetName()
-				if strings.HasSuffix(n, snapshot.RouteSuffixWatch) || strings.HasSuffix(n, snapshot.RouteSuffixLongRunning) {
+				if isTwin(n) {
 					continue
 				}
 				bases++
@@ -498,11 +498,14 @@ func TestLongRunningRoutes(t *testing.T) {
 					untwinned++
 					continue
 				}
-				if i < 2 || routes[i-2].GetName() != n+snapshot.RouteSuffixWatch || routes[i-1].GetName() != n+snapshot.RouteSuffixLongRunning {
+				// Long-running first, then the watch twin (each after its read twin,
+				// TestReadRoutes), then the route.
+				if i < 4 || routes[i-2].GetName() != n+snapshot.RouteSuffixWatch || routes[i-4].GetName() != n+snapshot.RouteSuffixLongRunning {
 					t.Errorf("route %s: not preceded by its long-running twins", n)
 					continue
 				}
-				for _, tw := range routes[i-2 : i] {
+				watchRoute, lrRoute := routes[i-2], routes[i-4]
+				for _, tw := range []*routev3.Route{watchRoute, lrRoute} {
 					if got := tw.GetRoute().GetTimeout().AsDuration(); got != 0 {
 						t.Errorf("route %s: timeout %v, want none", tw.GetName(), got)
 					}
@@ -512,13 +515,13 @@ func TestLongRunningRoutes(t *testing.T) {
 						t.Errorf("route %s differs from %s in more than its name, match and timeout", tw.GetName(), n)
 					}
 				}
-				watch, lr := routes[i-2].GetMatch(), routes[i-1].GetMatch()
+				watch, lr := watchRoute.GetMatch(), lrRoute.GetMatch()
 				q := watch.GetQueryParameters()
 				if len(q) != 1 || q[0].GetName() != "watch" || !q[0].GetPresentMatch() || !proto.Equal(stripQuery(watch), r.GetMatch()) {
-					t.Errorf("route %s: match %v, want %s's and a watch query parameter", routes[i-2].GetName(), watch, n)
+					t.Errorf("route %s: match %v, want %s's and a watch query parameter", watchRoute.GetName(), watch, n)
 				}
 				if !slices.EqualFunc(lr.GetHeaders(), r.GetMatch().GetHeaders(), func(a, b *routev3.HeaderMatcher) bool { return proto.Equal(a, b) }) || lr.GetSafeRegex() == nil {
-					t.Errorf("route %s: match %v, want %s's headers and a path regex", routes[i-1].GetName(), lr, n)
+					t.Errorf("route %s: match %v, want %s's headers and a path regex", lrRoute.GetName(), lr, n)
 					continue
 				}
 				re := regexp.MustCompile("^(?:" + lr.GetSafeRegex().GetRegex() + ")$")
@@ -558,12 +561,92 @@ func TestLongRunningRoutes(t *testing.T) {
 						continue
 					}
 					if got := re.MatchString(c.path); got != c.long {
-						t.Errorf("route %s: %s matched %v, want %v", routes[i-1].GetName(), c.path, got, c.long)
+						t.Errorf("route %s: %s matched %v, want %v", lrRoute.GetName(), c.path, got, c.long)
 					}
 				}
 			}
-			if len(routes) != bases+2*(bases-untwinned) {
-				t.Errorf("%d routes, want %d and their twins (the discovery and escaped-path routes have none)", len(routes), bases)
+			// Each twinned route: two long-running twins and two read twins; discovery: a
+			// read twin; the escaped-path route: none.
+			if len(routes) != bases+4*(bases-untwinned)+1 {
+				t.Errorf("%d routes, want %d and their twins", len(routes), bases)
+			}
+		})
+	}
+}
+
+// isTwin says whether a route name is a long-running or read twin's.
+func isTwin(name string) bool {
+	return strings.HasSuffix(name, snapshot.RouteSuffixWatch) || strings.HasSuffix(name, snapshot.RouteSuffixLongRunning) ||
+		strings.HasSuffix(name, snapshot.RouteSuffixRead)
+}
+
+// TestReadRoutes: every route but the long-running twins and the escaped-path route comes
+// right after its read twin, which differs from it only in its name, a :method match of GET
+// and HEAD only, and "reset" added to its retry conditions; no request a long-running twin
+// matches (exec, attach, portforward, proxy: they run something even as a GET) reaches a
+// read twin, because every long-running twin comes before every read twin of its route.
+// Requests other than GET and HEAD never match a read twin, so they keep a policy that
+// retries nothing an apiserver may have executed.
+func TestReadRoutes(t *testing.T) {
+	for _, name := range fixtures.Names(t) {
+		t.Run(name, func(t *testing.T) {
+			res, err := snapshot.Build(mustPlan(t, loadCase(t, name)), testConfig())
+			if err != nil {
+				t.Fatal(err)
+			}
+			routes := res.Routes[0].(*routev3.RouteConfiguration).GetVirtualHosts()[0].GetRoutes()
+			index := map[string]int{}
+			for i, r := range routes {
+				index[r.GetName()] = i
+			}
+			reads := 0
+			for i, r := range routes {
+				n := r.GetName()
+				if strings.HasSuffix(n, snapshot.RouteSuffixRead) {
+					reads++
+					base := strings.TrimSuffix(n, snapshot.RouteSuffixRead)
+					if i+1 >= len(routes) || routes[i+1].GetName() != base {
+						t.Errorf("read twin %s is not right before %s", n, base)
+						continue
+					}
+					orig := routes[i+1]
+					m := r.GetMatch().GetHeaders()
+					last := m[len(m)-1]
+					if last.GetName() != ":method" || last.GetStringMatch().GetSafeRegex().GetRegex() != "GET|HEAD" {
+						t.Errorf("read twin %s: last header match %v, want :method GET|HEAD", n, last)
+					}
+					c := proto.Clone(r).(*routev3.Route)
+					c.Name, c.Match.Headers = base, c.Match.Headers[:len(m)-1]
+					if !strings.HasSuffix(c.GetRoute().GetRetryPolicy().GetRetryOn(), ",reset") {
+						t.Errorf("read twin %s: retry_on %q, want reset added", n, c.GetRoute().GetRetryPolicy().GetRetryOn())
+					}
+					c.GetRoute().GetRetryPolicy().RetryOn = strings.TrimSuffix(c.GetRoute().GetRetryPolicy().GetRetryOn(), ",reset")
+					if !proto.Equal(c, orig) {
+						t.Errorf("read twin %s differs from %s in more than its name, :method match and reset", n, base)
+					}
+					// Every long-running twin of its route comes before it.
+					route := strings.TrimSuffix(base, snapshot.RouteSuffixWatch)
+					if j, ok := index[route+snapshot.RouteSuffixLongRunning]; ok && j > i {
+						t.Errorf("read twin %s comes before %s", n, routes[j].GetName())
+					}
+					continue
+				}
+				if strings.Contains(r.GetRoute().GetRetryPolicy().GetRetryOn(), "reset,") || strings.HasSuffix(r.GetRoute().GetRetryPolicy().GetRetryOn(), ",reset") {
+					t.Errorf("route %s retries on reset, for every verb", n)
+				}
+				switch {
+				case strings.HasSuffix(n, snapshot.RouteSuffixLongRunning), n == snapshot.RouteEscapedPath:
+					if _, ok := index[n+snapshot.RouteSuffixRead]; ok {
+						t.Errorf("route %s has a read twin", n)
+					}
+				default:
+					if _, ok := index[n+snapshot.RouteSuffixRead]; !ok {
+						t.Errorf("route %s has no read twin", n)
+					}
+				}
+			}
+			if reads == 0 {
+				t.Error("no read twins")
 			}
 		})
 	}

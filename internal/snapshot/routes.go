@@ -197,12 +197,18 @@ func (b *builder) routeConfiguration() *routev3.RouteConfiguration {
 	for _, r := range routes {
 		switch r.GetName() {
 		case RouteDiscovery: // never long-running
+			all = append(all, readRoute(r))
 		case RouteEscapedPath:
 			// Its regex cannot be intersected with the long-running paths', and such paths
-			// are rare: no timeout, as every request had before.
+			// are rare: no timeout, as every request had before. No read twin either: the
+			// path may be an exec or a proxy in disguise.
 			r.GetRoute().Timeout = durationpb.New(0)
 		default:
-			all = append(all, longRunningRoutes(r)...)
+			watch, lr := longRunningRoutes(r)
+			if lr != nil {
+				all = append(all, lr, readRoute(watch), watch)
+			}
+			all = append(all, readRoute(r))
 		}
 		all = append(all, r)
 	}
@@ -237,7 +243,8 @@ const longRunningTail = `((watch|proxy)(/.*)?|(namespaces/[^/]+/)?[^/]+/[^/]+/(e
 // routes whose prefix is "/".
 const longRunningAnyRegex = `(/api/[^/]+|/apis/[^/]+/[^/]+)/` + longRunningTail + `|/debug/pprof/.*`
 
-// longRunningRoutes are the two twins of r, to go before it, that match what r matches when
+// longRunningRoutes are the two twins of r, to go before it (long-running first: a request
+// matching both must not take the watch twin's read twin, readRoute), that match what r matches when
 // the apiserver would treat the request as long-running, with r's action and filter
 // configuration but no timeout:
 //
@@ -251,14 +258,14 @@ const longRunningAnyRegex = `(/api/[^/]+|/apis/[^/]+/[^/]+)/` + longRunningTail 
 // Every other request gets r's timeout, Config.UpstreamRequestTimeout: just above the
 // apiserver's --request-timeout, after which a live apiserver has answered 504 itself, so
 // only an apiserver that stopped answering meets it.
-func longRunningRoutes(r *routev3.Route) []*routev3.Route {
+func longRunningRoutes(r *routev3.Route) (watch, longRunning *routev3.Route) {
 	noTimeout := func(name string) *routev3.Route {
 		c := proto.Clone(r).(*routev3.Route)
 		c.Name = r.GetName() + name
 		c.GetRoute().Timeout = durationpb.New(0)
 		return c
 	}
-	watch := noTimeout(RouteSuffixWatch)
+	watch = noTimeout(RouteSuffixWatch)
 	watch.Match.QueryParameters = []*routev3.QueryParameterMatcher{{
 		Name:                         "watch",
 		QueryParameterMatchSpecifier: &routev3.QueryParameterMatcher_PresentMatch{PresentMatch: true},
@@ -276,10 +283,51 @@ func longRunningRoutes(r *routev3.Route) []*routev3.Route {
 	default:
 		// No long-running paths can be told apart: no timeout at all, as before.
 		r.GetRoute().Timeout = durationpb.New(0)
-		return nil
+		return nil, nil
 	}
 	lr.Match.PathSpecifier = &routev3.RouteMatch_SafeRegex{SafeRegex: &matcherv3.RegexMatcher{Regex: regex}}
-	return []*routev3.Route{watch, lr}
+	return watch, lr
+}
+
+// RouteSuffixRead is the suffix of the name of a route's read twin (readRoute).
+const RouteSuffixRead = ":read"
+
+// readRoute is the twin of r, to go right before it, for GET and HEAD (a :method header
+// match): r's match, action and filter configuration, and its retry policy with "reset"
+// added. A long-running twin comes before it, so exec, attach, portforward and proxy (which
+// run something, or reach past the apiserver, even as a GET: WebSocket exec is one) never
+// match it, nor does the escaped-path route, which gets no read twin.
+//
+// Why: an apiserver closing a kept-alive HTTP/1.1 connection (idle close, or the idle
+// connections a stopping apiserver closes in http.Server.Shutdown) can meet a request Envoy
+// just wrote on it. That is a reset after the request was sent, and none of the conditions
+// retryPolicy uses covers it: reset-before-request only while nothing was sent
+// (Router::Filter's upstream_request_started_), connect-failure and refused-stream not at
+// all. "reset" retries any reset before the response began
+// (RetryStateImpl::wouldRetryFromReset, source/common/router/retry_state_impl.cc), which is
+// safe only for a request the apiserver may run twice: in Kubernetes a GET or HEAD other
+// than those connect subresources is a read (get, list, watch), and replaying it on another
+// apiserver is what the client would do. Everything else keeps the verb-independent policy,
+// which never retries a request an apiserver may have executed.
+//
+// The alternatives Envoy offers were weighed: retriable_request_headers would restrict every
+// retry condition of the route to GET, losing the POST retries of connect failures and
+// Retry-After answers; HTTP/2 to the apiservers would make a graceful shutdown's GOAWAY turn
+// unprocessed streams into refused-stream resets (retried) but cannot carry the SPDY upgrades
+// of exec, attach and portforward (explicit HTTP/1.1, clusters.go), so it would need a second
+// set of clusters; the upstream idle_timeout below the apiservers' (clusters.go) removes the
+// idle-close race but not a stopping apiserver's. The twin is the smallest change that is
+// correct for both.
+func readRoute(r *routev3.Route) *routev3.Route {
+	c := proto.Clone(r).(*routev3.Route)
+	c.Name = r.GetName() + RouteSuffixRead
+	c.Match.Headers = append(c.Match.Headers, &routev3.HeaderMatcher{
+		Name: ":method",
+		HeaderMatchSpecifier: &routev3.HeaderMatcher_StringMatch{StringMatch: &matcherv3.StringMatcher{
+			MatchPattern: &matcherv3.StringMatcher_SafeRegex{SafeRegex: &matcherv3.RegexMatcher{Regex: "GET|HEAD"}}}},
+	})
+	c.GetRoute().RetryPolicy.RetryOn += ",reset"
+	return c
 }
 
 // retryPolicy retries only what is safe to retry whatever the verb: the request never

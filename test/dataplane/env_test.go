@@ -160,6 +160,10 @@ type fakeAPIServer struct {
 	// stall, when set and true for a request, leaves it unanswered until the client goes
 	// away, as a frozen (SIGSTOPped) apiserver.
 	stall func(*http.Request) bool
+	// hangup, when set and true for a request, closes the request's connection without an
+	// answer once the request has been read, as an apiserver closing a kept-alive
+	// connection just as the next request arrives.
+	hangup func(*http.Request) bool
 }
 
 type refusal struct {
@@ -217,12 +221,17 @@ func newFakeAPIServer(t testing.TB, p *pki, name, ip string, tick time.Duration,
 		f.mu.Lock()
 		f.seen = append(f.seen, seen)
 		f.served[r.RemoteAddr] = true
-		ref, stall := f.refusal, f.stall
+		ref, stall, hangup := f.refusal, f.stall, f.hangup
 		f.mu.Unlock()
 		w.Header().Set("Server", "fake-apiserver")
 		switch {
 		case stall != nil && stall(r):
 			<-r.Context().Done()
+		case hangup != nil && hangup(r):
+			conn, _, err := http.NewResponseController(w).Hijack()
+			if err == nil {
+				conn.Close()
+			}
 		case ref != nil:
 			if ref.retryAfter {
 				w.Header().Set("Retry-After", "1")
