@@ -122,7 +122,6 @@ func (b *builder) clusters() ([]*clusterv3.Cluster, []*endpointv3.ClusterLoadAss
 func (b *builder) apiserverCluster(name string, c plan.Cluster, tls *corev3.TransportSocket, http1 map[string]*anypb.Any) *clusterv3.Cluster {
 	return &clusterv3.Cluster{
 		Name:                          name,
-		AltStatName:                   statName(name),
 		ClusterDiscoveryType:          &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS},
 		EdsClusterConfig:              &clusterv3.Cluster_EdsClusterConfig{EdsConfig: ads()},
 		ConnectTimeout:                durationpb.New(apiserverConnectTimeout),
@@ -176,18 +175,6 @@ func (b *builder) apiserverCluster(name string, c plan.Cluster, tls *corev3.Tran
 		IgnoreHealthOnHostRemoval: true,
 		Metadata:                  b.clusterMetadata(c),
 	}
-}
-
-// statName is the name a cluster's stats go under when its own name would split them: Envoy
-// reads a stat name as dot-separated tokens (cluster.<name>.upstream_rq_total), so hostnames
-// with dots (FQDNs, common for control-plane nodes) would break the cluster_name tag;
-// Cluster.alt_stat_name takes their place there, with '_' for every '.'. Empty (the name
-// itself) otherwise.
-func statName(cluster string) string {
-	if !strings.Contains(cluster, ".") {
-		return ""
-	}
-	return strings.ReplaceAll(cluster, ".", "_")
 }
 
 func circuitBreakers() *clusterv3.CircuitBreakers {

@@ -156,7 +156,9 @@
 //     apiserver serves stays local, what it does not goes to the subset that does), and every
 //     sidecar health-checking every apiserver would cost N² probes for nothing.
 //   - One cluster per serving set that some Subset decision of the plan names
-//     (plan.SubsetClusterName, e.g. "kube-apiservers-only-cp-a+cp-c"), and the lingering ones
+//     (plan.SubsetClusterName, e.g. "kube-apiservers-only-cp-a+cp-c"; '~' for each '.' of an
+//     FQDN hostname, contract.ClusterNameDot: no cluster name has a dot, which would split
+//     Envoy's cluster.<name>. stats), and the lingering ones
 //     make before break holds: the plan's Clusters.
 //   - Each of these twice: as named, with upstream TLS that presents no client certificate,
 //     for every request that carries its caller's own credentials (bearer token, Basic,

@@ -259,24 +259,21 @@ func TestClientCertificateIdentity(t *testing.T) {
 	}
 }
 
-// TestFQDNClusterStats: with hostnames that have dots (FQDNs) the subset cluster keeps its
-// readable name, and its stats go under alt_stat_name with '_' for '.', so that Envoy's
-// cluster.<name>.<stat> tokens stay whole.
+// TestFQDNClusterStats: with hostnames that have dots (FQDNs) the subset cluster's name has
+// contract.ClusterNameDot for each dot, so its stats go under cluster.<name>. with Envoy's
+// cluster.<name>.<stat> tokens whole, and the routing header extproc sets names it so.
 func TestFQDNClusterStats(t *testing.T) {
 	e := newEnv(t, envOptions{hostSuffix: ".example.com"})
 	if n := e.dp.NACKs(); len(n) > 0 {
 		t.Fatalf("NACKs: %q", n)
 	}
-	const name = "kube-apiservers-only-cp-a.example.com+cp-c.example.com"
+	const name = "kube-apiservers-only-cp-a~example~com+cp-c~example~com"
 	_, clusters := e.spread(e.client(nil), "/apis/batch/v1/namespaces/default/jobs", 10)
 	if clusters[name] != 10 {
 		t.Fatalf("routing headers %v, want %s on all", clusters, name)
 	}
-	if got := e.stat("cluster.kube-apiservers-only-cp-a_example_com+cp-c_example_com.upstream_rq_total"); got != 10 {
-		t.Errorf("upstream_rq_total under the alt stat name: %d, want 10", got)
-	}
-	if got := e.stat("cluster." + name + ".upstream_rq_total"); got != 0 {
-		t.Errorf("stats under the dotted name: %d", got)
+	if got := e.stat("cluster." + name + ".upstream_rq_total"); got != 10 {
+		t.Errorf("upstream_rq_total of %s: %d, want 10", name, got)
 	}
 }
 
