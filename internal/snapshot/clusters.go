@@ -18,7 +18,6 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/kube-mvp/kube-mvp/internal/contract"
-	"github.com/kube-mvp/kube-mvp/internal/plan"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 
@@ -101,13 +100,13 @@ func (b *builder) clusters() ([]*clusterv3.Cluster, []*endpointv3.ClusterLoadAss
 			}
 			return a
 		}
-		caller := b.apiserverCluster(c.Name, c, asCaller, http1)
+		caller := b.apiserverCluster(c.Name, asCaller, http1)
 		caller.TransportSocketMatches = healthCheckMatch
 		caller.HealthChecks[0].TransportSocketMatchCriteria = healthCheckCriteria
 		clusters, cla = append(clusters, caller), append(cla, assignment(c.Name))
 		if asFrontProxy != nil {
 			name := contract.FrontProxyCluster(c.Name)
-			clusters, cla = append(clusters, b.apiserverCluster(name, c, asFrontProxy, http1)), append(cla, assignment(name))
+			clusters, cla = append(clusters, b.apiserverCluster(name, asFrontProxy, http1)), append(cla, assignment(name))
 		}
 	}
 	clusters = append(clusters, b.extProcCluster())
@@ -118,8 +117,9 @@ func (b *builder) clusters() ([]*clusterv3.Cluster, []*endpointv3.ClusterLoadAss
 	return clusters, cla
 }
 
-// apiserverCluster is the EDS cluster name of the plan's cluster c, with transport socket tls.
-func (b *builder) apiserverCluster(name string, c plan.Cluster, tls *corev3.TransportSocket, http1 map[string]*anypb.Any) *clusterv3.Cluster {
+// apiserverCluster is the EDS cluster name of an apiserver cluster of the plan, with
+// transport socket tls: the same resource whoever is inside it.
+func (b *builder) apiserverCluster(name string, tls *corev3.TransportSocket, http1 map[string]*anypb.Any) *clusterv3.Cluster {
 	return &clusterv3.Cluster{
 		Name:                          name,
 		ClusterDiscoveryType:          &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS},
@@ -173,7 +173,13 @@ func (b *builder) apiserverCluster(name string, c plan.Cluster, tls *corev3.Tran
 		// /readyz answers: a subset cluster would keep a server that no longer serves the
 		// subset's resources.
 		IgnoreHealthOnHostRemoval: true,
-		Metadata:                  b.clusterMetadata(c),
+		// No metadata, nor anything else that changes with membership or role: Envoy
+		// treats any change of a cluster's CDS resource as a new cluster
+		// (ClusterManagerImpl::addOrUpdateCluster compares the config's hash; a different
+		// one is warmed up from scratch: hosts with no health or outlier state, new
+		// connection pools). Who is inside is in the endpoints (EDS: apiserverID and
+		// hostname); a cluster's name says its role, and xds-server's /debug/topology
+		// which ones linger.
 	}
 }
 
@@ -223,24 +229,6 @@ func (b *builder) endpointAddresses() map[string]*endpointv3.LbEndpoint {
 		}
 	}
 	return out
-}
-
-// clusterMetadata tells an operator reading /config_dump who is inside a cluster and why.
-func (b *builder) clusterMetadata(c plan.Cluster) *corev3.Metadata {
-	members := make([]any, 0, len(c.Members))
-	for _, id := range c.Members {
-		s, _ := b.t.Server(id)
-		members = append(members, map[string]any{"id": id, "hostname": s.Hostname, "address": s.Address})
-	}
-	fields := map[string]any{"role": string(c.Role), "apiservers": members}
-	if c.Role == plan.RoleLocal {
-		fields["localAPIServer"] = b.p.LocalID
-	}
-	md, err := structpb.NewStruct(fields)
-	if err != nil {
-		b.errorf("cluster %s: metadata: %w", c.Name, err)
-	}
-	return &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{MetadataNamespace: md}}
 }
 
 // extProcCluster is the static cluster of cmd/extproc: gRPC, so HTTP/2, over a unix socket or

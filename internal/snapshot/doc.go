@@ -187,7 +187,10 @@
 //     cluster with no healthy apiserver answers 503 instead of trying unhealthy ones;
 //     ignore_health_on_host_removal, so EDS alone decides membership (without it Envoy keeps
 //     an apiserver that left a cluster while its /readyz still answers 200);
-//     metadata listing the apiservers inside (ID, hostname, address).
+//     no metadata, nor anything else that changes with membership or role (a lingering
+//     cluster is the same resource as before): Envoy rebuilds a cluster whose CDS resource
+//     changed, warming it up again with its hosts' health and outlier state lost; who is
+//     inside is in the endpoints' metadata.
 //   - "kube-mvp-extproc": static (STRICT_DNS for a host name) cluster for cmd/extproc,
 //     HTTP/2, a unix socket or host:port from Config.
 //

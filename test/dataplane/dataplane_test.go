@@ -60,13 +60,15 @@ func TestRoutesToRightCluster(t *testing.T) {
 		t.Errorf("default cluster upstream_rq_200 = %d, want 30", got)
 	}
 
-	// Admin: /clusters shows the subset cluster with its two hosts and metadata.
+	// Admin: /clusters shows the subset cluster with its two hosts, each with its metadata
+	// (the cluster has none: nothing in CDS changes with membership).
 	var cl struct {
 		ClusterStatuses []struct {
 			Name         string         `json:"name"`
 			Metadata     map[string]any `json:"metadata"`
 			HostStatuses []struct {
-				Hostname string `json:"hostname"`
+				Hostname string         `json:"hostname"`
+				Metadata map[string]any `json:"metadata"`
 				Stats    []statValue
 			} `json:"host_statuses"`
 		} `json:"cluster_statuses"`
@@ -76,8 +78,13 @@ func TestRoutesToRightCluster(t *testing.T) {
 	for _, cs := range cl.ClusterStatuses {
 		if cs.Name == "kube-apiservers-only-cp-a+cp-c" {
 			found = true
-			if len(cs.HostStatuses) != 2 || cs.Metadata == nil {
+			if len(cs.HostStatuses) != 2 || cs.Metadata != nil {
 				t.Errorf("subset cluster status: %+v", cs)
+			}
+			for _, h := range cs.HostStatuses {
+				if h.Metadata == nil {
+					t.Errorf("host %s: no metadata", h.Hostname)
+				}
 			}
 		}
 	}

@@ -68,11 +68,22 @@ type liveCluster struct {
 	cfg       *clusterCfg
 	hosts     []*liveHost
 	transport *http.Transport
-	hcCancel  context.CancelFunc
-	hcKick    chan struct{} // new hosts: check now (buffered, 1)
-	rr        atomic.Uint64
-	active    atomic.Int64 // requests in flight (circuit breaker)
-	retries   atomic.Int64 // retries in flight
+	// previous is the version of a changed cluster while this one warms up: it
+	// serves the requests until every host of the new one has had its first health check
+	// (warmedLocked). nil when not warming.
+	previous *clusterVersion
+	hcCancel context.CancelFunc
+	hcKick   chan struct{} // new hosts: check now (buffered, 1)
+	rr       atomic.Uint64
+	active   atomic.Int64 // requests in flight (circuit breaker)
+	retries  atomic.Int64 // retries in flight
+}
+
+// clusterVersion is what a cluster was before a CDS change, kept while the new version warms.
+type clusterVersion struct {
+	cfg       *clusterCfg
+	hosts     []*liveHost
+	transport *http.Transport
 }
 
 func (c *liveCluster) stop() {
@@ -85,6 +96,30 @@ func (c *liveCluster) stop() {
 	if c.transport != nil {
 		c.transport.CloseIdleConnections()
 	}
+	if c.previous != nil {
+		c.previous.transport.CloseIdleConnections()
+		c.previous = nil
+	}
+}
+
+// warmedLocked ends the warm-up of a changed cluster once every host has had its first
+// health check: Envoy's new cluster finishes initializing then (ClusterImplBase waits for
+// the health checker's first round before onInitDone) and replaces the previous one, whose
+// connection pools drain (requests in flight finish; idle connections close).
+func (c *liveCluster) warmedLocked() {
+	if c.previous == nil {
+		return
+	}
+	for _, h := range c.hosts {
+		h.mu.Lock()
+		pending := h.hcPending
+		h.mu.Unlock()
+		if pending {
+			return
+		}
+	}
+	c.previous.transport.CloseIdleConnections()
+	c.previous = nil
 }
 
 // statPrefix is "cluster.<stat name>." of the cluster's current configuration.
@@ -97,15 +132,33 @@ func (c *liveCluster) statPrefix() string {
 	return "cluster." + c.cfg.stat + "."
 }
 
+// snapshot is the version of the cluster that serves requests: the previous one while a
+// changed cluster warms up.
 func (c *liveCluster) snapshot() (*clusterCfg, []*liveHost, *http.Transport) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if p := c.previous; p != nil {
+		return p.cfg, p.hosts, p.transport
+	}
 	return c.cfg, c.hosts, c.transport
 }
 
+// current is the newest version's hosts (those the health checker checks).
+func (c *liveCluster) current() []*liveHost {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.hosts
+}
+
 // syncClustersLocked brings the live clusters in line with the configuration: new clusters
-// are created, removed ones stopped; a changed cluster gets a new connection pool and health
-// checker; hosts are kept (with their health) by address across EDS updates.
+// are created, removed ones stopped; hosts are kept (with their health) by address across
+// EDS updates. A cluster whose CDS resource is unchanged is left alone, and a changed one is
+// a new cluster, as in Envoy: ClusterManagerImpl::addOrUpdateCluster
+// (source/common/upstream/cluster_manager_impl.cc) skips an update whose config hash equals
+// the cluster's, and otherwise builds the cluster anew and warms it up: new hosts (no health,
+// outlier or pending-removal state, each pending its first health check), a new connection
+// pool and health checker, while the previous version keeps serving until the warm-up ends
+// (warmedLocked).
 func (d *DataPlane) syncClustersLocked() {
 	for name, c := range d.clusters {
 		if d.cfg.clusters[name] == nil {
@@ -124,8 +177,22 @@ func (d *DataPlane) syncClustersLocked() {
 			hosts, _ = compileHosts(d.cfg.endpoints[cc.edsName])
 		}
 		c.mu.Lock()
-		changed := c.cfg == nil || c.cfg.raw != cc.raw
+		changed := c.cfg == nil || !proto.Equal(c.cfg.raw, cc.raw)
 		old := map[string]*liveHost{}
+		if changed && c.cfg != nil {
+			// A new version of the cluster: nothing of the old hosts carries over.
+			if c.previous == nil {
+				c.previous = &clusterVersion{cfg: c.cfg, hosts: c.hosts, transport: c.transport}
+			} else {
+				// Changed again while warming: the version that serves stays, the
+				// one that was warming goes.
+				c.transport.CloseIdleConnections()
+			}
+			c.hosts = nil
+		}
+		if !changed {
+			cc = c.cfg // the same resource: the compiled one in use stays
+		}
 		for _, h := range c.hosts {
 			old[h.address] = h
 		}
@@ -179,10 +246,9 @@ func (d *DataPlane) syncClustersLocked() {
 		}
 		c.hosts = nh
 		if changed {
+			// The replaced pool, if any, is the previous version's (it drains when the
+			// warm-up ends) or was closed above.
 			c.cfg = cc
-			if c.transport != nil {
-				c.transport.CloseIdleConnections()
-			}
 			c.transport = c.newTransport(cc, cc.tls)
 			if c.hcCancel != nil {
 				c.hcCancel()
@@ -198,6 +264,7 @@ func (d *DataPlane) syncClustersLocked() {
 				}()
 			}
 		}
+		c.warmedLocked()
 		c.mu.Unlock()
 		if pending {
 			// Envoy's health checker starts a session, and with it a first check, for
@@ -420,7 +487,7 @@ func (c *liveCluster) healthCheckLoop(ctx context.Context, cc *clusterCfg) {
 	defer tr.CloseIdleConnections()
 	client := &http.Client{Transport: tr, Timeout: cc.hc.timeout}
 	for {
-		_, hosts, _ := c.snapshot()
+		hosts := c.current()
 		var wg sync.WaitGroup
 		for _, h := range hosts {
 			wg.Add(1)
@@ -492,6 +559,9 @@ func (c *liveCluster) checkHost(ctx context.Context, cc *clusterCfg, client *htt
 	if c.recordCheck(cc, h, ok) {
 		c.removePendingHost(h)
 	}
+	c.mu.Lock()
+	c.warmedLocked()
+	c.mu.Unlock()
 }
 
 // recordCheck applies a health check result to h; true when h, pending removal, now fails
