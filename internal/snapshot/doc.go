@@ -141,7 +141,8 @@
 //
 // GET and HEAD also retry "reset", on read twins: every route but the long-running twins and
 // "escaped-path" comes right after "<name>:read" (readRoute), the same route with a :method
-// match of GET|HEAD and "reset" added to retry_on. An apiserver closing a kept-alive
+// match of GET|HEAD, an inverted :path match of targets with an escape or a leading "//"
+// (whose long-running paths no twin regex sees), and "reset" added to retry_on. An apiserver closing a kept-alive
 // HTTP/1.1 connection (a stopping apiserver closes its idle connections) can meet a request
 // Envoy just wrote on it: a reset after the request was sent, which only "reset" retries, and
 // which is safe to retry only for reads. Exec, attach, portforward and proxy (which run

@@ -584,7 +584,8 @@ func isTwin(name string) bool {
 
 // TestReadRoutes: every route but the long-running twins and the escaped-path route comes
 // right after its read twin, which differs from it only in its name, a :method match of GET
-// and HEAD only, and "reset" added to its retry conditions; no request a long-running twin
+// and HEAD only, an inverted :path match of escaped targets, and "reset" added to its retry
+// conditions; no request a long-running twin
 // matches (exec, attach, portforward, proxy: they run something even as a GET) reaches a
 // read twin, because every long-running twin comes before every read twin of its route.
 // Requests other than GET and HEAD never match a read twin, so they keep a policy that
@@ -613,12 +614,30 @@ func TestReadRoutes(t *testing.T) {
 					}
 					orig := routes[i+1]
 					m := r.GetMatch().GetHeaders()
-					last := m[len(m)-1]
-					if last.GetName() != ":method" || last.GetStringMatch().GetSafeRegex().GetRegex() != "GET|HEAD" {
-						t.Errorf("read twin %s: last header match %v, want :method GET|HEAD", n, last)
+					if len(m) < 2 {
+						t.Errorf("read twin %s: header matches %v, want :method and :path ones", n, m)
+						continue
+					}
+					method, path := m[len(m)-2], m[len(m)-1]
+					if method.GetName() != ":method" || method.GetStringMatch().GetSafeRegex().GetRegex() != "GET|HEAD" || method.GetInvertMatch() {
+						t.Errorf("read twin %s: header match %v, want :method GET|HEAD", n, method)
+					}
+					// The :path match excludes every target with an escape in its path or a
+					// leading "//", and nothing else.
+					re := regexp.MustCompile("^(?:" + path.GetStringMatch().GetSafeRegex().GetRegex() + ")$")
+					if path.GetName() != ":path" || !path.GetInvertMatch() {
+						t.Errorf("read twin %s: header match %v, want an inverted :path regex", n, path)
+					}
+					for target, excluded := range map[string]bool{
+						"/api/v1/namespaces/n/pods/p/%65xec": true, "//api/v1/pods": true, "/apis/batch%2Fv1/jobs?x=1": true,
+						"/api/v1/pods": false, "/api/v1/pods?fieldSelector=a%3Db": false, "/apis/batch/v1/jobs?watch=1": false,
+					} {
+						if re.MatchString(target) != excluded {
+							t.Errorf("read twin %s: %s excluded %v, want %v", n, target, !excluded, excluded)
+						}
 					}
 					c := proto.Clone(r).(*routev3.Route)
-					c.Name, c.Match.Headers = base, c.Match.Headers[:len(m)-1]
+					c.Name, c.Match.Headers = base, c.Match.Headers[:len(m)-2]
 					if !strings.HasSuffix(c.GetRoute().GetRetryPolicy().GetRetryOn(), ",reset") {
 						t.Errorf("read twin %s: retry_on %q, want reset added", n, c.GetRoute().GetRetryPolicy().GetRetryOn())
 					}

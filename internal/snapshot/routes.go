@@ -52,6 +52,10 @@ const webSocketBearerProtocolRegex = `(.*,)?[ \t]*base64url\.bearer\.authorizati
 // trims every leading slash). Envoy matches safe_regex against the whole path.
 const escapedPathRegex = `//.*|.*%.*`
 
+// escapedTargetRegex matches a :path (the request-target, query included) whose path has
+// what escapedPathRegex looks for: a leading "//", or a '%' before the query.
+const escapedTargetRegex = `//.*|[^?]*%.*`
+
 // routeConfiguration is the one route table. First match wins:
 //
 //  1. the routing header is present: it can only have come from extproc (the early header
@@ -296,7 +300,10 @@ const RouteSuffixRead = ":read"
 // match): r's match, action and filter configuration, and its retry policy with "reset"
 // added. A long-running twin comes before it, so exec, attach, portforward and proxy (which
 // run something, or reach past the apiserver, even as a GET: WebSocket exec is one) never
-// match it, nor does the escaped-path route, which gets no read twin.
+// match it, nor does the escaped-path route, which gets no read twin, nor any request whose
+// path has an escape or a leading "//" (an inverted :path match): the long-running twins'
+// regexes read the path as received, so "/api/v1/namespaces/n/pods/p/%65xec", an exec to
+// the apiserver, which decodes it, would otherwise reach a read twin once extproc routed it.
 //
 // Why: an apiserver closing a kept-alive HTTP/1.1 connection (idle close, or the idle
 // connections a stopping apiserver closes in http.Server.Shutdown) can meet a request Envoy
@@ -321,11 +328,12 @@ const RouteSuffixRead = ":read"
 func readRoute(r *routev3.Route) *routev3.Route {
 	c := proto.Clone(r).(*routev3.Route)
 	c.Name = r.GetName() + RouteSuffixRead
-	c.Match.Headers = append(c.Match.Headers, &routev3.HeaderMatcher{
-		Name: ":method",
-		HeaderMatchSpecifier: &routev3.HeaderMatcher_StringMatch{StringMatch: &matcherv3.StringMatcher{
-			MatchPattern: &matcherv3.StringMatcher_SafeRegex{SafeRegex: &matcherv3.RegexMatcher{Regex: "GET|HEAD"}}}},
-	})
+	regex := func(name, re string, invert bool) *routev3.HeaderMatcher {
+		return &routev3.HeaderMatcher{Name: name, InvertMatch: invert,
+			HeaderMatchSpecifier: &routev3.HeaderMatcher_StringMatch{StringMatch: &matcherv3.StringMatcher{
+				MatchPattern: &matcherv3.StringMatcher_SafeRegex{SafeRegex: &matcherv3.RegexMatcher{Regex: re}}}}}
+	}
+	c.Match.Headers = append(c.Match.Headers, regex(":method", "GET|HEAD", false), regex(":path", escapedTargetRegex, true))
 	c.GetRoute().RetryPolicy.RetryOn += ",reset"
 	return c
 }
