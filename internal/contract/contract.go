@@ -5,6 +5,8 @@
 // the gRPC metadata Envoy's routes add to an ext_proc stream.
 package contract
 
+import "strings"
+
 const (
 	// HeaderRoutingCluster is the request header in which extproc names the cluster for Envoy's
 	// cluster_header route. Envoy strips any client-supplied one before routing.
@@ -57,7 +59,8 @@ const (
 	// ClusterLocal, in sidecar mode, holds only the local apiserver.
 	ClusterLocal = "kube-apiserver-local"
 	// ClusterSubsetPrefix starts the name of a cluster holding a strict subset, followed by
-	// the members' hostnames joined by "+" (plan.SubsetClusterName).
+	// the members' hostnames joined by "+", each with ClusterNameDot for its dots
+	// (plan.SubsetClusterName).
 	ClusterSubsetPrefix = "kube-apiservers-only-"
 	// ClusterFrontProxySuffix ends the name of the front-proxy twin of every apiserver
 	// cluster (FrontProxyCluster). A plan's cluster names the apiservers; Envoy has each
@@ -74,6 +77,21 @@ const (
 	// plan: the local apiserver is configured once, on the Envoy node.
 	MetadataLocalAPIServer = "x-kube-mvp-local-apiserver"
 )
+
+// ClusterNameDot stands for '.' in a hostname or apiserver ID inside a cluster name
+// (ClusterNamePart). Envoy reads a stat name as dot-separated tokens and extracts the
+// cluster_name tag from "cluster.<name>.", so a dot in a cluster name (an FQDN, common for
+// control-plane nodes) would split its stats; no generated cluster name contains one. '~'
+// occurs in no hostname (a kubernetes.io/hostname label value: letters, digits, '-', '_',
+// '.') and no apiserver ID (a Lease name: a DNS subdomain), nor in '+' or "/front-proxy",
+// so the mapping is reversible and names stay distinct.
+const ClusterNameDot = "~"
+
+// ClusterNamePart is a hostname or apiserver ID as it appears inside a cluster name: every
+// '.' replaced by ClusterNameDot. strings.ReplaceAll(part, ClusterNameDot, ".") reverses it.
+func ClusterNamePart(hostnameOrID string) string {
+	return strings.ReplaceAll(hostnameOrID, ".", ClusterNameDot)
+}
 
 // FrontProxyCluster is the name of the front-proxy twin of the apiserver cluster named
 // cluster (see ClusterFrontProxySuffix).

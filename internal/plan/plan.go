@@ -316,7 +316,8 @@ func DefaultCluster(local string) string {
 // SubsetClusterName names the cluster that holds exactly the given apiservers: their
 // hostnames (or IDs, where a hostname is unknown) sorted and joined by "+", e.g.
 // "kube-apiservers-only-cp-a+cp-c", so an operator reading Envoy's /clusters sees who is
-// inside.
+// inside. Dots become contract.ClusterNameDot ("cp-a~example~com"): Envoy's stats would
+// split a cluster name at them.
 func SubsetClusterName(t *topology.Topology, set topology.ServerSet) string {
 	names := make([]string, 0, len(set))
 	for _, id := range set {
@@ -324,7 +325,7 @@ func SubsetClusterName(t *topology.Topology, set topology.ServerSet) string {
 		if s, ok := t.Server(id); ok && s.Hostname != "" {
 			name = s.Hostname
 		}
-		names = append(names, name)
+		names = append(names, contract.ClusterNamePart(name))
 	}
 	slices.Sort(names)
 	return contract.ClusterSubsetPrefix + strings.Join(names, "+")

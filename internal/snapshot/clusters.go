@@ -18,7 +18,6 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/kube-mvp/kube-mvp/internal/contract"
-	"github.com/kube-mvp/kube-mvp/internal/plan"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 
@@ -31,6 +30,15 @@ const (
 	// minutes; Envoy's default of 1024 would cap a control plane at about a thousand watchers.
 	circuitBreakerLimit = 100_000
 	retryLimit          = 10_000
+	// apiserverIdleTimeout closes an upstream connection idle this long, before the
+	// apiserver does: Go's net/http server (the apiserver's) closes a kept-alive
+	// connection after 90s idle (k8s.io/apiserver pkg/server/secure_serving.go: IdleTimeout 90s, HTTP/2 too),
+	// Envoy's default upstream idle timeout is 1h. With the apiserver closing first, Envoy
+	// can write a request on a connection whose FIN is in flight: a reset after the request
+	// was sent, which is a 503 UC that no retry_on we use retries (not connect-failure, not
+	// reset-before-request, not refused-stream, no Retry-After). Closing at 50s, well below
+	// 90s, leaves the race to Envoy's side, where it is harmless.
+	apiserverIdleTimeout = 50 * time.Second
 )
 
 // healthCheckSocket is the transport_socket_matches entry (and the health check's
@@ -69,6 +77,7 @@ func (b *builder) clusters() ([]*clusterv3.Cluster, []*endpointv3.ClusterLoadAss
 		}}
 	}
 	http1 := map[string]*anypb.Any{httpProtocolOptionsKey: b.pack(what+"HTTP protocol options", &httpv3.HttpProtocolOptions{
+		CommonHttpProtocolOptions: &corev3.HttpProtocolOptions{IdleTimeout: durationpb.New(apiserverIdleTimeout)},
 		UpstreamProtocolOptions: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_{ExplicitHttpConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig{
 			ProtocolConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_HttpProtocolOptions{HttpProtocolOptions: &corev3.Http1ProtocolOptions{}},
 		}},
@@ -91,13 +100,13 @@ func (b *builder) clusters() ([]*clusterv3.Cluster, []*endpointv3.ClusterLoadAss
 			}
 			return a
 		}
-		caller := b.apiserverCluster(c.Name, c, asCaller, http1)
+		caller := b.apiserverCluster(c.Name, asCaller, http1)
 		caller.TransportSocketMatches = healthCheckMatch
 		caller.HealthChecks[0].TransportSocketMatchCriteria = healthCheckCriteria
 		clusters, cla = append(clusters, caller), append(cla, assignment(c.Name))
 		if asFrontProxy != nil {
 			name := contract.FrontProxyCluster(c.Name)
-			clusters, cla = append(clusters, b.apiserverCluster(name, c, asFrontProxy, http1)), append(cla, assignment(name))
+			clusters, cla = append(clusters, b.apiserverCluster(name, asFrontProxy, http1)), append(cla, assignment(name))
 		}
 	}
 	clusters = append(clusters, b.extProcCluster())
@@ -108,11 +117,11 @@ func (b *builder) clusters() ([]*clusterv3.Cluster, []*endpointv3.ClusterLoadAss
 	return clusters, cla
 }
 
-// apiserverCluster is the EDS cluster name of the plan's cluster c, with transport socket tls.
-func (b *builder) apiserverCluster(name string, c plan.Cluster, tls *corev3.TransportSocket, http1 map[string]*anypb.Any) *clusterv3.Cluster {
+// apiserverCluster is the EDS cluster name of an apiserver cluster of the plan, with
+// transport socket tls: the same resource whoever is inside it.
+func (b *builder) apiserverCluster(name string, tls *corev3.TransportSocket, http1 map[string]*anypb.Any) *clusterv3.Cluster {
 	return &clusterv3.Cluster{
 		Name:                          name,
-		AltStatName:                   statName(name),
 		ClusterDiscoveryType:          &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS},
 		EdsClusterConfig:              &clusterv3.Cluster_EdsClusterConfig{EdsConfig: ads()},
 		ConnectTimeout:                durationpb.New(apiserverConnectTimeout),
@@ -156,20 +165,22 @@ func (b *builder) apiserverCluster(name string, c plan.Cluster, tls *corev3.Tran
 			}},
 		}},
 		CommonLbConfig: &clusterv3.Cluster_CommonLbConfig{HealthyPanicThreshold: &typev3.Percent{Value: 0}},
-		Metadata:       b.clusterMetadata(c),
+		// EDS (the identity Leases) decides membership: an apiserver whose Lease is gone,
+		// or which left a subset, leaves the cluster with the EDS update. Without this,
+		// Envoy keeps a removed host that still passes active health checks
+		// (PENDING_DYNAMIC_REMOVAL, BaseDynamicClusterImpl::updateDynamicHostList in
+		// source/common/upstream/upstream_impl.cc), sending it traffic for as long as its
+		// /readyz answers: a subset cluster would keep a server that no longer serves the
+		// subset's resources.
+		IgnoreHealthOnHostRemoval: true,
+		// No metadata, nor anything else that changes with membership or role: Envoy
+		// treats any change of a cluster's CDS resource as a new cluster
+		// (ClusterManagerImpl::addOrUpdateCluster compares the config's hash; a different
+		// one is warmed up from scratch: hosts with no health or outlier state, new
+		// connection pools). Who is inside is in the endpoints (EDS: apiserverID and
+		// hostname); a cluster's name says its role, and xds-server's /debug/topology
+		// which ones linger.
 	}
-}
-
-// statName is the name a cluster's stats go under when its own name would split them: Envoy
-// reads a stat name as dot-separated tokens (cluster.<name>.upstream_rq_total), so hostnames
-// with dots (FQDNs, common for control-plane nodes) would break the cluster_name tag;
-// Cluster.alt_stat_name takes their place there, with '_' for every '.'. Empty (the name
-// itself) otherwise.
-func statName(cluster string) string {
-	if !strings.Contains(cluster, ".") {
-		return ""
-	}
-	return strings.ReplaceAll(cluster, ".", "_")
 }
 
 func circuitBreakers() *clusterv3.CircuitBreakers {
@@ -218,24 +229,6 @@ func (b *builder) endpointAddresses() map[string]*endpointv3.LbEndpoint {
 		}
 	}
 	return out
-}
-
-// clusterMetadata tells an operator reading /config_dump who is inside a cluster and why.
-func (b *builder) clusterMetadata(c plan.Cluster) *corev3.Metadata {
-	members := make([]any, 0, len(c.Members))
-	for _, id := range c.Members {
-		s, _ := b.t.Server(id)
-		members = append(members, map[string]any{"id": id, "hostname": s.Hostname, "address": s.Address})
-	}
-	fields := map[string]any{"role": string(c.Role), "apiservers": members}
-	if c.Role == plan.RoleLocal {
-		fields["localAPIServer"] = b.p.LocalID
-	}
-	md, err := structpb.NewStruct(fields)
-	if err != nil {
-		b.errorf("cluster %s: metadata: %w", c.Name, err)
-	}
-	return &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{MetadataNamespace: md}}
 }
 
 // extProcCluster is the static cluster of cmd/extproc: gRPC, so HTTP/2, over a unix socket or

@@ -137,7 +137,7 @@
 // extproc decides by that sidecar's plan; the local apiserver is configured only on the
 // Envoy node.
 //
-// Every route but "discovery" comes after two twins (longRunningRoutes) with the same match
+// Every route but "discovery" comes after two twins (longRunningRoutes; long-running first) with the same match
 // plus what makes a request long-running to the apiserver, the same action and filter
 // configuration, and timeout 0: "<name>:watch" (a watch query parameter, present_match) and
 // "<name>:long-running" (a path regex: /watch/ and /proxy/ after the group/version, the
@@ -157,6 +157,16 @@
 // attempts: least request favours the host that just refused, having nothing in flight), so
 // a dead peer costs a retry, not an error, while a capable peer remains.
 //
+// GET and HEAD also retry "reset", on read twins: every route but the long-running twins and
+// "escaped-path" comes right after "<name>:read" (readRoute), the same route with a :method
+// match of GET|HEAD, an inverted :path match of targets with an escape or a leading "//"
+// (whose long-running paths no twin regex sees), and "reset" added to retry_on. An apiserver closing a kept-alive
+// HTTP/1.1 connection (a stopping apiserver closes its idle connections) can meet a request
+// Envoy just wrote on it: a reset after the request was sent, which only "reset" retries, and
+// which is safe to retry only for reads. Exec, attach, portforward and proxy (which run
+// something even as a GET) match a long-running twin first; every other verb keeps the
+// policy above, which retries nothing an apiserver may have executed.
+//
 // # Clusters
 //
 //   - The default cluster (contract.ClusterDefault: every live apiserver) or, in sidecar mode
@@ -165,7 +175,9 @@
 //     apiserver serves stays local, what it does not goes to the subset that does), and every
 //     sidecar health-checking every apiserver would cost N² probes for nothing.
 //   - One cluster per serving set that some Subset decision of the plan names
-//     (plan.SubsetClusterName, e.g. "kube-apiservers-only-cp-a+cp-c"), and the lingering ones
+//     (plan.SubsetClusterName, e.g. "kube-apiservers-only-cp-a+cp-c"; '~' for each '.' of an
+//     FQDN hostname, contract.ClusterNameDot: no cluster name has a dot, which would split
+//     Envoy's cluster.<name>. stats), and the lingering ones
 //     make before break holds: the plan's Clusters.
 //   - Each of these twice: as named, with upstream TLS that presents no client certificate,
 //     for every request that carries its caller's own credentials (bearer token, Basic,
@@ -176,7 +188,9 @@
 //     verified client certificate. The proxy certificate never turns a request into anyone.
 //   - All apiserver clusters: EDS over ADS; upstream TLS from SDS (the peer CA
 //     kube-mvp-peer-ca with a DNS SAN match on UpstreamServerName; SNI UpstreamServerName);
-//     explicit HTTP/1.1 (SPDY upgrades need it); LEAST_REQUEST balancing (long watches make
+//     explicit HTTP/1.1 (SPDY upgrades need it), with an upstream idle_timeout of 50s, below
+//     the apiservers' own 90s, so an idle connection is closed by Envoy, never by the
+//     apiserver under a request Envoy just wrote (a 503 UC no retry policy covers); LEAST_REQUEST balancing (long watches make
 //     request counts, not round robin, the fair measure); circuit breakers at 100000
 //     connections/requests (default 1024 would cap the number of watches); outlier detection
 //     on local-origin failures only (split_external_local_origin_errors, 2 consecutive
@@ -190,7 +204,12 @@
 //     system:public-info-viewer and by the chart's own role, whatever the anonymous
 //     policy); healthy_panic_threshold 0, so a
 //     cluster with no healthy apiserver answers 503 instead of trying unhealthy ones;
-//     metadata listing the apiservers inside (ID, hostname, address).
+//     ignore_health_on_host_removal, so EDS alone decides membership (without it Envoy keeps
+//     an apiserver that left a cluster while its /readyz still answers 200);
+//     no metadata, nor anything else that changes with membership or role (a lingering
+//     cluster is the same resource as before): Envoy rebuilds a cluster whose CDS resource
+//     changed, warming it up again with its hosts' health and outlier state lost; who is
+//     inside is in the endpoints' metadata.
 //   - "kube-mvp-extproc": static (STRICT_DNS for a host name) cluster for cmd/extproc,
 //     HTTP/2, a unix socket or host:port from Config.
 //

@@ -208,9 +208,9 @@ func TestRoutingFacts(t *testing.T) {
 					t.Errorf("front-proxy route %+v, want %+v", r, want)
 				}
 			}
-			// The long-running twins (TestLongRunningRoutes) aside.
+			// The long-running and read twins (TestLongRunningRoutes, TestReadRoutes) aside.
 			routes = slices.DeleteFunc(routes, func(r routeFacts) bool {
-				return strings.HasSuffix(r.name, snapshot.RouteSuffixWatch) || strings.HasSuffix(r.name, snapshot.RouteSuffixLongRunning)
+				return isTwin(r.name)
 			})
 			def := plan.DefaultCluster(topo.LocalID)
 
@@ -415,8 +415,8 @@ func TestProxyCertificateOnlyWithOurIdentity(t *testing.T) {
 	}
 }
 
-// TestLingeringCluster: a cluster only the plan's Hold.Lingering asks for is defined, marked
-// "lingering" in its metadata, and holds those of its apiservers that are live.
+// TestLingeringCluster: a cluster only the plan's Hold.Lingering asks for is defined, with
+// nothing saying it lingers, and holds those of its apiservers that are live.
 func TestLingeringCluster(t *testing.T) {
 	topo := loadCase(t, "dead-lease")
 	var dead, live string
@@ -443,8 +443,10 @@ func TestLingeringCluster(t *testing.T) {
 			continue
 		}
 		found = true
-		if role := c.GetMetadata().GetFilterMetadata()["kube-mvp"].GetFields()["role"].GetStringValue(); role != "lingering" {
-			t.Errorf("role %q, want lingering", role)
+		// Lingering is no property of the CDS resource: a subset cluster that starts to
+		// linger must stay the same cluster to Envoy (TestClusterResourcesIgnoreMembership).
+		if c.GetMetadata() != nil {
+			t.Errorf("metadata %v, want none", c.GetMetadata())
 		}
 	}
 	if !found {
@@ -519,7 +521,7 @@ func TestLongRunningRoutes(t *testing.T) {
 			bases, untwinned := 0, 0
 			for i, r := range routes {
 				n := r.GetName()
-				if strings.HasSuffix(n, snapshot.RouteSuffixWatch) || strings.HasSuffix(n, snapshot.RouteSuffixLongRunning) {
+				if isTwin(n) {
 					continue
 				}
 				bases++
@@ -538,11 +540,14 @@ func TestLongRunningRoutes(t *testing.T) {
 					untwinned++
 					continue
 				}
-				if i < 2 || routes[i-2].GetName() != n+snapshot.RouteSuffixWatch || routes[i-1].GetName() != n+snapshot.RouteSuffixLongRunning {
+				// Long-running first, then the watch twin (each after its read twin,
+				// TestReadRoutes), then the route.
+				if i < 4 || routes[i-2].GetName() != n+snapshot.RouteSuffixWatch || routes[i-4].GetName() != n+snapshot.RouteSuffixLongRunning {
 					t.Errorf("route %s: not preceded by its long-running twins", n)
 					continue
 				}
-				for _, tw := range routes[i-2 : i] {
+				watchRoute, lrRoute := routes[i-2], routes[i-4]
+				for _, tw := range []*routev3.Route{watchRoute, lrRoute} {
 					if got := tw.GetRoute().GetTimeout().AsDuration(); got != 0 {
 						t.Errorf("route %s: timeout %v, want none", tw.GetName(), got)
 					}
@@ -552,13 +557,13 @@ func TestLongRunningRoutes(t *testing.T) {
 						t.Errorf("route %s differs from %s in more than its name, match and timeout", tw.GetName(), n)
 					}
 				}
-				watch, lr := routes[i-2].GetMatch(), routes[i-1].GetMatch()
+				watch, lr := watchRoute.GetMatch(), lrRoute.GetMatch()
 				q := watch.GetQueryParameters()
 				if len(q) != 1 || q[0].GetName() != "watch" || !q[0].GetPresentMatch() || !proto.Equal(stripQuery(watch), r.GetMatch()) {
-					t.Errorf("route %s: match %v, want %s's and a watch query parameter", routes[i-2].GetName(), watch, n)
+					t.Errorf("route %s: match %v, want %s's and a watch query parameter", watchRoute.GetName(), watch, n)
 				}
 				if !slices.EqualFunc(lr.GetHeaders(), r.GetMatch().GetHeaders(), func(a, b *routev3.HeaderMatcher) bool { return proto.Equal(a, b) }) || lr.GetSafeRegex() == nil {
-					t.Errorf("route %s: match %v, want %s's headers and a path regex", routes[i-1].GetName(), lr, n)
+					t.Errorf("route %s: match %v, want %s's headers and a path regex", lrRoute.GetName(), lr, n)
 					continue
 				}
 				re := regexp.MustCompile("^(?:" + lr.GetSafeRegex().GetRegex() + ")$")
@@ -598,12 +603,114 @@ func TestLongRunningRoutes(t *testing.T) {
 						continue
 					}
 					if got := re.MatchString(c.path); got != c.long {
-						t.Errorf("route %s: %s matched %v, want %v", routes[i-1].GetName(), c.path, got, c.long)
+						t.Errorf("route %s: %s matched %v, want %v", lrRoute.GetName(), c.path, got, c.long)
 					}
 				}
 			}
-			if len(routes) != bases+2*(bases-untwinned) {
-				t.Errorf("%d routes, want %d and their twins (the discovery and escaped-path routes have none)", len(routes), bases)
+			// Each twinned route: two long-running twins and two read twins; discovery: a
+			// read twin; the escaped-path route: none.
+			if len(routes) != bases+4*(bases-untwinned)+1 {
+				t.Errorf("%d routes, want %d and their twins", len(routes), bases)
+			}
+		})
+	}
+}
+
+// isTwin says whether a route name is a long-running or read twin's.
+func isTwin(name string) bool {
+	return strings.HasSuffix(name, snapshot.RouteSuffixWatch) || strings.HasSuffix(name, snapshot.RouteSuffixLongRunning) ||
+		strings.HasSuffix(name, snapshot.RouteSuffixRead)
+}
+
+// TestReadRoutes: every route but the long-running twins and the escaped-path route comes
+// right after its read twin, which differs from it only in its name, a :method match of GET
+// and HEAD only, an inverted :path match of escaped targets, and "reset" added to its retry
+// conditions; no request a long-running twin
+// matches (exec, attach, portforward, proxy: they run something even as a GET) reaches a
+// read twin, because every long-running twin comes before every read twin of its route.
+// Requests other than GET and HEAD never match a read twin, so they keep a policy that
+// retries nothing an apiserver may have executed.
+func TestReadRoutes(t *testing.T) {
+	for _, name := range fixtures.Names(t) {
+		t.Run(name, func(t *testing.T) {
+			res, err := snapshot.Build(mustPlan(t, loadCase(t, name)), testConfig())
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The front-proxy twins (TestRoutingFacts) and the undecided-identity route aside.
+			routes := slices.DeleteFunc(slices.Clone(res.Routes[0].(*routev3.RouteConfiguration).GetVirtualHosts()[0].GetRoutes()), func(r *routev3.Route) bool {
+				return strings.HasSuffix(r.GetName(), snapshot.RouteSuffixFrontProxy) || r.GetName() == snapshot.RouteIdentityUndecided
+			})
+			index := map[string]int{}
+			for i, r := range routes {
+				index[r.GetName()] = i
+			}
+			reads := 0
+			for i, r := range routes {
+				n := r.GetName()
+				if strings.HasSuffix(n, snapshot.RouteSuffixRead) {
+					reads++
+					base := strings.TrimSuffix(n, snapshot.RouteSuffixRead)
+					if i+1 >= len(routes) || routes[i+1].GetName() != base {
+						t.Errorf("read twin %s is not right before %s", n, base)
+						continue
+					}
+					orig := routes[i+1]
+					m := r.GetMatch().GetHeaders()
+					if len(m) < 2 {
+						t.Errorf("read twin %s: header matches %v, want :method and :path ones", n, m)
+						continue
+					}
+					method, path := m[len(m)-2], m[len(m)-1]
+					if method.GetName() != ":method" || method.GetStringMatch().GetSafeRegex().GetRegex() != "GET|HEAD" || method.GetInvertMatch() {
+						t.Errorf("read twin %s: header match %v, want :method GET|HEAD", n, method)
+					}
+					// The :path match excludes every target with an escape in its path or a
+					// leading "//", and nothing else.
+					re := regexp.MustCompile("^(?:" + path.GetStringMatch().GetSafeRegex().GetRegex() + ")$")
+					if path.GetName() != ":path" || !path.GetInvertMatch() {
+						t.Errorf("read twin %s: header match %v, want an inverted :path regex", n, path)
+					}
+					for target, excluded := range map[string]bool{
+						"/api/v1/namespaces/n/pods/p/%65xec": true, "//api/v1/pods": true, "/apis/batch%2Fv1/jobs?x=1": true,
+						"/api/v1/pods": false, "/api/v1/pods?fieldSelector=a%3Db": false, "/apis/batch/v1/jobs?watch=1": false,
+					} {
+						if re.MatchString(target) != excluded {
+							t.Errorf("read twin %s: %s excluded %v, want %v", n, target, !excluded, excluded)
+						}
+					}
+					c := proto.Clone(r).(*routev3.Route)
+					c.Name, c.Match.Headers = base, c.Match.Headers[:len(m)-2]
+					if !strings.HasSuffix(c.GetRoute().GetRetryPolicy().GetRetryOn(), ",reset") {
+						t.Errorf("read twin %s: retry_on %q, want reset added", n, c.GetRoute().GetRetryPolicy().GetRetryOn())
+					}
+					c.GetRoute().GetRetryPolicy().RetryOn = strings.TrimSuffix(c.GetRoute().GetRetryPolicy().GetRetryOn(), ",reset")
+					if !proto.Equal(c, orig) {
+						t.Errorf("read twin %s differs from %s in more than its name, :method match and reset", n, base)
+					}
+					// Every long-running twin of its route comes before it.
+					route := strings.TrimSuffix(base, snapshot.RouteSuffixWatch)
+					if j, ok := index[route+snapshot.RouteSuffixLongRunning]; ok && j > i {
+						t.Errorf("read twin %s comes before %s", n, routes[j].GetName())
+					}
+					continue
+				}
+				if strings.Contains(r.GetRoute().GetRetryPolicy().GetRetryOn(), "reset,") || strings.HasSuffix(r.GetRoute().GetRetryPolicy().GetRetryOn(), ",reset") {
+					t.Errorf("route %s retries on reset, for every verb", n)
+				}
+				switch {
+				case strings.HasSuffix(n, snapshot.RouteSuffixLongRunning), n == snapshot.RouteEscapedPath:
+					if _, ok := index[n+snapshot.RouteSuffixRead]; ok {
+						t.Errorf("route %s has a read twin", n)
+					}
+				default:
+					if _, ok := index[n+snapshot.RouteSuffixRead]; !ok {
+						t.Errorf("route %s has no read twin", n)
+					}
+				}
+			}
+			if reads == 0 {
+				t.Error("no read twins")
 			}
 		})
 	}

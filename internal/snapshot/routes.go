@@ -10,6 +10,7 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	previoushostsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/retry/host/previous_hosts/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -38,6 +39,10 @@ const (
 // "/apis/batch%2Fv1/jobs" is batch/v1 jobs to it) and a leading "//" (RequestInfoFactory
 // trims every leading slash). Envoy matches safe_regex against the whole path.
 const escapedPathRegex = `//.*|.*%.*`
+
+// escapedTargetRegex matches a :path (the request-target, query included) whose path has
+// what escapedPathRegex looks for: a leading "//", or a '%' before the query.
+const escapedTargetRegex = `//.*|[^?]*%.*`
 
 // routeConfiguration is the one route table. First match wins:
 //
@@ -189,27 +194,35 @@ func (b *builder) routeConfiguration() *routev3.RouteConfiguration {
 		Action:               action(def),
 		TypedPerFilterConfig: extProcOff,
 	})
+	// readRetry is retry plus "reset", for the read twins (readRoute).
+	readRetry := proto.Clone(retry).(*routev3.RetryPolicy)
+	readRetry.RetryOn += ",reset"
 	var all []*routev3.Route
 	for _, r := range routes {
+		// forwarding: r and its twins, in the order they must be matched.
 		var forwarding []*routev3.Route
 		switch r.GetName() {
 		case RouteIdentityUndecided:
 			all = append(all, r)
 			continue
-		case RouteRoutingHeader:
-			// extproc names the front-proxy twin itself.
-			all = append(append(all, longRunningRoutes(r)...), r)
-			continue
 		case RouteDiscovery: // never long-running
+			forwarding = []*routev3.Route{readRoute(r, readRetry), r}
 		case RouteEscapedPath:
 			// Its regex cannot be intersected with the long-running paths', and such paths
-			// are rare: no timeout, as every request had before.
+			// are rare: no timeout, as every request had before. No read twin either: the
+			// path may be an exec or a proxy in disguise.
 			r.GetRoute().Timeout = durationpb.New(0)
+			forwarding = []*routev3.Route{r}
 		default:
-			forwarding = longRunningRoutes(r)
+			watch, lr := longRunningRoutes(r)
+			if lr != nil {
+				forwarding = []*routev3.Route{lr, readRoute(watch, readRetry), watch}
+			}
+			forwarding = append(forwarding, readRoute(r, readRetry), r)
 		}
-		for _, f := range append(forwarding, r) {
-			if clientCertificates {
+		for _, f := range forwarding {
+			// extproc names the front-proxy twin itself on the extproc-decided routes.
+			if clientCertificates && r.GetName() != RouteRoutingHeader {
 				all = append(all, frontProxyRoute(f))
 			}
 			all = append(all, f)
@@ -315,7 +328,8 @@ const longRunningTail = `((watch|proxy)(/.*)?|(namespaces/[^/]+/)?[^/]+/[^/]+/(e
 // routes whose prefix is "/".
 const longRunningAnyRegex = `(/api/[^/]+|/apis/[^/]+/[^/]+)/` + longRunningTail + `|/debug/pprof/.*`
 
-// longRunningRoutes are the two twins of r, to go before it, that match what r matches when
+// longRunningRoutes are the two twins of r, to go before it (long-running first: a request
+// matching both must not take the watch twin's read twin, readRoute), that match what r matches when
 // the apiserver would treat the request as long-running, with r's action and filter
 // configuration but no timeout:
 //
@@ -329,13 +343,13 @@ const longRunningAnyRegex = `(/api/[^/]+|/apis/[^/]+/[^/]+)/` + longRunningTail 
 // Every other request gets r's timeout, Config.UpstreamRequestTimeout: just above the
 // apiserver's --request-timeout, after which a live apiserver has answered 504 itself, so
 // only an apiserver that stopped answering meets it.
-func longRunningRoutes(r *routev3.Route) []*routev3.Route {
+func longRunningRoutes(r *routev3.Route) (watch, longRunning *routev3.Route) {
 	noTimeout := func(name string) *routev3.Route {
 		c := twin(r, name)
 		c.GetRoute().Timeout = durationpb.New(0)
 		return c
 	}
-	watch := noTimeout(RouteSuffixWatch)
+	watch = noTimeout(RouteSuffixWatch)
 	watch.Match.QueryParameters = []*routev3.QueryParameterMatcher{{
 		Name:                         "watch",
 		QueryParameterMatchSpecifier: &routev3.QueryParameterMatcher_PresentMatch{PresentMatch: true},
@@ -353,10 +367,62 @@ func longRunningRoutes(r *routev3.Route) []*routev3.Route {
 	default:
 		// No long-running paths can be told apart: no timeout at all, as before.
 		r.GetRoute().Timeout = durationpb.New(0)
-		return nil
+		return nil, nil
 	}
 	lr.Match.PathSpecifier = &routev3.RouteMatch_SafeRegex{SafeRegex: &matcherv3.RegexMatcher{Regex: regex}}
-	return []*routev3.Route{watch, lr}
+	return watch, lr
+}
+
+// RouteSuffixRead is the suffix of the name of a route's read twin (readRoute).
+const RouteSuffixRead = ":read"
+
+// readRoute is the twin of r, to go right before it, for GET and HEAD (a :method header
+// match): r's match, action and filter configuration, and its retry policy with "reset"
+// added. A long-running twin comes before it, so exec, attach, portforward and proxy (which
+// run something, or reach past the apiserver, even as a GET: WebSocket exec is one) never
+// match it, nor does the escaped-path route, which gets no read twin, nor any request whose
+// path has an escape or a leading "//" (an inverted :path match): the long-running twins'
+// regexes read the path as received, so "/api/v1/namespaces/n/pods/p/%65xec", an exec to
+// the apiserver, which decodes it, would otherwise reach a read twin once extproc routed it.
+//
+// Why: an apiserver closing a kept-alive HTTP/1.1 connection (idle close, or the idle
+// connections a stopping apiserver closes in http.Server.Shutdown) can meet a request Envoy
+// just wrote on it. That is a reset after the request was sent, and none of the conditions
+// retryPolicy uses covers it: reset-before-request only while nothing was sent
+// (Router::Filter's upstream_request_started_), connect-failure and refused-stream not at
+// all. "reset" retries any reset before the response began
+// (RetryStateImpl::wouldRetryFromReset, source/common/router/retry_state_impl.cc), which is
+// safe only for a request the apiserver may run twice: in Kubernetes a GET or HEAD other
+// than those connect subresources is a read (get, list, watch), and replaying it on another
+// apiserver is what the client would do. Everything else keeps the verb-independent policy,
+// which never retries a request an apiserver may have executed.
+//
+// The alternatives Envoy offers were weighed: retriable_request_headers would restrict every
+// retry condition of the route to GET, losing the POST retries of connect failures and
+// Retry-After answers; HTTP/2 to the apiservers would make a graceful shutdown's GOAWAY turn
+// unprocessed streams into refused-stream resets (retried) but cannot carry the SPDY upgrades
+// of exec, attach and portforward (explicit HTTP/1.1, clusters.go), so it would need a second
+// set of clusters; the upstream idle_timeout below the apiservers' (clusters.go) removes the
+// idle-close race but not a stopping apiserver's. The twin is the smallest change that is
+// correct for both.
+func readRoute(r *routev3.Route, readRetry *routev3.RetryPolicy) *routev3.Route {
+	c := twin(r, RouteSuffixRead)
+	c.Match.Headers = append(slices.Clip(c.Match.Headers), readMethods, notEscapedTarget)
+	c.GetRoute().RetryPolicy = readRetry
+	return c
+}
+
+// readMethods and notEscapedTarget are the read twins' own matchers (readRoute). Shared by
+// every read route: never modified.
+var (
+	readMethods      = headerRegex(":method", "GET|HEAD", false)
+	notEscapedTarget = headerRegex(":path", escapedTargetRegex, true)
+)
+
+func headerRegex(name, re string, invert bool) *routev3.HeaderMatcher {
+	return &routev3.HeaderMatcher{Name: name, InvertMatch: invert,
+		HeaderMatchSpecifier: &routev3.HeaderMatcher_StringMatch{StringMatch: &matcherv3.StringMatcher{
+			MatchPattern: &matcherv3.StringMatcher_SafeRegex{SafeRegex: &matcherv3.RegexMatcher{Regex: re}}}}}
 }
 
 // retryPolicy retries only what is safe to retry whatever the verb: the request never

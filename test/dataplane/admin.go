@@ -183,6 +183,9 @@ func (d *DataPlane) serveClusters(w http.ResponseWriter, _ *http.Request) {
 			if ejected {
 				hs.HealthStatus["failed_outlier_check"] = true
 			}
+			if h.pendingRemoval {
+				hs.HealthStatus["pending_dynamic_removal"] = true
+			}
 			h.mu.Unlock()
 			cs.HostStatuses = append(cs.HostStatuses, hs)
 		}

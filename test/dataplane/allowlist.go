@@ -183,8 +183,9 @@ var allowed = map[string][]string{
 	}, prefixed("virtual_hosts.routes.match.headers.string_match", stringMatcherPaths...),
 		prefixed("virtual_hosts.routes.match.query_parameters.string_match", stringMatcherPaths...),
 		prefixed("virtual_hosts.routes.route.retry_policy.retriable_headers.string_match", stringMatcherPaths...)),
-	tPrevHosts:   {},
-	tHTTPOptions: {"explicit_http_config", "explicit_http_config.http_protocol_options", "explicit_http_config.http2_protocol_options"},
+	tPrevHosts: {},
+	tHTTPOptions: {"explicit_http_config", "explicit_http_config.http_protocol_options", "explicit_http_config.http2_protocol_options",
+		"common_http_protocol_options", "common_http_protocol_options.idle_timeout"},
 	tCluster: cat([]string{
 		"name", "alt_stat_name", "type", "eds_cluster_config", "eds_cluster_config.eds_config", "eds_cluster_config.eds_config.ads",
 		"eds_cluster_config.eds_config.resource_api_version", "eds_cluster_config.service_name",
@@ -211,7 +212,7 @@ var allowed = map[string][]string{
 		"outlier_detection.enforcing_local_origin_success_rate", "outlier_detection.enforcing_success_rate",
 		"transport_socket", "transport_socket.name", "transport_socket.typed_config",
 		"typed_extension_protocol_options", "metadata", "metadata.filter_metadata",
-		"load_assignment",
+		"load_assignment", "ignore_health_on_host_removal",
 	}, prefixed("load_assignment", endpointPaths()...)),
 	tCLA: endpointPaths(),
 	tSecret: {

@@ -802,6 +802,11 @@ type clusterCfg struct {
 	maxRequests   int64
 	maxRetries    int64
 	staticHosts   []hostCfg
+	// ignoreHealthOnHostRemoval: a host that leaves EDS goes at once, even while it passes
+	// active health checks (syncClustersLocked).
+	ignoreHealthOnHostRemoval bool
+	// idleTimeout closes an upstream connection without requests for this long (0: never).
+	idleTimeout time.Duration
 }
 
 type upstreamTLS struct {
@@ -859,6 +864,8 @@ func compileCluster(c *clusterv3.Cluster) (*clusterCfg, error) {
 		leastRequest: c.GetLbPolicy() == clusterv3.Cluster_LEAST_REQUEST,
 		// Envoy's default circuit breaker thresholds.
 		maxRequests: 1024, maxRetries: 3,
+		idleTimeout:               time.Hour,
+		ignoreHealthOnHostRemoval: c.GetIgnoreHealthOnHostRemoval(),
 	}
 	if p := c.GetCommonLbConfig().GetHealthyPanicThreshold(); p != nil {
 		out.panicThreshold = p.GetValue()
@@ -910,6 +917,11 @@ func compileCluster(c *clusterv3.Cluster) (*clusterCfg, error) {
 			return nil, err
 		}
 		out.http2 = o.GetExplicitHttpConfig().GetHttp2ProtocolOptions() != nil
+		// Envoy's ClusterInfoImpl (source/common/upstream/upstream_impl.cc): the
+		// common_http_protocol_options.idle_timeout, 0 for none, else 1h.
+		if d := o.GetCommonHttpProtocolOptions().GetIdleTimeout(); d != nil {
+			out.idleTimeout = d.AsDuration()
+		}
 	}
 	if n := len(c.GetHealthChecks()); n > 1 {
 		return nil, errors.New("health_checks: at most one is implemented")

@@ -18,7 +18,10 @@
 //   - Options.ListenerAddress overrides a listener's socket address (tests need free ports).
 //   - Hosts added to a cluster with active health checking are used before their first check
 //     completes (Envoy's default ignore_new_hosts_until_first_hc=false for hosts added after
-//     cluster warming; we do not model warming).
+//     cluster warming). A new cluster's initial warming is not modelled; a changed cluster's
+//     is (the previous version serves until every host of the new one had its first check),
+//     but EDS updates during that warm-up reach only the new version (in Envoy both
+//     versions follow EDS).
 //   - The router buffers request bodies of up to 1 MiB so that retries can replay them (Envoy
 //     buffers while streaming); larger bodies are streamed and not retried, as in Envoy.
 //   - The Lua filter runs envoy_on_request only (no envoy_on_response, body or trailers), opens

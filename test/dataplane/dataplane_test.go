@@ -12,6 +12,8 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -58,13 +60,15 @@ func TestRoutesToRightCluster(t *testing.T) {
 		t.Errorf("default cluster upstream_rq_200 = %d, want 30", got)
 	}
 
-	// Admin: /clusters shows the subset cluster with its two hosts and metadata.
+	// Admin: /clusters shows the subset cluster with its two hosts, each with its metadata
+	// (the cluster has none: nothing in CDS changes with membership).
 	var cl struct {
 		ClusterStatuses []struct {
 			Name         string         `json:"name"`
 			Metadata     map[string]any `json:"metadata"`
 			HostStatuses []struct {
-				Hostname string `json:"hostname"`
+				Hostname string         `json:"hostname"`
+				Metadata map[string]any `json:"metadata"`
 				Stats    []statValue
 			} `json:"host_statuses"`
 		} `json:"cluster_statuses"`
@@ -74,8 +78,13 @@ func TestRoutesToRightCluster(t *testing.T) {
 	for _, cs := range cl.ClusterStatuses {
 		if cs.Name == "kube-apiservers-only-cp-a+cp-c" {
 			found = true
-			if len(cs.HostStatuses) != 2 || cs.Metadata == nil {
+			if len(cs.HostStatuses) != 2 || cs.Metadata != nil {
 				t.Errorf("subset cluster status: %+v", cs)
+			}
+			for _, h := range cs.HostStatuses {
+				if h.Metadata == nil {
+					t.Errorf("host %s: no metadata", h.Hostname)
+				}
 			}
 		}
 	}
@@ -263,24 +272,21 @@ func TestClientCertificateIdentity(t *testing.T) {
 	}
 }
 
-// TestFQDNClusterStats: with hostnames that have dots (FQDNs) the subset cluster keeps its
-// readable name, and its stats go under alt_stat_name with '_' for '.', so that Envoy's
-// cluster.<name>.<stat> tokens stay whole.
+// TestFQDNClusterStats: with hostnames that have dots (FQDNs) the subset cluster's name has
+// contract.ClusterNameDot for each dot, so its stats go under cluster.<name>. with Envoy's
+// cluster.<name>.<stat> tokens whole, and the routing header extproc sets names it so.
 func TestFQDNClusterStats(t *testing.T) {
 	e := newEnv(t, envOptions{hostSuffix: ".example.com"})
 	if n := e.dp.NACKs(); len(n) > 0 {
 		t.Fatalf("NACKs: %q", n)
 	}
-	const name = "kube-apiservers-only-cp-a.example.com+cp-c.example.com"
+	const name = "kube-apiservers-only-cp-a~example~com+cp-c~example~com"
 	_, clusters := e.spread(e.client(nil), "/apis/batch/v1/namespaces/default/jobs", 10)
 	if clusters[name] != 10 {
 		t.Fatalf("routing headers %v, want %s on all", clusters, name)
 	}
-	if got := e.stat("cluster.kube-apiservers-only-cp-a_example_com+cp-c_example_com.upstream_rq_total"); got != 10 {
-		t.Errorf("upstream_rq_total under the alt stat name: %d, want 10", got)
-	}
-	if got := e.stat("cluster." + name + ".upstream_rq_total"); got != 0 {
-		t.Errorf("stats under the dotted name: %d", got)
+	if got := e.stat("cluster." + name + ".upstream_rq_total"); got != 10 {
+		t.Errorf("upstream_rq_total of %s: %d, want 10", name, got)
 	}
 }
 
@@ -615,5 +621,103 @@ func TestRouteTimeout(t *testing.T) {
 		if r.status != 200 || strings.Count(string(r.body), "ADDED") != 5 {
 			t.Errorf("GET %s: status %d after %v, want all 5 events: %s", path, r.status, time.Since(start), r.body)
 		}
+	}
+}
+
+// TestConnectionClosedAfterRequest: an apiserver that closes a kept-alive connection once a
+// request was written to it. The data plane does not re-send the request by itself (Go's
+// transport would, for a GET, on a new connection to the same apiserver; Envoy does not):
+// what happens is the route's retry policy. A POST gets Envoy's 503 UC (connection
+// termination), mapped to our Status: reset-before-request covers only requests not yet
+// sent, and the apiserver may have executed it. A GET takes the read twin, whose policy
+// retries a reset, so it is answered by another apiserver (previous_hosts) with one counted
+// retry.
+func TestConnectionClosedAfterRequest(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	c := e.client(nil)
+	const path = "/api/v1/namespaces/default/configmaps"
+	// Every apiserver has kept-alive connections from the data plane.
+	if servers, _ := e.spread(c, path, 30); len(servers) != len(e.apiservers) {
+		t.Fatalf("warm-up reached %v, want every apiserver", servers)
+	}
+	var once sync.Once
+	var hungUp atomic.Int32
+	for _, f := range e.apiservers {
+		f.mu.Lock()
+		f.hangup = func(r *http.Request) bool {
+			if r.URL.Query().Get("fieldSelector") != "hangup" {
+				return false
+			}
+			first := false
+			once.Do(func() { first = true })
+			if first {
+				hungUp.Add(1)
+			}
+			return first
+		}
+		f.mu.Unlock()
+	}
+	// seen is, by apiserver, how many times the apiservers saw the request.
+	seen := func() map[string]int {
+		n := map[string]int{}
+		for name, f := range e.apiservers {
+			for _, r := range f.requests() {
+				if strings.Contains(r.Path, "fieldSelector=hangup") {
+					n[name]++
+				}
+			}
+		}
+		return n
+	}
+	total := func(m map[string]int) (n int) {
+		for _, v := range m {
+			n += v
+		}
+		return n
+	}
+	const cx, retry = "cluster.kube-apiservers.upstream_cx_destroy_remote_with_active_rq", "cluster.kube-apiservers.upstream_rq_retry"
+	cxBefore, retryBefore := e.stat(cx), e.stat(retry)
+
+	// POST: not retried.
+	r := e.do(c, "POST", path+"?fieldSelector=hangup", nil)
+	if r.status != http.StatusServiceUnavailable || !strings.Contains(string(r.body), "upstream_reset_before_response_started{connection_termination}") {
+		t.Fatalf("POST: status %d, want the 503 Status of a UC: %s", r.status, r.body)
+	}
+	if got := total(seen()); got != 1 {
+		t.Errorf("POST: the apiservers saw the request %d times, want once (no hidden retry)", got)
+	}
+	if got := e.stat(retry) - retryBefore; got != 0 {
+		t.Errorf("POST: upstream_rq_retry = %d, want 0", got)
+	}
+
+	// GET: retried once by the route, on another apiserver.
+	once = sync.Once{}
+	before := seen()
+	r = e.do(c, "GET", path+"?fieldSelector=hangup", nil)
+	if r.status != 200 {
+		t.Fatalf("GET: status %d, want 200 from the route's retry: %s", r.status, r.body)
+	}
+	after := seen()
+	var on []string
+	for name, n := range after {
+		for range n - before[name] {
+			on = append(on, name)
+		}
+	}
+	if len(on) != 2 || on[0] == on[1] {
+		t.Errorf("GET: seen by %v, want by two apiservers once each (a hidden retry goes to the same one)", on)
+	}
+	if got := e.stat(retry) - retryBefore; got != 1 {
+		t.Errorf("GET: upstream_rq_retry = %d, want 1", got)
+	}
+	if got := e.stat(cx) - cxBefore; got != 2 {
+		t.Errorf("upstream_cx_destroy_remote_with_active_rq = %d, want 2", got)
+	}
+	if hungUp.Load() != 2 {
+		t.Errorf("hung up %d times, want 2", hungUp.Load())
+	}
+	// The next request is served as usual.
+	if r := e.do(c, "GET", path, nil); r.status != 200 {
+		t.Errorf("after: status %d", r.status)
 	}
 }

@@ -154,9 +154,16 @@ type fakeAPIServer struct {
 	// refusal, when set, answers every request but /readyz with this status (and Retry-After
 	// when retryAfter), as an apiserver that does not process it.
 	refusal *refusal
+	// served are the client addresses of connections that carried a request other than
+	// /readyz; closed those of every connection closed (either side).
+	served, closed map[string]bool
 	// stall, when set and true for a request, leaves it unanswered until the client goes
 	// away, as a frozen (SIGSTOPped) apiserver.
 	stall func(*http.Request) bool
+	// hangup, when set and true for a request, closes the request's connection without an
+	// answer once the request has been read, as an apiserver closing a kept-alive
+	// connection just as the next request arrives.
+	hangup func(*http.Request) bool
 }
 
 type refusal struct {
@@ -195,7 +202,7 @@ func (f *fakeAPIServer) readyzChecks() []seenRequest {
 // (the health checks' identity header comes with it), else 401. It serves a streaming
 // /watch, upgrades (echo) and everything else as a JSON echo of the request.
 func newFakeAPIServer(t testing.TB, p *pki, name, ip string, tick time.Duration, ticks int) *fakeAPIServer {
-	f := &fakeAPIServer{name: name}
+	f := &fakeAPIServer{name: name, served: map[string]bool{}, closed: map[string]bool{}}
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		seen := seenRequest{Server: name, Method: r.Method, Path: r.URL.RequestURI(), Target: r.RequestURI, Host: r.Host, Header: r.Header.Clone(), ClientCert: clientCert(r)}
 		if r.URL.Path == "/readyz" {
@@ -213,12 +220,18 @@ func newFakeAPIServer(t testing.TB, p *pki, name, ip string, tick time.Duration,
 		}
 		f.mu.Lock()
 		f.seen = append(f.seen, seen)
-		ref, stall := f.refusal, f.stall
+		f.served[r.RemoteAddr] = true
+		ref, stall, hangup := f.refusal, f.stall, f.hangup
 		f.mu.Unlock()
 		w.Header().Set("Server", "fake-apiserver")
 		switch {
 		case stall != nil && stall(r):
 			<-r.Context().Done()
+		case hangup != nil && hangup(r):
+			conn, _, err := http.NewResponseController(w).Hijack()
+			if err == nil {
+				conn.Close()
+			}
 		case ref != nil:
 			if ref.retryAfter {
 				w.Header().Set("Retry-After", "1")
@@ -273,6 +286,13 @@ func newFakeAPIServer(t testing.TB, p *pki, name, ip string, tick time.Duration,
 	srv.Listener = ln
 	proxyPool := x509.NewCertPool()
 	proxyPool.AddCert(p.proxyCA.Cert)
+	srv.Config.ConnState = func(c net.Conn, s http.ConnState) {
+		if s == http.StateClosed || s == http.StateHijacked {
+			f.mu.Lock()
+			f.closed[c.RemoteAddr().String()] = true
+			f.mu.Unlock()
+		}
+	}
 	srv.TLS = &tls.Config{Certificates: []tls.Certificate{p.apiserver.tls(t)}, ClientAuth: tls.VerifyClientCertIfGiven, ClientCAs: proxyPool}
 	srv.StartTLS()
 	f.srv = srv

@@ -106,6 +106,7 @@ func (st *stream) router(rt *route) {
 		retries = rt.retry.numRetries
 	}
 	tried := map[*liveHost]bool{}
+	started := false
 	var lastKind failureKind
 	var lastErr error
 	for attempt := 0; ; attempt++ {
@@ -150,6 +151,16 @@ func (st *stream) router(rt *route) {
 			continue
 		}
 		lastKind, lastErr = kind, err
+		// Envoy's router: upstream_request_started_ |= first_upstream_tx_byte_sent_ of the
+		// reset attempt (router.cc onUpstreamReset); once set, reset-before-request retries
+		// nothing more for this request.
+		started = started || kind == resetAfterRequest
+		if kind == resetAfterRequest {
+			// Envoy's connection pool counts each connection closed under an active
+			// request (reportUpstreamCxDestroyActiveRequest,
+			// source/common/upstream/upstream_impl.cc), retried or not.
+			d.stats.inc(cp + "upstream_cx_destroy_remote_with_active_rq")
+		}
 		d.log.Debug("upstream attempt failed", "cluster", name, "host", h.address, "error", err)
 		if kind == timeoutFailure {
 			d.stats.inc(cp + "upstream_rq_timeout")
@@ -161,7 +172,7 @@ func (st *stream) router(rt *route) {
 			st.addFlag(flagDownstreamTerminate)
 			return
 		}
-		if !st.retriable(rt, kind) || !replayable || !st.mayRetry(ctx, c, cc, attempt, retries) {
+		if !st.retriable(rt, kind, started) || !replayable || !st.mayRetry(ctx, c, cc, attempt, retries) {
 			break
 		}
 	}
@@ -231,9 +242,10 @@ func errString(err error) string {
 }
 
 // retriable applies retry_on to failures: connect-failure, refused-stream (HTTP/2
-// REFUSED_STREAM), reset-before-request (the request was not sent), reset (any reset before a
+// REFUSED_STREAM), reset-before-request (no attempt of this request that was reset had been
+// sent: started, Envoy's RetryStateImpl::wouldRetryFromReset), reset (any reset before a
 // response). Responses: retriableResponse.
-func (st *stream) retriable(rt *route, kind failureKind) bool {
+func (st *stream) retriable(rt *route, kind failureKind, started bool) bool {
 	if rt.retry == nil {
 		return false
 	}
@@ -242,7 +254,7 @@ func (st *stream) retriable(rt *route, kind failureKind) bool {
 	case connectFailure:
 		return on["connect-failure"] || on["reset"]
 	case resetBeforeRequest:
-		return on["reset-before-request"] || on["reset"]
+		return on["reset-before-request"] && !started || on["reset"]
 	case resetAfterRequest:
 		return on["reset"]
 	}
@@ -262,10 +274,36 @@ func (st *stream) attempt(ctx context.Context, c *liveCluster, cc *clusterCfg, t
 	if strings.HasPrefix(h.address, "unix:") {
 		return nil, connectFailure, &connectError{errors.New("unix socket hosts are not implemented for HTTP routing")}
 	}
+	// Go's http.Transport re-sends a request by itself, on another connection, when a reused
+	// keep-alive connection fails after the request was written to it (net/http
+	// transport.go: roundTrip's loop, persistConn.shouldRetryRequest: errServerClosedIdle,
+	// transportReadFromServerError, nothingWrittenError, for bodiless or rewindable
+	// idempotent requests). Envoy has no such hidden retry: once the connection pool handed
+	// the request a connection and its headers were encoded, the request counts as started
+	// (source/common/router/upstream_codec_filter.cc, decodeHeaders: encodeHeaders, then
+	// upstreamTiming().onFirstUpstreamTxByteSent), and a reset then is a connection
+	// termination that only the route's retry policy may retry (reset-before-request does
+	// not: RetryStateImpl::wouldRetryFromReset). So a second GetConn after the headers were
+	// written is Go starting a hidden retry: the attempt is cancelled instead and fails as a
+	// reset after the request. A second GetConn before anything was written (Go found the
+	// idle connection dead before using it) is let through: Envoy's pool never hands out a
+	// connection it has seen closed, and that request goes on a new connection in Envoy too.
+	actx, cancelAttempt := context.WithCancelCause(ctx)
 	var wrote bool
+	var conns int
 	var wroteMu sync.Mutex
-	trace := &httptrace.ClientTrace{WroteHeaders: func() { wroteMu.Lock(); wrote = true; wroteMu.Unlock() }}
-	req, err := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, trace), st.method, scheme+"://"+h.address+"/", body)
+	trace := &httptrace.ClientTrace{
+		GetConn: func(string) {
+			wroteMu.Lock()
+			defer wroteMu.Unlock()
+			conns++
+			if conns > 1 && wrote {
+				cancelAttempt(errHiddenRetry)
+			}
+		},
+		WroteHeaders: func() { wroteMu.Lock(); wrote = true; wroteMu.Unlock() },
+	}
+	req, err := http.NewRequestWithContext(httptrace.WithClientTrace(actx, trace), st.method, scheme+"://"+h.address+"/", body)
 	if err != nil {
 		return nil, connectFailure, err
 	}
@@ -297,8 +335,12 @@ func (st *stream) attempt(ctx context.Context, c *liveCluster, cc *clusterCfg, t
 	d.stats.timing("dataplane.timing.upstream_rq_headers", start)
 	h.active.Add(-1)
 	if err == nil {
+		// actx is not cancelled here: the response body is read under it. It ends with
+		// the downstream request's context.
 		return resp, noFailure, nil
 	}
+	hidden := context.Cause(actx) == errHiddenRetry
+	cancelAttempt(nil)
 	h.mu.Lock()
 	h.rqErrs++
 	h.mu.Unlock()
@@ -311,6 +353,8 @@ func (st *stream) attempt(ctx context.Context, c *liveCluster, cc *clusterCfg, t
 		return nil, connectFailure, err
 	case errors.Is(err, context.DeadlineExceeded) && ctx.Err() != nil:
 		return nil, timeoutFailure, err
+	case hidden:
+		return nil, resetAfterRequest, errHiddenRetry
 	case !w:
 		return nil, resetBeforeRequest, err
 	default:
@@ -343,6 +387,9 @@ func setRequestTarget(u *url.URL, target string) {
 		u.Path = path
 	}
 }
+
+// errHiddenRetry cancels an attempt that Go's transport was about to re-send by itself.
+var errHiddenRetry = errors.New("upstream connection closed after the request was sent (not retried: Envoy does not)")
 
 // responseHopByHop are the connection-specific response headers Envoy drops.
 var responseHopByHop = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Transfer-Encoding", "Upgrade"}

@@ -243,6 +243,36 @@ func TestRouteMatching(t *testing.T) {
 			t.Errorf("%s %v: route %s, want %s", tc.path, tc.hdr, got, tc.want)
 		}
 	}
+	// Reads take the :read twins (retry on reset); long-running requests, escaped paths and
+	// other verbs never do.
+	byMethod := func(method, path string, hdr headerList) string {
+		st := &stream{cfg: &config{routes: map[string]*routeConfig{"r": rc}}, hcm: &hcmCfg{rdsName: "r"}, host: "example:6443", method: method, path: path, hdr: hdr}
+		return routeName(st.matchRoute())
+	}
+	routed := headerList{{"x-kube-mvp-cluster", "x"}}
+	for _, tc := range []struct {
+		method, path string
+		hdr          headerList
+		want         string
+	}{
+		{"GET", "/api/v1/pods", token, "core/v1:read"},
+		{"HEAD", "/api/v1/pods", token, "core/v1:read"},
+		{"GET", "/api/v1/pods?watch=true", token, "core/v1:watch:read"},
+		{"GET", "/api/v1/pods?fieldSelector=a%3Db", token, "core/v1:read"},
+		{"GET", "/apis", token, "discovery:read"},
+		{"GET", "/api/v1/pods", routed, "extproc-decided:read"},
+		{"POST", "/api/v1/pods", token, "core/v1"},
+		{"DELETE", "/api/v1/pods?watch=true", token, "core/v1:watch"},
+		{"GET", "/api/v1/namespaces/d/pods/p/exec?watch=1", token, "core/v1:long-running"},
+		{"GET", "/api/v1/namespaces/d/pods/p/exec", routed, "extproc-decided:long-running"},
+		{"GET", "/api/v1/namespaces/d/services/s/proxy/x", routed, "extproc-decided:long-running"},
+		{"GET", "/api/v1/namespaces/d/pods/p/%65xec", routed, "extproc-decided"},
+		{"GET", "/apis/b%61tch/v1/jobs", token, "escaped-path"},
+	} {
+		if got := byMethod(tc.method, tc.path, tc.hdr); got != tc.want {
+			t.Errorf("%s %s %v: route %s, want %s", tc.method, tc.path, tc.hdr, got, tc.want)
+		}
+	}
 	vhs := []*virtualHost{{name: "star", domains: []string{"*"}}, {name: "suffix", domains: []string{"*.example.com"}}, {name: "exact", domains: []string{"api.example.com"}}, {name: "prefix", domains: []string{"api.*"}}}
 	for host, want := range map[string]string{"api.example.com": "exact", "x.example.com": "suffix", "api.other": "prefix", "other": "star"} {
 		if got := selectVirtualHost(vhs, host); got.name != want {

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -22,12 +23,16 @@ type liveHost struct {
 	hostCfg
 	active atomic.Int64 // requests in flight (least request)
 
-	mu              sync.Mutex
-	hcPending       bool // no active health check result yet
-	failedHC        bool
-	hcSuccesses     int
-	hcFailures      int
-	localFailures   int // consecutive local-origin failures
+	mu            sync.Mutex
+	hcPending     bool // no active health check result yet
+	failedHC      bool
+	hcSuccesses   int
+	hcFailures    int
+	localFailures int // consecutive local-origin failures
+	// pendingRemoval is Envoy's PENDING_DYNAMIC_REMOVAL: the host left EDS but was kept
+	// because it passes active health checks (syncClustersLocked); it still takes traffic
+	// and is removed once it fails them (removePendingHost).
+	pendingRemoval  bool
 	ejectedUntil    time.Time
 	ejections       int
 	rqTotal, rqErrs uint64
@@ -42,7 +47,7 @@ func (h *liveHost) withConfig(hc hostCfg) *liveHost {
 	defer h.mu.Unlock()
 	return &liveHost{
 		hostCfg: hc, hcPending: h.hcPending, failedHC: h.failedHC, hcSuccesses: h.hcSuccesses, hcFailures: h.hcFailures,
-		localFailures: h.localFailures, ejectedUntil: h.ejectedUntil, ejections: h.ejections,
+		localFailures: h.localFailures, ejectedUntil: h.ejectedUntil, ejections: h.ejections, pendingRemoval: h.pendingRemoval,
 		rqTotal: h.rqTotal, rqErrs: h.rqErrs, rqSuccess: h.rqSuccess,
 	}
 }
@@ -63,11 +68,22 @@ type liveCluster struct {
 	cfg       *clusterCfg
 	hosts     []*liveHost
 	transport *http.Transport
-	hcCancel  context.CancelFunc
-	hcKick    chan struct{} // new hosts: check now (buffered, 1)
-	rr        atomic.Uint64
-	active    atomic.Int64 // requests in flight (circuit breaker)
-	retries   atomic.Int64 // retries in flight
+	// previous is the version of a changed cluster while this one warms up: it
+	// serves the requests until every host of the new one has had its first health check
+	// (warmedLocked). nil when not warming.
+	previous *clusterVersion
+	hcCancel context.CancelFunc
+	hcKick   chan struct{} // new hosts: check now (buffered, 1)
+	rr       atomic.Uint64
+	active   atomic.Int64 // requests in flight (circuit breaker)
+	retries  atomic.Int64 // retries in flight
+}
+
+// clusterVersion is what a cluster was before a CDS change, kept while the new version warms.
+type clusterVersion struct {
+	cfg       *clusterCfg
+	hosts     []*liveHost
+	transport *http.Transport
 }
 
 func (c *liveCluster) stop() {
@@ -80,6 +96,30 @@ func (c *liveCluster) stop() {
 	if c.transport != nil {
 		c.transport.CloseIdleConnections()
 	}
+	if c.previous != nil {
+		c.previous.transport.CloseIdleConnections()
+		c.previous = nil
+	}
+}
+
+// warmedLocked ends the warm-up of a changed cluster once every host has had its first
+// health check: Envoy's new cluster finishes initializing then (ClusterImplBase waits for
+// the health checker's first round before onInitDone) and replaces the previous one, whose
+// connection pools drain (requests in flight finish; idle connections close).
+func (c *liveCluster) warmedLocked() {
+	if c.previous == nil {
+		return
+	}
+	for _, h := range c.hosts {
+		h.mu.Lock()
+		pending := h.hcPending
+		h.mu.Unlock()
+		if pending {
+			return
+		}
+	}
+	c.previous.transport.CloseIdleConnections()
+	c.previous = nil
 }
 
 // statPrefix is "cluster.<stat name>." of the cluster's current configuration.
@@ -92,15 +132,33 @@ func (c *liveCluster) statPrefix() string {
 	return "cluster." + c.cfg.stat + "."
 }
 
+// snapshot is the version of the cluster that serves requests: the previous one while a
+// changed cluster warms up.
 func (c *liveCluster) snapshot() (*clusterCfg, []*liveHost, *http.Transport) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if p := c.previous; p != nil {
+		return p.cfg, p.hosts, p.transport
+	}
 	return c.cfg, c.hosts, c.transport
 }
 
+// current is the newest version's hosts (those the health checker checks).
+func (c *liveCluster) current() []*liveHost {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.hosts
+}
+
 // syncClustersLocked brings the live clusters in line with the configuration: new clusters
-// are created, removed ones stopped; a changed cluster gets a new connection pool and health
-// checker; hosts are kept (with their health) by address across EDS updates.
+// are created, removed ones stopped; hosts are kept (with their health) by address across
+// EDS updates. A cluster whose CDS resource is unchanged is left alone, and a changed one is
+// a new cluster, as in Envoy: ClusterManagerImpl::addOrUpdateCluster
+// (source/common/upstream/cluster_manager_impl.cc) skips an update whose config hash equals
+// the cluster's, and otherwise builds the cluster anew and warms it up: new hosts (no health,
+// outlier or pending-removal state, each pending its first health check), a new connection
+// pool and health checker, while the previous version keeps serving until the warm-up ends
+// (warmedLocked).
 func (d *DataPlane) syncClustersLocked() {
 	for name, c := range d.clusters {
 		if d.cfg.clusters[name] == nil {
@@ -119,15 +177,36 @@ func (d *DataPlane) syncClustersLocked() {
 			hosts, _ = compileHosts(d.cfg.endpoints[cc.edsName])
 		}
 		c.mu.Lock()
-		changed := c.cfg == nil || c.cfg.raw != cc.raw
+		changed := c.cfg == nil || !proto.Equal(c.cfg.raw, cc.raw)
 		old := map[string]*liveHost{}
+		if changed && c.cfg != nil {
+			// A new version of the cluster: nothing of the old hosts carries over.
+			if c.previous == nil {
+				c.previous = &clusterVersion{cfg: c.cfg, hosts: c.hosts, transport: c.transport}
+			} else {
+				// Changed again while warming: the version that serves stays, the
+				// one that was warming goes.
+				c.transport.CloseIdleConnections()
+			}
+			c.hosts = nil
+		}
+		if !changed {
+			cc = c.cfg // the same resource: the compiled one in use stays
+		}
 		for _, h := range c.hosts {
 			old[h.address] = h
 		}
 		var nh []*liveHost
 		pending := false
+		kept := map[string]bool{}
 		for _, hc := range hosts {
 			if h := old[hc.address]; h != nil {
+				kept[hc.address] = true
+				// Back in EDS: no longer pending removal (Envoy clears
+				// PENDING_DYNAMIC_REMOVAL of a host matched by address).
+				h.mu.Lock()
+				h.pendingRemoval = false
+				h.mu.Unlock()
 				if h.hostname != hc.hostname || !proto.Equal(h.metadata, hc.metadata) {
 					h = h.withConfig(hc)
 				}
@@ -136,6 +215,30 @@ func (d *DataPlane) syncClustersLocked() {
 			}
 			nh = append(nh, &liveHost{hostCfg: hc, hcPending: cc.hc != nil})
 		}
+		if cc.edsName != "" && cc.hc != nil && !cc.ignoreHealthOnHostRemoval {
+			// A host that left EDS stays while it passes active health checks, unless the
+			// cluster sets ignore_health_on_host_removal: Envoy's
+			// BaseDynamicClusterImpl::updateDynamicHostList
+			// (source/common/upstream/upstream_impl.cc) keeps every removed host that has
+			// neither FAILED_ACTIVE_HC nor FAILED_EDS_HEALTH, marked
+			// PENDING_DYNAMIC_REMOVAL, when the cluster has a health checker and
+			// drainConnectionsOnHostRemoval() (ignore_health_on_host_removal) is false. A
+			// host with no check result yet still carries the FAILED_ACTIVE_HC every new
+			// host starts with there, so it goes. The kept host stays healthy and takes
+			// traffic (PENDING_DYNAMIC_REMOVAL is not in excludeBasedOnHealthFlag).
+			for _, h := range c.hosts {
+				if kept[h.address] {
+					continue
+				}
+				h.mu.Lock()
+				keep := !h.failedHC && !h.hcPending
+				h.pendingRemoval = keep
+				h.mu.Unlock()
+				if keep {
+					nh = append(nh, h)
+				}
+			}
+		}
 		for _, h := range nh {
 			h.mu.Lock()
 			pending = pending || h.hcPending
@@ -143,10 +246,9 @@ func (d *DataPlane) syncClustersLocked() {
 		}
 		c.hosts = nh
 		if changed {
+			// The replaced pool, if any, is the previous version's (it drains when the
+			// warm-up ends) or was closed above.
 			c.cfg = cc
-			if c.transport != nil {
-				c.transport.CloseIdleConnections()
-			}
 			c.transport = c.newTransport(cc, cc.tls)
 			if c.hcCancel != nil {
 				c.hcCancel()
@@ -162,6 +264,7 @@ func (d *DataPlane) syncClustersLocked() {
 				}()
 			}
 		}
+		c.warmedLocked()
 		c.mu.Unlock()
 		if pending {
 			// Envoy's health checker starts a session, and with it a first check, for
@@ -215,7 +318,12 @@ func (c *liveCluster) newTransport(cc *clusterCfg, socket *upstreamTLS) *http.Tr
 		DialTLSContext:      dial,
 		DisableCompression:  true,
 		MaxIdleConnsPerHost: 64,
-		IdleConnTimeout:     time.Hour, // Envoy: no idle timeout on upstream connections by default
+		// Envoy's CodecClient (source/common/http/codec_client.cc) takes the cluster's
+		// idle timeout (idle_timeout_(host_->cluster().idleTimeout())), for the request
+		// pool's connections and the health checker's alike, and closes the connection
+		// once it has had no active request for that long; Go's IdleConnTimeout is the
+		// same rule (0: never).
+		IdleConnTimeout: cc.idleTimeout,
 	}
 	p := new(http.Protocols)
 	if cc.http2 {
@@ -379,7 +487,7 @@ func (c *liveCluster) healthCheckLoop(ctx context.Context, cc *clusterCfg) {
 	defer tr.CloseIdleConnections()
 	client := &http.Client{Transport: tr, Timeout: cc.hc.timeout}
 	for {
-		_, hosts, _ := c.snapshot()
+		hosts := c.current()
 		var wg sync.WaitGroup
 		for _, h := range hosts {
 			wg.Add(1)
@@ -448,6 +556,17 @@ func (c *liveCluster) checkHost(ctx context.Context, cc *clusterCfg, client *htt
 	} else {
 		c.d.stats.inc(c.statPrefix() + "health_check.success")
 	}
+	if c.recordCheck(cc, h, ok) {
+		c.removePendingHost(h)
+	}
+	c.mu.Lock()
+	c.warmedLocked()
+	c.mu.Unlock()
+}
+
+// recordCheck applies a health check result to h; true when h, pending removal, now fails
+// active health checks and must go.
+func (c *liveCluster) recordCheck(cc *clusterCfg, h *liveHost, ok bool) (remove bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	first := h.hcPending
@@ -461,11 +580,33 @@ func (c *liveCluster) checkHost(ctx context.Context, cc *clusterCfg, client *htt
 		if cc.outlier != nil && cc.outlier.unejectOnHealthyActiveHC && time.Now().Before(h.ejectedUntil) {
 			h.ejectedUntil = time.Time{}
 		}
-		return
+		return false
 	}
 	h.hcSuccesses = 0
 	h.hcFailures++
 	if !h.failedHC && (first || h.hcFailures >= max(1, cc.hc.unhealthy)) {
 		h.failedHC = true
+		if h.pendingRemoval {
+			// Envoy: the health transition reloads the hosts, and
+			// EdsClusterImpl::reloadHealthyHostsHelper (source/common/upstream/eds.cc)
+			// removes a host with both FAILED_ACTIVE_HC and PENDING_DYNAMIC_REMOVAL.
+			return true
+		}
 	}
+	return false
+}
+
+// removePendingHost drops h, pending removal and now failing active health checks, from the
+// cluster's hosts (unless EDS brought it back meanwhile). Called without h.mu held: syncClustersLocked
+// takes c.mu before a host's mu.
+func (c *liveCluster) removePendingHost(h *liveHost) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	h.mu.Lock()
+	gone := h.pendingRemoval
+	h.mu.Unlock()
+	if !gone {
+		return
+	}
+	c.hosts = slices.DeleteFunc(slices.Clone(c.hosts), func(x *liveHost) bool { return x == h })
 }

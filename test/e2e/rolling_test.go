@@ -97,6 +97,7 @@ func TestRollingUpgrade(t *testing.T) {
 	if opened >= uint64(total) {
 		t.Errorf("%d ext_proc streams for %d requests: every request took ext_proc", opened, total)
 	}
+	logUpstreamResets(t, front.DataPlane.AdminURL())
 	if ours.total.Load() < 500 {
 		t.Errorf("only %d requests through kube-mvp: the load generator did not run", ours.total.Load())
 	}
@@ -362,4 +363,38 @@ func (l *load) String() string {
 	slices.Sort(parts)
 	return fmt.Sprintf("%d requests {%s}; watches: %d events, %d clean ends, %d broken; first errors: %q",
 		l.total.Load(), strings.Join(parts, ", "), l.watchEvents.Load(), l.watchClean.Load(), l.watchBroken.Load(), l.errorSamples())
+}
+
+// logUpstreamResets logs, summed over the data plane's clusters, how many upstream
+// connections closed under a request already sent (Envoy's
+// upstream_cx_destroy_remote_with_active_rq) and how many retries the routes made: whether
+// the run met the race the GET/HEAD read twins retry (a stopping apiserver closing a
+// kept-alive connection as a request is written on it). Information only: the race is rare.
+func logUpstreamResets(t *testing.T, admin string) {
+	res, err := http.Get(admin + "/stats")
+	if err != nil {
+		t.Logf("data plane stats: %v", err)
+		return
+	}
+	defer res.Body.Close()
+	var st struct {
+		Stats []struct {
+			Name  string `json:"name"`
+			Value uint64 `json:"value"`
+		} `json:"stats"`
+	}
+	if err := json.NewDecoder(res.Body).Decode(&st); err != nil {
+		t.Logf("data plane stats: %v", err)
+		return
+	}
+	var resets, retries uint64
+	for _, s := range st.Stats {
+		switch {
+		case strings.HasSuffix(s.Name, ".upstream_cx_destroy_remote_with_active_rq"):
+			resets += s.Value
+		case strings.HasSuffix(s.Name, ".upstream_rq_retry"):
+			retries += s.Value
+		}
+	}
+	t.Logf("data plane: %d upstream connections closed under a sent request, %d retries", resets, retries)
 }

@@ -1,0 +1,107 @@
+package snapshot_test
+
+import (
+	"os"
+	"strings"
+	"testing"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/kube-mvp/kube-mvp/internal/contract"
+	"github.com/kube-mvp/kube-mvp/internal/fixtures"
+	"github.com/kube-mvp/kube-mvp/internal/inventory/objects"
+	"github.com/kube-mvp/kube-mvp/internal/plan"
+	"github.com/kube-mvp/kube-mvp/internal/snapshot"
+)
+
+// TestClusterResourcesIgnoreMembership: nothing in an apiserver cluster's CDS resource
+// changes with who is inside it or what role it plays, because Envoy rebuilds a cluster
+// whose resource changed (warm-up again, health and outlier state lost, connection pools
+// drained). Every fixture: all caller clusters are the same resource but for their name,
+// and so are all front-proxy twins. And an apiserver leaving (its Lease gone) changes the
+// default cluster's endpoints, not the cluster.
+func TestClusterResourcesIgnoreMembership(t *testing.T) {
+	apiserverClusters := func(res *snapshot.Resources) map[string]*clusterv3.Cluster {
+		out := map[string]*clusterv3.Cluster{}
+		for _, r := range res.Clusters {
+			if c := r.(*clusterv3.Cluster); c.GetName() != snapshot.ExtProcClusterName {
+				out[c.GetName()] = c
+			}
+		}
+		return out
+	}
+	for _, name := range fixtures.Names(t) {
+		t.Run(name, func(t *testing.T) {
+			res, err := snapshot.Build(mustPlan(t, loadCase(t, name)), testConfig())
+			if err != nil {
+				t.Fatal(err)
+			}
+			var caller, twin *clusterv3.Cluster
+			for n, c := range apiserverClusters(res) {
+				ref := &caller
+				if strings.HasSuffix(n, contract.ClusterFrontProxySuffix) {
+					ref = &twin
+				}
+				if *ref == nil {
+					*ref = c
+					continue
+				}
+				x := proto.Clone(c).(*clusterv3.Cluster)
+				x.Name = (*ref).GetName()
+				if !proto.Equal(x, *ref) {
+					t.Errorf("cluster %s differs from %s in more than its name", n, (*ref).GetName())
+				}
+			}
+		})
+	}
+
+	raw, err := os.ReadFile(fixtures.Path("all-equal"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := objects.DecodeFixture(strings.NewReader(string(raw)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	build := func(o objects.Objects) *snapshot.Resources {
+		topo, warnings := objects.Build(o, objects.Options{})
+		if topo == nil {
+			t.Fatalf("no topology: %v", warnings)
+		}
+		res, err := snapshot.Build(mustPlan(t, topo), testConfig())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	before := build(objs)
+	if len(objs.Leases) < 2 {
+		t.Fatalf("all-equal has %d Leases, want several", len(objs.Leases))
+	}
+	fewer := objs
+	fewer.Leases = objs.Leases[1:]
+	after := build(fewer)
+	endpoints := func(res *snapshot.Resources, cluster string) *endpointv3.ClusterLoadAssignment {
+		for _, r := range res.Endpoints {
+			if c := r.(*endpointv3.ClusterLoadAssignment); c.GetClusterName() == cluster {
+				return c
+			}
+		}
+		t.Fatalf("no endpoints of %s", cluster)
+		return nil
+	}
+	for _, n := range []string{plan.DefaultCluster(""), contract.FrontProxyCluster(plan.DefaultCluster(""))} {
+		b, a := apiserverClusters(before)[n], apiserverClusters(after)[n]
+		if b == nil || a == nil {
+			t.Fatalf("cluster %s missing before (%v) or after (%v) an apiserver left", n, b != nil, a != nil)
+		}
+		if !proto.Equal(a, b) {
+			t.Errorf("cluster %s changed when an apiserver left", n)
+		}
+		if proto.Equal(endpoints(before, n), endpoints(after, n)) {
+			t.Errorf("endpoints of %s did not change when an apiserver left: the test proves nothing", n)
+		}
+	}
+}
