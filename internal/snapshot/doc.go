@@ -106,7 +106,8 @@
 // cluster (the routes that ask extproc get the same; extproc names the twin for such a
 // request). A request the Lua filter decided "own-credentials" (a certificate the apiserver
 // would reject, with a bearer token) takes the ordinary routes. The virtual host removes
-// x-kube-mvp-identity and x-forwarded-client-cert before any apiserver.
+// x-kube-mvp-identity and x-forwarded-client-cert before any apiserver. Twins (names with a
+// suffix after the route's) carry no metadata: the route whose name they extend does.
 //
 // # Paths
 //

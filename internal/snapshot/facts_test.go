@@ -551,8 +551,11 @@ func TestLongRunningRoutes(t *testing.T) {
 					if got := tw.GetRoute().GetTimeout().AsDuration(); got != 0 {
 						t.Errorf("route %s: timeout %v, want none", tw.GetName(), got)
 					}
+					if tw.GetMetadata() != nil {
+						t.Errorf("route %s has metadata: only the route it is a twin of carries it", tw.GetName())
+					}
 					c := proto.Clone(tw).(*routev3.Route)
-					c.Name, c.Match, c.GetRoute().Timeout = n, r.GetMatch(), r.GetRoute().GetTimeout()
+					c.Name, c.Match, c.GetRoute().Timeout, c.Metadata = n, r.GetMatch(), r.GetRoute().GetTimeout(), r.GetMetadata()
 					if !proto.Equal(c, r) {
 						t.Errorf("route %s differs from %s in more than its name, match and timeout", tw.GetName(), n)
 					}
@@ -680,7 +683,10 @@ func TestReadRoutes(t *testing.T) {
 						}
 					}
 					c := proto.Clone(r).(*routev3.Route)
-					c.Name, c.Match.Headers = base, c.Match.Headers[:len(m)-2]
+					if r.GetMetadata() != nil {
+						t.Errorf("read twin %s has metadata: only the route it is a twin of carries it", n)
+					}
+					c.Name, c.Match.Headers, c.Metadata = base, c.Match.Headers[:len(m)-2], orig.GetMetadata()
 					if !strings.HasSuffix(c.GetRoute().GetRetryPolicy().GetRetryOn(), ",reset") {
 						t.Errorf("read twin %s: retry_on %q, want reset added", n, c.GetRoute().GetRetryPolicy().GetRetryOn())
 					}
