@@ -100,7 +100,9 @@
 //  6. "default": prefix "/" (non-resource paths, CRDs, aggregated APIs) → default cluster;
 //     ext_proc off.
 //
-// Every route but 2 has long-running twins (see longRunningRoutes); with a client CA every
+// Every route but 2 has long-running twins (see longRunningRoutes; route 1 also an
+// ":escaped-path" twin without timeout for the paths extproc decoded, which the long-running
+// regexes cannot classify); with a client CA every
 // route from 3 on, twins included, comes right after its front-proxy twin "<name>:front-proxy":
 // the same match plus x-kube-mvp-identity = front-proxy, to the front-proxy twin of its
 // cluster (the routes that ask extproc get the same; extproc names the twin for such a

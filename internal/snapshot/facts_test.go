@@ -542,6 +542,15 @@ func TestLongRunningRoutes(t *testing.T) {
 				}
 				// Long-running first, then the watch twin (each after its read twin,
 				// TestReadRoutes), then the route.
+				if n == snapshot.RouteRoutingHeader {
+					// A path extproc decoded: no timeout, whatever it is.
+					if i < 5 || routes[i-5].GetName() != n+snapshot.RouteSuffixEscapedPath || routes[i-5].GetRoute().GetTimeout().AsDuration() != 0 {
+						t.Errorf("route %s: not preceded by its escaped-path twin without timeout", n)
+					} else if h := routes[i-5].GetMatch().GetHeaders(); len(h) == 0 || h[len(h)-1].GetName() != ":path" || h[len(h)-1].GetInvertMatch() ||
+						!regexp.MustCompile("^(?:"+h[len(h)-1].GetStringMatch().GetSafeRegex().GetRegex()+")$").MatchString("/apis/batch%2Fv1/watch/jobs?watch=1") {
+						t.Errorf("route %s: escaped-path twin matches %v", n, h)
+					}
+				}
 				if i < 4 || routes[i-2].GetName() != n+snapshot.RouteSuffixWatch || routes[i-4].GetName() != n+snapshot.RouteSuffixLongRunning {
 					t.Errorf("route %s: not preceded by its long-running twins", n)
 					continue
@@ -611,8 +620,9 @@ func TestLongRunningRoutes(t *testing.T) {
 				}
 			}
 			// Each twinned route: two long-running twins and two read twins; discovery: a
-			// read twin; the escaped-path route: none.
-			if len(routes) != bases+4*(bases-untwinned)+1 {
+			// read twin; the escaped-path route: none; the extproc-decided route also its
+			// escaped-path twin.
+			if len(routes) != bases+4*(bases-untwinned)+1+1 {
 				t.Errorf("%d routes, want %d and their twins", len(routes), bases)
 			}
 		})
@@ -622,7 +632,7 @@ func TestLongRunningRoutes(t *testing.T) {
 // isTwin says whether a route name is a long-running or read twin's.
 func isTwin(name string) bool {
 	return strings.HasSuffix(name, snapshot.RouteSuffixWatch) || strings.HasSuffix(name, snapshot.RouteSuffixLongRunning) ||
-		strings.HasSuffix(name, snapshot.RouteSuffixRead)
+		strings.HasSuffix(name, snapshot.RouteSuffixRead) || strings.HasSuffix(name, snapshot.RouteSuffixEscapedPath)
 }
 
 // TestReadRoutes: every route but the long-running twins and the escaped-path route comes
@@ -705,7 +715,7 @@ func TestReadRoutes(t *testing.T) {
 					t.Errorf("route %s retries on reset, for every verb", n)
 				}
 				switch {
-				case strings.HasSuffix(n, snapshot.RouteSuffixLongRunning), n == snapshot.RouteEscapedPath:
+				case strings.HasSuffix(n, snapshot.RouteSuffixLongRunning), n == snapshot.RouteEscapedPath, strings.HasSuffix(n, snapshot.RouteSuffixEscapedPath):
 					if _, ok := index[n+snapshot.RouteSuffixRead]; ok {
 						t.Errorf("route %s has a read twin", n)
 					}

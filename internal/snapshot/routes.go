@@ -214,9 +214,18 @@ func (b *builder) routeConfiguration() *routev3.RouteConfiguration {
 			r.GetRoute().Timeout = durationpb.New(0)
 			forwarding = []*routev3.Route{r}
 		default:
+			if r.GetName() == RouteRoutingHeader {
+				// A path extproc decoded (escapedPathRegex) cannot be classified by the
+				// long-running regexes, which read it as sent: as on the escaped-path route,
+				// no timeout.
+				esc := twin(r, RouteSuffixEscapedPath)
+				esc.Match.Headers = append(slices.Clip(esc.Match.Headers), headerRegex(":path", escapedTargetRegex, false))
+				esc.GetRoute().Timeout = durationpb.New(0)
+				forwarding = append(forwarding, esc)
+			}
 			watch, lr := longRunningRoutes(r)
 			if lr != nil {
-				forwarding = []*routev3.Route{lr, readRoute(watch, readRetry), watch}
+				forwarding = append(forwarding, lr, readRoute(watch, readRetry), watch)
 			}
 			forwarding = append(forwarding, readRoute(r, readRetry), r)
 		}
@@ -373,6 +382,10 @@ func longRunningRoutes(r *routev3.Route) (watch, longRunning *routev3.Route) {
 	lr.Match.PathSpecifier = &routev3.RouteMatch_SafeRegex{SafeRegex: &matcherv3.RegexMatcher{Regex: regex}}
 	return watch, lr
 }
+
+// RouteSuffixEscapedPath is the suffix of the extproc-decided route's twin for escaped paths,
+// which has no timeout.
+const RouteSuffixEscapedPath = ":escaped-path"
 
 // RouteSuffixRead is the suffix of the name of a route's read twin (readRoute).
 const RouteSuffixRead = ":read"

@@ -193,6 +193,9 @@ func TestRouteMatching(t *testing.T) {
 		{"/api/v1/namespaces/d/pods/p/exec", decided("front-proxy", token...), "core/v1:long-running:front-proxy"},
 		{"/api/v1/namespaces/d/pods/p/exec", decided("own-credentials", token...), "core/v1:long-running"},
 		{"/api/v1/pods?watch=true", headerList{{"x-kube-mvp-cluster", "x"}}, "extproc-decided:watch"},
+		// A path extproc decoded: no timeout (the long-running regexes read it as sent).
+		{"/apis/batch%2Fv1/watch/jobs", headerList{{"x-kube-mvp-cluster", "x"}}, "extproc-decided:escaped-path"},
+		{"//api/v1/namespaces/d/pods/p/exec", headerList{{"x-kube-mvp-cluster", "x"}}, "extproc-decided:escaped-path"},
 		{"/debug/pprof/profile", token, "default:long-running"},
 		{"/apis/batch/v1/jobs", headerList{{"x-kube-mvp-cluster", "x"}}, "extproc-decided"},
 		// A certificate without the Lua filter's decision is refused, whatever else comes.
@@ -266,7 +269,7 @@ func TestRouteMatching(t *testing.T) {
 		{"GET", "/api/v1/namespaces/d/pods/p/exec?watch=1", token, "core/v1:long-running"},
 		{"GET", "/api/v1/namespaces/d/pods/p/exec", routed, "extproc-decided:long-running"},
 		{"GET", "/api/v1/namespaces/d/services/s/proxy/x", routed, "extproc-decided:long-running"},
-		{"GET", "/api/v1/namespaces/d/pods/p/%65xec", routed, "extproc-decided"},
+		{"GET", "/api/v1/namespaces/d/pods/p/%65xec", routed, "extproc-decided:escaped-path"}, // no read twin, no timeout
 		{"GET", "/apis/b%61tch/v1/jobs", token, "escaped-path"},
 	} {
 		if got := byMethod(tc.method, tc.path, tc.hdr); got != tc.want {
