@@ -595,6 +595,11 @@ func checkCommon(t *testing.T, r *rendered, ns string) {
 		}
 		spec := podSpec(t, &o)
 		for _, c := range spec.Containers {
+			// Envoy refuses configuration with fields it does not know rather than dropping
+			// them (some are about identity).
+			if c.Name == "envoy" && !slices.Contains(c.Args, "--reject-unknown-dynamic-fields") {
+				t.Errorf("%s/envoy: args %q lack --reject-unknown-dynamic-fields", o.obj.GetName(), c.Args)
+			}
 			if c.ReadinessProbe == nil || c.LivenessProbe == nil {
 				t.Errorf("%s/%s: missing probes", o.obj.GetName(), c.Name)
 			}
