@@ -40,7 +40,7 @@ import (
 
 // Options configure a Server.
 type Options struct {
-	// Logger receives rejected client identities and table changes; nil discards.
+	// Logger receives table changes and routing errors; nil discards.
 	Logger *slog.Logger
 	// Registry receives the metrics; nil means a new one (see Server.Registry).
 	Registry *prometheus.Registry
