@@ -182,7 +182,7 @@ var (
 	xdsServerFlags = []string{"kubeconfig", "xds-address", "admin-address", "liveness-window", "discovery-interval",
 		"apiserver-addresses", "listen-address", "listen-port", "extproc-address", "extproc-message-timeout",
 		"upstream-server-name", "serving-cert", "serving-key", "client-ca", "proxy-client-cert", "proxy-client-key", "peer-ca",
-		"xds-tls-dir", "max-nodes", "max-streams", "departed-apiserver-grace", "memory-configmap"}
+		"xds-tls-dir", "max-nodes", "max-streams", "departed-apiserver-grace", "memory-configmap", "upstream-request-timeout"}
 	extprocFlags = []string{"source", "listen", "admin-address", "now", "poll-interval", "xds-tls-dir",
 		"proxy-client-cert", "proxy-client-key", "peer-ca", "upstream-server-name"}
 )
@@ -485,7 +485,7 @@ var chartCases = []chartCase{
 				"xdsServer": map[string]any{"replicas": 3, "port": 18001, "adminPort": 9101, "livenessWindow": "45s", "discoveryInterval": "2m",
 					"departedAPIServerGrace": "5m", "upstreamServerName": "apiserver.example.com",
 					"apiserverAddresses": map[string]any{"cp-b": "10.0.0.2:6443", "cp-a": "10.0.0.1:6443"}},
-				"envoy":         map[string]any{"listenAddress": "::", "listenPort": 8443, "adminPort": 19901, "healthPort": 19902, "logLevel": "debug"},
+				"envoy":         map[string]any{"listenAddress": "::", "listenPort": 8443, "adminPort": 19901, "healthPort": 19902, "logLevel": "debug", "upstreamRequestTimeout": "95s"},
 				"extproc":       map[string]any{"adminPort": 9003, "messageTimeout": "500ms"},
 				"clusterDomain": "k8s.example",
 			}
@@ -494,7 +494,7 @@ var chartCases = []chartCase{
 			f := flags(t, container(t, podSpec(t, r.mustFind(t, "Deployment", fullname+"-xds-server")), "xds-server").Args[1:])
 			want := map[string]string{"xds-address": ":18001", "admin-address": ":9101", "liveness-window": "45s", "discovery-interval": "2m",
 				"upstream-server-name": "apiserver.example.com", "apiserver-addresses": "cp-a=10.0.0.1:6443,cp-b=10.0.0.2:6443",
-				"listen-address": "::", "listen-port": "8443", "extproc-message-timeout": "500ms",
+				"listen-address": "::", "listen-port": "8443", "extproc-message-timeout": "500ms", "upstream-request-timeout": "95s",
 				"departed-apiserver-grace": "5m", "memory-configmap": ns + "/" + fullname + "-xds-server-memory"}
 			for k, v := range want {
 				if f[k] != v {
