@@ -1,6 +1,6 @@
 # kube-mvp: the two commands a newcomer needs are `make demo` and `make test`.
 GO ?= go
-KUBE_VERSIONS ?= v1.36.4 v1.37.1
+KUBE_VERSIONS ?= v1.35.8 v1.36.4 v1.37.1
 TEST_TIMEOUT ?= 75m
 # The version stamp (xds-server --version): by default the chart's appVersion, so binaries,
 # images and chart agree.
@@ -34,7 +34,7 @@ kube-binaries:
 vet:
 	$(GO) vet ./...
 
-## test: every test, unit and end to end, against real apiservers of two versions
+## test: every test, unit and end to end, against real apiservers of three versions
 test: vet kube-binaries
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
 	# every benchmark once, so none of them rots (the numbers come from `make bench`)

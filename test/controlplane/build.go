@@ -22,7 +22,7 @@ import (
 )
 
 // Versions are the Kubernetes releases with a pinned wrapper module under tools/kube.
-var Versions = []string{"v1.36.4", "v1.37.1"}
+var Versions = []string{"v1.35.8", "v1.36.4", "v1.37.1"}
 
 // Binaries are the executables of one Kubernetes release.
 type Binaries struct {

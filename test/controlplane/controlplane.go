@@ -38,9 +38,17 @@ type ServerSpec struct {
 	// RuntimeConfig entries are added to --runtime-config, e.g. "batch/v1=false".
 	RuntimeConfig []string
 	// PeerProxy turns on upstream's in-process Mixed Version Proxy (--peer-ca-file and the
-	// proxy client certificate); off, the feature gate is still on so the identity Lease carries
-	// the peer-advertise address.
+	// proxy client certificate); off, the feature gate is still on (unless ClusterDefaults) so
+	// the identity Lease carries the peer-advertise address. With ClusterDefaults it needs a
+	// version whose gate is on by default.
 	PeerProxy bool
+	// ClusterDefaults starts the server as a real cluster of its version runs it: feature
+	// gates and APIs at their defaults (so no StorageVersion API, no
+	// internal.apiserver.k8s.io/v1alpha1, and the identity Lease carries a peer-advertise
+	// address only where UnknownVersionInteroperabilityProxy is on by default: see
+	// DefaultsOf), with only the flags every cluster needs (serving, clients, etcd,
+	// front-proxy). Off, the server runs with those gates and that API turned on.
+	ClusterDefaults bool
 	// Args are extra kube-apiserver flags, appended last. A flag given here as --name=value
 	// replaces the default flag of that name: kube-apiserver appends the values of a list flag
 	// given twice (--requestheader-allowed-names=a then =b allows both), so appending alone
@@ -297,8 +305,40 @@ func (s *Server) start(ctx context.Context, bins Binaries) error {
 			return errors.New("no free port for kube-apiserver")
 		}
 	}
+	args, err := s.args()
+	if err != nil {
+		return err
+	}
+	// Each apiserver gets its own UTS namespace so it sees its own hostname: the apiserver ID
+	// is a hash of the hostname, and two servers with one ID would share a Lease.
+	wrapper := []string{"--uts", "--", "/bin/sh", "-c", `hostname "$0" && exec "$@"`, s.Spec.Name, bins.KubeAPIServer}
+	proc, err := startProcess(filepath.Join(s.cp.dir, s.Spec.Name+".log"), nil, "unshare", append(wrapper, args...)...)
+	if err != nil {
+		return err
+	}
+	s.proc = proc
+	setting := "test gates"
+	if s.Spec.ClusterDefaults {
+		setting = "cluster defaults"
+	}
+	fmt.Fprintf(s.cp.log, "kube-apiserver %s (%s, %s): starting on %s\n", s.Spec.Name, s.Spec.Version, setting, s.URL())
+	return nil
+}
+
+// args are the server's kube-apiserver flags.
+func (s *Server) args() ([]string, error) {
 	p := s.cp.PKI
-	runtimeConfig := append([]string{"internal.apiserver.k8s.io/v1alpha1=true"}, s.Spec.RuntimeConfig...)
+	defaults, err := DefaultsOf(s.Spec.Version)
+	if err != nil {
+		return nil, err
+	}
+	if s.Spec.ClusterDefaults && s.Spec.PeerProxy && !defaults.PeerAdvertiseAddress {
+		return nil, fmt.Errorf("kube-apiserver %s: upstream's peer proxy needs UnknownVersionInteroperabilityProxy, off by default in %s", s.Spec.Name, s.Spec.Version)
+	}
+	runtimeConfig := s.Spec.RuntimeConfig
+	if !s.Spec.ClusterDefaults {
+		runtimeConfig = append([]string{"internal.apiserver.k8s.io/v1alpha1=true"}, runtimeConfig...)
+	}
 	args := []string{
 		"--etcd-servers=" + s.cp.etcdURL,
 		"--bind-address=127.0.0.1",
@@ -320,25 +360,19 @@ func (s *Server) start(ctx context.Context, bins Binaries) error {
 		"--service-cluster-ip-range=10.96.0.0/24",
 		"--authorization-mode=RBAC",
 		"--endpoint-reconciler-type=none",
-		"--feature-gates=StorageVersionAPI=true,APIServerIdentity=true,UnknownVersionInteroperabilityProxy=true",
-		"--runtime-config=" + strings.Join(runtimeConfig, ","),
 		"--profiling=false",
 		"--cert-dir=" + filepath.Join(s.cp.dir, s.Spec.Name+"-certs"),
+	}
+	if !s.Spec.ClusterDefaults {
+		args = append(args, "--feature-gates=StorageVersionAPI=true,APIServerIdentity=true,UnknownVersionInteroperabilityProxy=true")
+	}
+	if len(runtimeConfig) > 0 {
+		args = append(args, "--runtime-config="+strings.Join(runtimeConfig, ","))
 	}
 	if s.Spec.PeerProxy {
 		args = append(args, "--peer-ca-file="+p.Path("server-ca.crt"))
 	}
-	args = withOverrides(args, s.Spec.Args)
-	// Each apiserver gets its own UTS namespace so it sees its own hostname: the apiserver ID
-	// is a hash of the hostname, and two servers with one ID would share a Lease.
-	wrapper := []string{"--uts", "--", "/bin/sh", "-c", `hostname "$0" && exec "$@"`, s.Spec.Name, bins.KubeAPIServer}
-	proc, err := startProcess(filepath.Join(s.cp.dir, s.Spec.Name+".log"), nil, "unshare", append(wrapper, args...)...)
-	if err != nil {
-		return err
-	}
-	s.proc = proc
-	fmt.Fprintf(s.cp.log, "kube-apiserver %s (%s): starting on %s\n", s.Spec.Name, s.Spec.Version, s.URL())
-	return nil
+	return withOverrides(args, s.Spec.Args), nil
 }
 
 // withOverrides is args without the flags extra gives, followed by extra.

@@ -135,3 +135,92 @@ func httpCode(err error) int {
 	}
 	return -1
 }
+
+// TestClusterDefaultsFacts checks DefaultsOf against the real binaries: one server of each
+// pinned release, started with ClusterDefaults (as real clusters run them). None serves the
+// StorageVersion API; the identity Lease carries the peer-advertise address exactly where
+// DefaultsOf says so (from 1.36 on, where UnknownVersionInteroperabilityProxy is beta, on by
+// default). It also logs, from their discovery, what each release serves that the one before
+// does not (the rolling upgrade loads such an API: NewInV136).
+func TestClusterDefaultsFacts(t *testing.T) {
+	ctx := testutil.Context(t, 20*time.Minute)
+	var specs []controlplane.ServerSpec
+	for i, v := range controlplane.Versions {
+		specs = append(specs, controlplane.ServerSpec{Name: fmt.Sprintf("cp-%c", 'a'+i), Version: v, ClusterDefaults: true})
+	}
+	cp := controlplane.StartForTest(t, ctx, controlplane.Options{Log: testutil.LogWriter(t), Servers: specs})
+	client, err := cp.Server("cp-a").Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, ctx, 60*time.Second, "every identity Lease, each with or without an address as DefaultsOf says", func() error {
+		leases, err := client.CoordinationV1().Leases("kube-system").List(ctx, metav1.ListOptions{LabelSelector: "apiserver.kubernetes.io/identity=kube-apiserver"})
+		if err != nil {
+			return err
+		}
+		if len(leases.Items) != len(specs) {
+			return fmt.Errorf("want %d identity Leases, have %d", len(specs), len(leases.Items))
+		}
+		for _, l := range leases.Items {
+			srv := cp.Server(l.Labels["kubernetes.io/hostname"])
+			if srv == nil {
+				return fmt.Errorf("Lease %s: hostname %q is none of ours", l.Name, l.Labels["kubernetes.io/hostname"])
+			}
+			d, err := controlplane.DefaultsOf(srv.Spec.Version)
+			if err != nil {
+				return err
+			}
+			got, has := l.Annotations["kubernetes.io/peer-advertise-address"]
+			switch {
+			case d.PeerAdvertiseAddress != has:
+				t.Errorf("%s (%s): Lease has the peer-advertise address: %v, DefaultsOf says %v", srv.Spec.Name, srv.Spec.Version, has, d.PeerAdvertiseAddress)
+			case has && got != srv.Address():
+				t.Errorf("%s (%s): peer-advertise address %q, want %q", srv.Spec.Name, srv.Spec.Version, got, srv.Address())
+			case srv.LeaseHasAddress() != has:
+				t.Errorf("%s (%s): LeaseHasAddress() %v, the Lease says %v", srv.Spec.Name, srv.Spec.Version, srv.LeaseHasAddress(), has)
+			}
+		}
+		return nil
+	})
+
+	served := map[string]map[string]bool{} // version -> "group/version resource"
+	for _, spec := range specs {
+		srv := cp.Server(spec.Name)
+		cl, err := srv.Client()
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, lists, err := cl.Discovery().ServerGroupsAndResources()
+		if err != nil {
+			t.Fatalf("discovery of %s: %v", spec.Name, err)
+		}
+		served[spec.Version] = map[string]bool{}
+		for _, l := range lists {
+			for _, r := range l.APIResources {
+				served[spec.Version][l.GroupVersion+" "+r.Name] = true
+			}
+		}
+		d, _ := controlplane.DefaultsOf(spec.Version)
+		if got := served[spec.Version]["internal.apiserver.k8s.io/v1alpha1 storageversions"]; got != d.StorageVersionAPI {
+			t.Errorf("%s (%s): serves the StorageVersion API: %v, DefaultsOf says %v", spec.Name, spec.Version, got, d.StorageVersionAPI)
+		}
+	}
+	for i := 1; i < len(specs); i++ {
+		older, newer := specs[i-1].Version, specs[i].Version
+		var added []string
+		for r := range served[newer] {
+			if !served[older][r] {
+				added = append(added, r)
+			}
+		}
+		slices.Sort(added)
+		t.Logf("served by %s with its defaults, not by %s: %q", newer, older, added)
+	}
+	// The API TestRollingUpgrade's cluster-defaults variant loads while v1.35.8 servers are
+	// upgraded to v1.36.4: MutatingAdmissionPolicy, GA in 1.36, in a group/version that both
+	// releases serve.
+	const newIn136 = "admissionregistration.k8s.io/v1 mutatingadmissionpolicies"
+	if !served["v1.36.4"][newIn136] || served["v1.35.8"][newIn136] {
+		t.Errorf("%s: served by v1.36.4 %v, by v1.35.8 %v; want only by v1.36.4", newIn136, served["v1.36.4"][newIn136], served["v1.35.8"][newIn136])
+	}
+}

@@ -1,4 +1,4 @@
-// Package e2e runs kube-mvp's whole request path against real apiservers of two versions:
+// Package e2e runs kube-mvp's whole request path against real apiservers of the pinned versions (three):
 // client → test data plane (Envoy's stand-in, test/dataplane) → extproc → kube-apiserver, with
 // the data plane configured over ADS by a real xds-server process watching the real control
 // plane, and extproc fed by xds-server's table stream.

@@ -26,21 +26,66 @@ import (
 	"github.com/kube-mvp/kube-mvp/test/harness"
 )
 
-// TestRollingUpgrade restarts three apiservers one by one from v1.36.4 into v1.37.1 (cp-b with
+// TestRollingUpgrade restarts three apiservers one by one into a newer release (cp-b with
 // batch/v1 off throughout, so the control plane is mixed the whole time) while two identical
 // load generators run: one through kube-mvp, one through a plain round-robin balancer in
 // front of the same servers. Through kube-mvp there must be no 404 for resources that some
 // server serves, no 5xx and no transport error for reads, and every watch must end cleanly
 // (client-go resumes those). The balancer's numbers are logged for contrast (README).
+//
+// gates-on: v1.36.4 → v1.37.1 with the test gates (StorageVersion API, peer-proxy gate).
+// cluster-defaults: v1.35.8 → v1.36.4 as real clusters of those releases run (the v1.35.8
+// Leases carry no address: xds-server gets --apiserver-addresses), with load on an API only
+// v1.36 serves. To stay within make test's time budget the cluster-defaults variant runs on
+// this pair only, not also on v1.36.4 → v1.37.1.
 func TestRollingUpgrade(t *testing.T) {
+	t.Run("gates-on", func(t *testing.T) {
+		rollingUpgrade(t, upgradePlan{from: "v1.36.4", to: "v1.37.1"})
+	})
+	t.Run("cluster-defaults", func(t *testing.T) {
+		rollingUpgrade(t, upgradePlan{from: "v1.35.8", to: "v1.36.4", clusterDefaults: true, newAPI: &newIn136})
+	})
+}
+
+// newIn136 is served by v1.36.4 with its default settings and not by v1.35.8 (their
+// discovery, TestClusterDefaultsFacts): MutatingAdmissionPolicy went GA in 1.36, a new
+// resource in admissionregistration.k8s.io/v1, a group/version both releases serve.
+var newIn136 = request{"list mutatingadmissionpolicies", "/apis/admissionregistration.k8s.io/v1/mutatingadmissionpolicies"}
+
+type request struct{ what, path string }
+
+type upgradePlan struct {
+	from, to        string
+	clusterDefaults bool
+	// newAPI, when set, is served by `to` and not by `from`: the readers ask for it too.
+	// Before an upgraded server serves it, 404 is the right answer; from then on it must
+	// never be 404 again.
+	newAPI *request
+}
+
+func rollingUpgrade(t *testing.T, plan upgradePlan) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	servers := []string{"cp-a", "cp-b", "cp-c"}
 	e := newEnv(t, ctx,
-		controlplane.ServerSpec{Name: "cp-a", Version: "v1.36.4"},
-		controlplane.ServerSpec{Name: "cp-b", Version: "v1.36.4", RuntimeConfig: []string{"batch/v1=false"}},
-		controlplane.ServerSpec{Name: "cp-c", Version: "v1.36.4"},
+		controlplane.ServerSpec{Name: "cp-a", Version: plan.from, ClusterDefaults: plan.clusterDefaults},
+		controlplane.ServerSpec{Name: "cp-b", Version: plan.from, ClusterDefaults: plan.clusterDefaults, RuntimeConfig: []string{"batch/v1=false"}},
+		controlplane.ServerSpec{Name: "cp-c", Version: plan.from, ClusterDefaults: plan.clusterDefaults},
 	)
+	hc := e.rawClient(&e.cp.PKI.Admin)
+	direct := func(server, path string) int {
+		res, err := hc.Get(e.cp.Server(server).URL() + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		return res.StatusCode
+	}
+	if plan.newAPI != nil {
+		if code := direct("cp-a", plan.newAPI.path); code != http.StatusNotFound {
+			t.Fatalf("%s answers %d for %s: the premise (an API new in %s) does not hold", plan.from, code, plan.newAPI.path, plan.to)
+		}
+	}
 	front := e.startKubeMVP(ctx, "front", "")
 	var backends []string
 	for _, s := range servers {
@@ -65,8 +110,8 @@ func TestRollingUpgrade(t *testing.T) {
 	}
 
 	streams := front.DataPlane.Stat(extProcStreams)
-	ours := newLoad(t, e, "kube-mvp", front.Endpoint())
-	plain := newLoad(t, e, "round-robin", "https://"+lb.Addr())
+	ours := newLoad(t, e, "kube-mvp", front.Endpoint(), plan.newAPI)
+	plain := newLoad(t, e, "round-robin", "https://"+lb.Addr(), plan.newAPI)
 	loadCtx, stopLoad := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	for _, l := range []*load{ours, plain} {
@@ -75,11 +120,24 @@ func TestRollingUpgrade(t *testing.T) {
 
 	time.Sleep(3 * time.Second) // load on the old versions first
 	for _, s := range servers {
-		t.Logf("upgrading %s to v1.37.1", s)
-		if err := e.cp.Restart(ctx, s, "v1.37.1"); err != nil {
+		t.Logf("upgrading %s to %s", s, plan.to)
+		if err := e.cp.Restart(ctx, s, plan.to); err != nil {
 			stopLoad()
 			wg.Wait()
 			t.Fatal(err)
+		}
+		if plan.newAPI != nil && ours.servedSince.Load() == 0 {
+			// The first upgraded server is ready: it serves the new API from now on (checked
+			// directly), so from now on a 404 for it through kube-mvp is a failure.
+			if code := direct(s, plan.newAPI.path); code != http.StatusOK {
+				stopLoad()
+				wg.Wait()
+				t.Fatalf("%s (%s) answers %d for %s directly", s, plan.to, code, plan.newAPI.path)
+			}
+			now := time.Now()
+			ours.servedSince.Store(now.UnixNano())
+			plain.servedSince.Store(now.UnixNano())
+			t.Logf("%s serves %s (checked directly at %s): from now on it must never be 404 through kube-mvp", s, plan.newAPI.what, now.UTC().Format("15:04:05.000"))
 		}
 		time.Sleep(5 * time.Second) // traffic on the new version, and its Lease and discovery seen
 	}
@@ -99,12 +157,20 @@ func TestRollingUpgrade(t *testing.T) {
 		t.Errorf("%d ext_proc streams for %d requests: every request took ext_proc", opened, total)
 	}
 	logUpstreamResets(t, front.DataPlane.AdminURL())
+	t.Logf("goal, through kube-mvp: %s", ours.goal())
+	t.Logf("goal, through round robin: %s", plain.goal())
 	if ours.total.Load() < 500 {
 		t.Errorf("only %d requests through kube-mvp: the load generator did not run", ours.total.Load())
 	}
 	for key, n := range ours.snapshot() {
+		if key.beforeServed && (key.code == 404 || key.code == 200) {
+			continue // nobody served it yet: 404 is the apiservers' right answer
+		}
 		if key.code == 404 || key.code >= 500 || key.code == 0 {
-			t.Errorf("through kube-mvp: %d × %s → %s", n, key.what, key.codeString())
+			ours.mu.Lock()
+			w := ours.when[key]
+			ours.mu.Unlock()
+			t.Errorf("through kube-mvp: %d × %s → %s, from %s to %s", n, key, key.codeString(), w[0].UTC().Format("15:04:05.000"), w[1].UTC().Format("15:04:05.000"))
 		}
 	}
 	if ours.watchBroken.Load() > 0 {
@@ -112,6 +178,9 @@ func TestRollingUpgrade(t *testing.T) {
 	}
 	if ours.watchEvents.Load() == 0 {
 		t.Error("through kube-mvp: the watches received no events at all")
+	}
+	if plan.newAPI != nil && ours.snapshot()[reqKey{what: plan.newAPI.what, code: 200}] == 0 {
+		t.Errorf("through kube-mvp: %s never answered 200 after %s served it", plan.newAPI.what, plan.to)
 	}
 	// The contrast must show what kube-mvp is for, or this test proves nothing about it.
 	if plain.count(404) == 0 {
@@ -129,9 +198,18 @@ type load struct {
 	// sees as many choices as there are requests
 	watchClient *http.Client
 
-	mu      sync.Mutex
-	codes   map[reqKey]int
+	// newAPI (may be nil) is read too; servedSince is when an apiserver first served it
+	// (UnixNano, 0: not yet).
+	newAPI      *request
+	servedSince atomic.Int64
+
+	mu    sync.Mutex
+	codes map[reqKey]int
+	// when: the first and last time each failing key (not 200) was recorded.
+	when    map[reqKey][2]time.Time
 	samples []string
+	// no503RetryAfter counts 503s that are not a Status with Retry-After.
+	no503RetryAfter int
 
 	total, watchEvents, watchClean, watchBroken atomic.Int64
 }
@@ -139,6 +217,15 @@ type load struct {
 type reqKey struct {
 	what string
 	code int // 0: transport error
+	// beforeServed: a request for the new API sent before any apiserver served it.
+	beforeServed bool
+}
+
+func (k reqKey) String() string {
+	if k.beforeServed {
+		return k.what + " (before any apiserver served it)"
+	}
+	return k.what
 }
 
 func (k reqKey) codeString() string {
@@ -148,7 +235,7 @@ func (k reqKey) codeString() string {
 	return fmt.Sprint(k.code)
 }
 
-func newLoad(t *testing.T, e *env, name, base string) *load {
+func newLoad(t *testing.T, e *env, name, base string, newAPI *request) *load {
 	roots := x509.NewCertPool()
 	roots.AppendCertsFromPEM(e.cp.PKI.ServerCA.CertPEM)
 	cert, err := e.cp.PKI.Admin.TLS()
@@ -157,7 +244,7 @@ func newLoad(t *testing.T, e *env, name, base string) *load {
 	}
 	tc := &tls.Config{RootCAs: roots, Certificates: []tls.Certificate{cert}, NextProtos: []string{"http/1.1"}}
 	return &load{
-		t: t, name: name, base: base, codes: map[reqKey]int{},
+		t: t, name: name, base: base, codes: map[reqKey]int{}, when: map[reqKey][2]time.Time{}, newAPI: newAPI,
 		client:      &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{TLSClientConfig: tc, DisableKeepAlives: true}},
 		watchClient: &http.Client{Transport: &http.Transport{TLSClientConfig: tc}},
 	}
@@ -165,7 +252,7 @@ func newLoad(t *testing.T, e *env, name, base string) *load {
 
 // reads are the requests the readers cycle through: every one is served by some apiserver
 // at every moment of the upgrade.
-var reads = []struct{ what, path string }{
+var reads = []request{
 	{"list pods", "/api/v1/namespaces/default/pods"},
 	{"list configmaps", "/api/v1/namespaces/kube-system/configmaps?limit=50"},
 	{"list deployments", "/apis/apps/v1/namespaces/default/deployments"},
@@ -174,13 +261,17 @@ var reads = []struct{ what, path string }{
 	{"list cronjobs", "/apis/batch/v1/cronjobs"},
 }
 
-var watches = []struct{ what, path string }{
+var watches = []request{
 	{"watch configmaps", "/api/v1/namespaces/kube-system/configmaps"},
 	{"watch jobs", "/apis/batch/v1/namespaces/default/jobs"},
 	{"watch leases", "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases"},
 }
 
 func (l *load) run(ctx context.Context) {
+	reads := reads
+	if l.newAPI != nil {
+		reads = append(slices.Clone(reads), *l.newAPI)
+	}
 	var wg sync.WaitGroup
 	for w := range 3 {
 		wg.Go(func() {
@@ -198,21 +289,30 @@ func (l *load) run(ctx context.Context) {
 }
 
 func (l *load) read(ctx context.Context, what, path string) {
+	key := reqKey{what: what}
+	if l.newAPI != nil && what == l.newAPI.what {
+		since := l.servedSince.Load()
+		key.beforeServed = since == 0 || time.Now().UnixNano() < since
+	}
 	req, _ := http.NewRequestWithContext(ctx, "GET", l.base+path, nil)
 	res, err := l.client.Do(req)
 	if ctx.Err() != nil {
 		return // the test ended, not a failure of the path
 	}
-	code := 0
 	if err == nil {
-		code = res.StatusCode
+		key.code = res.StatusCode
 		body, _ := io.ReadAll(res.Body)
 		res.Body.Close()
-		if code != 200 {
+		if key.code != 200 {
 			err = fmt.Errorf("%s: %.200s", res.Status, body)
 		}
+		if key.code == http.StatusServiceUnavailable && (res.Header.Get("Retry-After") == "" || !strings.Contains(string(body), `"kind":"Status"`)) {
+			l.mu.Lock()
+			l.no503RetryAfter++
+			l.mu.Unlock()
+		}
 	}
-	l.record(reqKey{what, code}, err)
+	l.record(key, err)
 }
 
 // watch holds a watch open, and when it ends, resumes from the last resourceVersion seen, as
@@ -236,18 +336,18 @@ func (l *load) watch(ctx context.Context, what, path string) {
 		}
 		if err != nil {
 			l.watchBroken.Add(1)
-			l.record(reqKey{what, 0}, err)
+			l.record(reqKey{what: what}, err)
 			time.Sleep(200 * time.Millisecond)
 			continue
 		}
 		if res.StatusCode != 200 {
 			body, _ := io.ReadAll(res.Body)
 			res.Body.Close()
-			l.record(reqKey{what, res.StatusCode}, fmt.Errorf("%s: %.200s", res.Status, body))
+			l.record(reqKey{what: what, code: res.StatusCode}, fmt.Errorf("%s: %.200s", res.Status, body))
 			time.Sleep(200 * time.Millisecond)
 			continue
 		}
-		l.record(reqKey{what, 200}, nil)
+		l.record(reqKey{what: what, code: 200}, nil)
 		scanner := bufio.NewScanner(res.Body)
 		scanner.Buffer(make([]byte, 1<<20), 16<<20)
 		gone := false
@@ -262,7 +362,7 @@ func (l *load) watch(ctx context.Context, what, path string) {
 				} `json:"object"`
 			}
 			if err := json.Unmarshal(scanner.Bytes(), &ev); err != nil {
-				l.record(reqKey{what + " (event)", 0}, err)
+				l.record(reqKey{what: what + " (event)"}, err)
 				break
 			}
 			if ev.Type == "ERROR" {
@@ -279,7 +379,7 @@ func (l *load) watch(ctx context.Context, what, path string) {
 			return
 		case err != nil && !errors.Is(err, io.EOF):
 			l.watchBroken.Add(1)
-			l.record(reqKey{what + " (ended)", 0}, err)
+			l.record(reqKey{what: what + " (ended)"}, err)
 		default:
 			l.watchClean.Add(1)
 		}
@@ -313,8 +413,17 @@ func (l *load) record(k reqKey, err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.codes[k]++
+	if k.code != 200 {
+		now := time.Now()
+		w, ok := l.when[k]
+		if !ok {
+			w[0] = now
+		}
+		w[1] = now
+		l.when[k] = w
+	}
 	if err != nil && len(l.samples) < 20 {
-		l.samples = append(l.samples, k.what+": "+err.Error())
+		l.samples = append(l.samples, k.String()+": "+err.Error())
 	}
 }
 
@@ -398,4 +507,40 @@ func logUpstreamResets(t *testing.T, admin string) {
 		}
 	}
 	t.Logf("data plane: %d upstream connections closed under a sent request, %d retries", resets, retries)
+}
+
+// goal summarises the counts the rolling upgrade's goal is about (README): 404s for APIs
+// some apiserver served, 5xx, 503s and whether they carried a Status with Retry-After, and
+// the new API's answers before and after an apiserver served it.
+func (l *load) goal() string {
+	var served404, fivexx, x503, newBefore404, newAfter200, newAfter404 int
+	for k, n := range l.snapshot() {
+		isNew := l.newAPI != nil && k.what == l.newAPI.what
+		switch {
+		case k.code == 404 && k.beforeServed:
+			newBefore404 += n
+		case k.code == 404:
+			served404 += n
+		case k.code >= 500:
+			fivexx += n
+		}
+		if k.code == 503 {
+			x503 += n
+		}
+		if isNew && !k.beforeServed && k.code == 200 {
+			newAfter200 += n
+		}
+		if isNew && !k.beforeServed && k.code == 404 {
+			newAfter404 += n
+		}
+	}
+	l.mu.Lock()
+	bad503 := l.no503RetryAfter
+	l.mu.Unlock()
+	out := fmt.Sprintf("404 for served APIs: %d; 5xx: %d (503: %d, of which without a Status and Retry-After: %d); transport errors: %d",
+		served404, fivexx, x503, bad503, l.count(0))
+	if l.newAPI != nil {
+		out += fmt.Sprintf("; %s: %d × 404 before any apiserver served it, then %d × 200 and %d × 404", l.newAPI.what, newBefore404, newAfter200, newAfter404)
+	}
+	return out
 }

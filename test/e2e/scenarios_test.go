@@ -27,11 +27,39 @@ import (
 // TestUpstreamScenarios replays upstream's Mixed Version Proxy scenarios through kube-mvp:
 // A v1.37.1 serves everything, B v1.36.4 runs with batch/v1 off, C v1.37.1. A front proxy
 // and a sidecar beside B must serve Jobs whatever server the client would have hit; when the
-// servers of batch/v1 go away, the answer is a 503 Status, never a 404.
+// servers of batch/v1 go away, the answer is a 503 Status, never a 404. Both settings: the
+// test gates on (StorageVersion API, peer-proxy gate), and cluster defaults (as real
+// clusters of these releases run).
 func TestUpstreamScenarios(t *testing.T) {
+	for _, setting := range settings {
+		t.Run(setting.name, func(t *testing.T) { upstreamScenarios(t, setting.clusterDefaults) })
+	}
+}
+
+// settings are the two ways the e2e tests start apiservers (controlplane.ServerSpec's
+// ClusterDefaults).
+var settings = []struct {
+	name            string
+	clusterDefaults bool
+}{
+	{"gates-on", false},
+	{"cluster-defaults", true},
+}
+
+func upstreamScenarios(t *testing.T, clusterDefaults bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	e := newEnv(t, ctx, append(controlplane.MixedServers(), controlplane.ServerSpec{Name: "cp-c", Version: "v1.37.1"})...)
+	specs := append(controlplane.MixedServers(), controlplane.ServerSpec{Name: "cp-c", Version: "v1.37.1"})
+	for i := range specs {
+		specs[i].ClusterDefaults = clusterDefaults
+	}
+	e := newEnv(t, ctx, specs...)
+	if clusterDefaults {
+		// The premise of this setting: nothing beyond what the releases ship.
+		if _, err := e.adminClient(e.cp.Server("cp-a")).Discovery().ServerResourcesForGroupVersion("internal.apiserver.k8s.io/v1alpha1"); err == nil {
+			t.Fatal("cluster defaults, but the StorageVersion API is served")
+		}
+	}
 	front := e.startKubeMVP(ctx, "front", "")
 	sidecarB := e.startKubeMVP(ctx, "sidecar-b", "cp-b")
 	admin := &e.cp.PKI.Admin

@@ -15,6 +15,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -161,6 +163,13 @@ func Start(ctx context.Context, opts Options) (k *KubeMVP, err error) {
 		opts.ExtProcMessageTimeout = TestExtProcMessageTimeout
 	}
 	xdsArgs = append(xdsArgs, "--extproc-message-timeout", opts.ExtProcMessageTimeout.String())
+	// A user must name the addresses of apiservers whose identity Lease carries none (cluster
+	// defaults before 1.36); a test that gives the flag itself decides instead.
+	if a := cp.AddressesFlag(); a != "" && !slices.ContainsFunc(opts.XDSServerArgs, func(s string) bool {
+		return s == "--apiserver-addresses" || strings.HasPrefix(s, "--apiserver-addresses=")
+	}) {
+		xdsArgs = append(xdsArgs, "--apiserver-addresses", a)
+	}
 	xdsArgs = append(xdsArgs, opts.XDSServerArgs...)
 	k.xdsArgs, k.xdsLog = append([]string{filepath.Join(opts.BinDir, "xds-server")}, xdsArgs...), filepath.Join(dir, "xds-server.log")
 	p, err := startProcess(k.xdsLog, k.xdsArgs[0], k.xdsArgs[1:]...)
