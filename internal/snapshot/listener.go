@@ -195,17 +195,30 @@ func (b *builder) extProcFilter() *extprocv3.ExternalProcessor {
 func (b *builder) localReplyConfig() *hcmv3.LocalReplyConfig {
 	return &hcmv3.LocalReplyConfig{Mappers: []*hcmv3.ResponseMapper{
 		{
-			// No upstream could take the request: no healthy host (UH), connection failure
-			// (UF), connection termination or reset before the response (UC, UR), circuit
-			// breaker overflow (UO), retries exhausted (URX), a cluster name that does not
-			// exist (NC) and no route (NR, impossible with our catch-all route: it could
-			// only mean an inconsistent configuration, which a 404 would misreport as an
-			// absent resource).
+			// The upstream may have received the request before it failed: connection
+			// termination or reset before the response (UC, UR), or retries exhausted (URX,
+			// whose attempts may have been such). First, so that a response with one of
+			// these flags among others never gets the Retry-After below.
 			Filter: &accesslogv3.AccessLogFilter{FilterSpecifier: &accesslogv3.AccessLogFilter_ResponseFlagFilter{
-				ResponseFlagFilter: &accesslogv3.ResponseFlagFilter{Flags: []string{"UH", "UF", "UC", "UR", "UO", "URX", "NC", "NR"}},
+				ResponseFlagFilter: &accesslogv3.ResponseFlagFilter{Flags: []string{"UC", "UR", "URX"}},
 			}},
 			StatusCode:         wrapperspb.UInt32(503),
 			BodyFormatOverride: statusBody("kube-mvp: no apiserver that can serve this request is available (%RESPONSE_CODE_DETAILS%)"),
+		},
+		{
+			// No apiserver received the request: no healthy host (UH, e.g. a restarted
+			// apiserver whose next health check has not passed yet), connection failure
+			// (UF), circuit breaker overflow (UO), a cluster name that does not exist (NC)
+			// and no route (NR, impossible with our catch-all route: it could only mean an
+			// inconsistent configuration, which a 404 would misreport as an absent
+			// resource). Nothing was executed, so the answer says when to try again, as an
+			// apiserver's own 503s and 429s do, and client-go retries it, whatever the verb.
+			Filter: &accesslogv3.AccessLogFilter{FilterSpecifier: &accesslogv3.AccessLogFilter_ResponseFlagFilter{
+				ResponseFlagFilter: &accesslogv3.ResponseFlagFilter{Flags: []string{"UH", "UF", "UO", "NC", "NR"}},
+			}},
+			StatusCode:         wrapperspb.UInt32(503),
+			BodyFormatOverride: statusBody("kube-mvp: no apiserver that can serve this request is available (%RESPONSE_CODE_DETAILS%)"),
+			HeadersToAdd:       []*corev3.HeaderValueOption{retryAfter},
 		},
 		{
 			// The route timeout (UT, Envoy's 504 "upstream request timeout"): the apiserver
@@ -272,6 +285,13 @@ func statusJSON(message, reason string, code int32) string {
 		panic(err) // a fixed struct of strings always marshals
 	}
 	return string(b)
+}
+
+// retryAfter is the Retry-After of the local replies for requests no apiserver received:
+// one second, what extproc's own 503s say.
+var retryAfter = &corev3.HeaderValueOption{
+	Header:       &corev3.HeaderValue{Key: "retry-after", Value: "1"},
+	AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
 }
 
 func statusBody(message string) *corev3.SubstitutionFormatString {

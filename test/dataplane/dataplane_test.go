@@ -524,6 +524,10 @@ func TestNoApiserverAvailable(t *testing.T) {
 	if ct := r.header.Get("Content-Type"); ct != "application/json" {
 		t.Errorf("content type %q", ct)
 	}
+	// Nobody received it (connection refused): client-go may retry it after a second.
+	if ra := r.header.Get("Retry-After"); ra != "1" {
+		t.Errorf("Retry-After %q, want 1", ra)
+	}
 	var st map[string]any
 	if err := json.Unmarshal(r.body, &st); err != nil {
 		t.Fatalf("%v: %s", err, r.body)

@@ -477,6 +477,9 @@ func (st *stream) localReply(status int, body, details string, extra ...kv) {
 	for _, e := range extra {
 		h.Add(e.name, e.value)
 	}
+	for _, e := range lr.headers {
+		h.Set(e.name, e.value)
+	}
 	// Envoy's Utility::sendLocalReply sets the content type only when the headers (an
 	// ext_proc immediate response's included) have none, or when local_reply_config
 	// rewrote the body.

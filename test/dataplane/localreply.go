@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	accesslogv3 "github.com/envoyproxy/go-control-plane/envoy/config/accesslog/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 )
 
@@ -40,6 +41,10 @@ type localReplyMapper struct {
 	statusValue  int
 	status       int // 0: keep
 	body         *bodyFormat
+	// headers are headers_to_add (every one OVERWRITE_IF_EXISTS_OR_ADD with a plain value;
+	// the compiler refuses the rest): ResponseMapperImpl::rewrite evaluates them on the
+	// local reply's headers.
+	headers []kv
 }
 
 type bodyFormat struct {
@@ -104,6 +109,12 @@ func compileLocalReply(c *hcmv3.LocalReplyConfig) ([]*localReplyMapper, error) {
 			lm.statusValue = int(cmp.GetValue().GetDefaultValue())
 		default:
 			return nil, fmt.Errorf("mappers[%d]: only response_flag_filter and status_code_filter are implemented", i)
+		}
+		for _, h := range m.GetHeadersToAdd() {
+			if h.GetAppendAction() != corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD || len(h.GetHeader().GetRawValue()) > 0 || strings.Contains(h.GetHeader().GetValue(), "%") {
+				return nil, fmt.Errorf("mappers[%d].headers_to_add: only OVERWRITE_IF_EXISTS_OR_ADD with a plain value is implemented", i)
+			}
+			lm.headers = append(lm.headers, kv{strings.ToLower(h.GetHeader().GetKey()), h.GetHeader().GetValue()})
 		}
 		if bf := m.GetBodyFormatOverride(); bf != nil {
 			b := &bodyFormat{contentType: bf.GetContentType()}
@@ -173,6 +184,7 @@ type localReply struct {
 	body        []byte
 	contentType string
 	rewritten   bool // a mapper's body_format_override replaced the body
+	headers     []kv // the mapper's headers_to_add
 }
 
 func (h *hcmCfg) mapLocalReply(status int, body, details string, flags []string) localReply {
@@ -187,6 +199,7 @@ func (h *hcmCfg) mapLocalReply(status int, body, details string, flags []string)
 		if m.status != 0 {
 			out.status = m.status
 		}
+		out.headers = m.headers
 		if m.body != nil {
 			sub := func(s string) string {
 				return commandRE.ReplaceAllStringFunc(s, func(c string) string {

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"testing"
 
@@ -94,6 +95,25 @@ func TestLocalReplyMapping(t *testing.T) {
 		if !strings.HasSuffix(string(lr.body), "}\n") || strings.Contains(string(lr.body), "503.0") {
 			t.Errorf("%s: body not formatted like Envoy's JSON formatter: %q", flag, lr.body)
 		}
+		// Retry-After only where no apiserver can have received the request.
+		var retryAfter []string
+		for _, h := range lr.headers {
+			if h.name == "retry-after" {
+				retryAfter = append(retryAfter, h.value)
+			}
+		}
+		want := []string{"1"}
+		if flag == "UC" || flag == "UR" || flag == "URX" {
+			want = nil
+		}
+		if !slices.Equal(retryAfter, want) {
+			t.Errorf("%s: Retry-After %q, want %q", flag, retryAfter, want)
+		}
+	}
+	// A connection closed under a sent request, then a failed connect on the retry: maybe
+	// executed, so no Retry-After.
+	if lr := h.mapLocalReply(503, "", "d", []string{"UC", "UF"}); len(lr.headers) != 0 {
+		t.Errorf("UC+UF: headers %v, want no Retry-After", lr.headers)
 	}
 	// A route timeout stays a 504, with the apiserver's own Timeout reason.
 	lr := h.mapLocalReply(504, "upstream request timeout", "upstream_response_timeout", []string{"UT"})
