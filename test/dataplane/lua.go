@@ -86,8 +86,9 @@ type luaScript struct {
 var luaWorkers = max(2, runtime.GOMAXPROCS(0))
 
 type luaVM struct {
-	L         *lua.LState
-	onRequest *lua.LFunction // nil: the script does not hook requests
+	L          *lua.LState
+	onRequest  *lua.LFunction         // nil: the script does not hook requests
+	metatables map[string]*lua.LTable // luaMetatables, built once per state
 }
 
 func compileLua(filterName string, c *luafilterv3.Lua) (*luaFilterCfg, error) {
@@ -157,7 +158,11 @@ func loadLua(name, src string) (*luaScript, error) {
 }
 
 func (s *luaScript) newVM() (*luaVM, error) {
-	L := lua.NewState(lua.Options{SkipOpenLibs: true})
+	// A request's coroutine (NewThread) gets a registry and call stack of these sizes, grown
+	// on demand: gopher-lua's defaults (5,120 registry slots, allocated per coroutine) were
+	// half of the filter's time per request. Only the stand-in's cost, not a limit: the
+	// registry grows to the default maximum.
+	L := lua.NewState(lua.Options{SkipOpenLibs: true, RegistrySize: 256, RegistryMaxSize: 256 * 20 * 64, RegistryGrowStep: 256, CallStackSize: 200, MinimizeStackMemory: true})
 	for _, lib := range []struct {
 		name string
 		fn   lua.LGFunction
@@ -171,7 +176,7 @@ func (s *luaScript) newVM() (*luaVM, error) {
 		L.Close()
 		return nil, fmt.Errorf("script load error: %w", err)
 	}
-	vm := &luaVM{L: L}
+	vm := &luaVM{L: L, metatables: luaMetatables(L)}
 	if fn, ok := L.GetGlobal("envoy_on_request").(*lua.LFunction); ok {
 		vm.onRequest = fn
 	}
@@ -284,7 +289,7 @@ func (f *luaFilterCfg) run(rt *route, req *luaRequest, log func(level, msg strin
 	if vm.onRequest == nil {
 		return luaOutcome{}
 	}
-	h := &luaHandle{req: req, vhMeta: vhMeta, log: log}
+	h := &luaHandle{req: req, vm: vm, vhMeta: vhMeta, log: log}
 	L := vm.L
 	co, cancel := L.NewThread()
 	if cancel != nil {
@@ -302,6 +307,7 @@ func (f *luaFilterCfg) run(rt *route, req *luaRequest, log func(level, msg strin
 // luaHandle is the stream handle and the objects it hands out.
 type luaHandle struct {
 	req    *luaRequest
+	vm     *luaVM
 	vhMeta *structpb.Struct
 	log    func(level, msg string)
 	dead   bool
@@ -309,98 +315,132 @@ type luaHandle struct {
 	headers, streamInfo, ssl, virtualHost, vhMetadata *lua.LUserData
 }
 
-// object makes a userdata of the given kind whose methods are fns (the metatable's __index, as
-// Envoy's BaseLuaObject does: any other key reads nil).
-func (h *luaHandle) object(L *lua.LState, kind string, fns map[string]lua.LGFunction) *lua.LUserData {
-	ud := L.NewUserData()
-	ud.Value = kind
-	methods := L.NewTable()
-	for name, fn := range fns {
-		fn := fn
-		methods.RawSetString(name, L.NewFunction(func(L *lua.LState) int {
-			// Envoy checks the object's type (luaL_checkudata) and that it is still alive
-			// (LuaDeathRef): a call with '.', or on a handle kept past its request, fails.
-			self, ok := L.Get(1).(*lua.LUserData)
-			if !ok || self != ud {
-				L.RaiseError("%s.%s: bad self argument (call it with ':')", kind, name)
-			}
-			if h.dead {
-				L.RaiseError("object used outside of proper scope")
-			}
-			return fn(L)
-		}))
-	}
-	mt := L.NewTable()
-	mt.RawSetString("__index", methods)
-	L.SetMetatable(ud, mt)
-	return ud
+// luaObject is the value of every userdata the filter hands a script: the request's handle
+// and which of Envoy's wrappers it stands for.
+type luaObject struct {
+	h    *luaHandle
+	kind string
 }
 
-func (h *luaHandle) userdata(L *lua.LState) *lua.LUserData {
-	return h.object(L, "stream handle", map[string]lua.LGFunction{
-		"headers": func(L *lua.LState) int {
+// luaMethod is one method of a wrapper; self is the request's handle.
+type luaMethod func(h *luaHandle, L *lua.LState) int
+
+// luaClasses are Envoy's wrapper classes as far as the script uses them: their methods by
+// name (the metatable's __index, as Envoy's BaseLuaObject does: any other key reads nil).
+// Every Lua state builds one metatable per class (luaMetatables), so a request only makes
+// the userdata it hands out, as Envoy only makes its wrapper objects.
+var luaClasses = map[string]map[string]luaMethod{
+	"stream handle": {
+		"headers": func(h *luaHandle, L *lua.LState) int {
 			if h.headers == nil {
-				h.headers = h.headerObject(L)
+				h.headers = h.object(L, "header map")
 			}
 			L.Push(h.headers)
 			return 1
 		},
-		"streamInfo": func(L *lua.LState) int {
+		"streamInfo": func(h *luaHandle, L *lua.LState) int {
 			if h.streamInfo == nil {
-				h.streamInfo = h.object(L, "stream info", map[string]lua.LGFunction{
-					// StreamInfoWrapper::luaDownstreamSslConnection: nil without TLS.
-					"downstreamSslConnection": func(L *lua.LState) int {
-						if h.req.ssl == nil {
-							L.Push(lua.LNil)
-							return 1
-						}
-						if h.ssl == nil {
-							h.ssl = h.sslObject(L)
-						}
-						L.Push(h.ssl)
-						return 1
-					},
-				})
+				h.streamInfo = h.object(L, "stream info")
 			}
 			L.Push(h.streamInfo)
 			return 1
 		},
 		// StreamHandleWrapper::luaVirtualHost: the matched virtual host, whose metadata() is
 		// its filter_metadata under the filter's name (empty without one).
-		"virtualHost": func(L *lua.LState) int {
+		"virtualHost": func(h *luaHandle, L *lua.LState) int {
 			if h.virtualHost == nil {
-				h.virtualHost = h.object(L, "virtual host", map[string]lua.LGFunction{
-					"metadata": func(L *lua.LState) int {
-						if h.vhMetadata == nil {
-							h.vhMetadata = h.object(L, "metadata", map[string]lua.LGFunction{
-								// MetadataMapWrapper::luaGet: the value converted to Lua, nil if absent.
-								"get": func(L *lua.LState) int {
-									key := L.CheckString(2)
-									v, ok := h.vhMeta.GetFields()[key]
-									if !ok {
-										L.Push(lua.LNil)
-										return 1
-									}
-									L.Push(luaValue(L, v))
-									return 1
-								},
-							})
-						}
-						L.Push(h.vhMetadata)
-						return 1
-					},
-				})
+				h.virtualHost = h.object(L, "virtual host")
 			}
 			L.Push(h.virtualHost)
 			return 1
 		},
-		"respond": h.respond,
+		"respond": (*luaHandle).respond,
 		// StreamHandleWrapper::luaLogWarn -> scriptLog at warn.
-		"logWarn": func(L *lua.LState) int {
+		"logWarn": func(h *luaHandle, L *lua.LState) int {
 			h.log("warn", L.CheckString(2))
 			return 0
 		},
-	})
+	},
+	"stream info": {
+		// StreamInfoWrapper::luaDownstreamSslConnection: nil without TLS.
+		"downstreamSslConnection": func(h *luaHandle, L *lua.LState) int {
+			if h.req.ssl == nil {
+				L.Push(lua.LNil)
+				return 1
+			}
+			if h.ssl == nil {
+				h.ssl = h.object(L, "ssl connection")
+			}
+			L.Push(h.ssl)
+			return 1
+		},
+	},
+	"virtual host": {
+		"metadata": func(h *luaHandle, L *lua.LState) int {
+			if h.vhMetadata == nil {
+				h.vhMetadata = h.object(L, "metadata")
+			}
+			L.Push(h.vhMetadata)
+			return 1
+		},
+	},
+	"metadata": {
+		// MetadataMapWrapper::luaGet: the value converted to Lua, nil if absent.
+		"get": func(h *luaHandle, L *lua.LState) int {
+			key := L.CheckString(2)
+			v, ok := h.vhMeta.GetFields()[key]
+			if !ok {
+				L.Push(lua.LNil)
+				return 1
+			}
+			L.Push(luaValue(L, v))
+			return 1
+		},
+	},
+	"header map":     luaHeaderMethods,
+	"ssl connection": luaSSLMethods,
+}
+
+// luaMetatables builds, in a new Lua state, one metatable per class whose methods check their
+// self argument as Envoy does (luaL_checkudata: an object of that class; LuaDeathRef: the
+// request it belongs to is still running) and then run.
+func luaMetatables(L *lua.LState) map[string]*lua.LTable {
+	out := make(map[string]*lua.LTable, len(luaClasses))
+	for kind, methods := range luaClasses {
+		index := L.NewTable()
+		for name, fn := range methods {
+			index.RawSetString(name, L.NewFunction(func(L *lua.LState) int {
+				ud, _ := L.Get(1).(*lua.LUserData)
+				var self *luaObject
+				if ud != nil {
+					self, _ = ud.Value.(*luaObject)
+				}
+				if self == nil || self.kind != kind {
+					L.RaiseError("%s.%s: bad self argument (call it with ':')", kind, name)
+				}
+				if self.h.dead {
+					L.RaiseError("object used outside of proper scope")
+				}
+				return fn(self.h, L)
+			}))
+		}
+		mt := L.NewTable()
+		mt.RawSetString("__index", index)
+		out[kind] = mt
+	}
+	return out
+}
+
+// object makes a userdata of the given class for this request.
+func (h *luaHandle) object(L *lua.LState, kind string) *lua.LUserData {
+	ud := L.NewUserData()
+	ud.Value = &luaObject{h: h, kind: kind}
+	L.SetMetatable(ud, h.vm.metatables[kind])
+	return ud
+}
+
+func (h *luaHandle) userdata(L *lua.LState) *lua.LUserData {
+	return h.object(L, "stream handle")
 }
 
 // luaValue converts a metadata value as MetadataMapWrapper::setValue does.
@@ -428,91 +468,91 @@ func luaValue(L *lua.LState, v *structpb.Value) lua.LValue {
 	return lua.LNil
 }
 
-// headerObject is HeaderMapWrapper (source/extensions/filters/http/lua/wrappers.cc).
-func (h *luaHandle) headerObject(L *lua.LState) *lua.LUserData {
-	// checkModifiable: before any change, the filter's onHeadersModified clears the route
-	// cache (Lua.clear_route_cache unset: true).
-	modify := func(L *lua.LState) string {
-		key := strings.ToLower(L.CheckString(2))
-		if strings.HasPrefix(key, ":") {
-			L.RaiseError("modifying the pseudo-header %s is not implemented by the test data plane", key)
-		}
-		h.req.routeClear = true
-		return key
+// luaModify is HeaderMapWrapper's checkModifiable: before any change, the filter's
+// onHeadersModified clears the route cache (Lua.clear_route_cache unset: true).
+func luaModify(h *luaHandle, L *lua.LState) string {
+	key := strings.ToLower(L.CheckString(2))
+	if strings.HasPrefix(key, ":") {
+		L.RaiseError("modifying the pseudo-header %s is not implemented by the test data plane", key)
 	}
-	return h.object(L, "header map", map[string]lua.LGFunction{
-		// luaGet: every value of the header joined with "," (getAllOfHeaderAsString), nil if
-		// there is none.
-		"get": func(L *lua.LState) int {
-			key := strings.ToLower(L.CheckString(2))
-			var v string
-			var ok bool
-			if strings.HasPrefix(key, ":") {
-				v, ok = h.req.pseudo(key)
-			} else {
-				v, ok = h.req.hdr.get(key)
-			}
-			if !ok {
-				L.Push(lua.LNil)
-			} else {
-				L.Push(lua.LString(v))
-			}
-			return 1
-		},
-		// luaAdd: addCopy, another value after any existing ones.
-		"add": func(L *lua.LState) int {
-			key := modify(L)
-			h.req.hdr.add(key, L.CheckString(3))
-			return 0
-		},
-		// luaReplace: setCopy, which removes every value and adds this one.
-		"replace": func(L *lua.LState) int {
-			key := modify(L)
-			h.req.hdr.set(key, L.CheckString(3))
-			return 0
-		},
-		// luaRemove: every value.
-		"remove": func(L *lua.LState) int {
-			key := modify(L)
-			h.req.hdr.del(key)
-			return 0
-		},
-	})
+	h.req.routeClear = true
+	return key
 }
 
-// sslObject is SslConnectionWrapper (source/extensions/filters/common/lua/wrappers.cc) over
-// the connection's Ssl::ConnectionInfo.
-func (h *luaHandle) sslObject(L *lua.LState) *lua.LUserData {
-	ssl := h.req.ssl
-	return h.object(L, "ssl connection", map[string]lua.LGFunction{
-		"peerCertificatePresented": func(L *lua.LState) int {
-			L.Push(lua.LBool(ssl.peer != nil))
-			return 1
-		},
-		"peerCertificateValidated": func(L *lua.LState) int {
-			L.Push(lua.LBool(ssl.peer != nil && ssl.validated))
-			return 1
-		},
-		// subjectPeerCertificate: X509_NAME_print_ex(XN_FLAG_RFC2253), "" without a certificate.
-		"subjectPeerCertificate": func(L *lua.LState) int {
-			s := ""
-			if ssl.peer != nil {
-				s = rfc2253(ssl.peer.RawSubject)
-			}
-			L.Push(lua.LString(s))
-			return 1
-		},
-		// sha256PeerCertificateDigest: lower-case hex of the SHA-256 of the DER, "" without one.
-		"sha256PeerCertificateDigest": func(L *lua.LState) int {
-			s := ""
-			if ssl.peer != nil {
-				sum := sha256.Sum256(ssl.peer.Raw)
-				s = hex.EncodeToString(sum[:])
-			}
-			L.Push(lua.LString(s))
-			return 1
-		},
-	})
+// luaHeaderMethods are HeaderMapWrapper's (source/extensions/filters/http/lua/wrappers.cc).
+var luaHeaderMethods = map[string]luaMethod{
+	// luaGet: every value of the header joined with "," (getAllOfHeaderAsString), nil if
+	// there is none.
+	"get": func(h *luaHandle, L *lua.LState) int {
+		key := strings.ToLower(L.CheckString(2))
+		var v string
+		var ok bool
+		if strings.HasPrefix(key, ":") {
+			v, ok = h.req.pseudo(key)
+		} else {
+			v, ok = h.req.hdr.get(key)
+		}
+		if !ok {
+			L.Push(lua.LNil)
+		} else {
+			L.Push(lua.LString(v))
+		}
+		return 1
+	},
+	// luaAdd: addCopy, another value after any existing ones.
+	"add": func(h *luaHandle, L *lua.LState) int {
+		key := luaModify(h, L)
+		h.req.hdr.add(key, L.CheckString(3))
+		return 0
+	},
+	// luaReplace: setCopy, which removes every value and adds this one.
+	"replace": func(h *luaHandle, L *lua.LState) int {
+		key := luaModify(h, L)
+		h.req.hdr.set(key, L.CheckString(3))
+		return 0
+	},
+	// luaRemove: every value.
+	"remove": func(h *luaHandle, L *lua.LState) int {
+		key := luaModify(h, L)
+		h.req.hdr.del(key)
+		return 0
+	},
+}
+
+// luaSSLMethods are SslConnectionWrapper's (source/extensions/filters/common/lua/wrappers.cc)
+// over the connection's Ssl::ConnectionInfo.
+var luaSSLMethods = map[string]luaMethod{
+	"peerCertificatePresented": func(h *luaHandle, L *lua.LState) int {
+		ssl := h.req.ssl
+		L.Push(lua.LBool(ssl.peer != nil))
+		return 1
+	},
+	"peerCertificateValidated": func(h *luaHandle, L *lua.LState) int {
+		ssl := h.req.ssl
+		L.Push(lua.LBool(ssl.peer != nil && ssl.validated))
+		return 1
+	},
+	// subjectPeerCertificate: X509_NAME_print_ex(XN_FLAG_RFC2253), "" without a certificate.
+	"subjectPeerCertificate": func(h *luaHandle, L *lua.LState) int {
+		ssl := h.req.ssl
+		s := ""
+		if ssl.peer != nil {
+			s = rfc2253(ssl.peer.RawSubject)
+		}
+		L.Push(lua.LString(s))
+		return 1
+	},
+	// sha256PeerCertificateDigest: lower-case hex of the SHA-256 of the DER, "" without one.
+	"sha256PeerCertificateDigest": func(h *luaHandle, L *lua.LState) int {
+		ssl := h.req.ssl
+		s := ""
+		if ssl.peer != nil {
+			sum := sha256.Sum256(ssl.peer.Raw)
+			s = hex.EncodeToString(sum[:])
+		}
+		L.Push(lua.LString(s))
+		return 1
+	},
 }
 
 // respond is StreamHandleWrapper::luaRespond: a table of headers (a value may be a table of
