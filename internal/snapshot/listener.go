@@ -244,6 +244,9 @@ func (b *builder) localReplyConfig() *hcmv3.LocalReplyConfig {
 			}},
 			StatusCode:         wrapperspb.UInt32(503),
 			BodyFormatOverride: statusBody("kube-mvp: the routing decision failed (%RESPONSE_CODE_DETAILS%)"),
+			// Before any apiserver saw the request (or, for merged discovery's response step,
+			// after a GET): client-go retries it, so a restarting extproc goes unnoticed.
+			HeadersToAdd: []*corev3.HeaderValueOption{retryAfter},
 		},
 		{
 			// extproc did not answer within message_timeout: Envoy 1.35+ answers 504
@@ -257,6 +260,9 @@ func (b *builder) localReplyConfig() *hcmv3.LocalReplyConfig {
 			}},
 			StatusCode:         wrapperspb.UInt32(503),
 			BodyFormatOverride: statusBody("kube-mvp: the routing decision failed (%RESPONSE_CODE_DETAILS%)"),
+			// Before any apiserver saw the request (or, for merged discovery's response step,
+			// after a GET): client-go retries it, so a restarting extproc goes unnoticed.
+			HeadersToAdd: []*corev3.HeaderValueOption{retryAfter},
 		},
 	}}
 }
@@ -287,8 +293,8 @@ func statusJSON(message, reason string, code int32) string {
 	return string(b)
 }
 
-// retryAfter is the Retry-After of the local replies for requests no apiserver received:
-// one second, what extproc's own 503s say.
+// retryAfter is the Retry-After of the local replies for requests no apiserver received (or
+// only as a GET /apis): one second, what extproc's own 503s say.
 var retryAfter = &corev3.HeaderValueOption{
 	Header:       &corev3.HeaderValue{Key: "retry-after", Value: "1"},
 	AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,

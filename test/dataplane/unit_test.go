@@ -122,12 +122,12 @@ func TestLocalReplyMapping(t *testing.T) {
 		t.Errorf("UT: %d %s", lr.status, lr.body)
 	}
 	lr = h.mapLocalReply(500, "", "ext_proc_error_gRPC_error_14", nil)
-	if lr.status != 503 || !strings.Contains(string(lr.body), "the routing decision failed (ext_proc_error_gRPC_error_14)") {
-		t.Errorf("ext_proc failure: %d %s", lr.status, lr.body)
+	if lr.status != 503 || !strings.Contains(string(lr.body), "the routing decision failed (ext_proc_error_gRPC_error_14)") || !slices.Equal(lr.headers, []kv{{"retry-after", "1"}}) {
+		t.Errorf("ext_proc failure: %d %s %v", lr.status, lr.body, lr.headers)
 	}
 	lr = h.mapLocalReply(504, "", "ext_proc_error_per-message_timeout_exceeded", nil)
-	if lr.status != 503 || !strings.Contains(string(lr.body), "the routing decision failed (ext_proc_error_per-message_timeout_exceeded)") {
-		t.Errorf("ext_proc timeout: %d %s", lr.status, lr.body)
+	if lr.status != 503 || !strings.Contains(string(lr.body), "the routing decision failed (ext_proc_error_per-message_timeout_exceeded)") || !slices.Equal(lr.headers, []kv{{"retry-after", "1"}}) {
+		t.Errorf("ext_proc timeout: %d %s %v", lr.status, lr.body, lr.headers)
 	}
 	// extproc's own 503 Status (an immediate response, no flags) passes untouched, and its
 	// own content-type header wins over the text/plain default (not rewritten).

@@ -2,10 +2,12 @@ package e2e
 
 import (
 	"encoding/json"
-	"errors"
-	"fmt"
+	"io"
 	"net/http"
+	"os/exec"
+	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -24,8 +26,9 @@ import (
 // apiserver would give it: a kubelet-style client certificate, a bearer token, nobody. The
 // merged discovery falls back to one apiserver's own (a client may miss the APIs only the
 // other serves: allowed there, and only there), and a request that needs the decision gets
-// a 503 Status, never a wrong apiserver's 404. Measured with a client on a cold discovery
-// cache, as kubectl after a restart.
+// a 503 Status with Retry-After (client-go retries it by itself, so a restarting extproc may
+// go unnoticed), never a wrong apiserver's 404. Measured with kubectl and client-go on a cold
+// discovery cache, as after a restart.
 func TestExtprocDown(t *testing.T) {
 	ctx := testutil.Context(t, 6*time.Minute)
 	e := newEnv(t, ctx, controlplane.MixedServers()...) // cp-b does not serve batch/v1
@@ -89,6 +92,34 @@ func TestExtprocDown(t *testing.T) {
 		}
 	}
 
+	// kubectl itself, on a cold discovery cache each time: `get ns` works (discovery falls
+	// back to the answering apiserver's own), `get jobs` is refused with the 503, or, when
+	// cp-b's discovery answered, not known — never a wrong apiserver's 404 for the list.
+	kubectl, err := controlplane.EnsureKubectl(ctx, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := e.cp.WriteKubeconfigFor(kubeconfig, k.Endpoint()); err != nil {
+		t.Fatal(err)
+	}
+	run := func(args ...string) (string, error) {
+		cmd := exec.CommandContext(ctx, kubectl, append([]string{"--kubeconfig", kubeconfig, "--cache-dir", t.TempDir(), "--request-timeout", "30s"}, args...)...)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	for i := range 3 {
+		if out, err := run("get", "ns", "-o", "name"); err != nil || !strings.Contains(out, "namespace/default") {
+			t.Fatalf("kubectl get ns %d with extproc down: %v\n%s", i, err, out)
+		}
+		out, err := run("get", "jobs", "-A")
+		if err == nil || !(strings.Contains(out, "503") || strings.Contains(out, "ServiceUnavailable") || strings.Contains(out, "the server doesn't have a resource type")) ||
+			strings.Contains(out, "(NotFound)") {
+			t.Fatalf("kubectl get jobs %d with extproc down: %v\n%s; want the 503 (or, from cp-b's discovery, an unknown type)", i, err, out)
+		}
+		t.Logf("kubectl get jobs %d with extproc down: %s", i, strings.TrimSpace(out))
+	}
+
 	// batch/v1 needs the decision: a 503 Status, every time (cp-b would have said 404).
 	hc := e.rawClient(&e.cp.PKI.Admin)
 	defer hc.CloseIdleConnections()
@@ -107,6 +138,10 @@ func TestExtprocDown(t *testing.T) {
 		if res.StatusCode != http.StatusServiceUnavailable || err != nil || st.Kind != "Status" || st.Code != http.StatusServiceUnavailable {
 			t.Fatalf("batch/v1 jobs %d with extproc down: %d %+v (%v); want a 503 Status", i, res.StatusCode, st, err)
 		}
+		// No apiserver saw it: clients may retry it (client-go does, by itself).
+		if ra := res.Header.Get("Retry-After"); ra != "1" {
+			t.Fatalf("batch/v1 jobs %d with extproc down: Retry-After %q, want 1", i, ra)
+		}
 	}
 	_, err = through(&e.cp.PKI.Admin, "").BatchV1().Jobs("default").List(ctx, metav1.ListOptions{})
 	if !apierrors.IsServiceUnavailable(err) {
@@ -115,6 +150,4 @@ func TestExtprocDown(t *testing.T) {
 	if f := k.DataPlane.Stat("http.kube_apiserver.ext_proc.kube_mvp.streams_failed"); f == 0 {
 		t.Error("no ext_proc stream failed: were the batch/v1 requests decided at all?")
 	}
-	_ = errors.New
-	_ = fmt.Sprint
 }
