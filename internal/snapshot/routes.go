@@ -68,11 +68,13 @@ const escapedTargetRegex = `//.*|[^?]*%.*`
 //  6. prefix / (non-resource paths, unpublished group/versions such as CRDs and aggregated
 //     APIs): the default cluster; ext_proc off.
 //
-// Every route from 3 on has long-running twins (longRunningRoutes) and, with a client CA, a
-// front-proxy twin of each (frontProxyRoute) for the requests whose identity the Lua filter
-// set. So a request that needs no routing decision never opens an ext_proc stream, whoever
-// the client is; the virtual host gives the Lua filter the identity header names
-// (identityPerRoute) and removes kube-mvp's own request headers before any apiserver.
+// Every forwarding route has twins: long-running ones without timeout (longRunningRoutes),
+// GET/HEAD ones that also retry resets (readRoute), for route 1 an escaped-path one without
+// timeout, and from route 3 on, with a client CA, a front-proxy twin of each (frontProxyRoute)
+// for the requests whose identity the Lua filter set. So a request that needs no routing
+// decision never opens an ext_proc stream, whoever the client is; the virtual host gives the
+// Lua filter the identity header names in its metadata (identityMetadata) and removes
+// kube-mvp's own request headers before any apiserver.
 func (b *builder) routeConfiguration() *routev3.RouteConfiguration {
 	def := b.p.DefaultClusterName()
 	what := "route configuration " + RouteConfigName + ": "
