@@ -72,11 +72,18 @@ type liveCluster struct {
 	// serves the requests until every host of the new one has had its first health check
 	// (warmedLocked). nil when not warming.
 	previous *clusterVersion
-	hcCancel context.CancelFunc
-	hcKick   chan struct{} // new hosts: check now (buffered, 1)
-	rr       atomic.Uint64
-	active   atomic.Int64 // requests in flight (circuit breaker)
-	retries  atomic.Int64 // retries in flight
+	// warm is set once the cluster finished its initial warm-up (warmedLocked): until
+	// then a new cluster is not in Envoy's thread-local cluster manager and a route
+	// naming it gets "cluster not found" (snapshot returns no configuration).
+	warm bool
+	// endpointsArrived: the cluster's EDS resource has been received (always true
+	// without EDS).
+	endpointsArrived bool
+	hcCancel         context.CancelFunc
+	hcKick           chan struct{} // new hosts: check now (buffered, 1)
+	rr               atomic.Uint64
+	active           atomic.Int64 // requests in flight (circuit breaker)
+	retries          atomic.Int64 // retries in flight
 }
 
 // clusterVersion is what a cluster was before a CDS change, kept while the new version warms.
@@ -102,24 +109,40 @@ func (c *liveCluster) stop() {
 	}
 }
 
-// warmedLocked ends the warm-up of a changed cluster once every host has had its first
-// health check: Envoy's new cluster finishes initializing then (ClusterImplBase waits for
-// the health checker's first round before onInitDone) and replaces the previous one, whose
-// connection pools drain (requests in flight finish; idle connections close).
-func (c *liveCluster) warmedLocked() {
-	if c.previous == nil {
-		return
+// warmedLocked ends the warm-up of a new or changed cluster once its endpoints arrived and
+// every host has had its first health check (passed or failed), and reports whether it did
+// just now. Envoy: a cluster added or updated by CDS goes to the warming clusters
+// (ClusterManagerImpl::addOrUpdateCluster, source/common/upstream/cluster_manager_impl.cc)
+// and is initialized; ClusterImplBase::onPreInitComplete (source/common/upstream/
+// upstream_impl.cc) runs once the first EDS response arrived (EdsClusterImpl::startPreInit
+// / onConfigUpdate), and ClusterImplBase::onInitDone then, with a health checker, counts
+// the hosts (pending_initialize_health_checks_) and calls finishInitialization only after
+// the health checker's completion callback ran once per host, whatever the result. Then
+// ClusterManagerImpl::onClusterInit moves the cluster from warming to active and posts it
+// to the thread-local cluster managers: only from then on can a route use it. A changed
+// cluster's new version replaces the previous one at that point, whose connection pools
+// drain (requests in flight finish; idle connections close).
+func (c *liveCluster) warmedLocked() bool {
+	if c.warm && c.previous == nil {
+		return false
+	}
+	if !c.endpointsArrived {
+		return false
 	}
 	for _, h := range c.hosts {
 		h.mu.Lock()
 		pending := h.hcPending
 		h.mu.Unlock()
 		if pending {
-			return
+			return false
 		}
 	}
-	c.previous.transport.CloseIdleConnections()
-	c.previous = nil
+	c.warm = true
+	if c.previous != nil {
+		c.previous.transport.CloseIdleConnections()
+		c.previous = nil
+	}
+	return true
 }
 
 // statPrefix is "cluster.<stat name>." of the cluster's current configuration.
@@ -133,12 +156,15 @@ func (c *liveCluster) statPrefix() string {
 }
 
 // snapshot is the version of the cluster that serves requests: the previous one while a
-// changed cluster warms up.
+// changed cluster warms up; none (nil configuration) while a new cluster warms up.
 func (c *liveCluster) snapshot() (*clusterCfg, []*liveHost, *http.Transport) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if p := c.previous; p != nil {
 		return p.cfg, p.hosts, p.transport
+	}
+	if !c.warm {
+		return nil, nil, nil
 	}
 	return c.cfg, c.hosts, c.transport
 }
@@ -189,6 +215,7 @@ func (d *DataPlane) syncClustersLocked() {
 				c.transport.CloseIdleConnections()
 			}
 			c.hosts = nil
+			c.warm = false
 		}
 		if !changed {
 			cc = c.cfg // the same resource: the compiled one in use stays
@@ -213,7 +240,16 @@ func (d *DataPlane) syncClustersLocked() {
 				nh = append(nh, h)
 				continue
 			}
-			nh = append(nh, &liveHost{hostCfg: hc, hcPending: cc.hc != nil})
+			// A new host of a cluster with active health checking starts unhealthy
+			// (FAILED_ACTIVE_HC) until its first check passes: Envoy's
+			// BaseDynamicClusterImpl::updateDynamicHostList (source/common/upstream/
+			// upstream_impl.cc) sets the flag on every added host when the cluster has a
+			// health checker, during warm-up and after it alike. Only with
+			// common_lb_config.ignore_new_hosts_until_first_hc (info_->warmHosts(), not
+			// in our configuration: the allowlist rejects it) is it additionally
+			// PENDING_ACTIVE_HC, excluded from the panic threshold's count; without it
+			// the host counts as an unhealthy host there, as here.
+			nh = append(nh, &liveHost{hostCfg: hc, hcPending: cc.hc != nil, failedHC: cc.hc != nil})
 		}
 		if cc.edsName != "" && cc.hc != nil && !cc.ignoreHealthOnHostRemoval {
 			// A host that left EDS stays while it passes active health checks, unless the
@@ -245,6 +281,7 @@ func (d *DataPlane) syncClustersLocked() {
 			h.mu.Unlock()
 		}
 		c.hosts = nh
+		c.endpointsArrived = cc.edsName == "" || d.cfg.endpoints[cc.edsName] != nil
 		if changed {
 			// The replaced pool, if any, is the previous version's (it drains when the
 			// warm-up ends) or was closed above.
@@ -560,8 +597,14 @@ func (c *liveCluster) checkHost(ctx context.Context, cc *clusterCfg, client *htt
 		c.removePendingHost(h)
 	}
 	c.mu.Lock()
-	c.warmedLocked()
+	warmed := c.warmedLocked()
 	c.mu.Unlock()
+	if warmed {
+		// The initial configuration is ready once its clusters warmed.
+		c.d.mu.Lock()
+		c.d.checkReadyLocked()
+		c.d.mu.Unlock()
+	}
 }
 
 // recordCheck applies a health check result to h; true when h, pending removal, now fails
