@@ -23,18 +23,21 @@ import (
 // warmingEnv is an env whose resources, once stage > 0, carry an extra cluster "warming-test"
 // (a copy of kube-apiservers with its own EDS resource and health-check path /warming-probe,
 // with a long check timeout) and, first in every virtual host, a route to it for requests with
-// the header x-warming-test. Stage 1: its endpoints are cp-a and cp-b; stage 2: cp-c too.
-// The fake apiservers hold each /warming-probe until its server's gate is opened.
+// the header x-warming-test. Stage 1: its endpoints are cp-a and cp-b; stage 2: cp-c too;
+// stage 3: as stage 2 with health-check path /warming-probe-v2 (a changed cluster).
+// The fake apiservers hold each /warming-probe until its server's gate is opened, and each
+// /warming-probe-v2 until its server's gate in gatesV2 is.
 type warmingEnv struct {
 	*env
-	stage atomic.Int64
-	gates map[string]chan struct{}
+	stage   atomic.Int64
+	gates   map[string]chan struct{}
+	gatesV2 map[string]chan struct{}
 }
 
 const warmingCluster = "warming-test"
 
 func newWarmingEnv(t *testing.T) *warmingEnv {
-	w := &warmingEnv{gates: map[string]chan struct{}{}}
+	w := &warmingEnv{gates: map[string]chan struct{}{}, gatesV2: map[string]chan struct{}{}}
 	w.env = newEnv(t, envOptions{editResources: func(res *snapshot.Resources) error {
 		stage := w.stage.Load()
 		if stage == 0 {
@@ -54,6 +57,9 @@ func newWarmingEnv(t *testing.T) *warmingEnv {
 		nc.EdsClusterConfig.ServiceName = ""
 		nc.HealthChecks[0].Timeout = durationpb.New(time.Hour)
 		nc.HealthChecks[0].GetHttpHealthCheck().Path = "/warming-probe"
+		if stage >= 3 {
+			nc.HealthChecks[0].GetHttpHealthCheck().Path = "/warming-probe-v2"
+		}
 		res.Clusters = append(res.Clusters, nc)
 		for _, r := range res.Endpoints {
 			cla := r.(*endpointv3.ClusterLoadAssignment)
@@ -94,15 +100,22 @@ func newWarmingEnv(t *testing.T) *warmingEnv {
 		return nil
 	}})
 	for name, f := range w.apiservers {
-		gate := make(chan struct{})
-		w.gates[name] = gate
+		gate, gateV2 := make(chan struct{}), make(chan struct{})
+		w.gates[name], w.gatesV2[name] = gate, gateV2
 		f.mu.Lock()
 		f.stall = func(r *http.Request) bool {
-			if r.URL.Path == "/warming-probe" {
-				select {
-				case <-gate:
-				case <-r.Context().Done():
-				}
+			var g chan struct{}
+			switch r.URL.Path {
+			case "/warming-probe":
+				g = gate
+			case "/warming-probe-v2":
+				g = gateV2
+			default:
+				return false
+			}
+			select {
+			case <-g:
+			case <-r.Context().Done():
 			}
 			return false
 		}
@@ -135,15 +148,18 @@ func (w *warmingEnv) push(t *testing.T, stage int64) {
 }
 
 // probed waits until server has received a /warming-probe (which its gate holds).
-func (w *warmingEnv) probed(t *testing.T, server string) {
+func (w *warmingEnv) probed(t *testing.T, server string) { w.probedAt(t, server, "/warming-probe") }
+
+// probedAt waits until server has received a health check of path.
+func (w *warmingEnv) probedAt(t *testing.T, server, path string) {
 	t.Helper()
-	testutil.WaitFor(t, t.Context(), 15*time.Second, server+" probed", func() error {
+	testutil.WaitFor(t, t.Context(), 15*time.Second, server+" probed at "+path, func() error {
 		for _, r := range w.apiservers[server].requests() {
-			if r.Path == "/warming-probe" {
+			if r.Path == path {
 				return nil
 			}
 		}
-		return fmt.Errorf("no /warming-probe yet")
+		return fmt.Errorf("no %s yet", path)
 	})
 }
 
@@ -264,4 +280,48 @@ func (e *env) spreadWith(c *http.Client, path string, n int, hdr map[string]stri
 		clusters[r.seen.Header.Get("X-Kube-Mvp-Cluster")]++
 	}
 	return servers, clusters
+}
+
+// TestChangedClusterWarming: a cluster changed by CDS is a new cluster that warms up like an
+// added one, while the previous version keeps serving every request; once every host of the
+// new version had its first health check, the new version serves (Envoy: the updated cluster
+// waits in the warming clusters; the active one stays in the thread-local cluster manager
+// until ClusterManagerImpl::onClusterInit replaces it).
+func TestChangedClusterWarming(t *testing.T) {
+	w := newWarmingEnv(t)
+	for _, g := range w.gates {
+		close(g)
+	}
+	w.push(t, 2)
+	testutil.WaitFor(t, t.Context(), 15*time.Second, "the new cluster warmed", func() error {
+		if cc, _, _ := w.dp.cluster(warmingCluster).snapshot(); cc == nil {
+			return fmt.Errorf("still warming")
+		}
+		return nil
+	})
+	c := w.client(nil)
+	const path = "/api/v1/namespaces/default/configmaps"
+	w.spreadWith(c, path, 5, warmingHeader)
+	oldCfg, _, _ := w.dp.cluster(warmingCluster).snapshot()
+
+	w.push(t, 3)
+	for name := range w.apiservers {
+		w.probedAt(t, name, "/warming-probe-v2")
+	}
+	// Every request is served, by the previous version.
+	w.spreadWith(c, path, 20, warmingHeader)
+	if cc, _, _ := w.dp.cluster(warmingCluster).snapshot(); cc != oldCfg {
+		t.Fatalf("the changed cluster serves before its hosts' first health checks")
+	}
+	close(w.gatesV2["cp-a"])
+	close(w.gatesV2["cp-b"])
+	w.spreadWith(c, path, 20, warmingHeader)
+	close(w.gatesV2["cp-c"])
+	testutil.WaitFor(t, t.Context(), 15*time.Second, "the changed cluster warmed", func() error {
+		if cc, _, _ := w.dp.cluster(warmingCluster).snapshot(); cc == oldCfg {
+			return fmt.Errorf("the previous version still serves")
+		}
+		return nil
+	})
+	w.spreadWith(c, path, 20, warmingHeader)
 }
