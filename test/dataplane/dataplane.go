@@ -16,10 +16,6 @@
 //
 // Documented deviations from Envoy, all test conveniences:
 //   - Options.ListenerAddress overrides a listener's socket address (tests need free ports).
-//   - Cluster warming is modelled (liveCluster.warmedLocked): a new cluster is "not found"
-//     until its endpoints arrived and every host had its first health check, and a changed
-//     one's previous version serves meanwhile; but EDS updates during a changed cluster's
-//     warm-up reach only the new version (in Envoy both versions follow EDS).
 //   - Listeners accept connections before the initial configuration's clusters warmed (a
 //     request then gets "cluster not found"); Envoy starts its workers only once the
 //     cluster manager initialized. WaitReady waits for the warm-up.

@@ -24,7 +24,8 @@ import (
 // (a copy of kube-apiservers with its own EDS resource and health-check path /warming-probe,
 // with a long check timeout) and, first in every virtual host, a route to it for requests with
 // the header x-warming-test. Stage 1: its endpoints are cp-a and cp-b; stage 2: cp-c too;
-// stage 3: as stage 2 with health-check path /warming-probe-v2 (a changed cluster).
+// stage 3: as stage 2 with health-check path /warming-probe-v2 (a changed cluster); stage 4:
+// as stage 3 without cp-c (an EDS update only).
 // The fake apiservers hold each /warming-probe until its server's gate is opened, and each
 // /warming-probe-v2 until its server's gate in gatesV2 is.
 type warmingEnv struct {
@@ -73,7 +74,7 @@ func newWarmingEnv(t *testing.T) *warmingEnv {
 				for _, ep := range l.GetLbEndpoints() {
 					sa := ep.GetEndpoint().GetAddress().GetSocketAddress()
 					addr := fmt.Sprintf("%s:%d", sa.GetAddress(), sa.GetPortValue())
-					if stage >= 2 || addr != w.apiservers["cp-c"].addr() {
+					if stage == 2 || stage == 3 || addr != w.apiservers["cp-c"].addr() {
 						keep = append(keep, ep)
 					}
 				}
@@ -324,4 +325,39 @@ func TestChangedClusterWarming(t *testing.T) {
 		return nil
 	})
 	w.spreadWith(c, path, 20, warmingHeader)
+}
+
+// TestEDSDuringChangedClusterWarming: while a changed cluster warms, EDS updates reach the
+// previous version that serves too (in Envoy the active cluster keeps its EDS subscription
+// until the warmed one replaces it): an apiserver that leaves EDS (the product sets
+// ignore_health_on_host_removal, so it goes at once) takes no more requests.
+func TestEDSDuringChangedClusterWarming(t *testing.T) {
+	w := newWarmingEnv(t)
+	for _, g := range w.gates {
+		close(g)
+	}
+	w.push(t, 2)
+	testutil.WaitFor(t, t.Context(), 15*time.Second, "the new cluster warmed", func() error {
+		if cc, _, _ := w.dp.cluster(warmingCluster).snapshot(); cc == nil {
+			return fmt.Errorf("still warming")
+		}
+		return nil
+	})
+	c := w.client(nil)
+	const path = "/api/v1/namespaces/default/configmaps"
+	w.push(t, 3)
+	w.probedAt(t, "cp-a", "/warming-probe-v2")
+	oldCfg, _, _ := w.dp.cluster(warmingCluster).snapshot()
+	w.push(t, 4)
+	if cc, _, _ := w.dp.cluster(warmingCluster).snapshot(); cc != oldCfg {
+		t.Fatalf("the previous version no longer serves")
+	}
+	// 60 requests over two or three hosts: none to cp-c if it were still a host of the
+	// serving version would be (2/3)^60 likely.
+	if servers, _ := w.spreadWith(c, path, 60, warmingHeader); servers["cp-c"] > 0 {
+		t.Errorf("cp-c, no longer in EDS, answered %d requests during the warm-up: %v", servers["cp-c"], servers)
+	}
+	for _, g := range w.gatesV2 {
+		close(g)
+	}
 }
