@@ -147,6 +147,10 @@ func (d *DataPlane) serveClusters(w http.ResponseWriter, _ *http.Request) {
 	now := time.Now()
 	for _, n := range sortedNames(clusters) {
 		cc, hosts, _ := clusters[n].snapshot()
+		if cc == nil {
+			// Warming: Envoy's /clusters lists the active clusters only.
+			continue
+		}
 		cs := clusterStatus{Name: n, AddedViaAPI: true, HostStatuses: []hostStatus{}}
 		if md := cc.raw.GetMetadata().GetFilterMetadata(); len(md) > 0 {
 			m := map[string]any{}

@@ -264,8 +264,9 @@ func (d *DataPlane) nackLocked(errs []error) error {
 	return err
 }
 
-// checkReadyLocked closes readyCh once listeners and clusters are applied and every route
-// configuration, load assignment and secret they refer to is applied too.
+// checkReadyLocked closes readyCh once listeners and clusters are applied, every route
+// configuration, load assignment and secret they refer to is applied too, and every cluster
+// warmed.
 func (d *DataPlane) checkReadyLocked() {
 	if d.ready {
 		return
@@ -290,6 +291,17 @@ func (d *DataPlane) checkReadyLocked() {
 			return
 		}
 		if c.tls != nil && ((c.tls.certSecret != "" && cfg.secrets[c.tls.certSecret] == nil) || (c.tls.caSecret != "" && cfg.secrets[c.tls.caSecret] == nil)) {
+			return
+		}
+	}
+	// And, as Envoy's server initialization waits for the cluster manager's
+	// (ClusterManagerInitHelper, source/common/upstream/cluster_manager_impl.cc: the CDS
+	// clusters' initialization is part of the server's init), every cluster warmed.
+	for _, c := range d.clusters {
+		c.mu.Lock()
+		warm := c.warm
+		c.mu.Unlock()
+		if !warm {
 			return
 		}
 	}

@@ -16,12 +16,9 @@
 //
 // Documented deviations from Envoy, all test conveniences:
 //   - Options.ListenerAddress overrides a listener's socket address (tests need free ports).
-//   - Hosts added to a cluster with active health checking are used before their first check
-//     completes (Envoy's default ignore_new_hosts_until_first_hc=false for hosts added after
-//     cluster warming). A new cluster's initial warming is not modelled; a changed cluster's
-//     is (the previous version serves until every host of the new one had its first check),
-//     but EDS updates during that warm-up reach only the new version (in Envoy both
-//     versions follow EDS).
+//   - Listeners accept connections before the initial configuration's clusters warmed (a
+//     request then gets "cluster not found"); Envoy starts its workers only once the
+//     cluster manager initialized. WaitReady waits for the warm-up.
 //   - The router buffers request bodies of up to 1 MiB so that retries can replay them (Envoy
 //     buffers while streaming); larger bodies are streamed and not retried, as in Envoy.
 //   - The Lua filter runs envoy_on_request only (no envoy_on_response, body or trailers), opens
@@ -163,7 +160,7 @@ func (d *DataPlane) ListenerAddr(name string) string {
 
 // WaitReady waits until listeners, routes, clusters, endpoints and secrets have all been
 // applied (ACKed) at least once, as far as the configuration needs them (a configuration
-// without TLS refers to no secret and gets none), and every listener is bound.
+// without TLS refers to no secret and gets none), every listener is bound and every cluster warmed.
 func (d *DataPlane) WaitReady(ctx context.Context) error {
 	select {
 	case <-d.readyCh:

@@ -57,13 +57,21 @@ func (st *stream) router(rt *route) {
 		// 503 with flag NC.
 		name, _ = st.hdr.get(rt.clusterHeader)
 	}
+	// A cluster still warming (added by CDS, endpoints or first health checks pending) is
+	// not in Envoy's thread-local cluster manager yet: the router's getThreadLocalCluster
+	// finds nothing, the same "cluster not found" (see liveCluster.warmedLocked).
+	var cc *clusterCfg
+	var hosts []*liveHost
+	var transport *http.Transport
 	c := d.cluster(name)
-	if name == "" || c == nil {
+	if name != "" && c != nil {
+		cc, hosts, transport = c.snapshot()
+	}
+	if cc == nil {
 		st.addFlag(flagNoClusterFound)
 		st.localReply(http.StatusServiceUnavailable, "", "cluster_not_found")
 		return
 	}
-	cc, hosts, transport := c.snapshot()
 	cp := "cluster." + cc.stat + "."
 
 	// Circuit breaker max_requests: requests beyond it are rejected with UO.

@@ -72,11 +72,18 @@ type liveCluster struct {
 	// serves the requests until every host of the new one has had its first health check
 	// (warmedLocked). nil when not warming.
 	previous *clusterVersion
-	hcCancel context.CancelFunc
-	hcKick   chan struct{} // new hosts: check now (buffered, 1)
-	rr       atomic.Uint64
-	active   atomic.Int64 // requests in flight (circuit breaker)
-	retries  atomic.Int64 // retries in flight
+	// warm is set once the cluster finished its initial warm-up (warmedLocked): until
+	// then a new cluster is not in Envoy's thread-local cluster manager and a route
+	// naming it gets "cluster not found" (snapshot returns no configuration).
+	warm bool
+	// endpointsArrived: the cluster's EDS resource has been received (always true
+	// without EDS).
+	endpointsArrived bool
+	hcCancel         context.CancelFunc
+	hcKick           chan struct{} // new hosts: check now (buffered, 1)
+	rr               atomic.Uint64
+	active           atomic.Int64 // requests in flight (circuit breaker)
+	retries          atomic.Int64 // retries in flight
 }
 
 // clusterVersion is what a cluster was before a CDS change, kept while the new version warms.
@@ -84,6 +91,20 @@ type clusterVersion struct {
 	cfg       *clusterCfg
 	hosts     []*liveHost
 	transport *http.Transport
+	// The previous version keeps its health checker and follows EDS while the new one
+	// warms: in Envoy the active cluster is untouched by the warming one's
+	// initialization and keeps its own EDS subscription and health checker until
+	// ClusterManagerImpl::onClusterInit replaces it.
+	hcCancel context.CancelFunc
+	hcKick   chan struct{}
+}
+
+// drop ends the previous version: its health checker stops, its pool drains.
+func (p *clusterVersion) drop() {
+	if p.hcCancel != nil {
+		p.hcCancel()
+	}
+	p.transport.CloseIdleConnections()
 }
 
 func (c *liveCluster) stop() {
@@ -97,29 +118,45 @@ func (c *liveCluster) stop() {
 		c.transport.CloseIdleConnections()
 	}
 	if c.previous != nil {
-		c.previous.transport.CloseIdleConnections()
+		c.previous.drop()
 		c.previous = nil
 	}
 }
 
-// warmedLocked ends the warm-up of a changed cluster once every host has had its first
-// health check: Envoy's new cluster finishes initializing then (ClusterImplBase waits for
-// the health checker's first round before onInitDone) and replaces the previous one, whose
-// connection pools drain (requests in flight finish; idle connections close).
-func (c *liveCluster) warmedLocked() {
-	if c.previous == nil {
-		return
+// warmedLocked ends the warm-up of a new or changed cluster once its endpoints arrived and
+// every host has had its first health check (passed or failed), and reports whether it did
+// just now. Envoy: a cluster added or updated by CDS goes to the warming clusters
+// (ClusterManagerImpl::addOrUpdateCluster, source/common/upstream/cluster_manager_impl.cc)
+// and is initialized; ClusterImplBase::onPreInitComplete (source/common/upstream/
+// upstream_impl.cc) runs once the first EDS response arrived (EdsClusterImpl::startPreInit
+// / onConfigUpdate), and ClusterImplBase::onInitDone then, with a health checker, counts
+// the hosts (pending_initialize_health_checks_) and calls finishInitialization only after
+// the health checker's completion callback ran once per host, whatever the result. Then
+// ClusterManagerImpl::onClusterInit moves the cluster from warming to active and posts it
+// to the thread-local cluster managers: only from then on can a route use it. A changed
+// cluster's new version replaces the previous one at that point, whose connection pools
+// drain (requests in flight finish; idle connections close).
+func (c *liveCluster) warmedLocked() bool {
+	if c.warm && c.previous == nil {
+		return false
+	}
+	if !c.endpointsArrived {
+		return false
 	}
 	for _, h := range c.hosts {
 		h.mu.Lock()
 		pending := h.hcPending
 		h.mu.Unlock()
 		if pending {
-			return
+			return false
 		}
 	}
-	c.previous.transport.CloseIdleConnections()
-	c.previous = nil
+	c.warm = true
+	if c.previous != nil {
+		c.previous.drop()
+		c.previous = nil
+	}
+	return true
 }
 
 // statPrefix is "cluster.<stat name>." of the cluster's current configuration.
@@ -133,21 +170,39 @@ func (c *liveCluster) statPrefix() string {
 }
 
 // snapshot is the version of the cluster that serves requests: the previous one while a
-// changed cluster warms up.
+// changed cluster warms up; none (nil configuration) while a new cluster warms up.
 func (c *liveCluster) snapshot() (*clusterCfg, []*liveHost, *http.Transport) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if p := c.previous; p != nil {
 		return p.cfg, p.hosts, p.transport
 	}
+	if !c.warm {
+		return nil, nil, nil
+	}
 	return c.cfg, c.hosts, c.transport
 }
 
-// current is the newest version's hosts (those the health checker checks).
+// current is the newest version's hosts (those its health checker checks).
 func (c *liveCluster) current() []*liveHost {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.hosts
+}
+
+// hostsOf is the hosts of the version of the cluster whose configuration is cc (the newest,
+// or the previous one while the newest warms; none once it is gone): those cc's health
+// checker checks.
+func (c *liveCluster) hostsOf(cc *clusterCfg) []*liveHost {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case c.cfg == cc:
+		return c.hosts
+	case c.previous != nil && c.previous.cfg == cc:
+		return c.previous.hosts
+	}
+	return nil
 }
 
 // syncClustersLocked brings the live clusters in line with the configuration: new clusters
@@ -157,8 +212,8 @@ func (c *liveCluster) current() []*liveHost {
 // (source/common/upstream/cluster_manager_impl.cc) skips an update whose config hash equals
 // the cluster's, and otherwise builds the cluster anew and warms it up: new hosts (no health,
 // outlier or pending-removal state, each pending its first health check), a new connection
-// pool and health checker, while the previous version keeps serving until the warm-up ends
-// (warmedLocked).
+// pool and health checker, while the previous version keeps serving, with its own health
+// checker and following EDS, until the warm-up ends (warmedLocked).
 func (d *DataPlane) syncClustersLocked() {
 	for name, c := range d.clusters {
 		if d.cfg.clusters[name] == nil {
@@ -178,65 +233,39 @@ func (d *DataPlane) syncClustersLocked() {
 		}
 		c.mu.Lock()
 		changed := c.cfg == nil || !proto.Equal(c.cfg.raw, cc.raw)
-		old := map[string]*liveHost{}
 		if changed && c.cfg != nil {
 			// A new version of the cluster: nothing of the old hosts carries over.
 			if c.previous == nil {
-				c.previous = &clusterVersion{cfg: c.cfg, hosts: c.hosts, transport: c.transport}
+				c.previous = &clusterVersion{cfg: c.cfg, hosts: c.hosts, transport: c.transport, hcCancel: c.hcCancel, hcKick: c.hcKick}
+				c.hcCancel = nil
+				c.hcKick = make(chan struct{}, 1)
 			} else {
 				// Changed again while warming: the version that serves stays, the
 				// one that was warming goes.
 				c.transport.CloseIdleConnections()
 			}
 			c.hosts = nil
+			c.warm = false
 		}
 		if !changed {
 			cc = c.cfg // the same resource: the compiled one in use stays
 		}
-		for _, h := range c.hosts {
-			old[h.address] = h
-		}
-		var nh []*liveHost
+		nh := mergeHosts(cc, c.hosts, hosts)
 		pending := false
-		kept := map[string]bool{}
-		for _, hc := range hosts {
-			if h := old[hc.address]; h != nil {
-				kept[hc.address] = true
-				// Back in EDS: no longer pending removal (Envoy clears
-				// PENDING_DYNAMIC_REMOVAL of a host matched by address).
-				h.mu.Lock()
-				h.pendingRemoval = false
-				h.mu.Unlock()
-				if h.hostname != hc.hostname || !proto.Equal(h.metadata, hc.metadata) {
-					h = h.withConfig(hc)
-				}
-				nh = append(nh, h)
-				continue
+		var prevKick chan struct{}
+		if p := c.previous; p != nil && !changed {
+			// EDS reaches the serving previous version too.
+			ph := p.cfg.staticHosts
+			if p.cfg.edsName != "" {
+				ph, _ = compileHosts(d.cfg.endpoints[p.cfg.edsName])
 			}
-			nh = append(nh, &liveHost{hostCfg: hc, hcPending: cc.hc != nil})
-		}
-		if cc.edsName != "" && cc.hc != nil && !cc.ignoreHealthOnHostRemoval {
-			// A host that left EDS stays while it passes active health checks, unless the
-			// cluster sets ignore_health_on_host_removal: Envoy's
-			// BaseDynamicClusterImpl::updateDynamicHostList
-			// (source/common/upstream/upstream_impl.cc) keeps every removed host that has
-			// neither FAILED_ACTIVE_HC nor FAILED_EDS_HEALTH, marked
-			// PENDING_DYNAMIC_REMOVAL, when the cluster has a health checker and
-			// drainConnectionsOnHostRemoval() (ignore_health_on_host_removal) is false. A
-			// host with no check result yet still carries the FAILED_ACTIVE_HC every new
-			// host starts with there, so it goes. The kept host stays healthy and takes
-			// traffic (PENDING_DYNAMIC_REMOVAL is not in excludeBasedOnHealthFlag).
-			for _, h := range c.hosts {
-				if kept[h.address] {
-					continue
-				}
+			p.hosts = mergeHosts(p.cfg, p.hosts, ph)
+			for _, h := range p.hosts {
 				h.mu.Lock()
-				keep := !h.failedHC && !h.hcPending
-				h.pendingRemoval = keep
-				h.mu.Unlock()
-				if keep {
-					nh = append(nh, h)
+				if h.hcPending {
+					prevKick = p.hcKick
 				}
+				h.mu.Unlock()
 			}
 		}
 		for _, h := range nh {
@@ -245,6 +274,7 @@ func (d *DataPlane) syncClustersLocked() {
 			h.mu.Unlock()
 		}
 		c.hosts = nh
+		c.endpointsArrived = cc.edsName == "" || d.cfg.endpoints[cc.edsName] != nil
 		if changed {
 			// The replaced pool, if any, is the previous version's (it drains when the
 			// warm-up ends) or was closed above.
@@ -257,10 +287,11 @@ func (d *DataPlane) syncClustersLocked() {
 			if cc.hc != nil {
 				ctx, cancel := context.WithCancel(d.ctx)
 				c.hcCancel = cancel
+				kick := c.hcKick
 				d.wg.Add(1)
 				go func() {
 					defer d.wg.Done()
-					c.healthCheckLoop(ctx, cc)
+					c.healthCheckLoop(ctx, cc, kick)
 				}()
 			}
 		}
@@ -272,6 +303,12 @@ func (d *DataPlane) syncClustersLocked() {
 			// not at the next interval. (We check every host then; Envoy the new ones.)
 			select {
 			case c.hcKick <- struct{}{}:
+			default:
+			}
+		}
+		if prevKick != nil {
+			select {
+			case prevKick <- struct{}{}:
 			default:
 			}
 		}
@@ -482,12 +519,12 @@ func (c *liveCluster) localOriginResult(cc *clusterCfg, hosts []*liveHost, h *li
 // unhealthy_threshold consecutive failures and healthy again after healthy_threshold
 // successes; the first check of a new host decides at once. A success unejects an ejected
 // host when successful_active_health_check_uneject_host is set.
-func (c *liveCluster) healthCheckLoop(ctx context.Context, cc *clusterCfg) {
+func (c *liveCluster) healthCheckLoop(ctx context.Context, cc *clusterCfg, kick chan struct{}) {
 	tr := c.newTransport(cc, cc.hc.tls)
 	defer tr.CloseIdleConnections()
 	client := &http.Client{Transport: tr, Timeout: cc.hc.timeout}
 	for {
-		hosts := c.current()
+		hosts := c.hostsOf(cc)
 		var wg sync.WaitGroup
 		for _, h := range hosts {
 			wg.Add(1)
@@ -505,7 +542,7 @@ func (c *liveCluster) healthCheckLoop(ctx context.Context, cc *clusterCfg) {
 		case <-ctx.Done():
 			return
 		case <-time.After(interval):
-		case <-c.hcKick:
+		case <-kick:
 		}
 	}
 }
@@ -560,8 +597,14 @@ func (c *liveCluster) checkHost(ctx context.Context, cc *clusterCfg, client *htt
 		c.removePendingHost(h)
 	}
 	c.mu.Lock()
-	c.warmedLocked()
+	warmed := c.warmedLocked()
 	c.mu.Unlock()
+	if warmed {
+		// The initial configuration is ready once its clusters warmed.
+		c.d.mu.Lock()
+		c.d.checkReadyLocked()
+		c.d.mu.Unlock()
+	}
 }
 
 // recordCheck applies a health check result to h; true when h, pending removal, now fails
@@ -609,4 +652,69 @@ func (c *liveCluster) removePendingHost(h *liveHost) {
 		return
 	}
 	c.hosts = slices.DeleteFunc(slices.Clone(c.hosts), func(x *liveHost) bool { return x == h })
+	if p := c.previous; p != nil {
+		p.hosts = slices.DeleteFunc(slices.Clone(p.hosts), func(x *liveHost) bool { return x == h })
+	}
+}
+
+// mergeHosts is the host list of cluster version cc after an update of its endpoints to
+// hosts, from its current hosts cur: hosts are kept (with their health) by address; new
+// ones start pending their first check; those that left are dropped or kept pending removal.
+func mergeHosts(cc *clusterCfg, cur []*liveHost, hosts []hostCfg) []*liveHost {
+	old := map[string]*liveHost{}
+	for _, h := range cur {
+		old[h.address] = h
+	}
+	var nh []*liveHost
+	kept := map[string]bool{}
+	for _, hc := range hosts {
+		if h := old[hc.address]; h != nil {
+			kept[hc.address] = true
+			// Back in EDS: no longer pending removal (Envoy clears
+			// PENDING_DYNAMIC_REMOVAL of a host matched by address).
+			h.mu.Lock()
+			h.pendingRemoval = false
+			h.mu.Unlock()
+			if h.hostname != hc.hostname || !proto.Equal(h.metadata, hc.metadata) {
+				h = h.withConfig(hc)
+			}
+			nh = append(nh, h)
+			continue
+		}
+		// A new host of a cluster with active health checking starts unhealthy
+		// (FAILED_ACTIVE_HC) until its first check passes: Envoy's
+		// BaseDynamicClusterImpl::updateDynamicHostList (source/common/upstream/
+		// upstream_impl.cc) sets the flag on every added host when the cluster has a
+		// health checker, during warm-up and after it alike. Only with
+		// common_lb_config.ignore_new_hosts_until_first_hc (info_->warmHosts(), not
+		// in our configuration: the allowlist rejects it) is it additionally
+		// PENDING_ACTIVE_HC, excluded from the panic threshold's count; without it
+		// the host counts as an unhealthy host there, as here.
+		nh = append(nh, &liveHost{hostCfg: hc, hcPending: cc.hc != nil, failedHC: cc.hc != nil})
+	}
+	if cc.edsName != "" && cc.hc != nil && !cc.ignoreHealthOnHostRemoval {
+		// A host that left EDS stays while it passes active health checks, unless the
+		// cluster sets ignore_health_on_host_removal: Envoy's
+		// BaseDynamicClusterImpl::updateDynamicHostList
+		// (source/common/upstream/upstream_impl.cc) keeps every removed host that has
+		// neither FAILED_ACTIVE_HC nor FAILED_EDS_HEALTH, marked
+		// PENDING_DYNAMIC_REMOVAL, when the cluster has a health checker and
+		// drainConnectionsOnHostRemoval() (ignore_health_on_host_removal) is false. A
+		// host with no check result yet still carries the FAILED_ACTIVE_HC every new
+		// host starts with there, so it goes. The kept host stays healthy and takes
+		// traffic (PENDING_DYNAMIC_REMOVAL is not in excludeBasedOnHealthFlag).
+		for _, h := range cur {
+			if kept[h.address] {
+				continue
+			}
+			h.mu.Lock()
+			keep := !h.failedHC && !h.hcPending
+			h.pendingRemoval = keep
+			h.mu.Unlock()
+			if keep {
+				nh = append(nh, h)
+			}
+		}
+	}
+	return nh
 }
