@@ -22,7 +22,9 @@ import (
 )
 
 // TestDepartedAPIServerMemory: a cluster as real clusters run, without the StorageVersion API
-// (and without the alpha peer-proxy gate, so no peer-advertise address on the Leases). cp-a
+// (the peer-proxy gate at its default: on since 1.36, so these Leases carry their address;
+// --apiserver-addresses is given as a 1.35 cluster needs it, and is used only for a Lease
+// without one). cp-a
 // alone serves batch/v1. When it goes away, kube-mvp remembers what it served: jobs answer
 // 503 with Retry-After, never 404, while its Lease is stale (killed), and for the grace period
 // after its Lease is deleted (stopped gracefully); then 404. The memory survives an
