@@ -332,27 +332,15 @@ type luaMethod func(h *luaHandle, L *lua.LState) int
 var luaClasses = map[string]map[string]luaMethod{
 	"stream handle": {
 		"headers": func(h *luaHandle, L *lua.LState) int {
-			if h.headers == nil {
-				h.headers = h.object(L, "header map")
-			}
-			L.Push(h.headers)
-			return 1
+			return h.pushObject(L, &h.headers, "header map")
 		},
 		"streamInfo": func(h *luaHandle, L *lua.LState) int {
-			if h.streamInfo == nil {
-				h.streamInfo = h.object(L, "stream info")
-			}
-			L.Push(h.streamInfo)
-			return 1
+			return h.pushObject(L, &h.streamInfo, "stream info")
 		},
 		// StreamHandleWrapper::luaVirtualHost: the matched virtual host, whose metadata() is
 		// its filter_metadata under the filter's name (empty without one).
 		"virtualHost": func(h *luaHandle, L *lua.LState) int {
-			if h.virtualHost == nil {
-				h.virtualHost = h.object(L, "virtual host")
-			}
-			L.Push(h.virtualHost)
-			return 1
+			return h.pushObject(L, &h.virtualHost, "virtual host")
 		},
 		"respond": (*luaHandle).respond,
 		// StreamHandleWrapper::luaLogWarn -> scriptLog at warn.
@@ -368,20 +356,12 @@ var luaClasses = map[string]map[string]luaMethod{
 				L.Push(lua.LNil)
 				return 1
 			}
-			if h.ssl == nil {
-				h.ssl = h.object(L, "ssl connection")
-			}
-			L.Push(h.ssl)
-			return 1
+			return h.pushObject(L, &h.ssl, "ssl connection")
 		},
 	},
 	"virtual host": {
 		"metadata": func(h *luaHandle, L *lua.LState) int {
-			if h.vhMetadata == nil {
-				h.vhMetadata = h.object(L, "metadata")
-			}
-			L.Push(h.vhMetadata)
-			return 1
+			return h.pushObject(L, &h.vhMetadata, "metadata")
 		},
 	},
 	"metadata": {
@@ -437,6 +417,16 @@ func (h *luaHandle) object(L *lua.LState, kind string) *lua.LUserData {
 	ud.Value = &luaObject{h: h, kind: kind}
 	L.SetMetatable(ud, h.vm.metatables[kind])
 	return ud
+}
+
+// pushObject pushes the request's object of the given class, made on first use: Envoy's
+// wrappers are made once per handle too.
+func (h *luaHandle) pushObject(L *lua.LState, slot **lua.LUserData, kind string) int {
+	if *slot == nil {
+		*slot = h.object(L, kind)
+	}
+	L.Push(*slot)
+	return 1
 }
 
 func (h *luaHandle) userdata(L *lua.LState) *lua.LUserData {

@@ -149,6 +149,22 @@ func (w *warmingEnv) push(t *testing.T, stage int64) {
 }
 
 // probed waits until server has received a /warming-probe (which its gate holds).
+// warmed lets every first health check pass, sends the cluster and its endpoints (stage 2)
+// and waits until the cluster warmed.
+func (w *warmingEnv) warmed(t *testing.T) {
+	t.Helper()
+	for _, g := range w.gates {
+		close(g)
+	}
+	w.push(t, 2)
+	testutil.WaitFor(t, t.Context(), 15*time.Second, "the new cluster warmed", func() error {
+		if cc, _, _ := w.dp.cluster(warmingCluster).snapshot(); cc == nil {
+			return fmt.Errorf("still warming")
+		}
+		return nil
+	})
+}
+
 func (w *warmingEnv) probed(t *testing.T, server string) { w.probedAt(t, server, "/warming-probe") }
 
 // probedAt waits until server has received a health check of path.
@@ -290,16 +306,7 @@ func (e *env) spreadWith(c *http.Client, path string, n int, hdr map[string]stri
 // until ClusterManagerImpl::onClusterInit replaces it).
 func TestChangedClusterWarming(t *testing.T) {
 	w := newWarmingEnv(t)
-	for _, g := range w.gates {
-		close(g)
-	}
-	w.push(t, 2)
-	testutil.WaitFor(t, t.Context(), 15*time.Second, "the new cluster warmed", func() error {
-		if cc, _, _ := w.dp.cluster(warmingCluster).snapshot(); cc == nil {
-			return fmt.Errorf("still warming")
-		}
-		return nil
-	})
+	w.warmed(t)
 	c := w.client(nil)
 	const path = "/api/v1/namespaces/default/configmaps"
 	w.spreadWith(c, path, 5, warmingHeader)
@@ -333,16 +340,7 @@ func TestChangedClusterWarming(t *testing.T) {
 // ignore_health_on_host_removal, so it goes at once) takes no more requests.
 func TestEDSDuringChangedClusterWarming(t *testing.T) {
 	w := newWarmingEnv(t)
-	for _, g := range w.gates {
-		close(g)
-	}
-	w.push(t, 2)
-	testutil.WaitFor(t, t.Context(), 15*time.Second, "the new cluster warmed", func() error {
-		if cc, _, _ := w.dp.cluster(warmingCluster).snapshot(); cc == nil {
-			return fmt.Errorf("still warming")
-		}
-		return nil
-	})
+	w.warmed(t)
 	c := w.client(nil)
 	const path = "/api/v1/namespaces/default/configmaps"
 	w.push(t, 3)
