@@ -58,10 +58,24 @@ const (
 	ClusterDefault = "kube-apiservers"
 	// ClusterLocal, in sidecar mode, holds only the local apiserver.
 	ClusterLocal = "kube-apiserver-local"
-	// ClusterSubsetPrefix starts the name of a cluster holding a strict subset, followed by
-	// the members' hostnames joined by "+", each with ClusterNameDot for its dots
-	// (plan.SubsetClusterName).
+	// ClusterServingSets holds every apiserver a serving set may name (the live ones and
+	// departed ones remembered at a verified address), each listing in its endpoint metadata
+	// (MetadataNamespaceLB, key LBSetKey) the serving sets it belongs to. Envoy's subset load
+	// balancer picks among the members of the set extproc names per request, in its dynamic
+	// metadata: a new serving set is an EDS change within a cluster Envoy has long warmed,
+	// whose hosts keep their health, not a new cluster.
+	ClusterServingSets = "kube-apiservers-serving"
+	// ClusterSubsetPrefix starts the name of a serving set (a strict subset of the live
+	// apiservers), followed by the members' hostnames joined by "+", each with ClusterNameDot
+	// for its dots (plan.SubsetClusterName).
 	ClusterSubsetPrefix = "kube-apiservers-only-"
+	// MetadataNamespaceLB is Envoy's namespace for load-balancer subset criteria: endpoint
+	// metadata says which sets a host is in, and the router takes a request's dynamic
+	// metadata in it as the criteria (source/common/router/router.cc).
+	MetadataNamespaceLB = "envoy.lb"
+	// LBSetKey is the subset key under MetadataNamespaceLB: a host's value is the list of
+	// serving sets it is in (list_as_any), a request's the one set extproc chose.
+	LBSetKey = "kube-mvp-set"
 	// ClusterFrontProxySuffix ends the name of the front-proxy twin of every apiserver
 	// cluster (FrontProxyCluster). A plan's cluster names the apiservers; Envoy has each
 	// twice: as named, its connections present no client certificate, so the apiserver

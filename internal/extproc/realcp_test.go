@@ -9,7 +9,6 @@ import (
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 
-	"github.com/kube-mvp/kube-mvp/internal/contract"
 	"github.com/kube-mvp/kube-mvp/internal/inventory"
 	"github.com/kube-mvp/kube-mvp/internal/testutil"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
@@ -88,10 +87,8 @@ func waitDecision(t *testing.T, client extprocv3.ExternalProcessorClient, method
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
 		resp := call(t, client, request(method, path))
-		for _, h := range resp.GetRequestHeaders().GetResponse().GetHeaderMutation().GetSetHeaders() {
-			if h.GetHeader().GetKey() == contract.HeaderRoutingCluster && string(h.GetHeader().GetRawValue()) == cluster {
-				return
-			}
+		if destination(resp) == cluster {
+			return
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("%s %s: extproc answers %v, want cluster %s", method, path, resp, cluster)

@@ -10,6 +10,7 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -95,8 +96,12 @@ func (v *view) route(r plan.Route) *route {
 type route struct {
 	outcome topology.Outcome
 	// cluster is the value of x-kube-mvp-cluster for requests with their own credentials
-	// (the planned cluster); empty for Unavailable.
+	// (the planned cluster, or for a serving set the serving-sets cluster); empty for
+	// Unavailable.
 	cluster string
+	// lb names a Subset's serving set in the request's dynamic metadata, which Envoy's
+	// router hands the serving-sets cluster's subset load balancer; nil otherwise.
+	lb *structpb.Struct
 	// set holds the routing header naming cluster (and x-kubernetes-peer-proxied for a
 	// subset); frontProxySet the same for the cluster's front-proxy twin, for requests with
 	// identity headers.
@@ -127,6 +132,10 @@ func newRoute(d plan.Route, m *metrics, removals []string) *route {
 		return r
 	}
 	r.cluster = d.Cluster
+	if d.Outcome == topology.Subset {
+		r.cluster = contract.ClusterServingSets
+		r.lb = servingSetMetadata(d.Cluster)
+	}
 	r.set = []*corev3.HeaderValueOption{setHeader(contract.HeaderRoutingCluster, r.cluster, false)}
 	r.frontProxySet = []*corev3.HeaderValueOption{setHeader(contract.HeaderRoutingCluster, contract.FrontProxyCluster(r.cluster), false)}
 	if d.Outcome == topology.Subset {
@@ -135,8 +144,8 @@ func newRoute(d plan.Route, m *metrics, removals []string) *route {
 		r.set = append(r.set, peerProxied)
 		r.frontProxySet = append(r.frontProxySet, peerProxied)
 	}
-	r.resp = headersResponse(r.set, r.removals)
-	r.frontProxyResp = headersResponse(r.frontProxySet, frontProxyRemovals)
+	r.resp = headersResponse(r.set, r.removals, r.lb)
+	r.frontProxyResp = headersResponse(r.frontProxySet, frontProxyRemovals, r.lb)
 	return r
 }
 
@@ -148,7 +157,7 @@ func (r *route) count() {
 // response is r's answer for a request with its own credentials and client-supplied extra
 // headers to remove (extras, lower-case names).
 func (r *route) response(extras []string) *extprocv3.ProcessingResponse {
-	return headersResponse(r.set, r.withExtras(extras))
+	return headersResponse(r.set, r.withExtras(extras), r.lb)
 }
 
 func (r *route) withExtras(extras []string) []string {
@@ -168,8 +177,9 @@ func (r *route) withExtras(extras []string) []string {
 // clears it regardless of this response's clear_route_cache bit; DEFAULT clears it only when
 // the bit is set; RETAIN never does. We set the bit as well so a filter left at DEFAULT
 // routes correctly too.
-func headersResponse(set []*corev3.HeaderValueOption, remove []string) *extprocv3.ProcessingResponse {
+func headersResponse(set []*corev3.HeaderValueOption, remove []string, lb *structpb.Struct) *extprocv3.ProcessingResponse {
 	return &extprocv3.ProcessingResponse{
+		DynamicMetadata: lb,
 		Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{
 			Response: &extprocv3.CommonResponse{
 				HeaderMutation:  &extprocv3.HeaderMutation{SetHeaders: set, RemoveHeaders: remove},
@@ -177,6 +187,18 @@ func headersResponse(set []*corev3.HeaderValueOption, remove []string) *extprocv
 			},
 		}},
 	}
+}
+
+// servingSetMetadata is the dynamic metadata that selects serving set name in the
+// serving-sets cluster: Envoy's ext_proc filter sets each top-level field as a namespace
+// (only those its metadata_options.receiving_namespaces allow, which our snapshot sets to
+// contract.MetadataNamespaceLB), and the router takes that namespace as the subset criteria.
+func servingSetMetadata(name string) *structpb.Struct {
+	return &structpb.Struct{Fields: map[string]*structpb.Value{
+		contract.MetadataNamespaceLB: structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
+			contract.LBSetKey: structpb.NewStringValue(name),
+		}}),
+	}}
 }
 
 // setHeader sets key to value. Envoy reads header values from raw_value (the runtime flag

@@ -19,6 +19,7 @@ import (
 type want struct {
 	cluster    string // x-kube-mvp-cluster; empty means an immediate 503
 	subset     bool   // x-kubernetes-peer-proxied: true is set
+	set        string // the serving set named in the load balancer's dynamic metadata
 	message    string // the 503 Status message
 	frontProxy bool   // the Lua filter set the identity: its headers are kept
 }
@@ -31,7 +32,29 @@ func asFrontProxy(w want) want {
 }
 
 func routed(cluster string) want { return want{cluster: cluster} }
-func subset(cluster string) want { return want{cluster: cluster, subset: true} }
+func subset(set string) want {
+	return want{cluster: contract.ClusterServingSets, subset: true, set: set}
+}
+
+// servingSet is the serving set resp names in the load balancer's dynamic metadata ("" for
+// none).
+func servingSet(resp *extprocv3.ProcessingResponse) string {
+	return resp.GetDynamicMetadata().GetFields()[contract.MetadataNamespaceLB].GetStructValue().GetFields()[contract.LBSetKey].GetStringValue()
+}
+
+// destination is where resp sends the request: the serving set if it names one, else the
+// cluster.
+func destination(resp *extprocv3.ProcessingResponse) string {
+	if set := servingSet(resp); set != "" {
+		return set
+	}
+	for _, h := range resp.GetRequestHeaders().GetResponse().GetHeaderMutation().GetSetHeaders() {
+		if h.GetHeader().GetKey() == contract.HeaderRoutingCluster {
+			return string(h.GetHeader().GetRawValue())
+		}
+	}
+	return ""
+}
 func unavailable(gvr string) want {
 	return want{message: "no apiserver that serves " + gvr + " is available"}
 }
@@ -69,6 +92,17 @@ func checkResponse(t *testing.T, req *extprocv3.HttpHeaders, resp *extprocv3.Pro
 	}
 	if got := values(hs, contract.HeaderPeerProxied); !slices.Equal(got, wantProxied) {
 		t.Errorf("%s = %q, want %q", contract.HeaderPeerProxied, got, wantProxied)
+	}
+	if got := servingSet(resp); got != w.set {
+		t.Errorf("serving set %q, want %q", got, w.set)
+	}
+	if w.set == "" && resp.GetDynamicMetadata() != nil {
+		t.Errorf("dynamic metadata %v, want none", resp.GetDynamicMetadata())
+	}
+	for ns := range resp.GetDynamicMetadata().GetFields() {
+		if ns != contract.MetadataNamespaceLB {
+			t.Errorf("dynamic metadata in namespace %q: Envoy accepts only %q", ns, contract.MetadataNamespaceLB)
+		}
 	}
 }
 
@@ -293,7 +327,7 @@ func TestMalformedRequests(t *testing.T) {
 	req = request("GET", "/")
 	req.Headers.Headers[1].RawValue, req.Headers.Headers[1].Value = nil, "/apis/batch/v1/jobs"
 	resp := call(t, client, req)
-	if got := string(resp.GetRequestHeaders().GetResponse().GetHeaderMutation().GetSetHeaders()[0].GetHeader().GetRawValue()); got != "kube-apiservers-only-cp-a" {
+	if got := destination(resp); got != "kube-apiservers-only-cp-a" {
 		t.Errorf(":path in value: cluster %q", got)
 	}
 }

@@ -55,7 +55,7 @@ func (w *Watcher) remember(ctx context.Context, objs objects.Objects, opts objec
 	for _, s := range servers {
 		leases[s.ID] = true
 		if list := objs.Discovery[s.ID]; list != nil && s.Routable() {
-			verified[s.ID] = objects.Remembered{Hostname: s.Hostname, Served: objects.ServedBy(list, everywhere)}
+			verified[s.ID] = objects.Remembered{Hostname: s.Hostname, Address: s.Address, Served: objects.ServedBy(list, everywhere)}
 		}
 	}
 	live := map[string]bool{}

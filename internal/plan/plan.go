@@ -26,7 +26,7 @@ import (
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 
-// Role says why an apiserver cluster exists; it is in the cluster's Envoy metadata.
+// Role says why an apiserver cluster or serving set exists.
 type Role string
 
 const (
@@ -34,14 +34,17 @@ const (
 	RoleDefault Role = "default"
 	// RoleLocal: the one apiserver a sidecar runs beside.
 	RoleLocal Role = "local"
-	// RoleSubset: exactly the live apiservers that serve some resource.
+	// RoleSubset: a serving set, exactly the live apiservers that serve some resource. It is
+	// no Envoy cluster of its own but a subset of the serving-sets cluster
+	// (contract.ClusterServingSets): its members list its name in their endpoint metadata.
 	RoleSubset Role = "subset"
-	// RoleLingering: a subset cluster no decision names any more, kept for routing tables
-	// still in use (make before break).
+	// RoleLingering: a serving set no decision names any more, kept for routing tables still
+	// in use (make before break).
 	RoleLingering Role = "lingering"
 )
 
-// Cluster is one apiserver cluster Envoy must have.
+// Cluster is one apiserver cluster Envoy must have (RoleDefault, RoleLocal), or one serving
+// set inside the serving-sets cluster (RoleSubset, RoleLingering).
 type Cluster struct {
 	Name    string             `json:"name"`
 	Role    Role               `json:"role"`
@@ -54,7 +57,9 @@ type Route struct {
 	// published resource.
 	Resource topology.Resource `json:"-"`
 	Outcome  topology.Outcome  `json:"-"`
-	// Cluster is the Envoy cluster; empty for Unavailable (an immediate 503).
+	// Cluster is the Envoy cluster, or for Subset the serving set's name (a subset of
+	// contract.ClusterServingSets, which extproc names instead, with the set in the
+	// request's load-balancer metadata); empty for Unavailable (an immediate 503).
 	Cluster string `json:"cluster,omitempty"`
 	// Servers are, for Subset, the live apiservers that serve Resource (the cluster's
 	// members); for Unavailable, the known but dead ones that would.
@@ -83,8 +88,14 @@ type Plan struct {
 	Topology *topology.Topology
 	// LocalID is the apiserver a sidecar runs beside; "" for a front proxy.
 	LocalID string
-	// Clusters are the apiserver clusters, sorted by name; the first role is default or local.
+	// Clusters are the apiserver clusters and serving sets, sorted by name; the first role is
+	// default or local.
 	Clusters []Cluster
+	// Hosts are the apiservers of the serving-sets cluster (topology.Topology.Hosts): every
+	// live one and the departed ones remembered at an address. Each is also a serving set of
+	// its own (SubsetClusterName of just it), so a set of one known apiserver never waits
+	// for Envoy.
+	Hosts topology.ServerSet
 	// GroupVersions are the published group/versions, sorted.
 	GroupVersions []GroupVersion
 	// Routes is the per-request view of the same decisions.
@@ -106,6 +117,7 @@ type shared struct {
 	resources []topology.Resource // sorted
 	caps      []topology.Capability
 	live      []string
+	hosts     []string
 	// names are the subset cluster names of caps[i].Live, made when first needed.
 	names   []string
 	byNames map[string]string // ServerSet.Key → cluster name
@@ -115,7 +127,7 @@ type shared struct {
 }
 
 func newShared(t *topology.Topology) *shared {
-	s := &shared{t: t, resources: t.Resources(), live: t.Live(), byNames: map[string]string{}}
+	s := &shared{t: t, resources: t.Resources(), live: t.Live(), hosts: t.Hosts(), byNames: map[string]string{}}
 	s.caps = make([]topology.Capability, len(s.resources))
 	s.names = make([]string, len(s.resources))
 	for i, r := range s.resources {
@@ -150,7 +162,7 @@ func (s *shared) subsetName(i int) string {
 // plan is the plan for an Envoy beside local ("" for a front proxy).
 func (s *shared) plan(local string) (*Plan, error) {
 	t := s.t.WithLocal(local)
-	p := &Plan{Topology: t, LocalID: local, RequestHeaders: t.RequestHeaders.OrDefault()}
+	p := &Plan{Topology: t, LocalID: local, RequestHeaders: t.RequestHeaders.OrDefault(), Hosts: s.hosts}
 	def := DefaultCluster(local)
 	subsets := map[string]topology.ServerSet{}
 	route := func(r topology.Resource, c topology.Capability, name func() string) (Route, error) {
@@ -366,9 +378,12 @@ func (e *Envoys) For(local string) *Plan {
 	return e.Local[local]
 }
 
-// Names are what the routing table built from e lets extproc route to: every cluster of
-// every plan ("cluster NAME") and every live apiserver ("apiserver ID"), the members of
-// the default cluster. The make-before-break publisher compares them between tables.
+// Names are what the routing table built from e lets extproc route to: every cluster and
+// serving set of every plan ("cluster NAME"), and every host of the serving-sets cluster
+// ("apiserver ID", which covers the live ones, the members of the default cluster) with the
+// serving set of just it. The make-before-break publisher compares them between tables: a
+// table naming only what the last one did goes out at once. An apiserver that departed and
+// came back is no new name while it is remembered: Envoy kept it as a host.
 func (e *Envoys) Names() map[string]bool {
 	names := map[string]bool{}
 	for _, p := range append([]*Plan{e.Front}, slices.Collect(maps.Values(e.Local))...) {
@@ -376,8 +391,9 @@ func (e *Envoys) Names() map[string]bool {
 			names["cluster "+c.Name] = true
 		}
 	}
-	for _, id := range e.Front.Topology.Live() {
+	for _, id := range e.Front.Hosts {
 		names["apiserver "+id] = true
+		names["cluster "+SubsetClusterName(e.Front.Topology, topology.ServerSet{id})] = true
 	}
 	return names
 }

@@ -1,9 +1,11 @@
 package plan_test
 
 import (
+	"maps"
 	"slices"
 	"testing"
 
+	"github.com/kube-mvp/kube-mvp/internal/contract"
 	"github.com/kube-mvp/kube-mvp/internal/plan"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
@@ -127,5 +129,62 @@ func TestGroupVersionsAndPrefixes(t *testing.T) {
 	want := []string{"/api/v1/", "/apis/apps/v1/", "/apis/batch/v1/", "/apis/gone.io/v1/", "/apis/legacy.io/v1/", "/apis/mixed.io/v1/", "/apis/unroutable.io/v1/"}
 	if !slices.Equal(got, want) {
 		t.Errorf("prefixes %v, want %v", got, want)
+	}
+}
+
+// TestNamesOfReturningAPIServer: the names a routing table lets extproc route to (what the
+// make-before-break publisher compares) are all known to the last table when an apiserver
+// Envoy kept as a host comes back serving something only it serves: its set of one is in
+// Envoy's endpoints already, so the table goes out at once. A brand-new apiserver, or a new
+// serving set of two, is a new name (Envoy's endpoints must first list it).
+func TestNamesOfReturningAPIServer(t *testing.T) {
+	pods := topology.Resource{Version: "v1", Resource: "pods"}
+	policies := topology.Resource{Group: "admissionregistration.k8s.io", Version: "v1", Resource: "mutatingadmissionpolicies"}
+	build := func(servers []topology.APIServer, served map[topology.Resource][]string, remembered ...string) map[string]bool {
+		t.Helper()
+		topo, err := topology.New(servers, served, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		topo.Sources = map[string]topology.Source{}
+		for _, id := range remembered {
+			topo.Sources[id] = topology.Source{From: topology.SourceRemembered}
+		}
+		e, err := plan.ForEveryEnvoy(topo)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e.Names()
+	}
+	a := topology.APIServer{ID: "id-a", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: true}
+	b := topology.APIServer{ID: "id-b", Hostname: "cp-b", Address: "10.0.0.2:6443", Alive: true}
+	c := topology.APIServer{ID: "id-c", Hostname: "cp-c", Address: "10.0.0.3:6443", Alive: true}
+	departedA := a
+	departedA.Alive = false
+
+	// a restarts: departed (remembered at its address), then back with a new API.
+	before := build([]topology.APIServer{departedA, b}, map[topology.Resource][]string{pods: {"id-a", "id-b"}}, "id-a")
+	after := build([]topology.APIServer{a, b}, map[topology.Resource][]string{pods: {"id-a", "id-b"}, policies: {"id-a"}})
+	for name := range after {
+		if !before[name] {
+			t.Errorf("a came back: %q is new to the last table", name)
+		}
+	}
+	if !after["cluster "+contract.ClusterSubsetPrefix+"cp-a"] {
+		t.Errorf("names %v lack a's serving set", slices.Sorted(maps.Keys(after)))
+	}
+	// Forgotten (not a host any more), it is new again.
+	forgotten := build([]topology.APIServer{b}, map[topology.Resource][]string{pods: {"id-b"}})
+	if forgotten["apiserver id-a"] || !after["apiserver id-a"] {
+		t.Errorf("a forgotten: names %v", slices.Sorted(maps.Keys(forgotten)))
+	}
+	// A new serving set of two known apiservers is a new name; so is a new apiserver.
+	three := build([]topology.APIServer{a, b, c}, map[topology.Resource][]string{pods: {"id-a", "id-b", "id-c"}})
+	two := build([]topology.APIServer{a, b, c}, map[topology.Resource][]string{pods: {"id-a", "id-b", "id-c"}, policies: {"id-a", "id-c"}})
+	if n := contract.ClusterSubsetPrefix + "cp-a+cp-c"; three["cluster "+n] || !two["cluster "+n] {
+		t.Errorf("serving set %s: known before it is named", n)
+	}
+	if after["apiserver id-c"] || !three["apiserver id-c"] {
+		t.Error("a new apiserver is no new name")
 	}
 }

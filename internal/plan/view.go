@@ -11,9 +11,14 @@ import (
 type View struct {
 	APIServers []APIServerView `json:"apiservers"`
 	// LocalAPIServer is the sidecar's apiserver (?local=); empty for the front plan.
-	LocalAPIServer   string             `json:"localAPIServer,omitempty"`
-	DefaultCluster   string             `json:"defaultCluster"`
-	Clusters         []Cluster          `json:"clusters"`
+	LocalAPIServer string `json:"localAPIServer,omitempty"`
+	DefaultCluster string `json:"defaultCluster"`
+	// Clusters are the apiserver clusters and the serving sets (roles subset and
+	// lingering), which are subsets of the serving-sets cluster.
+	Clusters []Cluster `json:"clusters"`
+	// ServingSetsHosts are the apiservers of the serving-sets cluster: the live ones and
+	// the departed ones remembered at an address.
+	ServingSetsHosts topology.ServerSet `json:"servingSetsHosts"`
 	GroupVersions    []GroupVersionView `json:"groupVersions"`
 	ServedEverywhere []string           `json:"servedEverywhere,omitempty"`
 	// RequestHeaders are the identity headers the apiservers read: stripped from clients,
@@ -54,7 +59,7 @@ type ResourceView struct {
 // View is p as xds-server's /debug/topology shows it and the golden files keep it.
 func (p *Plan) View() View {
 	t := p.Topology
-	v := View{LocalAPIServer: p.LocalID, DefaultCluster: p.DefaultClusterName(), Clusters: p.Clusters, RequestHeaders: p.RequestHeaders}
+	v := View{LocalAPIServer: p.LocalID, DefaultCluster: p.DefaultClusterName(), Clusters: p.Clusters, ServingSetsHosts: p.Hosts, RequestHeaders: p.RequestHeaders}
 	for _, a := range t.APIServers {
 		v.APIServers = append(v.APIServers, APIServerView{APIServer: a, Source: t.Sources[a.ID]})
 	}

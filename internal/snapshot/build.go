@@ -134,6 +134,15 @@ func Build(p *plan.Plan, cfg Config) (*Resources, error) {
 	return res, joined(b.errs)
 }
 
+// envoyCluster is the Envoy cluster extproc names for route r: for a serving set, the
+// serving-sets cluster.
+func envoyCluster(r plan.Route) string {
+	if r.Outcome == topology.Subset {
+		return contract.ClusterServingSets
+	}
+	return r.Cluster
+}
+
 // joined is errs as one *multierror.Error printed one per line, or nil if there are none.
 func joined(errs []error) error {
 	return multierror.Append(&multierror.Error{ErrorFormat: cli.Lines}, errs...).ErrorOrNil()
@@ -170,10 +179,10 @@ func (b *builder) producible() map[string]string {
 		if r.Resource.IsDocument() {
 			continue // named below, after the resources: a resource is the clearer example
 		}
-		add(r.Cluster, r.Resource.String())
+		add(envoyCluster(r), r.Resource.String())
 	}
 	for _, gv := range b.p.GroupVersions {
-		add(gv.Document.Cluster, "the "+gv.GroupVersion.String()+" document")
+		add(envoyCluster(gv.Document), "the "+gv.GroupVersion.String()+" document")
 	}
 	return out
 }

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/kube-mvp/kube-mvp/internal/contract"
+	"github.com/kube-mvp/kube-mvp/internal/plan"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 
@@ -86,13 +87,8 @@ func (b *builder) clusters() ([]*clusterv3.Cluster, []*endpointv3.ClusterLoadAss
 
 	var clusters []*clusterv3.Cluster
 	var cla []*endpointv3.ClusterLoadAssignment
-	for _, c := range b.p.Clusters {
-		var lb []*endpointv3.LbEndpoint
-		for _, id := range c.Members {
-			if e := addrs[id]; e != nil {
-				lb = append(lb, e)
-			}
-		}
+	// add emits cluster c with endpoints lb, and its front-proxy twin.
+	add := func(c *clusterv3.Cluster, lb []*endpointv3.LbEndpoint) {
 		assignment := func(name string) *endpointv3.ClusterLoadAssignment {
 			a := &endpointv3.ClusterLoadAssignment{ClusterName: name}
 			if len(lb) > 0 {
@@ -100,15 +96,31 @@ func (b *builder) clusters() ([]*clusterv3.Cluster, []*endpointv3.ClusterLoadAss
 			}
 			return a
 		}
-		caller := b.apiserverCluster(c.Name, asCaller, http1)
-		caller.TransportSocketMatches = healthCheckMatch
-		caller.HealthChecks[0].TransportSocketMatchCriteria = healthCheckCriteria
-		clusters, cla = append(clusters, caller), append(cla, assignment(c.Name))
+		name := c.Name
+		c.TransportSocketMatches = healthCheckMatch
+		c.HealthChecks[0].TransportSocketMatchCriteria = healthCheckCriteria
+		clusters, cla = append(clusters, c), append(cla, assignment(name))
 		if asFrontProxy != nil {
-			name := contract.FrontProxyCluster(c.Name)
-			clusters, cla = append(clusters, b.apiserverCluster(name, asFrontProxy, http1)), append(cla, assignment(name))
+			twin := b.apiserverCluster(contract.FrontProxyCluster(name), asFrontProxy, http1)
+			twin.LbSubsetConfig = c.LbSubsetConfig
+			clusters, cla = append(clusters, twin), append(cla, assignment(twin.Name))
 		}
 	}
+	for _, c := range b.p.Clusters {
+		if c.Role == plan.RoleSubset || c.Role == plan.RoleLingering {
+			continue // a serving set: a subset of the serving-sets cluster
+		}
+		var lb []*endpointv3.LbEndpoint
+		for _, id := range c.Members {
+			if e := addrs[id]; e != nil {
+				lb = append(lb, e)
+			}
+		}
+		add(b.apiserverCluster(c.Name, asCaller, http1), lb)
+	}
+	serving := b.apiserverCluster(contract.ClusterServingSets, asCaller, http1)
+	serving.LbSubsetConfig = servingSetsSubsets
+	add(serving, b.servingSetEndpoints(addrs))
 	clusters = append(clusters, b.extProcCluster())
 	slices.SortFunc(clusters, func(a, b *clusterv3.Cluster) int { return strings.Compare(a.GetName(), b.GetName()) })
 	slices.SortFunc(cla, func(a, b *endpointv3.ClusterLoadAssignment) int {
@@ -147,11 +159,18 @@ func (b *builder) apiserverCluster(name string, tls *corev3.TransportSocket, htt
 			SuccessfulActiveHealthCheckUnejectHost: wrapperspb.Bool(true),
 		},
 		HealthChecks: []*corev3.HealthCheck{{
-			Timeout:            durationpb.New(2 * time.Second),
-			Interval:           durationpb.New(5 * time.Second),
-			NoTrafficInterval:  durationpb.New(10 * time.Second),
-			UnhealthyThreshold: wrapperspb.UInt32(2),
-			HealthyThreshold:   wrapperspb.UInt32(1),
+			Timeout:  durationpb.New(2 * time.Second),
+			Interval: durationpb.New(5 * time.Second),
+			// An unhealthy host is checked every second (Envoy: HealthCheckerImplBase::interval
+			// takes unhealthy_interval, or no_traffic_interval for a cluster that never had a
+			// connection): a restarted apiserver takes requests about a second after it is
+			// ready, not a whole interval later. Healthy hosts of an idle cluster are checked
+			// every 10s (no_traffic_healthy_interval).
+			UnhealthyInterval:        durationpb.New(time.Second),
+			NoTrafficInterval:        durationpb.New(time.Second),
+			NoTrafficHealthyInterval: durationpb.New(10 * time.Second),
+			UnhealthyThreshold:       wrapperspb.UInt32(2),
+			HealthyThreshold:         wrapperspb.UInt32(1),
 			HealthChecker: &corev3.HealthCheck_HttpHealthCheck_{HttpHealthCheck: &corev3.HealthCheck_HttpHealthCheck{
 				Host: b.cfg.UpstreamServerName,
 				Path: "/readyz",
@@ -183,6 +202,57 @@ func (b *builder) apiserverCluster(name string, tls *corev3.TransportSocket, htt
 	}
 }
 
+// servingSetsSubsets makes the serving-sets cluster choose among the members of the serving
+// set a request's dynamic metadata names (contract.LBSetKey in contract.MetadataNamespaceLB,
+// set by extproc; the router merges it into the route's metadata_match). Each host lists
+// every set it is in (list_as_any). No set named, or one no host lists: no host, a 503 UH
+// (NO_FALLBACK) — never an apiserver that may not serve the request.
+var servingSetsSubsets = &clusterv3.Cluster_LbSubsetConfig{
+	FallbackPolicy:  clusterv3.Cluster_LbSubsetConfig_NO_FALLBACK,
+	SubsetSelectors: []*clusterv3.Cluster_LbSubsetConfig_LbSubsetSelector{{Keys: []string{contract.LBSetKey}}},
+	ListAsAny:       true,
+}
+
+// servingSetEndpoints are the hosts of the serving-sets cluster (plan.Plan.Hosts), each with
+// the serving sets it is in: its own one-member set, and every set of the plan (current or
+// lingering) that has it as a member.
+func (b *builder) servingSetEndpoints(addrs map[string]*endpointv3.LbEndpoint) []*endpointv3.LbEndpoint {
+	setsOf := map[string][]string{}
+	for _, id := range b.p.Hosts {
+		setsOf[id] = []string{plan.SubsetClusterName(b.t, topology.ServerSet{id})}
+	}
+	for _, c := range b.p.Clusters {
+		if c.Role != plan.RoleSubset && c.Role != plan.RoleLingering {
+			continue
+		}
+		for _, id := range c.Members {
+			if _, ok := setsOf[id]; !ok {
+				b.errorf("serving set %s: member %s is no host of %s", c.Name, id, contract.ClusterServingSets)
+				continue
+			}
+			setsOf[id] = append(setsOf[id], c.Name)
+		}
+	}
+	var lb []*endpointv3.LbEndpoint
+	for _, id := range b.p.Hosts {
+		e := addrs[id]
+		if e == nil {
+			continue
+		}
+		sets := slices.Compact(slices.Sorted(slices.Values(setsOf[id])))
+		values := make([]*structpb.Value, len(sets))
+		for i, name := range sets {
+			values[i] = structpb.NewStringValue(name)
+		}
+		withSets := &endpointv3.LbEndpoint{HostIdentifier: e.HostIdentifier, Metadata: &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{
+			MetadataNamespace:            e.GetMetadata().GetFilterMetadata()[MetadataNamespace],
+			contract.MetadataNamespaceLB: {Fields: map[string]*structpb.Value{contract.LBSetKey: structpb.NewListValue(&structpb.ListValue{Values: values})}},
+		}}}
+		lb = append(lb, withSets)
+	}
+	return lb
+}
+
 func circuitBreakers() *clusterv3.CircuitBreakers {
 	return &clusterv3.CircuitBreakers{Thresholds: []*clusterv3.CircuitBreakers_Thresholds{{
 		Priority:           corev3.RoutingPriority_DEFAULT,
@@ -194,12 +264,13 @@ func circuitBreakers() *clusterv3.CircuitBreakers {
 	}}}
 }
 
-// endpointAddresses makes the endpoint of every live apiserver, by ID. EDS endpoints must be
+// endpointAddresses makes the endpoint of every host (plan.Plan.Hosts: the live apiservers and
+// the remembered ones), by ID. EDS endpoints must be
 // IP:port (Envoy does not resolve names in EDS); an apiserver with another address is
 // reported and left out.
 func (b *builder) endpointAddresses() map[string]*endpointv3.LbEndpoint {
 	out := map[string]*endpointv3.LbEndpoint{}
-	for _, id := range b.t.Live() {
+	for _, id := range b.p.Hosts {
 		s, _ := b.t.Server(id)
 		host, portStr, err := net.SplitHostPort(s.Address)
 		if err != nil {

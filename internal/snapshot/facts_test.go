@@ -112,13 +112,37 @@ func readMembers(res *snapshot.Resources) map[string][]string {
 	return out
 }
 
+// readSets is, for the EDS cluster named cluster, each serving set its endpoints list (the
+// subset key in the load balancer's metadata) with the hostnames of its members, sorted.
+func readSets(res *snapshot.Resources, cluster string) map[string][]string {
+	out := map[string][]string{}
+	for _, r := range res.Endpoints {
+		cla := r.(*endpointv3.ClusterLoadAssignment)
+		if cla.GetClusterName() != cluster {
+			continue
+		}
+		for _, l := range cla.GetEndpoints() {
+			for _, e := range l.GetLbEndpoints() {
+				sets := e.GetMetadata().GetFilterMetadata()[contract.MetadataNamespaceLB].GetFields()[contract.LBSetKey]
+				for _, v := range sets.GetListValue().GetValues() {
+					out[v.GetStringValue()] = append(out[v.GetStringValue()], e.GetEndpoint().GetHostname())
+				}
+			}
+		}
+	}
+	for _, hosts := range out {
+		slices.Sort(hosts)
+	}
+	return out
+}
+
 // TestRoutingFacts checks, per golden case, what the golden files show byte by byte: which
 // group/versions engage ext_proc and which apiservers each cluster holds.
 func TestRoutingFacts(t *testing.T) {
 	type want struct {
 		extProcGVs []string            // group/version routes with ext_proc on
 		directGVs  []string            // group/version routes with ext_proc off
-		members    map[string][]string // EDS cluster -> endpoint hostnames
+		members    map[string][]string // EDS cluster or serving set -> endpoint hostnames
 		// mergedDiscovery: the live apiservers differ in what they serve, so /apis takes
 		// ext_proc (a subset cluster exists).
 		mergedDiscovery bool
@@ -269,22 +293,52 @@ func TestRoutingFacts(t *testing.T) {
 			if n := len(w.extProcGVs) + len(w.directGVs); n != len(gvRoutes) {
 				t.Errorf("%d group/version routes %v, want %d", len(gvRoutes), slices.Sorted(maps.Keys(gvRoutes)), n)
 			}
-			// Every cluster has its front-proxy twin, with the same apiservers.
-			wantMembers := maps.Clone(w.members)
+			// Every cluster has its front-proxy twin, with the same apiservers; the
+			// serving-sets cluster holds every live apiserver, and its endpoints list the
+			// serving sets (plus a set of one for each of them).
+			wantMembers, wantSets := map[string][]string{}, map[string][]string{}
 			for c, m := range w.members {
-				wantMembers[contract.FrontProxyCluster(c)] = m
+				if strings.HasPrefix(c, contract.ClusterSubsetPrefix) {
+					wantSets[c] = m
+					continue
+				}
+				wantMembers[c], wantMembers[contract.FrontProxyCluster(c)] = m, m
 			}
+			var live []string
+			for _, id := range topo.Live() {
+				s, _ := topo.Server(id)
+				live = append(live, s.Hostname)
+				if one := plan.SubsetClusterName(topo, topology.ServerSet{id}); wantSets[one] == nil {
+					wantSets[one] = []string{s.Hostname}
+				}
+			}
+			slices.Sort(live)
+			if live == nil {
+				live = []string{}
+			}
+			wantMembers[contract.ClusterServingSets], wantMembers[contract.FrontProxyCluster(contract.ClusterServingSets)] = live, live
 			if got := readMembers(res); !maps.EqualFunc(got, wantMembers, slices.Equal) {
 				t.Errorf("cluster members = %v, want %v", got, wantMembers)
 			}
+			for _, c := range []string{contract.ClusterServingSets, contract.FrontProxyCluster(contract.ClusterServingSets)} {
+				if got := readSets(res, c); !maps.EqualFunc(got, wantSets, slices.Equal) {
+					t.Errorf("%s: serving sets = %v, want %v", c, got, wantSets)
+				}
+			}
 
-			// Whatever extproc may decide for any published resource names a defined cluster.
+			// Whatever extproc may decide for any published resource names a defined
+			// cluster, or a serving set the serving-sets cluster and its twin have.
 			clusters := map[string]bool{}
 			for _, c := range res.Clusters {
 				clusters[c.(*clusterv3.Cluster).GetName()] = true
 			}
 			for _, r := range mustPlan(t, topo).Routes.All() {
-				if r.Cluster != "" && (!clusters[r.Cluster] || !clusters[contract.FrontProxyCluster(r.Cluster)]) {
+				switch {
+				case r.Outcome == topology.Subset:
+					if wantSets[r.Cluster] == nil || !clusters[contract.ClusterServingSets] || !clusters[contract.FrontProxyCluster(contract.ClusterServingSets)] {
+						t.Errorf("extproc routes %s to serving set %s, which is not defined", r.Resource, r.Cluster)
+					}
+				case r.Cluster != "" && (!clusters[r.Cluster] || !clusters[contract.FrontProxyCluster(r.Cluster)]):
 					t.Errorf("extproc routes %s to %s, which is not defined with its front-proxy twin", r.Resource, r.Cluster)
 				}
 			}
@@ -373,7 +427,14 @@ func TestProxyCertificateOnlyWithOurIdentity(t *testing.T) {
 				return ""
 			}
 			withCert := cfg.Secrets.ProxyClientCert != ""
+			names := []string{contract.ClusterServingSets}
 			for _, pc := range p.Clusters {
+				if pc.Role == plan.RoleDefault || pc.Role == plan.RoleLocal {
+					names = append(names, pc.Name)
+				}
+			}
+			for _, name := range names {
+				pc := plan.Cluster{Name: name}
 				c := byName[pc.Name]
 				if c == nil {
 					t.Fatalf("cluster %s missing", pc.Name)
@@ -436,30 +497,21 @@ func TestLingeringCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var found bool
+	// A lingering set is a serving set like any other (no cluster of its own), with its
+	// members that are still live.
 	for _, c := range res.Clusters {
-		c := c.(*clusterv3.Cluster)
-		if c.GetName() != name {
-			continue
-		}
-		found = true
-		// Lingering is no property of the CDS resource: a subset cluster that starts to
-		// linger must stay the same cluster to Envoy (TestClusterResourcesIgnoreMembership).
-		if c.GetMetadata() != nil {
-			t.Errorf("metadata %v, want none", c.GetMetadata())
+		if c.(*clusterv3.Cluster).GetName() == name {
+			t.Errorf("serving set %s is a cluster", name)
 		}
 	}
-	if !found {
-		t.Fatalf("no cluster %s", name)
-	}
-	members := readMembers(res)[name]
-	if s, _ := topo.Server(live); len(members) != 1 || members[0] != s.Hostname {
-		t.Errorf("members %v, want only the live %s", members, s.Hostname)
+	members, ok := readSets(res, contract.ClusterServingSets)[name]
+	if s, _ := topo.Server(live); !ok || len(members) != 1 || members[0] != s.Hostname {
+		t.Errorf("members of lingering set %s: %v, want only the live %s", name, members, s.Hostname)
 	}
 }
 
 // TestJoiningApiserver: an apiserver in the plan's Hold.Joining is out of the default cluster but in
-// the subset clusters; when every live one is joining, none is held back.
+// the serving sets; when every live one is joining, none is held back.
 func TestJoiningApiserver(t *testing.T) {
 	topo := loadCase(t, "batch-off") // batch/v1 on cp-a and cp-c; cp-b without it
 	ids := map[string]string{}
@@ -474,8 +526,8 @@ func TestJoiningApiserver(t *testing.T) {
 	if got := m[contract.ClusterDefault]; !slices.Equal(got, []string{"cp-b", "cp-c"}) {
 		t.Errorf("default cluster %v, want cp-b and cp-c (cp-a joining)", got)
 	}
-	if got := m["kube-apiservers-only-cp-a+cp-c"]; !slices.Equal(got, []string{"cp-a", "cp-c"}) {
-		t.Errorf("subset cluster %v, want cp-a and cp-c", got)
+	if got := readSets(res, contract.ClusterServingSets)["kube-apiservers-only-cp-a+cp-c"]; !slices.Equal(got, []string{"cp-a", "cp-c"}) {
+		t.Errorf("serving set %v, want cp-a and cp-c", got)
 	}
 	all := map[string]bool{}
 	for _, id := range topo.Live() {

@@ -174,6 +174,11 @@ func (b *builder) extProcFilter() *extprocv3.ExternalProcessor {
 		MessageTimeout:    durationpb.New(b.cfg.ExtProcMessageTimeout),
 		StatPrefix:        "kube_mvp",
 		RouteCacheAction:  extprocv3.ExternalProcessor_CLEAR,
+		// extproc names a serving set in the load balancer's namespace; Envoy accepts
+		// dynamic metadata from ext_proc only in the namespaces listed here.
+		MetadataOptions: &extprocv3.MetadataOptions{ReceivingNamespaces: &extprocv3.MetadataOptions_MetadataNamespaces{
+			Untyped: []string{contract.MetadataNamespaceLB},
+		}},
 		MutationRules: &mutationrulesv3.HeaderMutationRules{
 			DisallowAll:     wrapperspb.Bool(true),
 			AllowExpression: &matcherv3.RegexMatcher{Regex: allowed},

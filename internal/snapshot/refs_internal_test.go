@@ -64,13 +64,13 @@ func TestCheckReferences(t *testing.T) {
 		want    []string
 	}{
 		{"secret missing", func(r *Resources) { r.Secrets = without(r.Secrets, SecretPeerCA) },
-			[]string{`cluster kube-apiservers refers to SDS secret "kube-mvp-peer-ca"`, `cluster kube-apiservers-only-cp-a refers to SDS secret "kube-mvp-peer-ca"`}},
+			[]string{`cluster kube-apiservers refers to SDS secret "kube-mvp-peer-ca"`, `cluster kube-apiservers-serving refers to SDS secret "kube-mvp-peer-ca"`}},
 		{"serving secret missing", func(r *Resources) { r.Secrets = without(r.Secrets, SecretServingCert) },
 			[]string{`listener kube-apiserver refers to SDS secret "kube-mvp-serving-cert"`}},
-		{"subset cluster missing", func(r *Resources) {
-			r.Clusters = without(r.Clusters, "kube-apiservers-only-cp-a")
-			r.Endpoints = without(r.Endpoints, "kube-apiservers-only-cp-a")
-		}, []string{`extproc can route batch/v1/jobs to cluster "kube-apiservers-only-cp-a"`}},
+		{"serving-sets cluster missing", func(r *Resources) {
+			r.Clusters = without(r.Clusters, contract.ClusterServingSets)
+			r.Endpoints = without(r.Endpoints, contract.ClusterServingSets)
+		}, []string{`extproc can route batch/v1/jobs to cluster "kube-apiservers-serving"`}},
 		{"default cluster missing", func(r *Resources) { r.Clusters = without(r.Clusters, contract.ClusterDefault) },
 			[]string{`route "default" of route configuration kube-apiserver goes to cluster "kube-apiservers"`, `endpoints resource "kube-apiservers" has no cluster`}},
 		{"extproc cluster missing", func(r *Resources) { r.Clusters = without(r.Clusters, ExtProcClusterName) },

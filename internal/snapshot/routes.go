@@ -481,7 +481,9 @@ func (b *builder) retryPolicy(what string) *routev3.RetryPolicy {
 //	unavailable: {storageversionmigrations: [apiserver-…]}  # serving apiservers all dead: 503
 //	notServed: [podsecuritypolicies]  # only stale IDs: the default apiservers answer 404
 //
-// The apiservers inside each cluster are in the cluster's own metadata.
+// A name under clusters is an Envoy cluster or, for kube-apiservers-only-*, a serving set of
+// the serving-sets cluster (contract.ClusterServingSets), whose endpoints list the sets they
+// are in.
 func (b *builder) groupVersionMetadata(gv plan.GroupVersion) *corev3.Metadata {
 	clusters := map[string]*structpb.ListValue{}
 	var unavailable map[string]*structpb.Value

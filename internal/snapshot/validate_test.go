@@ -194,10 +194,10 @@ func TestEmptyCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(res.Endpoints) != 2 {
-		t.Fatalf("%d endpoint resources, want 2 (the default cluster and its front-proxy twin)", len(res.Endpoints))
+	if len(res.Endpoints) != 4 {
+		t.Fatalf("%d endpoint resources, want 4 (the default and serving-sets clusters and their front-proxy twins)", len(res.Endpoints))
 	}
-	for i, name := range []string{contract.ClusterDefault, contract.FrontProxyCluster(contract.ClusterDefault)} {
+	for i, name := range []string{contract.ClusterDefault, contract.ClusterServingSets, contract.FrontProxyCluster(contract.ClusterServingSets), contract.FrontProxyCluster(contract.ClusterDefault)} { // sorted by name
 		if cla := res.Endpoints[i].(*endpointv3.ClusterLoadAssignment); cla.GetClusterName() != name || len(cla.GetEndpoints()) != 0 {
 			t.Errorf("endpoints = %v, want %s without endpoints", cla, name)
 		}
@@ -211,7 +211,7 @@ func TestEmptyCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m := readMembers(res); len(m) != 2 || len(m[contract.ClusterLocal]) != 0 || len(m[contract.FrontProxyCluster(contract.ClusterLocal)]) != 0 {
+	if m := readMembers(res); len(m) != 4 || len(m[contract.ClusterLocal]) != 0 || len(m[contract.FrontProxyCluster(contract.ClusterLocal)]) != 0 {
 		t.Errorf("sidecar of an unknown apiserver: members %v", m)
 	}
 }

@@ -284,6 +284,22 @@ func (t *Topology) Live() []string {
 	return ids
 }
 
+// Hosts returns the IDs, sorted, of the apiservers Envoy keeps as hosts of the serving-sets
+// cluster (contract.ClusterServingSets): the live ones, and the departed ones remembered at
+// an address (Sources: From SourceRemembered; the address they were last verified at). A
+// departed apiserver that comes back (a restart, an upgrade) is then a host Envoy already
+// health-checks: routable as soon as its checks pass, with no new host or cluster to wait for.
+// Health checks keep it out while it is gone.
+func (t *Topology) Hosts() []string {
+	var ids []string
+	for _, s := range t.APIServers {
+		if s.Routable() || (s.Address != "" && t.Sources[s.ID].From == SourceRemembered) {
+			ids = append(ids, s.ID)
+		}
+	}
+	return ids
+}
+
 // Resources returns every published resource, sorted.
 func (t *Topology) Resources() []Resource {
 	rs := make([]Resource, 0, len(t.Served))

@@ -188,7 +188,15 @@ func Build(objs Objects, opts Options) (*topology.Topology, []error) {
 			add(res, id)
 		}
 		if !hasLease[id] {
-			servers = append(servers, topology.APIServer{ID: id, Hostname: r.Hostname})
+			servers = append(servers, topology.APIServer{ID: id, Hostname: r.Hostname, Address: r.Address})
+			continue
+		}
+		// Its Lease is stale or unverified (no discovery): the address that counts is the one
+		// it was last verified at, not what the Lease now claims (topology.Topology.Hosts).
+		for i := range servers {
+			if servers[i].ID == id {
+				servers[i].Address = r.Address
+			}
 		}
 	}
 	fromStorageVersions := map[string]bool{}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"net"
 	"slices"
 	"strings"
 	"time"
@@ -33,6 +34,11 @@ type Memory map[string]Remembered
 // Remembered is one apiserver as last seen live with verified discovery.
 type Remembered struct {
 	Hostname string
+	// Address is the host:port at which its discovery was last fetched over verified TLS:
+	// Envoy keeps it as a host of the serving-sets cluster while it is remembered, so that
+	// it is routable again as soon as it answers (a restart keeps its address). Empty in
+	// records written before addresses were kept.
+	Address string
 	// Served are its resources and subresources, sorted (groups served everywhere left out:
 	// any apiserver serves those).
 	Served []topology.Resource
@@ -45,7 +51,7 @@ type Remembered struct {
 
 // Equal reports whether r and o record the same thing.
 func (r Remembered) Equal(o Remembered) bool {
-	return r.Hostname == o.Hostname && slices.Equal(r.Served, o.Served) && r.LastSeen.Equal(o.LastSeen) && r.LeaseGone.Equal(o.LeaseGone)
+	return r.Hostname == o.Hostname && r.Address == o.Address && slices.Equal(r.Served, o.Served) && r.LastSeen.Equal(o.LastSeen) && r.LeaseGone.Equal(o.LeaseGone)
 }
 
 // ServedBy lists the resources and subresources of one apiserver's discovery, sorted, leaving
@@ -105,7 +111,7 @@ func (m Memory) Observe(s Sighting) Memory {
 	out := make(Memory, len(m)+len(s.Verified))
 	for id, r := range s.Verified {
 		served := slices.SortedFunc(slices.Values(r.Served), compareResources)
-		out[id] = Remembered{Hostname: r.Hostname, Served: slices.Compact(served), LastSeen: now}
+		out[id] = Remembered{Hostname: r.Hostname, Address: r.Address, Served: slices.Compact(served), LastSeen: now}
 	}
 	for id, r := range m {
 		if _, ok := out[id]; ok {
@@ -192,7 +198,7 @@ func NeedsWrite(persisted, mine Memory, live map[string]bool) bool {
 	}
 	for id, m := range mine {
 		p, ok := persisted[id]
-		if !ok || p.Hostname != m.Hostname || !slices.Equal(p.Served, m.Served) || !p.LeaseGone.Equal(m.LeaseGone) {
+		if !ok || p.Hostname != m.Hostname || p.Address != m.Address || !slices.Equal(p.Served, m.Served) || !p.LeaseGone.Equal(m.LeaseGone) {
 			return true
 		}
 		if m.LastSeen.After(p.LastSeen) && (!live[id] || m.LastSeen.Sub(p.LastSeen) >= lastSeenRefresh) {
@@ -205,11 +211,12 @@ func NeedsWrite(persisted, mine Memory, live map[string]bool) bool {
 // The ConfigMap: one key per apiserver ID (IDs are valid ConfigMap keys), its value JSON,
 // resources listed per group/version as "jobs jobs/status cronjobs":
 //
-//	apiserver-abc: {"hostname":"cp-a","lastSeen":"2026-01-02T03:04:05Z","served":{"batch/v1":"cronjobs cronjobs/status jobs jobs/status","v1":"pods pods/log ..."}}
+//	apiserver-abc: {"hostname":"cp-a","address":"10.0.0.1:6443","lastSeen":"2026-01-02T03:04:05Z","served":{"batch/v1":"cronjobs cronjobs/status jobs jobs/status","v1":"pods pods/log ..."}}
 //
 // with "leaseDeletedAt" once its Lease is gone. The core group/version is written "v1".
 type rememberedJSON struct {
 	Hostname  string            `json:"hostname,omitempty"`
+	Address   string            `json:"address,omitempty"`
 	LastSeen  time.Time         `json:"lastSeen"`
 	LeaseGone *time.Time        `json:"leaseDeletedAt,omitempty"`
 	Served    map[string]string `json:"served"`
@@ -225,7 +232,7 @@ func EncodeMemory(m Memory) map[string]string {
 }
 
 func encodeRemembered(r Remembered) string {
-	j := rememberedJSON{Hostname: r.Hostname, LastSeen: r.LastSeen.UTC(), Served: map[string]string{}}
+	j := rememberedJSON{Hostname: r.Hostname, Address: r.Address, LastSeen: r.LastSeen.UTC(), Served: map[string]string{}}
 	if !r.LeaseGone.IsZero() {
 		gone := r.LeaseGone.UTC()
 		j.LeaseGone = &gone
@@ -270,7 +277,12 @@ func decodeRemembered(s string) (Remembered, error) {
 	if j.LastSeen.IsZero() {
 		return Remembered{}, fmt.Errorf("no lastSeen")
 	}
-	r := Remembered{Hostname: j.Hostname, LastSeen: j.LastSeen}
+	if j.Address != "" {
+		if _, _, err := net.SplitHostPort(j.Address); err != nil {
+			return Remembered{}, fmt.Errorf("address %q: %w", j.Address, err)
+		}
+	}
+	r := Remembered{Hostname: j.Hostname, Address: j.Address, LastSeen: j.LastSeen}
 	if j.LeaseGone != nil {
 		r.LeaseGone = *j.LeaseGone
 	}

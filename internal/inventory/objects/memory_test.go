@@ -50,7 +50,7 @@ func (c *memCluster) look(t *testing.T) *topology.Topology {
 	verified := map[string]objects.Remembered{}
 	for id, ok := range c.live {
 		if ok {
-			verified[id] = objects.Remembered{Hostname: id, Served: servedOf(id)}
+			verified[id] = objects.Remembered{Hostname: id, Address: addressOf(id), Served: servedOf(id)}
 		}
 	}
 	c.mem = c.mem.Observe(objects.Sighting{Now: c.now, Leases: c.leases, Verified: verified, Grace: grace})
@@ -78,13 +78,16 @@ func (c *memCluster) build(t *testing.T, mem objects.Memory) *topology.Topology 
 	return topo
 }
 
+// addressOf is apiserver-a's address 10.0.0.1:6443, apiserver-b's 10.0.0.2:6443.
+func addressOf(id string) string { return "10.0.0." + string(id[len(id)-1]-'a'+'1') + ":6443" }
+
 // leaseAt is apiserver id's identity Lease, renewed at renewed, with an address.
 func leaseAt(id string, renewed time.Time) coordinationv1.Lease {
 	holder := id + "_1"
 	return coordinationv1.Lease{
 		ObjectMeta: metav1.ObjectMeta{Name: id, Namespace: objects.IdentityLeaseNamespace,
 			Labels:      map[string]string{objects.IdentityLabel: objects.IdentityLabelValue, objects.HostnameLabel: id},
-			Annotations: map[string]string{objects.PeerAdvertiseAnnotation: "10.0.0." + string(id[len(id)-1]-'a'+'1') + ":6443"}},
+			Annotations: map[string]string{objects.PeerAdvertiseAnnotation: addressOf(id)}},
 		Spec: coordinationv1.LeaseSpec{HolderIdentity: &holder, RenewTime: &metav1.MicroTime{Time: renewed}},
 	}
 }
@@ -162,6 +165,50 @@ func TestMemoryDeletedLeaseGraceThenForgotten(t *testing.T) {
 	}
 	if _, ok := topo.Server("apiserver-a"); ok || len(c.mem) != 1 {
 		t.Errorf("a still known after its grace period (memory %v)", slices.Collect(maps.Keys(c.mem)))
+	}
+}
+
+// TestMemoryKeepsDepartedHost: a departed apiserver stays a host of the serving-sets cluster
+// (topology.Topology.Hosts), at the address it was last verified at, while it is remembered,
+// whether its Lease is stale or deleted; so its return needs no new host. After the grace
+// period it is gone.
+func TestMemoryKeepsDepartedHost(t *testing.T) {
+	hosts := func(topo *topology.Topology) []string { return topo.Hosts() }
+	c := newMemCluster()
+	if got := hosts(c.look(t)); !slices.Equal(got, []string{"apiserver-a", "apiserver-b"}) {
+		t.Fatalf("hosts with both live: %v", got)
+	}
+	c.now = t0.Add(10 * time.Second)
+	c.live["apiserver-a"] = false // killed: Lease stale
+	topo := c.look(t)
+	if got := hosts(topo); !slices.Equal(got, []string{"apiserver-a", "apiserver-b"}) || !slices.Equal(topo.Live(), []string{"apiserver-b"}) {
+		t.Errorf("a's Lease stale: hosts %v, live %v; want a kept as a host, not live", got, topo.Live())
+	}
+	c.leases["apiserver-a"] = false // its Lease deleted
+	topo = c.look(t)
+	a, _ := topo.Server("apiserver-a")
+	if got := hosts(topo); !slices.Equal(got, []string{"apiserver-a", "apiserver-b"}) || a.Address != addressOf("apiserver-a") || a.Routable() {
+		t.Errorf("a's Lease deleted: hosts %v, a %+v; want a kept at %s, not routable", got, a, addressOf("apiserver-a"))
+	}
+	// Its address survives a restart of xds-server (the ConfigMap).
+	reloaded, err := objects.DecodeMemory(objects.EncodeMemory(c.mem))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := hosts(c.build(t, reloaded)); !slices.Equal(got, []string{"apiserver-a", "apiserver-b"}) {
+		t.Errorf("after reload: hosts %v", got)
+	}
+	// A record without an address (written before addresses were kept) keeps no host.
+	old := maps.Clone(c.mem)
+	r := old["apiserver-a"]
+	r.Address = ""
+	old["apiserver-a"] = r
+	if got := hosts(c.build(t, old)); !slices.Equal(got, []string{"apiserver-b"}) {
+		t.Errorf("remembered without an address: hosts %v, want only b", got)
+	}
+	c.now = c.now.Add(grace)
+	if got := hosts(c.look(t)); !slices.Equal(got, []string{"apiserver-b"}) {
+		t.Errorf("after the grace period: hosts %v, want only b", got)
 	}
 }
 
@@ -254,6 +301,7 @@ func TestDecodeMemoryMalformed(t *testing.T) {
 		"bad gv":          `{"lastSeen":"2026-01-02T03:04:05Z","served":{"a/b/c":"jobs"}}`,
 		"bad resource":    `{"lastSeen":"2026-01-02T03:04:05Z","served":{"batch/v1":"jobs/status/x"}}`,
 		"wrong JSON type": `{"lastSeen":"2026-01-02T03:04:05Z","served":["jobs"]}`,
+		"bad address":     `{"lastSeen":"2026-01-02T03:04:05Z","address":"10.0.0.1","served":{"v1":"pods"}}`,
 	} {
 		_, err := objects.DecodeMemory(map[string]string{"apiserver-good": `{"lastSeen":"2026-01-02T03:04:05Z","served":{"v1":"pods"}}`, "apiserver-x": value})
 		if err == nil {
