@@ -152,8 +152,7 @@ func TestServe(t *testing.T) {
 	}
 	defer conn.Close()
 	resp := decideJobs(t, conn)
-	set := resp.GetRequestHeaders().GetResponse().GetHeaderMutation().GetSetHeaders()
-	if len(set) == 0 || string(set[0].GetHeader().GetRawValue()) != "kube-apiservers-only-cp-a" {
+	if cluster(resp) != "kube-apiservers-only-cp-a" {
 		t.Errorf("response %v", resp)
 	}
 	rpcCtx, rpcCancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -324,7 +323,12 @@ func decideJobs(t *testing.T, conn *grpc.ClientConn) *extprocv3.ProcessingRespon
 	return resp
 }
 
+// cluster is where resp sends the request: the serving set it names in the load balancer's
+// dynamic metadata, else the cluster it names.
 func cluster(resp *extprocv3.ProcessingResponse) string {
+	if set := resp.GetDynamicMetadata().GetFields()["envoy.lb"].GetStructValue().GetFields()["kube-mvp-set"].GetStringValue(); set != "" {
+		return set
+	}
 	for _, h := range resp.GetRequestHeaders().GetResponse().GetHeaderMutation().GetSetHeaders() {
 		if h.GetHeader().GetKey() == "x-kube-mvp-cluster" {
 			return string(h.GetHeader().GetRawValue())

@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/kube-mvp/kube-mvp/internal/contract"
 	"github.com/kube-mvp/kube-mvp/internal/cptls"
 	"github.com/kube-mvp/kube-mvp/internal/cptls/cptlstest"
 	"github.com/kube-mvp/kube-mvp/internal/testutil"
@@ -121,10 +122,12 @@ func TestServeAgainstMixedControlPlane(t *testing.T) {
 	}
 
 	cp.Kill("cp-a")
-	ads.await(t, "A gone from every cluster once its Lease is stale", func(s *adsState) error {
+	// Killed, A is remembered: it stays a host of the serving-sets cluster, in its set of one
+	// only (health checks keep requests off it), so that its return needs no new host.
+	ads.await(t, "A gone from every cluster and serving set but its own once its Lease is stale", func(s *adsState) error {
 		for name, eps := range s.endpoints {
-			if slices.Contains(eps, a) {
-				return fmt.Errorf("cluster %s still has %s", name, a)
+			if kept := strings.TrimSuffix(name, contract.ClusterFrontProxySuffix) == contract.ClusterServingSets || name == "kube-apiservers-only-cp-a"; slices.Contains(eps, a) != kept {
+				return fmt.Errorf("cluster or serving set %s: has %s %v, want %v", name, a, !kept, kept)
 			}
 		}
 		return s.routeUsesExtProc("batch/v1", true) // batch/v1 now answers 503 from extproc
@@ -221,7 +224,15 @@ func newADS(t *testing.T, ctx context.Context, conn *grpc.ClientConn) *adsClient
 						for _, le := range cla.Endpoints {
 							for _, lb := range le.LbEndpoints {
 								sa := lb.GetEndpoint().GetAddress().GetSocketAddress()
-								addrs = append(addrs, fmt.Sprintf("%s:%d", sa.GetAddress(), sa.GetPortValue()))
+								addr := fmt.Sprintf("%s:%d", sa.GetAddress(), sa.GetPortValue())
+								addrs = append(addrs, addr)
+								// A serving set's members are the serving-sets cluster's
+								// endpoints that list it: recorded under the set's name.
+								if cla.ClusterName == contract.ClusterServingSets {
+									for _, v := range lb.GetMetadata().GetFilterMetadata()[contract.MetadataNamespaceLB].GetFields()[contract.LBSetKey].GetListValue().GetValues() {
+										next.endpoints[v.GetStringValue()] = append(next.endpoints[v.GetStringValue()], addr)
+									}
+								}
 							}
 						}
 						next.endpoints[cla.ClusterName] = addrs

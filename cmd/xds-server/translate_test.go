@@ -154,8 +154,11 @@ func TestTranslateJSON(t *testing.T) {
 			members[e.ClusterName] += len(l.LbEndpoints)
 		}
 	}
-	if want := map[string]int{"kube-apiservers": 3, "kube-apiservers-only-cp-c": 1}; !maps.Equal(members, want) {
+	if want := map[string]int{"kube-apiservers": 3, "kube-apiservers-serving": 3}; !maps.Equal(members, want) {
 		t.Errorf("endpoints per cluster = %v, want %v", members, want)
+	}
+	if !strings.Contains(out, `"kube-apiservers-only-cp-c"`) {
+		t.Error("no endpoint lists the serving set kube-apiservers-only-cp-c")
 	}
 	if !strings.Contains(out, `"@type": "type.googleapis.com/envoy.config.listener.v3.Listener"`) {
 		t.Error("elements lack their @type")
