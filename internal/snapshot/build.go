@@ -117,6 +117,9 @@ func Build(p *plan.Plan, cfg Config) (*Resources, error) {
 	for _, e := range endpoints {
 		res.Endpoints = append(res.Endpoints, e)
 	}
+	if changeForTest != nil {
+		changeForTest(res)
+	}
 	b.validateTop(res)
 	if len(b.errs) == 0 {
 		b.errs = append(b.errs, checkReferences(res, b.producible())...)
@@ -133,6 +136,10 @@ func Build(p *plan.Plan, cfg Config) (*Resources, error) {
 	}
 	return res, joined(b.errs)
 }
+
+// changeForTest, set only by tests, changes the translated resources before they are checked,
+// to show what the checks refuse.
+var changeForTest func(*Resources)
 
 // joined is errs as one *multierror.Error printed one per line, or nil if there are none.
 func joined(errs []error) error {
