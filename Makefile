@@ -12,7 +12,7 @@ REGISTRY ?= ghcr.io/kube-mvp
 ARCHS ?= amd64 arm64
 PUSH ?=
 
-.PHONY: all build images test unit bench kube-binaries vet demo clean proto golden golden-dirs
+.PHONY: all build images test unit bench kube-binaries vet demo clean proto golden golden-dirs envoy-protos
 
 all: build
 
@@ -61,6 +61,14 @@ golden:
 # golden-dirs: the directories make golden writes (.ci/run checks them)
 golden-dirs:
 	@echo $(addsuffix testdata,$(GOLDEN_PKGS))
+
+## envoy-protos: regenerate internal/snapshot/oldest-envoy-protos.txt, every message, field
+## and enum value of the oldest supported Envoy's protos, which snapshot.Build checks the
+## configuration against (tools/envoyprotos, its own module). Run it when raising the minimum
+## Envoy: `make envoy-protos ENVOY=v1.38.0` (the go-control-plane/envoy release of that Envoy),
+## then set internal/xds.MinEnvoyVersion to match (a test checks), and commit both
+envoy-protos:
+	GO="$(GO)" tools/envoyprotos/gen.sh $(ENVOY)
 
 ## demo: kube-mvp in front of a two-version control plane (cp-b has batch/v1 off), kubectl
 ## through it and through a plain balancer, then up until Ctrl-C (DEMO_FLAGS=--exit to stop)

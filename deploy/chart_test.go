@@ -2,6 +2,7 @@ package deploy
 
 import (
 	"bytes"
+	"errors"
 	"flag"
 	"fmt"
 	"maps"
@@ -30,6 +31,7 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/yaml"
 
+	"github.com/kube-mvp/kube-mvp/internal/snapshot"
 	"github.com/kube-mvp/kube-mvp/internal/xds"
 	"github.com/kube-mvp/kube-mvp/test/controlplane"
 )
@@ -188,7 +190,8 @@ var (
 )
 
 // decodeBootstrap decodes Envoy bootstrap YAML strictly (unknown fields are errors, as for
-// Envoy) and validates it with Envoy's proto rules.
+// Envoy), validates it with Envoy's proto rules, and checks that the oldest supported Envoy
+// knows everything it uses (snapshot.CheckOldestEnvoy).
 func decodeBootstrap(raw []byte) (*bootstrapv3.Bootstrap, error) {
 	js, err := yaml.YAMLToJSON(raw)
 	if err != nil {
@@ -200,6 +203,9 @@ func decodeBootstrap(raw []byte) (*bootstrapv3.Bootstrap, error) {
 	}
 	if err := b.ValidateAll(); err != nil {
 		return nil, fmt.Errorf("invalid Bootstrap: %w", err)
+	}
+	if errs := snapshot.CheckOldestEnvoy(&b); len(errs) > 0 {
+		return nil, fmt.Errorf("Bootstrap for the oldest supported Envoy: %w", errors.Join(errs...))
 	}
 	return &b, nil
 }

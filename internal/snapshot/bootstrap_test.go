@@ -14,11 +14,13 @@ import (
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	httpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/reflect/protoregistry"
 	"sigs.k8s.io/yaml"
 
 	"github.com/kube-mvp/kube-mvp/internal/cptls"
+	"github.com/kube-mvp/kube-mvp/internal/snapshot"
 	"github.com/kube-mvp/kube-mvp/internal/xds"
 )
 
@@ -48,6 +50,9 @@ func TestBootstrap(t *testing.T) {
 				t.Fatal(err)
 			}
 			b := decodeBootstrap(t, raw)
+			for _, err := range snapshot.CheckOldestEnvoy(b) {
+				t.Error(err)
+			}
 
 			if got := b.GetDynamicResources().GetAdsConfig().GetGrpcServices()[0].GetEnvoyGrpc().GetClusterName(); got != "xds-server" {
 				t.Errorf("ADS cluster %q, want xds-server", got)
@@ -67,6 +72,23 @@ func TestBootstrap(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestBootstrapOldestEnvoy: a bootstrap using what Envoy 1.36.0 lacks is refused by the check
+// TestBootstrap applies: the admin API's allow_paths (envoy.config.bootstrap.v3.Admin field 7,
+// new in Envoy 1.37), which would suit front.yaml's probe listener.
+func TestBootstrapOldestEnvoy(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join("..", "..", "envoy", "front.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := decodeBootstrap(t, raw)
+	b.Admin.AllowPaths = []*matcherv3.StringMatcher{{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: "/ready"}}}
+	errs := snapshot.CheckOldestEnvoy(b)
+	want := "admin.allow_paths: field envoy.config.bootstrap.v3.Admin.allow_paths (number 7) is not in Envoy " + snapshot.OldestEnvoy()
+	if len(errs) != 1 || errs[0].Error() != want {
+		t.Errorf("got %v, want exactly %s", errs, want)
 	}
 }
 
@@ -132,6 +154,9 @@ func TestBootstrapSDSFiles(t *testing.T) {
 		var s tlsv3.Secret
 		if err := dr.GetResources()[0].UnmarshalTo(&s); err != nil {
 			t.Fatalf("%s: %v", file, err)
+		}
+		for _, err := range snapshot.CheckOldestEnvoy(&dr) {
+			t.Errorf("%s: %v", file, err)
 		}
 		if err := s.ValidateAll(); err != nil || !check(&s) {
 			t.Errorf("%s: %v (%v)", file, &s, err)

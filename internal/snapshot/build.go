@@ -117,6 +117,9 @@ func Build(p *plan.Plan, cfg Config) (*Resources, error) {
 	for _, e := range endpoints {
 		res.Endpoints = append(res.Endpoints, e)
 	}
+	if changeForTest != nil {
+		changeForTest(res)
+	}
 	b.validateTop(res)
 	if len(b.errs) == 0 {
 		b.errs = append(b.errs, checkReferences(res, b.producible())...)
@@ -128,7 +131,7 @@ func Build(p *plan.Plan, cfg Config) (*Resources, error) {
 	if fatal {
 		return nil, joined(b.errs)
 	}
-	if err := res.computeVersions(); err != nil {
+	if err := res.computeVersions(b.wire); err != nil {
 		return nil, err
 	}
 	return res, joined(b.errs)
@@ -143,6 +146,10 @@ func envoyCluster(r plan.Route) string {
 	return r.Cluster
 }
 
+// changeForTest, set only by tests, changes the translated resources before they are checked,
+// to show what the checks refuse.
+var changeForTest func(*Resources)
+
 // joined is errs as one *multierror.Error printed one per line, or nil if there are none.
 func joined(errs []error) error {
 	return multierror.Append(&multierror.Error{ErrorFormat: cli.Lines}, errs...).ErrorOrNil()
@@ -154,6 +161,8 @@ type builder struct {
 	t    *topology.Topology // p's, for apiserver names and addresses
 	cfg  config
 	errs []error
+	// wire holds each resource's deterministic wire form (validateTop), hashed for versions.
+	wire map[types.Resource][]byte
 }
 
 func (b *builder) errorf(format string, args ...any) {
@@ -207,8 +216,15 @@ func (b *builder) pack(what string, m validated) *anypb.Any {
 }
 
 // validateTop validates every top-level resource (typed configs inside were validated when
-// packed: PGV does not look inside an Any).
+// packed: PGV does not look inside an Any), and checks that the oldest supported Envoy knows
+// everything each one uses, typed configs included (CheckOldestEnvoy), on its wire form, which
+// it keeps in b.wire for the versions.
 func (b *builder) validateTop(res *Resources) {
+	b.wire = map[types.Resource][]byte{}
+	oldest, err := newOldestChecker()
+	if err != nil {
+		b.errs = append(b.errs, err)
+	}
 	for _, list := range [][]types.Resource{res.Listeners, res.Routes, res.Clusters, res.Endpoints, res.Secrets} {
 		for _, r := range list {
 			v, ok := r.(validated)
@@ -217,6 +233,18 @@ func (b *builder) validateTop(res *Resources) {
 				continue
 			}
 			if err := v.ValidateAll(); err != nil {
+				b.errorf("%s %q: %w", kindOf(r), nameOf(r), err)
+			}
+			wire, err := deterministic.Marshal(v)
+			if err != nil {
+				b.errorf("%s %q: %w", kindOf(r), nameOf(r), err)
+				continue
+			}
+			b.wire[r] = wire
+			if oldest == nil {
+				continue
+			}
+			for _, err := range oldest.checkWire(v, wire) {
 				b.errorf("%s %q: %w", kindOf(r), nameOf(r), err)
 			}
 		}

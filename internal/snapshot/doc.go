@@ -237,7 +237,9 @@
 // marshalling), and every top-level resource after; all errors are collected. Reference
 // checks beyond Snapshot.Consistent: every cluster a route or extproc can name exists, the
 // ext_proc cluster exists, every SDS secret referred to exists, every EDS cluster has its
-// endpoints.
+// endpoints. Nothing the oldest supported Envoy lacks: every resource's wire form, typed
+// configs unpacked, is checked against oldest-envoy-protos.txt (CheckOldestEnvoy), the
+// messages, fields and enum values of Envoy 1.36.0's protos, as tools/envoyprotos lists them.
 //
 // # Versions
 //

@@ -36,16 +36,20 @@ var deterministic = proto.MarshalOptions{Deterministic: true}
 // computeVersions sets TypeVersions and Version: SHA-256 over each resource's name and
 // deterministic wire bytes, in list order (the lists are sorted by name), truncated to 16 hex
 // digits. Maps inside resources (metadata, typed_per_filter_config) are ordered by the
-// deterministic marshalling, so the hash depends on content only.
-func (r *Resources) computeVersions() error {
+// deterministic marshalling, so the hash depends on content only. wire has the bytes of the
+// resources already marshalled (a resource missing there is marshalled here).
+func (r *Resources) computeVersions(wire map[types.Resource][]byte) error {
 	r.TypeVersions = make(map[resource.Type]string, len(typeOrder))
 	all := sha256.New()
 	for _, t := range typeOrder {
 		h := sha256.New()
 		for _, res := range t.get(r) {
-			b, err := deterministic.Marshal(res)
-			if err != nil {
-				return fmt.Errorf("hashing %s %q: %w", kindOf(res), nameOf(res), err)
+			b, ok := wire[res]
+			if !ok {
+				var err error
+				if b, err = deterministic.Marshal(res); err != nil {
+					return fmt.Errorf("hashing %s %q: %w", kindOf(res), nameOf(res), err)
+				}
 			}
 			fmt.Fprintf(h, "%s\x00%d\x00", nameOf(res), len(b))
 			h.Write(b)

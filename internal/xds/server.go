@@ -303,7 +303,9 @@ func localAPIServer(node *core.Node) string {
 // MinEnvoyVersion is the oldest Envoy the configuration works with: it uses the early header
 // mutation's remove_on_match, ext_proc's status_on_error and the Lua stream handle's
 // virtualHost() (the identity script reads its header names from the virtual host's
-// metadata), all new in 1.36.0, and an older Envoy rejects what it does not know.
+// metadata), all new in 1.36.0, and an older Envoy rejects what it does not know. snapshot.Build
+// refuses anything newer than this release's protos (internal/snapshot/oldest-envoy-protos.txt):
+// raise both together, with `make envoy-protos ENVOY=vX.Y.Z`.
 var MinEnvoyVersion = [3]uint32{1, 36, 0}
 
 // checkEnvoyVersion refuses an Envoy older than MinEnvoyVersion, by the build version every

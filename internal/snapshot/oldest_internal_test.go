@@ -1,0 +1,201 @@
+package snapshot
+
+import (
+	"maps"
+	"testing"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	dynamicmodulesv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/dynamic_modules/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/kube-mvp/kube-mvp/internal/contract"
+	"github.com/kube-mvp/kube-mvp/internal/plan"
+	"github.com/kube-mvp/kube-mvp/internal/topology"
+)
+
+// TestBuildRefusesNewerThanOldestEnvoy changes Build's output (changeForTest) to use what the
+// protos kube-mvp is built with (go-control-plane/envoy v1.40.0) have and Envoy 1.36.0's lack,
+// and expects Build to refuse it: no Resources, and an error naming the resource, the path to
+// what is new and "not in Envoy 1.36.0". What each case uses is new since:
+//   - envoy.config.core.v3.HealthCheck.name (field 27): Envoy 1.40;
+//   - envoy.extensions.filters.http.ext_proc.v3.ProcessingMode.BodySendMode GRPC (5): Envoy 1.37;
+//   - envoy.extensions.upstreams.http.dynamic_modules.v3.Config (a typed config type): Envoy 1.38.
+func TestBuildRefusesNewerThanOldestEnvoy(t *testing.T) {
+	if got := OldestEnvoy(); got != "1.36.0" {
+		t.Fatalf("OldestEnvoy() = %q; this test names fields new since 1.36.0", got)
+	}
+	for _, tc := range []struct {
+		name   string
+		change func(t *testing.T, r *Resources)
+		want   string
+	}{
+		{"nothing", func(*testing.T, *Resources) {}, ""},
+		{"field of a cluster", func(t *testing.T, r *Resources) {
+			c := findCluster(t, r, contract.ClusterDefault)
+			c.HealthChecks[0].Name = "apiserver-readyz" // new in 1.40
+		}, `cluster "kube-apiservers": health_checks[0].name: field envoy.config.core.v3.HealthCheck.name (number 27) is not in Envoy 1.36.0`},
+		{"enum value in a typed config in a typed config", func(t *testing.T, r *Resources) {
+			l := r.Listeners[0].(*listenerv3.Listener)
+			f := l.FilterChains[0].Filters[0]
+			var hcm hcmv3.HttpConnectionManager
+			if err := f.GetTypedConfig().UnmarshalTo(&hcm); err != nil {
+				t.Fatal(err)
+			}
+			i := filterIndex(t, &hcm, extProcFilterName)
+			var ep extprocv3.ExternalProcessor
+			if err := hcm.HttpFilters[i].GetTypedConfig().UnmarshalTo(&ep); err != nil {
+				t.Fatal(err)
+			}
+			ep.ProcessingMode.RequestBodyMode = extprocv3.ProcessingMode_GRPC // new in 1.37
+			hcm.HttpFilters[i].ConfigType = &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(t, &ep)}
+			f.ConfigType = &listenerv3.Filter_TypedConfig{TypedConfig: mustAny(t, &hcm)}
+		}, `listener "kube-apiserver": filter_chains[0].filters[0].typed_config.(envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager).http_filters[1].typed_config.(envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor).processing_mode.request_body_mode: value GRPC (5) of enum envoy.extensions.filters.http.ext_proc.v3.ProcessingMode.BodySendMode is not in Envoy 1.36.0`},
+		{"typed config type", func(t *testing.T, r *Resources) {
+			c := findCluster(t, r, contract.ClusterDefault)
+			c.TypedExtensionProtocolOptions = maps.Clone(c.TypedExtensionProtocolOptions)                                    // the clusters share it
+			c.TypedExtensionProtocolOptions["envoy.upstreams.http.dynamic_modules"] = mustAny(t, &dynamicmodulesv3.Config{}) // new in 1.38
+		}, `cluster "kube-apiservers": typed_extension_protocol_options["envoy.upstreams.http.dynamic_modules"]: typed config type envoy.extensions.upstreams.http.dynamic_modules.v3.Config is not in Envoy 1.36.0`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, cfg := oldestTestInput(t)
+			changeForTest = func(r *Resources) { tc.change(t, r) }
+			t.Cleanup(func() { changeForTest = nil })
+			res, err := Build(p, cfg)
+			if tc.want == "" {
+				if err != nil || res == nil {
+					t.Fatalf("Build: %v", err)
+				}
+				return
+			}
+			if res != nil {
+				t.Errorf("Build returned Resources despite %s", tc.want)
+			}
+			if err == nil || err.Error() != tc.want {
+				t.Errorf("Build error:\n%v\nwant exactly:\n%s", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestOldestCheckWireAndReflection: the fast check of the wire form and the reflective walk
+// that names the path agree, on Build's resources before and after a change the oldest Envoy
+// lacks in each kind of place (a field, an enum value, a map value, a list element, a typed
+// config's type and content).
+func TestOldestCheckWireAndReflection(t *testing.T) {
+	p, cfg := oldestTestInput(t)
+	res, err := Build(p, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := newOldestChecker()
+	if err != nil {
+		t.Fatal(err)
+	}
+	agree := func(t *testing.T, m proto.Message, wantOK bool) {
+		t.Helper()
+		wire, err := deterministic.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wireOK := c.wireOK(c.rule(m.ProtoReflect().Descriptor()), wire)
+		errs := c.check(m)
+		if wireOK != (len(errs) == 0) || wireOK != wantOK {
+			t.Errorf("%s: wire form fine %v, reflective walk %v, want fine %v", nameOf(m), wireOK, errs, wantOK)
+		}
+	}
+	for _, list := range [][]proto.Message{asMessages(res.Listeners), asMessages(res.Routes), asMessages(res.Clusters), asMessages(res.Endpoints), asMessages(res.Secrets)} {
+		for _, m := range list {
+			agree(t, m, true)
+		}
+	}
+	base := findCluster(t, res, contract.ClusterDefault)
+	for name, change := range map[string]func(c *clusterv3.Cluster){
+		"field": func(c *clusterv3.Cluster) {
+			c.OutlierDetection = &clusterv3.OutlierDetection{DetectDegradedHosts: wrapperspb.Bool(true)}
+		}, // 1.38
+		"list": func(c *clusterv3.Cluster) { c.HealthChecks[0].Name = "x" }, // 1.40
+		"map value": func(c *clusterv3.Cluster) {
+			c.TypedExtensionProtocolOptions["x"] = mustAny(t, &dynamicmodulesv3.Config{})
+		}, // 1.38
+		"enum value": func(c *clusterv3.Cluster) { c.LbPolicy = clusterv3.Cluster_LbPolicy(42) }, // no Envoy's
+		"typed config content": func(c *clusterv3.Cluster) {
+			c.TypedExtensionProtocolOptions["x"] = mustAny(t, &clusterv3.Cluster{OutlierDetection: &clusterv3.OutlierDetection{DetectDegradedHosts: wrapperspb.Bool(true)}})
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			cl := proto.Clone(base).(*clusterv3.Cluster)
+			change(cl)
+			agree(t, cl, false)
+		})
+	}
+}
+
+func oldestTestInput(t *testing.T) (*plan.Plan, Config) {
+	t.Helper()
+	topo, err := topology.New([]topology.APIServer{
+		{ID: "apiserver-aaa", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: true},
+		{ID: "apiserver-bbb", Hostname: "cp-b", Address: "10.0.0.2:6443", Alive: true},
+	}, map[topology.Resource][]string{{Group: "batch", Version: "v1", Resource: "jobs"}: {"apiserver-aaa"}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := plan.Build(topo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p, Config{Secrets: SecretFiles{
+		ServingCert:     "/etc/kube-mvp/serving/tls.crt",
+		ServingKey:      "/etc/kube-mvp/serving/tls.key",
+		ClientCA:        "/etc/kube-mvp/client-ca/ca.crt",
+		PeerCA:          "/etc/kube-mvp/peer-ca/ca.crt",
+		ProxyClientCert: "/etc/kube-mvp/proxy-client/tls.crt",
+		ProxyClientKey:  "/etc/kube-mvp/proxy-client/tls.key",
+	}}
+}
+
+func findCluster(t *testing.T, r *Resources, name string) *clusterv3.Cluster {
+	t.Helper()
+	for _, c := range r.Clusters {
+		if c := c.(*clusterv3.Cluster); c.GetName() == name {
+			return c
+		}
+	}
+	t.Fatalf("no cluster %s", name)
+	return nil
+}
+
+func filterIndex(t *testing.T, hcm *hcmv3.HttpConnectionManager, name string) int {
+	t.Helper()
+	for i, f := range hcm.GetHttpFilters() {
+		if f.GetName() == name {
+			if i != 1 {
+				t.Fatalf("the want below expects %s at http_filters[1], not [%d]", name, i)
+			}
+			return i
+		}
+	}
+	t.Fatalf("no HTTP filter %s", name)
+	return 0
+}
+
+func mustAny(t *testing.T, m proto.Message) *anypb.Any {
+	t.Helper()
+	a, err := anypb.New(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+func asMessages[T proto.Message](list []T) []proto.Message {
+	out := make([]proto.Message, len(list))
+	for i, m := range list {
+		out[i] = m
+	}
+	return out
+}
