@@ -160,14 +160,14 @@ func (d *DataPlane) serveClusters(w http.ResponseWriter, _ *http.Request) {
 			cs.Metadata = map[string]any{"filter_metadata": m}
 		}
 		for _, h := range hosts {
-			hs := hostStatus{Hostname: h.hostname}
+			hs := hostStatus{Hostname: h.hostname()}
 			if host, port, err := net.SplitHostPort(h.address); err == nil {
 				p, _ := strconv.Atoi(port)
 				hs.Address = map[string]any{"socket_address": map[string]any{"address": host, "port_value": p}}
 			} else {
 				hs.Address = map[string]any{"pipe": map[string]any{"path": h.address}}
 			}
-			if md := h.metadata.GetFilterMetadata(); len(md) > 0 {
+			if md := h.metadata().GetFilterMetadata(); len(md) > 0 {
 				m := map[string]any{}
 				for k, v := range md {
 					m[k] = structJSON(v)

@@ -139,6 +139,9 @@ var allowed = map[string][]string{
 		"mutation_rules", "mutation_rules.allow_all_routing", "mutation_rules.allow_envoy", "mutation_rules.disallow_system",
 		"mutation_rules.disallow_all", "mutation_rules.allow_expression", "mutation_rules.allow_expression.regex",
 		"mutation_rules.disallow_expression", "mutation_rules.disallow_expression.regex", "mutation_rules.disallow_is_error",
+		// Dynamic metadata accepted from the processor (extProcDynamicMetadata); typed
+		// receiving namespaces and forwarding namespaces are not implemented.
+		"metadata_options", "metadata_options.receiving_namespaces", "metadata_options.receiving_namespaces.untyped",
 	}, prefixed("forward_rules.allowed_headers.patterns", stringMatcherPaths...),
 		prefixed("forward_rules.disallowed_headers.patterns", stringMatcherPaths...)),
 	tDownTLS: cat([]string{
@@ -168,6 +171,7 @@ var allowed = map[string][]string{
 		"virtual_hosts.routes.match.query_parameters.present_match", "virtual_hosts.routes.match.query_parameters.string_match",
 		"virtual_hosts.routes.route", "virtual_hosts.routes.route.cluster", "virtual_hosts.routes.route.cluster_header",
 		"virtual_hosts.routes.route.timeout", "virtual_hosts.routes.route.idle_timeout",
+		"virtual_hosts.routes.route.metadata_match", "virtual_hosts.routes.route.metadata_match.filter_metadata",
 		"virtual_hosts.routes.route.retry_policy", "virtual_hosts.routes.route.retry_policy.retry_on",
 		"virtual_hosts.routes.route.retry_policy.num_retries", "virtual_hosts.routes.route.retry_policy.retry_host_predicate",
 		"virtual_hosts.routes.route.retry_policy.retry_host_predicate.name", "virtual_hosts.routes.route.retry_policy.retry_host_predicate.typed_config",
@@ -198,6 +202,8 @@ var allowed = map[string][]string{
 		"circuit_breakers.thresholds.max_retries", "circuit_breakers.thresholds.track_remaining",
 		"health_checks", "health_checks.timeout", "health_checks.interval", "health_checks.no_traffic_interval",
 		"health_checks.healthy_threshold", "health_checks.unhealthy_threshold",
+		"health_checks.unhealthy_interval", "health_checks.unhealthy_edge_interval", "health_checks.healthy_edge_interval",
+		"health_checks.no_traffic_healthy_interval",
 		"health_checks.http_health_check", "health_checks.http_health_check.path", "health_checks.http_health_check.host",
 		"health_checks.http_health_check.request_headers_to_add", "health_checks.http_health_check.request_headers_to_add.header",
 		"health_checks.http_health_check.request_headers_to_add.header.key", "health_checks.http_health_check.request_headers_to_add.header.value",
@@ -216,6 +222,11 @@ var allowed = map[string][]string{
 		"transport_socket", "transport_socket.name", "transport_socket.typed_config",
 		"typed_extension_protocol_options", "metadata", "metadata.filter_metadata",
 		"load_assignment", "ignore_health_on_host_removal",
+		// Subset load balancing (subset.go): fallback policies NO_FALLBACK and ANY_ENDPOINT
+		// only (see valueChecks), selectors of keys with a fallback policy, list_as_any.
+		"lb_subset_config", "lb_subset_config.fallback_policy", "lb_subset_config.subset_selectors",
+		"lb_subset_config.subset_selectors.keys", "lb_subset_config.subset_selectors.fallback_policy",
+		"lb_subset_config.list_as_any",
 	}, prefixed("load_assignment", endpointPaths()...)),
 	tCLA: endpointPaths(),
 	tSecret: {
@@ -333,6 +344,8 @@ var valueChecks = map[string]map[string]valueCheck{
 		"outlier_detection.enforcing_local_origin_success_rate":   zeroPercentU32,
 		"outlier_detection.enforcing_success_rate":                zeroPercentU32,
 		"eds_cluster_config.eds_config.resource_api_version":      enumIn("V3"),
+		"lb_subset_config.fallback_policy":                        enumIn("NO_FALLBACK", "ANY_ENDPOINT"),
+		"lb_subset_config.subset_selectors.fallback_policy":       enumIn("NOT_DEFINED", "NO_FALLBACK", "ANY_ENDPOINT"),
 	},
 }
 

@@ -348,6 +348,9 @@ type extProcCfg struct {
 	allowedHeaders    []*stringMatcher // nil: all
 	disallowed        []*stringMatcher
 	rules             *mutationRules
+	// receivingNamespaces are metadata_options.receiving_namespaces.untyped: the dynamic
+	// metadata namespaces accepted from a ProcessingResponse (none when empty).
+	receivingNamespaces []string
 }
 
 type mutationRules struct {
@@ -364,6 +367,9 @@ func compileExtProc(filterName string, c *extprocfilterv3.ExternalProcessor) (*e
 		statusOnError:    500, // Envoy: status_on_error defaults to 500
 		routeCache:       c.GetRouteCacheAction(),
 		statPrefix:       c.GetStatPrefix(),
+		// Envoy's ExtProcFilterConfig: metadata_options.receiving_namespaces.untyped
+		// (typed receiving and forwarding namespaces: the allowlist rejects them).
+		receivingNamespaces: c.GetMetadataOptions().GetReceivingNamespaces().GetUntyped(),
 	}
 	if out.cluster == "" {
 		return nil, errors.New("grpc_service: only envoy_grpc is implemented")
@@ -515,14 +521,18 @@ type virtualHost struct {
 }
 
 type route struct {
-	name            string
-	prefix, path    *string
-	sepPrefix       *string // path_separated_prefix
-	re              *regexp.Regexp
-	headers         []*headerMatcher
-	query           []*queryMatcher
-	cluster         string
-	clusterHeader   string
+	name          string
+	prefix, path  *string
+	sepPrefix     *string // path_separated_prefix
+	re            *regexp.Regexp
+	headers       []*headerMatcher
+	query         []*queryMatcher
+	cluster       string
+	clusterHeader string
+	// metadataMatch is the route action's metadata_match.filter_metadata["envoy.lb"] (nil
+	// when absent): the subset load balancer's criteria, before the request's dynamic
+	// metadata is merged in (stream.subsetCriteria).
+	metadataMatch   *structpb.Struct
 	timeout         time.Duration // 0: none
 	retry           *retryPolicy
 	extProcDisabled map[string]bool // filter name -> disabled
@@ -694,6 +704,9 @@ func compileRoute(r *routev3.Route) (*route, error) {
 		return nil, errors.New("only route actions (route:) and direct_response are implemented")
 	}
 	out.cluster, out.clusterHeader = a.GetCluster(), strings.ToLower(a.GetClusterHeader())
+	// Envoy's RouteEntryImplBase: only the envoy.lb namespace of metadata_match makes the
+	// route's MetadataMatchCriteria; other namespaces are not used for load balancing.
+	out.metadataMatch = a.GetMetadataMatch().GetFilterMetadata()[envoyLB]
 	if out.cluster == "" && out.clusterHeader == "" {
 		return nil, errors.New("route: only cluster and cluster_header are implemented")
 	}
@@ -807,6 +820,9 @@ type clusterCfg struct {
 	ignoreHealthOnHostRemoval bool
 	// idleTimeout closes an upstream connection without requests for this long (0: never).
 	idleTimeout time.Duration
+	// subset is lb_subset_config (nil: none, or no selector: Envoy's subset load balancer
+	// is enabled only with subset_selectors).
+	subset *subsetCfg
 }
 
 type upstreamTLS struct {
@@ -828,7 +844,12 @@ type healthCheckCfg struct {
 	path, host                   string
 	headers                      [][2]string // request_headers_to_add, in order
 	interval, timeout, noTraffic time.Duration
-	healthy, unhealthy           int
+	// The per-host intervals of HealthCheckerImplBase::interval, defaulted as its
+	// constructor does (source/extensions/health_checkers/common/health_checker_base_impl.cc):
+	// unhealthy_interval to interval, unhealthy_edge_interval to unhealthy_interval,
+	// healthy_edge_interval to interval, no_traffic_healthy_interval to no_traffic_interval.
+	unhealthyInterval, unhealthyEdge, healthyEdge, noTrafficHealthy time.Duration
+	healthy, unhealthy                                              int
 }
 
 type outlierCfg struct {
@@ -936,6 +957,10 @@ func compileCluster(c *clusterv3.Cluster) (*clusterCfg, error) {
 			noTraffic: durOr(h.GetNoTrafficInterval(), 60*time.Second), // Envoy: default 60s
 			healthy:   int(h.GetHealthyThreshold().GetValue()), unhealthy: int(h.GetUnhealthyThreshold().GetValue()),
 		}
+		out.hc.unhealthyInterval = durOr(h.GetUnhealthyInterval(), out.hc.interval)
+		out.hc.unhealthyEdge = durOr(h.GetUnhealthyEdgeInterval(), out.hc.unhealthyInterval)
+		out.hc.healthyEdge = durOr(h.GetHealthyEdgeInterval(), out.hc.interval)
+		out.hc.noTrafficHealthy = durOr(h.GetNoTrafficHealthyInterval(), out.hc.noTraffic)
 		if out.hc.host == "" {
 			out.hc.host = c.GetName() // Envoy: the host header defaults to the cluster name
 		}
@@ -960,6 +985,17 @@ func compileCluster(c *clusterv3.Cluster) (*clusterCfg, error) {
 		if out.hc.interval <= 0 || out.hc.timeout <= 0 {
 			return nil, errors.New("health_checks: interval and timeout are required")
 		}
+		// health_check.proto: each of these, when set, must be greater than 0.
+		for n, d := range map[string]*durationpb.Duration{"no_traffic_interval": h.GetNoTrafficInterval(),
+			"no_traffic_healthy_interval": h.GetNoTrafficHealthyInterval(), "unhealthy_interval": h.GetUnhealthyInterval(),
+			"unhealthy_edge_interval": h.GetUnhealthyEdgeInterval(), "healthy_edge_interval": h.GetHealthyEdgeInterval()} {
+			if d != nil && d.AsDuration() <= 0 {
+				return nil, fmt.Errorf("health_checks.%s: must be greater than 0", n)
+			}
+		}
+	}
+	if sc := c.GetLbSubsetConfig(); sc != nil {
+		out.subset = compileSubset(sc)
 	}
 	if od := c.GetOutlierDetection(); od != nil {
 		o := &outlierCfg{

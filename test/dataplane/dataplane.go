@@ -9,6 +9,28 @@
 // router (cluster / cluster_header, retries), and clusters with EDS, upstream TLS, health
 // checks, outlier detection and least-request balancing.
 //
+// Among the modelled behaviours:
+//   - Subset load balancing (subset.go, Envoy's SubsetLoadBalancer): lb_subset_config with
+//     fallback_policy NO_FALLBACK or ANY_ENDPOINT, subset_selectors (keys, fallback_policy
+//     NOT_DEFINED, NO_FALLBACK or ANY_ENDPOINT) and list_as_any, over the endpoints'
+//     filter_metadata["envoy.lb"], recomputed on every EDS update (a host's metadata changes
+//     in place: it keeps its health and outlier state). The criteria are the route's
+//     metadata_match["envoy.lb"] with the request's "envoy.lb" dynamic metadata merged over
+//     it, once per request (retries keep them). No host is a 503 with flag UH. Stats:
+//     cluster.<name>.lb_subsets_active (gauge), lb_subsets_created, lb_subsets_removed,
+//     lb_subsets_selected, lb_subsets_fallback (Envoy's names; Envoy has no lb_subsets_none:
+//     a request that got no host counts in upstream_cx_none_healthy).
+//   - ext_proc dynamic metadata: the namespaces of a ProcessingResponse's dynamic_metadata
+//     listed in metadata_options.receiving_namespaces.untyped become the request's dynamic
+//     metadata; others are dropped.
+//   - Active health checks per host (HealthCheckerImplBase): each host's session schedules
+//     its next check by its last result: interval / unhealthy_interval, or
+//     healthy_edge_interval / unhealthy_edge_interval while a threshold is pending, once the
+//     cluster's pool made a connection (upstream_cx_total; health-check connections do not
+//     count); no_traffic_healthy_interval / no_traffic_interval before. A failed response
+//     (not 200) marks a host unhealthy at once; only network failures and timeouts count
+//     towards unhealthy_threshold.
+//
 // Production always runs real Envoy. This package exists so that our tests execute our
 // configuration rather than only validate it. Anything in a resource that this data plane
 // does not implement is rejected (NACKed) with an error naming the field, so a test can never

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/structpb"
 )
 
 type extProcClient struct {
@@ -268,10 +269,13 @@ func (st *stream) awaitHeadersReply(ep *extProcCfg, sp string, ch <-chan extProc
 	headers := false // a headers response of this phase
 	switch r := res.resp.GetResponse().(type) {
 	case *extprocv3.ProcessingResponse_RequestHeaders:
+		st.extProcDynamicMetadata(ep, res.resp)
 		hr, headers = r.RequestHeaders, requestPhase
 	case *extprocv3.ProcessingResponse_ResponseHeaders:
+		st.extProcDynamicMetadata(ep, res.resp)
 		hr, headers = r.ResponseHeaders, !requestPhase
 	case *extprocv3.ProcessingResponse_ImmediateResponse:
+		st.extProcDynamicMetadata(ep, res.resp)
 		st.immediateResponse(ep, sp, r.ImmediateResponse)
 		return res.s, nil, false, false
 	}
@@ -294,6 +298,38 @@ func (st *stream) awaitHeadersReply(ep *extProcCfg, sp string, ch <-chan extProc
 		return fail("ext_proc_error_unimplemented_mode_override")
 	}
 	return res.s, hr, sendResp, true
+}
+
+// extProcDynamicMetadata is Envoy's ext_proc Filter::setDynamicMetadata
+// (source/extensions/filters/http/ext_proc/ext_proc.cc), which onReceiveMessage runs for a
+// headers response or an immediate_response before handling it: each top-level field of the
+// response's dynamic_metadata names a namespace; one listed in
+// metadata_options.receiving_namespaces.untyped is merged into the request's dynamic
+// metadata (StreamInfo::setDynamicMetadata: the Struct's fields replace those of the same
+// name), as a Struct (a value that is not one merges nothing); any other is dropped. Without
+// receiving namespaces nothing is accepted.
+func (st *stream) extProcDynamicMetadata(ep *extProcCfg, resp *extprocv3.ProcessingResponse) {
+	if len(ep.receivingNamespaces) == 0 || resp.GetDynamicMetadata() == nil {
+		return
+	}
+	for ns, v := range resp.GetDynamicMetadata().GetFields() {
+		if !slices.Contains(ep.receivingNamespaces, ns) {
+			st.d.log.Debug("ext_proc dynamic metadata namespace not received", "namespace", ns)
+			continue
+		}
+		if st.dynamicMetadata == nil {
+			st.dynamicMetadata = map[string]*structpb.Struct{}
+		}
+		cur := st.dynamicMetadata[ns]
+		merged := &structpb.Struct{Fields: map[string]*structpb.Value{}}
+		for k, x := range cur.GetFields() {
+			merged.Fields[k] = x
+		}
+		for k, x := range v.GetStructValue().GetFields() {
+			merged.Fields[k] = x
+		}
+		st.dynamicMetadata[ns] = merged
+	}
 }
 
 // modeOverride applies a processor's mode_override (ProcessingResponse.mode_override, sent

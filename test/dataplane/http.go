@@ -14,6 +14,7 @@ import (
 	"time"
 
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	"google.golang.org/protobuf/types/known/structpb"
 )
 
 // kv is one request header, name lower-case as Envoy keeps them.
@@ -89,6 +90,9 @@ type stream struct {
 	ext *extProcStream
 	// extProcFailOpen is the route's overrides.failure_mode_allow, if it has one.
 	extProcFailOpen *bool
+	// dynamicMetadata is the request's dynamic metadata (StreamInfo::dynamicMetadata) by
+	// namespace: what ext_proc accepted (receiving_namespaces). The router reads "envoy.lb".
+	dynamicMetadata map[string]*structpb.Struct
 }
 
 func (st *stream) prefix() string { return "http." + st.hcm.statPrefix + "." }

@@ -63,9 +63,10 @@ func (st *stream) router(rt *route) {
 	var cc *clusterCfg
 	var hosts []*liveHost
 	var transport *http.Transport
+	var lb *subsetLB
 	c := d.cluster(name)
 	if name != "" && c != nil {
-		cc, hosts, transport = c.snapshot()
+		cc, hosts, transport, lb = c.serving()
 	}
 	if cc == nil {
 		st.addFlag(flagNoClusterFound)
@@ -114,6 +115,8 @@ func (st *stream) router(rt *route) {
 		retries = rt.retry.numRetries
 	}
 	tried := map[*liveHost]bool{}
+	// The subset load balancer's criteria, the same for every attempt.
+	criteria := st.subsetCriteria(rt)
 	started := false
 	var lastKind failureKind
 	var lastErr error
@@ -124,9 +127,9 @@ func (st *stream) router(rt *route) {
 		}
 		var h *liveHost
 		if rt.retry != nil && rt.retry.previousHosts {
-			h = c.pick(cc, hosts, tried, maxSel)
+			h = c.choose(cc, hosts, lb, criteria, tried, maxSel)
 		} else {
-			h = c.pick(cc, hosts, nil, 1)
+			h = c.choose(cc, hosts, lb, criteria, nil, 1)
 		}
 		if h == nil {
 			d.stats.inc(cp + "upstream_cx_none_healthy")

@@ -15,12 +15,18 @@ import (
 	"sync/atomic"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"google.golang.org/protobuf/proto"
 )
 
 // liveHost is one upstream host and its runtime state.
 type liveHost struct {
-	hostCfg
+	address string // host:port, or "unix:" + path: the host's identity across EDS updates
+	// desc is the host's hostname and metadata, which an EDS update may change in place, as
+	// Envoy's BaseDynamicClusterImpl::updateDynamicHostList (source/common/upstream/
+	// upstream_impl.cc) updates an existing host's metadata: the host, with its health and
+	// outlier state, stays.
+	desc   atomic.Pointer[hostCfg]
 	active atomic.Int64 // requests in flight (least request)
 
 	mu            sync.Mutex
@@ -39,18 +45,14 @@ type liveHost struct {
 	rqSuccess       uint64
 }
 
-// withConfig is h with a new hostname or metadata and the same health and outlier state. A
-// host's configuration is never changed in place: requests and health checks in flight
-// read it without a lock.
-func (h *liveHost) withConfig(hc hostCfg) *liveHost {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return &liveHost{
-		hostCfg: hc, hcPending: h.hcPending, failedHC: h.failedHC, hcSuccesses: h.hcSuccesses, hcFailures: h.hcFailures,
-		localFailures: h.localFailures, ejectedUntil: h.ejectedUntil, ejections: h.ejections, pendingRemoval: h.pendingRemoval,
-		rqTotal: h.rqTotal, rqErrs: h.rqErrs, rqSuccess: h.rqSuccess,
-	}
+func newLiveHost(hc hostCfg) *liveHost {
+	h := &liveHost{address: hc.address}
+	h.desc.Store(&hc)
+	return h
 }
+
+func (h *liveHost) hostname() string           { return h.desc.Load().hostname }
+func (h *liveHost) metadata() *corev3.Metadata { return h.desc.Load().metadata }
 
 func (h *liveHost) usable(now time.Time) bool {
 	h.mu.Lock()
@@ -67,6 +69,7 @@ type liveCluster struct {
 	mu        sync.Mutex
 	cfg       *clusterCfg
 	hosts     []*liveHost
+	lb        *subsetLB // the subsets of hosts (nil without lb_subset_config): setHostsLocked
 	transport *http.Transport
 	// previous is the version of a changed cluster while this one warms up: it
 	// serves the requests until every host of the new one has had its first health check
@@ -90,6 +93,7 @@ type liveCluster struct {
 type clusterVersion struct {
 	cfg       *clusterCfg
 	hosts     []*liveHost
+	lb        *subsetLB
 	transport *http.Transport
 	// The previous version keeps its health checker and follows EDS while the new one
 	// warms: in Envoy the active cluster is untouched by the warming one's
@@ -172,15 +176,42 @@ func (c *liveCluster) statPrefix() string {
 // snapshot is the version of the cluster that serves requests: the previous one while a
 // changed cluster warms up; none (nil configuration) while a new cluster warms up.
 func (c *liveCluster) snapshot() (*clusterCfg, []*liveHost, *http.Transport) {
+	cc, hosts, tr, _ := c.serving()
+	return cc, hosts, tr
+}
+
+// serving is snapshot with the serving version's subsets.
+func (c *liveCluster) serving() (*clusterCfg, []*liveHost, *http.Transport, *subsetLB) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if p := c.previous; p != nil {
-		return p.cfg, p.hosts, p.transport
+		return p.cfg, p.hosts, p.transport, p.lb
 	}
 	if !c.warm {
-		return nil, nil, nil
+		return nil, nil, nil, nil
 	}
-	return c.cfg, c.hosts, c.transport
+	return c.cfg, c.hosts, c.transport, c.lb
+}
+
+// setHostsLocked makes hosts the newest version's (configuration cc) and recomputes its
+// subsets, counting the cluster's lb_subsets_* stats.
+func (c *liveCluster) setHostsLocked(cc *clusterCfg, hosts []*liveHost) {
+	prev := c.lb
+	if c.cfg != cc {
+		prev = nil // a new version of the cluster: a new load balancer
+	}
+	c.hosts, c.lb = hosts, nil
+	if cc != nil && cc.subset != nil {
+		c.lb = cc.subset.buildSubsets(c.d, hosts, prev, "cluster."+cc.stat+".")
+	}
+}
+
+// setHosts makes hosts the previous version's and recomputes its subsets.
+func (p *clusterVersion) setHosts(d *DataPlane, hosts []*liveHost) {
+	p.hosts = hosts
+	if p.cfg.subset != nil {
+		p.lb = p.cfg.subset.buildSubsets(d, hosts, p.lb, "")
+	}
 }
 
 // current is the newest version's hosts (those its health checker checks).
@@ -236,7 +267,7 @@ func (d *DataPlane) syncClustersLocked() {
 		if changed && c.cfg != nil {
 			// A new version of the cluster: nothing of the old hosts carries over.
 			if c.previous == nil {
-				c.previous = &clusterVersion{cfg: c.cfg, hosts: c.hosts, transport: c.transport, hcCancel: c.hcCancel, hcKick: c.hcKick}
+				c.previous = &clusterVersion{cfg: c.cfg, hosts: c.hosts, lb: c.lb, transport: c.transport, hcCancel: c.hcCancel, hcKick: c.hcKick}
 				c.hcCancel = nil
 				c.hcKick = make(chan struct{}, 1)
 			} else {
@@ -244,7 +275,7 @@ func (d *DataPlane) syncClustersLocked() {
 				// one that was warming goes.
 				c.transport.CloseIdleConnections()
 			}
-			c.hosts = nil
+			c.hosts, c.lb = nil, nil
 			c.warm = false
 		}
 		if !changed {
@@ -259,7 +290,7 @@ func (d *DataPlane) syncClustersLocked() {
 			if p.cfg.edsName != "" {
 				ph, _ = compileHosts(d.cfg.endpoints[p.cfg.edsName])
 			}
-			p.hosts = mergeHosts(p.cfg, p.hosts, ph)
+			p.setHosts(d, mergeHosts(p.cfg, p.hosts, ph))
 			for _, h := range p.hosts {
 				h.mu.Lock()
 				if h.hcPending {
@@ -273,13 +304,13 @@ func (d *DataPlane) syncClustersLocked() {
 			pending = pending || h.hcPending
 			h.mu.Unlock()
 		}
-		c.hosts = nh
 		c.endpointsArrived = cc.edsName == "" || d.cfg.endpoints[cc.edsName] != nil
 		if changed {
 			// The replaced pool, if any, is the previous version's (it drains when the
 			// warm-up ends) or was closed above.
+			c.lb = nil
 			c.cfg = cc
-			c.transport = c.newTransport(cc, cc.tls)
+			c.transport = c.newTransport(cc, cc.tls, true)
 			if c.hcCancel != nil {
 				c.hcCancel()
 				c.hcCancel = nil
@@ -295,6 +326,9 @@ func (d *DataPlane) syncClustersLocked() {
 				}()
 			}
 		}
+		// Every EDS update recomputes the subsets (no warming: only a CDS change makes a
+		// new cluster).
+		c.setHostsLocked(cc, nh)
 		c.warmedLocked()
 		c.mu.Unlock()
 		if pending {
@@ -325,9 +359,11 @@ func (e *connectError) Unwrap() error { return e.err }
 // newTransport is the cluster's connection pool: connections within connect_timeout, TLS
 // per the UpstreamTlsContext with the current SDS secrets, HTTP/1.1 or HTTP/2 as the
 // cluster's explicit_http_config says. Responses are never decompressed.
-func (c *liveCluster) newTransport(cc *clusterCfg, socket *upstreamTLS) *http.Transport {
+func (c *liveCluster) newTransport(cc *clusterCfg, socket *upstreamTLS, pool bool) *http.Transport {
 	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
-		c.d.stats.inc(c.statPrefix() + "upstream_cx_total") // Envoy: connections opened
+		if pool {
+			c.d.stats.inc(c.statPrefix() + "upstream_cx_total") // Envoy: connections the pools opened
+		}
 		nd := net.Dialer{Timeout: cc.connectTimeout}
 		conn, err := nd.DialContext(ctx, "tcp", addr)
 		if err != nil {
@@ -434,6 +470,13 @@ func (d *DataPlane) upstreamTLSConfig(t *upstreamTLS) (*tls.Config, error) {
 // predicate, a host already tried is rejected and another selection made, up to
 // host_selection_retry_max_attempts times; the last selection is used even if rejected.
 func (c *liveCluster) pick(cc *clusterCfg, hosts []*liveHost, tried map[*liveHost]bool, maxSelections int) *liveHost {
+	return c.pickFrom(cc, hosts, &c.rr, tried, maxSelections)
+}
+
+// pickFrom is pick with the round-robin position rr: each load balancer has its own (a
+// subset's is the subset's: SubsetLoadBalancer gives every subset a load balancer of the
+// cluster's lb_policy over the subset's hosts).
+func (c *liveCluster) pickFrom(cc *clusterCfg, hosts []*liveHost, rr *atomic.Uint64, tried map[*liveHost]bool, maxSelections int) *liveHost {
 	if len(hosts) == 0 {
 		return nil
 	}
@@ -460,7 +503,7 @@ func (c *liveCluster) pick(cc *clusterCfg, hosts []*liveHost, tried map[*liveHos
 				h = b
 			}
 		} else {
-			h = cand[int(c.rr.Add(1)-1)%len(cand)]
+			h = cand[int(rr.Add(1)-1)%len(cand)]
 		}
 		if !tried[h] {
 			break
@@ -513,62 +556,178 @@ func (c *liveCluster) localOriginResult(cc *clusterCfg, hosts []*liveHost, h *li
 	c.d.stats.inc(c.statPrefix() + "outlier_detection.ejections_enforced_total")
 }
 
-// healthCheckLoop is the active HTTP health checker: every interval (no_traffic_interval
-// while the cluster has had no traffic) a GET of the path with the configured host header
-// over the cluster's transport socket; 200 is healthy. A host becomes unhealthy after
-// unhealthy_threshold consecutive failures and healthy again after healthy_threshold
-// successes; the first check of a new host decides at once. A success unejects an ejected
-// host when successful_active_health_check_uneject_host is set.
+// healthCheckLoop is the active HTTP health checker of cluster version cc: one session per
+// host, as Envoy's HealthCheckerImplBase (source/extensions/health_checkers/common/
+// health_checker_base_impl.cc) keeps an ActiveHealthCheckSession per host, each with its own
+// interval timer. A host's session starts with a first check at once (addHosts: start, no
+// initial_jitter) and schedules each next check when a check ends, by that check's result
+// (hostSession). The loop starts the sessions of the hosts that joined (kick), ends those of
+// the hosts that left, and ends them all when the cluster version goes (ctx).
+//
+// A check is a GET of the path with the configured host header over the cluster's transport
+// socket; 200 is healthy. Its connections are the health checker's own, not the cluster's
+// connection pool: they do not count in upstream_cx_total.
 func (c *liveCluster) healthCheckLoop(ctx context.Context, cc *clusterCfg, kick chan struct{}) {
-	tr := c.newTransport(cc, cc.hc.tls)
+	tr := c.newTransport(cc, cc.hc.tls, false)
 	defer tr.CloseIdleConnections()
 	client := &http.Client{Transport: tr, Timeout: cc.hc.timeout}
+	type session struct {
+		cancel context.CancelFunc
+		done   chan struct{}
+	}
+	sessions := map[*liveHost]*session{}
+	// ended receives a host whose session ended on its own: it left the cluster, or the
+	// cluster's secrets are missing (the session starts again once they are there).
+	ended := make(chan *liveHost)
+	stop := func(h *liveHost) {
+		s := sessions[h]
+		s.cancel()
+		<-s.done
+		delete(sessions, h)
+	}
+	defer func() {
+		for h := range sessions {
+			stop(h)
+		}
+	}()
 	for {
 		hosts := c.hostsOf(cc)
-		var wg sync.WaitGroup
-		for _, h := range hosts {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				c.checkHost(ctx, cc, client, h)
-			}()
+		for h := range sessions {
+			if !slices.Contains(hosts, h) {
+				stop(h)
+			}
 		}
-		wg.Wait()
-		interval := cc.hc.interval
-		if c.d.stats.get(c.statPrefix()+"upstream_rq_total") == 0 {
-			interval = cc.hc.noTraffic
+		if c.socketsReady(cc) {
+			for _, h := range hosts {
+				if sessions[h] != nil {
+					continue
+				}
+				sctx, cancel := context.WithCancel(ctx)
+				s := &session{cancel: cancel, done: make(chan struct{})}
+				sessions[h] = s
+				go func() {
+					defer close(s.done)
+					if !c.hostSession(sctx, cc, client, h) {
+						select {
+						case ended <- h:
+						case <-sctx.Done():
+						}
+					}
+				}()
+			}
 		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(interval):
 		case <-kick:
+		case h := <-ended:
+			if s := sessions[h]; s != nil {
+				<-s.done
+				s.cancel()
+				delete(sessions, h)
+			}
 		}
 	}
 }
 
-func (c *liveCluster) checkHost(ctx context.Context, cc *clusterCfg, client *http.Client, h *liveHost) {
-	scheme := "http"
-	if cc.hc.tls != nil {
-		scheme = "https"
+// hostSession checks h until its session ends: false when it ended on its own (h left the
+// cluster version, or its secrets are missing), true when cancelled. After each check the
+// next waits HealthCheckerImplBase::interval of the check's result and transition
+// (healthCheckCfg.next).
+func (c *liveCluster) hostSession(ctx context.Context, cc *clusterCfg, client *http.Client, h *liveHost) bool {
+	for {
+		if !slices.Contains(c.hostsOf(cc), h) {
+			return ctx.Err() != nil
+		}
+		ok, changed, checked := c.checkHost(ctx, cc, client, h)
+		if ctx.Err() != nil {
+			return true
+		}
+		if !checked {
+			return false
+		}
+		// Envoy: the cluster "has had traffic" once its connection pools opened a
+		// connection (upstream_cx_total used; health check connections are not from the
+		// pools).
+		traffic := c.d.stats.get(c.statPrefix()+"upstream_cx_total") > 0
+		t := time.NewTimer(cc.hc.next(traffic, ok, changed))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return true
+		case <-t.C:
+		}
 	}
-	// Envoy (Cluster warming) waits for the secrets of every transport socket of the
-	// cluster, transport_socket_matches included.
+}
+
+// hcTransition is Envoy's HealthTransition of a check result.
+type hcTransition int
+
+const (
+	hcUnchanged hcTransition = iota
+	hcChanged
+	hcChangePending // a threshold is not reached yet
+)
+
+// next is HealthCheckerImplBase::interval for a check that ended healthy (ok) or not, with
+// transition t: once the cluster has had traffic, interval after a success and
+// unhealthy_interval after a failure, or healthy_edge_interval / unhealthy_edge_interval while
+// the transition is pending; before, no_traffic_healthy_interval after a success that leaves
+// no transition pending, no_traffic_interval otherwise. (No jitter: the allowlist admits
+// none.)
+func (hc *healthCheckCfg) next(traffic, ok bool, t hcTransition) time.Duration {
+	var d time.Duration
+	switch {
+	case !traffic && ok && t != hcChangePending:
+		d = hc.noTrafficHealthy
+	case !traffic:
+		d = hc.noTraffic
+	case !ok && t == hcChangePending:
+		d = hc.unhealthyEdge
+	case !ok:
+		d = hc.unhealthyInterval
+	case t == hcChangePending:
+		d = hc.healthyEdge
+	default:
+		d = hc.interval
+	}
+	// intervalWithJitter: never less than 1ms.
+	return max(d, time.Millisecond)
+}
+
+// socketsReady reports whether the secrets of every transport socket of cc are there. Envoy
+// (cluster warming) waits for the secrets of every transport socket of the cluster,
+// transport_socket_matches included: a cluster whose SDS secrets have not arrived is still
+// warming, with no health checks, and its hosts stay pending until they do.
+func (c *liveCluster) socketsReady(cc *clusterCfg) bool {
 	sockets := []*upstreamTLS{cc.tls, cc.hc.tls}
 	for _, m := range cc.socketMatches {
 		sockets = append(sockets, m.tls)
 	}
 	for _, t := range sockets {
-		// A cluster whose SDS secrets have not arrived is still warming in Envoy: no
-		// health checks, and the hosts stay pending until they do.
 		if t == nil {
 			continue
 		}
 		if _, err := c.d.upstreamTLSConfig(t); err != nil {
-			return
+			return false
 		}
 	}
-	ok := false
+	return true
+}
+
+// checkHost runs one health check of h and applies its result: ok (healthy) and the
+// transition it made; checked is false when no check ran (missing secrets, or cancelled).
+func (c *liveCluster) checkHost(ctx context.Context, cc *clusterCfg, client *http.Client, h *liveHost) (ok bool, t hcTransition, checked bool) {
+	scheme := "http"
+	if cc.hc.tls != nil {
+		scheme = "https"
+	}
+	if !c.socketsReady(cc) {
+		return false, hcUnchanged, false
+	}
+	// network: the check failed without a response (connection failure, timeout): Envoy's
+	// NETWORK / NETWORK_TIMEOUT failure types, which count towards unhealthy_threshold.
+	network := true
 	if !strings.HasPrefix(h.address, "unix:") {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, scheme+"://"+h.address+cc.hc.path, nil)
 		if err == nil {
@@ -579,21 +738,25 @@ func (c *liveCluster) checkHost(ctx context.Context, cc *clusterCfg, client *htt
 			}
 			resp, err := client.Do(req)
 			if err == nil {
-				ok = resp.StatusCode == http.StatusOK
+				ok, network = resp.StatusCode == http.StatusOK, false
 				resp.Body.Close()
 			}
 		}
 	}
 	if ctx.Err() != nil {
-		return
+		return false, hcUnchanged, false
 	}
 	c.d.stats.inc(c.statPrefix() + "health_check.attempt")
 	if !ok {
 		c.d.stats.inc(c.statPrefix() + "health_check.failure")
+		if network {
+			c.d.stats.inc(c.statPrefix() + "health_check.network_failure")
+		}
 	} else {
 		c.d.stats.inc(c.statPrefix() + "health_check.success")
 	}
-	if c.recordCheck(cc, h, ok) {
+	t, remove := c.recordCheck(cc, h, ok, network)
+	if remove {
 		c.removePendingHost(h)
 	}
 	c.mu.Lock()
@@ -605,38 +768,54 @@ func (c *liveCluster) checkHost(ctx context.Context, cc *clusterCfg, client *htt
 		c.d.checkReadyLocked()
 		c.d.mu.Unlock()
 	}
+	return ok, t, true
 }
 
-// recordCheck applies a health check result to h; true when h, pending removal, now fails
-// active health checks and must go.
-func (c *liveCluster) recordCheck(cc *clusterCfg, h *liveHost, ok bool) (remove bool) {
+// recordCheck applies a health check result to h, as ActiveHealthCheckSession::handleSuccess
+// and setUnhealthy do: an unhealthy host becomes healthy at its first check ever or after
+// healthy_threshold consecutive successes; a healthy host becomes unhealthy at once on a
+// failed response (a status other than 200: failure type ACTIVE, not retriable), or after
+// unhealthy_threshold consecutive network failures (no response: NETWORK, NETWORK_TIMEOUT).
+// It returns the transition, and remove when h, pending removal, now fails active health
+// checks and must go. A success unejects an ejected host when
+// successful_active_health_check_uneject_host is set.
+func (c *liveCluster) recordCheck(cc *clusterCfg, h *liveHost, ok, network bool) (t hcTransition, remove bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	first := h.hcPending
 	h.hcPending = false
 	if ok {
 		h.hcFailures = 0
-		h.hcSuccesses++
-		if h.failedHC && (first || h.hcSuccesses >= max(1, cc.hc.healthy)) {
-			h.failedHC = false
+		if h.failedHC {
+			h.hcSuccesses++
+			if first || h.hcSuccesses >= max(1, cc.hc.healthy) {
+				h.failedHC = false
+				t = hcChanged
+			} else {
+				t = hcChangePending
+			}
 		}
 		if cc.outlier != nil && cc.outlier.unejectOnHealthyActiveHC && time.Now().Before(h.ejectedUntil) {
 			h.ejectedUntil = time.Time{}
 		}
-		return false
+		return t, false
 	}
 	h.hcSuccesses = 0
+	if h.failedHC {
+		return hcUnchanged, false
+	}
 	h.hcFailures++
-	if !h.failedHC && (first || h.hcFailures >= max(1, cc.hc.unhealthy)) {
+	if !network || h.hcFailures >= max(1, cc.hc.unhealthy) {
 		h.failedHC = true
 		if h.pendingRemoval {
 			// Envoy: the health transition reloads the hosts, and
 			// EdsClusterImpl::reloadHealthyHostsHelper (source/common/upstream/eds.cc)
 			// removes a host with both FAILED_ACTIVE_HC and PENDING_DYNAMIC_REMOVAL.
-			return true
+			return hcChanged, true
 		}
+		return hcChanged, false
 	}
-	return false
+	return hcChangePending, false
 }
 
 // removePendingHost drops h, pending removal and now failing active health checks, from the
@@ -651,9 +830,9 @@ func (c *liveCluster) removePendingHost(h *liveHost) {
 	if !gone {
 		return
 	}
-	c.hosts = slices.DeleteFunc(slices.Clone(c.hosts), func(x *liveHost) bool { return x == h })
+	c.setHostsLocked(c.cfg, slices.DeleteFunc(slices.Clone(c.hosts), func(x *liveHost) bool { return x == h }))
 	if p := c.previous; p != nil {
-		p.hosts = slices.DeleteFunc(slices.Clone(p.hosts), func(x *liveHost) bool { return x == h })
+		p.setHosts(c.d, slices.DeleteFunc(slices.Clone(p.hosts), func(x *liveHost) bool { return x == h }))
 	}
 }
 
@@ -675,8 +854,8 @@ func mergeHosts(cc *clusterCfg, cur []*liveHost, hosts []hostCfg) []*liveHost {
 			h.mu.Lock()
 			h.pendingRemoval = false
 			h.mu.Unlock()
-			if h.hostname != hc.hostname || !proto.Equal(h.metadata, hc.metadata) {
-				h = h.withConfig(hc)
+			if h.hostname() != hc.hostname || !proto.Equal(h.metadata(), hc.metadata) {
+				h.desc.Store(&hc)
 			}
 			nh = append(nh, h)
 			continue
@@ -690,7 +869,9 @@ func mergeHosts(cc *clusterCfg, cur []*liveHost, hosts []hostCfg) []*liveHost {
 		// in our configuration: the allowlist rejects it) is it additionally
 		// PENDING_ACTIVE_HC, excluded from the panic threshold's count; without it
 		// the host counts as an unhealthy host there, as here.
-		nh = append(nh, &liveHost{hostCfg: hc, hcPending: cc.hc != nil, failedHC: cc.hc != nil})
+		h := newLiveHost(hc)
+		h.hcPending, h.failedHC = cc.hc != nil, cc.hc != nil
+		nh = append(nh, h)
 	}
 	if cc.edsName != "" && cc.hc != nil && !cc.ignoreHealthOnHostRemoval {
 		// A host that left EDS stays while it passes active health checks, unless the
