@@ -77,12 +77,12 @@ func TestClientCertificateOutcomes(t *testing.T) {
 		want *outcome // nil: a 401 Status from kube-mvp, nothing upstream
 	}{
 		{"certificate user", alice, "/api/v1/namespaces", nil, forwarded("kube-apiservers/front-proxy", "alice", "")},
-		{"certificate user, subset", alice, "/apis/batch/v1/jobs", nil, forwarded("kube-apiservers-only-cp-a+cp-c/front-proxy", "alice", "")},
+		{"certificate user, subset", alice, "/apis/batch/v1/jobs", nil, forwarded("kube-apiservers-serving/front-proxy", "alice", "")},
 		// The apiserver authenticates the certificate before a token.
 		{"certificate user and bearer token", alice, "/api/v1/namespaces", map[string]string{"Authorization": "Bearer x"}, forwarded("kube-apiservers/front-proxy", "alice", "Bearer x")},
 		{"refused certificate", refused, "/api/v1/namespaces", nil, nil},
 		{"refused certificate, bearer token", refused, "/api/v1/namespaces", map[string]string{"Authorization": "Bearer x"}, forwarded("kube-apiservers", "", "Bearer x")},
-		{"refused certificate, lower-case bearer token", refused, "/apis/batch/v1/jobs", map[string]string{"Authorization": "bearer x"}, forwarded("kube-apiservers-only-cp-a+cp-c", "", "bearer x")},
+		{"refused certificate, lower-case bearer token", refused, "/apis/batch/v1/jobs", map[string]string{"Authorization": "bearer x"}, forwarded("kube-apiservers-serving", "", "bearer x")},
 		{"refused certificate, Basic", refused, "/api/v1/namespaces", map[string]string{"Authorization": "Basic Ym9iOnB3"}, nil},
 		{"refused certificate, empty bearer token", refused, "/api/v1/namespaces", map[string]string{"Authorization": "Bearer"}, nil},
 		// Not a WebSocket upgrade: the apiserver reads no token from Sec-WebSocket-Protocol.
@@ -91,7 +91,7 @@ func TestClientCertificateOutcomes(t *testing.T) {
 		{"certificate without CommonName, bearer token", noCN, "/api/v1/namespaces", map[string]string{"Authorization": "Bearer x"}, forwarded("kube-apiservers", "", "Bearer x")},
 	}
 	for _, tc := range cases {
-		clusters := []string{"kube-apiservers", "kube-apiservers/front-proxy", "kube-apiservers-only-cp-a+cp-c", "kube-apiservers-only-cp-a+cp-c/front-proxy"}
+		clusters := []string{"kube-apiservers", "kube-apiservers/front-proxy", "kube-apiservers-serving", "kube-apiservers-serving/front-proxy"}
 		before := map[string]uint64{}
 		for _, c := range clusters {
 			before[c] = e.stat("cluster." + c + ".upstream_rq_total")

@@ -21,6 +21,7 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/kube-mvp/kube-mvp/internal/contract"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 
@@ -43,8 +44,8 @@ func TestRoutesToRightCluster(t *testing.T) {
 	if servers["cp-b"] > 0 || servers["cp-a"]+servers["cp-c"] != 30 {
 		t.Errorf("batch/v1 requests went to %v; want only cp-a and cp-c", servers)
 	}
-	if clusters["kube-apiservers-only-cp-a+cp-c"] != 30 {
-		t.Errorf("batch/v1 routing headers %v, want kube-apiservers-only-cp-a+cp-c on all", clusters)
+	if clusters[contract.ClusterServingSets] != 30 {
+		t.Errorf("batch/v1 routing headers %v, want %s on all", clusters, contract.ClusterServingSets)
 	}
 	core, clusters := e.spread(c, "/api/v1/namespaces/default/pods", 30)
 	if clusters[""] != 30 {
@@ -53,15 +54,20 @@ func TestRoutesToRightCluster(t *testing.T) {
 	if len(core) < 2 {
 		t.Errorf("core/v1 requests all went to %v; want them spread over the default cluster", core)
 	}
-	if got := e.stat("cluster.kube-apiservers-only-cp-a+cp-c.upstream_rq_total"); got != 30 {
-		t.Errorf("subset cluster upstream_rq_total = %d, want 30", got)
+	// The serving set extproc named (in dynamic metadata) chose the hosts.
+	if got := e.stat("cluster.kube-apiservers-serving.upstream_rq_total"); got != 30 {
+		t.Errorf("serving-sets cluster upstream_rq_total = %d, want 30", got)
+	}
+	if got := e.stat("cluster.kube-apiservers-serving.lb_subsets_selected"); got != 30 {
+		t.Errorf("serving-sets cluster lb_subsets_selected = %d, want 30", got)
 	}
 	if got := e.stat("cluster.kube-apiservers.upstream_rq_200"); got != 30 {
 		t.Errorf("default cluster upstream_rq_200 = %d, want 30", got)
 	}
 
-	// Admin: /clusters shows the subset cluster with its two hosts, each with its metadata
-	// (the cluster has none: nothing in CDS changes with membership).
+	// Admin: /clusters shows the serving-sets cluster with every host, each with its
+	// metadata listing the serving sets it is in (the cluster has none: nothing in CDS
+	// changes with membership).
 	var cl struct {
 		ClusterStatuses []struct {
 			Name         string         `json:"name"`
@@ -76,25 +82,26 @@ func TestRoutesToRightCluster(t *testing.T) {
 	getJSON(t, e.dp.AdminURL()+"/clusters", &cl)
 	found := false
 	for _, cs := range cl.ClusterStatuses {
-		if cs.Name == "kube-apiservers-only-cp-a+cp-c" {
+		if cs.Name == contract.ClusterServingSets {
 			found = true
-			if len(cs.HostStatuses) != 2 || cs.Metadata != nil {
-				t.Errorf("subset cluster status: %+v", cs)
+			if len(cs.HostStatuses) != 3 || cs.Metadata != nil {
+				t.Errorf("serving-sets cluster status: %+v", cs)
 			}
 			for _, h := range cs.HostStatuses {
-				if h.Metadata == nil {
-					t.Errorf("host %s: no metadata", h.Hostname)
+				b, _ := json.Marshal(h.Metadata)
+				if in := strings.Contains(string(b), `"kube-apiservers-only-cp-a+cp-c"`); in == (h.Hostname == "cp-b") {
+					t.Errorf("host %s: metadata %s: in the serving set of batch/v1 %v", h.Hostname, b, in)
 				}
 			}
 		}
 	}
 	if !found {
-		t.Errorf("/clusters: no subset cluster in %+v", cl)
+		t.Errorf("/clusters: no serving-sets cluster in %+v", cl)
 	}
 	var dump map[string]any
 	getJSON(t, e.dp.AdminURL()+"/config_dump", &dump)
-	if b, _ := json.Marshal(dump); !strings.Contains(string(b), "kube-apiservers-only-cp-a+cp-c") || strings.Contains(string(b), "PRIVATE KEY") {
-		t.Errorf("config_dump lacks the subset cluster or shows a private key")
+	if b, _ := json.Marshal(dump); !strings.Contains(string(b), contract.ClusterServingSets) || strings.Contains(string(b), "PRIVATE KEY") {
+		t.Errorf("config_dump lacks the serving-sets cluster or shows a private key")
 	}
 	var st struct{ Stats []statValue }
 	getJSON(t, e.dp.AdminURL()+"/stats", &st)
@@ -115,7 +122,7 @@ func TestGroupVersionDocumentAndEscapedPaths(t *testing.T) {
 		t.Fatalf("NACKs: %q", n)
 	}
 	c := e.client(nil)
-	const subset = "kube-apiservers-only-cp-a+cp-c"
+	const subset = contract.ClusterServingSets // with serving set kube-apiservers-only-cp-a+cp-c
 	for _, path := range []string{
 		"/apis/batch/v1",
 		"/apis/batch/v1/",
@@ -262,7 +269,7 @@ func TestClientCertificateIdentity(t *testing.T) {
 		if r.seen.ClientCert != "" {
 			t.Errorf("%s: no credentials, yet the apiserver saw client certificate %q", path, r.seen.ClientCert)
 		}
-		wantCluster := map[string]string{"/apis/batch/v1/jobs": "kube-apiservers-only-cp-a+cp-c"}[path]
+		wantCluster := map[string]string{"/apis/batch/v1/jobs": contract.ClusterServingSets}[path]
 		if got := h.Get("X-Kube-Mvp-Cluster"); got != wantCluster {
 			t.Errorf("%s: routing header %q, want %q", path, got, wantCluster)
 		}
@@ -272,21 +279,28 @@ func TestClientCertificateIdentity(t *testing.T) {
 	}
 }
 
-// TestFQDNClusterStats: with hostnames that have dots (FQDNs) the subset cluster's name has
-// contract.ClusterNameDot for each dot, so its stats go under cluster.<name>. with Envoy's
-// cluster.<name>.<stat> tokens whole, and the routing header extproc sets names it so.
+// TestFQDNClusterStats: with hostnames that have dots (FQDNs) the serving sets' names have
+// contract.ClusterNameDot for each dot (as every cluster name would), and the requests extproc
+// routes to one count under the serving-sets cluster's stats, whose name has no dot.
 func TestFQDNClusterStats(t *testing.T) {
 	e := newEnv(t, envOptions{hostSuffix: ".example.com"})
 	if n := e.dp.NACKs(); len(n) > 0 {
 		t.Fatalf("NACKs: %q", n)
 	}
-	const name = "kube-apiservers-only-cp-a~example~com+cp-c~example~com"
-	_, clusters := e.spread(e.client(nil), "/apis/batch/v1/namespaces/default/jobs", 10)
-	if clusters[name] != 10 {
-		t.Fatalf("routing headers %v, want %s on all", clusters, name)
+	const set = "kube-apiservers-only-cp-a~example~com+cp-c~example~com"
+	servers, clusters := e.spread(e.client(nil), "/apis/batch/v1/namespaces/default/jobs", 10)
+	if clusters[contract.ClusterServingSets] != 10 || servers["cp-b.example.com"]+servers["cp-b"] != 0 {
+		t.Fatalf("routing headers %v, servers %v: want %s on all, never cp-b", clusters, servers, contract.ClusterServingSets)
 	}
-	if got := e.stat("cluster." + name + ".upstream_rq_total"); got != 10 {
-		t.Errorf("upstream_rq_total of %s: %d, want 10", name, got)
+	for _, stat := range []string{"upstream_rq_total", "lb_subsets_selected"} {
+		if got := e.stat("cluster." + contract.ClusterServingSets + "." + stat); got != 10 {
+			t.Errorf("%s of %s: %d, want 10", stat, contract.ClusterServingSets, got)
+		}
+	}
+	var dump map[string]any
+	getJSON(t, e.dp.AdminURL()+"/config_dump?include_eds", &dump)
+	if b, _ := json.Marshal(dump); !strings.Contains(string(b), set) {
+		t.Errorf("no endpoint lists serving set %s", set)
 	}
 }
 

@@ -78,6 +78,7 @@ func newSubsetEnv(t *testing.T, receiving []string) *subsetEnv {
 	s.env = newEnv(t, envOptions{
 		extProc: dynMetaProc{},
 		editExtProc: func(ep *extprocfilterv3.ExternalProcessor) {
+			ep.MetadataOptions = nil // the product's own (envoy.lb) is not this test's
 			if receiving != nil {
 				ep.MetadataOptions = &extprocfilterv3.MetadataOptions{ReceivingNamespaces: &extprocfilterv3.MetadataOptions_MetadataNamespaces{Untyped: receiving}}
 			}
