@@ -207,6 +207,10 @@ func serve(ctx context.Context, opts serveOptions, log *slog.Logger, ready chan<
 	xdsServer.OnBuild = m.observeBuild
 	tables := table.NewServer(table.WithLogger(log), table.WithRegisterer(reg))
 	publisher := makebeforebreak.NewPublisher(mbb, func(e *plan.Envoys) { tables.Publish(e.Table(), time.Now()) })
+	publisher.OnDelay = func(names []string, delay time.Duration) {
+		log.Info("routing table narrowed to what Envoy has; the whole table follows after the delay", "delay", delay, "new", names)
+	}
+	publisher.Narrow = func(e *plan.Envoys, known map[string]bool) *plan.Envoys { return e.NarrowTo(known) }
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "kube_mvp_xds_connected_nodes", Help: "Envoy nodes with at least one open xDS stream.",
 	}, func() float64 {

@@ -439,6 +439,9 @@ func (w *Watcher) fetchDiscovery(ctx context.Context, s topology.APIServer, inst
 			}
 			d.failed = true
 		} else {
+			if d.list == nil {
+				w.opts.Log.Info("apiserver discovery fetched", "apiserver", s.ID, "hostname", s.Hostname, "address", s.Address, "groups", len(list.Items), "took", w.opts.Clock().Sub(d.fetched).Round(time.Millisecond))
+			}
 			d.list, d.listAt, d.failed = list, w.opts.Clock(), false
 		}
 		w.discovery[s.ID] = d

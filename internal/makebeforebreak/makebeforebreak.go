@@ -6,16 +6,19 @@
 // clusters, so for a while the two may disagree. Three rules make the new state before
 // breaking the old one:
 //
-//  1. A routing table that names a cluster or a live apiserver the last published table did
-//     not reaches extproc TableDelay after it is offered, so that Envoy, given the matching
-//     snapshot at the same moment, has warmed the cluster (endpoints, first health check)
-//     first. Any other table goes out at once, as does the first (nothing can be routed
-//     without one). See Publisher.
-//  2. A subset cluster that no plan names any more stays in Envoy's config for Linger, with
-//     the members it had when last named, for requests extproc routed by an older table.
-//     See Envoy.
+//  1. A routing table that names a serving set, cluster or apiserver the last published
+//     table did not reaches extproc whole TableDelay after it is offered, so that every
+//     Envoy, given the matching snapshot at the same moment (possibly by another xds-server
+//     replica), has the endpoints that list the set first. Meanwhile it goes out at once
+//     narrowed (Publisher.Narrow, plan.Envoys.NarrowTo): each new serving set replaced by
+//     the largest subset of it the last table named, so that a new API reaches an
+//     apiserver that serves it rather than the default route's 404. Any other table goes
+//     out at once, as does the first (nothing can be routed without one). See Publisher.
+//  2. A serving set that no plan names any more stays in the endpoints' metadata for
+//     Linger, with the members it had when last named, for requests extproc routed by an
+//     older table. See Envoy.
 //  3. An apiserver that becomes live joins the default ("every live apiserver") cluster
-//     only JoinDelay later (it is in subset clusters at once): an older table's decision
+//     only JoinDelay later (it is in serving sets at once): an older table's decision
 //     "the default cluster serves this" did not account for it, and it may not serve what
 //     the others do. See Envoy.
 //
@@ -32,11 +35,11 @@ import (
 
 // Options are the make-before-break durations and the clock they are measured on.
 type Options struct {
-	// TableDelay: a routing table that names a cluster or live apiserver that the last
-	// published table did not is published this long after it is offered (Envoy warms new
-	// clusters first). 0 publishes every table at once.
+	// TableDelay: a routing table that names a serving set, cluster or apiserver that the
+	// last published table did not is published whole this long after it is offered (every
+	// Envoy has the new endpoints first; narrowed before). 0 publishes every table at once.
 	TableDelay time.Duration
-	// Linger: a subset cluster no plan names any more stays in Envoy's config this long
+	// Linger: a serving set no plan names any more stays in Envoy's endpoints this long
 	// (0: dropped at once). Must exceed TableDelay when > 0 (Validate).
 	Linger time.Duration
 	// Clock; nil means clock.RealClock{}.

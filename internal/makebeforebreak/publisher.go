@@ -1,6 +1,7 @@
 package makebeforebreak
 
 import (
+	"slices"
 	"sync"
 	"time"
 
@@ -13,10 +14,20 @@ type Publisher[T any] struct {
 	delay   time.Duration // <= 0: no delay
 	clock   clock.WithDelayedExecution
 	publish func(T)
+	// OnDelay, if set before the first Offer, is told which names made a table wait (sorted),
+	// for the log: an operator can see why a change took TableDelay to reach extproc.
+	OnDelay func(newNames []string, delay time.Duration)
+	// Narrow, if set before the first Offer, makes a table that must wait go out at once in
+	// a form that names only what known holds (the names of the last table published whole);
+	// the whole table follows after TableDelay as without it. Nil: the last published table
+	// stays until then.
+	Narrow func(t T, known map[string]bool) T
 
 	mu sync.Mutex
-	// offered numbers the tables in the order Offer saw them; published is the number of
-	// the last one published (0: none yet), and known its names.
+	// offered numbers the tables in the order Offer saw them. Publishing goes by sequence
+	// number, table n narrowed being 2n-1 and whole 2n, so that nothing is published after
+	// something newer: published is the last sequence number published (0: none yet), and
+	// known the names of the last table published whole.
 	offered, published uint64
 	known              map[string]bool
 }
@@ -39,24 +50,44 @@ func (p *Publisher[T]) Offer(t T, names map[string]bool) {
 	p.offered++
 	n := p.offered
 	if p.published == 0 || p.delay <= 0 || subset(names, p.known) {
-		p.publishLocked(n, t, names)
+		p.publishLocked(2*n, t, names)
 		p.mu.Unlock()
 		return
 	}
+	if p.Narrow != nil {
+		p.publishLocked(2*n-1, p.Narrow(t, p.known), nil)
+	}
+	var fresh []string
+	if p.OnDelay != nil {
+		for name := range names {
+			if !p.known[name] {
+				fresh = append(fresh, name)
+			}
+		}
+	}
 	p.mu.Unlock()
+	if p.OnDelay != nil {
+		slices.Sort(fresh)
+		p.OnDelay(fresh, p.delay)
+	}
 	// Outside mu: a FakeClock runs due callbacks under its own lock, and they take mu.
 	p.clock.AfterFunc(p.delay, func() {
 		p.mu.Lock()
 		defer p.mu.Unlock()
-		p.publishLocked(n, t, names)
+		p.publishLocked(2*n, t, names)
 	})
 }
 
-func (p *Publisher[T]) publishLocked(n uint64, t T, names map[string]bool) {
-	if n <= p.published {
+// publishLocked publishes t as sequence number seq unless something newer went out; names
+// nil: a narrowed table, which leaves known as it is.
+func (p *Publisher[T]) publishLocked(seq uint64, t T, names map[string]bool) {
+	if seq <= p.published {
 		return
 	}
-	p.published, p.known = n, names
+	p.published = seq
+	if names != nil {
+		p.known = names
+	}
 	p.publish(t)
 }
 

@@ -28,8 +28,34 @@ func TestPublisher(t *testing.T) {
 	tests := []struct {
 		name    string
 		delay   time.Duration
+		narrow  bool // Narrow publishes -id for a table that must wait
 		actions []action
 	}{
+		{
+			name:   "narrowed: a table that must wait goes out narrowed at once, whole after TableDelay",
+			delay:  d,
+			narrow: true,
+			actions: []action{
+				offer(1, "cluster-default apiserver-a", 1),
+				offer(2, "cluster-default cluster-only-a apiserver-a", 1, -2),
+				step(d-time.Nanosecond, 1, -2),
+				step(time.Nanosecond, 1, -2, 2),
+				offer(3, "cluster-default cluster-only-a apiserver-a", 1, -2, 2, 3), // known now
+			},
+		},
+		{
+			name:   "narrowed: a newer narrowed table drops an older whole one still waiting",
+			delay:  d,
+			narrow: true,
+			actions: []action{
+				offer(1, "cluster-default", 1),
+				offer(2, "cluster-default cluster-x", 1, -2),
+				step(d/2, 1, -2),
+				offer(3, "cluster-default cluster-x cluster-y", 1, -2, -3), // x still unknown
+				step(d/2, 1, -2, -3),
+				step(d/2, 1, -2, -3, 3),
+			},
+		},
 		{
 			name:    "the first table goes out at once",
 			delay:   d,
@@ -105,6 +131,14 @@ func TestPublisher(t *testing.T) {
 			clk := clocktesting.NewFakeClock(t0)
 			var published []int
 			p := NewPublisher(Options{TableDelay: tc.delay, Clock: clk}, func(id int) { published = append(published, id) })
+			if tc.narrow {
+				p.Narrow = func(id int, known map[string]bool) int {
+					if known == nil {
+						t.Error("Narrow without the known names")
+					}
+					return -id
+				}
+			}
 			for i, a := range tc.actions {
 				if a.id != 0 {
 					names := map[string]bool{}

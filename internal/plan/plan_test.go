@@ -188,3 +188,69 @@ func TestNamesOfReturningAPIServer(t *testing.T) {
 		t.Error("a new apiserver is no new name")
 	}
 }
+
+// TestNarrowTo: a table that names a serving set Envoy may not have yet is narrowed to the
+// largest known subset of its members (a known apiserver's set of one always is), so it can
+// go out at once; a set with no known member becomes Unavailable (503), never the default
+// route (404). Sidecar plans are narrowed too; routes to known sets stay as they are.
+func TestNarrowTo(t *testing.T) {
+	jobs := topology.Resource{Group: "batch", Version: "v1", Resource: "jobs"}
+	widgets := topology.Resource{Group: "apps", Version: "v1", Resource: "widgets"}
+	pods := topology.Resource{Version: "v1", Resource: "pods"}
+	fresh := topology.Resource{Group: "new.io", Version: "v1", Resource: "things"}
+	a := topology.APIServer{ID: "id-a", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: true}
+	b := topology.APIServer{ID: "id-b", Hostname: "cp-b", Address: "10.0.0.2:6443", Alive: true}
+	c := topology.APIServer{ID: "id-c", Hostname: "cp-c", Address: "10.0.0.3:6443", Alive: true}
+	d := topology.APIServer{ID: "id-d", Hostname: "cp-d", Address: "10.0.0.4:6443", Alive: true}
+	envoys := func(servers []topology.APIServer, served map[topology.Resource][]string) *plan.Envoys {
+		t.Helper()
+		topo, err := topology.New(servers, served, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, err := plan.ForEveryEnvoy(topo)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	// Known: a, b and c as hosts; jobs on c alone, widgets on a and b.
+	before := envoys([]topology.APIServer{a, b, c}, map[topology.Resource][]string{
+		pods: {"id-a", "id-b", "id-c"}, jobs: {"id-c"}, widgets: {"id-a", "id-b"},
+	})
+	known := before.Names()
+	// Now: d is new; jobs on a and c (a new set), widgets unchanged, fresh only on d.
+	after := envoys([]topology.APIServer{a, b, c, d}, map[topology.Resource][]string{
+		pods: {"id-a", "id-b", "id-c", "id-d"}, jobs: {"id-a", "id-c"}, widgets: {"id-a", "id-b"}, fresh: {"id-d"},
+	})
+	narrowed := after.NarrowTo(known)
+	for _, local := range []string{"", "id-b"} {
+		rs := narrowed.For(local).Routes
+		check := func(r topology.Resource, outcome topology.Outcome, cluster string) {
+			t.Helper()
+			got := rs.Lookup(r)
+			if got.Outcome != outcome || got.Cluster != cluster {
+				t.Errorf("plan %q, %s: %s %q, want %s %q", local, r, got.Outcome, got.Cluster, outcome, cluster)
+			}
+			if got.Outcome == topology.Subset && !known["cluster "+got.Cluster] {
+				t.Errorf("plan %q, %s: narrowed to %s, which the last table did not name", local, r, got.Cluster)
+			}
+		}
+		// jobs: a+c is new; its largest known subsets are a's and c's sets of one (a first).
+		check(jobs, topology.Subset, contract.ClusterSubsetPrefix+"cp-a")
+		check(fresh, topology.Unavailable, "")
+		if local == "" {
+			check(widgets, topology.Subset, contract.ClusterSubsetPrefix+"cp-a+cp-b")
+			check(pods, topology.Default, contract.ClusterDefault)
+		} else {
+			check(widgets, topology.Default, contract.ClusterLocal) // b serves it itself
+		}
+	}
+	// The whole table is unchanged, and a table naming nothing new narrows to itself.
+	if got := after.For("").Routes.Lookup(jobs).Cluster; got != contract.ClusterSubsetPrefix+"cp-a+cp-c" {
+		t.Errorf("NarrowTo changed the whole table: jobs to %s", got)
+	}
+	if same := before.NarrowTo(known); same.Front != before.Front {
+		t.Error("a table naming only known sets was rebuilt")
+	}
+}
