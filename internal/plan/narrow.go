@@ -13,8 +13,9 @@ const maxNarrowSearch = 10
 
 // NarrowTo returns e with every route to a serving set that known (the names of the last
 // routing table Envoy has had time to learn, in the form of Names) lacks narrowed to the
-// largest subset of its members that known has — a known host's set of one always is — or,
-// when none of its members is known, to Unavailable (a 503 with Retry-After, as while nobody
+// largest subset of its members that known has — a known host's set of one always is —
+// preferring members that were live then (a returning apiserver may not pass Envoy's health
+// checks yet), or, when none of its members is known, to Unavailable (a 503 with Retry-After, as while nobody
 // can serve it). Every member of the narrowed set serves the resource, so no request reaches
 // an apiserver that would answer 404; the make-before-break publisher sends this table at
 // once while the whole one waits for Envoy (makebeforebreak.Publisher.Narrow). Only the
@@ -61,41 +62,56 @@ func (n *narrower) narrow(r Route) Route {
 	if got, ok := n.memo[r.Cluster]; ok {
 		return got
 	}
-	members := r.Servers
-	best := Route{Outcome: topology.Unavailable, Servers: members}
-	consider := func(set topology.ServerSet) bool {
-		name := SubsetClusterName(n.t, set)
-		if !n.known["cluster "+name] {
-			return false
+	best := Route{Outcome: topology.Unavailable, Servers: r.Servers}
+	// Members live in the last table first, then all of them.
+	var established topology.ServerSet
+	for _, id := range r.Servers {
+		if n.known["live "+id] {
+			established = append(established, id)
 		}
-		best = Route{Outcome: topology.Subset, Cluster: name, Servers: set}
-		return true
 	}
-	if len(members) <= maxNarrowSearch {
-		// Every proper subset, largest first; among equals the first in bit order.
-		for size := len(members) - 1; size > 0 && best.Outcome == topology.Unavailable; size-- {
-			for mask := 1; mask < 1<<len(members); mask++ {
-				if bits.OnesCount(uint(mask)) != size {
-					continue
-				}
-				var set topology.ServerSet
-				for i, id := range members {
-					if mask&(1<<i) != 0 {
-						set = append(set, id)
-					}
-				}
-				if consider(set) {
-					break
-				}
-			}
-		}
-	} else {
-		for _, id := range members {
-			if consider(topology.ServerSet{id}) {
-				break
-			}
+	for _, members := range []topology.ServerSet{established, r.Servers} {
+		if set, ok := n.largestKnown(members, len(members) < len(r.Servers)); ok {
+			best = Route{Outcome: topology.Subset, Cluster: SubsetClusterName(n.t, set), Servers: set}
+			break
 		}
 	}
 	n.memo[r.Cluster] = best
 	return best
+}
+
+// largestKnown is the largest subset of members whose serving set known names (members
+// itself too if whole), the first in bit order among equals; one known member alone for a
+// set too large to search.
+func (n *narrower) largestKnown(members topology.ServerSet, whole bool) (topology.ServerSet, bool) {
+	known := func(set topology.ServerSet) bool { return n.known["cluster "+SubsetClusterName(n.t, set)] }
+	if len(members) > maxNarrowSearch {
+		for _, id := range members {
+			if set := (topology.ServerSet{id}); known(set) {
+				return set, true
+			}
+		}
+		return nil, false
+	}
+	top := len(members) - 1
+	if whole {
+		top = len(members)
+	}
+	for size := top; size > 0; size-- {
+		for mask := 1; mask < 1<<len(members); mask++ {
+			if bits.OnesCount(uint(mask)) != size {
+				continue
+			}
+			var set topology.ServerSet
+			for i, id := range members {
+				if mask&(1<<i) != 0 {
+					set = append(set, id)
+				}
+			}
+			if known(set) {
+				return set, true
+			}
+		}
+	}
+	return nil, false
 }

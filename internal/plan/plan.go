@@ -379,9 +379,9 @@ func (e *Envoys) For(local string) *Plan {
 }
 
 // Names are what the routing table built from e lets extproc route to: every cluster and
-// serving set of every plan ("cluster NAME"), and every host of the serving-sets cluster
+// serving set of every plan ("cluster NAME"), every host of the serving-sets cluster
 // ("apiserver ID", which covers the live ones, the members of the default cluster) with the
-// serving set of just it. The make-before-break publisher compares them between tables: a
+// serving set of just it, and which apiservers are live ("live ID": NarrowTo prefers them). The make-before-break publisher compares them between tables: a
 // table naming only what the last one did goes out at once. An apiserver that departed and
 // came back is no new name while it is remembered: Envoy kept it as a host.
 func (e *Envoys) Names() map[string]bool {
@@ -394,6 +394,9 @@ func (e *Envoys) Names() map[string]bool {
 	for _, id := range e.Front.Hosts {
 		names["apiserver "+id] = true
 		names["cluster "+SubsetClusterName(e.Front.Topology, topology.ServerSet{id})] = true
+	}
+	for _, id := range e.Front.Topology.Live() {
+		names["live "+id] = true
 	}
 	return names
 }

@@ -133,13 +133,15 @@ func TestGroupVersionsAndPrefixes(t *testing.T) {
 }
 
 // TestNamesOfReturningAPIServer: the names a routing table lets extproc route to (what the
-// make-before-break publisher compares) are all known to the last table when an apiserver
-// Envoy kept as a host comes back serving something only it serves: its set of one is in
-// Envoy's endpoints already, so the table goes out at once. A brand-new apiserver, or a new
+// make-before-break publisher compares) are all known to the last table, but that it is live
+// again, when an apiserver Envoy kept as a host comes back serving something only it serves:
+// its set of one is in Envoy's endpoints already, so the table goes out at once, unchanged
+// by narrowing. A brand-new apiserver, or a new
 // serving set of two, is a new name (Envoy's endpoints must first list it).
 func TestNamesOfReturningAPIServer(t *testing.T) {
 	pods := topology.Resource{Version: "v1", Resource: "pods"}
 	policies := topology.Resource{Group: "admissionregistration.k8s.io", Version: "v1", Resource: "mutatingadmissionpolicies"}
+	var afterEnvoys *plan.Envoys // the last built
 	build := func(servers []topology.APIServer, served map[topology.Resource][]string, remembered ...string) map[string]bool {
 		t.Helper()
 		topo, err := topology.New(servers, served, nil)
@@ -154,6 +156,7 @@ func TestNamesOfReturningAPIServer(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		afterEnvoys = e
 		return e.Names()
 	}
 	a := topology.APIServer{ID: "id-a", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: true}
@@ -166,9 +169,12 @@ func TestNamesOfReturningAPIServer(t *testing.T) {
 	before := build([]topology.APIServer{departedA, b}, map[topology.Resource][]string{pods: {"id-a", "id-b"}}, "id-a")
 	after := build([]topology.APIServer{a, b}, map[topology.Resource][]string{pods: {"id-a", "id-b"}, policies: {"id-a"}})
 	for name := range after {
-		if !before[name] {
+		if !before[name] && name != "live id-a" {
 			t.Errorf("a came back: %q is new to the last table", name)
 		}
+	}
+	if got := afterEnvoys.NarrowTo(before).For("").Routes.Lookup(policies).Cluster; got != contract.ClusterSubsetPrefix+"cp-a" {
+		t.Errorf("a came back: the narrowed table routes its new API to %q", got)
 	}
 	if !after["cluster "+contract.ClusterSubsetPrefix+"cp-a"] {
 		t.Errorf("names %v lack a's serving set", slices.Sorted(maps.Keys(after)))
@@ -202,26 +208,34 @@ func TestNarrowTo(t *testing.T) {
 	b := topology.APIServer{ID: "id-b", Hostname: "cp-b", Address: "10.0.0.2:6443", Alive: true}
 	c := topology.APIServer{ID: "id-c", Hostname: "cp-c", Address: "10.0.0.3:6443", Alive: true}
 	d := topology.APIServer{ID: "id-d", Hostname: "cp-d", Address: "10.0.0.4:6443", Alive: true}
+	gadgets := topology.Resource{Group: "apps", Version: "v1", Resource: "gadgets"}
+	// r departed (remembered at its address, so a host of the serving-sets cluster) and
+	// comes back; its ID sorts first.
+	r := topology.APIServer{ID: "id-0", Hostname: "cp-r", Address: "10.0.0.9:6443", Alive: true}
+	departedR := r
+	departedR.Alive = false
 	envoys := func(servers []topology.APIServer, served map[topology.Resource][]string) *plan.Envoys {
 		t.Helper()
 		topo, err := topology.New(servers, served, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
+		topo.Sources = map[string]topology.Source{"id-0": {From: topology.SourceRemembered}}
 		e, err := plan.ForEveryEnvoy(topo)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return e
 	}
-	// Known: a, b and c as hosts; jobs on c alone, widgets on a and b.
-	before := envoys([]topology.APIServer{a, b, c}, map[topology.Resource][]string{
+	// Known: a, b and c as live hosts, r as a departed one; jobs on c alone, widgets on a and b.
+	before := envoys([]topology.APIServer{a, b, c, departedR}, map[topology.Resource][]string{
 		pods: {"id-a", "id-b", "id-c"}, jobs: {"id-c"}, widgets: {"id-a", "id-b"},
 	})
 	known := before.Names()
 	// Now: d is new; jobs on a and c (a new set), widgets unchanged, fresh only on d.
-	after := envoys([]topology.APIServer{a, b, c, d}, map[topology.Resource][]string{
-		pods: {"id-a", "id-b", "id-c", "id-d"}, jobs: {"id-a", "id-c"}, widgets: {"id-a", "id-b"}, fresh: {"id-d"},
+	after := envoys([]topology.APIServer{a, b, c, d, r}, map[topology.Resource][]string{
+		pods: {"id-a", "id-b", "id-c", "id-d", "id-0"}, jobs: {"id-a", "id-c"}, widgets: {"id-a", "id-b"}, fresh: {"id-d"},
+		gadgets: {"id-0", "id-b"},
 	})
 	narrowed := after.NarrowTo(known)
 	for _, local := range []string{"", "id-b"} {
@@ -240,6 +254,8 @@ func TestNarrowTo(t *testing.T) {
 		check(jobs, topology.Subset, contract.ClusterSubsetPrefix+"cp-a")
 		check(fresh, topology.Unavailable, "")
 		if local == "" {
+			// r's set of one is known, but b was live in the last table: b first.
+			check(gadgets, topology.Subset, contract.ClusterSubsetPrefix+"cp-b")
 			check(widgets, topology.Subset, contract.ClusterSubsetPrefix+"cp-a+cp-b")
 			check(pods, topology.Default, contract.ClusterDefault)
 		} else {

@@ -201,11 +201,14 @@ func (b *builder) localReplyConfig() *hcmv3.LocalReplyConfig {
 	return &hcmv3.LocalReplyConfig{Mappers: []*hcmv3.ResponseMapper{
 		{
 			// The upstream may have received the request before it failed: connection
-			// termination or reset before the response (UC, UR), or retries exhausted (URX,
-			// whose attempts may have been such). First, so that a response with one of
-			// these flags among others never gets the Retry-After below.
+			// termination or reset before the response (UC, UR). First, so that a response
+			// with one of these flags among others never gets the Retry-After below: a
+			// stream's response flags accumulate over its attempts (each failed attempt sets
+			// its own, StreamInfo::setResponseFlag), so retries exhausted (URX) after an
+			// attempt that may have reached an apiserver carry UC or UR too, while URX
+			// with UF alone means no attempt connected.
 			Filter: &accesslogv3.AccessLogFilter{FilterSpecifier: &accesslogv3.AccessLogFilter_ResponseFlagFilter{
-				ResponseFlagFilter: &accesslogv3.ResponseFlagFilter{Flags: []string{"UC", "UR", "URX"}},
+				ResponseFlagFilter: &accesslogv3.ResponseFlagFilter{Flags: []string{"UC", "UR"}},
 			}},
 			StatusCode:         wrapperspb.UInt32(503),
 			BodyFormatOverride: statusBody("kube-mvp: no apiserver that can serve this request is available (%RESPONSE_CODE_DETAILS%)"),

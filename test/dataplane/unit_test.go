@@ -80,8 +80,11 @@ func compiledGolden(t *testing.T) (*listenerCfg, *routeConfig) {
 func TestLocalReplyMapping(t *testing.T) {
 	lc, _ := compiledGolden(t)
 	h := lc.hcm
-	for _, flag := range []string{"UH", "UF", "UC", "UR", "UO", "URX", "NC", "NR"} {
-		lr := h.mapLocalReply(404, "no healthy upstream", "some_details", []string{flag})
+	// Response flags accumulate over a stream's attempts: retries exhausted (URX) come with
+	// the failures of the attempts.
+	for _, flags := range [][]string{{"UH"}, {"UF"}, {"UC"}, {"UR"}, {"UO"}, {"UF", "URX"}, {"UC", "URX"}, {"UC", "UF", "URX"}, {"NC"}, {"NR"}} {
+		flag := strings.Join(flags, "+")
+		lr := h.mapLocalReply(404, "no healthy upstream", "some_details", flags)
 		if lr.status != 503 || lr.contentType != "application/json" {
 			t.Errorf("%s: %d %s", flag, lr.status, lr.contentType)
 		}
@@ -103,7 +106,7 @@ func TestLocalReplyMapping(t *testing.T) {
 			}
 		}
 		want := []string{"1"}
-		if flag == "UC" || flag == "UR" || flag == "URX" {
+		if slices.Contains(flags, "UC") || slices.Contains(flags, "UR") {
 			want = nil
 		}
 		if !slices.Equal(retryAfter, want) {
