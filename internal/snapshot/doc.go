@@ -35,8 +35,9 @@
 //     in x-kube-mvp-identity; a header change makes Envoy match the route again. The script is
 //     static: a listener change drains every client connection, watches included.
 //   - local_reply_config: Envoy's own failures become a Kubernetes Status (application/json,
-//     reason ServiceUnavailable, code 503): response flags UH, UF, UC, UR, UO, URX, NC, NR,
-//     and ext_proc failures (see below); a route timeout (UT) stays a 504, a Status with
+//     reason ServiceUnavailable, code 503): response flags UH, UF, UC, UR, UO, NC, NR (URX,
+//     retries exhausted, always comes with its attempts' UF, UC or UR), and ext_proc failures
+//     (see below); Retry-After: 1 on those no apiserver received (no UC or UR); a route timeout (UT) stays a 504, a Status with
 //     reason Timeout as the apiserver's own. NR is mapped to 503 too: the catch-all route makes
 //     "no route" impossible unless the configuration is inconsistent, and a 404 would tell
 //     the client the resource does not exist. There is no top-level body format, so every
@@ -177,11 +178,16 @@
 //     sidecar mode the all-live cluster is not emitted: no decision names it (what the local
 //     apiserver serves stays local, what it does not goes to the subset that does), and every
 //     sidecar health-checking every apiserver would cost N² probes for nothing.
-//   - One cluster per serving set that some Subset decision of the plan names
+//   - The serving-sets cluster (contract.ClusterServingSets), whose hosts are the plan's
+//     Hosts (the live apiservers and the departed ones remembered at an address), with
+//     subset load balancing (list_as_any, one selector on contract.LBSetKey, NO_FALLBACK):
+//     each endpoint lists under envoy.lb the serving sets it is in — its own set of one and
+//     every set of the plan, current or lingering, that has it as a member
 //     (plan.SubsetClusterName, e.g. "kube-apiservers-only-cp-a+cp-c"; '~' for each '.' of an
-//     FQDN hostname, contract.ClusterNameDot: no cluster name has a dot, which would split
-//     Envoy's cluster.<name>. stats), and the lingering ones
-//     make before break holds: the plan's Clusters.
+//     FQDN hostname, as in every name Envoy may tag stats with) — and extproc names the
+//     request's set in envoy.lb dynamic metadata, which the ext_proc filter accepts
+//     (metadata_options.receiving_namespaces) and the router takes as the subset criteria.
+//     A new serving set is an endpoint metadata change, not a cluster to warm.
 //   - Each of these twice: as named, with upstream TLS that presents no client certificate,
 //     for every request that carries its caller's own credentials (bearer token, Basic,
 //     WebSocket token, none), so that the apiserver authenticates it as it would directly;
@@ -199,7 +205,9 @@
 //     on local-origin failures only (split_external_local_origin_errors, 2 consecutive
 //     connect failures eject, max_ejection_percent 100) — 5xx answers are not ejected for,
 //     since an apiserver's 500 is usually about the request (a failing webhook), not the
-//     server; active health check GET /readyz every 5s with the proxy certificate (a
+//     server; active health check GET /readyz every 5s (an unhealthy host every 1s, so a
+//     restarted apiserver takes requests about a second after it is ready; healthy hosts of
+//     a cluster that never had a connection every 10s) with the proxy certificate (a
 //     caller cluster's checks take it from transport_socket_matches by their
 //     transport_socket_match_criteria; no endpoint carries match labels, so requests keep
 //     the cluster's own socket) as the user contract.HealthCheckUser in the apiservers' user
@@ -218,8 +226,9 @@
 //
 // # Endpoints
 //
-// A ClusterLoadAssignment per apiserver cluster with the live apiservers' addresses, each
-// endpoint with its hostname and metadata (apiserver ID, hostname). EDS endpoints must be
+// A ClusterLoadAssignment per apiserver cluster with its apiservers' addresses, each endpoint
+// with its hostname and metadata (apiserver ID, hostname; in the serving-sets cluster also
+// its serving sets under envoy.lb). EDS endpoints must be
 // IP:port: an apiserver whose address is a DNS name is left out with an *AddressError naming
 // it (Build still returns the rest). A cluster with nobody live is emitted with no endpoints,
 // so requests to it get a 503 Status.
