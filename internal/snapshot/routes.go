@@ -231,6 +231,8 @@ func (b *builder) routeConfiguration() *routev3.RouteConfiguration {
 			}
 			forwarding = append(forwarding, readRoute(r, readRetry), r)
 		}
+		// Upgrades first: whatever else the request is, it must reach an HTTP/1.1 cluster.
+		forwarding = append([]*routev3.Route{upgradeRoute(r)}, forwarding...)
 		for _, f := range forwarding {
 			// extproc names the front-proxy twin itself on the extproc-decided routes.
 			if clientCertificates && r.GetName() != RouteRoutingHeader {
@@ -383,6 +385,33 @@ func longRunningRoutes(r *routev3.Route) (watch, longRunning *routev3.Route) {
 	}
 	lr.Match.PathSpecifier = &routev3.RouteMatch_SafeRegex{SafeRegex: &matcherv3.RegexMatcher{Regex: regex}}
 	return watch, lr
+}
+
+// RouteSuffixUpgrade is the suffix of the name of a route's upgrade twin (upgradeRoute).
+const RouteSuffixUpgrade = ":upgrade"
+
+// upgradeRoute is the twin of r, to go before all of r's other twins, for requests that ask
+// for a protocol upgrade (an Upgrade header: SPDY or WebSocket exec, attach, port-forward,
+// proxy, a WebSocket watch): to the HTTP/1.1 twin of r's cluster (contract.HTTP1Cluster),
+// since an HTTP/1 upgrade cannot be forwarded over the HTTP/2 the clusters as named speak
+// (Envoy would need extended CONNECT, which the apiservers do not offer), with no timeout (the
+// apiserver treats every upgrade as long-running). On the extproc-decided route the cluster
+// comes from the routing header, in which extproc names the HTTP/1.1 twin for an upgrade.
+func upgradeRoute(r *routev3.Route) *routev3.Route {
+	c := twin(r, RouteSuffixUpgrade)
+	c.Match.Headers = append(slices.Clip(c.Match.Headers), upgradeRequested)
+	c.GetRoute().Timeout = durationpb.New(0)
+	if cs, ok := r.GetRoute().GetClusterSpecifier().(*routev3.RouteAction_Cluster); ok {
+		c.GetRoute().ClusterSpecifier = &routev3.RouteAction_Cluster{Cluster: contract.HTTP1Cluster(cs.Cluster)}
+	}
+	return c
+}
+
+// upgradeRequested matches a request that asks for a protocol upgrade. Shared by every
+// upgrade route: never modified.
+var upgradeRequested = &routev3.HeaderMatcher{
+	Name:                 "upgrade",
+	HeaderMatchSpecifier: &routev3.HeaderMatcher_PresentMatch{PresentMatch: true},
 }
 
 // RouteSuffixEscapedPath is the suffix of the extproc-decided route's twin for escaped paths,
