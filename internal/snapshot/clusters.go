@@ -27,7 +27,7 @@ const (
 	apiserverConnectTimeout = 3 * time.Second
 	extProcConnectTimeout   = 1 * time.Second
 	// circuitBreakerLimit bounds connections, pending and active requests per cluster and
-	// priority. Every watch holds one request (and, over HTTP/1.1, one connection) for
+	// priority. Every watch holds one request (one stream; over HTTP/1.1 one connection) for
 	// minutes; Envoy's default of 1024 would cap a control plane at about a thousand watchers.
 	circuitBreakerLimit = 100_000
 	retryLimit          = 10_000
@@ -56,18 +56,20 @@ const (
 type variant[T any] struct{ http2, http1 T }
 
 // healthCheckSocket is the transport_socket_matches entry (and the health check's
-// transport_socket_match_criteria) with which a caller cluster's health checks present the
-// proxy client certificate while its requests present none. No endpoint carries the key in
+// transport_socket_match_criteria) with which every apiserver cluster's health checks speak
+// HTTP/1.1 (ALPN http/1.1, whatever the cluster speaks) and present the proxy client
+// certificate where there is one, while a caller cluster's requests present none. No endpoint carries the key in
 // its envoy.transport_socket_match metadata, so requests always take the cluster's own
 // transport socket.
 const healthCheckSocket = "health-check"
 
 // clusters returns every cluster, sorted by name, and the endpoints of the EDS ones. Each
-// cluster of the plan is emitted twice (contract.ClusterFrontProxySuffix): as named, for
-// requests that carry the caller's own credentials, whose TLS presents no client
-// certificate; and, with a proxy client certificate configured, its front-proxy twin,
-// whose TLS presents it, for requests whose identity extproc set from a client certificate
-// it verified.
+// apiserver cluster (the plan's default or local one, and the serving-sets cluster) is
+// emitted as named, HTTP/2, and as its HTTP/1.1 twin (contract.HTTP1Cluster) for upgrades;
+// each of those as named, for requests that carry the caller's own credentials, whose TLS
+// presents no client certificate, and, with a proxy client certificate configured, as its
+// front-proxy twin (contract.FrontProxyCluster), whose TLS presents it, for requests whose
+// identity the Lua filter set from a client certificate it verified.
 func (b *builder) clusters() ([]*clusterv3.Cluster, []*endpointv3.ClusterLoadAssignment) {
 	what := "apiserver clusters: "
 	// The typed configs shared by every apiserver cluster are packed (and validated) once.

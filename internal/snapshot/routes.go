@@ -430,9 +430,9 @@ const RouteSuffixRead = ":read"
 // regexes read the path as received, so "/api/v1/namespaces/n/pods/p/%65xec", an exec to
 // the apiserver, which decodes it, would otherwise reach a read twin once extproc routed it.
 //
-// Why: an apiserver closing a kept-alive HTTP/1.1 connection (idle close, or the idle
-// connections a stopping apiserver closes in http.Server.Shutdown) can meet a request Envoy
-// just wrote on it. That is a reset after the request was sent, and none of the conditions
+// Why: an apiserver closing a kept-alive connection (idle close, or the idle connections a
+// stopping apiserver closes in http.Server.Shutdown), or the keepalive pings closing one to a
+// frozen apiserver, can meet a request Envoy just wrote on it. That is a reset after the request was sent, and none of the conditions
 // retryPolicy uses covers it: reset-before-request only while nothing was sent
 // (Router::Filter's upstream_request_started_), connect-failure and refused-stream not at
 // all. "reset" retries any reset before the response began
@@ -444,12 +444,11 @@ const RouteSuffixRead = ":read"
 //
 // The alternatives Envoy offers were weighed: retriable_request_headers would restrict every
 // retry condition of the route to GET, losing the POST retries of connect failures and
-// Retry-After answers; HTTP/2 to the apiservers would make a graceful shutdown's GOAWAY turn
-// unprocessed streams into refused-stream resets (retried) but cannot carry the SPDY upgrades
-// of exec, attach and portforward (explicit HTTP/1.1, clusters.go), so it would need a second
-// set of clusters; the upstream idle_timeout below the apiservers' (clusters.go) removes the
-// idle-close race but not a stopping apiserver's. The twin is the smallest change that is
-// correct for both.
+// Retry-After answers; HTTP/2 to the apiservers (which the clusters now speak, clusters.go)
+// makes a graceful shutdown's GOAWAY turn unprocessed streams into refused-stream resets,
+// retried, but not a connection that ends under a stream the apiserver received; the
+// upstream idle_timeout below the apiservers' (clusters.go) removes the idle-close race but
+// not a stopping apiserver's. The twin is the smallest change that is correct for all.
 func readRoute(r *routev3.Route, readRetry *routev3.RetryPolicy) *routev3.Route {
 	c := twin(r, RouteSuffixRead)
 	c.Match.Headers = append(slices.Clip(c.Match.Headers), readMethods, notEscapedTarget)
