@@ -1,0 +1,354 @@
+package dataplane
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	httpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/kube-mvp/kube-mvp/internal/snapshot"
+	"github.com/kube-mvp/kube-mvp/internal/testutil"
+)
+
+const httpOptionsKey = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+
+// h2Config is how a test turns the product's apiserver clusters (today explicit HTTP/1.1)
+// into what the product will generate: HTTP/2 with connection_keepalive and ALPN h2.
+type h2Config struct {
+	keepalive *corev3.KeepaliveSettings // nil: none
+	idle      time.Duration             // 0: the product's idle_timeout
+	// http1ALPN keeps the clusters HTTP/1.1 and only sets ALPN http/1.1 (the product's
+	// upgrade clusters).
+	http1ALPN bool
+}
+
+// edit applies c to every EDS cluster with explicit HTTP/1.1 options.
+func (c h2Config) edit(res *snapshot.Resources) error {
+	for _, r := range res.Clusters {
+		cl := r.(*clusterv3.Cluster)
+		a := cl.GetTypedExtensionProtocolOptions()[httpOptionsKey]
+		if cl.GetType() != clusterv3.Cluster_EDS || a == nil {
+			continue
+		}
+		o := &httpv3.HttpProtocolOptions{}
+		if err := a.UnmarshalTo(o); err != nil {
+			return err
+		}
+		if o.GetExplicitHttpConfig().GetHttpProtocolOptions() == nil {
+			return fmt.Errorf("cluster %s: not explicit HTTP/1.1", cl.GetName())
+		}
+		alpn := []string{"h2"}
+		if c.http1ALPN {
+			alpn = []string{"http/1.1"}
+		} else {
+			o.UpstreamProtocolOptions = &httpv3.HttpProtocolOptions_ExplicitHttpConfig_{ExplicitHttpConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig{
+				ProtocolConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_Http2ProtocolOptions{
+					Http2ProtocolOptions: &corev3.Http2ProtocolOptions{ConnectionKeepalive: c.keepalive}}}}
+		}
+		if c.idle > 0 {
+			o.CommonHttpProtocolOptions.IdleTimeout = durationpb.New(c.idle)
+		}
+		packed, err := anypb.New(o)
+		if err != nil {
+			return err
+		}
+		// Copies: the clusters share the product's messages.
+		cl = proto.Clone(cl).(*clusterv3.Cluster)
+		cl.TypedExtensionProtocolOptions = map[string]*anypb.Any{httpOptionsKey: packed}
+		sockets := []*corev3.TransportSocket{cl.GetTransportSocket()}
+		for _, m := range cl.GetTransportSocketMatches() {
+			sockets = append(sockets, m.GetTransportSocket())
+		}
+		for _, ts := range sockets {
+			if ts == nil {
+				continue
+			}
+			u := &tlsv3.UpstreamTlsContext{}
+			if err := ts.GetTypedConfig().UnmarshalTo(u); err != nil {
+				return err
+			}
+			if u.CommonTlsContext == nil {
+				u.CommonTlsContext = &tlsv3.CommonTlsContext{}
+			}
+			u.CommonTlsContext.AlpnProtocols = alpn
+			p, err := anypb.New(u)
+			if err != nil {
+				return err
+			}
+			ts.ConfigType = &corev3.TransportSocket_TypedConfig{TypedConfig: p}
+		}
+		for i, r2 := range res.Clusters {
+			if r2.(*clusterv3.Cluster).GetName() == cl.GetName() {
+				res.Clusters[i] = cl
+			}
+		}
+	}
+	return nil
+}
+
+func keepalive(interval, timeout time.Duration) *corev3.KeepaliveSettings {
+	return &corev3.KeepaliveSettings{Interval: durationpb.New(interval), Timeout: durationpb.New(timeout)}
+}
+
+// connsOf is the connections that carried requests (other than /readyz) to f.
+func connsOf(f *fakeAPIServer) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.served)
+}
+
+// TestH2Multiplexed: an HTTP/2 cluster sends its requests over TLS with ALPN h2 as HTTP/2,
+// many concurrent ones (short GETs and long-held watch-like streams alike) on one
+// connection per apiserver; only when a connection's streams reach the server's
+// SETTINGS_MAX_CONCURRENT_STREAMS does the pool open another. The HTTP/1.1 pool would need a
+// connection per concurrent request.
+func TestH2Multiplexed(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		maxStreams uint32
+	}{{"default", 0}, {"max-streams-2", 2}} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, envOptions{fake: fakeOptions{http2: true, maxStreams: tc.maxStreams},
+				editResources: h2Config{keepalive: keepalive(10*time.Second, 5*time.Second)}.edit})
+			c := e.client(nil)
+			const path = "/api/v1/namespaces/default/configmaps"
+			// Every apiserver gets its connection (and its SETTINGS) first.
+			if servers, _ := e.spread(c, path, 30); len(servers) != len(e.apiservers) {
+				t.Fatalf("warm-up reached %v, want every apiserver", servers)
+			}
+			for name, f := range e.apiservers {
+				if n := connsOf(f); n != 1 {
+					t.Fatalf("%s: %d connections after sequential requests, want 1", name, n)
+				}
+			}
+			// Held streams: the apiservers answer nothing until released.
+			release := make(chan struct{})
+			held := map[string]int{}
+			var hmu sync.Mutex
+			for _, f := range e.apiservers {
+				f.mu.Lock()
+				f.stall = func(r *http.Request) bool {
+					if r.URL.Query().Get("fieldSelector") != "hold" {
+						return false
+					}
+					hmu.Lock()
+					held[f.name]++
+					hmu.Unlock()
+					<-release
+					return false
+				}
+				f.mu.Unlock()
+			}
+			const nHeld, nShort = 12, 30
+			var wg sync.WaitGroup
+			errs := make(chan error, nHeld+nShort)
+			for range nHeld {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					if r := e.do(c, "GET", path+"?fieldSelector=hold&watch=true", nil); r.status != 200 {
+						errs <- fmt.Errorf("held: status %d: %s", r.status, r.body)
+					}
+				}()
+			}
+			testutil.WaitFor(t, t.Context(), 10*time.Second, "every held stream reached an apiserver", func() error {
+				hmu.Lock()
+				defer hmu.Unlock()
+				n := 0
+				for _, v := range held {
+					n += v
+				}
+				if n != nHeld {
+					return fmt.Errorf("%d held", n)
+				}
+				return nil
+			})
+			for range nShort {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					if r := e.do(c, "GET", path, nil); r.status != 200 || r.seen.Proto != "HTTP/2.0" {
+						errs <- fmt.Errorf("short: status %d, proto %q: %s", r.status, r.seen.Proto, r.body)
+					}
+				}()
+			}
+			time.Sleep(200 * time.Millisecond)
+			close(release)
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Error(err)
+			}
+			total := 0
+			for name, f := range e.apiservers {
+				n := connsOf(f)
+				total += n
+				hmu.Lock()
+				h := held[name]
+				hmu.Unlock()
+				for _, r := range f.requests() {
+					if r.Proto != "HTTP/2.0" {
+						t.Errorf("%s got %s %s over %s, want HTTP/2.0", name, r.Method, r.Path, r.Proto)
+					}
+				}
+				switch {
+				case tc.maxStreams == 0 && n != 1:
+					t.Errorf("%s: %d connections for %d held streams and short requests, want 1", name, n, h)
+				case tc.maxStreams > 0 && n < (h+int(tc.maxStreams)-1)/int(tc.maxStreams):
+					t.Errorf("%s: %d connections for %d held streams at %d streams per connection", name, n, h, tc.maxStreams)
+				}
+			}
+			// With a stream limit, a connection opened for a waiting stream may end up
+			// unused when a stream on another one ended first; without, every connection
+			// carries requests.
+			if got := e.stat("cluster.kube-apiservers.upstream_cx_total"); got < uint64(total) || tc.maxStreams == 0 && got != uint64(total) {
+				t.Errorf("upstream_cx_total %d, the apiservers saw %d connections", got, total)
+			}
+		})
+	}
+}
+
+// TestH2ALPNMismatch: an HTTP/2 cluster offers only h2; an apiserver that speaks only
+// HTTP/1.1 refuses the TLS handshake (no_application_protocol alert). Envoy's health checks
+// use the same transport socket, so every such apiserver fails them (network failures) and a
+// request gets the 503 of no healthy upstream (UH); nothing reaches an apiserver. (With
+// HTTP/1.1 on the wire, as Go's transport would fall back to, the requests would be served.)
+func TestH2ALPNMismatch(t *testing.T) {
+	e := newEnv(t, envOptions{editResources: h2Config{}.edit})
+	c := e.client(nil)
+	testutil.WaitFor(t, t.Context(), 10*time.Second, "health checks failed", func() error {
+		if n := e.stat("cluster.kube-apiservers.health_check.network_failure"); n < uint64(len(e.apiservers)) {
+			return fmt.Errorf("%d network failures", n)
+		}
+		return nil
+	})
+	r := e.do(c, "GET", "/api/v1/namespaces/default/configmaps", nil)
+	if r.status != http.StatusServiceUnavailable || !strings.Contains(string(r.body), "no_healthy_upstream") {
+		t.Fatalf("status %d, want the 503 of UH: %s", r.status, r.body)
+	}
+	for name, f := range e.apiservers {
+		if n := len(f.requests()) + len(f.readyzChecks()); n != 0 {
+			t.Errorf("%s got %d requests", name, n)
+		}
+	}
+}
+
+// TestH2IdleTimeout: the cluster's idle_timeout closes an HTTP/2 connection that had no
+// stream for that long (Envoy's CodecClient idle timer), and the next request opens a new one.
+func TestH2IdleTimeout(t *testing.T) {
+	e := newEnv(t, envOptions{fake: fakeOptions{http2: true},
+		editResources: h2Config{idle: 300 * time.Millisecond}.edit})
+	c := e.client(nil)
+	const path = "/api/v1/namespaces/default/configmaps"
+	r := e.do(c, "GET", path, nil)
+	if r.status != 200 || r.seen.Proto != "HTTP/2.0" {
+		t.Fatalf("status %d over %q: %s", r.status, r.seen.Proto, r.body)
+	}
+	f := e.apiservers[r.seen.Server]
+	f.mu.Lock()
+	var conns []string
+	for a := range f.served {
+		conns = append(conns, a)
+	}
+	f.mu.Unlock()
+	if len(conns) != 1 {
+		t.Fatalf("%d connections, want 1", len(conns))
+	}
+	testutil.WaitFor(t, t.Context(), 10*time.Second, "the idle HTTP/2 connection closed", func() error {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if !f.closed[conns[0]] {
+			return fmt.Errorf("connection from %s still open", conns[0])
+		}
+		return nil
+	})
+	before := e.stat("cluster.kube-apiservers.upstream_cx_total")
+	if r := e.do(c, "GET", path, nil); r.status != 200 {
+		t.Fatalf("after the idle close: status %d: %s", r.status, r.body)
+	}
+	if e.stat("cluster.kube-apiservers.upstream_cx_total") == before {
+		t.Errorf("no new connection after the idle one closed")
+	}
+}
+
+// upgrade sends an HTTP/1.1 upgrade of type typ to the data plane and returns the response
+// and the connection.
+func upgrade(t *testing.T, e *env, typ string) (*http.Response, net.Conn, *bufio.Reader) {
+	t.Helper()
+	pool := x509.NewCertPool()
+	pool.AddCert(e.pki.servingCA.Cert)
+	conn, err := tls.Dial("tcp", e.dp.ListenerAddr("kube-apiserver"), &tls.Config{RootCAs: pool, ServerName: "localhost", NextProtos: []string{"http/1.1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	fmt.Fprintf(conn, "GET /api/v1/namespaces/default/pods/p/exec?command=sh HTTP/1.1\r\nHost: localhost\r\nConnection: Upgrade\r\nUpgrade: %s\r\nAuthorization: Bearer %s\r\n\r\n", typ, testToken)
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, conn, br
+}
+
+// TestH2Upgrade: an upgrade routed to an HTTP/2 cluster goes out as Envoy's HTTP/2 codec
+// sends it, an extended CONNECT; an apiserver without RFC 8441 (Go's default) cannot take it
+// and the client gets Envoy's 503 for a remote reset (UR), the apiserver seeing no upgrade.
+// Over an HTTP/1.1 cluster with ALPN http/1.1 the same apiservers (which also offer h2)
+// upgrade as before.
+func TestH2Upgrade(t *testing.T) {
+	t.Run("http2-cluster", func(t *testing.T) {
+		e := newEnv(t, envOptions{fake: fakeOptions{http2: true}, editResources: h2Config{}.edit})
+		for _, typ := range []string{"SPDY/3.1", "websocket"} {
+			resp, _, _ := upgrade(t, e, typ)
+			body, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), "remote_reset") {
+				t.Errorf("%s: status %d, want the 503 of a remote reset: %s", typ, resp.StatusCode, body)
+			}
+		}
+		for name, f := range e.apiservers {
+			if n := len(f.requests()); n != 0 {
+				t.Errorf("%s saw %d requests", name, n)
+			}
+		}
+	})
+	t.Run("http1-cluster", func(t *testing.T) {
+		e := newEnv(t, envOptions{fake: fakeOptions{http2: true}, editResources: h2Config{http1ALPN: true}.edit})
+		for _, typ := range []string{"SPDY/3.1", "websocket"} {
+			resp, conn, br := upgrade(t, e, typ)
+			if resp.StatusCode != 101 {
+				t.Fatalf("%s: status %d", typ, resp.StatusCode)
+			}
+			server := resp.Header.Get("X-Served-By")
+			_, _ = io.WriteString(conn, "hello\n")
+			if got := readLine(br); got != server+":hello\n" {
+				t.Errorf("%s: echo %q", typ, got)
+			}
+		}
+		for name, f := range e.apiservers {
+			for _, r := range f.requests() {
+				if r.Proto != "HTTP/1.1" {
+					t.Errorf("%s got %s over %s", name, r.Path, r.Proto)
+				}
+			}
+		}
+	})
+}
+
+var _ = context.Background
