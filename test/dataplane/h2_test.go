@@ -352,3 +352,193 @@ func TestH2Upgrade(t *testing.T) {
 }
 
 var _ = context.Background
+
+// freezeProxy is a TCP proxy in front of an apiserver whose freeze stops the connections it
+// carries at that moment in both directions, keeping them open, as a SIGSTOPped apiserver
+// (or a dead path) does; connections made afterwards pass.
+type freezeProxy struct {
+	ln     net.Listener
+	target string
+	mu     sync.Mutex
+	conns  []*proxiedConn
+}
+
+type proxiedConn struct {
+	frozen chan struct{} // closed when frozen
+	once   sync.Once
+	a, b   net.Conn
+}
+
+func newFreezeProxy(t testing.TB, target string) *freezeProxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &freezeProxy{ln: ln, target: target}
+	t.Cleanup(func() {
+		ln.Close()
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		for _, c := range p.conns {
+			c.a.Close()
+			c.b.Close()
+		}
+	})
+	go func() {
+		for {
+			a, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			b, err := net.Dial("tcp", target)
+			if err != nil {
+				a.Close()
+				continue
+			}
+			c := &proxiedConn{frozen: make(chan struct{}), a: a, b: b}
+			p.mu.Lock()
+			p.conns = append(p.conns, c)
+			p.mu.Unlock()
+			go c.pipe(a, b)
+			go c.pipe(b, a)
+		}
+	}()
+	return p
+}
+
+func (c *proxiedConn) pipe(dst, src net.Conn) {
+	defer dst.Close()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		select {
+		case <-c.frozen:
+			select {} // frozen: nothing more moves (the connections stay open until cleanup)
+		default:
+		}
+		if n > 0 {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func (p *freezeProxy) addr() string { return p.ln.Addr().String() }
+
+// freeze stops every connection the proxy carries now.
+func (p *freezeProxy) freeze() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.conns {
+		c.once.Do(func() { close(c.frozen) })
+	}
+}
+
+// TestH2KeepaliveFrozenUpstream: connection_keepalive detects apiservers that stopped
+// answering with their connections open (SIGSTOP). Within interval (+ jitter) + timeout of
+// the freeze the data plane closes each frozen connection (http2.keepalive_timeout): a watch
+// streaming on it is cut off (the client sees a broken stream, Envoy resets the downstream
+// stream), a GET waiting on it is reset (UC) and retried by its route (retry_on reset, the
+// read twin) on a new connection, a POST waiting on it is not retried (no reset in its
+// retry_on): 503 UC. While the apiservers answer, PINGs are ACKed and nothing closes.
+// Without the keepalive all three would wait for the apiserver indefinitely.
+func TestH2KeepaliveFrozenUpstream(t *testing.T) {
+	const interval, timeout = 300 * time.Millisecond, 400 * time.Millisecond
+	proxies := map[string]*freezeProxy{}
+	e := newEnv(t, envOptions{fake: fakeOptions{http2: true}, tick: 50 * time.Millisecond, ticks: 100000,
+		front: func(name, addr string) string {
+			p := newFreezeProxy(t, addr)
+			proxies[name] = p
+			return p.addr()
+		},
+		editResources: h2Config{keepalive: keepalive(interval, timeout)}.edit})
+	c := e.client(nil)
+	const path = "/api/v1/namespaces/default/configmaps"
+	const ka = "cluster.kube-apiservers.http2.keepalive_timeout"
+	if servers, _ := e.spread(c, path, 30); len(servers) != len(e.apiservers) {
+		t.Fatalf("warm-up reached %v, want every apiserver", servers)
+	}
+	// A watch, streaming.
+	req, _ := http.NewRequest("GET", e.base+path+"?watch=true", nil)
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	if _, err := br.ReadString('\n'); err != nil {
+		t.Fatalf("watch: %v", err)
+	}
+	// Answering apiservers: several keepalive rounds, nothing closes.
+	time.Sleep(4 * interval)
+	if n := e.stat(ka); n != 0 {
+		t.Fatalf("keepalive_timeout %d while the apiservers answer", n)
+	}
+	if _, err := br.ReadString('\n'); err != nil {
+		t.Fatalf("watch after keepalive rounds: %v", err)
+	}
+	retriesBefore := e.stat("cluster.kube-apiservers.upstream_rq_retry")
+	for _, p := range proxies {
+		p.freeze()
+	}
+	frozeAt := time.Now()
+	type result struct {
+		r       reply
+		elapsed time.Duration
+	}
+	get, post := make(chan result, 1), make(chan result, 1)
+	ctx, cancel := context.WithTimeout(t.Context(), 15*time.Second)
+	defer cancel()
+	send := func(method string, out chan result) {
+		req, _ := http.NewRequestWithContext(ctx, method, e.base+path, nil)
+		resp, err := c.Do(req)
+		if err != nil {
+			out <- result{r: reply{status: -1, body: []byte(err.Error())}, elapsed: time.Since(frozeAt)}
+			return
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		out <- result{r: reply{status: resp.StatusCode, body: b}, elapsed: time.Since(frozeAt)}
+	}
+	go send("GET", get)
+	go send("POST", post)
+	// The watch ends with an error, not EOF.
+	watchEnd := make(chan error, 1)
+	go func() {
+		for {
+			if _, err := br.ReadString('\n'); err != nil {
+				watchEnd <- err
+				return
+			}
+		}
+	}()
+	limit := interval*115/100 + timeout + 2*time.Second // slack for a busy machine
+	select {
+	case err := <-watchEnd:
+		if err == io.EOF {
+			t.Errorf("watch ended cleanly, want a broken stream")
+		}
+		if d := time.Since(frozeAt); d > limit {
+			t.Errorf("watch cut after %v, want within %v", d, limit)
+		}
+	case <-ctx.Done():
+		t.Fatal("the watch on the frozen connection never ended")
+	}
+	g, p := <-get, <-post
+	if g.r.status != 200 || g.elapsed > limit {
+		t.Errorf("GET: status %d after %v, want 200 (retried) within %v: %s", g.r.status, g.elapsed, limit, g.r.body)
+	}
+	if p.r.status != http.StatusServiceUnavailable || !strings.Contains(string(p.r.body), "connection_termination") || p.elapsed > limit {
+		t.Errorf("POST: status %d after %v, want the 503 of a UC within %v: %s", p.r.status, p.elapsed, limit, p.r.body)
+	}
+	if n := e.stat(ka); n == 0 {
+		t.Errorf("no http2.keepalive_timeout counted")
+	}
+	if n := e.stat("cluster.kube-apiservers.upstream_rq_retry") - retriesBefore; n != 1 {
+		t.Errorf("upstream_rq_retry +%d, want 1 (the GET)", n)
+	}
+}
