@@ -357,7 +357,7 @@ type envOptions struct {
 	fake fakeOptions
 	// front, if set, is the address the data plane gets for each apiserver instead of its
 	// own (a proxy in front of it, or another server).
-	front func(name, addr string) string
+	front func(p *pki, name, addr string) string
 }
 
 var fixtureAddresses = map[string]string{"cp-a": "127.0.0.1", "cp-b": "127.0.0.2", "cp-c": "127.0.0.3"}
@@ -393,7 +393,7 @@ func newEnv(t testing.TB, o envOptions) *env {
 		e.apiservers[host] = f
 		addr := f.addr()
 		if o.front != nil {
-			addr = o.front(host, addr)
+			addr = o.front(e.pki, host, addr)
 		}
 		fixture = strings.ReplaceAll(fixture, ip+":6443", addr)
 	}

@@ -450,7 +450,7 @@ func TestH2KeepaliveFrozenUpstream(t *testing.T) {
 	const interval, timeout = 300 * time.Millisecond, 400 * time.Millisecond
 	proxies := map[string]*freezeProxy{}
 	e := newEnv(t, envOptions{fake: fakeOptions{http2: true}, tick: 50 * time.Millisecond, ticks: 100000,
-		front: func(name, addr string) string {
+		front: func(_ *pki, name, addr string) string {
 			p := newFreezeProxy(t, addr)
 			proxies[name] = p
 			return p.addr()
