@@ -16,11 +16,13 @@ import (
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	httpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/kube-mvp/kube-mvp/internal/snapshot"
 	"github.com/kube-mvp/kube-mvp/internal/testutil"
@@ -36,6 +38,8 @@ type h2Config struct {
 	// http1ALPN keeps the clusters HTTP/1.1 and only sets ALPN http/1.1 (the product's
 	// upgrade clusters).
 	http1ALPN bool
+	// mutate, if set, changes the http2_protocol_options further.
+	mutate func(*corev3.Http2ProtocolOptions)
 }
 
 // edit applies c to every EDS cluster with explicit HTTP/1.1 options.
@@ -59,7 +63,10 @@ func (c h2Config) edit(res *snapshot.Resources) error {
 		} else {
 			o.UpstreamProtocolOptions = &httpv3.HttpProtocolOptions_ExplicitHttpConfig_{ExplicitHttpConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig{
 				ProtocolConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_Http2ProtocolOptions{
-					Http2ProtocolOptions: &corev3.Http2ProtocolOptions{ConnectionKeepalive: c.keepalive}}}}
+					Http2ProtocolOptions: &corev3.Http2ProtocolOptions{ConnectionKeepalive: proto.Clone(c.keepalive).(*corev3.KeepaliveSettings)}}}}
+			if c.mutate != nil {
+				c.mutate(o.GetExplicitHttpConfig().GetHttp2ProtocolOptions())
+			}
 		}
 		if c.idle > 0 {
 			o.CommonHttpProtocolOptions.IdleTimeout = durationpb.New(c.idle)
@@ -351,7 +358,6 @@ func TestH2Upgrade(t *testing.T) {
 	})
 }
 
-var _ = context.Background
 
 // freezeProxy is a TCP proxy in front of an apiserver whose freeze stops the connections it
 // carries at that moment in both directions, keeping them open, as a SIGSTOPped apiserver
@@ -540,5 +546,53 @@ func TestH2KeepaliveFrozenUpstream(t *testing.T) {
 	}
 	if n := e.stat("cluster.kube-apiservers.upstream_rq_retry") - retriesBefore; n != 1 {
 		t.Errorf("upstream_rq_retry +%d, want 1 (the GET)", n)
+	}
+}
+
+// TestH2ConfigNACK: the HTTP/2 clusters the product will generate are accepted; anything of
+// http2_protocol_options beyond connection_keepalive's interval, timeout and
+// interval_jitter is rejected, connection_idle_interval included, and a keepalive without
+// its required timeout too.
+func TestH2ConfigNACK(t *testing.T) {
+	cases := []struct {
+		name   string
+		mutate func(*corev3.Http2ProtocolOptions)
+		want   string // "" accepted
+	}{
+		{"product", nil, ""},
+		{"interval_jitter", func(o *corev3.Http2ProtocolOptions) {
+			o.ConnectionKeepalive.IntervalJitter = &typev3.Percent{Value: 5}
+		}, ""},
+		{"connection_idle_interval", func(o *corev3.Http2ProtocolOptions) {
+			o.ConnectionKeepalive.ConnectionIdleInterval = durationpb.New(time.Minute)
+		}, "field explicit_http_config.http2_protocol_options.connection_keepalive.connection_idle_interval is not implemented"},
+		{"max_concurrent_streams", func(o *corev3.Http2ProtocolOptions) {
+			o.MaxConcurrentStreams = wrapperspb.UInt32(10)
+		}, "field explicit_http_config.http2_protocol_options.max_concurrent_streams is not implemented"},
+		{"allow_connect", func(o *corev3.Http2ProtocolOptions) {
+			o.AllowConnect = true
+		}, "field explicit_http_config.http2_protocol_options.allow_connect is not implemented"},
+		{"keepalive without timeout", func(o *corev3.Http2ProtocolOptions) {
+			o.ConnectionKeepalive.Timeout = nil
+		}, "connection_keepalive.timeout: required"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			res := buildResources(t, "batch-off")
+			if err := (h2Config{keepalive: keepalive(10*time.Second, 5*time.Second), mutate: tc.mutate}).edit(res); err != nil {
+				t.Fatal(err)
+			}
+			js, err := res.MarshalJSON()
+			if err != nil {
+				t.Fatal(err)
+			}
+			nacks := startConfig(t, js).NACKs()
+			switch {
+			case tc.want == "" && len(nacks) != 0:
+				t.Fatalf("NACKs %q, want none", nacks)
+			case tc.want != "" && (len(nacks) != 1 || !strings.Contains(nacks[0], tc.want)):
+				t.Fatalf("NACKs %q, want one containing %q", nacks, tc.want)
+			}
+		})
 	}
 }
