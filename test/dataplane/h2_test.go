@@ -16,9 +16,9 @@ import (
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	httpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -357,7 +357,6 @@ func TestH2Upgrade(t *testing.T) {
 		}
 	})
 }
-
 
 // freezeProxy is a TCP proxy in front of an apiserver whose freeze stops the connections it
 // carries at that moment in both directions, keeping them open, as a SIGSTOPped apiserver
