@@ -216,6 +216,7 @@ var allowed = map[string][]string{
 		"health_checks.http_health_check.request_headers_to_add.header.key", "health_checks.http_health_check.request_headers_to_add.header.value",
 		"health_checks.http_health_check.request_headers_to_add.append_action",
 		"health_checks.transport_socket_match_criteria",
+		"health_checks.tls_options", "health_checks.tls_options.alpn_protocols",
 		"transport_socket_matches", "transport_socket_matches.name", "transport_socket_matches.match",
 		"transport_socket_matches.transport_socket", "transport_socket_matches.transport_socket.name",
 		"transport_socket_matches.transport_socket.typed_config",

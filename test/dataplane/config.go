@@ -992,6 +992,15 @@ func compileCluster(c *clusterv3.Cluster) (*clusterCfg, error) {
 		if crit := h.GetTransportSocketMatchCriteria(); crit != nil {
 			out.hc.tls = out.resolveTransportSocket(crit)
 		}
+		// tls_options.alpn_protocols replaces the transport socket's ALPN on the checks'
+		// connections (HealthCheckerImplBase::initTransportSocketOptions: an ALPN override
+		// in the transport socket options; an empty list overrides nothing). Without it they
+		// offer the transport socket's alpn_protocols.
+		if alpn := h.GetTlsOptions().GetAlpnProtocols(); len(alpn) > 0 && out.hc.tls != nil {
+			t := *out.hc.tls
+			t.alpn = alpn
+			out.hc.tls = &t
+		}
 		for _, o := range h.GetHttpHealthCheck().GetRequestHeadersToAdd() {
 			k, v := o.GetHeader().GetKey(), o.GetHeader().GetValue()
 			// Envoy's header parser would expand %COMMAND% in the value; not implemented.

@@ -40,6 +40,11 @@ type h2Config struct {
 	http1ALPN bool
 	// mutate, if set, changes the http2_protocol_options further.
 	mutate func(*corev3.Http2ProtocolOptions)
+	// plainHealthChecks leaves the health checks as they are: their connections then offer
+	// the cluster's ALPN (h2) while the HTTP health checker speaks HTTP/1.1. Without it the
+	// HTTP/2 clusters' health checks get tls_options.alpn_protocols [http/1.1], which the
+	// product must set (TestH2HealthCheckALPN).
+	plainHealthChecks bool
 }
 
 // edit applies c to every EDS cluster with explicit HTTP/1.1 options.
@@ -99,6 +104,11 @@ func (c h2Config) edit(res *snapshot.Resources) error {
 				return err
 			}
 			ts.ConfigType = &corev3.TransportSocket_TypedConfig{TypedConfig: p}
+		}
+		if !c.http1ALPN && !c.plainHealthChecks {
+			for _, hc := range cl.GetHealthChecks() {
+				hc.TlsOptions = &corev3.HealthCheck_TlsOptions{AlpnProtocols: []string{"http/1.1"}}
+			}
 		}
 		for i, r2 := range res.Clusters {
 			if r2.(*clusterv3.Cluster).GetName() == cl.GetName() {
@@ -232,25 +242,22 @@ func TestH2Multiplexed(t *testing.T) {
 }
 
 // TestH2ALPNMismatch: an HTTP/2 cluster offers only h2; an apiserver that speaks only
-// HTTP/1.1 refuses the TLS handshake (no_application_protocol alert). Envoy's health checks
-// use the same transport socket, so every such apiserver fails them (network failures) and a
-// request gets the 503 of no healthy upstream (UH); nothing reaches an apiserver. (With
-// HTTP/1.1 on the wire, as Go's transport would fall back to, the requests would be served.)
+// HTTP/1.1 refuses the TLS handshake (no_application_protocol alert): a connect failure, UF,
+// and after the retries (connect-failure, previous_hosts; all apiservers alike) the 503 of
+// UF. The health checks (ALPN http/1.1) pass; nothing reaches an apiserver but them. (Go's
+// transport would have fallen back to HTTP/1.1 and served the request.)
 func TestH2ALPNMismatch(t *testing.T) {
 	e := newEnv(t, envOptions{editResources: h2Config{}.edit})
 	c := e.client(nil)
-	testutil.WaitFor(t, t.Context(), 10*time.Second, "health checks failed", func() error {
-		if n := e.stat("cluster.kube-apiservers.health_check.network_failure"); n < uint64(len(e.apiservers)) {
-			return fmt.Errorf("%d network failures", n)
-		}
-		return nil
-	})
 	r := e.do(c, "GET", "/api/v1/namespaces/default/configmaps", nil)
-	if r.status != http.StatusServiceUnavailable || !strings.Contains(string(r.body), "no_healthy_upstream") {
-		t.Fatalf("status %d, want the 503 of UH: %s", r.status, r.body)
+	if r.status != http.StatusServiceUnavailable || !strings.Contains(string(r.body), "connection_failure") {
+		t.Fatalf("status %d, want the 503 of UF: %s", r.status, r.body)
+	}
+	if n := e.stat("cluster.kube-apiservers.upstream_cx_connect_fail"); n == 0 {
+		t.Errorf("no upstream_cx_connect_fail")
 	}
 	for name, f := range e.apiservers {
-		if n := len(f.requests()) + len(f.readyzChecks()); n != 0 {
+		if n := len(f.requests()); n != 0 {
 			t.Errorf("%s got %d requests", name, n)
 		}
 	}
@@ -591,6 +598,36 @@ func TestH2ConfigNACK(t *testing.T) {
 				t.Fatalf("NACKs %q, want none", nacks)
 			case tc.want != "" && (len(nacks) != 1 || !strings.Contains(nacks[0], tc.want)):
 				t.Fatalf("NACKs %q, want one containing %q", nacks, tc.want)
+			}
+		})
+	}
+}
+
+// TestH2HealthCheckALPN: Envoy's HTTP health checker speaks HTTP/1.1 (codec_client_type's
+// default) over a connection of the cluster's transport socket, which offers the cluster's
+// ALPN unless health_checks.tls_options.alpn_protocols overrides it. With ALPN h2 and no
+// override, an apiserver offering h2 (every real one) negotiates h2 and fails the HTTP/1.1
+// check: every apiserver is unhealthy and every request gets 503 UH. With the override
+// [http/1.1] the checks pass and requests go over HTTP/2.
+func TestH2HealthCheckALPN(t *testing.T) {
+	for _, plain := range []bool{true, false} {
+		t.Run(fmt.Sprintf("plain=%v", plain), func(t *testing.T) {
+			e := newEnv(t, envOptions{fake: fakeOptions{http2: true}, editResources: h2Config{plainHealthChecks: plain}.edit})
+			c := e.client(nil)
+			if plain {
+				testutil.WaitFor(t, t.Context(), 10*time.Second, "health checks failed", func() error {
+					if n := e.stat("cluster.kube-apiservers.health_check.network_failure"); n < uint64(len(e.apiservers)) {
+						return fmt.Errorf("%d network failures", n)
+					}
+					return nil
+				})
+			}
+			r := e.do(c, "GET", "/api/v1/namespaces/default/configmaps", nil)
+			switch {
+			case plain && (r.status != http.StatusServiceUnavailable || !strings.Contains(string(r.body), "no_healthy_upstream")):
+				t.Errorf("status %d, want the 503 of UH: %s", r.status, r.body)
+			case !plain && (r.status != 200 || r.seen.Proto != "HTTP/2.0"):
+				t.Errorf("status %d over %q, want 200 over HTTP/2: %s", r.status, r.seen.Proto, r.body)
 			}
 		})
 	}

@@ -1,9 +1,11 @@
 package dataplane
 
 import (
+	"bufio"
 	"bytes"
 	"crypto/tls"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -18,7 +20,8 @@ import (
 
 // rawH2 is an HTTP/2 apiserver written on the frame layer, so that a test decides exactly
 // which streams a GOAWAY covers. It answers /readyz with 200 and every other request with
-// the JSON echo of the fake apiservers, except what goAway decides for a request.
+// the JSON echo of the fake apiservers, except what goAway decides for a request. Over
+// HTTP/1.1 (the health checks) it answers /readyz only.
 type rawH2 struct {
 	name string
 	ln   net.Listener
@@ -33,7 +36,7 @@ type rawH2 struct {
 }
 
 func newRawH2(t testing.TB, p *pki, name, ip string) *rawH2 {
-	ln, err := tls.Listen("tcp", ip+":0", &tls.Config{Certificates: []tls.Certificate{p.apiserver.tls(t)}, NextProtos: []string{"h2"}})
+	ln, err := tls.Listen("tcp", ip+":0", &tls.Config{Certificates: []tls.Certificate{p.apiserver.tls(t)}, NextProtos: []string{"h2", "http/1.1"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,6 +67,29 @@ func (s *rawH2) requests() []string {
 }
 
 func (s *rawH2) serve(c net.Conn) {
+	if tc, ok := c.(*tls.Conn); ok {
+		if err := tc.Handshake(); err != nil {
+			return
+		}
+		if tc.ConnectionState().NegotiatedProtocol != "h2" {
+			// HTTP/1.1: the health checks.
+			br := bufio.NewReader(c)
+			for {
+				req, err := http.ReadRequest(br)
+				if err != nil {
+					return
+				}
+				_, _ = io.Copy(io.Discard, req.Body)
+				status := "200 OK"
+				if req.URL.Path != "/readyz" {
+					status = "404 Not Found"
+				}
+				if _, err := fmt.Fprintf(c, "HTTP/1.1 %s\r\nContent-Length: 2\r\n\r\nok", status); err != nil {
+					return
+				}
+			}
+		}
+	}
 	preface := make([]byte, len(http2.ClientPreface))
 	if _, err := io.ReadFull(c, preface); err != nil || string(preface) != http2.ClientPreface {
 		return

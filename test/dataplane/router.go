@@ -465,7 +465,10 @@ func (st *stream) attemptH2(ctx context.Context, c *liveCluster, cc *clusterCfg,
 		// A connection that could not take the stream (it closed or got a GOAWAY after
 		// the pool reserved it) sent nothing: Envoy's pool would not have handed it out;
 		// another connection takes the stream. Not a retry.
-		if err != nil && strings.Contains(err.Error(), h2Unusable) && !wrote {
+		wroteMu.Lock()
+		w := wrote
+		wroteMu.Unlock()
+		if err != nil && strings.Contains(err.Error(), h2Unusable) && !w {
 			continue
 		}
 		break

@@ -423,13 +423,14 @@ func (c *liveCluster) newTransport(cc *clusterCfg, socket *upstreamTLS, pool boo
 		// same rule (0: never).
 		IdleConnTimeout: cc.idleTimeout,
 	}
+	// HTTP/1.1 only, whatever ALPN negotiated: an HTTP/1.1 cluster's pool, and the health
+	// checker, whose codec is HttpHealthCheck.codec_client_type, HTTP1 by default (the
+	// allowlist admits no other), also for an HTTP/2 cluster (HttpHealthCheckerImpl,
+	// source/extensions/health_checkers/http/health_checker_impl.cc). Go's transport, with
+	// HTTP/2 off, speaks HTTP/1.1 over a connection that negotiated h2 just as Envoy's
+	// HTTP/1 codec would; the server then fails it.
 	p := new(http.Protocols)
-	if cc.http2 {
-		p.SetHTTP2(true)
-		p.SetUnencryptedHTTP2(socket == nil)
-	} else {
-		p.SetHTTP1(true)
-	}
+	p.SetHTTP1(true)
 	t.Protocols = p
 	return t
 }
