@@ -192,6 +192,13 @@ var allowed = map[string][]string{
 		prefixed("virtual_hosts.routes.route.retry_policy.retriable_headers.string_match", stringMatcherPaths...)),
 	tPrevHosts: {},
 	tHTTPOptions: {"explicit_http_config", "explicit_http_config.http_protocol_options", "explicit_http_config.http2_protocol_options",
+		// connection_keepalive (h2pool.go keepalive); nothing else of http2_protocol_options
+		// (connection_idle_interval included) is implemented.
+		"explicit_http_config.http2_protocol_options.connection_keepalive",
+		"explicit_http_config.http2_protocol_options.connection_keepalive.interval",
+		"explicit_http_config.http2_protocol_options.connection_keepalive.timeout",
+		"explicit_http_config.http2_protocol_options.connection_keepalive.interval_jitter",
+		"explicit_http_config.http2_protocol_options.connection_keepalive.interval_jitter.value",
 		"common_http_protocol_options", "common_http_protocol_options.idle_timeout"},
 	tCluster: cat([]string{
 		"name", "alt_stat_name", "type", "eds_cluster_config", "eds_cluster_config.eds_config", "eds_cluster_config.eds_config.ads",
@@ -209,6 +216,7 @@ var allowed = map[string][]string{
 		"health_checks.http_health_check.request_headers_to_add.header.key", "health_checks.http_health_check.request_headers_to_add.header.value",
 		"health_checks.http_health_check.request_headers_to_add.append_action",
 		"health_checks.transport_socket_match_criteria",
+		"health_checks.tls_options", "health_checks.tls_options.alpn_protocols",
 		"transport_socket_matches", "transport_socket_matches.name", "transport_socket_matches.match",
 		"transport_socket_matches.transport_socket", "transport_socket_matches.transport_socket.name",
 		"transport_socket_matches.transport_socket.typed_config",

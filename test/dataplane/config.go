@@ -810,11 +810,13 @@ type clusterCfg struct {
 	// socketMatches are transport_socket_matches, in order.
 	socketMatches []socketMatch
 	http2         bool
-	hc            *healthCheckCfg
-	outlier       *outlierCfg
-	maxRequests   int64
-	maxRetries    int64
-	staticHosts   []hostCfg
+	// h2Keepalive is http2_protocol_options.connection_keepalive (nil: none).
+	h2Keepalive *h2Keepalive
+	hc          *healthCheckCfg
+	outlier     *outlierCfg
+	maxRequests int64
+	maxRetries  int64
+	staticHosts []hostCfg
 	// ignoreHealthOnHostRemoval: a host that leaves EDS goes at once, even while it passes
 	// active health checks (syncClustersLocked).
 	ignoreHealthOnHostRemoval bool
@@ -937,7 +939,26 @@ func compileCluster(c *clusterv3.Cluster) (*clusterCfg, error) {
 		if err := v.UnmarshalTo(o); err != nil {
 			return nil, err
 		}
-		out.http2 = o.GetExplicitHttpConfig().GetHttp2ProtocolOptions() != nil
+		h2 := o.GetExplicitHttpConfig().GetHttp2ProtocolOptions()
+		out.http2 = h2 != nil
+		if ka := h2.GetConnectionKeepalive(); ka != nil {
+			// Envoy's ConnectionImpl constructor (source/common/http/http2/codec_impl.cc):
+			// interval defaults to 0 (no PINGs), timeout is required (the proto requires it
+			// to be at least 1ms), interval_jitter defaults to 15%.
+			k := &h2Keepalive{interval: durOr(ka.GetInterval(), 0), timeout: durOr(ka.GetTimeout(), 0), jitterPercent: 15}
+			if ka.GetTimeout() == nil || k.timeout < time.Millisecond {
+				return nil, errors.New("http2_protocol_options.connection_keepalive.timeout: required, at least 1ms")
+			}
+			if k.interval != 0 && k.interval < time.Millisecond {
+				return nil, errors.New("http2_protocol_options.connection_keepalive.interval: at least 1ms")
+			}
+			if j := ka.GetIntervalJitter(); j != nil {
+				k.jitterPercent = j.GetValue()
+			}
+			if k.interval > 0 {
+				out.h2Keepalive = k
+			}
+		}
 		// Envoy's ClusterInfoImpl (source/common/upstream/upstream_impl.cc): the
 		// common_http_protocol_options.idle_timeout, 0 for none, else 1h.
 		if d := o.GetCommonHttpProtocolOptions().GetIdleTimeout(); d != nil {
@@ -970,6 +991,15 @@ func compileCluster(c *clusterv3.Cluster) (*clusterCfg, error) {
 		out.hc.tls = out.tls
 		if crit := h.GetTransportSocketMatchCriteria(); crit != nil {
 			out.hc.tls = out.resolveTransportSocket(crit)
+		}
+		// tls_options.alpn_protocols replaces the transport socket's ALPN on the checks'
+		// connections (HealthCheckerImplBase::initTransportSocketOptions: an ALPN override
+		// in the transport socket options; an empty list overrides nothing). Without it they
+		// offer the transport socket's alpn_protocols.
+		if alpn := h.GetTlsOptions().GetAlpnProtocols(); len(alpn) > 0 && out.hc.tls != nil {
+			t := *out.hc.tls
+			t.alpn = alpn
+			out.hc.tls = &t
 		}
 		for _, o := range h.GetHttpHealthCheck().GetRequestHeadersToAdd() {
 			k, v := o.GetHeader().GetKey(), o.GetHeader().GetValue()
