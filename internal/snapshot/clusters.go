@@ -192,8 +192,15 @@ func (b *builder) apiserverCluster(name string, tls *corev3.TransportSocket, pro
 			SuccessfulActiveHealthCheckUnejectHost: wrapperspb.Bool(true),
 		},
 		HealthChecks: []*corev3.HealthCheck{{
-			Timeout:  durationpb.New(2 * time.Second),
-			Interval: durationpb.New(5 * time.Second),
+			// The checker speaks HTTP/1.1 (its codec_client_type default) even on an HTTP/2
+			// cluster, and its connections offer the ALPN of the socket they use unless told
+			// otherwise (source/common/upstream/health_checker_impl.cc,
+			// initTransportSocketOptions): an apiserver offered h2 would take its HTTP/1.1
+			// request for a broken HTTP/2 preface. The health-check socket
+			// (transport_socket_matches) offers http/1.1 too; this holds where it is not used.
+			TlsOptions: &corev3.HealthCheck_TlsOptions{AlpnProtocols: []string{"http/1.1"}},
+			Timeout:    durationpb.New(2 * time.Second),
+			Interval:   durationpb.New(5 * time.Second),
 			// An unhealthy host is checked every second (Envoy: HealthCheckerImplBase::interval
 			// takes unhealthy_interval, or no_traffic_interval for a cluster that never had a
 			// connection): a restarted apiserver takes requests about a second after it is

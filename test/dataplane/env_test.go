@@ -166,6 +166,8 @@ type fakeAPIServer struct {
 	// answer once the request has been read, as an apiserver closing a kept-alive
 	// connection just as the next request arrives.
 	hangup func(*http.Request) bool
+	// conns are the connections by remote address (an HTTP/2 hangup closes one).
+	conns map[string]net.Conn
 }
 
 type refusal struct {
@@ -209,15 +211,15 @@ func newFakeAPIServer(t testing.TB, p *pki, name, ip string, tick time.Duration,
 
 // fakeOptions vary a fake apiserver's HTTP.
 type fakeOptions struct {
-	// http2: ALPN offers h2 before http/1.1 (a real apiserver's default); without, the fake
-	// speaks HTTP/1.1 only (httptest's default).
-	http2 bool
+	// http1Only: the fake speaks HTTP/1.1 only (httptest's default); without, ALPN offers h2
+	// before http/1.1, as a real apiserver does.
+	http1Only bool
 	// maxStreams, if set, is the SETTINGS_MAX_CONCURRENT_STREAMS it advertises.
 	maxStreams uint32
 }
 
 func newFakeAPIServerOpts(t testing.TB, p *pki, name, ip string, tick time.Duration, ticks int, fo fakeOptions) *fakeAPIServer {
-	f := &fakeAPIServer{name: name, served: map[string]bool{}, closed: map[string]bool{}}
+	f := &fakeAPIServer{name: name, served: map[string]bool{}, closed: map[string]bool{}, conns: map[string]net.Conn{}}
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		seen := seenRequest{Server: name, Method: r.Method, Path: r.URL.RequestURI(), Target: r.RequestURI, Host: r.Host, Header: r.Header.Clone(), ClientCert: clientCert(r), Proto: r.Proto}
 		if r.URL.Path == "/readyz" {
@@ -243,6 +245,17 @@ func newFakeAPIServerOpts(t testing.TB, p *pki, name, ip string, tick time.Durat
 		case stall != nil && stall(r):
 			<-r.Context().Done()
 		case hangup != nil && hangup(r):
+			if r.ProtoMajor == 2 {
+				// No hijacking an HTTP/2 stream: close the connection under it.
+				f.mu.Lock()
+				conn := f.conns[r.RemoteAddr]
+				f.mu.Unlock()
+				if conn != nil {
+					conn.Close()
+				}
+				<-r.Context().Done()
+				return
+			}
 			conn, _, err := http.NewResponseController(w).Hijack()
 			if err == nil {
 				conn.Close()
@@ -302,6 +315,11 @@ func newFakeAPIServerOpts(t testing.TB, p *pki, name, ip string, tick time.Durat
 	proxyPool := x509.NewCertPool()
 	proxyPool.AddCert(p.proxyCA.Cert)
 	srv.Config.ConnState = func(c net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			f.mu.Lock()
+			f.conns[c.RemoteAddr().String()] = c
+			f.mu.Unlock()
+		}
 		if s == http.StateClosed || s == http.StateHijacked {
 			f.mu.Lock()
 			f.closed[c.RemoteAddr().String()] = true
@@ -309,7 +327,7 @@ func newFakeAPIServerOpts(t testing.TB, p *pki, name, ip string, tick time.Durat
 		}
 	}
 	srv.TLS = &tls.Config{Certificates: []tls.Certificate{p.apiserver.tls(t)}, ClientAuth: tls.VerifyClientCertIfGiven, ClientCAs: proxyPool}
-	if fo.http2 {
+	if !fo.http1Only {
 		srv.EnableHTTP2 = true
 		srv.TLS.NextProtos = []string{"h2", "http/1.1"}
 		srv.Config.HTTP2 = &http.HTTP2Config{MaxConcurrentStreams: int(fo.maxStreams)}

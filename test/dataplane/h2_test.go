@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -16,7 +17,7 @@ import (
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	httpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/protobuf/proto"
@@ -33,23 +34,33 @@ const httpOptionsKey = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 // h2Config is how a test turns the product's apiserver clusters (today explicit HTTP/1.1)
 // into what the product will generate: HTTP/2 with connection_keepalive and ALPN h2.
 type h2Config struct {
-	keepalive *corev3.KeepaliveSettings // nil: none
-	idle      time.Duration             // 0: the product's idle_timeout
-	// http1ALPN keeps the clusters HTTP/1.1 and only sets ALPN http/1.1 (the product's
-	// upgrade clusters).
-	http1ALPN bool
+	keepalive   *corev3.KeepaliveSettings // nil: the product's
+	noKeepalive bool                      // no connection_keepalive at all
+	idle        time.Duration             // 0: the product's idle_timeout
 	// mutate, if set, changes the http2_protocol_options further.
 	mutate func(*corev3.Http2ProtocolOptions)
-	// plainHealthChecks leaves the health checks as they are: their connections then offer
-	// the cluster's ALPN (h2) while the HTTP health checker speaks HTTP/1.1. Without it the
-	// HTTP/2 clusters' health checks get tls_options.alpn_protocols [http/1.1], which the
-	// product must set (TestH2HealthCheckALPN).
+	// plainHealthChecks takes away what the product does for its HTTP/2 clusters' health
+	// checks (tls_options.alpn_protocols [http/1.1] and a health-check socket with ALPN
+	// http/1.1): their connections then offer the cluster's ALPN (h2) while the HTTP health
+	// checker speaks HTTP/1.1 (TestH2HealthCheckALPN).
 	plainHealthChecks bool
+	// noUpgradeRoutes removes the routes' upgrade twins, so that an upgrade reaches an
+	// HTTP/2 cluster (TestH2Upgrade).
+	noUpgradeRoutes bool
 }
 
-// edit applies c to every EDS cluster with explicit HTTP/1.1 options.
+// edit applies c to every EDS cluster with explicit HTTP/2 options (the product's apiserver
+// clusters; their HTTP/1.1 twins stay as they are) and, with noUpgradeRoutes, to the routes.
 func (c h2Config) edit(res *snapshot.Resources) error {
-	for _, r := range res.Clusters {
+	if c.noUpgradeRoutes {
+		rc := proto.Clone(res.Routes[0].(*routev3.RouteConfiguration)).(*routev3.RouteConfiguration)
+		vh := rc.GetVirtualHosts()[0]
+		vh.Routes = slices.DeleteFunc(vh.Routes, func(r *routev3.Route) bool {
+			return strings.Contains(r.GetName(), snapshot.RouteSuffixUpgrade)
+		})
+		res.Routes[0] = rc
+	}
+	for i, r := range res.Clusters {
 		cl := r.(*clusterv3.Cluster)
 		a := cl.GetTypedExtensionProtocolOptions()[httpOptionsKey]
 		if cl.GetType() != clusterv3.Cluster_EDS || a == nil {
@@ -59,19 +70,18 @@ func (c h2Config) edit(res *snapshot.Resources) error {
 		if err := a.UnmarshalTo(o); err != nil {
 			return err
 		}
-		if o.GetExplicitHttpConfig().GetHttpProtocolOptions() == nil {
-			return fmt.Errorf("cluster %s: not explicit HTTP/1.1", cl.GetName())
+		h2 := o.GetExplicitHttpConfig().GetHttp2ProtocolOptions()
+		if h2 == nil {
+			continue
 		}
-		alpn := []string{"h2"}
-		if c.http1ALPN {
-			alpn = []string{"http/1.1"}
-		} else {
-			o.UpstreamProtocolOptions = &httpv3.HttpProtocolOptions_ExplicitHttpConfig_{ExplicitHttpConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig{
-				ProtocolConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_Http2ProtocolOptions{
-					Http2ProtocolOptions: &corev3.Http2ProtocolOptions{ConnectionKeepalive: proto.Clone(c.keepalive).(*corev3.KeepaliveSettings)}}}}
-			if c.mutate != nil {
-				c.mutate(o.GetExplicitHttpConfig().GetHttp2ProtocolOptions())
-			}
+		if c.keepalive != nil {
+			h2.ConnectionKeepalive = proto.Clone(c.keepalive).(*corev3.KeepaliveSettings)
+		}
+		if c.noKeepalive {
+			h2.ConnectionKeepalive = nil
+		}
+		if c.mutate != nil {
+			c.mutate(h2)
 		}
 		if c.idle > 0 {
 			o.CommonHttpProtocolOptions.IdleTimeout = durationpb.New(c.idle)
@@ -83,38 +93,13 @@ func (c h2Config) edit(res *snapshot.Resources) error {
 		// Copies: the clusters share the product's messages.
 		cl = proto.Clone(cl).(*clusterv3.Cluster)
 		cl.TypedExtensionProtocolOptions = map[string]*anypb.Any{httpOptionsKey: packed}
-		sockets := []*corev3.TransportSocket{cl.GetTransportSocket()}
-		for _, m := range cl.GetTransportSocketMatches() {
-			sockets = append(sockets, m.GetTransportSocket())
-		}
-		for _, ts := range sockets {
-			if ts == nil {
-				continue
-			}
-			u := &tlsv3.UpstreamTlsContext{}
-			if err := ts.GetTypedConfig().UnmarshalTo(u); err != nil {
-				return err
-			}
-			if u.CommonTlsContext == nil {
-				u.CommonTlsContext = &tlsv3.CommonTlsContext{}
-			}
-			u.CommonTlsContext.AlpnProtocols = alpn
-			p, err := anypb.New(u)
-			if err != nil {
-				return err
-			}
-			ts.ConfigType = &corev3.TransportSocket_TypedConfig{TypedConfig: p}
-		}
-		if !c.http1ALPN && !c.plainHealthChecks {
+		if c.plainHealthChecks {
+			cl.TransportSocketMatches = nil
 			for _, hc := range cl.GetHealthChecks() {
-				hc.TlsOptions = &corev3.HealthCheck_TlsOptions{AlpnProtocols: []string{"http/1.1"}}
+				hc.TlsOptions, hc.TransportSocketMatchCriteria = nil, nil
 			}
 		}
-		for i, r2 := range res.Clusters {
-			if r2.(*clusterv3.Cluster).GetName() == cl.GetName() {
-				res.Clusters[i] = cl
-			}
-		}
+		res.Clusters[i] = cl
 	}
 	return nil
 }
@@ -141,7 +126,7 @@ func TestH2Multiplexed(t *testing.T) {
 		maxStreams uint32
 	}{{"default", 0}, {"max-streams-2", 2}} {
 		t.Run(tc.name, func(t *testing.T) {
-			e := newEnv(t, envOptions{fake: fakeOptions{http2: true, maxStreams: tc.maxStreams},
+			e := newEnv(t, envOptions{fake: fakeOptions{maxStreams: tc.maxStreams},
 				editResources: h2Config{keepalive: keepalive(10*time.Second, 5*time.Second)}.edit})
 			c := e.client(nil)
 			const path = "/api/v1/namespaces/default/configmaps"
@@ -247,7 +232,7 @@ func TestH2Multiplexed(t *testing.T) {
 // UF. The health checks (ALPN http/1.1) pass; nothing reaches an apiserver but them. (Go's
 // transport would have fallen back to HTTP/1.1 and served the request.)
 func TestH2ALPNMismatch(t *testing.T) {
-	e := newEnv(t, envOptions{editResources: h2Config{}.edit})
+	e := newEnv(t, envOptions{fake: fakeOptions{http1Only: true}})
 	c := e.client(nil)
 	r := e.do(c, "GET", "/api/v1/namespaces/default/configmaps", nil)
 	if r.status != http.StatusServiceUnavailable || !strings.Contains(string(r.body), "connection_failure") {
@@ -266,7 +251,7 @@ func TestH2ALPNMismatch(t *testing.T) {
 // TestH2IdleTimeout: the cluster's idle_timeout closes an HTTP/2 connection that had no
 // stream for that long (Envoy's CodecClient idle timer), and the next request opens a new one.
 func TestH2IdleTimeout(t *testing.T) {
-	e := newEnv(t, envOptions{fake: fakeOptions{http2: true},
+	e := newEnv(t, envOptions{
 		editResources: h2Config{idle: 300 * time.Millisecond}.edit})
 	c := e.client(nil)
 	const path = "/api/v1/namespaces/default/configmaps"
@@ -328,7 +313,7 @@ func upgrade(t *testing.T, e *env, typ string) (*http.Response, net.Conn, *bufio
 // upgrade as before.
 func TestH2Upgrade(t *testing.T) {
 	t.Run("http2-cluster", func(t *testing.T) {
-		e := newEnv(t, envOptions{fake: fakeOptions{http2: true}, editResources: h2Config{}.edit})
+		e := newEnv(t, envOptions{editResources: h2Config{noUpgradeRoutes: true}.edit})
 		for _, typ := range []string{"SPDY/3.1", "websocket"} {
 			resp, _, _ := upgrade(t, e, typ)
 			body, _ := io.ReadAll(resp.Body)
@@ -343,7 +328,7 @@ func TestH2Upgrade(t *testing.T) {
 		}
 	})
 	t.Run("http1-cluster", func(t *testing.T) {
-		e := newEnv(t, envOptions{fake: fakeOptions{http2: true}, editResources: h2Config{http1ALPN: true}.edit})
+		e := newEnv(t, envOptions{}) // the product's: upgrade twins to the HTTP/1.1 clusters
 		for _, typ := range []string{"SPDY/3.1", "websocket"} {
 			resp, conn, br := upgrade(t, e, typ)
 			if resp.StatusCode != 101 {
@@ -461,7 +446,7 @@ func (p *freezeProxy) freeze() {
 func TestH2KeepaliveFrozenUpstream(t *testing.T) {
 	const interval, timeout = 300 * time.Millisecond, 400 * time.Millisecond
 	proxies := map[string]*freezeProxy{}
-	e := newEnv(t, envOptions{fake: fakeOptions{http2: true}, tick: 50 * time.Millisecond, ticks: 100000,
+	e := newEnv(t, envOptions{tick: 50 * time.Millisecond, ticks: 100000,
 		front: func(_ *pki, name, addr string) string {
 			p := newFreezeProxy(t, addr)
 			proxies[name] = p
@@ -612,7 +597,7 @@ func TestH2ConfigNACK(t *testing.T) {
 func TestH2HealthCheckALPN(t *testing.T) {
 	for _, plain := range []bool{true, false} {
 		t.Run(fmt.Sprintf("plain=%v", plain), func(t *testing.T) {
-			e := newEnv(t, envOptions{fake: fakeOptions{http2: true}, editResources: h2Config{plainHealthChecks: plain}.edit})
+			e := newEnv(t, envOptions{editResources: h2Config{plainHealthChecks: plain}.edit})
 			c := e.client(nil)
 			if plain {
 				testutil.WaitFor(t, t.Context(), 10*time.Second, "health checks failed", func() error {
