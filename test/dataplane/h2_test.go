@@ -535,8 +535,11 @@ func TestH2KeepaliveFrozenUpstream(t *testing.T) {
 	if n := e.stat(ka); n == 0 {
 		t.Errorf("no http2.keepalive_timeout counted")
 	}
-	if n := e.stat("cluster.kube-apiservers.upstream_rq_retry") - retriesBefore; n != 1 {
-		t.Errorf("upstream_rq_retry +%d, want 1 (the GET)", n)
+	// The GET's retries only: the POST got its 503 above, which a retry would have replaced.
+	// Every apiserver's connection is frozen here, so the GET's first retry can meet another
+	// frozen connection before the keepalive closed it, and take its second.
+	if n := e.stat("cluster.kube-apiservers.upstream_rq_retry") - retriesBefore; n < 1 || n > 2 {
+		t.Errorf("upstream_rq_retry +%d, want 1 or 2 (the GET's)", n)
 	}
 }
 
