@@ -59,6 +59,7 @@ func TestFrozenAPIServer(t *testing.T) {
 
 	// Watchers: each holds a watch and resumes it from the last resourceVersion when it ends.
 	const watchers = 8
+	var watching atomic.Int64 // watches opened
 	var (
 		mu    sync.Mutex
 		seen  = make([]map[string]time.Time, watchers) // configmap name → when the watcher saw it
@@ -81,10 +82,22 @@ func TestFrozenAPIServer(t *testing.T) {
 						Metadata struct {
 							ResourceVersion string `json:"resourceVersion"`
 						} `json:"metadata"`
+						Items []struct {
+							Metadata struct {
+								Name string `json:"name"`
+							} `json:"metadata"`
+						} `json:"items"`
 					}
 					json.NewDecoder(res.Body).Decode(&list)
 					res.Body.Close()
 					rv = list.Metadata.ResourceVersion
+					mu.Lock()
+					for _, it := range list.Items {
+						if _, ok := seen[i][it.Metadata.Name]; !ok {
+							seen[i][it.Metadata.Name] = time.Now()
+						}
+					}
+					mu.Unlock()
 					continue
 				}
 				req, _ := http.NewRequestWithContext(loadCtx, "GET", base+"?watch=true&allowWatchBookmarks=true&resourceVersion="+rv, nil)
@@ -93,6 +106,7 @@ func TestFrozenAPIServer(t *testing.T) {
 					time.Sleep(200 * time.Millisecond)
 					continue
 				}
+				watching.Add(1)
 				scanner := bufio.NewScanner(res.Body)
 				for scanner.Scan() {
 					var ev struct {
@@ -177,6 +191,7 @@ func TestFrozenAPIServer(t *testing.T) {
 			return true
 		})
 	}
+	testutil.WaitFor(t, ctx, time.Minute, "every watcher has a watch open", testutil.Cond(func() bool { return watching.Load() >= watchers }))
 	mark("before-freeze")
 	testutil.WaitFor(t, ctx, time.Minute, "every watcher sees a configmap created before the freeze", everyoneSaw("before-freeze"))
 	mu.Lock()
