@@ -174,6 +174,14 @@ func (b *builder) apiserverCluster(name string, tls *corev3.TransportSocket, pro
 		TransportSocket:               tls,
 		TypedExtensionProtocolOptions: protocol,
 		CircuitBreakers:               circuitBreakers(),
+		// TCP keepalive on every connection (Envoy sets none by default): a host that
+		// vanished or a cut network closes an HTTP/1.1 upgrade (exec, attach, port-forward)
+		// within about a minute instead of never; HTTP/2 connections have their pings too.
+		UpstreamConnectionOptions: &clusterv3.UpstreamConnectionOptions{TcpKeepalive: &corev3.TcpKeepalive{
+			KeepaliveTime:     wrapperspb.UInt32(30),
+			KeepaliveInterval: wrapperspb.UInt32(10),
+			KeepaliveProbes:   wrapperspb.UInt32(3),
+		}},
 		OutlierDetection: &clusterv3.OutlierDetection{
 			SplitExternalLocalOriginErrors: true,
 			// Two refused connections in a row: the process is not listening (a stopping

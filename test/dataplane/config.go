@@ -804,6 +804,9 @@ type clusterCfg struct {
 	kind           clusterv3.Cluster_DiscoveryType
 	edsName        string
 	connectTimeout time.Duration
+	// tcpKeepalive is upstream_connection_options.tcp_keepalive; nil: Envoy sets no
+	// SO_KEEPALIVE on upstream connections unless configured (Go's dialer would, by default).
+	tcpKeepalive   *net.KeepAliveConfig
 	leastRequest   bool
 	panicThreshold float64 // percent
 	tls            *upstreamTLS
@@ -876,6 +879,16 @@ func durOr(d *durationpb.Duration, def time.Duration) time.Duration {
 	return d.AsDuration()
 }
 
+// dialer dials an upstream connection as Envoy does for the cluster: within connect_timeout,
+// with TCP keepalive only as upstream_connection_options says.
+func (cc *clusterCfg) dialer() net.Dialer {
+	d := net.Dialer{Timeout: cc.connectTimeout, KeepAlive: -1}
+	if cc.tcpKeepalive != nil {
+		d.KeepAliveConfig = *cc.tcpKeepalive
+	}
+	return d
+}
+
 func compileCluster(c *clusterv3.Cluster) (*clusterCfg, error) {
 	stat := c.GetAltStatName()
 	if stat == "" {
@@ -892,6 +905,25 @@ func compileCluster(c *clusterv3.Cluster) (*clusterCfg, error) {
 	}
 	if p := c.GetCommonLbConfig().GetHealthyPanicThreshold(); p != nil {
 		out.panicThreshold = p.GetValue()
+	}
+	if ka := c.GetUpstreamConnectionOptions().GetTcpKeepalive(); ka != nil {
+		// Envoy (Network::SocketOptionFactory::buildTcpKeepaliveOptions): SO_KEEPALIVE on,
+		// and each of TCP_KEEPCNT, TCP_KEEPIDLE, TCP_KEEPINTVL set when given (seconds),
+		// else the system's; -1 leaves Go's dialer at the system's too.
+		secs := func(v interface{ GetValue() uint32 }, set bool) time.Duration {
+			if !set {
+				return -1
+			}
+			return time.Duration(v.GetValue()) * time.Second
+		}
+		count := -1
+		if ka.GetKeepaliveProbes() != nil {
+			count = int(ka.GetKeepaliveProbes().GetValue())
+		}
+		out.tcpKeepalive = &net.KeepAliveConfig{Enable: true,
+			Idle:     secs(ka.GetKeepaliveTime(), ka.GetKeepaliveTime() != nil),
+			Interval: secs(ka.GetKeepaliveInterval(), ka.GetKeepaliveInterval() != nil),
+			Count:    count}
 	}
 	switch out.kind {
 	case clusterv3.Cluster_EDS:

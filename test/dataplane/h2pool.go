@@ -178,7 +178,7 @@ func (p *h2Pool) connect(ctx context.Context, addr string) (*h2Conn, error) {
 	if p.count {
 		p.c.d.stats.inc(p.c.statPrefix() + "upstream_cx_total")
 	}
-	nd := net.Dialer{Timeout: cc.connectTimeout}
+	nd := cc.dialer()
 	conn, err := nd.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, &connectError{err}

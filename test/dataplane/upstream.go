@@ -389,7 +389,7 @@ func (c *liveCluster) newTransport(cc *clusterCfg, socket *upstreamTLS, pool boo
 		if pool {
 			c.d.stats.inc(c.statPrefix() + "upstream_cx_total") // Envoy: connections the pools opened
 		}
-		nd := net.Dialer{Timeout: cc.connectTimeout}
+		nd := cc.dialer()
 		conn, err := nd.DialContext(ctx, "tcp", addr)
 		if err != nil {
 			return nil, &connectError{err}
