@@ -154,7 +154,7 @@ func TestTranslateJSON(t *testing.T) {
 			members[e.ClusterName] += len(l.LbEndpoints)
 		}
 	}
-	if want := map[string]int{"kube-apiservers": 3, "kube-apiservers-serving": 3}; !maps.Equal(members, want) {
+	if want := map[string]int{"kube-apiservers": 3, "kube-apiservers-serving": 3, "kube-apiservers/http1": 3, "kube-apiservers-serving/http1": 3}; !maps.Equal(members, want) {
 		t.Errorf("endpoints per cluster = %v, want %v", members, want)
 	}
 	if !strings.Contains(out, `"kube-apiservers-only-cp-c"`) {

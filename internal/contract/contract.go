@@ -84,6 +84,11 @@ const (
 	// a client certificate it verified. "/" appears in no hostname or apiserver ID, so a twin
 	// never collides with a plan's name.
 	ClusterFrontProxySuffix = "/front-proxy"
+	// ClusterHTTP1Suffix ends the name of the HTTP/1.1 twin of every apiserver cluster
+	// (HTTP1Cluster), for upgrade requests (SPDY and WebSocket exec, attach, port-forward,
+	// proxy, WebSocket watches), which cannot travel over the HTTP/2 the clusters as named
+	// speak to the apiservers.
+	ClusterHTTP1Suffix = "/http1"
 
 	// MetadataLocalAPIServer is the ext_proc stream's gRPC metadata key with which a
 	// sidecar Envoy's routes name the apiserver it runs beside (its ID, as xds-server
@@ -108,5 +113,15 @@ func ClusterNamePart(hostnameOrID string) string {
 }
 
 // FrontProxyCluster is the name of the front-proxy twin of the apiserver cluster named
-// cluster (see ClusterFrontProxySuffix).
-func FrontProxyCluster(cluster string) string { return cluster + ClusterFrontProxySuffix }
+// cluster (see ClusterFrontProxySuffix); of an HTTP/1.1 twin, the HTTP/1.1 twin of the
+// front-proxy twin ("kube-apiservers/front-proxy/http1").
+func FrontProxyCluster(cluster string) string {
+	if base, ok := strings.CutSuffix(cluster, ClusterHTTP1Suffix); ok {
+		return base + ClusterFrontProxySuffix + ClusterHTTP1Suffix
+	}
+	return cluster + ClusterFrontProxySuffix
+}
+
+// HTTP1Cluster is the name of the HTTP/1.1 twin of the apiserver cluster named cluster (see
+// ClusterHTTP1Suffix).
+func HTTP1Cluster(cluster string) string { return cluster + ClusterHTTP1Suffix }

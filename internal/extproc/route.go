@@ -104,14 +104,17 @@ type route struct {
 	lb *structpb.Struct
 	// set holds the routing header naming cluster (and x-kubernetes-peer-proxied for a
 	// subset); frontProxySet the same for the cluster's front-proxy twin, for requests with
-	// identity headers.
+	// identity headers; upgrade the same two for the clusters' HTTP/1.1 twins, for requests
+	// that ask for a protocol upgrade.
 	set, frontProxySet []*corev3.HeaderValueOption
+	upgrade            struct{ set, frontProxySet []*corev3.HeaderValueOption }
 	// removals are the table's fixedRemovals.
 	removals []string
 	// resp is the whole answer for a request without client identity or client-supplied
 	// extra headers to remove; for Unavailable, the immediate 503 for every request.
 	// frontProxyResp is the answer for a request whose identity the Lua filter set.
 	resp, frontProxyResp *extprocv3.ProcessingResponse
+	upgradeResp          struct{ resp, frontProxyResp *extprocv3.ProcessingResponse }
 
 	labels      [4]string
 	counterOnce sync.Once
@@ -136,16 +139,22 @@ func newRoute(d plan.Route, m *metrics, removals []string) *route {
 		r.cluster = contract.ClusterServingSets
 		r.lb = servingSetMetadata(d.Cluster)
 	}
-	r.set = []*corev3.HeaderValueOption{setHeader(contract.HeaderRoutingCluster, r.cluster, false)}
-	r.frontProxySet = []*corev3.HeaderValueOption{setHeader(contract.HeaderRoutingCluster, contract.FrontProxyCluster(r.cluster), false)}
-	if d.Outcome == topology.Subset {
-		// An apiserver that runs upstream's in-process MVP must not proxy the request again.
-		peerProxied := setHeader(contract.HeaderPeerProxied, "true", false)
-		r.set = append(r.set, peerProxied)
-		r.frontProxySet = append(r.frontProxySet, peerProxied)
+	naming := func(cluster string) []*corev3.HeaderValueOption {
+		set := []*corev3.HeaderValueOption{setHeader(contract.HeaderRoutingCluster, cluster, false)}
+		if d.Outcome == topology.Subset {
+			// An apiserver that runs upstream's in-process MVP must not proxy the request again.
+			set = append(set, setHeader(contract.HeaderPeerProxied, "true", false))
+		}
+		return set
 	}
+	r.set = naming(r.cluster)
+	r.frontProxySet = naming(contract.FrontProxyCluster(r.cluster))
+	r.upgrade.set = naming(contract.HTTP1Cluster(r.cluster))
+	r.upgrade.frontProxySet = naming(contract.FrontProxyCluster(contract.HTTP1Cluster(r.cluster)))
 	r.resp = headersResponse(r.set, r.removals, r.lb)
 	r.frontProxyResp = headersResponse(r.frontProxySet, frontProxyRemovals, r.lb)
+	r.upgradeResp.resp = headersResponse(r.upgrade.set, r.removals, r.lb)
+	r.upgradeResp.frontProxyResp = headersResponse(r.upgrade.frontProxySet, frontProxyRemovals, r.lb)
 	return r
 }
 
@@ -155,9 +164,13 @@ func (r *route) count() {
 }
 
 // response is r's answer for a request with its own credentials and client-supplied extra
-// headers to remove (extras, lower-case names).
-func (r *route) response(extras []string) *extprocv3.ProcessingResponse {
-	return headersResponse(r.set, r.withExtras(extras), r.lb)
+// headers to remove (extras, lower-case names); upgrade: it asks for a protocol upgrade.
+func (r *route) response(extras []string, upgrade bool) *extprocv3.ProcessingResponse {
+	set := r.set
+	if upgrade {
+		set = r.upgrade.set
+	}
+	return headersResponse(set, r.withExtras(extras), r.lb)
 }
 
 func (r *route) withExtras(extras []string) []string {

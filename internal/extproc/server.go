@@ -210,6 +210,7 @@ func (s *Server) requestHeaders(h *extprocv3.HttpHeaders, local string, disc *di
 		method, path        string
 		accept, ifNoneMatch string
 		decision            string
+		upgrade             bool
 		extras              []string
 		stripped            int
 	)
@@ -240,6 +241,9 @@ func (s *Server) requestHeaders(h *extprocv3.HttpHeaders, local string, disc *di
 			ifNoneMatch = headerValue(hv)
 		case equalFold(k, contract.HeaderIdentityDecision):
 			decision = headerValue(hv)
+		case (k[0] == 'u' || k[0] == 'U') && equalFold(k, "upgrade"):
+			// Envoy's routes send it to an HTTP/1.1 cluster (snapshot: upgradeRoute).
+			upgrade = true
 		case anyEqualFold(names.User, k):
 			stripped |= strippedUser
 		case anyEqualFold(names.Group, k):
@@ -292,10 +296,14 @@ func (s *Server) requestHeaders(h *extprocv3.HttpHeaders, local string, disc *di
 	}
 	resp := rt.resp
 	switch {
+	case frontProxy && upgrade:
+		resp = rt.upgradeResp.frontProxyResp
 	case frontProxy:
 		resp = rt.frontProxyResp
 	case len(extras) != 0:
-		resp = rt.response(extras)
+		resp = rt.response(extras, upgrade)
+	case upgrade:
+		resp = rt.upgradeResp.resp
 	}
 	if tb.plans.Discovery != nil && wantsMergedDiscovery(method, path, accept) {
 		*disc = discoveryState{doc: tb.plans.Discovery, ifNoneMatch: ifNoneMatch}

@@ -162,3 +162,39 @@ func TestOtherRequestHeaderNames(t *testing.T) {
 		t.Errorf("routing header %q, want the front-proxy twin", got)
 	}
 }
+
+// TestUpgradeNamesHTTP1Cluster: a request that asks for a protocol upgrade (SPDY or
+// WebSocket: exec, attach, port-forward, a WebSocket watch) is routed to the HTTP/1.1 twin of
+// the cluster decided on (Envoy cannot forward an upgrade over HTTP/2), the front-proxy one
+// for an identity the Lua filter set, with the same serving set and removals as without the
+// upgrade; every other request to the cluster itself.
+func TestUpgradeNamesHTTP1Cluster(t *testing.T) {
+	srv := New(Options{})
+	srv.SetTopology(loadFixture(t, "upgrade.yaml", fixtureNow), "v1")
+	client := serve(t, "unix", srv)
+	alice := []string{contract.HeaderIdentityDecision, contract.IdentityFrontProxy, contract.HeaderRemoteUser, "alice"}
+	for _, c := range []struct {
+		name, path string
+		extra      []string
+		want       want
+	}{
+		{"SPDY exec, serving set", "/apis/batch/v1/namespaces/x/jobs/j", []string{"upgrade", "SPDY/3.1", "connection", "Upgrade"},
+			want{cluster: contract.HTTP1Cluster(contract.ClusterServingSets), subset: true, set: "kube-apiservers-only-cp-a"}},
+		{"WebSocket watch, default cluster", "/api/v1/namespaces/x/pods?watch=true", []string{"Upgrade", "websocket"},
+			want{cluster: contract.HTTP1Cluster(contract.ClusterDefault)}},
+		{"WebSocket, client-certificate identity", "/apis/batch/v1/jobs", append([]string{"upgrade", "websocket"}, alice...),
+			want{cluster: contract.FrontProxyCluster(contract.HTTP1Cluster(contract.ClusterServingSets)), subset: true, set: "kube-apiservers-only-cp-a", frontProxy: true}},
+		{"WebSocket, client-supplied extra to strip", "/apis/batch/v1/jobs", []string{"upgrade", "websocket", "x-remote-extra-foo", "bar"},
+			want{cluster: contract.HTTP1Cluster(contract.ClusterServingSets), subset: true, set: "kube-apiservers-only-cp-a"}},
+		{"no upgrade", "/apis/batch/v1/jobs", nil, subset("kube-apiservers-only-cp-a")},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			req := request("GET", c.path, c.extra...)
+			resp := call(t, client, req)
+			checkResponse(t, req, resp, c.want)
+			if slices.Contains(c.extra, "x-remote-extra-foo") && !slices.Contains(resp.GetRequestHeaders().GetResponse().GetHeaderMutation().GetRemoveHeaders(), "x-remote-extra-foo") {
+				t.Errorf("client-supplied x-remote-extra-foo not removed")
+			}
+		})
+	}
+}

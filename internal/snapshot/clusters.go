@@ -27,7 +27,7 @@ const (
 	apiserverConnectTimeout = 3 * time.Second
 	extProcConnectTimeout   = 1 * time.Second
 	// circuitBreakerLimit bounds connections, pending and active requests per cluster and
-	// priority. Every watch holds one request (and, over HTTP/1.1, one connection) for
+	// priority. Every watch holds one request (one stream; over HTTP/1.1 one connection) for
 	// minutes; Envoy's default of 1024 would cap a control plane at about a thousand watchers.
 	circuitBreakerLimit = 100_000
 	retryLimit          = 10_000
@@ -40,70 +40,105 @@ const (
 	// reset-before-request, not refused-stream, no Retry-After). Closing at 50s, well below
 	// 90s, leaves the race to Envoy's side, where it is harmless.
 	apiserverIdleTimeout = 50 * time.Second
+	// apiserverKeepaliveInterval and apiserverKeepaliveTimeout: every HTTP/2 connection to an
+	// apiserver is pinged this often, and closed when no answer came this long after a ping
+	// (Envoy's connection_keepalive). A frozen (SIGSTOP) or cut-off apiserver keeps its TCP
+	// connections open, the kernel acknowledging them; without pings a watch on it would
+	// never end and a request would wait for the route timeout. Closed, its streams are
+	// reset: reads retry on another apiserver (the read twins retry resets), watches end
+	// and client-go resumes them, meanwhile the health checks take it out.
+	apiserverKeepaliveInterval = 10 * time.Second
+	apiserverKeepaliveTimeout  = 5 * time.Second
 )
 
+// variant holds one thing in the two protocols of the apiserver clusters: HTTP/2 for every
+// request but upgrades, HTTP/1.1 for upgrades.
+type variant[T any] struct{ http2, http1 T }
+
 // healthCheckSocket is the transport_socket_matches entry (and the health check's
-// transport_socket_match_criteria) with which a caller cluster's health checks present the
-// proxy client certificate while its requests present none. No endpoint carries the key in
+// transport_socket_match_criteria) with which every apiserver cluster's health checks speak
+// HTTP/1.1 (ALPN http/1.1, whatever the cluster speaks) and present the proxy client
+// certificate where there is one, while a caller cluster's requests present none. No endpoint carries the key in
 // its envoy.transport_socket_match metadata, so requests always take the cluster's own
 // transport socket.
 const healthCheckSocket = "health-check"
 
 // clusters returns every cluster, sorted by name, and the endpoints of the EDS ones. Each
-// cluster of the plan is emitted twice (contract.ClusterFrontProxySuffix): as named, for
-// requests that carry the caller's own credentials, whose TLS presents no client
-// certificate; and, with a proxy client certificate configured, its front-proxy twin,
-// whose TLS presents it, for requests whose identity extproc set from a client certificate
-// it verified.
+// apiserver cluster (the plan's default or local one, and the serving-sets cluster) is
+// emitted as named, HTTP/2, and as its HTTP/1.1 twin (contract.HTTP1Cluster) for upgrades;
+// each of those as named, for requests that carry the caller's own credentials, whose TLS
+// presents no client certificate, and, with a proxy client certificate configured, as its
+// front-proxy twin (contract.FrontProxyCluster), whose TLS presents it, for requests whose
+// identity the Lua filter set from a client certificate it verified.
 func (b *builder) clusters() ([]*clusterv3.Cluster, []*endpointv3.ClusterLoadAssignment) {
 	what := "apiserver clusters: "
 	// The typed configs shared by every apiserver cluster are packed (and validated) once.
-	asCaller := &corev3.TransportSocket{
-		Name:       tlsTransportSocketName,
-		ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: b.pack(what+"upstream TLS", b.upstreamTLS(false))},
-	}
-	var asFrontProxy *corev3.TransportSocket
-	var healthCheckMatch []*clusterv3.Cluster_TransportSocketMatch
-	var healthCheckCriteria *structpb.Struct
-	if len(b.cfg.Secrets.ProxyClientCert) > 0 {
-		asFrontProxy = &corev3.TransportSocket{
+	socket := func(label string, asFrontProxy bool, alpn string) *corev3.TransportSocket {
+		return &corev3.TransportSocket{
 			Name:       tlsTransportSocketName,
-			ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: b.pack(what+"upstream TLS with the proxy certificate", b.upstreamTLS(true))},
+			ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: b.pack(what+label, b.upstreamTLS(asFrontProxy, alpn))},
 		}
-		healthCheckCriteria = &structpb.Struct{Fields: map[string]*structpb.Value{"kube-mvp": structpb.NewStringValue(healthCheckSocket)}}
-		healthCheckMatch = []*clusterv3.Cluster_TransportSocketMatch{{
-			Name:            healthCheckSocket,
-			Match:           healthCheckCriteria,
-			TransportSocket: asFrontProxy,
-		}}
 	}
-	http1 := map[string]*anypb.Any{httpProtocolOptionsKey: b.pack(what+"HTTP protocol options", &httpv3.HttpProtocolOptions{
-		CommonHttpProtocolOptions: &corev3.HttpProtocolOptions{IdleTimeout: durationpb.New(apiserverIdleTimeout)},
-		UpstreamProtocolOptions: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_{ExplicitHttpConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig{
-			ProtocolConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_HttpProtocolOptions{HttpProtocolOptions: &corev3.Http1ProtocolOptions{}},
-		}},
-	})}
+	proxyCert := len(b.cfg.Secrets.ProxyClientCert) > 0
+	asCaller := variant[*corev3.TransportSocket]{socket("upstream TLS", false, "h2"), socket("upstream TLS, HTTP/1.1", false, "http/1.1")}
+	var asFrontProxy variant[*corev3.TransportSocket]
+	if proxyCert {
+		asFrontProxy = variant[*corev3.TransportSocket]{socket("upstream TLS with the proxy certificate", true, "h2"), socket("upstream TLS with the proxy certificate, HTTP/1.1", true, "http/1.1")}
+	}
+	// Health checks speak HTTP/1.1 (the checker's codec) over a socket of their own: the
+	// proxy certificate where there is one (the check asks as the health-check user), ALPN
+	// http/1.1 whatever the cluster speaks. No endpoint carries the match label, so requests
+	// keep the cluster's own socket.
+	healthCheckCriteria := &structpb.Struct{Fields: map[string]*structpb.Value{"kube-mvp": structpb.NewStringValue(healthCheckSocket)}}
+	hc := asCaller.http1
+	if proxyCert {
+		hc = asFrontProxy.http1
+	}
+	healthCheckMatch := []*clusterv3.Cluster_TransportSocketMatch{{Name: healthCheckSocket, Match: healthCheckCriteria, TransportSocket: hc}}
+	common := &corev3.HttpProtocolOptions{IdleTimeout: durationpb.New(apiserverIdleTimeout)}
+	protocols := variant[*anypb.Any]{
+		http2: b.pack(what+"HTTP/2 protocol options", &httpv3.HttpProtocolOptions{
+			CommonHttpProtocolOptions: common,
+			UpstreamProtocolOptions: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_{ExplicitHttpConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig{
+				ProtocolConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_Http2ProtocolOptions{Http2ProtocolOptions: &corev3.Http2ProtocolOptions{
+					ConnectionKeepalive: &corev3.KeepaliveSettings{
+						Interval: durationpb.New(apiserverKeepaliveInterval),
+						Timeout:  durationpb.New(apiserverKeepaliveTimeout),
+					},
+				}},
+			}},
+		}),
+		http1: b.pack(what+"HTTP/1.1 protocol options", &httpv3.HttpProtocolOptions{
+			CommonHttpProtocolOptions: common,
+			UpstreamProtocolOptions: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_{ExplicitHttpConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig{
+				ProtocolConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_HttpProtocolOptions{HttpProtocolOptions: &corev3.Http1ProtocolOptions{}},
+			}},
+		}),
+	}
 	addrs := b.endpointAddresses()
 
 	var clusters []*clusterv3.Cluster
 	var cla []*endpointv3.ClusterLoadAssignment
-	// add emits cluster c with endpoints lb, and its front-proxy twin.
-	add := func(c *clusterv3.Cluster, lb []*endpointv3.LbEndpoint) {
-		assignment := func(name string) *endpointv3.ClusterLoadAssignment {
-			a := &endpointv3.ClusterLoadAssignment{ClusterName: name}
-			if len(lb) > 0 {
-				a.Endpoints = []*endpointv3.LocalityLbEndpoints{{LbEndpoints: lb}}
-			}
-			return a
+	// add emits the cluster named name with endpoints lb: HTTP/2 as named, its HTTP/1.1 twin,
+	// and the front-proxy twins of both.
+	add := func(name string, lb []*endpointv3.LbEndpoint, subsets *clusterv3.Cluster_LbSubsetConfig) {
+		a := &endpointv3.ClusterLoadAssignment{}
+		if len(lb) > 0 {
+			a.Endpoints = []*endpointv3.LocalityLbEndpoints{{LbEndpoints: lb}}
 		}
-		name := c.Name
-		c.TransportSocketMatches = healthCheckMatch
-		c.HealthChecks[0].TransportSocketMatchCriteria = healthCheckCriteria
-		clusters, cla = append(clusters, c), append(cla, assignment(name))
-		if asFrontProxy != nil {
-			twin := b.apiserverCluster(contract.FrontProxyCluster(name), asFrontProxy, http1)
-			twin.LbSubsetConfig = c.LbSubsetConfig
-			clusters, cla = append(clusters, twin), append(cla, assignment(twin.Name))
+		emit := func(name string, tls *corev3.TransportSocket, protocol *anypb.Any) {
+			c := b.apiserverCluster(name, tls, map[string]*anypb.Any{httpProtocolOptionsKey: protocol})
+			c.LbSubsetConfig = subsets
+			c.TransportSocketMatches = healthCheckMatch
+			c.HealthChecks[0].TransportSocketMatchCriteria = healthCheckCriteria
+			assignment := &endpointv3.ClusterLoadAssignment{ClusterName: name, Endpoints: a.Endpoints}
+			clusters, cla = append(clusters, c), append(cla, assignment)
+		}
+		emit(name, asCaller.http2, protocols.http2)
+		emit(contract.HTTP1Cluster(name), asCaller.http1, protocols.http1)
+		if proxyCert {
+			emit(contract.FrontProxyCluster(name), asFrontProxy.http2, protocols.http2)
+			emit(contract.FrontProxyCluster(contract.HTTP1Cluster(name)), asFrontProxy.http1, protocols.http1)
 		}
 	}
 	for _, c := range b.p.Clusters {
@@ -116,11 +151,9 @@ func (b *builder) clusters() ([]*clusterv3.Cluster, []*endpointv3.ClusterLoadAss
 				lb = append(lb, e)
 			}
 		}
-		add(b.apiserverCluster(c.Name, asCaller, http1), lb)
+		add(c.Name, lb, nil)
 	}
-	serving := b.apiserverCluster(contract.ClusterServingSets, asCaller, http1)
-	serving.LbSubsetConfig = servingSetsSubsets
-	add(serving, b.servingSetEndpoints(addrs))
+	add(contract.ClusterServingSets, b.servingSetEndpoints(addrs), servingSetsSubsets)
 	clusters = append(clusters, b.extProcCluster())
 	slices.SortFunc(clusters, func(a, b *clusterv3.Cluster) int { return strings.Compare(a.GetName(), b.GetName()) })
 	slices.SortFunc(cla, func(a, b *endpointv3.ClusterLoadAssignment) int {
@@ -131,7 +164,7 @@ func (b *builder) clusters() ([]*clusterv3.Cluster, []*endpointv3.ClusterLoadAss
 
 // apiserverCluster is the EDS cluster name of an apiserver cluster of the plan, with
 // transport socket tls: the same resource whoever is inside it.
-func (b *builder) apiserverCluster(name string, tls *corev3.TransportSocket, http1 map[string]*anypb.Any) *clusterv3.Cluster {
+func (b *builder) apiserverCluster(name string, tls *corev3.TransportSocket, protocol map[string]*anypb.Any) *clusterv3.Cluster {
 	return &clusterv3.Cluster{
 		Name:                          name,
 		ClusterDiscoveryType:          &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS},
@@ -139,8 +172,16 @@ func (b *builder) apiserverCluster(name string, tls *corev3.TransportSocket, htt
 		ConnectTimeout:                durationpb.New(apiserverConnectTimeout),
 		LbPolicy:                      clusterv3.Cluster_LEAST_REQUEST,
 		TransportSocket:               tls,
-		TypedExtensionProtocolOptions: http1,
+		TypedExtensionProtocolOptions: protocol,
 		CircuitBreakers:               circuitBreakers(),
+		// TCP keepalive on every connection (Envoy sets none by default): a host that
+		// vanished or a cut network closes an HTTP/1.1 upgrade (exec, attach, port-forward)
+		// within about a minute instead of never; HTTP/2 connections have their pings too.
+		UpstreamConnectionOptions: &clusterv3.UpstreamConnectionOptions{TcpKeepalive: &corev3.TcpKeepalive{
+			KeepaliveTime:     wrapperspb.UInt32(30),
+			KeepaliveInterval: wrapperspb.UInt32(10),
+			KeepaliveProbes:   wrapperspb.UInt32(3),
+		}},
 		OutlierDetection: &clusterv3.OutlierDetection{
 			SplitExternalLocalOriginErrors: true,
 			// Two refused connections in a row: the process is not listening (a stopping
@@ -159,8 +200,15 @@ func (b *builder) apiserverCluster(name string, tls *corev3.TransportSocket, htt
 			SuccessfulActiveHealthCheckUnejectHost: wrapperspb.Bool(true),
 		},
 		HealthChecks: []*corev3.HealthCheck{{
-			Timeout:  durationpb.New(2 * time.Second),
-			Interval: durationpb.New(5 * time.Second),
+			// The checker speaks HTTP/1.1 (its codec_client_type default) even on an HTTP/2
+			// cluster, and its connections offer the ALPN of the socket they use unless told
+			// otherwise (source/common/upstream/health_checker_impl.cc,
+			// initTransportSocketOptions): an apiserver offered h2 would take its HTTP/1.1
+			// request for a broken HTTP/2 preface. The health-check socket
+			// (transport_socket_matches) offers http/1.1 too; this holds where it is not used.
+			TlsOptions: &corev3.HealthCheck_TlsOptions{AlpnProtocols: []string{"http/1.1"}},
+			Timeout:    durationpb.New(2 * time.Second),
+			Interval:   durationpb.New(5 * time.Second),
 			// An unhealthy host is checked every second (Envoy: HealthCheckerImplBase::interval
 			// takes unhealthy_interval, or no_traffic_interval for a cluster that never had a
 			// connection): a restarted apiserver takes requests about a second after it is

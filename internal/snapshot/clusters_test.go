@@ -38,25 +38,27 @@ func TestClusterResourcesIgnoreMembership(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var caller, twin *clusterv3.Cluster
+			// One reference per kind: as named or front-proxy twin, HTTP/2 or HTTP/1.1.
+			type kind struct{ frontProxy, http1 bool }
+			refs := map[kind]*clusterv3.Cluster{}
 			for n, c := range apiserverClusters(res) {
-				if serving := strings.TrimSuffix(n, contract.ClusterFrontProxySuffix) == contract.ClusterServingSets; serving != (c.GetLbSubsetConfig() != nil) {
+				base, http1 := strings.CutSuffix(n, contract.ClusterHTTP1Suffix)
+				base, frontProxy := strings.CutSuffix(base, contract.ClusterFrontProxySuffix)
+				if serving := base == contract.ClusterServingSets; serving != (c.GetLbSubsetConfig() != nil) {
 					t.Errorf("cluster %s: subset load balancing %v", n, c.GetLbSubsetConfig())
 				}
-				ref := &caller
-				if strings.HasSuffix(n, contract.ClusterFrontProxySuffix) {
-					ref = &twin
-				}
-				if *ref == nil {
-					*ref = c
+				k := kind{frontProxy, http1}
+				ref := refs[k]
+				if ref == nil {
+					refs[k] = c
 					continue
 				}
 				// The serving-sets cluster and its twin differ from the others in their
 				// subset load balancing only.
-				x, y := proto.Clone(c).(*clusterv3.Cluster), proto.Clone(*ref).(*clusterv3.Cluster)
+				x, y := proto.Clone(c).(*clusterv3.Cluster), proto.Clone(ref).(*clusterv3.Cluster)
 				x.Name, x.LbSubsetConfig, y.LbSubsetConfig = y.GetName(), nil, nil
 				if !proto.Equal(x, y) {
-					t.Errorf("cluster %s differs from %s in more than its name", n, (*ref).GetName())
+					t.Errorf("cluster %s differs from %s in more than its name", n, ref.GetName())
 				}
 			}
 		})

@@ -164,10 +164,10 @@
 // GET and HEAD also retry "reset", on read twins: every route but the long-running twins and
 // "escaped-path" comes right after "<name>:read" (readRoute), the same route with a :method
 // match of GET|HEAD, an inverted :path match of targets with an escape or a leading "//"
-// (whose long-running paths no twin regex sees), and "reset" added to retry_on. An apiserver closing a kept-alive
-// HTTP/1.1 connection (a stopping apiserver closes its idle connections) can meet a request
-// Envoy just wrote on it: a reset after the request was sent, which only "reset" retries, and
-// which is safe to retry only for reads. Exec, attach, portforward and proxy (which run
+// (whose long-running paths no twin regex sees), and "reset" added to retry_on. A connection
+// that ends under a request Envoy just wrote (an apiserver closing a kept-alive connection;
+// the keepalive pings closing one to a frozen apiserver) is a reset after the request was
+// sent, which only "reset" retries, and which is safe to retry only for reads. Exec, attach, portforward and proxy (which run
 // something even as a GET) match a long-running twin first; every other verb keeps the
 // policy above, which retries nothing an apiserver may have executed.
 //
@@ -197,7 +197,13 @@
 //     verified client certificate. The proxy certificate never turns a request into anyone.
 //   - All apiserver clusters: EDS over ADS; upstream TLS from SDS (the peer CA
 //     kube-mvp-peer-ca with a DNS SAN match on UpstreamServerName; SNI UpstreamServerName);
-//     explicit HTTP/1.1 (SPDY upgrades need it), with an upstream idle_timeout of 50s, below
+//     explicit HTTP/2 with keepalive pings (connection_keepalive every 10s, closed when no
+//     answer came within 5s: a frozen or cut-off apiserver keeps its TCP connections open,
+//     and a watch on one would never end), ALPN h2, and an HTTP/1.1 twin of each cluster
+//     ("<name>/http1", ALPN http/1.1) for upgrades (SPDY and WebSocket cannot be forwarded over
+//     HTTP/2 without extended CONNECT), which each route's ":upgrade" twin and extproc name;
+//     health checks speak HTTP/1.1 over a socket of their own (transport_socket_matches);
+//     an upstream idle_timeout of 50s, below
 //     the apiservers' own 90s, so an idle connection is closed by Envoy, never by the
 //     apiserver under a request Envoy just wrote (a 503 UC no retry policy covers); LEAST_REQUEST balancing (long watches make
 //     request counts, not round robin, the fair measure); circuit breakers at 100000

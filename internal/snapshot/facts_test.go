@@ -317,6 +317,10 @@ func TestRoutingFacts(t *testing.T) {
 				live = []string{}
 			}
 			wantMembers[contract.ClusterServingSets], wantMembers[contract.FrontProxyCluster(contract.ClusterServingSets)] = live, live
+			// Each with its HTTP/1.1 twin, for upgrades.
+			for c, m := range maps.Clone(wantMembers) {
+				wantMembers[contract.HTTP1Cluster(c)] = m
+			}
 			if got := readMembers(res); !maps.EqualFunc(got, wantMembers, slices.Equal) {
 				t.Errorf("cluster members = %v, want %v", got, wantMembers)
 			}
@@ -433,29 +437,21 @@ func TestProxyCertificateOnlyWithOurIdentity(t *testing.T) {
 					names = append(names, pc.Name)
 				}
 			}
-			for _, name := range names {
-				pc := plan.Cluster{Name: name}
-				c := byName[pc.Name]
-				if c == nil {
-					t.Fatalf("cluster %s missing", pc.Name)
+			alpnOf := func(ts *corev3.TransportSocket) []string {
+				var tls tlsv3.UpstreamTlsContext
+				if err := ts.GetTypedConfig().UnmarshalTo(&tls); err != nil {
+					t.Fatal(err)
 				}
-				if got := certOf(c.GetTransportSocket()); got != "" {
-					t.Errorf("%s presents %s to the apiservers; want no client certificate", pc.Name, got)
-				}
-				twin := byName[contract.FrontProxyCluster(pc.Name)]
-				if !withCert {
-					if twin != nil || len(c.GetTransportSocketMatches()) != 0 {
-						t.Errorf("without a proxy certificate: twin %v, transport socket matches %v", twin != nil, c.GetTransportSocketMatches())
-					}
-					continue
-				}
-				if twin == nil || certOf(twin.GetTransportSocket()) != snapshot.SecretProxyClientCert || len(twin.GetTransportSocketMatches()) != 0 {
-					t.Fatalf("front-proxy twin of %s: %v; want one presenting %s", pc.Name, twin, snapshot.SecretProxyClientCert)
-				}
-				// The caller cluster's health checks resolve to the proxy certificate as Envoy's
-				// TransportSocketMatcher would: the first match whose labels all equal the criteria's.
+				return tls.GetCommonTlsContext().GetAlpnProtocols()
+			}
+			// healthCheckSocket is the socket c's health checks resolve to as Envoy's
+			// TransportSocketMatcher would: the first match whose labels all equal the
+			// criteria's, else the cluster's own.
+			healthCheckSocket := func(c *clusterv3.Cluster) *corev3.TransportSocket {
 				crit := c.GetHealthChecks()[0].GetTransportSocketMatchCriteria()
-				var resolved *corev3.TransportSocket
+				if crit == nil {
+					return c.GetTransportSocket()
+				}
 				for _, m := range c.GetTransportSocketMatches() {
 					ok := true
 					for k, v := range m.GetMatch().GetFields() {
@@ -464,12 +460,47 @@ func TestProxyCertificateOnlyWithOurIdentity(t *testing.T) {
 						}
 					}
 					if ok {
-						resolved = m.GetTransportSocket()
-						break
+						return m.GetTransportSocket()
 					}
 				}
-				if crit == nil || resolved == nil || certOf(resolved) != snapshot.SecretProxyClientCert {
-					t.Errorf("%s: health checks do not present the proxy certificate (criteria %v)", pc.Name, crit)
+				return c.GetTransportSocket()
+			}
+			wantCheckCert := ""
+			if withCert {
+				wantCheckCert = snapshot.SecretProxyClientCert
+			}
+			for _, base := range names {
+				for _, name := range []string{base, contract.HTTP1Cluster(base)} {
+					alpn := []string{"h2"}
+					if name != base {
+						alpn = []string{"http/1.1"}
+					}
+					c := byName[name]
+					if c == nil {
+						t.Fatalf("cluster %s missing", name)
+					}
+					if got := certOf(c.GetTransportSocket()); got != "" || !slices.Equal(alpnOf(c.GetTransportSocket()), alpn) {
+						t.Errorf("%s presents %q to the apiservers with ALPN %v; want no client certificate, ALPN %v", name, got, alpnOf(c.GetTransportSocket()), alpn)
+					}
+					twin := byName[contract.FrontProxyCluster(name)]
+					if withCert != (twin != nil) {
+						t.Fatalf("with a proxy certificate %v: front-proxy twin of %s %v", withCert, name, twin != nil)
+					}
+					check := []*clusterv3.Cluster{c}
+					if twin != nil {
+						if certOf(twin.GetTransportSocket()) != snapshot.SecretProxyClientCert || !slices.Equal(alpnOf(twin.GetTransportSocket()), alpn) {
+							t.Errorf("front-proxy twin of %s: want one presenting %s with ALPN %v", name, snapshot.SecretProxyClientCert, alpn)
+						}
+						check = append(check, twin)
+					}
+					// Health checks speak HTTP/1.1 whatever the cluster speaks, with the proxy
+					// certificate when there is one (they ask as the health-check user).
+					for _, c := range check {
+						hc := healthCheckSocket(c)
+						if certOf(hc) != wantCheckCert || !slices.Equal(alpnOf(hc), []string{"http/1.1"}) {
+							t.Errorf("%s: health checks present %q with ALPN %v; want %q and http/1.1", c.GetName(), certOf(hc), alpnOf(hc), wantCheckCert)
+						}
+					}
 				}
 			}
 		})
@@ -565,10 +596,10 @@ func TestLongRunningRoutes(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			// The front-proxy twins (TestRoutingFacts) and the undecided-identity route, which
-			// forwards nothing, aside.
+			// The front-proxy twins (TestRoutingFacts), the upgrade twins (TestUpgradeRoutes)
+			// and the undecided-identity route, which forwards nothing, aside.
 			routes := slices.DeleteFunc(slices.Clone(res.Routes[0].(*routev3.RouteConfiguration).GetVirtualHosts()[0].GetRoutes()), func(r *routev3.Route) bool {
-				return strings.HasSuffix(r.GetName(), snapshot.RouteSuffixFrontProxy) || r.GetName() == snapshot.RouteIdentityUndecided
+				return strings.HasSuffix(r.GetName(), snapshot.RouteSuffixFrontProxy) || strings.HasSuffix(r.GetName(), snapshot.RouteSuffixUpgrade) || r.GetName() == snapshot.RouteIdentityUndecided
 			})
 			bases, untwinned := 0, 0
 			for i, r := range routes {
@@ -681,10 +712,70 @@ func TestLongRunningRoutes(t *testing.T) {
 	}
 }
 
-// isTwin says whether a route name is a long-running or read twin's.
+// isTwin says whether a route name is an upgrade, long-running or read twin's.
 func isTwin(name string) bool {
 	return strings.HasSuffix(name, snapshot.RouteSuffixWatch) || strings.HasSuffix(name, snapshot.RouteSuffixLongRunning) ||
-		strings.HasSuffix(name, snapshot.RouteSuffixRead) || strings.HasSuffix(name, snapshot.RouteSuffixEscapedPath)
+		strings.HasSuffix(name, snapshot.RouteSuffixRead) || strings.HasSuffix(name, snapshot.RouteSuffixEscapedPath) ||
+		strings.HasSuffix(name, snapshot.RouteSuffixUpgrade)
+}
+
+// TestUpgradeRoutes: every forwarding route's upgrade twin is the first of its twins (before its escaped-path, long-running and read
+// twins, which an upgrade request must not take), matches what the route matches when the
+// request has an Upgrade header, goes to the HTTP/1.1 twin of the route's cluster (or, on the
+// extproc-decided route, to the cluster extproc names), never times out, and keeps the
+// route's retry policy (none of whose conditions retries a request an apiserver received).
+func TestUpgradeRoutes(t *testing.T) {
+	for _, name := range fixtures.Names(t) {
+		t.Run(name, func(t *testing.T) {
+			res, err := snapshot.Build(mustPlan(t, loadCase(t, name)), testConfig())
+			if err != nil {
+				t.Fatal(err)
+			}
+			routes := slices.DeleteFunc(slices.Clone(res.Routes[0].(*routev3.RouteConfiguration).GetVirtualHosts()[0].GetRoutes()), func(r *routev3.Route) bool {
+				return strings.HasSuffix(r.GetName(), snapshot.RouteSuffixFrontProxy) || r.GetName() == snapshot.RouteIdentityUndecided
+			})
+			upgrades := 0
+			for i, r := range routes {
+				base, ok := strings.CutSuffix(r.GetName(), snapshot.RouteSuffixUpgrade)
+				if !ok {
+					continue
+				}
+				upgrades++
+				// The next routes up to base itself are base's other twins.
+				j := i + 1
+				for j < len(routes) && routes[j].GetName() != base {
+					if !strings.HasPrefix(routes[j].GetName(), base+":") {
+						t.Errorf("%s: %s between it and %s", r.GetName(), routes[j].GetName(), base)
+					}
+					j++
+				}
+				if j == len(routes) {
+					t.Fatalf("%s: no route %s after it", r.GetName(), base)
+				}
+				b := routes[j]
+				hs := r.GetMatch().GetHeaders()
+				if len(hs) == 0 || hs[len(hs)-1].GetName() != "upgrade" || !hs[len(hs)-1].GetPresentMatch() ||
+					!proto.Equal(&routev3.RouteMatch{PathSpecifier: r.GetMatch().GetPathSpecifier(), Headers: hs[:len(hs)-1]}, &routev3.RouteMatch{PathSpecifier: b.GetMatch().GetPathSpecifier(), Headers: b.GetMatch().GetHeaders()}) {
+					t.Errorf("%s matches %v, want %s's match and an Upgrade header", r.GetName(), r.GetMatch(), base)
+				}
+				a, ba := r.GetRoute(), b.GetRoute()
+				switch want := ba.GetCluster(); {
+				case want == "":
+					if a.GetClusterHeader() != contract.HeaderRoutingCluster || base != snapshot.RouteRoutingHeader {
+						t.Errorf("%s: cluster specifier %v", r.GetName(), a.GetClusterSpecifier())
+					}
+				case a.GetCluster() != contract.HTTP1Cluster(want):
+					t.Errorf("%s goes to %s, want %s", r.GetName(), a.GetCluster(), contract.HTTP1Cluster(want))
+				}
+				if a.GetTimeout().AsDuration() != 0 || !proto.Equal(a.GetRetryPolicy(), ba.GetRetryPolicy()) {
+					t.Errorf("%s: timeout %v, retry policy %v; want none and %s's", r.GetName(), a.GetTimeout().AsDuration(), a.GetRetryPolicy(), base)
+				}
+			}
+			if upgrades == 0 {
+				t.Error("no upgrade routes")
+			}
+		})
+	}
 }
 
 // TestReadRoutes: every route but the long-running twins and the escaped-path route comes
@@ -702,9 +793,10 @@ func TestReadRoutes(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			// The front-proxy twins (TestRoutingFacts) and the undecided-identity route aside.
+			// The front-proxy twins (TestRoutingFacts), the upgrade twins (TestUpgradeRoutes)
+			// and the undecided-identity route aside.
 			routes := slices.DeleteFunc(slices.Clone(res.Routes[0].(*routev3.RouteConfiguration).GetVirtualHosts()[0].GetRoutes()), func(r *routev3.Route) bool {
-				return strings.HasSuffix(r.GetName(), snapshot.RouteSuffixFrontProxy) || r.GetName() == snapshot.RouteIdentityUndecided
+				return strings.HasSuffix(r.GetName(), snapshot.RouteSuffixFrontProxy) || strings.HasSuffix(r.GetName(), snapshot.RouteSuffixUpgrade) || r.GetName() == snapshot.RouteIdentityUndecided
 			})
 			index := map[string]int{}
 			for i, r := range routes {

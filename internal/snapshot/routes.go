@@ -231,6 +231,8 @@ func (b *builder) routeConfiguration() *routev3.RouteConfiguration {
 			}
 			forwarding = append(forwarding, readRoute(r, readRetry), r)
 		}
+		// Upgrades first: whatever else the request is, it must reach an HTTP/1.1 cluster.
+		forwarding = append([]*routev3.Route{upgradeRoute(r)}, forwarding...)
 		for _, f := range forwarding {
 			// extproc names the front-proxy twin itself on the extproc-decided routes.
 			if clientCertificates && r.GetName() != RouteRoutingHeader {
@@ -385,6 +387,33 @@ func longRunningRoutes(r *routev3.Route) (watch, longRunning *routev3.Route) {
 	return watch, lr
 }
 
+// RouteSuffixUpgrade is the suffix of the name of a route's upgrade twin (upgradeRoute).
+const RouteSuffixUpgrade = ":upgrade"
+
+// upgradeRoute is the twin of r, to go before all of r's other twins, for requests that ask
+// for a protocol upgrade (an Upgrade header: SPDY or WebSocket exec, attach, port-forward,
+// proxy, a WebSocket watch): to the HTTP/1.1 twin of r's cluster (contract.HTTP1Cluster),
+// since an HTTP/1 upgrade cannot be forwarded over the HTTP/2 the clusters as named speak
+// (Envoy would need extended CONNECT, which the apiservers do not offer), with no timeout (the
+// apiserver treats every upgrade as long-running). On the extproc-decided route the cluster
+// comes from the routing header, in which extproc names the HTTP/1.1 twin for an upgrade.
+func upgradeRoute(r *routev3.Route) *routev3.Route {
+	c := twin(r, RouteSuffixUpgrade)
+	c.Match.Headers = append(slices.Clip(c.Match.Headers), upgradeRequested)
+	c.GetRoute().Timeout = durationpb.New(0)
+	if cs, ok := r.GetRoute().GetClusterSpecifier().(*routev3.RouteAction_Cluster); ok {
+		c.GetRoute().ClusterSpecifier = &routev3.RouteAction_Cluster{Cluster: contract.HTTP1Cluster(cs.Cluster)}
+	}
+	return c
+}
+
+// upgradeRequested matches a request that asks for a protocol upgrade. Shared by every
+// upgrade route: never modified.
+var upgradeRequested = &routev3.HeaderMatcher{
+	Name:                 "upgrade",
+	HeaderMatchSpecifier: &routev3.HeaderMatcher_PresentMatch{PresentMatch: true},
+}
+
 // RouteSuffixEscapedPath is the suffix of the extproc-decided route's twin for escaped paths,
 // which has no timeout.
 const RouteSuffixEscapedPath = ":escaped-path"
@@ -401,9 +430,9 @@ const RouteSuffixRead = ":read"
 // regexes read the path as received, so "/api/v1/namespaces/n/pods/p/%65xec", an exec to
 // the apiserver, which decodes it, would otherwise reach a read twin once extproc routed it.
 //
-// Why: an apiserver closing a kept-alive HTTP/1.1 connection (idle close, or the idle
-// connections a stopping apiserver closes in http.Server.Shutdown) can meet a request Envoy
-// just wrote on it. That is a reset after the request was sent, and none of the conditions
+// Why: an apiserver closing a kept-alive connection (idle close, or the idle connections a
+// stopping apiserver closes in http.Server.Shutdown), or the keepalive pings closing one to a
+// frozen apiserver, can meet a request Envoy just wrote on it. That is a reset after the request was sent, and none of the conditions
 // retryPolicy uses covers it: reset-before-request only while nothing was sent
 // (Router::Filter's upstream_request_started_), connect-failure and refused-stream not at
 // all. "reset" retries any reset before the response began
@@ -415,12 +444,11 @@ const RouteSuffixRead = ":read"
 //
 // The alternatives Envoy offers were weighed: retriable_request_headers would restrict every
 // retry condition of the route to GET, losing the POST retries of connect failures and
-// Retry-After answers; HTTP/2 to the apiservers would make a graceful shutdown's GOAWAY turn
-// unprocessed streams into refused-stream resets (retried) but cannot carry the SPDY upgrades
-// of exec, attach and portforward (explicit HTTP/1.1, clusters.go), so it would need a second
-// set of clusters; the upstream idle_timeout below the apiservers' (clusters.go) removes the
-// idle-close race but not a stopping apiserver's. The twin is the smallest change that is
-// correct for both.
+// Retry-After answers; HTTP/2 to the apiservers (which the clusters now speak, clusters.go)
+// makes a graceful shutdown's GOAWAY turn unprocessed streams into refused-stream resets,
+// retried, but not a connection that ends under a stream the apiserver received; the
+// upstream idle_timeout below the apiservers' (clusters.go) removes the idle-close race but
+// not a stopping apiserver's. The twin is the smallest change that is correct for all.
 func readRoute(r *routev3.Route, readRetry *routev3.RetryPolicy) *routev3.Route {
 	c := twin(r, RouteSuffixRead)
 	c.Match.Headers = append(slices.Clip(c.Match.Headers), readMethods, notEscapedTarget)

@@ -77,9 +77,10 @@ func (b *builder) downstreamTLS() *tlsv3.DownstreamTlsContext {
 // upstreamTLS is the TLS of the apiserver clusters: SNI and a DNS SAN check on
 // UpstreamServerName against the peer CA and, for the front-proxy clusters (asFrontProxy),
 // the proxy client certificate, which the apiservers trust for front-proxy (X-Remote-*)
-// authentication. ALPN offers only HTTP/1.1, which SPDY upgrades need.
-func (b *builder) upstreamTLS(asFrontProxy bool) *tlsv3.UpstreamTlsContext {
-	common := &tlsv3.CommonTlsContext{AlpnProtocols: []string{"http/1.1"}}
+// authentication. ALPN offers exactly the cluster's protocol (alpn: "h2" or "http/1.1"), so
+// the apiserver speaks what the cluster's codec expects.
+func (b *builder) upstreamTLS(asFrontProxy bool, alpn string) *tlsv3.UpstreamTlsContext {
+	common := &tlsv3.CommonTlsContext{AlpnProtocols: []string{alpn}}
 	if asFrontProxy {
 		common.TlsCertificateSdsSecretConfigs = []*tlsv3.SdsSecretConfig{sdsSecret(SecretProxyClientCert)}
 	}

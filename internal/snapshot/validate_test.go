@@ -2,6 +2,7 @@ package snapshot_test
 
 import (
 	"errors"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -194,13 +195,21 @@ func TestEmptyCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(res.Endpoints) != 4 {
-		t.Fatalf("%d endpoint resources, want 4 (the default and serving-sets clusters and their front-proxy twins)", len(res.Endpoints))
+	want := []string{contract.ClusterDefault, contract.ClusterServingSets}
+	for _, c := range slices.Clone(want) {
+		want = append(want, contract.HTTP1Cluster(c), contract.FrontProxyCluster(c), contract.FrontProxyCluster(contract.HTTP1Cluster(c)))
 	}
-	for i, name := range []string{contract.ClusterDefault, contract.ClusterServingSets, contract.FrontProxyCluster(contract.ClusterServingSets), contract.FrontProxyCluster(contract.ClusterDefault)} { // sorted by name
-		if cla := res.Endpoints[i].(*endpointv3.ClusterLoadAssignment); cla.GetClusterName() != name || len(cla.GetEndpoints()) != 0 {
-			t.Errorf("endpoints = %v, want %s without endpoints", cla, name)
+	slices.Sort(want)
+	var got []string
+	for _, e := range res.Endpoints {
+		cla := e.(*endpointv3.ClusterLoadAssignment)
+		got = append(got, cla.GetClusterName())
+		if len(cla.GetEndpoints()) != 0 {
+			t.Errorf("endpoints = %v, want none", cla)
 		}
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("endpoint resources %v, want %v (each apiserver cluster, HTTP/2 and HTTP/1.1, and their front-proxy twins)", got, want)
 	}
 	if _, err := res.Snapshot(); err != nil {
 		t.Error(err)
@@ -211,7 +220,7 @@ func TestEmptyCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m := readMembers(res); len(m) != 4 || len(m[contract.ClusterLocal]) != 0 || len(m[contract.FrontProxyCluster(contract.ClusterLocal)]) != 0 {
+	if m := readMembers(res); len(m) != 8 || len(m[contract.ClusterLocal]) != 0 || len(m[contract.FrontProxyCluster(contract.ClusterLocal)]) != 0 {
 		t.Errorf("sidecar of an unknown apiserver: members %v", m)
 	}
 }

@@ -241,6 +241,14 @@ const stopGrace = 90 * time.Second
 // Kill ends server name at once (SIGKILL): its Lease is left to expire.
 func (cp *ControlPlane) Kill(name string) { cp.Server(name).proc.kill() }
 
+// Freeze stops server name where it is (SIGSTOP): its connections stay open, the kernel
+// still acknowledging them, but nothing answers, as with a hung or partitioned apiserver;
+// its Lease goes stale after the liveness window. Thaw resumes it.
+func (cp *ControlPlane) Freeze(name string) error { return cp.Server(name).proc.signal(syscall.SIGSTOP) }
+
+// Thaw resumes a frozen server (SIGCONT).
+func (cp *ControlPlane) Thaw(name string) error { return cp.Server(name).proc.signal(syscall.SIGCONT) }
+
 // Restart stops server name if it runs and starts it again with version (empty: the same),
 // on the same port and hostname, and waits until it is ready.
 func (cp *ControlPlane) Restart(ctx context.Context, name, version string) error {
@@ -490,6 +498,14 @@ func (p *process) kill() {
 	}
 	syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
 	<-p.done
+}
+
+// signal sends sig to the process's group.
+func (p *process) signal(sig syscall.Signal) error {
+	if p == nil || p.exited() {
+		return fmt.Errorf("process not running")
+	}
+	return syscall.Kill(-p.cmd.Process.Pid, sig)
 }
 
 func (p *process) terminate(grace time.Duration) error {

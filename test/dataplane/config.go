@@ -804,17 +804,22 @@ type clusterCfg struct {
 	kind           clusterv3.Cluster_DiscoveryType
 	edsName        string
 	connectTimeout time.Duration
+	// tcpKeepalive is upstream_connection_options.tcp_keepalive; nil: Envoy sets no
+	// SO_KEEPALIVE on upstream connections unless configured (Go's dialer would, by default).
+	tcpKeepalive   *net.KeepAliveConfig
 	leastRequest   bool
 	panicThreshold float64 // percent
 	tls            *upstreamTLS
 	// socketMatches are transport_socket_matches, in order.
 	socketMatches []socketMatch
 	http2         bool
-	hc            *healthCheckCfg
-	outlier       *outlierCfg
-	maxRequests   int64
-	maxRetries    int64
-	staticHosts   []hostCfg
+	// h2Keepalive is http2_protocol_options.connection_keepalive (nil: none).
+	h2Keepalive *h2Keepalive
+	hc          *healthCheckCfg
+	outlier     *outlierCfg
+	maxRequests int64
+	maxRetries  int64
+	staticHosts []hostCfg
 	// ignoreHealthOnHostRemoval: a host that leaves EDS goes at once, even while it passes
 	// active health checks (syncClustersLocked).
 	ignoreHealthOnHostRemoval bool
@@ -874,6 +879,16 @@ func durOr(d *durationpb.Duration, def time.Duration) time.Duration {
 	return d.AsDuration()
 }
 
+// dialer dials an upstream connection as Envoy does for the cluster: within connect_timeout,
+// with TCP keepalive only as upstream_connection_options says.
+func (cc *clusterCfg) dialer() net.Dialer {
+	d := net.Dialer{Timeout: cc.connectTimeout, KeepAlive: -1}
+	if cc.tcpKeepalive != nil {
+		d.KeepAliveConfig = *cc.tcpKeepalive
+	}
+	return d
+}
+
 func compileCluster(c *clusterv3.Cluster) (*clusterCfg, error) {
 	stat := c.GetAltStatName()
 	if stat == "" {
@@ -890,6 +905,25 @@ func compileCluster(c *clusterv3.Cluster) (*clusterCfg, error) {
 	}
 	if p := c.GetCommonLbConfig().GetHealthyPanicThreshold(); p != nil {
 		out.panicThreshold = p.GetValue()
+	}
+	if ka := c.GetUpstreamConnectionOptions().GetTcpKeepalive(); ka != nil {
+		// Envoy (Network::SocketOptionFactory::buildTcpKeepaliveOptions): SO_KEEPALIVE on,
+		// and each of TCP_KEEPCNT, TCP_KEEPIDLE, TCP_KEEPINTVL set when given (seconds),
+		// else the system's; -1 leaves Go's dialer at the system's too.
+		secs := func(v interface{ GetValue() uint32 }, set bool) time.Duration {
+			if !set {
+				return -1
+			}
+			return time.Duration(v.GetValue()) * time.Second
+		}
+		count := -1
+		if ka.GetKeepaliveProbes() != nil {
+			count = int(ka.GetKeepaliveProbes().GetValue())
+		}
+		out.tcpKeepalive = &net.KeepAliveConfig{Enable: true,
+			Idle:     secs(ka.GetKeepaliveTime(), ka.GetKeepaliveTime() != nil),
+			Interval: secs(ka.GetKeepaliveInterval(), ka.GetKeepaliveInterval() != nil),
+			Count:    count}
 	}
 	switch out.kind {
 	case clusterv3.Cluster_EDS:
@@ -937,7 +971,26 @@ func compileCluster(c *clusterv3.Cluster) (*clusterCfg, error) {
 		if err := v.UnmarshalTo(o); err != nil {
 			return nil, err
 		}
-		out.http2 = o.GetExplicitHttpConfig().GetHttp2ProtocolOptions() != nil
+		h2 := o.GetExplicitHttpConfig().GetHttp2ProtocolOptions()
+		out.http2 = h2 != nil
+		if ka := h2.GetConnectionKeepalive(); ka != nil {
+			// Envoy's ConnectionImpl constructor (source/common/http/http2/codec_impl.cc):
+			// interval defaults to 0 (no PINGs), timeout is required (the proto requires it
+			// to be at least 1ms), interval_jitter defaults to 15%.
+			k := &h2Keepalive{interval: durOr(ka.GetInterval(), 0), timeout: durOr(ka.GetTimeout(), 0), jitterPercent: 15}
+			if ka.GetTimeout() == nil || k.timeout < time.Millisecond {
+				return nil, errors.New("http2_protocol_options.connection_keepalive.timeout: required, at least 1ms")
+			}
+			if k.interval != 0 && k.interval < time.Millisecond {
+				return nil, errors.New("http2_protocol_options.connection_keepalive.interval: at least 1ms")
+			}
+			if j := ka.GetIntervalJitter(); j != nil {
+				k.jitterPercent = j.GetValue()
+			}
+			if k.interval > 0 {
+				out.h2Keepalive = k
+			}
+		}
 		// Envoy's ClusterInfoImpl (source/common/upstream/upstream_impl.cc): the
 		// common_http_protocol_options.idle_timeout, 0 for none, else 1h.
 		if d := o.GetCommonHttpProtocolOptions().GetIdleTimeout(); d != nil {
@@ -970,6 +1023,15 @@ func compileCluster(c *clusterv3.Cluster) (*clusterCfg, error) {
 		out.hc.tls = out.tls
 		if crit := h.GetTransportSocketMatchCriteria(); crit != nil {
 			out.hc.tls = out.resolveTransportSocket(crit)
+		}
+		// tls_options.alpn_protocols replaces the transport socket's ALPN on the checks'
+		// connections (HealthCheckerImplBase::initTransportSocketOptions: an ALPN override
+		// in the transport socket options; an empty list overrides nothing). Without it they
+		// offer the transport socket's alpn_protocols.
+		if alpn := h.GetTlsOptions().GetAlpnProtocols(); len(alpn) > 0 && out.hc.tls != nil {
+			t := *out.hc.tls
+			t.alpn = alpn
+			out.hc.tls = &t
 		}
 		for _, o := range h.GetHttpHealthCheck().GetRequestHeadersToAdd() {
 			k, v := o.GetHeader().GetKey(), o.GetHeader().GetValue()

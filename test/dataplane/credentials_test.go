@@ -204,8 +204,8 @@ func TestRefusedCertificateWebSocket(t *testing.T) {
 	if got := seen[0].Header.Get("Sec-WebSocket-Protocol"); got != protocols {
 		t.Errorf("Sec-WebSocket-Protocol %q reached the apiserver, want %q", got, protocols)
 	}
-	if got := e.stat("cluster.kube-apiservers.upstream_rq_total"); got != 1 {
-		t.Errorf("caller cluster upstream_rq_total %d, want 1", got)
+	if got := e.stat("cluster.kube-apiservers/http1.upstream_rq_total"); got != 1 {
+		t.Errorf("caller cluster's HTTP/1.1 twin (upgrades) upstream_rq_total %d, want 1", got)
 	}
 
 	// The apiserver reads a token only from an entry that starts with the prefix (after

@@ -30,6 +30,29 @@
 //     count); no_traffic_healthy_interval / no_traffic_interval before. A failed response
 //     (not 200) marks a host unhealthy at once; only network failures and timeouts count
 //     towards unhealthy_threshold.
+//   - HTTP/2 upstreams (h2pool.go): a cluster with explicit_http_config.http2_protocol_options
+//     gets Envoy's multiplexed pool: per host, connections (TLS with the cluster's ALPN; the
+//     HTTP/2 codec whatever ALPN negotiated, as Envoy's explicit HTTP/2 pool) carrying
+//     concurrent streams up to the server's SETTINGS_MAX_CONCURRENT_STREAMS, another
+//     connection only when none has room; common_http_protocol_options.idle_timeout closes a
+//     connection without streams. Each connection is one http2.ClientConn used through
+//     ClientConn.RoundTrip, which never re-sends a request by itself. A stream the server
+//     refused (REFUSED_STREAM, or above a GOAWAY's last-stream-id) is Envoy's
+//     RemoteRefusedStreamReset, another RST_STREAM RemoteReset (both UR; retried by
+//     refused-stream resp. reset); the connection closing under a stream is
+//     ConnectionTermination (UC) as for HTTP/1.1.
+//   - connection_keepalive (interval, timeout, interval_jitter): a PING every interval plus
+//     up to interval_jitter percent (default 15), the connection closed (no flush) when its
+//     ACK has not come within timeout, any bytes received meanwhile extending the wait;
+//     counted in cluster.<name>.http2.keepalive_timeout. Streams on it are reset (UC), a
+//     response already streaming is cut off.
+//   - An HTTP/1 upgrade routed to an HTTP/2 cluster goes out as an RFC 8441 extended CONNECT,
+//     as Envoy's HTTP/2 client codec always sends it; a server without extended CONNECT
+//     resets the stream (503 UR).
+//   - The HTTP health checker speaks HTTP/1.1 (codec_client_type's default), for HTTP/2
+//     clusters too, over a connection offering the transport socket's ALPN unless
+//     health_checks.tls_options.alpn_protocols overrides it: with ALPN h2 and no override an
+//     apiserver negotiates h2 and every check fails.
 //
 // Production always runs real Envoy. This package exists so that our tests execute our
 // configuration rather than only validate it. Anything in a resource that this data plane
@@ -49,6 +72,19 @@
 //   - The ext_proc response-headers step (processing_mode or mode_override
 //     response_header_mode SEND) runs for upstream responses only; in Envoy a local reply
 //     the router sends after the request-headers step also passes through it.
+//   - HTTP/2 pool: a host's connections are established one at a time (Envoy may connect
+//     several at once when pending streams exceed what the connecting ones can take). Before
+//     the server's SETTINGS a new connection takes up to 100 streams (x/net's assumption;
+//     Envoy assumes its own max_concurrent_streams, unlimited by default); a server refuses
+//     the excess in both (REFUSED_STREAM, retried by refused-stream). A replaced cluster
+//     version's connections get a GOAWAY and close when their streams ended.
+//   - connection_keepalive: "a frame received extends the PING ACK timeout" is "bytes read
+//     from the connection" here.
+//   - An upgrade over an HTTP/2 cluster that the server accepts (2xx to the extended
+//     CONNECT; Envoy answers 101 and tunnels over the stream) is not tunnelled: the
+//     downstream stream is reset. A server that ignores ALPN and speaks HTTP/1.1 to the
+//     HTTP/2 preface fails the stream as a connection termination (UC); Envoy's codec would
+//     report a protocol error (UPE).
 package dataplane
 
 import (

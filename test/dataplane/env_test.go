@@ -131,6 +131,8 @@ type seenRequest struct {
 	// ClientCert is the client certificate the request's TLS connection presented:
 	// "CN=<common name>", or "" for none.
 	ClientCert string `json:"clientCert"`
+	// Proto is the request's protocol as the apiserver received it (HTTP/1.1, HTTP/2.0).
+	Proto string `json:"proto"`
 }
 
 // proxyClientCert is seenRequest.ClientCert of the data plane's proxy client certificate.
@@ -164,6 +166,8 @@ type fakeAPIServer struct {
 	// answer once the request has been read, as an apiserver closing a kept-alive
 	// connection just as the next request arrives.
 	hangup func(*http.Request) bool
+	// conns are the connections by remote address (an HTTP/2 hangup closes one).
+	conns map[string]net.Conn
 }
 
 type refusal struct {
@@ -202,9 +206,22 @@ func (f *fakeAPIServer) readyzChecks() []seenRequest {
 // (the health checks' identity header comes with it), else 401. It serves a streaming
 // /watch, upgrades (echo) and everything else as a JSON echo of the request.
 func newFakeAPIServer(t testing.TB, p *pki, name, ip string, tick time.Duration, ticks int) *fakeAPIServer {
-	f := &fakeAPIServer{name: name, served: map[string]bool{}, closed: map[string]bool{}}
+	return newFakeAPIServerOpts(t, p, name, ip, tick, ticks, fakeOptions{})
+}
+
+// fakeOptions vary a fake apiserver's HTTP.
+type fakeOptions struct {
+	// http1Only: the fake speaks HTTP/1.1 only (httptest's default); without, ALPN offers h2
+	// before http/1.1, as a real apiserver does.
+	http1Only bool
+	// maxStreams, if set, is the SETTINGS_MAX_CONCURRENT_STREAMS it advertises.
+	maxStreams uint32
+}
+
+func newFakeAPIServerOpts(t testing.TB, p *pki, name, ip string, tick time.Duration, ticks int, fo fakeOptions) *fakeAPIServer {
+	f := &fakeAPIServer{name: name, served: map[string]bool{}, closed: map[string]bool{}, conns: map[string]net.Conn{}}
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		seen := seenRequest{Server: name, Method: r.Method, Path: r.URL.RequestURI(), Target: r.RequestURI, Host: r.Host, Header: r.Header.Clone(), ClientCert: clientCert(r)}
+		seen := seenRequest{Server: name, Method: r.Method, Path: r.URL.RequestURI(), Target: r.RequestURI, Host: r.Host, Header: r.Header.Clone(), ClientCert: clientCert(r), Proto: r.Proto}
 		if r.URL.Path == "/readyz" {
 			f.mu.Lock()
 			f.checks = append(f.checks, seen)
@@ -228,6 +245,17 @@ func newFakeAPIServer(t testing.TB, p *pki, name, ip string, tick time.Duration,
 		case stall != nil && stall(r):
 			<-r.Context().Done()
 		case hangup != nil && hangup(r):
+			if r.ProtoMajor == 2 {
+				// No hijacking an HTTP/2 stream: close the connection under it.
+				f.mu.Lock()
+				conn := f.conns[r.RemoteAddr]
+				f.mu.Unlock()
+				if conn != nil {
+					conn.Close()
+				}
+				<-r.Context().Done()
+				return
+			}
 			conn, _, err := http.NewResponseController(w).Hijack()
 			if err == nil {
 				conn.Close()
@@ -287,6 +315,11 @@ func newFakeAPIServer(t testing.TB, p *pki, name, ip string, tick time.Duration,
 	proxyPool := x509.NewCertPool()
 	proxyPool.AddCert(p.proxyCA.Cert)
 	srv.Config.ConnState = func(c net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			f.mu.Lock()
+			f.conns[c.RemoteAddr().String()] = c
+			f.mu.Unlock()
+		}
 		if s == http.StateClosed || s == http.StateHijacked {
 			f.mu.Lock()
 			f.closed[c.RemoteAddr().String()] = true
@@ -294,6 +327,11 @@ func newFakeAPIServer(t testing.TB, p *pki, name, ip string, tick time.Duration,
 		}
 	}
 	srv.TLS = &tls.Config{Certificates: []tls.Certificate{p.apiserver.tls(t)}, ClientAuth: tls.VerifyClientCertIfGiven, ClientCAs: proxyPool}
+	if !fo.http1Only {
+		srv.EnableHTTP2 = true
+		srv.TLS.NextProtos = []string{"h2", "http/1.1"}
+		srv.Config.HTTP2 = &http.HTTP2Config{MaxConcurrentStreams: int(fo.maxStreams)}
+	}
 	srv.StartTLS()
 	f.srv = srv
 	t.Cleanup(srv.Close)
@@ -333,6 +371,11 @@ type envOptions struct {
 	editResources func(*snapshot.Resources) error
 	// upstreamRequestTimeout, if set, is snapshot.Config.UpstreamRequestTimeout.
 	upstreamRequestTimeout time.Duration
+	// fake varies the fake apiservers' HTTP (h2_test.go).
+	fake fakeOptions
+	// front, if set, is the address the data plane gets for each apiserver instead of its
+	// own (a proxy in front of it, or another server).
+	front func(p *pki, name, addr string) string
 }
 
 var fixtureAddresses = map[string]string{"cp-a": "127.0.0.1", "cp-b": "127.0.0.2", "cp-c": "127.0.0.3"}
@@ -364,9 +407,13 @@ func newEnv(t testing.TB, o envOptions) *env {
 		}
 	}
 	for host, ip := range fixtureAddresses {
-		f := newFakeAPIServer(t, e.pki, host, ip, o.tick, o.ticks)
+		f := newFakeAPIServerOpts(t, e.pki, host, ip, o.tick, o.ticks, o.fake)
 		e.apiservers[host] = f
-		fixture = strings.ReplaceAll(fixture, ip+":6443", f.addr())
+		addr := f.addr()
+		if o.front != nil {
+			addr = o.front(e.pki, host, addr)
+		}
+		fixture = strings.ReplaceAll(fixture, ip+":6443", addr)
 	}
 	objs, err := objects.DecodeFixture(strings.NewReader(fixture))
 	if err != nil {

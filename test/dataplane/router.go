@@ -30,6 +30,11 @@ const (
 	resetBeforeRequest             // the connection failed before the request was sent
 	resetAfterRequest              // the connection failed after the request was sent, before the response
 	timeoutFailure                 // the route timeout expired before the response
+	// HTTP/2 only (h2pool.go): the server refused the stream (REFUSED_STREAM, or above a
+	// GOAWAY's last stream id): Envoy's RemoteRefusedStreamReset, retry_on refused-stream.
+	refusedStream
+	// HTTP/2 only: the server reset the stream (RST_STREAM): Envoy's RemoteReset.
+	remoteReset
 )
 
 // router is Envoy's router filter for our route actions: it resolves the cluster (cluster,
@@ -62,7 +67,7 @@ func (st *stream) router(rt *route) {
 	// finds nothing, the same "cluster not found" (see liveCluster.warmedLocked).
 	var cc *clusterCfg
 	var hosts []*liveHost
-	var transport *http.Transport
+	var transport *upstreamPool
 	var lb *subsetLB
 	c := d.cluster(name)
 	if name != "" && c != nil {
@@ -165,7 +170,8 @@ func (st *stream) router(rt *route) {
 		// Envoy's router: upstream_request_started_ |= first_upstream_tx_byte_sent_ of the
 		// reset attempt (router.cc onUpstreamReset); once set, reset-before-request retries
 		// nothing more for this request.
-		started = started || kind == resetAfterRequest
+		// A stream the server refused or reset had been sent as well.
+		started = started || kind == resetAfterRequest || kind == refusedStream || kind == remoteReset
 		if kind == resetAfterRequest {
 			// Envoy's connection pool counts each connection closed under an active
 			// request (reportUpstreamCxDestroyActiveRequest,
@@ -192,6 +198,16 @@ func (st *stream) router(rt *route) {
 		d.stats.inc(cp + "upstream_cx_connect_fail")
 		st.addFlag(flagConnectFailure)
 		st.localReply(http.StatusServiceUnavailable, "upstream connect error or disconnect/reset before headers. reset reason: connection failure, transport failure reason: "+errString(lastErr), "upstream_reset_before_response_started{connection_failure}")
+	case refusedStream, remoteReset:
+		// Envoy's Filter::streamResetReasonToResponseFlag (source/common/router/router.cc):
+		// RemoteReset and RemoteRefusedStreamReset are UR; the body and details name the
+		// reason as Http::Utility::resetReasonToString does.
+		reason := "remote reset"
+		if lastKind == refusedStream {
+			reason = "remote refused stream reset"
+		}
+		st.addFlag(flagRemoteReset)
+		st.localReply(http.StatusServiceUnavailable, "upstream connect error or disconnect/reset before headers. reset reason: "+reason, "upstream_reset_before_response_started{"+strings.ReplaceAll(reason, " ", "_")+"}")
 	default:
 		st.addFlag(flagConnTermination)
 		st.localReply(http.StatusServiceUnavailable, "upstream connect error or disconnect/reset before headers. reset reason: connection termination", "upstream_reset_before_response_started{connection_termination}")
@@ -266,8 +282,12 @@ func (st *stream) retriable(rt *route, kind failureKind, started bool) bool {
 		return on["connect-failure"] || on["reset"]
 	case resetBeforeRequest:
 		return on["reset-before-request"] && !started || on["reset"]
-	case resetAfterRequest:
+	case resetAfterRequest, remoteReset:
 		return on["reset"]
+	case refusedStream:
+		// RetryStateImpl::wouldRetryFromReset: refused-stream retries
+		// RemoteRefusedStreamReset only; reset any reset.
+		return on["refused-stream"] || on["reset"]
 	}
 	return false
 }
@@ -275,7 +295,7 @@ func (st *stream) retriable(rt *route, kind failureKind, started bool) bool {
 // attempt sends the request to one host. Upstream request headers are the (mutated) request
 // headers, the host and path unchanged (no rewrites configured); the router adds no
 // x-envoy-* headers with suppress_envoy_headers.
-func (st *stream) attempt(ctx context.Context, c *liveCluster, cc *clusterCfg, tr *http.Transport, h *liveHost, body io.Reader, n int64) (*http.Response, failureKind, error) {
+func (st *stream) attempt(ctx context.Context, c *liveCluster, cc *clusterCfg, pool *upstreamPool, h *liveHost, body io.Reader, n int64) (*http.Response, failureKind, error) {
 	d := st.d
 	cp := c.statPrefix()
 	scheme := "http"
@@ -285,6 +305,10 @@ func (st *stream) attempt(ctx context.Context, c *liveCluster, cc *clusterCfg, t
 	if strings.HasPrefix(h.address, "unix:") {
 		return nil, connectFailure, &connectError{errors.New("unix socket hosts are not implemented for HTTP routing")}
 	}
+	if pool.h2 != nil {
+		return st.attemptH2(ctx, c, cc, pool.h2, h, body, n)
+	}
+	tr := pool.h1
 	// Go's http.Transport re-sends a request by itself, on another connection, when a reused
 	// keep-alive connection fails after the request was written to it (net/http
 	// transport.go: roundTrip's loop, persistConn.shouldRetryRequest: errServerClosedIdle,
@@ -314,27 +338,9 @@ func (st *stream) attempt(ctx context.Context, c *liveCluster, cc *clusterCfg, t
 		},
 		WroteHeaders: func() { wroteMu.Lock(); wrote = true; wroteMu.Unlock() },
 	}
-	req, err := http.NewRequestWithContext(httptrace.WithClientTrace(actx, trace), st.method, scheme+"://"+h.address+"/", body)
+	req, err := st.upstreamRequest(httptrace.WithClientTrace(actx, trace), scheme, h, body, n)
 	if err != nil {
 		return nil, connectFailure, err
-	}
-	setRequestTarget(req.URL, st.path)
-	req.Host = st.host
-	req.ContentLength = n
-	if body == nil {
-		req.ContentLength = 0
-	} else if n > retryBufferLimit {
-		req.ContentLength = -1
-	}
-	if st.r.ContentLength < 0 && body != nil && n <= retryBufferLimit {
-		req.ContentLength = n
-	}
-	for _, e := range st.hdr {
-		req.Header[http.CanonicalHeaderKey(e.name)] = append(req.Header[http.CanonicalHeaderKey(e.name)], e.value)
-	}
-	req.Header.Del("Content-Length")
-	if _, ok := req.Header["User-Agent"]; !ok {
-		req.Header["User-Agent"] = nil // Go's transport would add its own
 	}
 	d.stats.inc(cp + "upstream_rq_total")
 	h.active.Add(1)
@@ -366,6 +372,135 @@ func (st *stream) attempt(ctx context.Context, c *liveCluster, cc *clusterCfg, t
 		return nil, timeoutFailure, err
 	case hidden:
 		return nil, resetAfterRequest, errHiddenRetry
+	case !w:
+		return nil, resetBeforeRequest, err
+	default:
+		return nil, resetAfterRequest, err
+	}
+}
+
+// upstreamRequest is the request to send to host h: the (mutated) request headers, the
+// :path as received.
+func (st *stream) upstreamRequest(ctx context.Context, scheme string, h *liveHost, body io.Reader, n int64) (*http.Request, error) {
+	req, err := http.NewRequestWithContext(ctx, st.method, scheme+"://"+h.address+"/", body)
+	if err != nil {
+		return nil, err
+	}
+	setRequestTarget(req.URL, st.path)
+	req.Host = st.host
+	req.ContentLength = n
+	if body == nil {
+		req.ContentLength = 0
+	} else if n > retryBufferLimit {
+		req.ContentLength = -1
+	}
+	if st.r.ContentLength < 0 && body != nil && n <= retryBufferLimit {
+		req.ContentLength = n
+	}
+	for _, e := range st.hdr {
+		req.Header[http.CanonicalHeaderKey(e.name)] = append(req.Header[http.CanonicalHeaderKey(e.name)], e.value)
+	}
+	req.Header.Del("Content-Length")
+	if _, ok := req.Header["User-Agent"]; !ok {
+		req.Header["User-Agent"] = nil // Go's transport would add its own
+	}
+	return req, nil
+}
+
+// attemptH2 is attempt over an HTTP/2 cluster's pool (h2pool.go). A stream's failure maps
+// onto Envoy's reset reasons: no connection (TCP/TLS) is ConnectionFailure (UF); the
+// connection closing under the stream is ConnectionTermination (UC), before or after the
+// request's headers went out (reset-before-request covers only the former); a stream the
+// server refused is RemoteRefusedStreamReset and one it reset RemoteReset (both UR).
+//
+// An upgrade (websocket, SPDY) goes out as Envoy's HTTP/2 client codec sends it:
+// ClientStreamImpl::encodeHeaders (source/common/http/http2/codec_impl.cc) turns every
+// HTTP/1 upgrade into an RFC 8441 extended CONNECT (Utility::transformUpgradeRequestFromH1toH2:
+// method CONNECT, :protocol the upgrade token, no upgrade/connection headers), whether or not
+// the server takes it (allow_connect is the accepting side's setting). A server without
+// extended CONNECT resets the stream (UR, 503 to the client); a non-2xx answer is forwarded
+// as is. Deviation: a 2xx answer (Envoy turns it into a 101 and tunnels over the stream) is
+// not tunnelled here; the downstream stream is reset instead.
+func (st *stream) attemptH2(ctx context.Context, c *liveCluster, cc *clusterCfg, p *h2Pool, h *liveHost, body io.Reader, n int64) (*http.Response, failureKind, error) {
+	d := st.d
+	cp := c.statPrefix()
+	scheme := "http"
+	if cc.tls != nil {
+		scheme = "https"
+	}
+	var wrote bool
+	var wroteMu sync.Mutex
+	trace := &httptrace.ClientTrace{WroteHeaders: func() { wroteMu.Lock(); wrote = true; wroteMu.Unlock() }}
+	req, err := st.upstreamRequest(httptrace.WithClientTrace(ctx, trace), scheme, h, body, n)
+	if err != nil {
+		return nil, connectFailure, err
+	}
+	if st.upgrade != "" {
+		req.Method = http.MethodConnect
+		req.Header[":protocol"] = []string{req.Header.Get("Upgrade")}
+		req.Header.Del("Upgrade")
+		req.Header.Del("Connection")
+		if req.Body == nil {
+			// An extended CONNECT stream stays open for the tunnel's bytes.
+			pr, pw := io.Pipe()
+			defer pw.Close()
+			req.Body = pr
+			req.ContentLength = -1
+		}
+	}
+	d.stats.inc(cp + "upstream_rq_total")
+	h.active.Add(1)
+	h.mu.Lock()
+	h.rqTotal++
+	h.mu.Unlock()
+	start := time.Now()
+	var resp *http.Response
+	for {
+		var conn *h2Conn
+		conn, err = p.get(ctx, h.address)
+		if err != nil {
+			break
+		}
+		resp, err = conn.cc.RoundTrip(req)
+		// A connection that could not take the stream (it closed or got a GOAWAY after
+		// the pool reserved it) sent nothing: Envoy's pool would not have handed it out;
+		// another connection takes the stream. Not a retry.
+		wroteMu.Lock()
+		w := wrote
+		wroteMu.Unlock()
+		if err != nil && strings.Contains(err.Error(), h2Unusable) && !w {
+			continue
+		}
+		break
+	}
+	d.stats.timing("dataplane.timing.upstream_rq_headers", start)
+	h.active.Add(-1)
+	if err == nil {
+		if st.upgrade != "" && resp.StatusCode/100 == 2 {
+			resp.Body.Close()
+			d.log.Warn("extended CONNECT answered 2xx: tunnelling over HTTP/2 is not implemented (documented deviation)", "cluster", cc.name)
+			panic(http.ErrAbortHandler)
+		}
+		return resp, noFailure, nil
+	}
+	h.mu.Lock()
+	h.rqErrs++
+	h.mu.Unlock()
+	var ce *connectError
+	wroteMu.Lock()
+	w := wrote
+	wroteMu.Unlock()
+	switch {
+	case errors.As(err, &ce):
+		return nil, connectFailure, err
+	case errors.Is(err, context.DeadlineExceeded) && ctx.Err() != nil:
+		return nil, timeoutFailure, err
+	case ctx.Err() != nil:
+		return nil, resetBeforeRequest, err
+	case h2Refused(err):
+		return nil, refusedStream, err
+	case h2RemoteReset(err):
+		return nil, remoteReset, err
 	case !w:
 		return nil, resetBeforeRequest, err
 	default:

@@ -13,7 +13,9 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
@@ -334,5 +336,28 @@ func TestSetRequestTarget(t *testing.T) {
 		if line, _, _ := strings.Cut(b.String(), "\r\n"); line != "GET "+target+" HTTP/1.1" {
 			t.Errorf("request line %q, want GET %s HTTP/1.1", line, target)
 		}
+	}
+}
+
+// TestTCPKeepalive: upstream connections get TCP keepalive only as
+// upstream_connection_options.tcp_keepalive says (Envoy sets none by default; Go's dialer
+// would, every 15 s), with each unset field left to the system.
+func TestTCPKeepalive(t *testing.T) {
+	none, err := compileCluster(&clusterv3.Cluster{Name: "c", ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_STATIC}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := none.dialer(); d.KeepAlive >= 0 || d.KeepAliveConfig.Enable {
+		t.Errorf("without tcp_keepalive: dialer %+v, want keepalive off", d)
+	}
+	set, err := compileCluster(&clusterv3.Cluster{Name: "c", ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_STATIC},
+		UpstreamConnectionOptions: &clusterv3.UpstreamConnectionOptions{TcpKeepalive: &corev3.TcpKeepalive{
+			KeepaliveTime: wrapperspb.UInt32(30), KeepaliveProbes: wrapperspb.UInt32(3)}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := net.KeepAliveConfig{Enable: true, Idle: 30 * time.Second, Interval: -1, Count: 3}
+	if d := set.dialer(); d.KeepAliveConfig != want {
+		t.Errorf("with tcp_keepalive: %+v, want %+v", d.KeepAliveConfig, want)
 	}
 }

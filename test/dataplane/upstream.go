@@ -70,7 +70,7 @@ type liveCluster struct {
 	cfg       *clusterCfg
 	hosts     []*liveHost
 	lb        *subsetLB // the subsets of hosts (nil without lb_subset_config): setHostsLocked
-	transport *http.Transport
+	transport *upstreamPool
 	// previous is the version of a changed cluster while this one warms up: it
 	// serves the requests until every host of the new one has had its first health check
 	// (warmedLocked). nil when not warming.
@@ -94,7 +94,7 @@ type clusterVersion struct {
 	cfg       *clusterCfg
 	hosts     []*liveHost
 	lb        *subsetLB
-	transport *http.Transport
+	transport *upstreamPool
 	// The previous version keeps its health checker and follows EDS while the new one
 	// warms: in Envoy the active cluster is untouched by the warming one's
 	// initialization and keeps its own EDS subscription and health checker until
@@ -175,13 +175,13 @@ func (c *liveCluster) statPrefix() string {
 
 // snapshot is the version of the cluster that serves requests: the previous one while a
 // changed cluster warms up; none (nil configuration) while a new cluster warms up.
-func (c *liveCluster) snapshot() (*clusterCfg, []*liveHost, *http.Transport) {
+func (c *liveCluster) snapshot() (*clusterCfg, []*liveHost, *upstreamPool) {
 	cc, hosts, tr, _ := c.serving()
 	return cc, hosts, tr
 }
 
 // serving is snapshot with the serving version's subsets.
-func (c *liveCluster) serving() (*clusterCfg, []*liveHost, *http.Transport, *subsetLB) {
+func (c *liveCluster) serving() (*clusterCfg, []*liveHost, *upstreamPool, *subsetLB) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if p := c.previous; p != nil {
@@ -310,7 +310,7 @@ func (d *DataPlane) syncClustersLocked() {
 			// warm-up ends) or was closed above.
 			c.lb = nil
 			c.cfg = cc
-			c.transport = c.newTransport(cc, cc.tls, true)
+			c.transport = c.newPool(cc)
 			if c.hcCancel != nil {
 				c.hcCancel()
 				c.hcCancel = nil
@@ -356,7 +356,32 @@ type connectError struct{ err error }
 func (e *connectError) Error() string { return "upstream connect error: " + e.err.Error() }
 func (e *connectError) Unwrap() error { return e.err }
 
-// newTransport is the cluster's connection pool: connections within connect_timeout, TLS
+// upstreamPool is a cluster version's connection pool: HTTP/1.1 (h1, Go's transport) or,
+// with explicit http2_protocol_options, HTTP/2 (h2).
+type upstreamPool struct {
+	h1 *http.Transport
+	h2 *h2Pool
+}
+
+func (c *liveCluster) newPool(cc *clusterCfg) *upstreamPool {
+	if cc.http2 {
+		return &upstreamPool{h2: newH2Pool(c, cc, cc.tls, true)}
+	}
+	return &upstreamPool{h1: c.newTransport(cc, cc.tls, true)}
+}
+
+// CloseIdleConnections drains the pool: idle connections close, busy ones once their
+// requests ended.
+func (p *upstreamPool) CloseIdleConnections() {
+	if p.h1 != nil {
+		p.h1.CloseIdleConnections()
+	}
+	if p.h2 != nil {
+		p.h2.closeIdle()
+	}
+}
+
+// newTransport is an HTTP/1.1 connection pool (or the health checker's connections): connections within connect_timeout, TLS
 // per the UpstreamTlsContext with the current SDS secrets, HTTP/1.1 or HTTP/2 as the
 // cluster's explicit_http_config says. Responses are never decompressed.
 func (c *liveCluster) newTransport(cc *clusterCfg, socket *upstreamTLS, pool bool) *http.Transport {
@@ -364,7 +389,7 @@ func (c *liveCluster) newTransport(cc *clusterCfg, socket *upstreamTLS, pool boo
 		if pool {
 			c.d.stats.inc(c.statPrefix() + "upstream_cx_total") // Envoy: connections the pools opened
 		}
-		nd := net.Dialer{Timeout: cc.connectTimeout}
+		nd := cc.dialer()
 		conn, err := nd.DialContext(ctx, "tcp", addr)
 		if err != nil {
 			return nil, &connectError{err}
@@ -398,13 +423,14 @@ func (c *liveCluster) newTransport(cc *clusterCfg, socket *upstreamTLS, pool boo
 		// same rule (0: never).
 		IdleConnTimeout: cc.idleTimeout,
 	}
+	// HTTP/1.1 only, whatever ALPN negotiated: an HTTP/1.1 cluster's pool, and the health
+	// checker, whose codec is HttpHealthCheck.codec_client_type, HTTP1 by default (the
+	// allowlist admits no other), also for an HTTP/2 cluster (HttpHealthCheckerImpl,
+	// source/extensions/health_checkers/http/health_checker_impl.cc). Go's transport, with
+	// HTTP/2 off, speaks HTTP/1.1 over a connection that negotiated h2 just as Envoy's
+	// HTTP/1 codec would; the server then fails it.
 	p := new(http.Protocols)
-	if cc.http2 {
-		p.SetHTTP2(true)
-		p.SetUnencryptedHTTP2(socket == nil)
-	} else {
-		p.SetHTTP1(true)
-	}
+	p.SetHTTP1(true)
 	t.Protocols = p
 	return t
 }

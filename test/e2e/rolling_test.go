@@ -40,7 +40,7 @@ import (
 // this pair only, not also on v1.36.4 → v1.37.1.
 func TestRollingUpgrade(t *testing.T) {
 	t.Run("gates-on", func(t *testing.T) {
-		rollingUpgrade(t, upgradePlan{from: "v1.36.4", to: "v1.37.1"})
+		rollingUpgrade(t, upgradePlan{from: "v1.36.4", to: "v1.37.1", freeze: "cp-b"})
 	})
 	t.Run("cluster-defaults", func(t *testing.T) {
 		rollingUpgrade(t, upgradePlan{from: "v1.35.8", to: "v1.36.4", clusterDefaults: true, newAPI: &newIn136})
@@ -61,6 +61,10 @@ type upgradePlan struct {
 	// Before an upgraded server serves it, 404 is the right answer; from then on it must
 	// never be 404 again.
 	newAPI *request
+	// freeze, when set, is stopped with SIGSTOP while the first server upgrades (its Lease
+	// fresh for the liveness window, its connections open and silent: a hung apiserver), and
+	// resumed before its own upgrade.
+	freeze string
 }
 
 func rollingUpgrade(t *testing.T, plan upgradePlan) {
@@ -119,7 +123,25 @@ func rollingUpgrade(t *testing.T, plan upgradePlan) {
 	}
 
 	time.Sleep(3 * time.Second) // load on the old versions first
-	for _, s := range servers {
+	for i, s := range servers {
+		if plan.freeze != "" && i == 0 {
+			if err := e.cp.Freeze(plan.freeze); err != nil {
+				t.Fatal(err)
+			}
+			ours.frozen.Store(true)
+			plain.frozen.Store(true)
+			t.Logf("%s frozen (SIGSTOP) while %s upgrades", plan.freeze, s)
+		}
+		if plan.freeze != "" && s == plan.freeze {
+			if err := e.cp.Thaw(plan.freeze); err != nil {
+				t.Fatal(err)
+			}
+			// Watches reset while it was frozen end within a keepalive round after it.
+			time.Sleep(20 * time.Second)
+			ours.frozen.Store(false)
+			plain.frozen.Store(false)
+			t.Logf("%s resumed", plan.freeze)
+		}
 		t.Logf("upgrading %s to %s", s, plan.to)
 		if err := e.cp.Restart(ctx, s, plan.to); err != nil {
 			stopLoad()
@@ -190,6 +212,9 @@ func rollingUpgrade(t *testing.T, plan upgradePlan) {
 	if bad503 > 0 {
 		t.Errorf("through kube-mvp: %d × 503 without a Status and Retry-After", bad503)
 	}
+	if plan.freeze != "" {
+		t.Logf("through kube-mvp: %d watches reset while %s was frozen, each resumed", ours.watchReset.Load(), plan.freeze)
+	}
 	if ours.watchBroken.Load() > 0 {
 		t.Errorf("through kube-mvp: %d watches ended uncleanly: %q", ours.watchBroken.Load(), ours.errorSamples())
 	}
@@ -231,6 +256,12 @@ type load struct {
 	no503RetryAfter int
 
 	total, watchEvents, watchClean, watchBroken atomic.Int64
+	// frozen: an apiserver is frozen (or was, a keepalive round ago); a watch that ends with
+	// a reset meanwhile counts in watchReset, not watchBroken: the data plane cut it, as it
+	// must, when its connection to the frozen apiserver stopped answering pings, and a
+	// proxy cannot end a stream cleanly whose end it never saw. The watcher resumes it.
+	frozen     atomic.Bool
+	watchReset atomic.Int64
 }
 
 type reqKey struct {
@@ -406,6 +437,8 @@ func (l *load) watch(ctx context.Context, what, path string) {
 		switch {
 		case ctx.Err() != nil:
 			return
+		case err != nil && !errors.Is(err, io.EOF) && l.frozen.Load():
+			l.watchReset.Add(1)
 		case err != nil && !errors.Is(err, io.EOF):
 			l.watchBroken.Add(1)
 			l.record(reqKey{what: what + " (ended)"}, err)
