@@ -101,7 +101,8 @@
 //  6. "default": prefix "/" (non-resource paths, CRDs, aggregated APIs) → default cluster;
 //     ext_proc off.
 //
-// Every forwarding route's first twin is "<name>:upgrade" (upgradeRoute): an Upgrade header,
+// The first twin of every forwarding route that does not ask extproc is "<name>:upgrade"
+// (upgradeRoute; one that asks forwards nothing itself): an Upgrade header,
 // to the HTTP/1.1 twin of its cluster (on route 1 the cluster extproc names, which is that
 // twin for an upgrade), no timeout. Every route but 2 has long-running twins (see longRunningRoutes; route 1 also an
 // ":escaped-path" twin without timeout for the paths extproc decoded, which the long-running

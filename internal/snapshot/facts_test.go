@@ -719,7 +719,9 @@ func isTwin(name string) bool {
 		strings.HasSuffix(name, snapshot.RouteSuffixUpgrade)
 }
 
-// TestUpgradeRoutes: every forwarding route's upgrade twin is the first of its twins (before its escaped-path, long-running and read
+// TestUpgradeRoutes: every forwarding route that does not ask extproc has an upgrade twin (one
+// that asks forwards nothing itself: extproc names the cluster, the HTTP/1.1 twin for an
+// upgrade, and the request is matched again), which is the first of its twins (before its escaped-path, long-running and read
 // twins, which an upgrade request must not take), matches what the route matches when the
 // request has an Upgrade header, goes to the HTTP/1.1 twin of the route's cluster (or, on the
 // extproc-decided route, to the cluster extproc names), never times out, and keeps the
@@ -773,6 +775,21 @@ func TestUpgradeRoutes(t *testing.T) {
 			}
 			if upgrades == 0 {
 				t.Error("no upgrade routes")
+			}
+			names := map[string]bool{}
+			for _, r := range routes {
+				names[r.GetName()] = true
+			}
+			for _, r := range routes {
+				if isTwin(r.GetName()) {
+					continue
+				}
+				var pr extprocv3.ExtProcPerRoute
+				a := r.GetTypedPerFilterConfig()["envoy.filters.http.ext_proc"]
+				asks := a == nil || a.UnmarshalTo(&pr) != nil || !pr.GetDisabled()
+				if has := names[r.GetName()+snapshot.RouteSuffixUpgrade]; has == asks {
+					t.Errorf("route %s: asks extproc %v, upgrade twin %v", r.GetName(), asks, has)
+				}
 			}
 		})
 	}

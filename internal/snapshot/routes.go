@@ -231,8 +231,14 @@ func (b *builder) routeConfiguration() *routev3.RouteConfiguration {
 			}
 			forwarding = append(forwarding, readRoute(r, readRetry), r)
 		}
-		// Upgrades first: whatever else the request is, it must reach an HTTP/1.1 cluster.
-		forwarding = append([]*routev3.Route{upgradeRoute(r)}, forwarding...)
+		// Upgrades first: whatever else the request is, it must reach an HTTP/1.1 cluster. A
+		// route that asks extproc forwards nothing itself: extproc names the cluster (the
+		// HTTP/1.1 twin for an upgrade) and the request is matched again, to the
+		// extproc-decided route, or fails (the discovery route alone may go on without
+		// extproc, and /apis is never upgraded); so it needs no upgrade twin.
+		if !askExtProc(r) {
+			forwarding = append([]*routev3.Route{upgradeRoute(r)}, forwarding...)
+		}
 		for _, f := range forwarding {
 			// extproc names the front-proxy twin itself on the extproc-decided routes.
 			if clientCertificates && r.GetName() != RouteRoutingHeader {
@@ -385,6 +391,17 @@ func longRunningRoutes(r *routev3.Route) (watch, longRunning *routev3.Route) {
 	}
 	lr.Match.PathSpecifier = &routev3.RouteMatch_SafeRegex{SafeRegex: &matcherv3.RegexMatcher{Regex: regex}}
 	return watch, lr
+}
+
+// askExtProc reports whether route r runs the ext_proc filter (a per-route config that does
+// not disable it).
+func askExtProc(r *routev3.Route) bool {
+	a := r.GetTypedPerFilterConfig()[extProcFilterName]
+	if a == nil {
+		return true // the filter's own config: on
+	}
+	var pr extprocv3.ExtProcPerRoute
+	return a.UnmarshalTo(&pr) != nil || !pr.GetDisabled()
 }
 
 // RouteSuffixUpgrade is the suffix of the name of a route's upgrade twin (upgradeRoute).
