@@ -11,7 +11,7 @@ import (
 
 // Hold is what Envoy's config must keep besides what the current plan names.
 type Hold struct {
-	// Lingering are subset clusters, by name, kept for older routing tables (their members
+	// Lingering are serving sets, by name, kept for older routing tables (their members
 	// as when last named; the plan gives each only its live ones). Nil when none.
 	Lingering map[string]topology.ServerSet
 	// Joining are live apiserver IDs held out of the default cluster. Nil when none. It may
@@ -21,7 +21,7 @@ type Hold struct {
 	Joining map[string]bool
 }
 
-// Envoy tracks, across topology changes, the subset clusters named and when each apiserver
+// Envoy tracks, across topology changes, the serving sets named and when each apiserver
 // became live. Not safe for concurrent use (the caller holds its own lock).
 type Envoy struct {
 	opts  Options
@@ -48,7 +48,7 @@ func NewEnvoy(o Options) *Envoy {
 // Clock is the clock Observe reads: schedule the next Observe on it.
 func (e *Envoy) Clock() clock.WithDelayedExecution { return e.clock }
 
-// Observe records the subset clusters the current plans name (by name → members) and the
+// Observe records the serving sets the current plans name (by name → members) and the
 // live apiserver IDs, and returns the Hold for the snapshots and the time at which Observe
 // must be called again with the same arguments because a linger or a join ends (zero time:
 // none pending).
@@ -56,7 +56,7 @@ func (e *Envoy) Clock() clock.WithDelayedExecution { return e.clock }
 // The apiservers live at the first Observe (even if none) are the ones Envoy starts with:
 // no table predates them, so they never wait. One that is live later, including one that
 // went away and came back, joins JoinDelay after the Observe that first sees it live. A
-// cluster lingers from the first Observe that no longer names it (members as last named)
+// serving set lingers from the first Observe that no longer names it (members as last named)
 // until Linger has passed, or until it is named again.
 func (e *Envoy) Observe(named map[string]topology.ServerSet, live []string) (Hold, time.Time) {
 	now := e.clock.Now()

@@ -118,7 +118,7 @@ type shared struct {
 	caps      []topology.Capability
 	live      []string
 	hosts     []string
-	// names are the subset cluster names of caps[i].Live, made when first needed.
+	// names are the serving-set names of caps[i].Live, made when first needed.
 	names   []string
 	byNames map[string]string // ServerSet.Key → cluster name
 	// docs and docCaps are the group/versions' document keys and who can serve each, sorted.
@@ -140,7 +140,7 @@ func newShared(t *topology.Topology) *shared {
 	return s
 }
 
-// nameOf is the subset cluster name of the live apiservers set.
+// nameOf is the serving-set name of the live apiservers set.
 func (s *shared) nameOf(set topology.ServerSet) string {
 	key := set.Key()
 	name := s.byNames[key]
@@ -236,7 +236,7 @@ func sortClusters(cs []Cluster) {
 // Hold is what Envoy's configuration keeps besides what the plan names (make before break,
 // internal/makebeforebreak): it changes the clusters, never the routes.
 type Hold struct {
-	// Lingering are subset clusters, by name, that routing tables still in use may name.
+	// Lingering are serving sets, by name, that routing tables still in use may name.
 	Lingering map[string]topology.ServerSet
 	// Joining are live apiservers, by ID, held out of the default cluster until every
 	// routing table in use knows them.
@@ -305,7 +305,7 @@ func (p *Plan) MergesDiscovery() bool {
 	return false
 }
 
-// SubsetClusters are the subset clusters the plan's decisions name, by name.
+// SubsetClusters are the serving sets the plan's decisions name, by name.
 func (p *Plan) SubsetClusters() map[string]topology.ServerSet {
 	out := map[string]topology.ServerSet{}
 	for _, c := range p.Clusters {

@@ -233,12 +233,12 @@ func (b *builder) apiserverCluster(name string, tls *corev3.TransportSocket, pro
 		}},
 		CommonLbConfig: &clusterv3.Cluster_CommonLbConfig{HealthyPanicThreshold: &typev3.Percent{Value: 0}},
 		// EDS (the identity Leases) decides membership: an apiserver whose Lease is gone,
-		// or which left a subset, leaves the cluster with the EDS update. Without this,
-		// Envoy keeps a removed host that still passes active health checks
+		// or that left the all-apiservers set, leaves the cluster with the EDS update.
+		// Without this, Envoy keeps a removed host that still passes active health checks
 		// (PENDING_DYNAMIC_REMOVAL, BaseDynamicClusterImpl::updateDynamicHostList in
 		// source/common/upstream/upstream_impl.cc), sending it traffic for as long as its
-		// /readyz answers: a subset cluster would keep a server that no longer serves the
-		// subset's resources.
+		// /readyz answers: the default cluster would keep a joining apiserver it holds out,
+		// or a forgotten one.
 		IgnoreHealthOnHostRemoval: true,
 		// No metadata, nor anything else that changes with membership or role: Envoy
 		// treats any change of a cluster's CDS resource as a new cluster

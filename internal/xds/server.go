@@ -132,8 +132,8 @@ func (s *Server) Register(ctx context.Context, g *grpc.Server) {
 }
 
 // Update makes e the current plans and gives every known node its new snapshot, with the
-// clusters make before break holds (see internal/makebeforebreak): subset clusters that
-// older routing tables may still name linger, and apiservers that became live join the
+// serving sets and clusters make before break holds (see internal/makebeforebreak): serving
+// sets that older routing tables may still name linger, and apiservers that became live join the
 // default cluster only once every table in use knows them.
 func (s *Server) Update(e *plan.Envoys) {
 	s.mu.Lock()
@@ -167,7 +167,7 @@ func (s *Server) updateLocked() {
 	}
 }
 
-// namedLocked are the subset clusters of the plans in use: the front proxy's, and those of
+// namedLocked are the serving sets of the plans in use: the front proxy's, and those of
 // the sidecars connected now, once per local apiserver however many sidecars name it.
 func (s *Server) namedLocked() map[string]topology.ServerSet {
 	named := s.envoys.Front.SubsetClusters()
