@@ -223,7 +223,10 @@
 //     header (the proxy certificate without a user header gets a 401; that user may GET /readyz by Kubernetes' default
 //     system:public-info-viewer and by the chart's own role, whatever the anonymous
 //     policy); healthy_panic_threshold 0, so a
-//     cluster with no healthy apiserver answers 503 instead of trying unhealthy ones;
+//     cluster (or serving set) with no healthy apiserver answers 503 with Retry-After at once
+//     instead of trying unhealthy ones: Envoy's default (50%) would send a one-member set's
+//     requests to its hung or dead apiserver, to wait there or fail after its retries, and
+//     a just-restarted one is checked again within a second (unhealthy_interval);
 //     ignore_health_on_host_removal, so EDS alone decides membership (without it Envoy keeps
 //     an apiserver that left a cluster while its /readyz still answers 200);
 //     no metadata, nor anything else that changes with membership or role (a lingering
