@@ -30,10 +30,13 @@ import (
 // batch/v1 off throughout, so the control plane is mixed the whole time) while two identical
 // load generators run: one through kube-mvp, one through a plain round-robin balancer in
 // front of the same servers. Through kube-mvp there must be no 404 for resources that some
-// server serves, no 5xx and no transport error for reads, and every watch must end cleanly
-// (client-go resumes those). The balancer's numbers are logged for contrast (README).
+// server serves, no 5xx and no transport error for reads (but a 503 Status with Retry-After
+// for the new API until kube-mvp first answers it: its only server is just starting), and
+// every watch must end cleanly (client-go resumes those) or, while an apiserver is frozen, be
+// reset and resume. The balancer's numbers are logged for contrast (README).
 //
-// gates-on: v1.36.4 → v1.37.1 with the test gates (StorageVersion API, peer-proxy gate).
+// gates-on: v1.36.4 → v1.37.1 with the test gates (StorageVersion API, peer-proxy gate), cp-b
+// frozen (SIGSTOP) while cp-a upgrades.
 // cluster-defaults: v1.35.8 → v1.36.4 as real clusters of those releases run (the v1.35.8
 // Leases carry no address: xds-server gets --apiserver-addresses), with load on an API only
 // v1.36 serves. To stay within make test's time budget the cluster-defaults variant runs on
