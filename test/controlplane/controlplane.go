@@ -244,7 +244,9 @@ func (cp *ControlPlane) Kill(name string) { cp.Server(name).proc.kill() }
 // Freeze stops server name where it is (SIGSTOP): its connections stay open, the kernel
 // still acknowledging them, but nothing answers, as with a hung or partitioned apiserver;
 // its Lease goes stale after the liveness window. Thaw resumes it.
-func (cp *ControlPlane) Freeze(name string) error { return cp.Server(name).proc.signal(syscall.SIGSTOP) }
+func (cp *ControlPlane) Freeze(name string) error {
+	return cp.Server(name).proc.signal(syscall.SIGSTOP)
+}
 
 // Thaw resumes a frozen server (SIGCONT).
 func (cp *ControlPlane) Thaw(name string) error { return cp.Server(name).proc.signal(syscall.SIGCONT) }
