@@ -110,9 +110,9 @@ func (o *serveOptions) flagSet() *pflag.FlagSet {
 	fs.StringVar(&o.memoryConfigMap, "memory-configmap", "", "keep that memory in this ConfigMap, `NAMESPACE/NAME`, shared by every replica and read at start (default: in this process only)")
 	fs.StringVar(&o.addresses, "apiserver-addresses", "", "addresses for Leases without a peer-advertise address, a `LIST` of HOSTNAME=HOST:PORT")
 	duration(&o.tableDelay, 2*time.Second, "routing-table-delay", 0, "0 sends each table at once",
-		"send extproc a routing table that names a new cluster or apiserver this long after Envoy got it, so it is warm")
-	duration(&o.linger, 30*time.Second, "cluster-linger", 0, "0 drops unnamed clusters at once",
-		"keep a cluster no longer named this long, for requests routed by an older table")
+		"send extproc a routing table that names a new serving set or apiserver whole this long after Envoy got it (narrowed to what Envoy has before)")
+	duration(&o.linger, 30*time.Second, "cluster-linger", 0, "0 drops unnamed serving sets at once",
+		"keep a serving set no longer named this long, for requests routed by an older table")
 	fs.AddFlagSet(o.envoy.flagSet())
 	return fs
 }

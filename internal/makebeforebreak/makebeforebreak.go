@@ -54,7 +54,7 @@ func (o Options) Validate() error {
 		errs = multierror.Append(errs, fmt.Errorf("routing table delay %s is negative (0 sends each table at once)", o.TableDelay))
 	}
 	if o.Linger < 0 {
-		errs = multierror.Append(errs, fmt.Errorf("cluster linger %s is negative (0 drops unnamed clusters at once)", o.Linger))
+		errs = multierror.Append(errs, fmt.Errorf("cluster linger %s is negative (0 drops unnamed serving sets at once)", o.Linger))
 	}
 	if o.Linger > 0 && o.Linger <= o.TableDelay {
 		errs = multierror.Append(errs, fmt.Errorf("cluster linger %s must be longer than routing table delay %s: a cluster must outlive the tables that name it", o.Linger, o.TableDelay))

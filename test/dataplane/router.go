@@ -358,18 +358,13 @@ func (st *stream) attempt(ctx context.Context, c *liveCluster, cc *clusterCfg, p
 	}
 	hidden := context.Cause(actx) == errHiddenRetry
 	cancelAttempt(nil)
-	h.mu.Lock()
-	h.rqErrs++
-	h.mu.Unlock()
-	var ce *connectError
+	if kind, ok := attemptFailed(ctx, h, err); ok {
+		return nil, kind, err
+	}
 	wroteMu.Lock()
 	w := wrote
 	wroteMu.Unlock()
 	switch {
-	case errors.As(err, &ce):
-		return nil, connectFailure, err
-	case errors.Is(err, context.DeadlineExceeded) && ctx.Err() != nil:
-		return nil, timeoutFailure, err
 	case hidden:
 		return nil, resetAfterRequest, errHiddenRetry
 	case !w:
@@ -377,6 +372,23 @@ func (st *stream) attempt(ctx context.Context, c *liveCluster, cc *clusterCfg, p
 	default:
 		return nil, resetAfterRequest, err
 	}
+}
+
+// attemptFailed counts a failed attempt on h and classifies what both upstream protocols
+// share: a connection that never came up (UF) and the route timeout (UT). ok false: the
+// caller tells the rest apart (what was written, resets, refusals).
+func attemptFailed(ctx context.Context, h *liveHost, err error) (kind failureKind, ok bool) {
+	h.mu.Lock()
+	h.rqErrs++
+	h.mu.Unlock()
+	var ce *connectError
+	switch {
+	case errors.As(err, &ce):
+		return connectFailure, true
+	case errors.Is(err, context.DeadlineExceeded) && ctx.Err() != nil:
+		return timeoutFailure, true
+	}
+	return noFailure, false
 }
 
 // upstreamRequest is the request to send to host h: the (mutated) request headers, the
@@ -483,18 +495,13 @@ func (st *stream) attemptH2(ctx context.Context, c *liveCluster, cc *clusterCfg,
 		}
 		return resp, noFailure, nil
 	}
-	h.mu.Lock()
-	h.rqErrs++
-	h.mu.Unlock()
-	var ce *connectError
+	if kind, ok := attemptFailed(ctx, h, err); ok {
+		return nil, kind, err
+	}
 	wroteMu.Lock()
 	w := wrote
 	wroteMu.Unlock()
 	switch {
-	case errors.As(err, &ce):
-		return nil, connectFailure, err
-	case errors.Is(err, context.DeadlineExceeded) && ctx.Err() != nil:
-		return nil, timeoutFailure, err
 	case ctx.Err() != nil:
 		return nil, resetBeforeRequest, err
 	case h2Refused(err):
