@@ -507,9 +507,10 @@ func TestProxyCertificateCheck(t *testing.T) {
 	// cp-a moves to an apiserver that refuses the certificate too: not ready.
 	writeTable(refusing, refusing)
 	hup <- syscall.SIGHUP
-	testutil.WaitFor(t, t.Context(), 30*time.Second, "/readyz failing", testutil.Cond(func() bool {
+	// Not ready as soon as cp-b's refusal is the only answer; wait for cp-a's at its new address.
+	testutil.WaitFor(t, t.Context(), 30*time.Second, "/readyz failing with both answers", testutil.Cond(func() bool {
 		code, body = get("/readyz")
-		return code == 503
+		return code == 503 && strings.Contains(body, "answered (2)")
 	}))
 	for _, want := range []string{
 		"every apiserver that answered (2) refuses kube-mvp's proxy certificate",
