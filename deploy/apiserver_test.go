@@ -187,19 +187,29 @@ func TestChartOnRealAPIServer(t *testing.T) {
 		// The groups the apiserver gives a service account token.
 		xdsUser := "system:serviceaccount:" + ns + ":" + sa
 		saGroups := []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"}
-		// RBAC reads the new roles from an informer: wait until the first grant shows.
-		testutil.WaitFor(t, ctx, 90*time.Second, "the RBAC to take effect", func() error {
-			ok, err := review(xdsUser, saGroups, allowed[0])
-			if err == nil && !ok {
-				err = fmt.Errorf("%v still denied", allowed[0])
+		// RBAC reads Roles, RoleBindings, ClusterRoles and ClusterRoleBindings from informers
+		// of their own: wait until every grant shows (bounded: a missing one fails here).
+		testutil.WaitFor(t, ctx, 90*time.Second, "every grant of the chart's RBAC to take effect", func() error {
+			var denied []string
+			for _, a := range allowed {
+				ok, err := review(xdsUser, saGroups, a)
+				if err != nil {
+					return err
+				}
+				if !ok {
+					denied = append(denied, fmt.Sprintf("%s: %+v", xdsUser, a))
+				}
 			}
-			return err
+			if ok, err := review(contract.HealthCheckUser, nil, access{verb: "get", path: "/readyz"}); err != nil {
+				return err
+			} else if !ok {
+				denied = append(denied, contract.HealthCheckUser+": GET /readyz")
+			}
+			if len(denied) > 0 {
+				return fmt.Errorf("still denied: %v", denied)
+			}
+			return nil
 		})
-		for _, a := range allowed {
-			if ok, err := review(xdsUser, saGroups, a); err != nil || !ok {
-				t.Errorf("%s: %+v denied (%v), want allowed", xdsUser, a, err)
-			}
-		}
 		for _, a := range denied {
 			if ok, err := review(xdsUser, saGroups, a); err != nil || ok {
 				t.Errorf("%s: %+v allowed (%v), want denied", xdsUser, a, err)

@@ -216,6 +216,8 @@ type fakeOptions struct {
 	http1Only bool
 	// maxStreams, if set, is the SETTINGS_MAX_CONCURRENT_STREAMS it advertises.
 	maxStreams uint32
+	// watchStep, if set, paces watches instead of the tick: one event per receive.
+	watchStep chan struct{}
 }
 
 func newFakeAPIServerOpts(t testing.TB, p *pki, name, ip string, tick time.Duration, ticks int, fo fakeOptions) *fakeAPIServer {
@@ -289,13 +291,31 @@ func newFakeAPIServerOpts(t testing.TB, p *pki, name, ip string, tick time.Durat
 			w.WriteHeader(http.StatusOK)
 			rc := http.NewResponseController(w)
 			_ = rc.Flush()
-			tk := time.NewTicker(tick)
-			defer tk.Stop()
+			next := fo.watchStep
+			if next == nil {
+				tk := time.NewTicker(tick)
+				defer tk.Stop()
+				next = make(chan struct{})
+				go func() {
+					for {
+						select {
+						case <-r.Context().Done():
+							return
+						case <-tk.C:
+							select {
+							case next <- struct{}{}:
+							case <-r.Context().Done():
+								return
+							}
+						}
+					}
+				}()
+			}
 			for i := 0; i < ticks; i++ {
 				select {
 				case <-r.Context().Done():
 					return
-				case <-tk.C:
+				case <-next:
 				}
 				fmt.Fprintf(w, "{\"type\":\"ADDED\",\"n\":%d,\"at\":%d}\n", i, time.Now().UnixNano())
 				_ = rc.Flush()
@@ -378,6 +398,10 @@ type envOptions struct {
 	front func(p *pki, name, addr string) string
 }
 
+// testExtProcMessageTimeout is the ext_proc message_timeout of every test's data plane
+// (harness.TestExtProcMessageTimeout's value: harness imports this package).
+const testExtProcMessageTimeout = 2 * time.Second
+
 var fixtureAddresses = map[string]string{"cp-a": "127.0.0.1", "cp-b": "127.0.0.2", "cp-c": "127.0.0.3"}
 
 func testLogger(t testing.TB) *slog.Logger {
@@ -439,6 +463,9 @@ func newEnv(t testing.TB, o envOptions) *env {
 	cfg := snapshot.Config{
 		ListenAddress: "127.0.0.1", ListenPort: 6443, ExtProcAddress: "unix:" + sock,
 		Secrets: e.secrets, UpstreamRequestTimeout: o.upstreamRequestTimeout,
+		// Not the product's 200 ms: each test's first decision pays for extproc's lazy gRPC
+		// dial, which under -race on a busy machine can take longer (e2e uses 2 s too).
+		ExtProcMessageTimeout: testExtProcMessageTimeout,
 	}
 	e.xds = xds.New(func(p *plan.Plan) (*cachev3.Snapshot, error) {
 		res, err := snapshot.Build(p, cfg)

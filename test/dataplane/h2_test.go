@@ -182,16 +182,16 @@ func TestH2Multiplexed(t *testing.T) {
 				}
 				return nil
 			})
+			// The short requests are answered while every held stream is still open.
+			var short sync.WaitGroup
 			for range nShort {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
+				short.Go(func() {
 					if r := e.do(c, "GET", path, nil); r.status != 200 || r.seen.Proto != "HTTP/2.0" {
 						errs <- fmt.Errorf("short: status %d, proto %q: %s", r.status, r.seen.Proto, r.body)
 					}
-				}()
+				})
 			}
-			time.Sleep(200 * time.Millisecond)
+			short.Wait()
 			close(release)
 			wg.Wait()
 			close(errs)
@@ -445,7 +445,10 @@ func (p *freezeProxy) freeze() {
 // retry_on): 503 UC. While the apiservers answer, PINGs are ACKed and nothing closes.
 // Without the keepalive all three would wait for the apiserver indefinitely.
 func TestH2KeepaliveFrozenUpstream(t *testing.T) {
-	const interval, timeout = 300 * time.Millisecond, 400 * time.Millisecond
+	// A timeout long enough that the GET and POST sent just after the freeze are on the
+	// frozen connection before it closes, and that a PING ACK delayed by a busy machine
+	// closes nothing while the apiservers answer.
+	const interval, timeout = 300 * time.Millisecond, 2 * time.Second
 	// Only cp-a, behind a proxy that can freeze it, is a host: with several hosts all frozen
 	// at once, their keepalive timeouts fire together and a GET's three attempts can each
 	// meet a frozen connection just before it closes (a 503 real Envoy would give too).

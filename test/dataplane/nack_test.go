@@ -196,7 +196,6 @@ func TestNACKOverADS(t *testing.T) {
 	bad := buildResources(t, "batch-off")
 	bad.Clusters[0].(*clusterv3.Cluster).DnsRefreshRate = durationpb.New(time.Second)
 
-	var nackDetail string
 	cache := cachev3.NewSnapshotCache(true, cachev3.IDHash{}, nil)
 	snap := func(r *snapshot.Resources, version string) *cachev3.Snapshot {
 		s, err := cachev3.NewSnapshot(version, map[resource.Type][]types.Resource{
@@ -212,12 +211,12 @@ func TestNACKOverADS(t *testing.T) {
 	if err := cache.SetSnapshot(ctx, "node", snap(bad, "bad")); err != nil {
 		t.Fatal(err)
 	}
-	nacked := make(chan struct{}, 1)
+	// The first NACK's detail (the cache answers a NACK with the same snapshot: NACKs repeat).
+	nacked := make(chan string, 1)
 	srv := serverv3.NewServer(ctx, cache, serverv3.CallbackFuncs{StreamRequestFunc: func(_ int64, req *discovery.DiscoveryRequest) error {
 		if req.GetErrorDetail() != nil && req.GetTypeUrl() == resource.ClusterType {
-			nackDetail = req.GetErrorDetail().GetMessage()
 			select {
-			case nacked <- struct{}{}:
+			case nacked <- req.GetErrorDetail().GetMessage():
 			default:
 			}
 		}
@@ -237,8 +236,9 @@ func TestNACKOverADS(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer dp.Close()
+	var nackDetail string
 	select {
-	case <-nacked:
+	case nackDetail = <-nacked:
 	case <-time.After(10 * time.Second):
 		t.Fatal("no NACK")
 	}
