@@ -95,6 +95,7 @@ func APIServers(leases []coordinationv1.Lease, opts Options) ([]topology.APIServ
 	}
 	var errs []error
 	var servers []topology.APIServer
+	var renewed []time.Time // of each server's Lease; zero: none
 	for i := range leases {
 		s, err := APIServerFromLease(&leases[i], opts)
 		if err != nil {
@@ -102,12 +103,63 @@ func APIServers(leases []coordinationv1.Lease, opts Options) ([]topology.APIServ
 		}
 		if s.ID != "" {
 			servers = append(servers, s)
+			var rt time.Time
+			if leases[i].Spec.RenewTime != nil {
+				rt = leases[i].Spec.RenewTime.Time
+			}
+			renewed = append(renewed, rt)
 		}
+	}
+	if err := judgeAsOfLastRenewalSeen(servers, renewed, opts.Now, window); err != nil {
+		errs = append(errs, err)
 	}
 	if err := allStaleMeansStaleWatch(servers, leases, opts.Now, window); err != nil {
 		errs = append(errs, err)
 	}
 	return servers, errs
+}
+
+// IdentityLeaseRenewInterval is how often a live apiserver renews its identity Lease
+// (upstream's default).
+const IdentityLeaseRenewInterval = 10 * time.Second
+
+// judgeAsOfLastRenewalSeen handles a Lease watch that went quiet. While it works, some live
+// apiserver's renewal arrives at least every IdentityLeaseRenewInterval; when none has for
+// longer, our watch is more likely stuck (its connection to a hung apiserver not yet found
+// dead: client-go's HTTP/2 health check takes up to 45 s) than the control plane dead. Judged
+// against the clock, the apiservers would then fall out of the window one by one, in the
+// order of their last renewals, and Envoy would be told that only the last one to renew
+// (perhaps the hung one) can serve. So Leases are judged as of the newest renewal seen plus
+// window - IdentityLeaseRenewInterval: every apiserver that renewed in the last interval
+// before the watch went quiet stays alive, and Envoy's health checks decide the rest. A
+// forged future renewal can only move that time towards now, i.e. to the plain judgement;
+// and judging as of a time before now only ever keeps more apiservers alive.
+func judgeAsOfLastRenewalSeen(servers []topology.APIServer, renewed []time.Time, now time.Time, window time.Duration) error {
+	var newest time.Time
+	for _, rt := range renewed {
+		if rt.After(newest) {
+			newest = rt
+		}
+	}
+	if now.IsZero() || newest.IsZero() {
+		return nil
+	}
+	asOf := newest.Add(max(window-IdentityLeaseRenewInterval, 0))
+	if !asOf.Before(now) {
+		return nil
+	}
+	for i, rt := range renewed {
+		if !rt.IsZero() {
+			servers[i].Alive = asOf.Sub(rt) <= window
+		}
+	}
+	// A short window makes asOf lag now in normal operation too (judging only ever keeps
+	// more apiservers alive): said only once the quiet is clearly not renewals' spacing.
+	if now.Sub(newest) <= 2*IdentityLeaseRenewInterval {
+		return nil
+	}
+	return fmt.Errorf("no identity Lease renewal seen for %s (apiservers renew every %s): our Lease watch is more likely stuck than the apiservers dead, so the Leases are judged as of %s, and Envoy's health checks decide",
+		now.Sub(newest).Round(time.Second), IdentityLeaseRenewInterval, asOf.UTC().Format(time.RFC3339))
 }
 
 // Build turns watched objects into a Topology. It never stops at a bad object: each one it

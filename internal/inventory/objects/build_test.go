@@ -10,6 +10,7 @@ import (
 
 	"github.com/hashicorp/go-multierror"
 	apidiscoveryv2 "k8s.io/api/apidiscovery/v2"
+	coordinationv1 "k8s.io/api/coordination/v1"
 
 	"github.com/kube-mvp/kube-mvp/internal/inventory/objects"
 	"github.com/kube-mvp/kube-mvp/internal/plan"
@@ -241,9 +242,11 @@ spec: {holderIdentity: 7, bogus: true}
 	}
 }
 
-// TestAllLeasesStale: when no Lease at all is fresh, the view is taken to be stale, not the
-// control plane dead: every apiserver counts as alive (Envoy's health checks decide), and the
-// error says why. One fresh Lease is enough to judge the others normally.
+// TestAllLeasesStale: when no Lease renewal was seen for longer than apiservers take to
+// renew, the view is taken to be stale, not the control plane dead: the Leases are judged as
+// of the newest renewal seen (plus the window less the renew interval), so what was alive
+// then stays alive (Envoy's health checks decide), and the error says why. While renewals
+// arrive, the others are judged normally.
 func TestAllLeasesStale(t *testing.T) {
 	objs, err := objects.DecodeFixture(strings.NewReader(mixedFixture))
 	if err != nil {
@@ -258,22 +261,59 @@ func TestAllLeasesStale(t *testing.T) {
 		t.Errorf("with A fresh: live %v, want only A", live)
 	}
 	for _, e := range errs {
-		if strings.Contains(e.Error(), "no identity Lease was renewed") {
+		if strings.Contains(e.Error(), "no identity Lease renewal seen") {
 			t.Errorf("with A fresh: %v", e)
 		}
 	}
 
-	opts.Now = time.Date(2026, 11, 23, 11, 0, 0, 0, time.UTC) // both stale
+	opts.Now = time.Date(2026, 11, 23, 11, 0, 0, 0, time.UTC) // no renewal for an hour
 	topo, errs = objects.Build(objs, opts)
-	if live := topo.Live(); !slices.Equal(live, []string{"apiserver-aaa", "apiserver-bbb"}) {
-		t.Errorf("all stale: live %v, want both", live)
+	if live := topo.Live(); !slices.Equal(live, []string{"apiserver-aaa"}) {
+		t.Errorf("no renewal seen for an hour: live %v, want A (alive when the watch went quiet), not B (dead long before)", live)
 	}
 	found := false
 	for _, e := range errs {
-		found = found || strings.Contains(e.Error(), "no identity Lease was renewed within 30s (the newest 1h0m0s ago)")
+		found = found || strings.Contains(e.Error(), "no identity Lease renewal seen for 1h0m0s (apiservers renew every 10s): our Lease watch is more likely stuck than the apiservers dead, so the Leases are judged as of 2026-11-23T10:00:20Z")
 	}
 	if !found {
-		t.Errorf("all stale: no error says so: %v", errs)
+		t.Errorf("no renewal seen for an hour: no error says so: %v", errs)
+	}
+}
+
+// TestQuietLeaseWatch: the Lease watch goes quiet (its connection to a hung apiserver),
+// A having renewed last just before, B 8 s earlier: judged against the clock alone B would
+// drop out of the window first and A alone count as alive; judged as of the last renewal
+// seen, both stay alive however long the watch stays quiet. A real death is still seen
+// while renewals arrive: with A renewing, B drops out after the window.
+func TestQuietLeaseWatch(t *testing.T) {
+	const window = 20 * time.Second
+	t0 := time.Date(2026, 11, 23, 10, 0, 0, 0, time.UTC)
+	a, b := leaseAt("apiserver-a", t0), leaseAt("apiserver-b", t0.Add(-8*time.Second))
+	live := func(now time.Time, leases ...coordinationv1.Lease) []string {
+		servers, _ := objects.APIServers(leases, objects.Options{Now: now, LivenessWindow: window})
+		var out []string
+		for _, s := range servers {
+			if s.Alive {
+				out = append(out, s.ID)
+			}
+		}
+		return out
+	}
+	for _, quiet := range []time.Duration{5 * time.Second, 11 * time.Second, 13 * time.Second, time.Minute, time.Hour} {
+		if got := live(t0.Add(quiet), a, b); !slices.Equal(got, []string{"apiserver-a", "apiserver-b"}) {
+			t.Errorf("watch quiet for %s: live %v, want both", quiet, got)
+		}
+	}
+	// A keeps renewing, B does not: B is dead once its renewal is older than the window.
+	for _, after := range []time.Duration{0, 10 * time.Second, 20 * time.Second, 30 * time.Second} {
+		now := t0.Add(after)
+		want := []string{"apiserver-a"}
+		if now.Sub(t0.Add(-8*time.Second)) <= window {
+			want = append(want, "apiserver-b")
+		}
+		if got := live(now, leaseAt("apiserver-a", now), b); !slices.Equal(got, want) {
+			t.Errorf("A renewing, B not, at +%s: live %v, want %v", after, got, want)
+		}
 	}
 }
 
