@@ -76,6 +76,11 @@ type Options struct {
 	DataPlaneLogLevel slog.Leveler
 	// XDSServerArgs are extra `xds-server serve` flags, appended last.
 	XDSServerArgs []string
+	// WatchThrough, when set (an apiserver's hostname), is where xds-server's first
+	// connection through the balancer goes, the one its watches share: a test that freezes
+	// that apiserver leaves xds-server's view stuck, as a hung apiserver behind the
+	// kubernetes Service can.
+	WatchThrough string
 	// ExtprocUnready: Start waits for extproc's /healthz, not its /readyz, for tests in
 	// which its readiness must fail (every apiserver refuses the proxy certificate).
 	ExtprocUnready bool
@@ -127,7 +132,12 @@ func Start(ctx context.Context, opts Options) (k *KubeMVP, err error) {
 	// xds-server watches through a balancer over every apiserver, as in a cluster it does
 	// through the kubernetes Service: pointed at one apiserver, it would lose sight of every
 	// Lease when that one stops.
-	if k.apiBalancer, err = StartRoundRobin(cp.Addresses()); err != nil {
+	backends := cp.Addresses()
+	if opts.WatchThrough != "" {
+		first := cp.Server(opts.WatchThrough).Address()
+		backends = append([]string{first}, slices.DeleteFunc(backends, func(a string) bool { return a == first })...)
+	}
+	if k.apiBalancer, err = StartRoundRobin(backends); err != nil {
 		return nil, err
 	}
 	kubeconfig := filepath.Join(dir, "kubeconfig")

@@ -39,7 +39,7 @@ func (rr *RoundRobin) serve() {
 		if err != nil {
 			return
 		}
-		backend := rr.backends[rr.next.Add(1)%uint64(len(rr.backends))]
+		backend := rr.backends[(rr.next.Add(1)-1)%uint64(len(rr.backends))] // the first one first
 		go proxyTCP(c, backend)
 	}
 }

@@ -123,6 +123,11 @@ func APIServers(leases []coordinationv1.Lease, opts Options) ([]topology.APIServ
 // (upstream's default).
 const IdentityLeaseRenewInterval = 10 * time.Second
 
+// identityLeaseRenewGap is the longest a watch sees between two renewals of one live
+// apiserver: the interval, its 4 % jitter, and the write's and the watch's latency on a busy
+// control plane, with room to spare.
+const identityLeaseRenewGap = IdentityLeaseRenewInterval * 3 / 2
+
 // judgeAsOfLastRenewalSeen handles a Lease watch that went quiet. While it works, some live
 // apiserver's renewal arrives at least every IdentityLeaseRenewInterval; when none has for
 // longer, our watch is more likely stuck (its connection to a hung apiserver not yet found
@@ -130,8 +135,8 @@ const IdentityLeaseRenewInterval = 10 * time.Second
 // against the clock, the apiservers would then fall out of the window one by one, in the
 // order of their last renewals, and Envoy would be told that only the last one to renew
 // (perhaps the hung one) can serve. So Leases are judged as of the newest renewal seen plus
-// window - IdentityLeaseRenewInterval: every apiserver that renewed in the last interval
-// before the watch went quiet stays alive, and Envoy's health checks decide the rest. A
+// window - identityLeaseRenewGap: every apiserver that renewed in the last gap before the
+// watch went quiet stays alive, and Envoy's health checks decide the rest. A
 // forged future renewal can only move that time towards now, i.e. to the plain judgement;
 // and judging as of a time before now only ever keeps more apiservers alive.
 func judgeAsOfLastRenewalSeen(servers []topology.APIServer, renewed []time.Time, now time.Time, window time.Duration) error {
@@ -144,7 +149,7 @@ func judgeAsOfLastRenewalSeen(servers []topology.APIServer, renewed []time.Time,
 	if now.IsZero() || newest.IsZero() {
 		return nil
 	}
-	asOf := newest.Add(max(window-IdentityLeaseRenewInterval, 0))
+	asOf := newest.Add(max(window-identityLeaseRenewGap, 0))
 	if !asOf.Before(now) {
 		return nil
 	}

@@ -273,7 +273,7 @@ func TestAllLeasesStale(t *testing.T) {
 	}
 	found := false
 	for _, e := range errs {
-		found = found || strings.Contains(e.Error(), "no identity Lease renewal seen for 1h0m0s (apiservers renew every 10s): our Lease watch is more likely stuck than the apiservers dead, so the Leases are judged as of 2026-11-23T10:00:20Z")
+		found = found || strings.Contains(e.Error(), "no identity Lease renewal seen for 1h0m0s (apiservers renew every 10s): our Lease watch is more likely stuck than the apiservers dead, so the Leases are judged as of 2026-11-23T10:00:15Z")
 	}
 	if !found {
 		t.Errorf("no renewal seen for an hour: no error says so: %v", errs)
@@ -281,14 +281,16 @@ func TestAllLeasesStale(t *testing.T) {
 }
 
 // TestQuietLeaseWatch: the Lease watch goes quiet (its connection to a hung apiserver),
-// A having renewed last just before, B 8 s earlier: judged against the clock alone B would
-// drop out of the window first and A alone count as alive; judged as of the last renewal
-// seen, both stay alive however long the watch stays quiet. A real death is still seen
-// while renewals arrive: with A renewing, B drops out after the window.
+// A having renewed last just before, B 10.5 s earlier (its next renewal, due as the watch
+// stopped, never seen): judged against the clock alone B would drop out of the window first
+// and A alone count as alive; judged as of the last renewal seen, both stay alive however
+// long the watch stays quiet. A real death is still seen while renewals arrive: with A
+// renewing, B drops out after the window.
 func TestQuietLeaseWatch(t *testing.T) {
 	const window = 20 * time.Second
 	t0 := time.Date(2026, 11, 23, 10, 0, 0, 0, time.UTC)
-	a, b := leaseAt("apiserver-a", t0), leaseAt("apiserver-b", t0.Add(-8*time.Second))
+	bRenewed := t0.Add(-10500 * time.Millisecond)
+	a, b := leaseAt("apiserver-a", t0), leaseAt("apiserver-b", bRenewed)
 	live := func(now time.Time, leases ...coordinationv1.Lease) []string {
 		servers, _ := objects.APIServers(leases, objects.Options{Now: now, LivenessWindow: window})
 		var out []string
@@ -299,7 +301,7 @@ func TestQuietLeaseWatch(t *testing.T) {
 		}
 		return out
 	}
-	for _, quiet := range []time.Duration{5 * time.Second, 11 * time.Second, 13 * time.Second, time.Minute, time.Hour} {
+	for _, quiet := range []time.Duration{5 * time.Second, 9 * time.Second, 11 * time.Second, time.Minute, time.Hour} {
 		if got := live(t0.Add(quiet), a, b); !slices.Equal(got, []string{"apiserver-a", "apiserver-b"}) {
 			t.Errorf("watch quiet for %s: live %v, want both", quiet, got)
 		}
@@ -308,7 +310,7 @@ func TestQuietLeaseWatch(t *testing.T) {
 	for _, after := range []time.Duration{0, 10 * time.Second, 20 * time.Second, 30 * time.Second} {
 		now := t0.Add(after)
 		want := []string{"apiserver-a"}
-		if now.Sub(t0.Add(-8*time.Second)) <= window {
+		if now.Sub(bRenewed) <= window {
 			want = append(want, "apiserver-b")
 		}
 		if got := live(now, leaseAt("apiserver-a", now), b); !slices.Equal(got, want) {
