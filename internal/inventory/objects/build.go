@@ -86,8 +86,8 @@ type Options struct {
 }
 
 // APIServers are the apiservers the Leases describe, alive by their renewTime (see
-// allStaleMeansStaleWatch for when none is), with an error for each Lease skipped or partly
-// used.
+// judgeAsOfLastRenewalSeen for when our Lease watch went quiet), with an error for each Lease
+// skipped or partly used.
 func APIServers(leases []coordinationv1.Lease, opts Options) ([]topology.APIServer, []error) {
 	window := opts.LivenessWindow
 	if window == 0 {
@@ -113,9 +113,6 @@ func APIServers(leases []coordinationv1.Lease, opts Options) ([]topology.APIServ
 	if err := judgeAsOfLastRenewalSeen(servers, renewed, opts.Now, window); err != nil {
 		errs = append(errs, err)
 	}
-	if err := allStaleMeansStaleWatch(servers, leases, opts.Now, window); err != nil {
-		errs = append(errs, err)
-	}
 	return servers, errs
 }
 
@@ -131,7 +128,8 @@ const identityLeaseRenewGap = IdentityLeaseRenewInterval * 3 / 2
 // judgeAsOfLastRenewalSeen handles a Lease watch that went quiet. While it works, some live
 // apiserver's renewal arrives at least every IdentityLeaseRenewInterval; when none has for
 // longer, our watch is more likely stuck (its connection to a hung apiserver not yet found
-// dead: client-go's HTTP/2 health check takes up to 45 s) than the control plane dead. Judged
+// dead: up to 15 s with xds-server's HTTP/2 health check, 45 s with client-go's defaults)
+// than the control plane dead. Judged
 // against the clock, the apiservers would then fall out of the window one by one, in the
 // order of their last renewals, and Envoy would be told that only the last one to renew
 // (perhaps the hung one) can serve. So Leases are judged as of the newest renewal seen plus
@@ -146,8 +144,16 @@ func judgeAsOfLastRenewalSeen(servers []topology.APIServer, renewed []time.Time,
 			newest = rt
 		}
 	}
-	if now.IsZero() || newest.IsZero() {
+	if now.IsZero() || len(servers) == 0 {
 		return nil
+	}
+	if newest.IsZero() {
+		// No renewal at all to judge by (a Lease without renewTime is never alive by itself):
+		// rather than tell every Envoy that nothing can serve anything, health checks decide.
+		for i := range servers {
+			servers[i].Alive = true
+		}
+		return fmt.Errorf("no identity Lease carries a renewTime: all %d apiservers count as alive, and Envoy's health checks decide", len(servers))
 	}
 	asOf := newest.Add(max(window-identityLeaseRenewGap, 0))
 	if !asOf.Before(now) {
@@ -401,33 +407,4 @@ func addStorageVersion(sv *apiserverinternalv1alpha1.StorageVersion, discovered 
 		}
 	}
 	return errs
-}
-
-// allStaleMeansStaleWatch handles the case where no identity Lease at all was renewed within
-// the window. Every apiserver crashing at once is far less likely than our own view of the
-// Leases having gone stale (xds-server cut off from the apiservers while Envoy still reaches
-// them), and acting on a stale view would tell every Envoy that nothing can serve anything.
-// So all apiservers with an address count as alive, and Envoy's active health checks on
-// /readyz decide; the returned error says so in the log. A truly dead control plane still
-// ends in 503s, from Envoy instead of extproc.
-func allStaleMeansStaleWatch(servers []topology.APIServer, leases []coordinationv1.Lease, now time.Time, window time.Duration) error {
-	if len(servers) == 0 || now.IsZero() {
-		return nil
-	}
-	for _, s := range servers {
-		if s.Alive {
-			return nil
-		}
-	}
-	var newest time.Time
-	for i := range leases {
-		if rt := leases[i].Spec.RenewTime; rt != nil && rt.After(newest) {
-			newest = rt.Time
-		}
-	}
-	for i := range servers {
-		servers[i].Alive = true
-	}
-	return fmt.Errorf("no identity Lease was renewed within %s (the newest %s ago): our watch is more likely stale than every apiserver dead, so all %d count as alive and Envoy's health checks decide",
-		window, now.Sub(newest).Round(time.Second), len(servers))
 }

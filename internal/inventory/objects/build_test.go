@@ -306,6 +306,12 @@ func TestQuietLeaseWatch(t *testing.T) {
 			t.Errorf("watch quiet for %s: live %v, want both", quiet, got)
 		}
 	}
+	// No Lease carries a renewal at all: nothing to judge by, every apiserver counts as alive.
+	noRenewal := func(l coordinationv1.Lease) coordinationv1.Lease { l.Spec.RenewTime = nil; return l }
+	servers, errs := objects.APIServers([]coordinationv1.Lease{noRenewal(a), noRenewal(b)}, objects.Options{Now: t0, LivenessWindow: window})
+	if len(servers) != 2 || !servers[0].Alive || !servers[1].Alive || len(errs) != 1 || !strings.Contains(errs[0].Error(), "no identity Lease carries a renewTime: all 2 apiservers count as alive") {
+		t.Errorf("no renewTime anywhere: %+v, %v; want both alive and the reason", servers, errs)
+	}
 	// A keeps renewing, B does not: B is dead once its renewal is older than the window.
 	for _, after := range []time.Duration{0, 10 * time.Second, 20 * time.Second, 30 * time.Second} {
 		now := t0.Add(after)
