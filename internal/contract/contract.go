@@ -37,6 +37,18 @@ const (
 	IdentityFrontProxy     = "front-proxy"
 	IdentityOwnCredentials = "own-credentials"
 
+	// HeaderRequestClass is where Envoy's Lua filter (internal/snapshot/request_class.lua)
+	// writes every request's class, as the apiserver will treat it; the routes give the
+	// classes below their timeout and retry policy by exact match, and every other value
+	// (long-running, unclassified) or none takes the route without a class: no timeout, no
+	// retry after a reset. The listener strips it from clients and the route configuration
+	// removes it before any apiserver.
+	HeaderRequestClass = "x-kube-mvp-request-class"
+	ClassUpgrade       = "upgrade"
+	ClassRead          = "read"
+	ClassWatch         = "watch"
+	ClassWrite         = "write"
+
 	// CredentialIDExtraKey is the user extra "authentication.kubernetes.io/credential-id"
 	// (k8s.io/apiserver user.CredentialIDKey) as a header name suffix: the requestheader
 	// authenticator path-unescapes extra keys, so "/" travels as "%2f".

@@ -19,22 +19,6 @@ import (
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 
-// fixedRemovals are removed from every request without identity headers of the Lua filter,
-// whether present or not (removing an absent header is a no-op in Envoy): the table's
-// identity header names (user, uid, group) and frontProxyRemovals. The listener's early
-// header mutation already strips them; this is defence in depth for a listener configured
-// by hand. ext_proc's remove_headers takes exact names only, so client-supplied extra
-// headers (the extra prefixes) are added per request, by name. Shared by every response of a
-// table: never modified.
-func fixedRemovals(h topology.RequestHeaders) []string {
-	return append(h.OrDefault().Names(), frontProxyRemovals...)
-}
-
-// frontProxyRemovals are removed from every request whose identity the Lua filter set: the
-// loop guard and the routing header, which only we may set, and the XFCC header, which no
-// apiserver needs.
-var frontProxyRemovals = []string{contract.HeaderPeerProxied, contract.HeaderRoutingCluster, contract.HeaderXFCC}
-
 // table is one routing table with everything derived from it that requests need, so a
 // request sees one consistent table and does no work that depends only on the table.
 type table struct {
@@ -42,15 +26,13 @@ type table struct {
 	version  string
 	loadedAt time.Time
 	m        *metrics
-	// removals are fixedRemovals of the table's identity headers.
-	removals []string
 	// views are the prepared routes of each kind of Envoy, by local apiserver ("" for a
 	// front proxy). An extproc serves one Envoy, so a view is prepared when first asked for.
 	views map[string]*view
 }
 
 func newTable(p *plan.Table, version string, at time.Time, m *metrics) *table {
-	tb := &table{plans: p, version: version, loadedAt: at, m: m, removals: fixedRemovals(p.RequestHeaders), views: make(map[string]*view, len(p.Routes))}
+	tb := &table{plans: p, version: version, loadedAt: at, m: m, views: make(map[string]*view, len(p.Routes))}
 	for local, rs := range p.Routes {
 		tb.views[local] = &view{routes: rs}
 	}
@@ -74,11 +56,11 @@ func (tb *table) view(local string) *view {
 		return nil
 	}
 	v.once.Do(func() {
-		v.def = newRoute(v.routes.Default, tb.m, tb.removals)
+		v.def = newRoute(v.routes.Default, tb.m)
 		all := v.routes.All()
 		v.byKey = make(map[topology.Resource]*route, len(all))
 		for _, r := range all {
-			v.byKey[r.Resource] = newRoute(r, tb.m, tb.removals)
+			v.byKey[r.Resource] = newRoute(r, tb.m)
 		}
 	})
 	return v
@@ -108,10 +90,8 @@ type route struct {
 	// that ask for a protocol upgrade.
 	set, frontProxySet []*corev3.HeaderValueOption
 	upgrade            struct{ set, frontProxySet []*corev3.HeaderValueOption }
-	// removals are the table's fixedRemovals.
-	removals []string
-	// resp is the whole answer for a request without client identity or client-supplied
-	// extra headers to remove; for Unavailable, the immediate 503 for every request.
+	// resp is the whole answer for a request without client-supplied headers that only
+	// kube-mvp may set; for Unavailable, the immediate 503 for every request.
 	// frontProxyResp is the answer for a request whose identity the Lua filter set.
 	resp, frontProxyResp *extprocv3.ProcessingResponse
 	upgradeResp          struct{ resp, frontProxyResp *extprocv3.ProcessingResponse }
@@ -122,8 +102,8 @@ type route struct {
 	m           *metrics
 }
 
-func newRoute(d plan.Route, m *metrics, removals []string) *route {
-	r := &route{outcome: d.Outcome, m: m, removals: removals}
+func newRoute(d plan.Route, m *metrics) *route {
+	r := &route{outcome: d.Outcome, m: m}
 	res := d.Resource.Resource
 	if d.Resource.Subresource != "" {
 		res += "/" + d.Resource.Subresource
@@ -151,10 +131,10 @@ func newRoute(d plan.Route, m *metrics, removals []string) *route {
 	r.frontProxySet = naming(contract.FrontProxyCluster(r.cluster))
 	r.upgrade.set = naming(contract.HTTP1Cluster(r.cluster))
 	r.upgrade.frontProxySet = naming(contract.FrontProxyCluster(contract.HTTP1Cluster(r.cluster)))
-	r.resp = headersResponse(r.set, r.removals, r.lb)
-	r.frontProxyResp = headersResponse(r.frontProxySet, frontProxyRemovals, r.lb)
-	r.upgradeResp.resp = headersResponse(r.upgrade.set, r.removals, r.lb)
-	r.upgradeResp.frontProxyResp = headersResponse(r.upgrade.frontProxySet, frontProxyRemovals, r.lb)
+	r.resp = headersResponse(r.set, nil, r.lb)
+	r.frontProxyResp = headersResponse(r.frontProxySet, nil, r.lb)
+	r.upgradeResp.resp = headersResponse(r.upgrade.set, nil, r.lb)
+	r.upgradeResp.frontProxyResp = headersResponse(r.upgrade.frontProxySet, nil, r.lb)
 	return r
 }
 
@@ -163,22 +143,24 @@ func (r *route) count() {
 	r.counter.Inc()
 }
 
-// response is r's answer for a request with its own credentials and client-supplied extra
-// headers to remove (extras, lower-case names); upgrade: it asks for a protocol upgrade.
-func (r *route) response(extras []string, upgrade bool) *extprocv3.ProcessingResponse {
+// response is r's answer for a request that carries headers only kube-mvp may set (seen,
+// lower-case names), which the listener should have stripped: they are removed, and since
+// the ext_proc filter's mutation rules allow extproc to remove nothing, Envoy then fails the
+// request (disallow_is_error: a 503 Status) rather than forward it. That only happens with
+// a listener that does not strip what this table names: one configured by hand, or one of
+// another configuration version than the table. upgrade: it asks for a protocol upgrade;
+// frontProxy: its identity is the Lua filter's.
+func (r *route) response(seen []string, upgrade, frontProxy bool) *extprocv3.ProcessingResponse {
 	set := r.set
-	if upgrade {
+	switch {
+	case upgrade && frontProxy:
+		set = r.upgrade.frontProxySet
+	case upgrade:
 		set = r.upgrade.set
+	case frontProxy:
+		set = r.frontProxySet
 	}
-	return headersResponse(set, r.withExtras(extras), r.lb)
-}
-
-func (r *route) withExtras(extras []string) []string {
-	if len(extras) == 0 {
-		return r.removals
-	}
-	remove := make([]string, 0, len(r.removals)+len(extras))
-	return append(append(remove, r.removals...), extras...)
+	return headersResponse(set, seen, r.lb)
 }
 
 // headersResponse answers request_headers by continuing with a header mutation.

@@ -211,7 +211,7 @@ func (s *Server) requestHeaders(h *extprocv3.HttpHeaders, local string, disc *di
 		accept, ifNoneMatch string
 		decision            string
 		upgrade             bool
-		extras              []string
+		identity, owned     []string // identity headers; kube-mvp's own (lower-case names)
 		stripped            int
 	)
 	tb := s.table.Load()
@@ -246,26 +246,31 @@ func (s *Server) requestHeaders(h *extprocv3.HttpHeaders, local string, disc *di
 			upgrade = true
 		case anyEqualFold(names.User, k):
 			stripped |= strippedUser
+			identity = append(identity, toLower(k))
 		case anyEqualFold(names.Group, k):
 			stripped |= strippedGroup
+			identity = append(identity, toLower(k))
 		case anyEqualFold(names.UID, k):
 			stripped |= strippedUID
+			identity = append(identity, toLower(k))
 		case equalFold(k, contract.HeaderPeerProxied):
 			stripped |= strippedPeerProxied
+			owned = append(owned, toLower(k))
 		case equalFold(k, contract.HeaderRoutingCluster):
 			stripped |= strippedRouteCluster
+			owned = append(owned, toLower(k))
 		case anyPrefixFold(names.ExtraPrefix, k):
 			stripped |= strippedExtra
-			extras = append(extras, toLower(k))
+			identity = append(identity, toLower(k))
 		}
 	}
 	// Identity headers are the Lua filter's when it says it set them (the listener strips
-	// clients' own before any filter runs); otherwise any that arrived are the client's, and
-	// are removed.
+	// clients' own before any filter runs); otherwise any that arrived are the client's,
+	// which the listener should have stripped (route.response says what happens to them).
 	frontProxy := decision == contract.IdentityFrontProxy
 	if frontProxy {
 		stripped &^= strippedUser | strippedGroup | strippedUID | strippedExtra
-		extras = nil
+		identity = nil
 	}
 	if stripped != 0 {
 		s.m.countStripped(stripped)
@@ -296,12 +301,12 @@ func (s *Server) requestHeaders(h *extprocv3.HttpHeaders, local string, disc *di
 	}
 	resp := rt.resp
 	switch {
+	case len(identity) != 0 || len(owned) != 0:
+		resp = rt.response(append(identity, owned...), upgrade, frontProxy)
 	case frontProxy && upgrade:
 		resp = rt.upgradeResp.frontProxyResp
 	case frontProxy:
 		resp = rt.frontProxyResp
-	case len(extras) != 0:
-		resp = rt.response(extras, upgrade)
 	case upgrade:
 		resp = rt.upgradeResp.resp
 	}

@@ -90,8 +90,6 @@ func TestSpoofedHeaders(t *testing.T) {
 					gotUID = append(gotUID, h.value)
 				case strings.HasPrefix(h.name, contract.HeaderRemoteExtraPrefix):
 					gotExtra = append(gotExtra, h.name+": "+h.value)
-				case h.name == contract.HeaderXFCC:
-					t.Errorf("XFCC reaches the apiserver: %q", h.value)
 				}
 			}
 			gotGroups := values(hs, contract.HeaderRemoteGroup)
@@ -137,7 +135,7 @@ func TestOtherRequestHeaderNames(t *testing.T) {
 	req := request("GET", "/api/v1/pods", spoofed...)
 	resp := call(t, client, req)
 	removed := resp.GetRequestHeaders().GetResponse().GetHeaderMutation().GetRemoveHeaders()
-	for _, name := range []string{"x-user", "x-login", "x-uid", "x-groups", "x-extra-scopes", contract.HeaderXFCC} {
+	for _, name := range []string{"x-user", "x-login", "x-uid", "x-groups", "x-extra-scopes"} {
 		if !slices.Contains(removed, name) {
 			t.Errorf("%s is not removed: %v", name, removed)
 		}

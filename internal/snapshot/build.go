@@ -43,7 +43,7 @@ const (
 // Envoy extension names (the well-known names under which Envoy registers them).
 const (
 	extProcFilterName        = "envoy.filters.http.ext_proc"
-	identityFilterName       = "kube-mvp.identity" // the Lua filter running IdentityScript
+	identityFilterName       = "kube-mvp.identity" // the Lua filter running LuaScript
 	routerFilterName         = "envoy.filters.http.router"
 	hcmFilterName            = "envoy.filters.network.http_connection_manager"
 	tlsTransportSocketName   = "envoy.transport_sockets.tls"

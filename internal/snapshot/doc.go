@@ -13,9 +13,10 @@
 //     Without a serving certificate the listener is plain HTTP (experiments only).
 //   - Early header mutation (envoy.http.early_header_mutation.header_mutation) removes every
 //     client-supplied x-remote-* header (prefix match, so -user, -group, -uid and every
-//     -extra-*), x-kubernetes-peer-proxied, the routing header and the identity decision
-//     header before routing and before any filter: a spoofed X-Remote-User never reaches a
-//     route, a filter or an apiserver.
+//     -extra-*), x-kubernetes-peer-proxied, the routing header, the identity decision header
+//     and the request class header before routing and before any filter: a spoofed
+//     X-Remote-User never reaches a route, a filter or an apiserver, and a client cannot
+//     name its own class (a POST sent as a "read" is not retried after a reset).
 //   - forward_client_cert_details SANITIZE_SET with subject and URI (not the certificate):
 //     Envoy replaces any client x-forwarded-client-cert with one describing the verified
 //     certificate and removes it from requests without one; routes match its presence (the
@@ -26,14 +27,18 @@
 //     use_remote_address (x-forwarded-for carries the client, for the apiservers' audit log);
 //     server header passed through; the router adds no x-envoy-* headers.
 //   - HTTP filters: Lua "kube-mvp.identity", ext_proc, router. The Lua filter runs
-//     IdentityScript (identity.lua, its default_source_code) on every request, with the
-//     header names from the virtual host's metadata under the filter's name
-//     (handle:virtualHost():metadata(), Envoy 1.36): for a verified client certificate it sets the
-//     front-proxy identity headers as the apiserver's x509 authenticator would map the
-//     certificate (CN, one group per O, Kubernetes' UID attribute, the credential ID
-//     X509SHA256=<digest>), or answers 401 where the apiserver would, and writes its decision
-//     in x-kube-mvp-identity; a header change makes Envoy match the route again. The script is
-//     static: a listener change drains every client connection, watches included.
+//     LuaScript (request_class.lua, then identity.lua: its default_source_code) on every
+//     request, with the header names from the virtual host's metadata under the filter's name
+//     (handle:virtualHost():metadata(), Envoy 1.36). It first writes the request's class in
+//     x-kube-mvp-request-class, as the apiserver will treat it (RequestInfoFactory and
+//     kube-apiserver's LongRunningFunc: read, watch, write, upgrade, long-running,
+//     unclassified), which the routes match by exact value. Then, for a verified client
+//     certificate, it sets the front-proxy identity headers as the apiserver's x509
+//     authenticator would map the certificate (CN, one group per O, Kubernetes' UID
+//     attribute, the credential ID X509SHA256=<digest>), or answers 401 where the apiserver
+//     would, and writes its decision in x-kube-mvp-identity. A header change makes Envoy match
+//     the route again. The script is static: a listener change drains every client
+//     connection, watches included.
 //   - local_reply_config: Envoy's own failures become a Kubernetes Status (application/json,
 //     reason ServiceUnavailable, code 503): response flags UH, UF, UC, UR, UO, NC, NR (URX,
 //     retries exhausted, always comes with its attempts' UF, UC or UR), and ext_proc failures
@@ -54,12 +59,14 @@
 // it fails with status_on_error 500, which the local reply config turns into a 503 Status
 // (500 is used precisely so that extproc's deliberate 503s are not rewritten).
 // route_cache_action CLEAR: the route is matched again after extproc set the routing header.
-// mutation_rules: everything is disallowed except the headers extproc owns (the routing
-// header, x-kubernetes-peer-proxied, and the removal of x-forwarded-client-cert and of
-// client-supplied x-remote-*, plus
-// content-type, etag and vary, which its immediate responses carry and which Envoy 1.32+
+// mutation_rules: everything is disallowed except setting the headers extproc owns (the
+// routing header and x-kubernetes-peer-proxied, plus content-type, etag, vary and
+// retry-after, which its immediate responses carry and which Envoy 1.32+
 // checks with the same rules), and a disallowed mutation fails the request rather than
-// being dropped. A message_timeout is a 504 (Envoy 1.35+), mapped to a 503 Status too. Authorization, cookie,
+// being dropped: so extproc removes nothing, and a client identity header that reached it
+// (which only a listener that does not strip it lets through) fails the request. The allow
+// expression names no configurable header: its RE2 program has a fixed size (72), below
+// Envoy's limit (re2.max_program_size.error_level, 100). A message_timeout is a 504 (Envoy 1.35+), mapped to a 503 Status too. Authorization, cookie,
 // proxy-authorization and sec-websocket-protocol (a WebSocket client's bearer token) headers
 // are not forwarded to extproc: it never needs credentials.
 // The filter is disabled per route (ExtProcPerRoute disabled) where no decision is needed:
@@ -77,16 +84,15 @@
 //     present and x-kube-mvp-identity is not, i.e. the Lua filter did not decide a verified
 //     certificate's identity (a script error): a direct 503 Status, never forwarded without
 //     the identity the apiserver would have given it.
-//  3. "discovery": path /apis or /apis/ (safe_regex) → default cluster; when the live
+//  3. "discovery": path /apis or /apis/ (safe_regex /apis/?) → default cluster; when the live
 //     apiservers differ in what they serve (plan.Plan.MergesDiscovery; otherwise each answers
 //     what the merge would, and ext_proc is off) ext_proc ON: for GET /apis asking for
 //     aggregated discovery, extproc asks for the response headers (mode_override, hence
 //     allow_mode_override on the filter) and answers an apiserver's 200 with the merged
 //     discovery of every live apiserver (the apiserver still authenticates and authorizes).
 //  4. "escaped-path": a path (without the query) with a %-escape or a leading "//" (safe_regex
-//     `//.*|.*%.*`) → default cluster, ext_proc ON, which decides on the path as the apiserver
-//     decodes it (see "Paths" below). No route timeout and no long-running twins: a regex
-//     cannot be intersected with the long-running paths', and such paths are rare.
+//     `//.*|.*%.*`) → ext_proc ON, which decides on the path as the apiserver decodes it (see
+//     "Paths" below).
 //  5. one route per published group/version, named "core/v1", "batch/v1", …,
 //     path_separated_prefix "/api/v1" or "/apis/<g>/<v>" (the path itself, the
 //     group/version's discovery document, or followed by "/"; "/apis/batch/v1beta1" is not
@@ -101,19 +107,26 @@
 //  6. "default": prefix "/" (non-resource paths, CRDs, aggregated APIs) → default cluster;
 //     ext_proc off.
 //
-// The first twin of every forwarding route that does not ask extproc is "<name>:upgrade"
-// (upgradeRoute; one that asks forwards nothing itself): an Upgrade header,
-// to the HTTP/1.1 twin of its cluster (on route 1 the cluster extproc names, which is that
-// twin for an upgrade), no timeout. Every route but 2 has long-running twins (see longRunningRoutes; route 1 also an
-// ":escaped-path" twin without timeout for the paths extproc decoded, which the long-running
-// regexes cannot classify); with a client CA every
-// route from 3 on, twins included, comes right after its front-proxy twin "<name>:front-proxy":
-// the same match plus x-kube-mvp-identity = front-proxy, to the front-proxy twin of its
-// cluster (the routes that ask extproc get the same; extproc names the twin for such a
-// request). A request the Lua filter decided "own-credentials" (a certificate the apiserver
-// would reject, with a bearer token) takes the ordinary routes. The virtual host removes
-// x-kube-mvp-identity and x-forwarded-client-cert before any apiserver. Twins (names with a
-// suffix after the route's) carry no metadata: the route whose name they extend does.
+// Routes that forward nothing themselves (2; 4 and 5 with ext_proc on: extproc names the
+// cluster, or answers) are alone. Every other route comes after its twins (routeSpec,
+// expand): "<name>:upgrade" first where ext_proc is off and the cluster is the route's own
+// (an Upgrade header: to the HTTP/1.1 twin of its cluster, no timeout; on route 1 extproc
+// names that twin), then one per request class with a policy of its own, matching the class
+// header's exact value: "<name>:read" (Config.UpstreamRequestTimeout, and "reset" retried),
+// "<name>:watch" (no timeout, "reset" retried), "<name>:write" (the timeout). The route
+// itself takes every other request — long-running (exec, attach, port-forward, proxy, log),
+// unclassified (a path the apiserver decodes), or without a class (the Lua filter failed) —
+// with no timeout and no retry after a reset, safe for any request. With a client CA each of
+// these (not on route 1) comes right after its front-proxy twin "<…>:front-proxy": the same
+// match plus x-kube-mvp-identity = front-proxy, to the front-proxy twin of its cluster. A
+// request the Lua filter decided "own-credentials" (a certificate the apiserver would reject,
+// with a bearer token) takes the ordinary routes. The virtual host removes
+// x-kube-mvp-identity, x-kube-mvp-request-class and x-forwarded-client-cert before any
+// apiserver. Twins carry no metadata: the route whose name they extend does. No regex
+// depends on a name: routes 3 and 4 have the only two, of fixed size (11 and 34 RE2
+// instructions), and the matchers Envoy evaluates before a route's path (headers, query)
+// are exact values and presence, so a request to the last route costs a string comparison
+// per earlier route.
 //
 // # Paths
 //
@@ -144,18 +157,14 @@
 // extproc decides by that sidecar's plan; the local apiserver is configured only on the
 // Envoy node.
 //
-// Every route but "discovery" comes after two twins (longRunningRoutes; long-running first) with the same match
-// plus what makes a request long-running to the apiserver, the same action and filter
-// configuration, and timeout 0: "<name>:watch" (a watch query parameter, present_match) and
-// "<name>:long-running" (a path regex: /watch/ and /proxy/ after the group/version, the
-// subresources exec, attach, portforward, log and proxy, /debug/pprof/; kube-apiserver's
-// BasicLongRunningRequestCheck). Every other request gets Config.UpstreamRequestTimeout
-// (65s), just above the apiserver's --request-timeout (1m): a live apiserver has answered
-// its own 504 by then, so only one that stopped answering (frozen, partitioned) meets the
-// route timeout, Envoy's 504 UT, which the local reply config keeps a 504 as a Timeout
-// Status (the request may have been processed; a 503 would say it was not). extproc-decided
-// requests are matched again after extproc set the routing header, so the routing-header
-// route's twins choose their timeout the same way. idle_timeout is 0 everywhere.
+// Timeouts: a request the apiserver treats as long-running (its class watch, long-running,
+// upgrade) has none; every other gets Config.UpstreamRequestTimeout (65s), just above the
+// apiserver's --request-timeout (1m): a live apiserver has answered its own 504 by then, so
+// only one that stopped answering (frozen, partitioned) meets the route timeout, Envoy's 504
+// UT, which the local reply config keeps a 504 as a Timeout Status (the request may have
+// been processed; a 503 would say it was not). extproc-decided requests are matched again
+// after extproc set the routing header, so the routing-header route's twins choose their
+// timeout the same way. idle_timeout is 0 everywhere.
 //
 // Retries only where the
 // request cannot have reached an apiserver (connect-failure, refused-stream,
@@ -164,15 +173,12 @@
 // attempts: least request favours the host that just refused, having nothing in flight), so
 // a dead peer costs a retry, not an error, while a capable peer remains.
 //
-// GET and HEAD also retry "reset", on read twins: every route but the long-running twins and
-// "escaped-path" comes right after "<name>:read" (readRoute), the same route with a :method
-// match of GET|HEAD, an inverted :path match of targets with an escape or a leading "//"
-// (whose long-running paths no twin regex sees), and "reset" added to retry_on. A connection
-// that ends under a request Envoy just wrote (an apiserver closing a kept-alive connection;
-// the keepalive pings closing one to a frozen apiserver) is a reset after the request was
-// sent, which only "reset" retries, and which is safe to retry only for reads. Exec, attach, portforward and proxy (which run
-// something even as a GET) match a long-running twin first; every other verb keeps the
-// policy above, which retries nothing an apiserver may have executed.
+// GET and HEAD also retry "reset", on the read and watch twins: a connection that ends under
+// a request Envoy just wrote (an apiserver closing a kept-alive connection; the keepalive
+// pings closing one to a frozen apiserver) is a reset after the request was sent, which only
+// "reset" retries, and which is safe to retry only for reads. Exec, attach, portforward,
+// proxy and log (which run something even as a GET) are class long-running; every other
+// verb keeps the policy above, which retries nothing an apiserver may have executed.
 //
 // # Clusters
 //

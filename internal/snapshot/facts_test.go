@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
-	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -214,8 +213,11 @@ func TestRoutingFacts(t *testing.T) {
 				r := all[i]
 				if !strings.HasSuffix(r.name, snapshot.RouteSuffixFrontProxy) {
 					twinBefore := i > 0 && all[i-1].name == r.name+snapshot.RouteSuffixFrontProxy
-					if !twinBefore && !strings.HasPrefix(r.name, snapshot.RouteRoutingHeader) && r.name != snapshot.RouteIdentityUndecided {
-						t.Errorf("route %s has no front-proxy twin before it", r.name)
+					// Routes where extproc decides forward nothing themselves: extproc names
+					// the front-proxy twin of a cluster for such requests.
+					forwards := !r.extProc || r.failOpen
+					if twinBefore != (forwards && !strings.HasPrefix(r.name, snapshot.RouteRoutingHeader) && r.name != snapshot.RouteIdentityUndecided) {
+						t.Errorf("route %s: front-proxy twin before it %v", r.name, twinBefore)
 					}
 					routes = append(routes, r)
 					continue
@@ -232,9 +234,9 @@ func TestRoutingFacts(t *testing.T) {
 					t.Errorf("front-proxy route %+v, want %+v", r, want)
 				}
 			}
-			// The long-running and read twins (TestLongRunningRoutes, TestReadRoutes) aside.
+			// The class and upgrade twins (TestClassTwins) aside.
 			routes = slices.DeleteFunc(routes, func(r routeFacts) bool {
-				return isTwin(r.name)
+				return isTwinName(r.name)
 			})
 			def := plan.DefaultCluster(topo.LocalID)
 
@@ -581,13 +583,17 @@ func localMetadata(topo *topology.Topology) []string {
 	return []string{contract.MetadataLocalAPIServer + "=" + topo.LocalID}
 }
 
-// TestLongRunningRoutes: every route that forwards requests, but the discovery route, comes
-// after two twins that match the same requests when the apiserver treats them as long-running
-// (a watch query parameter; a long-running path), with the same action, retry policy, filter
-// configuration and metadata but no timeout; the route itself, and the discovery route, time
-// out after Config.UpstreamRequestTimeout. Which paths are long-running is checked against
-// the twins' regexes.
-func TestLongRunningRoutes(t *testing.T) {
+// TestClassTwins: every route that forwards requests itself comes after its twins, one per
+// request class the Lua filter writes that has a policy of its own — ":read" (timeout,
+// "reset" retried too), ":watch" (no timeout, "reset" retried too), ":write" (timeout) — and,
+// where ext_proc is off and the cluster is the route's own, ":upgrade" first (an Upgrade
+// header: the HTTP/1.1 twin of its cluster, no timeout). Each twin is the route with one
+// header matcher more (the class's exact value; the Upgrade header's presence), the same
+// filter configuration and cluster, no metadata. The route itself takes every other request
+// (long-running, unclassified, no class): no timeout, no retry after a reset. Routes that
+// forward nothing themselves (extproc decides, a direct response) have no twins. No route
+// matches a regex but the fixed discovery and escaped-path ones.
+func TestClassTwins(t *testing.T) {
 	cfg := testConfig()
 	cfg.UpstreamRequestTimeout = 70 * time.Second
 	for _, name := range fixtures.Names(t) {
@@ -596,301 +602,122 @@ func TestLongRunningRoutes(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			// The front-proxy twins (TestRoutingFacts), the upgrade twins (TestUpgradeRoutes)
-			// and the undecided-identity route, which forwards nothing, aside.
+			// The front-proxy twins (TestRoutingFacts) aside.
 			routes := slices.DeleteFunc(slices.Clone(res.Routes[0].(*routev3.RouteConfiguration).GetVirtualHosts()[0].GetRoutes()), func(r *routev3.Route) bool {
-				return strings.HasSuffix(r.GetName(), snapshot.RouteSuffixFrontProxy) || strings.HasSuffix(r.GetName(), snapshot.RouteSuffixUpgrade) || r.GetName() == snapshot.RouteIdentityUndecided
+				return strings.HasSuffix(r.GetName(), snapshot.RouteSuffixFrontProxy)
 			})
-			bases, untwinned := 0, 0
-			for i, r := range routes {
-				n := r.GetName()
-				if isTwin(n) {
-					continue
-				}
-				bases++
-				if n == snapshot.RouteEscapedPath {
-					// Unclassifiable paths: no twins, no timeout.
-					untwinned++
-					if got := r.GetRoute().GetTimeout().AsDuration(); got != 0 || (i >= 1 && strings.HasPrefix(routes[i-1].GetName(), n)) {
-						t.Errorf("route %s: timeout %v, preceded by %s; want no timeout, no twins", n, got, routes[i-1].GetName())
-					}
-					continue
-				}
-				if got := r.GetRoute().GetTimeout().AsDuration(); got != cfg.UpstreamRequestTimeout {
-					t.Errorf("route %s: timeout %v, want %v", n, got, cfg.UpstreamRequestTimeout)
-				}
-				if n == snapshot.RouteDiscovery {
-					untwinned++
-					continue
-				}
-				// Long-running first, then the watch twin (each after its read twin,
-				// TestReadRoutes), then the route.
-				if n == snapshot.RouteRoutingHeader {
-					// A path extproc decoded: no timeout, whatever it is.
-					if i < 5 || routes[i-5].GetName() != n+snapshot.RouteSuffixEscapedPath || routes[i-5].GetRoute().GetTimeout().AsDuration() != 0 {
-						t.Errorf("route %s: not preceded by its escaped-path twin without timeout", n)
-					} else if h := routes[i-5].GetMatch().GetHeaders(); len(h) == 0 || h[len(h)-1].GetName() != ":path" || h[len(h)-1].GetInvertMatch() ||
-						!regexp.MustCompile("^(?:"+h[len(h)-1].GetStringMatch().GetSafeRegex().GetRegex()+")$").MatchString("/apis/batch%2Fv1/watch/jobs?watch=1") {
-						t.Errorf("route %s: escaped-path twin matches %v", n, h)
-					}
-				}
-				if i < 4 || routes[i-2].GetName() != n+snapshot.RouteSuffixWatch || routes[i-4].GetName() != n+snapshot.RouteSuffixLongRunning {
-					t.Errorf("route %s: not preceded by its long-running twins", n)
-					continue
-				}
-				watchRoute, lrRoute := routes[i-2], routes[i-4]
-				for _, tw := range []*routev3.Route{watchRoute, lrRoute} {
-					if got := tw.GetRoute().GetTimeout().AsDuration(); got != 0 {
-						t.Errorf("route %s: timeout %v, want none", tw.GetName(), got)
-					}
-					if tw.GetMetadata() != nil {
-						t.Errorf("route %s has metadata: only the route it is a twin of carries it", tw.GetName())
-					}
-					c := proto.Clone(tw).(*routev3.Route)
-					c.Name, c.Match, c.GetRoute().Timeout, c.Metadata = n, r.GetMatch(), r.GetRoute().GetTimeout(), r.GetMetadata()
-					if !proto.Equal(c, r) {
-						t.Errorf("route %s differs from %s in more than its name, match and timeout", tw.GetName(), n)
-					}
-				}
-				watch, lr := watchRoute.GetMatch(), lrRoute.GetMatch()
-				q := watch.GetQueryParameters()
-				if len(q) != 1 || q[0].GetName() != "watch" || !q[0].GetPresentMatch() || !proto.Equal(stripQuery(watch), r.GetMatch()) {
-					t.Errorf("route %s: match %v, want %s's and a watch query parameter", watchRoute.GetName(), watch, n)
-				}
-				if !slices.EqualFunc(lr.GetHeaders(), r.GetMatch().GetHeaders(), func(a, b *routev3.HeaderMatcher) bool { return proto.Equal(a, b) }) || lr.GetSafeRegex() == nil {
-					t.Errorf("route %s: match %v, want %s's headers and a path regex", lrRoute.GetName(), lr, n)
-					continue
-				}
-				re := regexp.MustCompile("^(?:" + lr.GetSafeRegex().GetRegex() + ")$")
-				prefix := r.GetMatch().GetPrefix()
-				if p := r.GetMatch().GetPathSeparatedPrefix(); p != "" {
-					prefix = p + "/"
-				}
-				for _, c := range []struct {
-					path string
-					long bool
-				}{
-					{"/api/v1/watch/namespaces/default/pods", true},
-					{"/api/v1/namespaces/default/pods/p/exec", true},
-					{"/api/v1/namespaces/default/pods/p/attach", true},
-					{"/api/v1/namespaces/default/pods/p/portforward", true},
-					{"/api/v1/namespaces/default/pods/p/log", true},
-					{"/api/v1/namespaces/default/services/s/proxy/a/b", true},
-					{"/api/v1/nodes/n/proxy", true},
-					{"/api/v1/nodes/n/proxy/metrics", true},
-					{"/api/v1/proxy/namespaces/default/services/s", true},
-					{"/apis/batch/v1/watch/jobs", true},
-					{"/apis/batch/v1/namespaces/default/jobs/j/log", true},
-					{"/debug/pprof/profile", true},
-					{"/api/v1/namespaces/default/pods", false},
-					{"/api/v1/namespaces/default/pods/p", false},
-					{"/api/v1/namespaces/default/pods/p/status", false},
-					{"/api/v1/namespaces/default/pods/p/eviction", false},
-					{"/api/v1/namespaces/default", false},
-					{"/apis/batch/v1/namespaces/default/jobs/j/status", false},
-					{"/apis/batch/v1", false},
-					{"/api", false},
-					{"/apis", false},
-					{"/healthz", false},
-					{"/debug/flags/v", false},
-				} {
-					if !strings.HasPrefix(c.path, prefix) {
-						continue
-					}
-					if got := re.MatchString(c.path); got != c.long {
-						t.Errorf("route %s: %s matched %v, want %v", lrRoute.GetName(), c.path, got, c.long)
-					}
-				}
+			type twin struct {
+				suffix, class string
+				timeout       bool
+				reset         bool
 			}
-			// Each twinned route: two long-running twins and two read twins; discovery: a
-			// read twin; the escaped-path route: none; the extproc-decided route also its
-			// escaped-path twin.
-			if len(routes) != bases+4*(bases-untwinned)+1+1 {
-				t.Errorf("%d routes, want %d and their twins", len(routes), bases)
+			classes := []twin{
+				{snapshot.RouteSuffixRead, contract.ClassRead, true, true},
+				{snapshot.RouteSuffixWatch, contract.ClassWatch, false, true},
+				{snapshot.RouteSuffixWrite, contract.ClassWrite, true, false},
 			}
-		})
-	}
-}
-
-// isTwin says whether a route name is an upgrade, long-running or read twin's.
-func isTwin(name string) bool {
-	return strings.HasSuffix(name, snapshot.RouteSuffixWatch) || strings.HasSuffix(name, snapshot.RouteSuffixLongRunning) ||
-		strings.HasSuffix(name, snapshot.RouteSuffixRead) || strings.HasSuffix(name, snapshot.RouteSuffixEscapedPath) ||
-		strings.HasSuffix(name, snapshot.RouteSuffixUpgrade)
-}
-
-// TestUpgradeRoutes: every forwarding route that does not ask extproc has an upgrade twin (one
-// that asks forwards nothing itself: extproc names the cluster, the HTTP/1.1 twin for an
-// upgrade, and the request is matched again), which is the first of its twins (before its escaped-path, long-running and read
-// twins, which an upgrade request must not take), matches what the route matches when the
-// request has an Upgrade header, goes to the HTTP/1.1 twin of the route's cluster (or, on the
-// extproc-decided route, to the cluster extproc names), never times out, and keeps the
-// route's retry policy (none of whose conditions retries a request an apiserver received).
-func TestUpgradeRoutes(t *testing.T) {
-	for _, name := range fixtures.Names(t) {
-		t.Run(name, func(t *testing.T) {
-			res, err := snapshot.Build(mustPlan(t, loadCase(t, name)), testConfig())
-			if err != nil {
-				t.Fatal(err)
+			resets := func(r *routev3.Route) bool {
+				return slices.Contains(strings.Split(r.GetRoute().GetRetryPolicy().GetRetryOn(), ","), "reset")
 			}
-			routes := slices.DeleteFunc(slices.Clone(res.Routes[0].(*routev3.RouteConfiguration).GetVirtualHosts()[0].GetRoutes()), func(r *routev3.Route) bool {
-				return strings.HasSuffix(r.GetName(), snapshot.RouteSuffixFrontProxy) || r.GetName() == snapshot.RouteIdentityUndecided
-			})
-			upgrades := 0
-			for i, r := range routes {
-				base, ok := strings.CutSuffix(r.GetName(), snapshot.RouteSuffixUpgrade)
-				if !ok {
-					continue
-				}
-				upgrades++
-				// The next routes up to base itself are base's other twins.
-				j := i + 1
-				for j < len(routes) && routes[j].GetName() != base {
-					if !strings.HasPrefix(routes[j].GetName(), base+":") {
-						t.Errorf("%s: %s between it and %s", r.GetName(), routes[j].GetName(), base)
-					}
+			i := 0
+			for i < len(routes) {
+				// Collect the twins before the route they belong to.
+				j := i
+				for j < len(routes) && isTwinName(routes[j].GetName()) {
 					j++
 				}
 				if j == len(routes) {
-					t.Fatalf("%s: no route %s after it", r.GetName(), base)
+					t.Fatalf("twins %s… at the end", routes[i].GetName())
 				}
-				b := routes[j]
-				hs := r.GetMatch().GetHeaders()
-				if len(hs) == 0 || hs[len(hs)-1].GetName() != "upgrade" || !hs[len(hs)-1].GetPresentMatch() ||
-					!proto.Equal(&routev3.RouteMatch{PathSpecifier: r.GetMatch().GetPathSpecifier(), Headers: hs[:len(hs)-1]}, &routev3.RouteMatch{PathSpecifier: b.GetMatch().GetPathSpecifier(), Headers: b.GetMatch().GetHeaders()}) {
-					t.Errorf("%s matches %v, want %s's match and an Upgrade header", r.GetName(), r.GetMatch(), base)
+				base := routes[j]
+				n := base.GetName()
+				twins := routes[i:j]
+				i = j + 1
+				if base.GetMatch().GetSafeRegex() != nil && n != snapshot.RouteDiscovery && n != snapshot.RouteEscapedPath {
+					t.Errorf("route %s matches a regex", n)
 				}
-				a, ba := r.GetRoute(), b.GetRoute()
-				switch want := ba.GetCluster(); {
-				case want == "":
-					if a.GetClusterHeader() != contract.HeaderRoutingCluster || base != snapshot.RouteRoutingHeader {
-						t.Errorf("%s: cluster specifier %v", r.GetName(), a.GetClusterSpecifier())
+				for _, h := range base.GetMatch().GetHeaders() {
+					if h.GetStringMatch().GetSafeRegex() != nil {
+						t.Errorf("route %s matches a header regex", n)
 					}
-				case a.GetCluster() != contract.HTTP1Cluster(want):
-					t.Errorf("%s goes to %s, want %s", r.GetName(), a.GetCluster(), contract.HTTP1Cluster(want))
-				}
-				if a.GetTimeout().AsDuration() != 0 || !proto.Equal(a.GetRetryPolicy(), ba.GetRetryPolicy()) {
-					t.Errorf("%s: timeout %v, retry policy %v; want none and %s's", r.GetName(), a.GetTimeout().AsDuration(), a.GetRetryPolicy(), base)
-				}
-			}
-			if upgrades == 0 {
-				t.Error("no upgrade routes")
-			}
-			names := map[string]bool{}
-			for _, r := range routes {
-				names[r.GetName()] = true
-			}
-			for _, r := range routes {
-				if isTwin(r.GetName()) {
-					continue
 				}
 				var pr extprocv3.ExtProcPerRoute
-				a := r.GetTypedPerFilterConfig()["envoy.filters.http.ext_proc"]
-				asks := a == nil || a.UnmarshalTo(&pr) != nil || !pr.GetDisabled()
-				if has := names[r.GetName()+snapshot.RouteSuffixUpgrade]; has == asks {
-					t.Errorf("route %s: asks extproc %v, upgrade twin %v", r.GetName(), asks, has)
+				a := base.GetTypedPerFilterConfig()["envoy.filters.http.ext_proc"]
+				extProc := a == nil || a.UnmarshalTo(&pr) != nil || !pr.GetDisabled()
+				failOpen := pr.GetOverrides().GetFailureModeAllow().GetValue()
+				if base.GetDirectResponse() != nil || (extProc && !failOpen) {
+					if len(twins) != 0 {
+						t.Errorf("route %s forwards nothing itself but has twins %v", n, names(twins))
+					}
+					continue
+				}
+				if got := base.GetRoute().GetTimeout().AsDuration(); got != 0 || resets(base) {
+					t.Errorf("route %s: timeout %v, retries resets %v; want neither", n, got, resets(base))
+				}
+				want := slices.Clone(classes)
+				if !extProc && base.GetRoute().GetCluster() != "" {
+					want = append([]twin{{suffix: snapshot.RouteSuffixUpgrade}}, want...)
+				}
+				if len(twins) != len(want) {
+					t.Errorf("route %s: twins %v, want %d", n, names(twins), len(want))
+					continue
+				}
+				for k, w := range want {
+					tw := twins[k]
+					if tw.GetName() != n+w.suffix {
+						t.Errorf("route %s: twin %s, want %s", n, tw.GetName(), n+w.suffix)
+						continue
+					}
+					hs := tw.GetMatch().GetHeaders()
+					if len(hs) != len(base.GetMatch().GetHeaders())+1 {
+						t.Errorf("%s: headers %v", tw.GetName(), hs)
+						continue
+					}
+					last := hs[len(hs)-1]
+					c := proto.Clone(tw).(*routev3.Route)
+					c.Name, c.Match.Headers, c.Metadata = n, hs[:len(hs)-1], base.GetMetadata()
+					c.GetRoute().Timeout, c.GetRoute().RetryPolicy = base.GetRoute().GetTimeout(), base.GetRoute().GetRetryPolicy()
+					if w.class == "" { // upgrade
+						if last.GetName() != "upgrade" || !last.GetPresentMatch() || tw.GetRoute().GetCluster() != contract.HTTP1Cluster(base.GetRoute().GetCluster()) {
+							t.Errorf("%s: matches %v, goes to %s; want an Upgrade header, the HTTP/1.1 twin", tw.GetName(), last, tw.GetRoute().GetCluster())
+						}
+						c.GetRoute().ClusterSpecifier = base.GetRoute().GetClusterSpecifier()
+					} else if last.GetName() != contract.HeaderRequestClass || last.GetStringMatch().GetExact() != w.class || last.GetInvertMatch() {
+						t.Errorf("%s: matches %v, want %s = %s", tw.GetName(), last, contract.HeaderRequestClass, w.class)
+					}
+					if !proto.Equal(c, base) {
+						t.Errorf("%s differs from %s in more than its name, one header, timeout, retry policy and cluster", tw.GetName(), n)
+					}
+					if got := tw.GetRoute().GetTimeout().AsDuration(); (got == cfg.UpstreamRequestTimeout) != w.timeout || (got != 0 && got != cfg.UpstreamRequestTimeout) {
+						t.Errorf("%s: timeout %v", tw.GetName(), got)
+					}
+					if resets(tw) != w.reset {
+						t.Errorf("%s: retries resets %v, want %v", tw.GetName(), resets(tw), w.reset)
+					}
+					if tw.GetMetadata() != nil {
+						t.Errorf("%s has metadata: only the route it is a twin of carries it", tw.GetName())
+					}
 				}
 			}
 		})
 	}
 }
 
-// TestReadRoutes: every route but the long-running twins and the escaped-path route comes
-// right after its read twin, which differs from it only in its name, a :method match of GET
-// and HEAD only, an inverted :path match of escaped targets, and "reset" added to its retry
-// conditions; no request a long-running twin
-// matches (exec, attach, portforward, proxy: they run something even as a GET) reaches a
-// read twin, because every long-running twin comes before every read twin of its route.
-// Requests other than GET and HEAD never match a read twin, so they keep a policy that
-// retries nothing an apiserver may have executed.
-func TestReadRoutes(t *testing.T) {
-	for _, name := range fixtures.Names(t) {
-		t.Run(name, func(t *testing.T) {
-			res, err := snapshot.Build(mustPlan(t, loadCase(t, name)), testConfig())
-			if err != nil {
-				t.Fatal(err)
-			}
-			// The front-proxy twins (TestRoutingFacts), the upgrade twins (TestUpgradeRoutes)
-			// and the undecided-identity route aside.
-			routes := slices.DeleteFunc(slices.Clone(res.Routes[0].(*routev3.RouteConfiguration).GetVirtualHosts()[0].GetRoutes()), func(r *routev3.Route) bool {
-				return strings.HasSuffix(r.GetName(), snapshot.RouteSuffixFrontProxy) || strings.HasSuffix(r.GetName(), snapshot.RouteSuffixUpgrade) || r.GetName() == snapshot.RouteIdentityUndecided
-			})
-			index := map[string]int{}
-			for i, r := range routes {
-				index[r.GetName()] = i
-			}
-			reads := 0
-			for i, r := range routes {
-				n := r.GetName()
-				if strings.HasSuffix(n, snapshot.RouteSuffixRead) {
-					reads++
-					base := strings.TrimSuffix(n, snapshot.RouteSuffixRead)
-					if i+1 >= len(routes) || routes[i+1].GetName() != base {
-						t.Errorf("read twin %s is not right before %s", n, base)
-						continue
-					}
-					orig := routes[i+1]
-					m := r.GetMatch().GetHeaders()
-					if len(m) < 2 {
-						t.Errorf("read twin %s: header matches %v, want :method and :path ones", n, m)
-						continue
-					}
-					method, path := m[len(m)-2], m[len(m)-1]
-					if method.GetName() != ":method" || method.GetStringMatch().GetSafeRegex().GetRegex() != "GET|HEAD" || method.GetInvertMatch() {
-						t.Errorf("read twin %s: header match %v, want :method GET|HEAD", n, method)
-					}
-					// The :path match excludes every target with an escape in its path or a
-					// leading "//", and nothing else.
-					re := regexp.MustCompile("^(?:" + path.GetStringMatch().GetSafeRegex().GetRegex() + ")$")
-					if path.GetName() != ":path" || !path.GetInvertMatch() {
-						t.Errorf("read twin %s: header match %v, want an inverted :path regex", n, path)
-					}
-					for target, excluded := range map[string]bool{
-						"/api/v1/namespaces/n/pods/p/%65xec": true, "//api/v1/pods": true, "/apis/batch%2Fv1/jobs?x=1": true,
-						"/api/v1/pods": false, "/api/v1/pods?fieldSelector=a%3Db": false, "/apis/batch/v1/jobs?watch=1": false,
-					} {
-						if re.MatchString(target) != excluded {
-							t.Errorf("read twin %s: %s excluded %v, want %v", n, target, !excluded, excluded)
-						}
-					}
-					c := proto.Clone(r).(*routev3.Route)
-					if r.GetMetadata() != nil {
-						t.Errorf("read twin %s has metadata: only the route it is a twin of carries it", n)
-					}
-					c.Name, c.Match.Headers, c.Metadata = base, c.Match.Headers[:len(m)-2], orig.GetMetadata()
-					if !strings.HasSuffix(c.GetRoute().GetRetryPolicy().GetRetryOn(), ",reset") {
-						t.Errorf("read twin %s: retry_on %q, want reset added", n, c.GetRoute().GetRetryPolicy().GetRetryOn())
-					}
-					c.GetRoute().GetRetryPolicy().RetryOn = strings.TrimSuffix(c.GetRoute().GetRetryPolicy().GetRetryOn(), ",reset")
-					if !proto.Equal(c, orig) {
-						t.Errorf("read twin %s differs from %s in more than its name, :method match and reset", n, base)
-					}
-					// Every long-running twin of its route comes before it.
-					route := strings.TrimSuffix(base, snapshot.RouteSuffixWatch)
-					if j, ok := index[route+snapshot.RouteSuffixLongRunning]; ok && j > i {
-						t.Errorf("read twin %s comes before %s", n, routes[j].GetName())
-					}
-					continue
-				}
-				if strings.Contains(r.GetRoute().GetRetryPolicy().GetRetryOn(), "reset,") || strings.HasSuffix(r.GetRoute().GetRetryPolicy().GetRetryOn(), ",reset") {
-					t.Errorf("route %s retries on reset, for every verb", n)
-				}
-				switch {
-				case strings.HasSuffix(n, snapshot.RouteSuffixLongRunning), n == snapshot.RouteEscapedPath, strings.HasSuffix(n, snapshot.RouteSuffixEscapedPath):
-					if _, ok := index[n+snapshot.RouteSuffixRead]; ok {
-						t.Errorf("route %s has a read twin", n)
-					}
-				default:
-					if _, ok := index[n+snapshot.RouteSuffixRead]; !ok {
-						t.Errorf("route %s has no read twin", n)
-					}
-				}
-			}
-			if reads == 0 {
-				t.Error("no read twins")
-			}
-		})
+func isTwinName(name string) bool {
+	for _, s := range []string{snapshot.RouteSuffixUpgrade, snapshot.RouteSuffixRead, snapshot.RouteSuffixWatch, snapshot.RouteSuffixWrite} {
+		if strings.HasSuffix(name, s) {
+			return true
+		}
 	}
+	return false
+}
+
+func names(rs []*routev3.Route) []string {
+	var n []string
+	for _, r := range rs {
+		n = append(n, r.GetName())
+	}
+	return n
 }
 
 func stripQuery(m *routev3.RouteMatch) *routev3.RouteMatch {

@@ -25,13 +25,15 @@
 -- The script is static: it is part of the listener, and a listener change drains every client
 -- connection, watches included. Everything that varies comes from the route configuration:
 -- the header names, in the virtual host's metadata under this filter's name:
---   decision_header, user_header, uid_header, group_header, credential_id_header.
+--   decision_header, user_header, uid_header, group_header, credential_id_header, and
+--   class_header, in which every request's class (request_class.lua, which the filter runs
+--   before this script, in the same chunk) is set first.
 --
 -- Only this subset of Envoy's Lua API is used (the test data plane implements exactly it):
 -- handle:streamInfo():downstreamSslConnection() and, on it, peerCertificatePresented(),
 -- peerCertificateValidated(), subjectPeerCertificate(), sha256PeerCertificateDigest();
 -- handle:virtualHost():metadata() and get() on it (Envoy 1.36), handle:headers() with
--- get/add/replace/remove, handle:respond(), handle:logWarn().
+-- get (":method" and ":path" too)/add/replace/remove, handle:respond(), handle:logWarn().
 
 local UNAUTHORIZED = '{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure",'
   .. '"message":"Unauthorized","reason":"Unauthorized","code":401}'
@@ -338,10 +340,17 @@ local function names(md)
 end
 
 function envoy_on_request(handle)
+  local vh = handle:virtualHost()
+  local md = vh and vh:metadata()
+  local headers = handle:headers()
+  -- request_class comes from request_class.lua, which precedes this script in the filter.
+  local class_header = md and md:get("class_header")
+  if type(class_header) == "string" and class_header ~= "" then
+    headers:replace(class_header, request_class(headers:get(":method"), headers:get(":path"), headers:get("upgrade") ~= nil))
+  end
   local ssl = handle:streamInfo():downstreamSslConnection()
   if ssl == nil or not ssl:peerCertificatePresented() then return end
-  local vh = handle:virtualHost()
-  local h = vh and names(vh:metadata())
+  local h = names(md)
   if h == nil then
     handle:logWarn("kube-mvp identity: the route configuration gives no header names; the request is refused")
     return
@@ -349,7 +358,6 @@ function envoy_on_request(handle)
   if not ssl:peerCertificateValidated() then return end -- refused by the undecided route
   local subject = ssl:subjectPeerCertificate()
   local id, why = cached_identity(subject)
-  local headers = handle:headers()
   if id.result == FORWARDED then
     headers:replace(h.user, id.user)
     if id.uid ~= nil then headers:replace(h.uid, id.uid) end

@@ -104,7 +104,8 @@ func (b *builder) httpConnectionManager() *hcmv3.HttpConnectionManager {
 // stripClientHeaders removes, before routing and before any filter, every header a client
 // could use to claim an identity or steer routing: the front-proxy identity headers (every
 // x-remote-* header, and every name and extra prefix the plan's RequestHeaders give for the
-// apiservers' --requestheader-* flags), upstream's loop guard, and our routing header.
+// apiservers' --requestheader-* flags), upstream's loop guard, and kube-mvp's own headers (routing,
+// identity decision, request class).
 // x-forwarded-client-cert is left to forward_client_cert_details: SANITIZE_SET, which runs
 // after this and replaces it.
 func (b *builder) stripClientHeaders() *earlymutationv3.HeaderMutation {
@@ -127,7 +128,7 @@ func (b *builder) stripClientHeaders() *earlymutationv3.HeaderMutation {
 	for _, n := range names {
 		strip = append(strip, remove(n))
 	}
-	return &earlymutationv3.HeaderMutation{Mutations: append(strip, remove(contract.HeaderPeerProxied), remove(contract.HeaderRoutingCluster), remove(contract.HeaderIdentityDecision))}
+	return &earlymutationv3.HeaderMutation{Mutations: append(strip, remove(contract.HeaderPeerProxied), remove(contract.HeaderRoutingCluster), remove(contract.HeaderIdentityDecision), remove(contract.HeaderRequestClass))}
 }
 
 // otherIdentityHeaders are the plan's identity header extra prefixes and names that the
@@ -139,19 +140,13 @@ func (b *builder) otherIdentityHeaders() (prefixes, names []string) {
 }
 
 func (b *builder) extProcFilter() *extprocv3.ExternalProcessor {
-	// extproc may set or remove only the headers it owns; anything else fails the request
-	// (disallow_is_error) rather than being silently dropped. Its immediate responses (the
-	// 503 Status, the merged discovery) are checked with the same rules (Envoy ≥ 1.32), so
-	// their content-type, etag and vary are allowed too, and Retry-After (on the 503).
-	owned := []string{regexp.QuoteMeta(contract.HeaderRoutingCluster), regexp.QuoteMeta(contract.HeaderPeerProxied), regexp.QuoteMeta(contract.HeaderXFCC), regexp.QuoteMeta(contract.HeaderRemotePrefix) + ".+"}
-	prefixes, names := b.otherIdentityHeaders()
-	for _, p := range prefixes {
-		owned = append(owned, regexp.QuoteMeta(p)+".+")
-	}
-	for _, n := range names {
-		owned = append(owned, regexp.QuoteMeta(n))
-	}
-	allowed := "^(" + strings.Join(owned, "|") + "|content-type|etag|vary|retry-after)$"
+	// extproc may set only the headers it owns, and remove none; anything else fails the
+	// request (disallow_is_error) rather than being silently dropped. Its immediate responses
+	// (the 503 Status, the merged discovery) are checked with the same rules (Envoy ≥ 1.32),
+	// so their content-type, etag, vary and retry-after are allowed too. The expression names
+	// no configurable header, so its RE2 program has a fixed size (72 instructions with
+	// Debian's RE2; Envoy refuses more than 100, re2.max_program_size.error_level).
+	allowed := "^(" + regexp.QuoteMeta(contract.HeaderRoutingCluster) + "|" + regexp.QuoteMeta(contract.HeaderPeerProxied) + "|content-type|etag|vary|retry-after)$"
 	exact := func(s string) *matcherv3.StringMatcher {
 		return &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: s}}
 	}
@@ -277,11 +272,11 @@ func (b *builder) localReplyConfig() *hcmv3.LocalReplyConfig {
 
 // statusBody is a metav1.Status for a 503, as JSON.
 // identityFilter is the Lua filter that maps a verified client certificate to its identity
-// (IdentityScript), on every request; the header names come from the virtual host's metadata
+// (LuaScript), on every request; the header names come from the virtual host's metadata
 // (identityMetadata).
 func identityFilter() *luav3.Lua {
 	return &luav3.Lua{
-		DefaultSourceCode: &corev3.DataSource{Specifier: &corev3.DataSource_InlineString{InlineString: IdentityScript}},
+		DefaultSourceCode: &corev3.DataSource{Specifier: &corev3.DataSource_InlineString{InlineString: LuaScript}},
 		StatPrefix:        "kube_mvp_identity",
 	}
 }

@@ -740,6 +740,14 @@ func TestConnectionClosedAfterRequest(t *testing.T) {
 	if got := e.stat(retry) - retryBefore; got != 0 {
 		t.Errorf("POST: upstream_rq_retry = %d, want 0", got)
 	}
+	// A client that names its POST a read changes nothing: the listener strips the class
+	// header, and the Lua filter writes the request's own.
+	once = sync.Once{}
+	r = e.do(c, "POST", path+"?fieldSelector=hangup", map[string]string{contract.HeaderRequestClass: contract.ClassRead})
+	if r.status != http.StatusServiceUnavailable || total(seen()) != 2 || e.stat(retry)-retryBefore != 0 {
+		t.Errorf("POST with the class header read: status %d, seen %d times in all, %d retries; want a 503, twice, none", r.status, total(seen()), e.stat(retry)-retryBefore)
+	}
+	cxBefore += 1
 
 	// GET: retried once by the route, on another apiserver.
 	once = sync.Once{}
@@ -764,8 +772,8 @@ func TestConnectionClosedAfterRequest(t *testing.T) {
 	if got := e.stat(cx) - cxBefore; got != 2 {
 		t.Errorf("upstream_cx_destroy_remote_with_active_rq = %d, want 2", got)
 	}
-	if hungUp.Load() != 2 {
-		t.Errorf("hung up %d times, want 2", hungUp.Load())
+	if hungUp.Load() != 3 {
+		t.Errorf("hung up %d times, want 3", hungUp.Load())
 	}
 	// The next request is served as usual.
 	if r := e.do(c, "GET", path, nil); r.status != 200 {

@@ -45,7 +45,7 @@ var (
 func identityLua(t testing.TB) (*luaFilterCfg, *route) {
 	identityOnce.Do(func() {
 		identityCfg, identityErr = compileLua(identityFilter, &luafilterv3.Lua{
-			DefaultSourceCode: &corev3.DataSource{Specifier: &corev3.DataSource_InlineString{InlineString: snapshot.IdentityScript}},
+			DefaultSourceCode: &corev3.DataSource{Specifier: &corev3.DataSource_InlineString{InlineString: snapshot.LuaScript}},
 			StatPrefix:        "kube_mvp_identity",
 		})
 	})

@@ -149,12 +149,13 @@ func TestLocalReplyMapping(t *testing.T) {
 func TestMutationRules(t *testing.T) {
 	lc, _ := compiledGolden(t)
 	r := lc.hcm.extProc.rules
-	for _, h := range []string{"x-kube-mvp-cluster", "x-remote-user", "x-remote-extra-foo", "x-forwarded-client-cert", "x-kubernetes-peer-proxied"} {
+	for _, h := range []string{"x-kube-mvp-cluster", "x-kubernetes-peer-proxied", "content-type", "retry-after"} {
 		if err := checkMutation(r, h); err != nil {
 			t.Errorf("%s disallowed", h)
 		}
 	}
-	for _, h := range []string{"authorization", ":path", "host", "x-envoy-foo", "x-remote-", "x-kube-mvp-clusterx"} {
+	// extproc may remove nothing, and set no identity header.
+	for _, h := range []string{"authorization", ":path", "host", "x-envoy-foo", "x-remote-", "x-kube-mvp-clusterx", "x-remote-user", "x-remote-extra-foo", "x-forwarded-client-cert", "x-kube-mvp-request-class"} {
 		if checkMutation(r, h) == nil {
 			t.Errorf("%s allowed", h)
 		}
@@ -170,19 +171,21 @@ func TestMutationRules(t *testing.T) {
 		return &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: k, RawValue: []byte(v)}}
 	}
 	// Removals come before sets; disallowed with disallow_is_error fails the mutation.
-	ok := &extprocv3.HeaderMutation{RemoveHeaders: []string{"x-remote-user"}, SetHeaders: []*corev3.HeaderValueOption{set("x-remote-user", "alice"),
-		{Header: &corev3.HeaderValue{Key: "x-remote-group", RawValue: []byte("g2")}, Append: wrapperspb.Bool(true)}}}
+	ok := &extprocv3.HeaderMutation{RemoveHeaders: []string{"x-kube-mvp-cluster"}, SetHeaders: []*corev3.HeaderValueOption{set("x-kube-mvp-cluster", "c"),
+		{Header: &corev3.HeaderValue{Key: "x-kubernetes-peer-proxied", RawValue: []byte("true")}, Append: wrapperspb.Bool(true)}}}
 	if err := st.applyMutation(r, ok, "p."); err != nil {
 		t.Fatal(err)
 	}
-	if v, _ := st.hdr.get("x-remote-user"); v != "alice" {
-		t.Errorf("x-remote-user = %q", v)
+	if v, _ := st.hdr.get("x-kube-mvp-cluster"); v != "c" {
+		t.Errorf("x-kube-mvp-cluster = %q", v)
 	}
 	for _, m := range []*extprocv3.HeaderMutation{
+		{RemoveHeaders: []string{"x-remote-user"}},
+		{SetHeaders: []*corev3.HeaderValueOption{set("x-remote-user", "alice")}},
 		{SetHeaders: []*corev3.HeaderValueOption{set("authorization", "x")}},
 		{RemoveHeaders: []string{":path"}},
-		{SetHeaders: []*corev3.HeaderValueOption{{Header: &corev3.HeaderValue{Key: "x-remote-user", Value: "a", RawValue: []byte("b")}}}},
-		{SetHeaders: []*corev3.HeaderValueOption{set("x-remote-user", "a\r\nb")}},
+		{SetHeaders: []*corev3.HeaderValueOption{{Header: &corev3.HeaderValue{Key: "x-kube-mvp-cluster", Value: "a", RawValue: []byte("b")}}}},
+		{SetHeaders: []*corev3.HeaderValueOption{set("x-kube-mvp-cluster", "a\r\nb")}},
 	} {
 		if err := st.applyMutation(r, m, "p."); err == nil {
 			t.Errorf("mutation %v accepted", m)
@@ -190,6 +193,9 @@ func TestMutationRules(t *testing.T) {
 	}
 	if v, _ := st.hdr.get("authorization"); v != "Bearer t" {
 		t.Errorf("authorization = %q", v)
+	}
+	if v, _ := st.hdr.get("x-remote-user"); v != "mallory" {
+		t.Errorf("x-remote-user = %q", v)
 	}
 }
 
@@ -201,28 +207,39 @@ func TestRouteMatching(t *testing.T) {
 	}
 	token := headerList{{"authorization", "Bearer t"}}
 	// cert is a request with a client certificate (the XFCC header Envoy sets) and hdr;
-	// decided adds the Lua filter's identity decision.
+	// decided adds the Lua filter's identity decision; class the request class it sets
+	// (request_class.lua: internal/snapshot's TestRequestClass checks which).
 	cert := func(hdr ...kv) headerList { return append(headerList{{"x-forwarded-client-cert", "Hash=1"}}, hdr...) }
 	decided := func(d string, hdr ...kv) headerList { return cert(append([]kv{{"x-kube-mvp-identity", d}}, hdr...)...) }
+	class := func(c string, hdr ...kv) headerList {
+		return append(headerList{{"x-kube-mvp-request-class", c}}, hdr...)
+	}
+	routed := headerList{{"x-kube-mvp-cluster", "x"}}
 	cases := []struct {
 		path string
 		hdr  headerList
 		want string
 	}{
-		{"/apis/batch/v1/jobs?watch=true", token, "batch/v1:watch"},
-		{"/apis/batch/v1/jobs?resourceVersion=1&watch", token, "batch/v1:watch"},
-		{"/apis/batch/v1/jobs?watc%68=1", token, "batch/v1:watch"}, // names are decoded
-		{"/apis/batch/v1/jobs?watchx=1", token, "batch/v1"},
-		{"/apis/batch/v1/watch/jobs", token, "batch/v1:long-running"},
-		{"/api/v1/namespaces/d/pods/p/log", token, "core/v1:long-running"},
-		{"/api/v1/namespaces/d/pods/p/exec", decided("front-proxy", token...), "core/v1:long-running:front-proxy"},
-		{"/api/v1/namespaces/d/pods/p/exec", decided("own-credentials", token...), "core/v1:long-running"},
-		{"/api/v1/pods?watch=true", headerList{{"x-kube-mvp-cluster", "x"}}, "extproc-decided:watch"},
-		// A path extproc decoded: no timeout (the long-running regexes read it as sent).
-		{"/apis/batch%2Fv1/watch/jobs", headerList{{"x-kube-mvp-cluster", "x"}}, "extproc-decided:escaped-path"},
-		{"//api/v1/namespaces/d/pods/p/exec", headerList{{"x-kube-mvp-cluster", "x"}}, "extproc-decided:escaped-path"},
-		{"/debug/pprof/profile", token, "default:long-running"},
-		{"/apis/batch/v1/jobs", headerList{{"x-kube-mvp-cluster", "x"}}, "extproc-decided"},
+		{"/api/v1/pods?watch=true", class("watch", token...), "core/v1:watch"},
+		{"/api/v1/pods", class("read", token...), "core/v1:read"},
+		{"/api/v1/pods", class("write", token...), "core/v1:write"},
+		{"/api/v1/pods", class("Read", token...), "core/v1"}, // exact, case-sensitive value
+		{"/api/v1/watch/pods", class("long-running", token...), "core/v1"},
+		// batch/v1 needs extproc's choice: one route, which forwards nothing itself.
+		{"/apis/batch/v1/jobs", class("read", token...), "batch/v1"},
+		{"/api/v1/namespaces/d/pods/p/exec", decided("front-proxy", class("long-running", token...)...), "core/v1:front-proxy"},
+		{"/api/v1/namespaces/d/pods/p/exec", decided("own-credentials", class("long-running", token...)...), "core/v1"},
+		{"/api/v1/namespaces/d/pods/p/exec", class("upgrade", kv{"upgrade", "SPDY/3.1"}), "core/v1:upgrade"},
+		{"/api/v1/namespaces/d/pods/p/exec", decided("front-proxy", kv{"upgrade", "websocket"}), "core/v1:upgrade:front-proxy"},
+		{"/api/v1/pods?watch=true", class("watch", routed...), "extproc-decided:watch"},
+		{"/api/v1/pods", class("read", routed...), "extproc-decided:read"},
+		{"/api/v1/pods", class("write", routed...), "extproc-decided:write"},
+		// Upgrades, long-running requests and paths extproc decoded take the route itself:
+		// no timeout, no retry after a reset.
+		{"/api/v1/namespaces/d/pods/p/exec", class("upgrade", append(routed, kv{"upgrade", "SPDY/3.1"})...), "extproc-decided"},
+		{"/apis/batch%2Fv1/watch/jobs", class("unclassified", routed...), "extproc-decided"},
+		{"/debug/pprof/profile", class("long-running", token...), "default"},
+		{"/apis/batch/v1/jobs", routed, "extproc-decided"},
 		// A certificate without the Lua filter's decision is refused, whatever else comes.
 		{"/api/v1/pods", cert(), "client-certificate-undecided"},
 		{"/api/v1/pods", headerList{{"x-kube-mvp-cluster", "x"}, {"x-forwarded-client-cert", "Hash=1"}}, "extproc-decided"},
@@ -243,24 +260,26 @@ func TestRouteMatching(t *testing.T) {
 		// escaped-path route sends them to extproc, which decodes them as the apiserver does.
 		{"/apis/batch%2Fv1/namespaces/x/jobs", token, "escaped-path"},
 		{"/apis/batch%2fv1", token, "escaped-path"},
-		{"/apis/b%61tch/v1/jobs", token, "escaped-path"},
+		{"/apis/b%61tch/v1/jobs", class("read", token...), "escaped-path"},
 		{"//apis/batch/v1/jobs", token, "escaped-path"},
-		{"/api/v1/pods?fieldSelector=a%3Db", token, "core/v1"}, // an escape in the query only
+		{"/api/v1/pods?fieldSelector=a%3Db", class("read", token...), "core/v1:read"}, // an escape in the query only
 		// Dot-segments are not resolved: the apiserver reads them literally too.
 		{"/apis/batch/v1/../../apps/v1/deployments", token, "batch/v1"},
 		{"/apis/apps/v1/./x/../../../batch/v1/jobs", token, "apps/v1"},
-		{"/healthz", token, "default"},
+		{"/healthz", class("read", token...), "default:read"},
 		{"/healthz", nil, "default"}, // no credentials: the line-rate routes, as a bearer token
 		{"/api/v1/pods", nil, "core/v1"},
 		{"/apis/batch/v1/jobs", nil, "batch/v1"},
 		{"/api/v1/pods", headerList{{"sec-websocket-protocol", "base64url.bearer.authorization.k8s.io.dA"}}, "core/v1"},
+		{"/apis", class("read", token...), "discovery:read"},
 		// The Lua filter's decisions: its identity goes to the front-proxy twin of the route
 		// the request would take anyway; own credentials take that route itself.
 		{"/api/v1/pods", decided("front-proxy"), "core/v1:front-proxy"},
-		{"/api/v1/pods?watch=1", decided("front-proxy"), "core/v1:watch:front-proxy"},
-		{"/apis/batch/v1/jobs", decided("front-proxy"), "batch/v1:front-proxy"},
+		{"/api/v1/pods?watch=1", decided("front-proxy", class("watch")...), "core/v1:watch:front-proxy"},
+		{"/api/v1/pods", decided("front-proxy", class("read")...), "core/v1:read:front-proxy"},
+		{"/apis/batch/v1/jobs", decided("front-proxy"), "batch/v1"}, // extproc decides, and names the twin
 		{"/apis", decided("front-proxy"), "discovery:front-proxy"},
-		{"/apis/batch%2Fv1/jobs", decided("front-proxy"), "escaped-path:front-proxy"},
+		{"/apis/batch%2Fv1/jobs", decided("front-proxy"), "escaped-path"},
 		{"/healthz", decided("front-proxy"), "default:front-proxy"},
 		{"/api/v1/pods", decided("own-credentials", token...), "core/v1"},
 		{"/api/v1/pods", decided("FRONT-PROXY"), "core/v1"}, // exact, case-sensitive value
@@ -269,36 +288,6 @@ func TestRouteMatching(t *testing.T) {
 	for _, tc := range cases {
 		if got := match(tc.path, tc.hdr); got != tc.want {
 			t.Errorf("%s %v: route %s, want %s", tc.path, tc.hdr, got, tc.want)
-		}
-	}
-	// Reads take the :read twins (retry on reset); long-running requests, escaped paths and
-	// other verbs never do.
-	byMethod := func(method, path string, hdr headerList) string {
-		st := &stream{cfg: &config{routes: map[string]*routeConfig{"r": rc}}, hcm: &hcmCfg{rdsName: "r"}, host: "example:6443", method: method, path: path, hdr: hdr}
-		return routeName(st.matchRoute())
-	}
-	routed := headerList{{"x-kube-mvp-cluster", "x"}}
-	for _, tc := range []struct {
-		method, path string
-		hdr          headerList
-		want         string
-	}{
-		{"GET", "/api/v1/pods", token, "core/v1:read"},
-		{"HEAD", "/api/v1/pods", token, "core/v1:read"},
-		{"GET", "/api/v1/pods?watch=true", token, "core/v1:watch:read"},
-		{"GET", "/api/v1/pods?fieldSelector=a%3Db", token, "core/v1:read"},
-		{"GET", "/apis", token, "discovery:read"},
-		{"GET", "/api/v1/pods", routed, "extproc-decided:read"},
-		{"POST", "/api/v1/pods", token, "core/v1"},
-		{"DELETE", "/api/v1/pods?watch=true", token, "core/v1:watch"},
-		{"GET", "/api/v1/namespaces/d/pods/p/exec?watch=1", token, "core/v1:long-running"},
-		{"GET", "/api/v1/namespaces/d/pods/p/exec", routed, "extproc-decided:long-running"},
-		{"GET", "/api/v1/namespaces/d/services/s/proxy/x", routed, "extproc-decided:long-running"},
-		{"GET", "/api/v1/namespaces/d/pods/p/%65xec", routed, "extproc-decided:escaped-path"}, // no read twin, no timeout
-		{"GET", "/apis/b%61tch/v1/jobs", token, "escaped-path"},
-	} {
-		if got := byMethod(tc.method, tc.path, tc.hdr); got != tc.want {
-			t.Errorf("%s %s %v: route %s, want %s", tc.method, tc.path, tc.hdr, got, tc.want)
 		}
 	}
 	vhs := []*virtualHost{{name: "star", domains: []string{"*"}}, {name: "suffix", domains: []string{"*.example.com"}}, {name: "exact", domains: []string{"api.example.com"}}, {name: "prefix", domains: []string{"api.*"}}}

@@ -1,0 +1,131 @@
+-- kube-mvp: the class of a request, as the apiserver will treat it.
+--
+-- The routes give each class its own timeout and retry policy: a request the apiserver
+-- treats as long-running gets no timeout, and only a read (GET, HEAD) may be retried after a
+-- reset. Envoy's routes could tell these apart only with regexes, which Envoy refuses once
+-- their RE2 program grows past its limit (100 by default; a long group name is enough), and
+-- which it would evaluate on every route before the path. So the class is decided here, once
+-- per request, and the routes match it by exact header value. It follows k8s.io/apiserver:
+-- RequestInfoFactory.NewRequestInfo (pkg/endpoints/request/requestinfo.go) for the verb,
+-- name and subresource, BasicLongRunningRequestCheck (pkg/server/filters/longrunning.go)
+-- with kube-apiserver's long-running verbs (watch, proxy) and subresources (attach, exec,
+-- proxy, log, portforward), and /debug/pprof/. The test data plane checks it against those
+-- functions themselves.
+--
+--   "upgrade"       an Upgrade header: to the HTTP/1.1 clusters, no timeout
+--   "read"          GET or HEAD, not long-running: timeout, retried after a reset too
+--   "watch"         GET or HEAD with the verb watch: no timeout, retried after a reset too
+--   "write"         any other method, not long-running: timeout
+--   "long-running"  any other long-running request (exec, attach, port-forward, proxy, log)
+--   "unclassified"  a path the apiserver reads differently from Envoy (a %-escape, a leading
+--                   "//", no leading "/"): it decodes it, this script does not try to
+--
+-- Only the first four have routes of their own; "long-running", "unclassified" and a missing
+-- class (the script failed) take the route without a class: no timeout, no retry after a
+-- reset, which is safe for any request. The listener strips the header from clients before
+-- any route or filter reads it, and the virtual host removes it before any apiserver.
+
+local LONG_RUNNING_SUBRESOURCES = { attach = true, exec = true, proxy = true, log = true, portforward = true }
+
+-- split_path is Go's strings.Split(strings.Trim(path, "/"), "/"), empty segments kept.
+local function split_path(path)
+  local trimmed = path:gsub("^/+", ""):gsub("/+$", "")
+  local parts = {}
+  if trimmed == "" then return parts end
+  local start = 1
+  while true do
+    local slash = trimmed:find("/", start, true)
+    if slash == nil then
+      parts[#parts + 1] = trimmed:sub(start)
+      return parts
+    end
+    parts[#parts + 1] = trimmed:sub(start, slash - 1)
+    start = slash + 1
+  end
+end
+
+-- query_unescape is Go's url.QueryUnescape: "+" is a space, %XX a byte; nil if malformed.
+local function query_unescape(s)
+  if s:find("%", 1, true) then
+    if s:find("%%[^%x]") or s:find("%%%x[^%x]") or s:find("%%%x?$") then return nil end
+    s = s:gsub("%%(%x%x)", function(h) return string.char(tonumber(h, 16)) end)
+  end
+  return (s:gsub("+", " "))
+end
+
+-- first_watch_value is req.URL.Query()["watch"][0], or nil: Go's url.ParseQuery splits at
+-- "&", skips a pair containing ";" and a pair whose name or value does not unescape.
+local function first_watch_value(query)
+  for pair in query:gmatch("[^&]+") do
+    if not pair:find(";", 1, true) then
+      local eq = pair:find("=", 1, true)
+      local name, value = pair, ""
+      if eq then name, value = pair:sub(1, eq - 1), pair:sub(eq + 1) end
+      name = query_unescape(name)
+      value = value and query_unescape(value)
+      if name == "watch" and value ~= nil then return value end
+    end
+  end
+  return nil
+end
+
+-- is_false is the apiserver's Convert_Slice_string_To_bool for one value: "0", or "false"
+-- in any case (strings.EqualFold: the long s, U+017F, folds to "s").
+local function is_false(v)
+  if v == "0" then return true end
+  v = v:gsub("\197\191", "s")
+  return #v == 5 and v:lower() == "false"
+end
+
+-- method_verb is RequestInfo's verb of a resource request whose path names none.
+local METHOD_VERBS = { POST = "create", GET = "get", HEAD = "get", PUT = "update", PATCH = "patch", DELETE = "delete" }
+
+-- long_running returns whether the apiserver treats the request as long-running, and its verb.
+local function long_running(method, path, query)
+  local parts = split_path(path)
+  local nonresource = #parts < 3 or (parts[1] ~= "api" and parts[1] ~= "apis") or (parts[1] == "apis" and #parts < 4)
+  if nonresource then
+    local verb = method:lower()
+    return verb == "watch" or verb == "proxy" or path:sub(1, 13) == "/debug/pprof/", verb
+  end
+  local i = parts[1] == "apis" and 4 or 3 -- after the prefix, the group if any, the version
+  local verb
+  if parts[i] == "watch" or parts[i] == "proxy" then
+    if #parts < i + 1 then return true, "" end -- the apiserver answers 500: no retry, no timeout
+    verb = parts[i]
+    i = i + 1
+  else
+    verb = METHOD_VERBS[method] or ""
+  end
+  if parts[i] == "namespaces" and #parts > i + 1 and parts[i + 2] ~= "status" and parts[i + 2] ~= "finalize" then
+    i = i + 2
+  end
+  local n = #parts - i + 1 -- RequestInfo.Parts: resource, name, subresource, ...
+  local subresource = (n >= 3 and verb ~= "proxy") and parts[i + 2] or ""
+  local name = n >= 2 and parts[i + 1] or ""
+  if name == "" and verb == "get" then
+    local w = first_watch_value(query)
+    verb = (w ~= nil and not is_false(w)) and "watch" or "list"
+  end
+  return verb == "watch" or verb == "proxy" or LONG_RUNNING_SUBRESOURCES[subresource] == true, verb
+end
+
+-- request_class is the class of a request (see above); upgrade: it has an Upgrade header.
+local function request_class(method, target, upgrade)
+  if upgrade then return "upgrade" end
+  if method == nil or target == nil then return "unclassified" end
+  local path, query = target, ""
+  local q = target:find("?", 1, true)
+  if q then path, query = target:sub(1, q - 1), target:sub(q + 1) end
+  if path:sub(1, 1) ~= "/" or path:sub(1, 2) == "//" or path:find("%", 1, true) then
+    return "unclassified"
+  end
+  local long, verb = long_running(method, path, query)
+  local read = method == "GET" or method == "HEAD"
+  if long then
+    if read and verb == "watch" then return "watch" end
+    return "long-running"
+  end
+  if read then return "read" end
+  return "write"
+end
