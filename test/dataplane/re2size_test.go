@@ -1,7 +1,11 @@
 package dataplane
 
 import (
+	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
 	"strings"
 	"testing"
 
@@ -15,7 +19,9 @@ import (
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/proto"
+	"sigs.k8s.io/yaml"
 
+	"github.com/kube-mvp/kube-mvp/internal/fixtures"
 	"github.com/kube-mvp/kube-mvp/test/dataplane/internal/re2"
 )
 
@@ -112,5 +118,93 @@ func TestRE2ProgramSizeLimit(t *testing.T) {
 	_, errs := emptyConfig().withType(resource.RouteType, "1", []proto.Message{cases[0].build(t, "a**")})
 	if len(errs) != 1 || !strings.Contains(errs[0].Error(), "bad repetition operator") {
 		t.Fatalf("errors %v, want RE2's bad repetition operator", errs)
+	}
+}
+
+// productRE2Margin is the largest RE2 program size TestProductRegexesWithinRE2Limit admits
+// in our configuration: below Envoy's error level (100) because Envoy bundles a newer RE2
+// than Debian's libre2, which measures here, and the two may size a regex differently.
+const productRE2Margin = 90
+
+// TestProductRegexesWithinRE2Limit: every regex in every golden output of internal/snapshot
+// (testdata/<case>/*.yaml: each RegexMatcher's regex field, wherever it is, typed_config
+// included) has an RE2 program size of at most productRE2Margin, so Envoy accepts our
+// configuration with room to spare. Each offending regex is printed with its size and where
+// it occurs.
+func TestProductRegexesWithinRE2Limit(t *testing.T) {
+	testdata := fixtures.Dir()
+	ins, err := filepath.Glob(filepath.Join(testdata, "*.in.yaml"))
+	if err != nil || len(ins) == 0 {
+		t.Fatalf("no golden fixtures: %v", err)
+	}
+	where := map[string][]string{} // regex -> case/file
+	for _, in := range ins {
+		name := strings.TrimSuffix(filepath.Base(in), ".in.yaml")
+		files, err := filepath.Glob(filepath.Join(testdata, name, "*.yaml"))
+		if err != nil || len(files) == 0 {
+			t.Fatalf("%s: no golden files: %v", name, err)
+		}
+		for _, f := range files {
+			y, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			js, err := yaml.YAMLToJSON(y)
+			if err != nil {
+				t.Fatalf("%s: %v", f, err)
+			}
+			var doc any
+			if err := json.Unmarshal(js, &doc); err != nil {
+				t.Fatalf("%s: %v", f, err)
+			}
+			loc := name + "/" + filepath.Base(f)
+			walkRegexes(doc, func(re string) {
+				if l := where[re]; len(l) == 0 || l[len(l)-1] != loc {
+					where[re] = append(l, loc)
+				}
+			})
+		}
+	}
+	if len(where) == 0 {
+		t.Fatal("no regex found in the golden files")
+	}
+	regexes := make([]string, 0, len(where))
+	for re := range where {
+		regexes = append(regexes, re)
+	}
+	sort.Strings(regexes)
+	bad := 0
+	for _, re := range regexes {
+		n, err := re2.ProgramSize(re)
+		switch {
+		case err != nil:
+			bad++
+			t.Errorf("regex '%s' (in %s): RE2 rejects it: %v", re, strings.Join(where[re], ", "), err)
+		case n > productRE2Margin:
+			bad++
+			t.Errorf("regex '%s' (in %s): RE2 program size %d > %d (Envoy's error level: %d)", re, strings.Join(where[re], ", "), n, productRE2Margin, re2MaxProgramSizeErrorLevel)
+		default:
+			t.Logf("regex '%s': RE2 program size %d", re, n)
+		}
+	}
+	t.Logf("%d distinct regexes in %d cases, %d over %d", len(regexes), len(ins), bad, productRE2Margin)
+}
+
+// walkRegexes calls f with every string under a "regex" key in a decoded JSON document (a
+// RegexMatcher's regex: safe_regex, string_match.safe_regex, allow_expression, ...).
+func walkRegexes(v any, f func(string)) {
+	switch x := v.(type) {
+	case map[string]any:
+		for k, c := range x {
+			if s, ok := c.(string); ok && k == "regex" {
+				f(s)
+				continue
+			}
+			walkRegexes(c, f)
+		}
+	case []any:
+		for _, c := range x {
+			walkRegexes(c, f)
+		}
 	}
 }
