@@ -12,7 +12,7 @@ REGISTRY ?= ghcr.io/kube-mvp
 ARCHS ?= amd64 arm64
 PUSH ?=
 
-.PHONY: all build images test unit bench kube-binaries vet demo clean proto golden golden-dirs envoy-protos
+.PHONY: all build images test unit bench kube-binaries vet demo clean proto golden golden-dirs envoy-protos deps
 
 all: build
 
@@ -34,8 +34,17 @@ kube-binaries:
 vet:
 	$(GO) vet ./...
 
+# RE2_HEADER: the test data plane measures regexes with libre2 through cgo (C++).
+RE2_HEADER ?= /usr/include/re2/re2.h
+
+## deps: check what building the test data plane needs besides Go: libre2's headers and g++
+deps:
+	@test -f "$(RE2_HEADER)" && command -v g++ >/dev/null || { \
+		echo "kube-mvp: the test data plane needs libre2 and g++ (cgo, test/dataplane/internal/re2): apt-get install libre2-dev g++" >&2; \
+		exit 1; }
+
 ## test: every test, unit and end to end, against real apiservers of three versions
-test: vet kube-binaries
+test: deps vet kube-binaries
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
 	# every benchmark once, so none of them rots (the numbers come from `make bench`)
 	$(GO) test -run '^$$' -bench . -benchtime 1x ./...
@@ -72,7 +81,7 @@ envoy-protos:
 
 ## demo: kube-mvp in front of a two-version control plane (cp-b has batch/v1 off), kubectl
 ## through it and through a plain balancer, then up until Ctrl-C (DEMO_FLAGS=--exit to stop)
-demo:
+demo: deps
 	$(GO) run ./test/cmd/demo $(DEMO_FLAGS)
 
 clean:

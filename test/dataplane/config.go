@@ -32,6 +32,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/kube-mvp/kube-mvp/internal/cli"
+	"github.com/kube-mvp/kube-mvp/test/dataplane/internal/re2"
 )
 
 // config is one applied configuration: the raw resources (for /config_dump) and their
@@ -437,8 +438,28 @@ func compileExtProc(filterName string, c *extprocfilterv3.ExternalProcessor) (*e
 	return out, nil
 }
 
+// re2MaxProgramSizeErrorLevel is the default of Envoy's runtime key
+// re2.max_program_size.error_level. The stand-in models no runtime: our bootstraps
+// (envoy/*.yaml) configure no layered_runtime, so Envoy runs with this default. (The warn
+// level, re2.max_program_size.warn_level, only logs and is not modelled.)
+const re2MaxProgramSizeErrorLevel = 100
+
 // compileRE2 compiles an Envoy safe_regex (RE2, matched against the whole string).
+//
+// Envoy compiles every google_re2 RegexMatcher with RE2 and rejects the configuration when
+// RE2 rejects the pattern, or when the compiled program's size (RE2::ProgramSize, the
+// forward program only) exceeds the error level (source/common/common/regex.cc,
+// CompiledGoogleReMatcher's constructor, through Regex::Utility::parseRegex): the
+// resource is NACKed with that message. The size is RE2's own (internal/re2, Debian's
+// libre2 through cgo); matching stays with Go's regexp, which implements RE2's syntax.
 func compileRE2(re string) (*regexp.Regexp, error) {
+	size, err := re2.ProgramSize(re)
+	if err != nil {
+		return nil, err // RE2's message, as Envoy's NACK carries it
+	}
+	if size > re2MaxProgramSizeErrorLevel {
+		return nil, fmt.Errorf("regex '%s' RE2 program size of %d > max program size of %d set for the error level threshold. Increase configured max program size if necessary.", re, size, re2MaxProgramSizeErrorLevel)
+	}
 	return regexp.Compile(`^(?:` + re + `)$`)
 }
 

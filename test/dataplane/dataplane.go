@@ -10,6 +10,10 @@
 // checks, outlier detection and least-request balancing.
 //
 // Among the modelled behaviours:
+//   - RE2 program size: a safe_regex whose RE2 program is larger than Envoy's error level
+//     (re2.max_program_size.error_level, default 100; no runtime is modelled) is a NACK with
+//     Envoy's message (config.go, compileRE2). The size is measured by libre2 through cgo
+//     (internal/re2); matching uses Go's regexp.
 //   - Subset load balancing (subset.go, Envoy's SubsetLoadBalancer): lb_subset_config with
 //     fallback_policy NO_FALLBACK or ANY_ENDPOINT, subset_selectors (keys, fallback_policy
 //     NOT_DEFINED, NO_FALLBACK or ANY_ENDPOINT) and list_as_any, over the endpoints'

@@ -202,23 +202,44 @@ func (st *stream) runExtProc(ep *extProcCfg, md []kv) (clearRoute bool, ok bool)
 			d.log.Warn("ext_proc header mutation rejected", "error", err)
 			return fail("ext_proc_error_header_mutation_rejected")
 		}
-		// route_cache_action: CLEAR clears the route cache after a header mutation
-		// regardless of clear_route_cache; DEFAULT follows clear_route_cache; RETAIN never
-		// clears.
-		switch ep.routeCache {
-		case extprocfilterv3.ExternalProcessor_CLEAR:
-			clearRoute = true
-		case extprocfilterv3.ExternalProcessor_DEFAULT:
-			clearRoute = cr.GetClearRouteCache()
-		}
-	} else if cr.GetClearRouteCache() && ep.routeCache == extprocfilterv3.ExternalProcessor_DEFAULT {
-		clearRoute = true
+	}
+	clearRoute, stat := routeCacheDecision(ep.routeCache, cr)
+	if stat != "" {
+		d.stats.inc(sp + stat)
 	}
 	if sendResp {
 		kept = true
 		st.ext = &extProcStream{ep: ep, sp: sp, s: s, cancel: cancel}
 	}
 	return clearRoute, true
+}
+
+// routeCacheDecision is whether a request-headers response cr clears the route cache, and
+// the counter it increments ("" for none), as Envoy's DecodingProcessorState::clearRouteCache
+// (source/extensions/filters/http/ext_proc/processor_state.cc) for a downstream filter:
+// without a header_mutation nothing is cleared, whatever route_cache_action and
+// clear_route_cache say (clear_route_cache set counts clear_route_cache_ignored); with one,
+// CLEAR clears, DEFAULT clears when clear_route_cache is set, RETAIN never clears
+// (clear_route_cache set counts clear_route_cache_disabled). It runs after the mutation was
+// applied (a rejected mutation fails the request before).
+func routeCacheDecision(action extprocfilterv3.ExternalProcessor_RouteCacheAction, cr *extprocv3.CommonResponse) (clear bool, stat string) {
+	if cr.GetHeaderMutation() == nil {
+		if cr.GetClearRouteCache() {
+			return false, "clear_route_cache_ignored"
+		}
+		return false, ""
+	}
+	switch action {
+	case extprocfilterv3.ExternalProcessor_CLEAR:
+		return true, ""
+	case extprocfilterv3.ExternalProcessor_RETAIN:
+		if cr.GetClearRouteCache() {
+			return false, "clear_route_cache_disabled"
+		}
+		return false, ""
+	default: // DEFAULT
+		return cr.GetClearRouteCache(), ""
+	}
 }
 
 // awaitHeadersReply waits at most message_timeout for the processor's answer (on ch) to a

@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"net/url"
 	"sort"
 	"strconv"
 	"strings"
@@ -295,7 +294,14 @@ func uuid4() string {
 
 // matchRoute finds the route as Envoy's router does: the virtual host by :authority (exact
 // domain, then the longest suffix wildcard "*.x", then the longest prefix wildcard "x.*",
-// then "*"), then the first route in order whose path and header matchers all match.
+// then "*"), then the first route in order whose header, query parameter and path matchers
+// all match. Like Envoy, each route checks its header matchers, then its query parameter
+// matchers, and its path only when those matched: every RouteEntryImplBase subclass's
+// matches() (PrefixRouteEntryImpl, PathRouteEntryImpl, RegexRouteEntryImpl,
+// PathSeparatedPrefixRouteEntryImpl; source/common/router/config_impl.cc) calls
+// RouteEntryImplBase::matchRoute (headers, then query parameters, each returning early on a
+// mismatch) before its path matcher. The outcome is the same in any order; the order is
+// Envoy's so that benchmarks do the work Envoy does.
 func (st *stream) matchRoute() *route {
 	rc := st.cfg.routes[st.hcm.rdsName]
 	if rc == nil {
@@ -315,6 +321,9 @@ func (st *stream) matchRoute() *route {
 		path = path[:i]
 	}
 	for _, r := range vh.routes {
+		if !st.headersMatch(r.headers) || !queryMatch(st.path, r.query) {
+			continue
+		}
 		switch {
 		case r.prefix != nil:
 			if !strings.HasPrefix(path, *r.prefix) {
@@ -333,19 +342,21 @@ func (st *stream) matchRoute() *route {
 				continue
 			}
 		}
-		if st.headersMatch(r.headers) && queryMatch(st.path, r.query) {
-			return r
-		}
+		return r
 	}
 	return nil
 }
 
 // queryMatch: every matcher must match the request's query. As Envoy
-// (source/common/router/config_utility.cc, QueryParameterMatcher::matches; the query parsed by
-// Http::Utility::QueryParamsMulti::parseAndDecodeQueryString): the query after the first '?'
-// up to any '#' is split at '&', each part at its first '=' (none: the value is ""), names
-// and values percent-decoded; only a parameter's first value is matched; present_match asks
-// for the name only.
+// (source/common/router/config_utility.cc, QueryParameterMatcher::matches, on the query
+// RouteEntryImplBase::matchRoute parses with Http::Utility::QueryParamsMulti::parseQueryString,
+// source/common/http/utility.cc): the query after the first '?' is split at '&', each part
+// at its first '=' (none: the value is ""); parseQueryString calls parseParameters with
+// decode_params false, so neither names nor values are percent-decoded ("?%77atch=1" has no
+// parameter "watch"; only parseAndDecodeQueryString decodes, and route matching does not use
+// it). Only a parameter's first value is matched; present_match asks for the name only. The
+// stand-in still ends the query at a '#', which parseParameters does not do (what reaches it
+// depends on how Envoy's codec and HCM treat a fragment in :path, not modelled here).
 func queryMatch(path string, ms []*queryMatcher) bool {
 	if len(ms) == 0 {
 		return true
@@ -361,7 +372,6 @@ func queryMatch(path string, ms []*queryMatcher) bool {
 				continue
 			}
 			name, value, _ := strings.Cut(part, "=")
-			name, value = queryUnescape(name), queryUnescape(value)
 			if _, ok := first[name]; !ok {
 				first[name] = value
 			}
@@ -374,13 +384,6 @@ func queryMatch(path string, ms []*queryMatcher) bool {
 		}
 	}
 	return true
-}
-
-func queryUnescape(s string) string {
-	if u, err := url.QueryUnescape(s); err == nil {
-		return u
-	}
-	return s
 }
 
 // pathSeparatedPrefixMatch is RouteMatch.path_separated_prefix (case sensitive), as

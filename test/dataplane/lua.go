@@ -262,13 +262,13 @@ type luaOutcome struct {
 func (f *luaFilterCfg) run(rt *route, req *luaRequest, log func(level, msg string)) luaOutcome {
 	pr := luaPerRoute(rt, f.name)
 	script := f.def
-	// The virtual host's metadata under the filter's name (VirtualHostWrapper::luaMetadata:
-	// the filter's configured name, else the canonical envoy.filters.http.lua).
+	// The virtual host's metadata under the filter's configured name only: Envoy's
+	// StreamHandleWrapper::luaVirtualHost (source/extensions/filters/http/lua/lua_filter.cc)
+	// gives VirtualHostWrapper the filter's config name, and VirtualHostWrapper::getMetadata
+	// (wrappers.cc) looks up that key alone, with no fallback to envoy.filters.http.lua.
 	var vhMeta *structpb.Struct
 	if rt != nil && rt.vh != nil {
-		if vhMeta = rt.vh.filterMetadata[f.name]; vhMeta == nil {
-			vhMeta = rt.vh.filterMetadata["envoy.filters.http.lua"]
-		}
+		vhMeta = rt.vh.filterMetadata[f.name]
 	}
 	if pr != nil {
 		switch {

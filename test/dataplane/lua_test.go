@@ -110,9 +110,11 @@ func TestLuaPerRouteResolution(t *testing.T) {
 		{name: "virtual host metadata under the filter's name, read with get",
 			vh: &luafilterv3.LuaPerRoute{Override: &luafilterv3.LuaPerRoute_Name{Name: "md"}}, vhMeta: map[string]*structpb.Struct{"lua": md},
 			status: 200, body: "v/nil/2"},
-		{name: "virtual host metadata under the canonical name",
+		// Only the filter's configured name ("lua" here) is read: metadata under the canonical
+		// envoy.filters.http.lua is another filter's (VirtualHostWrapper::getMetadata).
+		{name: "virtual host metadata under the canonical name is not the filter's",
 			vh: &luafilterv3.LuaPerRoute{Override: &luafilterv3.LuaPerRoute_Name{Name: "md"}}, vhMeta: map[string]*structpb.Struct{"envoy.filters.http.lua": md},
-			status: 200, body: "v/nil/2"},
+			status: 200, body: "nil/nil/nil"},
 		{name: "virtual host metadata under another filter's name",
 			vh: &luafilterv3.LuaPerRoute{Override: &luafilterv3.LuaPerRoute_Name{Name: "md"}}, vhMeta: map[string]*structpb.Struct{"other": md},
 			status: 200, body: "nil/nil/nil"},
