@@ -242,7 +242,7 @@ func (s *Server) requestHeaders(h *extprocv3.HttpHeaders, local string, disc *di
 		case equalFold(k, contract.HeaderIdentityDecision):
 			decision = headerValue(hv)
 		case (k[0] == 'u' || k[0] == 'U') && equalFold(k, "upgrade"):
-			// Envoy's routes send it to an HTTP/1.1 cluster (snapshot: upgradeRoute).
+			// Envoy's routes send it to an HTTP/1.1 cluster (snapshot: the ":upgrade" twins).
 			upgrade = true
 		case anyEqualFold(names.User, k):
 			stripped |= strippedUser

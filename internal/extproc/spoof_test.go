@@ -122,8 +122,9 @@ func TestSpoofedHeaders(t *testing.T) {
 
 // TestOtherRequestHeaderNames: with apiservers that read other identity headers
 // (--requestheader-username-headers=X-User and so on, carried in the routing table), extproc
-// removes them, and every extra header under their prefix, from what clients send, as it
-// does the defaults, and keeps them when the Lua filter set them.
+// asks to remove them, and every extra header under their prefix, when a client's reach it
+// (which Envoy's mutation rules refuse, failing the request: the listener should have
+// stripped them), as it does the defaults, and keeps them when the Lua filter set them.
 func TestOtherRequestHeaderNames(t *testing.T) {
 	topo := loadFixture(t, "upgrade.yaml", fixtureNow)
 	topo.RequestHeaders = topology.RequestHeaders{User: []string{"X-User", "x-login"}, UID: []string{"x-uid"}, Group: []string{"x-groups"}, ExtraPrefix: []string{"x-extra-"}}

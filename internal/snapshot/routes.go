@@ -91,7 +91,7 @@ func (s routeSpec) forwards() bool { return s.direct == nil && s.extProc != extP
 type requestClass struct {
 	value, suffix string
 	timeout       bool // the route timeout, Config.UpstreamRequestTimeout; otherwise none
-	retryReset    bool // "reset" added to the retry conditions (readRetryPolicy)
+	retryReset    bool // "reset" added to the retry conditions (routeBuilder.readRetry)
 }
 
 // Why reads (and watches) retry a reset: an apiserver closing a kept-alive connection (idle
