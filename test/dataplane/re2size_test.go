@@ -22,6 +22,9 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/kube-mvp/kube-mvp/internal/fixtures"
+	"github.com/kube-mvp/kube-mvp/internal/plan"
+	"github.com/kube-mvp/kube-mvp/internal/snapshot"
+	"github.com/kube-mvp/kube-mvp/internal/topology"
 	"github.com/kube-mvp/kube-mvp/test/dataplane/internal/re2"
 )
 
@@ -206,5 +209,60 @@ func walkRegexes(v any, f func(string)) {
 		for _, c := range x {
 			walkRegexes(c, f)
 		}
+	}
+}
+
+// TestProductRegexesWhateverTheNames: the regexes of our configuration do not grow with the
+// names it carries: a control plane mid-upgrade whose group names are as long as Kubernetes
+// allows (a CRD group of 253 characters; here served by one apiserver of two, so its routes
+// and ext_proc are in play) and whose apiservers read request-header names of their own,
+// long ones included, has only regexes within productRE2Margin.
+func TestProductRegexesWhateverTheNames(t *testing.T) {
+	long := strings.Repeat("a", 60) + "." + strings.Repeat("b", 60) + "." + strings.Repeat("c", 60) + "." + strings.Repeat("d", 59) + ".example.io" // 253
+	ss := []topology.APIServer{
+		{ID: "apiserver-aaaaaaaaaaaaaaaaaaaaaaaaaa", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: true},
+		{ID: "apiserver-bbbbbbbbbbbbbbbbbbbbbbbbbb", Hostname: "cp-b", Address: "10.0.0.2:6443", Alive: true},
+	}
+	served := map[topology.Resource][]string{
+		{Group: long, Version: "v1alpha1", Resource: "things"}:            {ss[0].ID},
+		{Group: long, Version: "v1alpha1", Resource: "others"}:            {ss[0].ID, ss[1].ID},
+		{Group: "", Version: "v1", Resource: "pods"}:                      {ss[0].ID, ss[1].ID},
+		{Group: "", Version: "v1", Resource: "pods", Subresource: "exec"}: {ss[0].ID, ss[1].ID},
+	}
+	topo, err := topology.New(ss, served, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	topo.RequestHeaders = topology.RequestHeaders{
+		User:        []string{"X-Authenticated-User-Name-Of-A-Very-Long-Kind", "X-Remote-User"},
+		UID:         []string{"X-Authenticated-User-Identifier-Of-A-Very-Long-Kind"},
+		Group:       []string{"X-Authenticated-User-Groups-Of-A-Very-Long-Kind", "X-Remote-Group"},
+		ExtraPrefix: []string{"X-Authenticated-User-Extra-Attributes-Of-A-Very-Long-Kind-", "X-Remote-Extra-"},
+	}
+	pl, err := plan.Build(topo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := snapshot.Build(pl, snapshot.Config{ExtProcAddress: "unix:/nonexistent/extproc.sock", Secrets: newPKI(t).files(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := res.ToJSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc any
+	if err := json.Unmarshal(js, &doc); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	walkRegexes(doc, func(re string) {
+		n++
+		if size, err := re2.ProgramSize(re); err != nil || size > productRE2Margin {
+			t.Errorf("regex '%s': RE2 program size %d (%v), want at most %d", re, size, err, productRE2Margin)
+		}
+	})
+	if n == 0 || !strings.Contains(string(js), long) {
+		t.Fatalf("%d regexes, long group in the configuration %v: not the configuration meant", n, strings.Contains(string(js), long))
 	}
 }
