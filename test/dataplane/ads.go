@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"time"
 
@@ -49,7 +50,11 @@ func (d *DataPlane) startADS(_ context.Context) error {
 	if d.opts.XDSTLS != nil {
 		creds = credentials.NewTLS(d.opts.XDSTLS.clientConfig())
 	}
-	conn, err := grpc.NewClient(d.opts.XDSAddress, grpc.WithTransportCredentials(creds))
+	// Envoy takes xDS responses of any size: its gRPC client's max_receive_message_length
+	// (GrpcService.EnvoyGrpc) is unlimited unless configured, and our bootstraps set none.
+	// gRPC-Go's default of 4 MiB would refuse a large route configuration Envoy accepts.
+	conn, err := grpc.NewClient(d.opts.XDSAddress, grpc.WithTransportCredentials(creds),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(math.MaxInt32)))
 	if err != nil {
 		return fmt.Errorf("dataplane: ADS client: %w", err)
 	}
