@@ -305,25 +305,89 @@ local function cached_identity(subject)
   return id, why
 end
 
--- has_bearer_token: the apiserver would authenticate a bearer token of this request. Its
--- bearer authenticator reads the first Authorization value, trimmed: "bearer" in any case, a
--- space, a non-empty token. Its WebSocket authenticator reads, on a WebSocket upgrade, a
--- Sec-WebSocket-Protocol entry (values split at "," and trimmed) starting
--- "base64url.bearer.authorization.k8s.io.". Envoy's get() joins repeated headers with ",":
--- for Authorization the first value still decides.
+-- has_bearer_token: the request carries a bearer token the apiserver would try. Its bearer
+-- authenticator reads the first Authorization value, trimmed: "bearer" in any case, a space,
+-- a non-empty token. Its WebSocket authenticator (k8s.io/apiserver
+-- pkg/authentication/request/websocket, ProtocolAuthenticator) reads a WebSocket request's
+-- (Upgrade "websocket", a Connection token "upgrade") Sec-WebSocket-Protocol entries, split
+-- at "," and trimmed as strings.TrimSpace: exactly one starting
+-- "base64url.bearer.authorization.k8s.io.", whose rest decodes as unpadded base64url to
+-- non-empty UTF-8, beside at least one other entry. Anything else gives no token (an empty
+-- one) or an error (two, a bad encoding, no other entry), and then the certificate alone
+-- decides: refused, a 401. Envoy's get() joins repeated headers with ",": for Authorization
+-- the first value still decides.
 local WS_PREFIX = "base64url.bearer.authorization.k8s.io."
+
+-- trim_space is Go's strings.TrimSpace on UTF-8: ASCII white space, U+0085 and U+00A0.
+local function trim_space(s)
+  local changed = true
+  while changed do
+    changed = false
+    local t = s:gsub("^[ \t\n\v\f\r]+", ""):gsub("[ \t\n\v\f\r]+$", "")
+    for _, ws in ipairs({ "\194\133", "\194\160" }) do
+      if t:sub(1, 2) == ws then t = t:sub(3) end
+      if #t >= 2 and t:sub(-2) == ws then t = t:sub(1, -3) end
+    end
+    if t ~= s then s, changed = t, true end
+  end
+  return s
+end
+
+local B64URL = {}
+for i = 1, 64 do
+  B64URL[("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"):byte(i)] = i - 1
+end
+
+-- base64url_raw is Go's base64.RawURLEncoding.DecodeString (no padding; "\r" and "\n"
+-- skipped), or nil.
+local function base64url_raw(s)
+  s = s:gsub("[\r\n]", "")
+  if #s % 4 == 1 then return nil end
+  local out, acc, bits = {}, 0, 0
+  for i = 1, #s do
+    local v = B64URL[s:byte(i)]
+    if v == nil then return nil end
+    acc, bits = acc * 64 + v, bits + 6
+    if bits >= 8 then
+      bits = bits - 8
+      local byte = math.floor(acc / 2 ^ bits)
+      out[#out + 1] = string.char(byte)
+      acc = acc - byte * 2 ^ bits
+    end
+  end
+  return table.concat(out)
+end
+
+-- fold_lower is strings.EqualFold's view of s for comparing with an ASCII word: the long s
+-- (U+017F) folds to "s" and the Kelvin sign (U+212A) to "k".
+local function fold_lower(s)
+  return (s:gsub("\197\191", "s"):gsub("\226\132\170", "k"):lower())
+end
+
+local function websocket_token(headers)
+  -- wsstream.IsWebSocketRequest: Upgrade is "websocket" (EqualFold), and a Connection value
+  -- contains "upgrade" (httpstream.IsUpgradeRequest: a substring, in any case).
+  local up, conn, protocols = headers:get("upgrade"), headers:get("connection"), headers:get("sec-websocket-protocol")
+  if up == nil or fold_lower(up) ~= "websocket" or conn == nil or protocols == nil then return false end
+  if not conn:lower():find("upgrade", 1, true) then return false end
+  local token, others = nil, 0
+  for entry in (protocols .. ","):gmatch("([^,]*),") do
+    entry = trim_space(entry)
+    if entry:sub(1, #WS_PREFIX) == WS_PREFIX then
+      if token ~= nil then return false end -- several: the apiserver's error
+      token = base64url_raw(entry:sub(#WS_PREFIX + 1))
+      if token == nil or not valid_utf8(token) then return false end
+    else
+      others = others + 1
+    end
+  end
+  return token ~= nil and token ~= "" and others > 0
+end
 
 local function has_bearer_token(headers)
   local auth = headers:get("authorization")
   if auth ~= nil and auth:find("^[Bb][Ee][Aa][Rr][Ee][Rr] [^ ]") ~= nil then return true end
-  local up = headers:get("upgrade")
-  local protocols = headers:get("sec-websocket-protocol")
-  if up == nil or up:lower() ~= "websocket" or protocols == nil then return false end
-  for entry in (protocols .. ","):gmatch("([^,]*),") do
-    entry = entry:gsub("^[ \t]+", "")
-    if entry:sub(1, #WS_PREFIX) == WS_PREFIX then return true end
-  end
-  return false
+  return websocket_token(headers)
 end
 
 local function names(md)

@@ -1,12 +1,16 @@
 package dataplane
 
 import (
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/x509"
 	"encoding/asn1"
+	"k8s.io/apiserver/pkg/authentication/authenticator"
+	"k8s.io/apiserver/pkg/authentication/request/websocket"
 	"math/big"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -425,6 +429,55 @@ func TestLuaIdentityKnownLimits(t *testing.T) {
 		r := runIdentity(t, cert, nil)
 		if d, _ := r.hdr.get("x-kube-mvp-identity"); d != "front-proxy" {
 			t.Errorf("%s: decision %q: the limit is gone, move the case to identityCases", name, d)
+		}
+	}
+}
+
+// TestLuaWebSocketTokenAsTheApiserver: with a certificate the apiserver refuses, the script
+// forwards a WebSocket request with its own credentials exactly when the apiserver's
+// WebSocket authenticator (k8s.io/apiserver websocket.ProtocolAuthenticator, here with a
+// token authenticator that accepts any token) finds a token to try; otherwise it answers 401,
+// as the apiserver does for the certificate (an empty token is no token: forwarded without
+// the certificate, it would have run as system:anonymous).
+func TestLuaWebSocketTokenAsTheApiserver(t *testing.T) {
+	cert, perr := certFromRDNs(t, [][]rawATV{{utf8v(oidO, "system:masters")}, {utf8v(oidCN, "")}})
+	if perr != nil {
+		t.Fatal(perr)
+	}
+	anyToken := authenticator.TokenFunc(func(_ context.Context, token string) (*authenticator.Response, bool, error) {
+		return &authenticator.Response{User: &user.DefaultInfo{Name: "token"}}, true, nil
+	})
+	ws := websocket.NewProtocolAuthenticator(anyToken)
+	const p = "base64url.bearer.authorization.k8s.io."
+	for _, c := range []struct{ upgrade, connection, protocols string }{
+		{"websocket", "Upgrade", "base64.binary.k8s.io, " + p + "dG9r"},
+		{"websocket", "Upgrade", "base64.binary.k8s.io, " + p},                // empty token
+		{"websocket", "Upgrade", p + "dG9r"},                                  // no other subprotocol
+		{"websocket", "Upgrade", "x," + p + "dG9r," + p + "dG9r"},             // two tokens
+		{"websocket", "Upgrade", "x, " + p + "dG9r="},                         // padded
+		{"websocket", "Upgrade", "x, " + p + "d"},                             // a length Go refuses
+		{"websocket", "Upgrade", "x, " + p + "_w"},                            // not UTF-8
+		{"websocket", "Upgrade", "x, " + p + "dG9+"},                          // not URL-safe
+		{"websocket", "Upgrade", "x,\u00a0" + p + "dG9r\u00a0 "},              // Unicode space trimmed
+		{"websocket", "Upgrade", ", " + p + "dG9r"},                           // an empty other entry
+		{"WebSocket", "keep-alive, Upgrade", "x, " + p + "dG9r"},              // any case; a list
+		{"web\u017focket", "xupgradex", "x, " + p + "dG9r"},                   // EqualFold; a substring
+		{"websocket", "keep-alive", "x, " + p + "dG9r"},                       // not an upgrade
+		{"h2c", "Upgrade", "x, " + p + "dG9r"},                                // not a WebSocket
+		{"websocket", "Upgrade", "x, " + p + "dG9yZW4"},                       // unpadded, 7 bytes
+		{"websocket", "Upgrade", "x, " + p + "dG9r" + strings.Repeat("A", 3)}, // trailing bits
+	} {
+		req := &http.Request{Header: http.Header{"Upgrade": {c.upgrade}, "Connection": {c.connection}, "Sec-Websocket-Protocol": {c.protocols}}}
+		_, wantToken, _ := ws.AuthenticateRequest(req)
+		r := runIdentity(t, cert, headerList{{"upgrade", c.upgrade}, {"connection", c.connection}, {"sec-websocket-protocol", c.protocols}})
+		decision, _ := r.hdr.get("x-kube-mvp-identity")
+		switch {
+		case r.out.err != nil:
+			t.Errorf("%+v: script error %v", c, r.out.err)
+		case wantToken && (r.reply != nil || decision != "own-credentials"):
+			t.Errorf("%+v: the apiserver tries the token; got reply %+v decision %q", c, r.reply, decision)
+		case !wantToken && (r.reply == nil || r.reply.status != 401):
+			t.Errorf("%+v: the apiserver finds no token (401 for the certificate); got reply %+v decision %q", c, r.reply, decision)
 		}
 	}
 }
