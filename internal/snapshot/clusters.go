@@ -66,12 +66,14 @@ const (
 // the apiserver's SETTINGS_MAX_CONCURRENT_STREAMS).
 //   - 100 streams per connection: the apiserver's own default (k8s.io/apiserver
 //     pkg/server/secure_serving.go, when --http2-max-streams-per-connection is unset), so
-//     the cap is the same whatever the apiserver advertises; 10 000 watches are 100
-//     connections per apiserver, each with its own TLS session.
+//     the cap is the same whatever the apiserver advertises; 10 000 watches on one
+//     apiserver take 100 connections to it, each with its own TLS session.
 //   - 1 MiB stream window: a stream moves window/RTT, 1 GiB/s at a LAN's 1 ms, more than an
 //     apiserver serializes; and it bounds what a stalled stream makes Envoy hold from the
 //     apiserver (the codec buffers up to the stream window, initial_stream_window_size being
-//     also its per-stream buffer limit), 1 MiB instead of 16.
+//     also its per-stream buffer limit), 1 MiB instead of 16, on top of what waits towards
+//     the client (the listener's stream window, listener.go, and the downstream
+//     connection's per_connection_buffer_limit_bytes watermark, 1 MiB by default).
 //   - 100 MiB connection window: 100 × 1 MiB, the whole product. It costs no memory by
 //     itself: what is buffered is bounded per stream.
 const (
