@@ -6,7 +6,11 @@ import (
 	"testing"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	httpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kube-mvp/kube-mvp/internal/contract"
@@ -111,4 +115,56 @@ func TestClusterResourcesIgnoreMembership(t *testing.T) {
 			t.Errorf("endpoints of %s did not change when an apiserver left: the test proves nothing", n)
 		}
 	}
+}
+
+// TestHTTP2WindowsCoverEveryStream: every HTTP/2 the configuration speaks, to an apiserver
+// (each HTTP/2 cluster) and to clients (the listener), sets its windows and stream limit
+// explicitly, within Envoy's bounds (65535..2^31-1), and with stream window × streams ≤
+// connection window, so that streams stalled by slow readers cannot hold the whole
+// connection window (clusters.go, the flow-control constants).
+func TestHTTP2WindowsCoverEveryStream(t *testing.T) {
+	check := func(t *testing.T, what string, o *corev3.Http2ProtocolOptions) {
+		t.Helper()
+		streams, sw, cw := o.GetMaxConcurrentStreams(), o.GetInitialStreamWindowSize(), o.GetInitialConnectionWindowSize()
+		if streams == nil || sw == nil || cw == nil {
+			t.Fatalf("%s: max_concurrent_streams %v, initial_stream_window_size %v, initial_connection_window_size %v: all must be set", what, streams, sw, cw)
+		}
+		for _, w := range []uint32{sw.GetValue(), cw.GetValue()} {
+			if w < 65535 || w > 1<<31-1 {
+				t.Errorf("%s: window %d outside Envoy's 65535..2147483647", what, w)
+			}
+		}
+		if uint64(streams.GetValue())*uint64(sw.GetValue()) > uint64(cw.GetValue()) {
+			t.Errorf("%s: %d streams × %d > connection window %d", what, streams.GetValue(), sw.GetValue(), cw.GetValue())
+		}
+	}
+	res, err := snapshot.Build(mustPlan(t, loadCase(t, "all-equal")), testConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	h2 := 0
+	for _, r := range res.Clusters {
+		c := r.(*clusterv3.Cluster)
+		if c.GetName() == snapshot.ExtProcClusterName {
+			continue
+		}
+		var o httpv3.HttpProtocolOptions
+		for _, a := range c.GetTypedExtensionProtocolOptions() {
+			if err := a.UnmarshalTo(&o); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if h := o.GetExplicitHttpConfig().GetHttp2ProtocolOptions(); h != nil {
+			h2++
+			check(t, "cluster "+c.GetName(), h)
+		}
+	}
+	if h2 == 0 {
+		t.Fatal("no HTTP/2 apiserver cluster")
+	}
+	var hcm hcmv3.HttpConnectionManager
+	if err := res.Listeners[0].(*listenerv3.Listener).GetFilterChains()[0].GetFilters()[0].GetTypedConfig().UnmarshalTo(&hcm); err != nil {
+		t.Fatal(err)
+	}
+	check(t, "listener", hcm.GetHttp2ProtocolOptions())
 }

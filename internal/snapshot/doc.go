@@ -21,6 +21,10 @@
 //     Envoy replaces any client x-forwarded-client-cert with one describing the verified
 //     certificate and removes it from requests without one; routes match its presence (the
 //     route configuration removes it before any apiserver).
+//   - http2_protocol_options: at most 100 streams per client connection (as the apiserver
+//     allows), a 1 MiB stream window (also what Envoy buffers per stream towards a client
+//     that stopped reading) and a 100 MiB connection window, 100 × 1 MiB, so that one stalled
+//     stream of a client cannot stall its others (as for the apiserver clusters below).
 //   - upgrade_configs websocket and spdy/3.1 (exec, attach, port-forward);
 //     stream_idle_timeout and request_timeout 0 (watches last as long as the client wants;
 //     other requests have a route timeout, see the route configuration);
@@ -208,7 +212,13 @@
 //     kube-mvp-peer-ca with a DNS SAN match on UpstreamServerName; SNI UpstreamServerName);
 //     explicit HTTP/2 with keepalive pings (connection_keepalive every 10s, closed when no
 //     answer came within 5s: a frozen or cut-off apiserver keeps its TCP connections open,
-//     and a watch on one would never end), ALPN h2, and an HTTP/1.1 twin of each cluster
+//     and a watch on one would never end), at most 100 streams per connection (Envoy opens
+//     another past them), a 1 MiB stream window and a 100 MiB (100 × 1 MiB) connection window:
+//     Envoy credits the apiserver only for data its client consumed, so each stream a slow
+//     reader stalled holds up to its stream window of the connection window, and with
+//     Envoy's defaults (16 MiB, 24 MiB, 1024 streams) two of them stall every request on the
+//     connection; here no set of stalled streams can (see the constants in clusters.go),
+//     ALPN h2, and an HTTP/1.1 twin of each cluster
 //     ("<name>/http1", ALPN http/1.1) for upgrades (SPDY and WebSocket cannot be forwarded over
 //     HTTP/2 without extended CONNECT), which each route's ":upgrade" twin and extproc name;
 //     health checks speak HTTP/1.1 over a socket of their own (transport_socket_matches);

@@ -31,6 +31,23 @@ import (
 // Status body already, which must pass untouched, so they cannot share the code.
 const extProcErrorStatus = 500
 
+// HTTP/2 flow control towards the clients (the HCM's http2_protocol_options), by the same
+// rule as the apiserver clusters' (clusters.go): stream window × streams per connection ≤
+// connection window, so a client whose one stalled stream (an upload the apiserver does not
+// take, Envoy not crediting it: codec_impl.cc ConnectionImpl::onData) cannot stall its
+// other streams, e.g. client-go's watches, which share one connection. The stream window is
+// also the codec's per-stream buffer limit (ConnectionImpl: per_stream_buffer_limit_), here
+// what Envoy buffers towards a client that stopped reading before pushing back on the
+// apiserver: 1 MiB rather than 1.36's default 16. 100 streams: what the apiserver itself
+// allows a client (k8s.io/apiserver pkg/server/secure_serving.go, its default); a Go client
+// opens another connection past it. 100 MiB: 100 × 1 MiB. Request bodies to an apiserver
+// are at most 3 MiB; a 1 MiB window takes them in a few round trips.
+const (
+	downstreamH2MaxStreams       = 100
+	downstreamH2StreamWindow     = 1 << 20
+	downstreamH2ConnectionWindow = downstreamH2MaxStreams * downstreamH2StreamWindow
+)
+
 func (b *builder) listener() *listenerv3.Listener {
 	chain := &listenerv3.FilterChain{
 		Filters: []*listenerv3.Filter{{
@@ -63,6 +80,11 @@ func (b *builder) httpConnectionManager() *hcmv3.HttpConnectionManager {
 	return &hcmv3.HttpConnectionManager{
 		CodecType:  hcmv3.HttpConnectionManager_AUTO,
 		StatPrefix: "kube_apiserver",
+		Http2ProtocolOptions: &corev3.Http2ProtocolOptions{
+			MaxConcurrentStreams:        wrapperspb.UInt32(downstreamH2MaxStreams),
+			InitialStreamWindowSize:     wrapperspb.UInt32(downstreamH2StreamWindow),
+			InitialConnectionWindowSize: wrapperspb.UInt32(downstreamH2ConnectionWindow),
+		},
 		RouteSpecifier: &hcmv3.HttpConnectionManager_Rds{Rds: &hcmv3.Rds{
 			ConfigSource:    ads(),
 			RouteConfigName: RouteConfigName,

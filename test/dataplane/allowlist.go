@@ -103,6 +103,9 @@ var allowed = map[string][]string{
 		"forward_client_cert_details", "set_current_client_cert_details", "set_current_client_cert_details.subject", "set_current_client_cert_details.uri",
 		"use_remote_address", "upgrade_configs", "upgrade_configs.upgrade_type", "upgrade_configs.enabled",
 		"request_timeout", "stream_idle_timeout", "server_header_transformation",
+		// The downstream HTTP/2 stream limit and windows (listener.go serveH2).
+		"http2_protocol_options", "http2_protocol_options.max_concurrent_streams",
+		"http2_protocol_options.initial_stream_window_size", "http2_protocol_options.initial_connection_window_size",
 		// Allowed only with the values that leave the path alone: see valueChecks.
 		"normalize_path", "path_with_escaped_slashes_action",
 		"local_reply_config", "local_reply_config.mappers", "local_reply_config.mappers.filter",
@@ -192,8 +195,12 @@ var allowed = map[string][]string{
 		prefixed("virtual_hosts.routes.route.retry_policy.retriable_headers.string_match", stringMatcherPaths...)),
 	tPrevHosts: {},
 	tHTTPOptions: {"explicit_http_config", "explicit_http_config.http_protocol_options", "explicit_http_config.http2_protocol_options",
-		// connection_keepalive (h2pool.go keepalive); nothing else of http2_protocol_options
-		// (connection_idle_interval included) is implemented.
+		// connection_keepalive (h2pool.go keepalive), the stream limit and windows (h2Flow;
+		// h2pool.go); nothing else of http2_protocol_options (connection_idle_interval
+		// included) is implemented.
+		"explicit_http_config.http2_protocol_options.max_concurrent_streams",
+		"explicit_http_config.http2_protocol_options.initial_stream_window_size",
+		"explicit_http_config.http2_protocol_options.initial_connection_window_size",
 		"explicit_http_config.http2_protocol_options.connection_keepalive",
 		"explicit_http_config.http2_protocol_options.connection_keepalive.interval",
 		"explicit_http_config.http2_protocol_options.connection_keepalive.timeout",

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"regexp"
 	"strconv"
@@ -27,6 +28,7 @@ import (
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/hashicorp/go-multierror"
+	"golang.org/x/net/http2"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -190,6 +192,8 @@ type hcmCfg struct {
 	suppressEnvoy     bool
 	passThroughServer bool
 	localReply        []*localReplyMapper
+	// h2 is http2_protocol_options: what the downstream HTTP/2 server advertises.
+	h2 h2Flow
 }
 
 type httpFilterCfg struct {
@@ -252,6 +256,7 @@ func compileHCM(h *hcmv3.HttpConnectionManager) (*hcmCfg, error) {
 		useRemoteAddress:  h.GetUseRemoteAddress().GetValue(),
 		upgrades:          map[string]bool{},
 		passThroughServer: h.GetServerHeaderTransformation() == hcmv3.HttpConnectionManager_PASS_THROUGH,
+		h2:                compileH2Flow(h.GetHttp2ProtocolOptions()),
 	}
 	if h.GetRds() == nil {
 		return nil, errors.New("rds: route configuration by RDS is the only one implemented")
@@ -834,6 +839,8 @@ type clusterCfg struct {
 	// socketMatches are transport_socket_matches, in order.
 	socketMatches []socketMatch
 	http2         bool
+	// h2 is http2_protocol_options' stream limit and windows (h2Flow).
+	h2 h2Flow
 	// h2Keepalive is http2_protocol_options.connection_keepalive (nil: none).
 	h2Keepalive *h2Keepalive
 	hc          *healthCheckCfg
@@ -918,6 +925,7 @@ func compileCluster(c *clusterv3.Cluster) (*clusterCfg, error) {
 	out := &clusterCfg{raw: c, name: c.GetName(), stat: strings.ReplaceAll(stat, ":", "_"), kind: c.GetType(),
 		// Envoy: connect_timeout defaults to 5s; healthy_panic_threshold to 50%.
 		connectTimeout: durOr(c.GetConnectTimeout(), 5*time.Second), panicThreshold: 50,
+		h2:           compileH2Flow(nil),
 		leastRequest: c.GetLbPolicy() == clusterv3.Cluster_LEAST_REQUEST,
 		// Envoy's default circuit breaker thresholds.
 		maxRequests: 1024, maxRetries: 3,
@@ -994,6 +1002,7 @@ func compileCluster(c *clusterv3.Cluster) (*clusterCfg, error) {
 		}
 		h2 := o.GetExplicitHttpConfig().GetHttp2ProtocolOptions()
 		out.http2 = h2 != nil
+		out.h2 = compileH2Flow(h2)
 		if ka := h2.GetConnectionKeepalive(); ka != nil {
 			// Envoy's ConnectionImpl constructor (source/common/http/http2/codec_impl.cc):
 			// interval defaults to 0 (no PINGs), timeout is required (the proto requires it
@@ -1263,4 +1272,63 @@ func structJSON(s *structpb.Struct) any {
 		return nil
 	}
 	return s.AsMap()
+}
+
+// h2Flow is the flow control of an HTTP/2 connection, from http2_protocol_options:
+// max_concurrent_streams, initial_stream_window_size, initial_connection_window_size.
+type h2Flow struct {
+	maxStreams   uint32
+	streamWindow uint32
+	connWindow   uint32
+}
+
+// Envoy's defaults since 1.36 (api/envoy/config/core/v3/protocol.proto; changelog 1.36.0,
+// "safe_http2_options"), the oldest Envoy kube-mvp supports.
+const (
+	envoyH2DefaultMaxStreams   = 1024
+	envoyH2DefaultStreamWindow = 16 << 20
+	envoyH2DefaultConnWindow   = 24 << 20
+)
+
+// compileH2Flow reads the options' stream limit and windows, Envoy's defaults where unset
+// (o may be nil). Their ranges (1.., 65535..2^31-1) are the proto's validation rules,
+// which every resource passed already.
+func compileH2Flow(o *corev3.Http2ProtocolOptions) h2Flow {
+	f := h2Flow{maxStreams: envoyH2DefaultMaxStreams, streamWindow: envoyH2DefaultStreamWindow, connWindow: envoyH2DefaultConnWindow}
+	if v := o.GetMaxConcurrentStreams(); v != nil {
+		f.maxStreams = v.GetValue()
+	}
+	if v := o.GetInitialStreamWindowSize(); v != nil {
+		f.streamWindow = v.GetValue()
+	}
+	if v := o.GetInitialConnectionWindowSize(); v != nil {
+		f.connWindow = v.GetValue()
+	}
+	return f
+}
+
+// transportConfig is f for Go's HTTP/2 client (http.HTTP2Config, which x/net/http2's
+// Transport reads through ConfigureTransports). Its MaxReceiveBufferPerConnection is what
+// the connection window is raised by beyond the protocol's initial 65535 (x/net/http2's
+// newClientConn sends a WINDOW_UPDATE of exactly that), whereas Envoy's
+// initial_connection_window_size is the whole window (ConnectionImpl::sendSettings submits
+// a WINDOW_UPDATE of the size minus 65535); Go reads 0 as its own default (1 GiB), so the
+// client cannot advertise less than 2 × 65535: a smaller window is raised to that.
+// MaxConcurrentStreams is a server setting to Go; the pool enforces the client's limit
+// (h2HostPool.reserve).
+func (f h2Flow) transportConfig() *http.HTTP2Config {
+	return &http.HTTP2Config{
+		MaxReceiveBufferPerStream:     int(f.streamWindow),
+		MaxReceiveBufferPerConnection: max(int(f.connWindow)-65535, 65535),
+	}
+}
+
+// server is f for Go's HTTP/2 server: its MaxUploadBufferPerConnection is the whole
+// connection window, as Envoy's (the server sends a WINDOW_UPDATE of it minus 65535).
+func (f h2Flow) server() *http2.Server {
+	return &http2.Server{
+		MaxConcurrentStreams:         f.maxStreams,
+		MaxUploadBufferPerStream:     int32(f.streamWindow),
+		MaxUploadBufferPerConnection: int32(f.connWindow),
+	}
 }

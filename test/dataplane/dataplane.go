@@ -37,14 +37,22 @@
 //   - HTTP/2 upstreams (h2pool.go): a cluster with explicit_http_config.http2_protocol_options
 //     gets Envoy's multiplexed pool: per host, connections (TLS with the cluster's ALPN; the
 //     HTTP/2 codec whatever ALPN negotiated, as Envoy's explicit HTTP/2 pool) carrying
-//     concurrent streams up to the server's SETTINGS_MAX_CONCURRENT_STREAMS, another
-//     connection only when none has room; common_http_protocol_options.idle_timeout closes a
+//     concurrent streams up to the lower of the server's SETTINGS_MAX_CONCURRENT_STREAMS
+//     and max_concurrent_streams (default 1024), another connection only when none has
+//     room; common_http_protocol_options.idle_timeout closes a
 //     connection without streams. Each connection is one http2.ClientConn used through
 //     ClientConn.RoundTrip, which never re-sends a request by itself. A stream the server
 //     refused (REFUSED_STREAM, or above a GOAWAY's last-stream-id) is Envoy's
 //     RemoteRefusedStreamReset, another RST_STREAM RemoteReset (both UR; retried by
 //     refused-stream resp. reset); the connection closing under a stream is
 //     ConnectionTermination (UC) as for HTTP/1.1.
+//   - HTTP/2 flow control, upstream (initial_stream_window_size, initial_connection_window_size;
+//     Envoy 1.36's defaults 16 MiB and 24 MiB) and downstream (the HCM's
+//     http2_protocol_options, max_concurrent_streams too): the windows are advertised as
+//     configured and data is credited back, stream and connection window alike, only as it
+//     is passed on (a response body as the router writes it to the client, a request body as
+//     it is forwarded upstream), so a stream whose reader stopped holds up to its stream
+//     window of the connection window, as in Envoy (TestH2SlowReaders).
 //   - connection_keepalive (interval, timeout, interval_jitter): a PING every interval plus
 //     up to interval_jitter percent (default 15), the connection closed (no flush) when its
 //     ACK has not come within timeout, any bytes received meanwhile extending the wait;
@@ -79,11 +87,20 @@
 //   - HTTP/2 pool: a host's connections are established one at a time (Envoy may connect
 //     several at once when pending streams exceed what the connecting ones can take). Before
 //     the server's SETTINGS a new connection takes up to 100 streams (x/net's assumption;
-//     Envoy assumes its own max_concurrent_streams, unlimited by default); a server refuses
+//     Envoy assumes its own max_concurrent_streams, 1024 by default since 1.36); a server refuses
 //     the excess in both (REFUSED_STREAM, retried by refused-stream). A replaced cluster
 //     version's connections get a GOAWAY and close when their streams ended.
 //   - connection_keepalive: "a frame received extends the PING ACK timeout" is "bytes read
 //     from the connection" here.
+//   - HTTP/2 flow control: Envoy credits data on arrival until its buffers towards the
+//     reader pass their watermarks (then read-disables the stream and keeps the rest
+//     unconsumed, codec_impl.cc ConnectionImpl::onData); Go's HTTP/2 client and server
+//     credit it as it is read, buffering up to the stream window meanwhile. What holds the
+//     connection window is the same; where the bytes wait, and how much beyond the window
+//     (Envoy's per_connection_buffer_limit_bytes watermarks), is not. An upstream connection
+//     window below 131070 bytes is advertised as 131070 (x/net's client raises the window by
+//     a configured amount, 0 meaning its 1 GiB default). The downstream HTTP/2 server is
+//     x/net/http2's, configured per connection at accept.
 //   - An upgrade over an HTTP/2 cluster that the server accepts (2xx to the extended
 //     CONNECT; Envoy answers 101 and tunnels over the stream) is not tunnelled: the
 //     downstream stream is reset. A server that ignores ALPN and speaks HTTP/1.1 to the

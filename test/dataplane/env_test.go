@@ -168,6 +168,9 @@ type fakeAPIServer struct {
 	hangup func(*http.Request) bool
 	// conns are the connections by remote address (an HTTP/2 hangup closes one).
 	conns map[string]net.Conn
+	// serve, when set, may answer a request (other than /readyz) itself: it reports
+	// whether it did.
+	serve func(http.ResponseWriter, *http.Request) bool
 }
 
 type refusal struct {
@@ -240,10 +243,11 @@ func newFakeAPIServerOpts(t testing.TB, p *pki, name, ip string, tick time.Durat
 		f.mu.Lock()
 		f.seen = append(f.seen, seen)
 		f.served[r.RemoteAddr] = true
-		ref, stall, hangup := f.refusal, f.stall, f.hangup
+		ref, stall, hangup, serve := f.refusal, f.stall, f.hangup, f.serve
 		f.mu.Unlock()
 		w.Header().Set("Server", "fake-apiserver")
 		switch {
+		case serve != nil && serve(w, r):
 		case stall != nil && stall(r):
 			<-r.Context().Done()
 		case hangup != nil && hangup(r):

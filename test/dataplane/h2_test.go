@@ -119,16 +119,25 @@ func connsOf(f *fakeAPIServer) int {
 // TestH2Multiplexed: an HTTP/2 cluster sends its requests over TLS with ALPN h2 as HTTP/2,
 // many concurrent ones (short GETs and long-held watch-like streams alike) on one
 // connection per apiserver; only when a connection's streams reach the server's
-// SETTINGS_MAX_CONCURRENT_STREAMS does the pool open another. The HTTP/1.1 pool would need a
+// SETTINGS_MAX_CONCURRENT_STREAMS, or the cluster's max_concurrent_streams, does the pool
+// open another. The HTTP/1.1 pool would need a
 // connection per concurrent request.
 func TestH2Multiplexed(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
-		maxStreams uint32
-	}{{"default", 0}, {"max-streams-2", 2}} {
+		maxStreams uint32 // the apiservers' SETTINGS_MAX_CONCURRENT_STREAMS (0: Go's)
+		// clusterStreams, if set, is the clusters' max_concurrent_streams (else the
+		// product's, above the held streams).
+		clusterStreams uint32
+	}{{"default", 0, 0}, {"max-streams-2", 2, 0}, {"cluster-max-streams-2", 0, 2}} {
 		t.Run(tc.name, func(t *testing.T) {
-			e := newEnv(t, envOptions{fake: fakeOptions{maxStreams: tc.maxStreams},
-				editResources: h2Config{keepalive: keepalive(10*time.Second, 5*time.Second)}.edit})
+			h2 := h2Config{keepalive: keepalive(10*time.Second, 5*time.Second)}
+			limit := tc.maxStreams
+			if tc.clusterStreams > 0 {
+				h2.mutate = func(o *corev3.Http2ProtocolOptions) { o.MaxConcurrentStreams = wrapperspb.UInt32(tc.clusterStreams) }
+				limit = tc.clusterStreams
+			}
+			e := newEnv(t, envOptions{fake: fakeOptions{maxStreams: tc.maxStreams}, editResources: h2.edit})
 			c := e.client(nil)
 			const path = "/api/v1/namespaces/default/configmaps"
 			// Every apiserver gets its connection (and its SETTINGS) first.
@@ -211,16 +220,16 @@ func TestH2Multiplexed(t *testing.T) {
 					}
 				}
 				switch {
-				case tc.maxStreams == 0 && n != 1:
+				case limit == 0 && n != 1:
 					t.Errorf("%s: %d connections for %d held streams and short requests, want 1", name, n, h)
-				case tc.maxStreams > 0 && n < (h+int(tc.maxStreams)-1)/int(tc.maxStreams):
-					t.Errorf("%s: %d connections for %d held streams at %d streams per connection", name, n, h, tc.maxStreams)
+				case limit > 0 && n < (h+int(limit)-1)/int(limit):
+					t.Errorf("%s: %d connections for %d held streams at %d streams per connection", name, n, h, limit)
 				}
 			}
 			// With a stream limit, a connection opened for a waiting stream may end up
 			// unused when a stream on another one ended first; without, every connection
 			// carries requests.
-			if got := e.stat("cluster.kube-apiservers.upstream_cx_total"); got < uint64(total) || tc.maxStreams == 0 && got != uint64(total) {
+			if got := e.stat("cluster.kube-apiservers.upstream_cx_total"); got < uint64(total) || limit == 0 && got != uint64(total) {
 				t.Errorf("upstream_cx_total %d, the apiservers saw %d connections", got, total)
 			}
 		})
@@ -557,7 +566,7 @@ func TestH2KeepaliveFrozenUpstream(t *testing.T) {
 
 // TestH2ConfigNACK: the HTTP/2 clusters the product will generate are accepted; anything of
 // http2_protocol_options beyond connection_keepalive's interval, timeout and
-// interval_jitter is rejected, connection_idle_interval included, and a keepalive without
+// interval_jitter, max_concurrent_streams and the two windows is rejected, connection_idle_interval included, and a keepalive without
 // its required timeout too.
 func TestH2ConfigNACK(t *testing.T) {
 	cases := []struct {
@@ -572,9 +581,14 @@ func TestH2ConfigNACK(t *testing.T) {
 		{"connection_idle_interval", func(o *corev3.Http2ProtocolOptions) {
 			o.ConnectionKeepalive.ConnectionIdleInterval = durationpb.New(time.Minute)
 		}, "field explicit_http_config.http2_protocol_options.connection_keepalive.connection_idle_interval is not implemented"},
-		{"max_concurrent_streams", func(o *corev3.Http2ProtocolOptions) {
+		{"max_concurrent_streams and windows", func(o *corev3.Http2ProtocolOptions) {
 			o.MaxConcurrentStreams = wrapperspb.UInt32(10)
-		}, "field explicit_http_config.http2_protocol_options.max_concurrent_streams is not implemented"},
+			o.InitialStreamWindowSize = wrapperspb.UInt32(65535)
+			o.InitialConnectionWindowSize = wrapperspb.UInt32(10 * 65535)
+		}, ""},
+		{"hpack_table_size", func(o *corev3.Http2ProtocolOptions) {
+			o.HpackTableSize = wrapperspb.UInt32(0)
+		}, "field explicit_http_config.http2_protocol_options.hpack_table_size is not implemented"},
 		{"allow_connect", func(o *corev3.Http2ProtocolOptions) {
 			o.AllowConnect = true
 		}, "field explicit_http_config.http2_protocol_options.allow_connect is not implemented"},

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"net"
+	"net/http"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -79,16 +80,34 @@ func (r readTracking) Read(b []byte) (int, error) { return r.h.Read(b) }
 
 func newH2Pool(c *liveCluster, cc *clusterCfg, socket *upstreamTLS, count bool) *h2Pool {
 	ctx, stop := context.WithCancel(c.d.ctx)
-	return &h2Pool{c: c, cfg: cc, socket: socket, count: count, hosts: map[string]*h2HostPool{}, ctx: ctx, stop: stop,
-		tr: &http2.Transport{
-			DisableCompression: true,
-			// Envoy's CodecClient idle timer (source/common/http/codec_client.cc): the
-			// cluster's idle_timeout closes a connection that has had no active stream for
-			// that long; the ClientConn's idle timer is the same rule (0: never).
-			IdleConnTimeout: cc.idleTimeout,
-			// No ReadIdleTimeout/PingTimeout: connection_keepalive is our own PING loop
-			// (keepalive), as Envoy's codec runs it.
-		}}
+	// The windows reach x/net/http2's Transport only through a net/http Transport's HTTP2
+	// config (ConfigureTransports links the two; nothing of t1 but that config, and the
+	// defaults of its zero value, is used: connections come from connect, not t1).
+	t1 := &http.Transport{HTTP2: cc.h2.transportConfig()}
+	tr, err := http2.ConfigureTransports(t1) //nolint:staticcheck // the only way to set x/net's client windows
+	if err != nil {
+		panic("dataplane: " + err.Error()) // only for a t1 already configured, which t1 is not
+	}
+	tr.DisableCompression = true
+	// Envoy's CodecClient idle timer (source/common/http/codec_client.cc): the cluster's
+	// idle_timeout closes a connection that has had no active stream for that long; the
+	// ClientConn's idle timer is the same rule (0: never).
+	tr.IdleConnTimeout = cc.idleTimeout
+	// No ReadIdleTimeout/PingTimeout: connection_keepalive is our own PING loop
+	// (keepalive), as Envoy's codec runs it.
+	//
+	// Flow control: x/net/http2 credits a DATA frame back to the server, stream and
+	// connection window alike, when the response body is read
+	// (transportResponseBody.Read), and the router reads it only as fast as it writes it
+	// to the downstream client, so a client that stops reading stops the credit. Envoy's
+	// codec (source/common/http/http2/codec_impl.cc, ConnectionImpl::onData) credits data as
+	// it arrives unless the stream is read-disabled, which the router does once the
+	// downstream buffers pass their watermarks, and then keeps it as unconsumed_bytes_
+	// until reads are enabled again: in both a stalled stream holds up to its stream window
+	// of the connection window. What each buffers before that differs (Go: the stream
+	// window in the response body's pipe; Envoy: its watermarked buffers), not what holds
+	// the windows.
+	return &h2Pool{c: c, cfg: cc, socket: socket, count: count, hosts: map[string]*h2HostPool{}, ctx: ctx, stop: stop, tr: tr}
 }
 
 // closeIdle drains the pool: every connection gets a GOAWAY and closes once its streams
@@ -120,8 +139,14 @@ func (p *h2Pool) host(addr string) *h2HostPool {
 
 // reserve returns a connection with room for one more stream, reserved for it, or nil.
 // Connections that closed or received a GOAWAY leave the pool (Envoy's pool moves a
-// connection that got a GOAWAY to draining: it takes no new stream).
-func (hp *h2HostPool) reserve() *h2Conn {
+// connection that got a GOAWAY to draining: it takes no new stream). A connection has room
+// below both the server's SETTINGS_MAX_CONCURRENT_STREAMS (ReserveNewRequest) and the
+// cluster's max_concurrent_streams, limit: Envoy's ActiveClient takes the lower of the two
+// as its concurrent stream limit (source/common/http/http2/conn_pool.cc,
+// ActiveClient::calculateInitialStreamsLimit), and past it the pool opens another
+// connection (ConnPoolImplBase::shouldCreateNewConnection). Streams count until they end
+// (response read or reset), as Envoy's do until the stream is destroyed.
+func (hp *h2HostPool) reserve(limit uint32) *h2Conn {
 	hp.mu.Lock()
 	defer hp.mu.Unlock()
 	live := hp.conns[:0]
@@ -132,7 +157,7 @@ func (hp *h2HostPool) reserve() *h2Conn {
 			continue
 		}
 		live = append(live, c)
-		if got == nil && c.cc.ReserveNewRequest() {
+		if got == nil && st.StreamsActive+st.StreamsReserved+st.StreamsPending < int(limit) && c.cc.ReserveNewRequest() {
 			got = c
 		}
 	}
@@ -146,11 +171,11 @@ func (hp *h2HostPool) reserve() *h2Conn {
 func (p *h2Pool) get(ctx context.Context, addr string) (*h2Conn, error) {
 	hp := p.host(addr)
 	for {
-		if c := hp.reserve(); c != nil {
+		if c := hp.reserve(p.cfg.h2.maxStreams); c != nil {
 			return c, nil
 		}
 		hp.dial.Lock()
-		if c := hp.reserve(); c != nil {
+		if c := hp.reserve(p.cfg.h2.maxStreams); c != nil {
 			hp.dial.Unlock()
 			return c, nil
 		}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	"golang.org/x/net/http2"
 )
 
 // liveListener is a bound listener. Its configuration is looked up by name for every
@@ -54,6 +55,11 @@ func (d *DataPlane) syncListenersLocked() error {
 			Handler:           d.handler(name),
 			ReadHeaderTimeout: time.Minute,
 			ErrorLog:          nil,
+			// HTTP/2 (ALPN h2) is served by x/net/http2's server, one per connection with
+			// the listener's http2_protocol_options at accept (serveH2).
+			TLSNextProto: map[string]func(*http.Server, *tls.Conn, http.Handler){
+				"h2": func(hs *http.Server, c *tls.Conn, h http.Handler) { d.serveH2(name, hs, c, h) },
+			},
 		}
 		wrapped := &tlsSwitchListener{Listener: ln, d: d, name: name}
 		d.wg.Add(1)
@@ -65,6 +71,25 @@ func (d *DataPlane) syncListenersLocked() error {
 		d.log.Info("listener bound", "listener", name, "address", l.addr)
 	}
 	return nil
+}
+
+// serveH2 serves one HTTP/2 connection with the stream limit and windows of the
+// listener's current http_connection_manager.http2_protocol_options (Envoy's defaults
+// without), as Envoy's server codec advertises them in its first SETTINGS and connection
+// WINDOW_UPDATE (source/common/http/http2/codec_impl.cc, ConnectionImpl::sendSettings).
+// Go's server credits request body data, stream and connection window alike, as the
+// handler reads it (serverConn.noteBodyRead), and the router reads it only as it forwards
+// it upstream; Envoy credits it on arrival unless the stream is read-disabled because the
+// upstream does not take more (ConnectionImpl::onData): in both a stalled upload holds up
+// to its stream window of the connection window. SETTINGS_MAX_CONCURRENT_STREAMS is
+// max_concurrent_streams; a stream past it is refused (REFUSED_STREAM), as Envoy's codec
+// library does.
+func (d *DataPlane) serveH2(name string, hs *http.Server, c *tls.Conn, h http.Handler) {
+	f := compileH2Flow(nil)
+	if lc := d.config().listeners[name]; lc != nil && lc.hcm != nil {
+		f = lc.hcm.h2
+	}
+	f.server().ServeConn(c, &http2.ServeConnOpts{BaseConfig: hs, Handler: h})
 }
 
 func (d *DataPlane) listenAddress(lc *listenerCfg) string {
