@@ -6,6 +6,7 @@ import (
 	"net"
 	"regexp"
 	"strings"
+	"time"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -163,6 +164,19 @@ func checkClusterLoad(c *clusterv3.Cluster) []error {
 		h := hc.GetHttpHealthCheck()
 		if err := checkHeaderParser(h.GetRequestHeadersToAdd(), h.GetRequestHeadersToRemove()); err != nil {
 			errs = append(errs, fmt.Errorf("health_checks[%d].http_health_check: %w", i, err))
+		}
+	}
+	// Outlier::DetectorImpl::create (defaults: base 30 s, max 300 s, DetectorConfig).
+	if od := c.GetOutlierDetection(); od != nil {
+		base, max := 30*time.Second, 300*time.Second
+		if od.GetBaseEjectionTime() != nil {
+			base = od.GetBaseEjectionTime().AsDuration()
+		}
+		if od.GetMaxEjectionTime() != nil {
+			max = od.GetMaxEjectionTime().AsDuration()
+		}
+		if max.Milliseconds() < base.Milliseconds() {
+			errs = append(errs, errors.New("outlier detector's max_ejection_time cannot be smaller than base_ejection_time"))
 		}
 	}
 	return errs

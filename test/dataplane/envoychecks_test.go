@@ -3,6 +3,7 @@ package dataplane
 import (
 	"strings"
 	"testing"
+	"time"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -11,6 +12,7 @@ import (
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/kube-mvp/kube-mvp/internal/snapshot"
@@ -88,6 +90,14 @@ func TestEnvoyLoadChecks(t *testing.T) {
 			hc.RequestHeadersToAdd = append(hc.RequestHeadersToAdd, &corev3.HeaderValueOption{
 				Header: &corev3.HeaderValue{Key: ":authority", Value: "x"}, AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD})
 		}, ":-prefixed or host headers may not be modified"},
+		{"outlier max_ejection_time below base", func(t *testing.T, r *snapshot.Resources) {
+			od := r.Clusters[0].(*clusterv3.Cluster).OutlierDetection
+			od.MaxEjectionTime = durationpb.New(5 * time.Second) // base_ejection_time is 10s
+		}, "outlier detector's max_ejection_time cannot be smaller than base_ejection_time"},
+		{"outlier base_ejection_time above the default max", func(t *testing.T, r *snapshot.Resources) {
+			od := r.Clusters[0].(*clusterv3.Cluster).OutlierDetection
+			od.MaxEjectionTime, od.BaseEjectionTime = nil, durationpb.New(301*time.Second)
+		}, "outlier detector's max_ejection_time cannot be smaller than base_ejection_time"},
 		// HttpConnectionManagerConfig: upgrade types compared without case.
 		{"duplicate upgrade type", func(t *testing.T, r *snapshot.Resources) {
 			withHCM(t, r, func(h *hcmv3.HttpConnectionManager) {
