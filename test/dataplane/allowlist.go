@@ -315,11 +315,17 @@ func zeroDuration(_ protoreflect.FieldDescriptor, v protoreflect.Value) error {
 	return nil
 }
 
+// retryOn refuses the retry conditions Envoy knows but this data plane does not implement.
+// Envoy ignores a token it does not know, and empty ones (RetryPolicyImpl: parseRetryOn and
+// parseRetryGrpcOn, whose "all valid" result it discards): so does this data plane.
 func retryOn(_ protoreflect.FieldDescriptor, v protoreflect.Value) error {
 	for _, tok := range strings.Split(v.String(), ",") {
-		switch strings.TrimSpace(tok) {
+		tok = strings.TrimSpace(tok)
+		switch tok {
 		case "connect-failure", "refused-stream", "reset-before-request", "reset", "retriable-headers":
-		default:
+		case "5xx", "gateway-error", "envoy-ratelimited", "retriable-4xx", "retriable-status-codes",
+			"http3-post-connect-failure", "cancelled", "deadline-exceeded", "resource-exhausted",
+			"unavailable", "internal":
 			return fmt.Errorf("retry condition %q is not implemented", tok)
 		}
 	}

@@ -101,7 +101,11 @@ func (c *config) withType(typeURL, version string, res []proto.Message) (*config
 			errs = append(errs, fmt.Errorf("duplicate resource %q", nm))
 		}
 		raw[nm] = r
-		for _, e := range checkFields(r) {
+		fieldErrs := checkFields(r)
+		if len(fieldErrs) == 0 {
+			fieldErrs = envoyLoadChecks(r) // envoychecks.go
+		}
+		for _, e := range fieldErrs {
 			errs = append(errs, fmt.Errorf("%s %q: %w", shortType(typeURL), nm, e))
 		}
 	}
@@ -1171,8 +1175,17 @@ func (cc *clusterCfg) resolveTransportSocket(criteria *structpb.Struct) *upstrea
 
 func compileHosts(cla *endpointv3.ClusterLoadAssignment) ([]hostCfg, error) {
 	var out []hostCfg
+	// EdsClusterImpl::BatchUpdateHelper::updateLocalityEndpoints: of endpoints with the
+	// same address anywhere in the assignment only the first is kept, whatever its health.
+	seen := map[string]bool{}
 	for _, loc := range cla.GetEndpoints() {
 		for _, ep := range loc.GetLbEndpoints() {
+			if k := endpointKey(ep.GetEndpoint().GetAddress()); k != "" {
+				if seen[k] {
+					continue
+				}
+				seen[k] = true
+			}
 			if _, ok := ep.GetMetadata().GetFilterMetadata()[transportSocketMatchKey]; ok {
 				// Envoy would pick this host's transport socket from
 				// transport_socket_matches; this data plane uses the cluster's for data.

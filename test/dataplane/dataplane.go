@@ -69,7 +69,9 @@
 // Production always runs real Envoy. This package exists so that our tests execute our
 // configuration rather than only validate it. Anything in a resource that this data plane
 // does not implement is rejected (NACKed) with an error naming the field, so a test can never
-// pass on configuration that was silently ignored (see allowlist.go).
+// pass on configuration that was silently ignored (see allowlist.go). Beyond that, it refuses
+// what Envoy refuses when it loads a resource (envoychecks.go); ENVOY_CHECKS.md lists every
+// such check of the resources and extensions we use and how this data plane stands to it.
 //
 // Documented deviations from Envoy, all test conveniences:
 //   - Options.ListenerAddress overrides a listener's socket address (tests need free ports).

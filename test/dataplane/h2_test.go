@@ -594,7 +594,7 @@ func TestH2ConfigNACK(t *testing.T) {
 		}, "field explicit_http_config.http2_protocol_options.allow_connect is not implemented"},
 		{"keepalive without timeout", func(o *corev3.Http2ProtocolOptions) {
 			o.ConnectionKeepalive.Timeout = nil
-		}, "connection_keepalive.timeout: required"},
+		}, "KeepaliveSettings.Timeout: value is required"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

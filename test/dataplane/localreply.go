@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"regexp"
 	"strconv"
 	"strings"
 
@@ -53,18 +52,12 @@ type bodyFormat struct {
 	contentType string
 }
 
-// commandRE finds substitution format commands (%NAME% or %NAME(arg)%).
-var commandRE = regexp.MustCompile(`%([A-Z_]+)(\([^)]*\))?%`)
-
 var implementedCommands = map[string]bool{"RESPONSE_CODE_DETAILS": true, "RESPONSE_CODE": true, "RESPONSE_FLAGS": true, "LOCAL_REPLY_BODY": true}
 
+// checkCommands parses a body format string as Envoy does (parseSubstitutionFormat).
 func checkCommands(s string) error {
-	for _, m := range commandRE.FindAllStringSubmatch(s, -1) {
-		if !implementedCommands[m[1]] {
-			return fmt.Errorf("format command %%%s%% is not implemented", m[1])
-		}
-	}
-	return nil
+	_, err := parseSubstitutionFormat(s)
+	return err
 }
 
 func checkStructCommands(v any) error {
@@ -202,22 +195,27 @@ func (h *hcmCfg) mapLocalReply(status int, body, details string, flags []string)
 		out.headers = m.headers
 		if m.body != nil {
 			sub := func(s string) string {
-				return commandRE.ReplaceAllStringFunc(s, func(c string) string {
-					switch strings.Trim(c, "%") {
+				pieces, _ := parseSubstitutionFormat(s) // checked at load
+				var b strings.Builder
+				for _, p := range pieces {
+					switch p.command {
+					case "":
+						b.WriteString(p.literal)
 					case "RESPONSE_CODE_DETAILS":
-						return details
+						b.WriteString(details)
 					case "RESPONSE_CODE":
-						return strconv.Itoa(out.status)
+						b.WriteString(strconv.Itoa(out.status))
 					case "RESPONSE_FLAGS":
 						if len(flags) == 0 {
-							return "-"
+							b.WriteString("-")
+						} else {
+							b.WriteString(strings.Join(flags, ","))
 						}
-						return strings.Join(flags, ",")
 					case "LOCAL_REPLY_BODY":
-						return body
+						b.WriteString(body)
 					}
-					return c
-				})
+				}
+				return b.String()
 			}
 			if m.body.json != nil {
 				v := substitute(m.body.json, sub)

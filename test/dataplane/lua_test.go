@@ -281,7 +281,7 @@ func TestLuaNACK(t *testing.T) {
 					HttpFilters: []*hcmv3.HttpFilter{luaHTTPFilter(t, "lua", c.lua),
 						{Name: "router", ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(t, &routerv3.Router{})}}}}
 				typeURL, res = resource.ListenerType, &listenerv3.Listener{Name: "l",
-					Address:      &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{Address: "127.0.0.1"}}},
+					Address:      &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{Address: "127.0.0.1", PortSpecifier: &corev3.SocketAddress_PortValue{}}}},
 					FilterChains: []*listenerv3.FilterChain{{Filters: []*listenerv3.Filter{{Name: "hcm", ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: mustAny(t, h)}}}}}}
 			} else {
 				typeURL, res = resource.RouteType, vhost([]*routev3.Route{routeTo("r")}, perRoute(t, c.route))
