@@ -71,6 +71,17 @@ func (b *builder) downstreamTLS() *tlsv3.DownstreamTlsContext {
 	return &tlsv3.DownstreamTlsContext{
 		CommonTlsContext:         common,
 		RequireClientCertificate: wrapperspb.Bool(false),
+		// No session resumption, neither by ticket (stateless) nor by session ID (stateful):
+		// every connection is a full handshake whose client certificate is verified. On a
+		// resumed session BoringSSL does not run the verification callback, so Envoy's
+		// peerCertificateValidated() (SslHandshakerImpl, source/common/tls/ssl_handshaker.cc)
+		// is false while the certificate still counts as presented (envoyproxy/envoy#21235,
+		// #42668), and identity.lua sends such a request to the client-certificate-undecided
+		// route. ServerContextImpl's constructor (source/common/tls/server_context_impl.cc)
+		// applies the two fields as SSL_OP_NO_TICKET and SSL_SESS_CACHE_OFF. This stays right
+		// should a later Envoy re-verify on resumption: a full handshake is always verified.
+		SessionTicketKeysType:            &tlsv3.DownstreamTlsContext_DisableStatelessSessionResumption{DisableStatelessSessionResumption: true},
+		DisableStatefulSessionResumption: true,
 	}
 }
 

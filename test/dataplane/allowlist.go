@@ -149,6 +149,9 @@ var allowed = map[string][]string{
 		prefixed("forward_rules.disallowed_headers.patterns", stringMatcherPaths...)),
 	tDownTLS: cat([]string{
 		"require_client_certificate", "common_tls_context", "common_tls_context.alpn_protocols",
+		// Session resumption on or off (config.go, downstreamTLS; listener.go); not
+		// session_ticket_keys* nor session_timeout.
+		"disable_stateless_session_resumption", "disable_stateful_session_resumption",
 		"common_tls_context.tls_certificate_sds_secret_configs", "common_tls_context.validation_context_sds_secret_config",
 	}, sdsPaths("common_tls_context.tls_certificate_sds_secret_configs"), sdsPaths("common_tls_context.validation_context_sds_secret_config")),
 	tUpTLS: cat([]string{

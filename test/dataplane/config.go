@@ -178,6 +178,11 @@ type downstreamTLS struct {
 	caSecret      string
 	requireClient bool
 	alpn          []string
+	// tickets is stateless session resumption, on unless
+	// disable_stateless_session_resumption (listener.go, downstreamTLSConfig). Stateful
+	// resumption (disable_stateful_session_resumption) is TLS 1.2 session IDs, which Go's
+	// server cannot resume: either value is accepted and nothing is modelled.
+	tickets bool
 }
 
 type hcmCfg struct {
@@ -237,6 +242,7 @@ func compileListener(l *listenerv3.Listener) (*listenerCfg, error) {
 			caSecret:      ct.GetValidationContextSdsSecretConfig().GetName(),
 			requireClient: ctx.GetRequireClientCertificate().GetValue(),
 			alpn:          ct.GetAlpnProtocols(),
+			tickets:       !ctx.GetDisableStatelessSessionResumption(),
 		}
 	}
 	h := &hcmv3.HttpConnectionManager{}

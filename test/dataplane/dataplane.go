@@ -61,6 +61,11 @@
 //   - An HTTP/1 upgrade routed to an HTTP/2 cluster goes out as an RFC 8441 extended CONNECT,
 //     as Envoy's HTTP/2 client codec always sends it; a server without extended CONNECT
 //     resets the stream (503 UR).
+//   - Downstream TLS session resumption (listener.go, downstreamTLSConfig): session tickets
+//     unless disable_stateless_session_resumption, TLS 1.2 and 1.3, with one key per bound
+//     listener; a resumed connection's certificate is presented (XFCC, subject, digest) but
+//     not validated (the Lua API's peerCertificateValidated() is false), as BoringSSL runs no
+//     verification callback on resumption.
 //   - The HTTP health checker speaks HTTP/1.1 (codec_client_type's default), for HTTP/2
 //     clusters too, over a connection offering the transport socket's ALPN unless
 //     health_checks.tls_options.alpn_protocols overrides it: with ALPN h2 and no override an
@@ -92,6 +97,15 @@
 //     Envoy assumes its own max_concurrent_streams, 1024 by default since 1.36); a server refuses
 //     the excess in both (REFUSED_STREAM, retried by refused-stream). A replaced cluster
 //     version's connections get a GOAWAY and close when their streams ended.
+//   - Downstream TLS is Go's server, which resumes by ticket only: the TLS 1.2 session-ID
+//     cache (disable_stateful_session_resumption unset, Envoy's default) is not modelled, and
+//     such a client gets a full handshake where Envoy would resume it (BoringSSL has no
+//     stateful resumption in TLS 1.3, so there is nothing more to model). Tickets are Go's
+//     format, their key lives as long as the bound listener (Envoy's BoringSSL keys live as
+//     long as the SSL_CTX, rebuilt on a listener or secret update), and Go refuses a ticket
+//     whose certificate expired or no longer verifies against the client CA (Envoy refuses
+//     it on a client CA change, by the session ID context). session_ticket_keys* and
+//     session_timeout are not implemented.
 //   - connection_keepalive: "a frame received extends the PING ACK timeout" is "bytes read
 //     from the connection" here.
 //   - HTTP/2 flow control: Envoy credits data on arrival until its buffers towards the

@@ -21,9 +21,11 @@ import (
 	"testing"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"google.golang.org/grpc"
@@ -548,6 +550,29 @@ func editExtProc(res *snapshot.Resources, edit func(*extprocfilterv3.ExternalPro
 			return err
 		}
 		f.ConfigType = &listenerv3.Filter_TypedConfig{TypedConfig: a}
+	}
+	return nil
+}
+
+// editDownstreamTLS applies edit to the DownstreamTlsContext of every listener of res.
+func editDownstreamTLS(res *snapshot.Resources, edit func(*tlsv3.DownstreamTlsContext)) error {
+	for _, r := range res.Listeners {
+		for _, fc := range r.(*listenerv3.Listener).GetFilterChains() {
+			ts := fc.GetTransportSocket()
+			if ts == nil {
+				continue
+			}
+			ctx := &tlsv3.DownstreamTlsContext{}
+			if err := ts.GetTypedConfig().UnmarshalTo(ctx); err != nil {
+				return err
+			}
+			edit(ctx)
+			a, err := anypb.New(ctx)
+			if err != nil {
+				return err
+			}
+			ts.ConfigType = &corev3.TransportSocket_TypedConfig{TypedConfig: a}
+		}
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -62,6 +63,7 @@ func (d *DataPlane) syncListenersLocked() error {
 			},
 		}
 		wrapped := &tlsSwitchListener{Listener: ln, d: d, name: name}
+		_, _ = rand.Read(wrapped.ticketKey[:]) // never fails (Go 1.24+)
 		d.wg.Add(1)
 		go func() {
 			defer d.wg.Done()
@@ -105,6 +107,11 @@ type tlsSwitchListener struct {
 	net.Listener
 	d    *DataPlane
 	name string
+	// ticketKey encrypts the listener's session tickets. Envoy without session_ticket_keys
+	// lets BoringSSL make the keys, one set per SSL_CTX, shared by every connection; the
+	// outer tls.Config below is per connection, so Go's automatic keys would be too, and no
+	// ticket would ever resume.
+	ticketKey [32]byte
 }
 
 func (t *tlsSwitchListener) Accept() (net.Conn, error) {
@@ -117,7 +124,7 @@ func (t *tlsSwitchListener) Accept() (net.Conn, error) {
 		return c, nil
 	}
 	return tls.Server(c, &tls.Config{GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
-		return t.d.downstreamTLSConfig(t.name)
+		return t.d.downstreamTLSConfig(t.name, t.ticketKey)
 	}}), nil
 }
 
@@ -126,8 +133,24 @@ func (t *tlsSwitchListener) Accept() (net.Conn, error) {
 // validation context is given, client certificates are requested and verified against it,
 // required only with require_client_certificate (Envoy: without it, a client that presents
 // no certificate is accepted, one that presents an invalid certificate is not); the ALPN
-// protocols offered.
-func (d *DataPlane) downstreamTLSConfig(name string) (*tls.Config, error) {
+// protocols offered; session resumption as below.
+//
+// Session resumption. Envoy (ServerContextImpl's constructor,
+// source/common/tls/server_context_impl.cc) turns BoringSSL's tickets off with
+// disable_stateless_session_resumption (SSL_OP_NO_TICKET) and its server-side session cache
+// with disable_stateful_session_resumption (SSL_SESS_CACHE_OFF). BoringSSL resumes TLS 1.3
+// by ticket only ("We only implement stateless resumption in TLS 1.3", tls13_server.cc
+// add_new_session_tickets): the session cache is TLS 1.2 session IDs alone. Go's server,
+// too, resumes by ticket only, TLS 1.2 and 1.3, and has no hook to resume a TLS 1.2 session
+// ID: so tickets (both versions) are modelled, with one key per bound listener; the session
+// cache is not (a TLS 1.2 client resuming by session ID gets a full handshake here, where
+// Envoy without disable_stateful_session_resumption would resume it). A resumed
+// connection's certificate is presented but not validated (runLua): BoringSSL does not run
+// the verification callback on resumption. Go's server restores the verified chains from
+// the ticket, after checking the leaf has not expired and the chain still verifies against
+// the current ClientCAs; Envoy makes neither check (a new client CA changes its session ID
+// context, though, which refuses the old sessions too).
+func (d *DataPlane) downstreamTLSConfig(name string, ticketKey [32]byte) (*tls.Config, error) {
 	cfg := d.config()
 	lc := cfg.listeners[name]
 	if lc == nil || lc.tls == nil {
@@ -148,6 +171,11 @@ func (d *DataPlane) downstreamTLSConfig(name string) (*tls.Config, error) {
 		if lc.tls.requireClient {
 			tc.ClientAuth = tls.RequireAndVerifyClientCert
 		}
+	}
+	if lc.tls.tickets {
+		tc.SetSessionTicketKeys([][32]byte{ticketKey})
+	} else {
+		tc.SessionTicketsDisabled = true
 	}
 	return tc, nil
 }

@@ -618,7 +618,11 @@ func (st *stream) runLua(f *luaFilterCfg, rt *route) (clear, ok bool) {
 		req.ssl = &luaSSL{}
 		if pc := st.r.TLS.PeerCertificates; len(pc) > 0 {
 			req.ssl.peer = pc[0]
-			req.ssl.validated = len(st.r.TLS.VerifiedChains) > 0
+			// SslHandshakerImpl::peerCertificateValidated (source/common/tls/ssl_handshaker.cc)
+			// is the status the certificate validator's callback set in this handshake;
+			// BoringSSL does not call it on a resumed session, whose certificate (kept in
+			// the session) is still presented, with its subject and digest.
+			req.ssl.validated = len(st.r.TLS.VerifiedChains) > 0 && !st.r.TLS.DidResume
 		}
 	}
 	d := st.d

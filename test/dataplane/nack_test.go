@@ -18,6 +18,7 @@ import (
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
@@ -157,6 +158,20 @@ func TestNACKUnimplemented(t *testing.T) {
 			ep.Metadata.FilterMetadata["envoy.transport_socket_match"] = &structpb.Struct{Fields: map[string]*structpb.Value{"kube-mvp": structpb.NewStringValue("health-check")}}
 			cla.Endpoints[0].LbEndpoints[0] = ep
 		}, "ClusterLoadAssignment \"" + "kube-apiservers\": endpoint metadata envoy.transport_socket_match is not implemented"},
+		// Session resumption is modelled on or off only (listener.go); Envoy's own ticket
+		// keys and session lifetime are not.
+		{"session_timeout", func(t *testing.T, r *snapshot.Resources) {
+			if err := editDownstreamTLS(r, func(c *tlsv3.DownstreamTlsContext) { c.SessionTimeout = durationpb.New(time.Minute) }); err != nil {
+				t.Fatal(err)
+			}
+		}, "DownstreamTlsContext: field session_timeout is not implemented"},
+		{"session_ticket_keys_sds_secret_config", func(t *testing.T, r *snapshot.Resources) {
+			if err := editDownstreamTLS(r, func(c *tlsv3.DownstreamTlsContext) {
+				c.SessionTicketKeysType = &tlsv3.DownstreamTlsContext_SessionTicketKeysSdsSecretConfig{SessionTicketKeysSdsSecretConfig: sdsSecretOf("ticket-keys")}
+			}); err != nil {
+				t.Fatal(err)
+			}
+		}, "DownstreamTlsContext: field session_ticket_keys_sds_secret_config is not implemented"},
 		{"HCM value", func(t *testing.T, r *snapshot.Resources) {
 			l := r.Listeners[0].(*listenerv3.Listener)
 			h := hcmOf(t, l)
@@ -179,6 +194,10 @@ func TestNACKUnimplemented(t *testing.T) {
 			}
 		})
 	}
+}
+
+func sdsSecretOf(name string) *tlsv3.SdsSecretConfig {
+	return &tlsv3.SdsSecretConfig{Name: name, SdsConfig: &corev3.ConfigSource{ConfigSourceSpecifier: &corev3.ConfigSource_Ads{Ads: &corev3.AggregatedConfigSource{}}}}
 }
 
 func mustAny(t *testing.T, m proto.Message) *anypb.Any {
