@@ -10,7 +10,10 @@
 //   - Downstream TLS from SDS: the serving certificate (secret kube-mvp-serving-cert) and, when
 //     a client CA is configured (kube-mvp-client-ca), client certificates verified against it
 //     but not required, because bearer-token clients present none. ALPN h2 and http/1.1.
-//     Without a serving certificate the listener is plain HTTP (experiments only).
+//     No session resumption, by ticket or session ID: Envoy does not verify a resumed
+//     session's certificate again (peerCertificateValidated false, presented true), which
+//     would send its requests to the undecided-identity route's 503. Without a serving
+//     certificate the listener is plain HTTP (experiments only).
 //   - Early header mutation (envoy.http.early_header_mutation.header_mutation) removes every
 //     client-supplied x-remote-* header (prefix match, so -user, -group, -uid and every
 //     -extra-*), x-kubernetes-peer-proxied, the routing header, the identity decision header
