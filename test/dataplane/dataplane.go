@@ -108,6 +108,14 @@
 //     session_timeout are not implemented.
 //   - connection_keepalive: "a frame received extends the PING ACK timeout" is "bytes read
 //     from the connection" here.
+//   - A subject is printed (XFCC, subjectPeerCertificate) with the short names of xfcc.go's
+//     shortNames, the X.520 and RFC 4519 attributes certificates carry; BoringSSL knows the
+//     short names of many more object identifiers (its obj_dat.h), which it prints as
+//     name=value where this prints the dotted OID and the value's DER in hex. The Lua script
+//     reads only CN, O and Kubernetes' UID (never a short name in BoringSSL), and checks an
+//     attribute printed as hex is a string Go reads, so only a certificate with an attribute
+//     of such a type that is not a string Go reads can differ: refused here, forwarded by
+//     Envoy (to an apiserver that cannot parse the certificate either).
 //   - HTTP/2 flow control: Envoy credits data on arrival until its buffers towards the
 //     reader pass their watermarks (then read-disables the stream and keeps the rest
 //     unconsumed, codec_impl.cc ConnectionImpl::onData); Go's HTTP/2 client and server
