@@ -114,8 +114,10 @@
 //     name=value where this prints the dotted OID and the value's DER in hex. The Lua script
 //     reads only CN, O and Kubernetes' UID (never a short name in BoringSSL), and checks an
 //     attribute printed as hex is a string Go reads, so only a certificate with an attribute
-//     of such a type that is not a string Go reads can differ: refused here, forwarded by
-//     Envoy (to an apiserver that cannot parse the certificate either).
+//     of such a type whose value BoringSSL prints as a string but Go does not read can
+//     differ: refused here, forwarded by Envoy with the certificate's identity, where the
+//     apiserver would refuse the certificate (the limit TestLuaIdentityKnownLimits pins for
+//     CN and O).
 //   - HTTP/2 flow control: Envoy credits data on arrival until its buffers towards the
 //     reader pass their watermarks (then read-disables the stream and keeps the rest
 //     unconsumed, codec_impl.cc ConnectionImpl::onData); Go's HTTP/2 client and server
