@@ -37,11 +37,14 @@ vet:
 # RE2_HEADER: the test data plane measures regexes with libre2 through cgo (C++).
 RE2_HEADER ?= /usr/include/re2/re2.h
 
-## deps: check what building the test data plane needs besides Go: libre2's headers and g++
+## deps: what building the test data plane needs besides Go, libre2's headers and g++:
+## installed with apt-get when missing (as root, or with sudo), as .ci/run does
 deps:
 	@test -f "$(RE2_HEADER)" && command -v g++ >/dev/null || { \
-		echo "kube-mvp: the test data plane needs libre2 and g++ (cgo, test/dataplane/internal/re2): apt-get install libre2-dev g++" >&2; \
-		exit 1; }
+		echo "kube-mvp: the test data plane needs libre2 and g++ (cgo, test/dataplane/internal/re2): apt-get install libre2-dev g++"; \
+		sudo=; [ "$$(id -u)" = 0 ] || sudo=sudo; \
+		command -v apt-get >/dev/null && $$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-install-recommends libre2-dev g++ \
+			|| { echo "kube-mvp: could not install them; install libre2-dev and g++ (or your system's RE2 headers and a C++ compiler)" >&2; exit 1; }; }
 
 ## test: every test, unit and end to end, against real apiservers of three versions
 test: deps vet kube-binaries
