@@ -467,6 +467,9 @@ const re2MaxProgramSizeErrorLevel = 100
 // CompiledGoogleReMatcher's constructor, through Regex::Utility::parseRegex): the
 // resource is NACKed with that message. The size is RE2's own (internal/re2, Debian's
 // libre2 through cgo); matching stays with Go's regexp, which implements RE2's syntax.
+// maxDirectResponseBody is RouteConfiguration.max_direct_response_body_size_bytes's default.
+const maxDirectResponseBody = 4096
+
 func compileRE2(re string) (*regexp.Regexp, error) {
 	size, err := re2.ProgramSize(re)
 	if err != nil {
@@ -728,6 +731,12 @@ func compileRoute(r *routev3.Route) (*route, error) {
 		}
 		if dr.GetBody() != nil && dr.GetBody().GetInlineString() == "" {
 			return nil, errors.New("direct_response.body: only inline_string is implemented")
+		}
+		// The body is read with the route configuration's max_direct_response_body_size_bytes
+		// as its limit, 4096 when unset (RouteEntryImplBase's constructor, through
+		// Config::DataSource; RouteConfiguration's field, not implemented here, is unset).
+		if n := len(dr.GetBody().GetInlineString()); n > maxDirectResponseBody {
+			return nil, fmt.Errorf("response body size is %d bytes; maximum is %d", n, maxDirectResponseBody)
 		}
 		out.direct = &directResponse{status: int(dr.GetStatus()), body: dr.GetBody().GetInlineString()}
 		if err := compilePerFilter(r, out); err != nil {

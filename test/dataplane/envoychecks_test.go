@@ -39,12 +39,31 @@ func setLocalReplyMessage(t *testing.T, r *snapshot.Resources, msg string) {
 	})
 }
 
+// setDirectBody sets the body of the first direct response route.
+func setDirectBody(t *testing.T, r *snapshot.Resources, body string) {
+	for _, rt := range vhostOf(r).Routes {
+		if dr := rt.GetDirectResponse(); dr != nil {
+			dr.Body = &corev3.DataSource{Specifier: &corev3.DataSource_InlineString{InlineString: body}}
+			return
+		}
+	}
+	t.Fatal("no direct response route")
+}
+
 func TestEnvoyLoadChecks(t *testing.T) {
 	cases := []struct {
 		name   string
 		mutate func(t *testing.T, r *snapshot.Resources)
 		want   string // "" : accepted
 	}{
+		// RouteEntryImplBase: the direct response body within 4096 bytes (our undecided-identity
+		// route's Status is far below).
+		{"direct response body of 4097 bytes", func(t *testing.T, r *snapshot.Resources) {
+			setDirectBody(t, r, strings.Repeat("x", 4097))
+		}, "response body size is 4097 bytes; maximum is 4096"},
+		{"direct response body of 4096 bytes", func(t *testing.T, r *snapshot.Resources) {
+			setDirectBody(t, r, strings.Repeat("x", 4096))
+		}, ""},
 		// RouteMatcher::RouteMatcher.
 		{"duplicate domain, another case", func(t *testing.T, r *snapshot.Resources) {
 			rc := r.Routes[0].(*routev3.RouteConfiguration)
