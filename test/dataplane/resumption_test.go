@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"bytes"
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
@@ -170,7 +171,11 @@ func (e *env) opensslResumption(t *testing.T, args []string, reused bool) {
 	sess := filepath.Join(dir, "session.pem")
 	run := func(sessArg string) string {
 		t.Helper()
-		cmd := exec.Command(bin, append([]string{"s_client", "-connect", e.dp.ListenerAddr("kube-apiserver"),
+		// Bounded: s_client waits for the server to close (Connection: close), which a
+		// broken data plane might never do.
+		ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, bin, append([]string{"s_client", "-connect", e.dp.ListenerAddr("kube-apiserver"),
 			"-servername", "localhost", "-CAfile", ca, "-verify_return_error", "-cert", cert, "-key", key,
 			"-alpn", "http/1.1", "-ign_eof", sessArg, sess}, args...)...)
 		// The response comes after the TLS 1.3 tickets, so -sess_out saves a resumable session.
