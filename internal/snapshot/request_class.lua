@@ -50,7 +50,7 @@ local function query_unescape(s)
     if s:find("%%[^%x]") or s:find("%%%x[^%x]") or s:find("%%%x?$") then return nil end
     s = s:gsub("%%(%x%x)", function(h) return string.char(tonumber(h, 16)) end)
   end
-  return (s:gsub("+", " "))
+  return (s:gsub("%+", " "))
 end
 
 -- first_watch_value is req.URL.Query()["watch"][0], or nil: Go's url.ParseQuery splits at
