@@ -14,15 +14,7 @@ import (
 // two only, so there are subset clusters and ext_proc routes as well as line-rate ones.
 func benchTopology(b *testing.B) *topology.Topology {
 	const servers, gvs, perGV = 5, 40, 10
-	var ss []topology.APIServer
-	for i := range servers {
-		ss = append(ss, topology.APIServer{
-			ID:       fmt.Sprintf("apiserver-%026d", i),
-			Hostname: fmt.Sprintf("cp-%d", i),
-			Address:  fmt.Sprintf("10.0.0.%d:6443", i+1),
-			Alive:    true,
-		})
-	}
+	ss := liveAPIServers(servers)
 	served := map[topology.Resource][]string{}
 	n := 0
 	for g := range gvs {
@@ -49,6 +41,20 @@ func benchTopology(b *testing.B) *topology.Topology {
 		b.Fatal(err)
 	}
 	return t
+}
+
+// liveAPIServers are n live apiservers cp-0, cp-1, … at 10.0.0.1, 10.0.0.2, ….
+func liveAPIServers(n int) []topology.APIServer {
+	var ss []topology.APIServer
+	for i := range n {
+		ss = append(ss, topology.APIServer{
+			ID:       fmt.Sprintf("apiserver-%026d", i),
+			Hostname: fmt.Sprintf("cp-%d", i),
+			Address:  fmt.Sprintf("10.0.0.%d:6443", i+1),
+			Alive:    true,
+		})
+	}
+	return ss
 }
 
 func BenchmarkBuild(b *testing.B) {

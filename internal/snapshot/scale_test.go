@@ -20,15 +20,7 @@ import (
 // resources each: every other group/version is served by cp-0 and cp-1 only (ext_proc
 // routes), the rest by all three (line-rate routes).
 func scaleTopology(t testing.TB, gvs int) *topology.Topology {
-	var ss []topology.APIServer
-	for i := range 3 {
-		ss = append(ss, topology.APIServer{
-			ID:       fmt.Sprintf("apiserver-%026d", i),
-			Hostname: fmt.Sprintf("cp-%d", i),
-			Address:  fmt.Sprintf("10.0.0.%d:6443", i+1),
-			Alive:    true,
-		})
-	}
+	ss := liveAPIServers(3)
 	served := map[topology.Resource][]string{}
 	for g := range gvs {
 		ids := []string{ss[0].ID, ss[1].ID, ss[2].ID}

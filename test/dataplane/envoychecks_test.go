@@ -156,14 +156,7 @@ func TestEnvoyLoadChecks(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			res := buildResources(t, "batch-off")
-			tc.mutate(t, res)
-			js, err := res.MarshalJSON()
-			if err != nil {
-				t.Fatal(err)
-			}
-			dp := startConfig(t, js)
-			nacks := dp.NACKs()
+			nacks := mutatedNACKs(t, tc.mutate)
 			if tc.want == "" {
 				if len(nacks) > 0 {
 					t.Fatalf("NACKs %q, want none", nacks)

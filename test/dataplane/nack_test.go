@@ -181,14 +181,7 @@ func TestNACKUnimplemented(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			res := buildResources(t, "batch-off")
-			tc.mutate(t, res)
-			js, err := res.MarshalJSON()
-			if err != nil {
-				t.Fatal(err)
-			}
-			dp := startConfig(t, js)
-			nacks := dp.NACKs()
+			nacks := mutatedNACKs(t, tc.mutate)
 			if len(nacks) != 1 || !strings.Contains(nacks[0], tc.want) {
 				t.Fatalf("NACKs %q, want one containing %q", nacks, tc.want)
 			}
@@ -335,6 +328,19 @@ func TestGoldenConfigsAccepted(t *testing.T) {
 
 // startConfig starts a data plane on the config js, its listener on a free port, until the
 // test ends.
+// mutatedNACKs loads the golden batch-off configuration as mutate changes it and returns
+// the NACKs.
+func mutatedNACKs(t *testing.T, mutate func(*testing.T, *snapshot.Resources)) []string {
+	t.Helper()
+	res := buildResources(t, "batch-off")
+	mutate(t, res)
+	js, err := res.MarshalJSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return startConfig(t, js).NACKs()
+}
+
 func startConfig(t *testing.T, js []byte) *DataPlane {
 	t.Helper()
 	dp, err := Start(context.Background(), Options{ConfigJSON: js, ListenerAddress: map[string]string{"kube-apiserver": "127.0.0.1:0"}})
