@@ -485,7 +485,7 @@ func TestProxyCertificateCheck(t *testing.T) {
 		b, _ := io.ReadAll(res.Body)
 		return res.StatusCode, string(b)
 	}
-	refusedB := "  - apiserver-bbb (hostname cp-b, address " + refusing + `): does not accept the proxy certificate as a front proxy: add its CN "front-proxy-client" to --requestheader-allowed-names and its issuer's CA (CN=front-proxy-ca) to --requestheader-client-ca-file`
+	refusedB := "  - apiserver-imkgstwjs6opnbwk2ixluu6fiq (hostname cp-b, address " + refusing + `): does not accept the proxy certificate as a front proxy: add its CN "front-proxy-client" to --requestheader-allowed-names and its issuer's CA (CN=front-proxy-ca) to --requestheader-client-ca-file`
 	var code int
 	var body string
 	testutil.WaitFor(t, t.Context(), 30*time.Second, "/readyz warning about cp-b", testutil.Cond(func() bool {
@@ -496,13 +496,14 @@ func TestProxyCertificateCheck(t *testing.T) {
 		!strings.Contains(body, refusedB) || !strings.Contains(body, "accepted by: cp-a\n") {
 		t.Errorf("/readyz: %d\n%s", code, body)
 	}
-	if _, metrics := get("/metrics"); !strings.Contains(metrics, `kube_mvp_extproc_proxy_certificate_accepted{apiserver="apiserver-aaa"} 1`) ||
-		!strings.Contains(metrics, `kube_mvp_extproc_proxy_certificate_accepted{apiserver="apiserver-bbb"} 0`) {
+	if _, metrics := get("/metrics"); !strings.Contains(metrics, `kube_mvp_extproc_proxy_certificate_accepted{apiserver="apiserver-tqsyvnc7rs47fayzipsuqpfg4m"} 1`) ||
+		!strings.Contains(metrics, `kube_mvp_extproc_proxy_certificate_accepted{apiserver="apiserver-imkgstwjs6opnbwk2ixluu6fiq"} 0`) {
 		t.Errorf("/metrics lacks the gauges:\n%s", metrics)
 	}
 
 	// cp-a moves to an apiserver that refuses the certificate too: not ready.
-	writeTable(refusing, refusing)
+	refusingToo := fakeAPIServer(t, p, "someone-else") // one address is one host
+	writeTable(refusingToo, refusing)
 	hup <- syscall.SIGHUP
 	// Not ready as soon as cp-b's refusal is the only answer; wait for cp-a's at its new address.
 	testutil.WaitFor(t, t.Context(), 30*time.Second, "/readyz failing with both answers", testutil.Cond(func() bool {
@@ -511,7 +512,7 @@ func TestProxyCertificateCheck(t *testing.T) {
 	}))
 	for _, want := range []string{
 		"every apiserver that answered (2) refuses kube-mvp's proxy certificate",
-		"  - apiserver-aaa (hostname cp-a, address " + refusing + "): does not accept the proxy certificate as a front proxy",
+		"  - apiserver-tqsyvnc7rs47fayzipsuqpfg4m (hostname cp-a, address " + refusingToo + "): does not accept the proxy certificate as a front proxy",
 		refusedB,
 	} {
 		if !strings.Contains(body, want) {

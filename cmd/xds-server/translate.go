@@ -84,7 +84,7 @@ func parseTranslate(args []string) (translateOptions, error) {
 		errs = multierror.Append(errs, errors.New("-f FILE is required: the inventory fixture to translate"))
 	}
 	if fs.Changed("node-id") && opts.nodeID == "" {
-		errs = multierror.Append(errs, errors.New("--node-id needs an apiserver ID, e.g. apiserver-hxhuy3rsmzqt3nvdbfa4wlpycq"))
+		errs = multierror.Append(errs, errors.New("--node-id needs an apiserver ID, e.g. apiserver-tqsyvnc7rs47fayzipsuqpfg4m"))
 	}
 	opts.cfg, errs = opts.envoy.config(errs)
 	return opts, cli.Err(errs)

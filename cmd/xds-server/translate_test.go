@@ -59,7 +59,8 @@ func TestTranslateGolden(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%v\n%s", err, out)
 			}
-			if v := sections["version"]; !regexp.MustCompile(`^[0-9a-f]{16}\n$`).MatchString(v) {
+			// (all digits, YAML quotes it to keep it a string)
+			if v := sections["version"]; !regexp.MustCompile(`^([0-9a-f]{16}|"[0-9a-f]{16}")\n$`).MatchString(v) {
 				t.Errorf("version %q, want 16 hex digits", v)
 			}
 			delete(sections, "version")
@@ -170,11 +171,11 @@ func TestTranslateBadInput(t *testing.T) {
 	broken := filepath.Join(dir, "broken.yaml")
 	if err := os.WriteFile(broken, []byte(`apiVersion: coordination.k8s.io/v1
 kind: Lease
-metadata: {name: apiserver-aaa, namespace: kube-system}
+metadata: {name: apiserver-tqsyvnc7rs47fayzipsuqpfg4m, namespace: kube-system}
 ---
 apiVersion: coordination.k8s.io/v1
 kind: Lease
-metadata: {name: apiserver-bbb, namespace: kube-system}
+metadata: {name: apiserver-imkgstwjs6opnbwk2ixluu6fiq, namespace: kube-system}
 spec: {holderIdentity: [not, a, string]}
 `), 0o644); err != nil {
 		t.Fatal(err)
@@ -185,7 +186,7 @@ spec: {holderIdentity: [not, a, string]}
 		want []string
 	}{
 		{"missing file", []string{"translate", "-f", filepath.Join(dir, "nope.yaml")}, []string{"nope.yaml", "no such file"}},
-		{"undecodable document", []string{"translate", "-f", broken}, []string{"broken.yaml", "document 2", "apiserver-bbb"}},
+		{"undecodable document", []string{"translate", "-f", broken}, []string{"broken.yaml", "document 2", "apiserver-imkgstwjs6opnbwk2ixluu6fiq"}},
 		{"directory", []string{"translate", "-f", dir}, []string{dir}},
 		{"flags, all at once", []string{"translate", "--now", "yesterday", "-o", "xml", "--listen-port", "99999", "--bogus", "x",
 			"--peer-ca", "relative/peer-ca.crt", "--extproc-address", "nowhere", "--serving-cert", "/etc/tls.crt",
@@ -224,11 +225,11 @@ func TestTranslateWarnings(t *testing.T) {
 	if err := os.WriteFile(f, []byte(`apiVersion: coordination.k8s.io/v1
 kind: Lease
 metadata:
-  name: apiserver-aaa
+  name: apiserver-tqsyvnc7rs47fayzipsuqpfg4m
   namespace: kube-system
   labels: {apiserver.kubernetes.io/identity: kube-apiserver, kubernetes.io/hostname: cp-a}
   annotations: {kubernetes.io/peer-advertise-address: "10.0.0.1:6443"}
-spec: {holderIdentity: apiserver-aaa_1, renewTime: "2026-11-23T10:00:00.000000Z"}
+spec: {holderIdentity: apiserver-tqsyvnc7rs47fayzipsuqpfg4m_1, renewTime: "2026-11-23T10:00:00.000000Z"}
 ---
 apiVersion: coordination.k8s.io/v1
 kind: Lease

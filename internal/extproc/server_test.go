@@ -170,8 +170,8 @@ func mustJSON(v any) string {
 func TestDecisions(t *testing.T) {
 	fx := loadFixture(t, "upgrade.yaml", fixtureNow)
 	allLive := loadFixture(t, "upgrade.yaml", time.Time{})
-	sidecarB := fx.WithLocal("apiserver-bbb")
-	sidecarA := fx.WithLocal("apiserver-aaa")
+	sidecarB := fx.WithLocal("apiserver-imkgstwjs6opnbwk2ixluu6fiq")
+	sidecarA := fx.WithLocal("apiserver-tqsyvnc7rs47fayzipsuqpfg4m")
 
 	// The same rows on a topology built directly: three servers, one dead, one resource each
 	// way, and a served-everywhere group.

@@ -107,12 +107,12 @@ func TestFileSourceOptions(t *testing.T) {
 		t.Errorf("%d live, want all three", live)
 	}
 	// The front proxy's plan and one per apiserver, for sidecars beside it.
-	for _, local := range []string{"", "apiserver-aaa", "apiserver-bbb", "apiserver-ccc"} {
+	for _, local := range []string{"", "apiserver-tqsyvnc7rs47fayzipsuqpfg4m", "apiserver-imkgstwjs6opnbwk2ixluu6fiq", "apiserver-npbtitaxiimvptb5rwlxt4xbci"} {
 		if topo.Routes[local] == nil {
 			t.Errorf("no plan for %q", local)
 		}
 	}
-	if got := topo.Routes["apiserver-bbb"].Default.Cluster; got != "kube-apiserver-local" {
+	if got := topo.Routes["apiserver-imkgstwjs6opnbwk2ixluu6fiq"].Default.Cluster; got != "kube-apiserver-local" {
 		t.Errorf("cp-b's sidecar plan: default cluster %q", got)
 	}
 	// Errors name the file.

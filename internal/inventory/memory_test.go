@@ -23,7 +23,7 @@ func TestMalformedMemoryConfigMap(t *testing.T) {
 		Log: slog.New(slog.NewTextHandler(&logs, nil)), DepartedGrace: time.Minute}}
 	w.memoryStore = cache.NewStore(cache.MetaNamespaceKeyFunc)
 	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-mvp", Name: "mem", ResourceVersion: "7"},
-		Data: map[string]string{"apiserver-a": `{"lastSeen": 12`}}
+		Data: map[string]string{objects.APIServerIDFor("a"): `{"lastSeen": 12`}}
 	if err := w.memoryStore.Add(cm); err != nil {
 		t.Fatal(err)
 	}
@@ -41,12 +41,12 @@ func TestMalformedMemoryConfigMap(t *testing.T) {
 	jobs := topology.Resource{Group: "batch", Version: "v1", Resource: "jobs"}
 	good := cm.DeepCopy()
 	good.ResourceVersion = "8"
-	good.Data = objects.EncodeMemory(objects.Memory{"apiserver-a": {Hostname: "cp-a", Served: []topology.Resource{jobs}, LastSeen: time.Unix(1700000000, 0)}})
+	good.Data = objects.EncodeMemory(objects.Memory{objects.APIServerIDFor("a"): {Hostname: "cp-a", Served: []topology.Resource{jobs}, LastSeen: time.Unix(1700000000, 0)}})
 	if err := w.memoryStore.Update(good); err != nil {
 		t.Fatal(err)
 	}
 	m, _ := w.persistedMemory()
-	if r := m["apiserver-a"]; len(r.Served) != 1 || r.Served[0] != jobs || r.Hostname != "cp-a" {
+	if r := m[objects.APIServerIDFor("a")]; len(r.Served) != 1 || r.Served[0] != jobs || r.Hostname != "cp-a" {
 		t.Errorf("read back %+v", m)
 	}
 }

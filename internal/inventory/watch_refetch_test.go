@@ -32,7 +32,7 @@ func TestDiscoveryRefetchRule(t *testing.T) {
 
 func testRefetchRule(t *testing.T, answers bool) {
 	t0 := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
-	const id = "apiserver-a"
+	id := objects.APIServerIDFor("cp-a")
 	w := &Watcher{
 		cfg:       &rest.Config{},
 		opts:      WatchOptions{DiscoveryInterval: time.Hour, Log: slog.New(slog.NewTextHandler(io.Discard, nil))},

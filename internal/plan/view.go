@@ -27,6 +27,9 @@ type View struct {
 	// MergedDiscoveryETag is the ETag of the merged /apis discovery extproc serves; empty
 	// while it cannot be built (a live apiserver's discovery not fetched yet).
 	MergedDiscoveryETag string `json:"mergedDiscoveryETag,omitempty"`
+	// Refused are the apiserver identities not believed (a Lease that is not an apiserver's,
+	// a second claim on an address) and why.
+	Refused []topology.Refusal `json:"refused,omitempty"`
 }
 
 // APIServerView is an apiserver and where what it serves was learnt from.
@@ -59,7 +62,7 @@ type ResourceView struct {
 // View is p as xds-server's /debug/topology shows it and the golden files keep it.
 func (p *Plan) View() View {
 	t := p.Topology
-	v := View{LocalAPIServer: p.LocalID, DefaultCluster: p.DefaultClusterName(), Clusters: p.Clusters, ServingSetsHosts: p.Hosts, RequestHeaders: p.RequestHeaders}
+	v := View{LocalAPIServer: p.LocalID, DefaultCluster: p.DefaultClusterName(), Clusters: p.Clusters, ServingSetsHosts: p.Hosts, RequestHeaders: p.RequestHeaders, Refused: t.Refused}
 	for _, a := range t.APIServers {
 		v.APIServers = append(v.APIServers, APIServerView{APIServer: a, Source: t.Sources[a.ID]})
 	}

@@ -30,6 +30,12 @@ func fqdnTopology(t *testing.T, name string) *topology.Topology {
 	if text == string(raw) {
 		t.Fatalf("fixture %s: no hostname label to make an FQDN", name)
 	}
+	// The apiserver IDs follow their hostnames (objects.APIServerIDFor).
+	var renames []string
+	for _, m := range re.FindAllStringSubmatch(string(raw), -1) {
+		renames = append(renames, objects.APIServerIDFor(m[2]), objects.APIServerIDFor(m[2]+".example.com"))
+	}
+	text = strings.NewReplacer(renames...).Replace(text)
 	objs, err := objects.DecodeFixture(strings.NewReader(text))
 	if err != nil {
 		t.Fatal(err)

@@ -33,15 +33,15 @@ var jobs = topology.Resource{Group: "batch", Version: "v1", Resource: "jobs"}
 // with an error naming it, and the rest of the configuration is still returned.
 func TestHostnameAddress(t *testing.T) {
 	topo := mustTopology(t, []topology.APIServer{
-		{ID: "apiserver-aaa", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: true},
-		{ID: "apiserver-bbb", Hostname: "cp-b", Address: "cp-b.example.com:6443", Alive: true},
-		{ID: "apiserver-ccc", Hostname: "cp-c", Address: "10.0.0.3", Alive: true},
-	}, map[topology.Resource][]string{jobs: {"apiserver-aaa", "apiserver-bbb"}})
+		{ID: "apiserver-tqsyvnc7rs47fayzipsuqpfg4m", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: true},
+		{ID: "apiserver-imkgstwjs6opnbwk2ixluu6fiq", Hostname: "cp-b", Address: "cp-b.example.com:6443", Alive: true},
+		{ID: "apiserver-npbtitaxiimvptb5rwlxt4xbci", Hostname: "cp-c", Address: "10.0.0.3", Alive: true},
+	}, map[topology.Resource][]string{jobs: {"apiserver-tqsyvnc7rs47fayzipsuqpfg4m", "apiserver-imkgstwjs6opnbwk2ixluu6fiq"}})
 	res, err := snapshot.Build(mustPlan(t, topo), testConfig())
 	if err == nil {
 		t.Fatal("no error for a DNS-name address")
 	}
-	for _, want := range []string{"apiserver apiserver-bbb (hostname cp-b)", `"cp-b.example.com:6443"`, "apiserver apiserver-ccc (hostname cp-c)"} {
+	for _, want := range []string{"apiserver apiserver-imkgstwjs6opnbwk2ixluu6fiq (hostname cp-b)", `"cp-b.example.com:6443"`, "apiserver apiserver-npbtitaxiimvptb5rwlxt4xbci (hostname cp-c)"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not mention %s", err, want)
 		}
@@ -109,11 +109,11 @@ func TestConfigErrors(t *testing.T) {
 // name is made of hostnames); if they would, the plan fails naming the cluster.
 func TestClusterNameCollision(t *testing.T) {
 	topo := mustTopology(t, []topology.APIServer{
-		{ID: "apiserver-aaa", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: true},
+		{ID: "apiserver-tqsyvnc7rs47fayzipsuqpfg4m", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: true},
 		{ID: "apiserver-aab", Hostname: "cp-a", Address: "10.0.0.2:6443", Alive: true},
-		{ID: "apiserver-ccc", Hostname: "cp-c", Address: "10.0.0.3:6443", Alive: true},
+		{ID: "apiserver-npbtitaxiimvptb5rwlxt4xbci", Hostname: "cp-c", Address: "10.0.0.3:6443", Alive: true},
 	}, map[topology.Resource][]string{
-		jobs: {"apiserver-aaa"},
+		jobs: {"apiserver-tqsyvnc7rs47fayzipsuqpfg4m"},
 		{Group: "batch", Version: "v1", Resource: "cronjobs"}: {"apiserver-aab"},
 	})
 	p, err := plan.Build(topo)
@@ -189,7 +189,7 @@ func TestExtProcAddress(t *testing.T) {
 // TestEmptyCluster: a cluster with nobody live is still defined, without endpoints.
 func TestEmptyCluster(t *testing.T) {
 	topo := mustTopology(t, []topology.APIServer{
-		{ID: "apiserver-aaa", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: false},
+		{ID: "apiserver-tqsyvnc7rs47fayzipsuqpfg4m", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: false},
 	}, nil)
 	res, err := snapshot.Build(mustPlan(t, topo), testConfig())
 	if err != nil {

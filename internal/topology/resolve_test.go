@@ -13,9 +13,9 @@ import (
 // refused rather than believed.
 func TestResolveLocal(t *testing.T) {
 	tp, err := topology.New([]topology.APIServer{
-		{ID: "apiserver-aaa", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: true},
-		{ID: "apiserver-bbb", Hostname: "cp-b", Address: "10.0.0.2:6443"}, // restarting
-		{ID: "apiserver-ccc", Hostname: "cp-c", Address: "10.0.0.3:6443", Alive: true},
+		{ID: "apiserver-tqsyvnc7rs47fayzipsuqpfg4m", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: true},
+		{ID: "apiserver-imkgstwjs6opnbwk2ixluu6fiq", Hostname: "cp-b", Address: "10.0.0.2:6443"}, // restarting
+		{ID: "apiserver-npbtitaxiimvptb5rwlxt4xbci", Hostname: "cp-c", Address: "10.0.0.3:6443", Alive: true},
 		{ID: "apiserver-forged", Hostname: "cp-c", Address: "10.9.9.9:6443", Alive: true},
 		{ID: "apiserver-old", Hostname: "cp-a", Address: "10.0.0.1:6443"}, // its Lease before a restart
 		{ID: "apiserver-d1", Hostname: "cp-d"},
@@ -25,11 +25,11 @@ func TestResolveLocal(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, c := range []struct{ name, want, err string }{
-		{"apiserver-ccc", "apiserver-ccc", ""},
-		{"apiserver-forged", "apiserver-forged", ""}, // by ID: the operator said so
-		{"cp-a", "apiserver-aaa", ""},                // the live one of two
-		{"cp-b", "apiserver-bbb", ""},                // the only one, restarting
-		{"cp-c", "", `2 live apiservers carry hostname "cp-c" (apiserver-ccc, apiserver-forged): name the local one by ID`},
+		{"apiserver-npbtitaxiimvptb5rwlxt4xbci", "apiserver-npbtitaxiimvptb5rwlxt4xbci", ""},
+		{"apiserver-forged", "apiserver-forged", ""},         // by ID: the operator said so
+		{"cp-a", "apiserver-tqsyvnc7rs47fayzipsuqpfg4m", ""}, // the live one of two
+		{"cp-b", "apiserver-imkgstwjs6opnbwk2ixluu6fiq", ""}, // the only one, restarting
+		{"cp-c", "", `2 live apiservers carry hostname "cp-c" (apiserver-forged, apiserver-npbtitaxiimvptb5rwlxt4xbci): name the local one by ID`},
 		{"cp-d", "", `2 apiservers, none live, carry hostname "cp-d"`},
 		{"cp-x", "", `no apiserver has ID or hostname "cp-x"`},
 	} {

@@ -132,6 +132,10 @@ type Topology struct {
 	// Discovery is the merged /apis discovery of the live apiservers; nil when it cannot be
 	// built (an apiserver without aggregated discovery, or none live).
 	Discovery *Discovery `json:"-"`
+	// Refused are the identity Leases and remembered apiservers not believed, and the
+	// apiservers left out because another holds their address (for people: the rule does
+	// not read it).
+	Refused []Refusal `json:"-"`
 
 	byID map[string]int
 	// servingGroupVersion is, per group/version, every apiserver ID that serves one of its
@@ -155,6 +159,16 @@ type Source struct {
 	// Unverified: its Lease is fresh, but its own discovery has not (yet) been fetched at
 	// its address over verified TLS, so it counts as not alive: it takes no part in routing.
 	Unverified bool `json:"awaitingVerifiedDiscovery,omitempty"`
+}
+
+// Refusal is an apiserver identity kube-mvp does not route to, and why.
+type Refusal struct {
+	// Object names what claimed it: "Lease kube-system/<name>", "memory entry <ID>".
+	Object   string `json:"object"`
+	ID       string `json:"id"`
+	Hostname string `json:"hostname,omitempty"`
+	Address  string `json:"address,omitempty"`
+	Reason   string `json:"reason"`
 }
 
 // Source values.

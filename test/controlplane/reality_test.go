@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
+	"github.com/kube-mvp/kube-mvp/internal/inventory/objects"
 	"github.com/kube-mvp/kube-mvp/internal/testutil"
 	"github.com/kube-mvp/kube-mvp/test/controlplane"
 )
@@ -44,8 +45,8 @@ func TestUpstreamFacts(t *testing.T) {
 			if srv == nil {
 				return fmt.Errorf("Lease %s has hostname label %q, not one of our servers", l.Name, host)
 			}
-			if !strings.HasPrefix(l.Name, "apiserver-") {
-				t.Errorf("Lease name %q does not start with apiserver-", l.Name)
+			if want := objects.APIServerIDFor(host); l.Name != want {
+				t.Errorf("Lease %s of host %s: kube-mvp derives the name %s from the hostname", l.Name, host, want)
 			}
 			if l.Spec.HolderIdentity == nil || !strings.HasPrefix(*l.Spec.HolderIdentity, l.Name+"_") {
 				t.Errorf("Lease %s holderIdentity %v is not <id>_<uuid>", l.Name, l.Spec.HolderIdentity)
@@ -165,6 +166,9 @@ func TestClusterDefaultsFacts(t *testing.T) {
 			srv := cp.Server(l.Labels["kubernetes.io/hostname"])
 			if srv == nil {
 				return fmt.Errorf("Lease %s: hostname %q is none of ours", l.Name, l.Labels["kubernetes.io/hostname"])
+			}
+			if want := objects.APIServerIDFor(srv.Spec.Name); l.Name != want {
+				t.Errorf("%s (%s): Lease %s, but kube-mvp derives %s from the hostname", srv.Spec.Name, srv.Spec.Version, l.Name, want)
 			}
 			d, err := controlplane.DefaultsOf(srv.Spec.Version)
 			if err != nil {

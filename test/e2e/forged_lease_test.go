@@ -7,8 +7,10 @@ import (
 	"crypto/x509/pkix"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -25,17 +27,20 @@ import (
 )
 
 // TestForgedLeases writes identity Leases as anyone allowed to write Leases in kube-system
-// could, while clients keep working through kube-mvp: a fresh Lease pointing at a TLS server
-// the attacker runs (a certificate for kubernetes.default.svc, but not from the cluster CA),
-// one renewed "in 2099", one whose address is a URL, and one that claims the real
-// apiserver's hostname. None changes where a request goes: every request succeeds, the
-// attacker's server never sees an HTTP request (the TLS handshake fails before one, so no
-// credential is sent), /debug/topology shows the fresh forgery as awaiting verified
-// discovery and not alive, and the data plane's clusters hold only the real apiserver.
+// could, while clients keep working through kube-mvp against cp-a (which alone serves
+// batch/v1) and cp-b: a fresh Lease of a new host pointing at a TLS server the attacker runs (a
+// certificate for kubernetes.default.svc, but not from the cluster CA), one renewed "in 2099",
+// one whose address is a URL, one that claims cp-a's hostname under another name while
+// pointing at a genuine apiserver (a forwarder to cp-b: its discovery verifies), and one of
+// a new host whose ID sorts first, at cp-b's own address. None changes where a request goes:
+// every list of jobs and namespaces succeeds (no 404 from cp-b, no 503), the attacker's server
+// never sees an HTTP request, /debug/topology shows the fresh forgery as awaiting verified
+// discovery and the two claims on real apiservers as refused, and every cluster of the data
+// plane holds only the real apiservers' addresses, each once.
 func TestForgedLeases(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
-	e := newEnv(t, ctx, controlplane.ServerSpec{Name: "cp-a", Version: "v1.37.1"})
+	e := newEnv(t, ctx, controlplane.MixedServers()...)
 	k := e.startKubeMVP(ctx, "forged", "")
 	admin, err := e.cp.PKI.ClientCert("forged-admin", "system:masters")
 	if err != nil {
@@ -43,6 +48,7 @@ func TestForgedLeases(t *testing.T) {
 	}
 	through := kubernetes.NewForConfigOrDie(e.through(k, &admin, ""))
 	direct := e.adminClient(e.cp.Server("cp-a"))
+	cpA, cpB := e.cp.Server("cp-a").Address(), e.cp.Server("cp-b").Address()
 
 	// The attacker's server: TLS with a self-signed certificate for the name Envoy and
 	// xds-server expect, answering anything with an aggregated discovery that claims batch.
@@ -52,8 +58,22 @@ func TestForgedLeases(t *testing.T) {
 		w.Header().Set("Content-Type", "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList")
 		fmt.Fprint(w, `{"kind":"APIGroupDiscoveryList","apiVersion":"apidiscovery.k8s.io/v2","items":[]}`)
 	})
+	// A second address of a real apiserver: a TCP forwarder to cp-b.
+	forwarder := newForwarder(t, cpB)
 
 	leases := direct.CoordinationV1().Leases("kube-system")
+	realLeases, err := leases.List(ctx, metav1.ListOptions{LabelSelector: objects.IdentityLabel})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A host whose ID sorts before every real apiserver's, as an attacker would pick it.
+	first := ""
+	for i := 0; first == ""; i++ {
+		host := fmt.Sprintf("impostor-%d", i)
+		if !slices.ContainsFunc(realLeases.Items, func(l coordinationv1.Lease) bool { return l.Name <= objects.APIServerIDFor(host) }) {
+			first = host
+		}
+	}
 	forge := func(name, hostname, address string, renew time.Time) {
 		t.Helper()
 		holder := name + "_forged"
@@ -76,13 +96,15 @@ func TestForgedLeases(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	fresh, twin, impostor := objects.APIServerIDFor("evil"), "apiserver-evil2", objects.APIServerIDFor(first)
 	renewFresh := func() {
-		forge("apiserver-forged-fresh", "evil", attacker, time.Now())
-		forge("apiserver-forged-twin", "cp-a", attacker, time.Now()) // the real apiserver's hostname
+		forge(fresh, "evil", attacker, time.Now())
+		forge(twin, "cp-a", forwarder, time.Now()) // cp-a's hostname, a genuine apiserver's address
+		forge(impostor, first, cpB, time.Now())    // cp-b's own address, under an ID sorting first
 	}
 	renewFresh()
-	forge("apiserver-forged-future", "evil-2", attacker, time.Date(2099, 1, 1, 0, 0, 0, 0, time.UTC))
-	forge("apiserver-forged-url", "evil-3", "127.0.0.1:1/evil?x=1", time.Now())
+	forge(objects.APIServerIDFor("evil-2"), "evil-2", attacker, time.Date(2099, 1, 1, 0, 0, 0, 0, time.UTC))
+	forge(objects.APIServerIDFor("evil-3"), "evil-3", "127.0.0.1:1/evil?x=1", time.Now())
 
 	// For longer than the liveness window: the fresh forgeries are renewed every 2 s,
 	// requests go through kube-mvp all the time.
@@ -107,8 +129,13 @@ func TestForgedLeases(t *testing.T) {
 		APIServers []struct {
 			ID         string `json:"id"`
 			Alive      bool   `json:"alive"`
+			Address    string `json:"address"`
 			Unverified bool   `json:"awaitingVerifiedDiscovery"`
 		} `json:"apiservers"`
+		Refused []struct {
+			ID     string `json:"id"`
+			Reason string `json:"reason"`
+		} `json:"refused"`
 	}
 	res, err := http.Get(k.XDSAdmin + "/debug/topology")
 	if err != nil {
@@ -119,37 +146,84 @@ func TestForgedLeases(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	realID := map[string]bool{}
+	for _, l := range realLeases.Items {
+		realID[l.Name] = true
+	}
 	seen := map[string]bool{}
 	for _, s := range view.APIServers {
 		seen[s.ID] = true
-		if strings.HasPrefix(s.ID, "apiserver-forged") && s.Alive {
-			t.Errorf("%s counts as alive", s.ID)
+		if !realID[s.ID] && s.Alive && s.Address != "" {
+			t.Errorf("%s is routable: %+v", s.ID, s)
 		}
-		if (s.ID == "apiserver-forged-fresh" || s.ID == "apiserver-forged-twin") && !s.Unverified {
+	}
+	if !seen[fresh] {
+		t.Errorf("/debug/topology does not list %s (the fresh forgery, a believable Lease): %+v", fresh, view.APIServers)
+	}
+	for _, s := range view.APIServers {
+		if s.ID == fresh && !s.Unverified {
 			t.Errorf("%s is not shown awaiting verified discovery: %+v", s.ID, s)
 		}
 	}
-	for _, id := range []string{"apiserver-forged-fresh", "apiserver-forged-twin"} {
-		if !seen[id] {
-			t.Errorf("/debug/topology does not list %s: %+v", id, view.APIServers)
+	refused := map[string]string{}
+	for _, r := range view.Refused {
+		refused[r.ID] = r.Reason
+	}
+	if !strings.Contains(refused[twin], "names its Lease "+objects.APIServerIDFor("cp-a")) {
+		t.Errorf("/debug/topology refusals %+v: want %s refused for claiming cp-a's host", view.Refused, twin)
+	}
+	if !strings.Contains(refused[impostor], "its address is also claimed by apiserver "+objects.APIServerIDFor("cp-b")) {
+		t.Errorf("/debug/topology refusals %+v: want %s refused for claiming cp-b's address", view.Refused, impostor)
+	}
+	// The data plane's apiserver clusters hold the real apiservers only, each address once.
+	for name, hosts := range clusterHosts(t, ctx, k) {
+		if !strings.HasPrefix(name, "kube-apiservers") {
+			continue
 		}
-	}
-	// The data plane's apiserver clusters hold the real apiserver only.
-	hosts := clusterHosts(t, ctx, k)
-	if got := hosts["kube-apiservers"]; len(got) != 1 || got[0] != e.cp.Server("cp-a").Address() {
-		t.Errorf("kube-apiservers holds %v, want only cp-a at %s", got, e.cp.Server("cp-a").Address())
-	}
-	for name, hosts := range hosts {
+		seen := map[string]bool{}
 		for _, h := range hosts {
-			if h == attacker {
-				t.Errorf("cluster %s has the attacker's address %s", name, h)
+			if h != cpA && h != cpB {
+				t.Errorf("cluster %s has the host %s, not a real apiserver's address (%s, %s)", name, h, cpA, cpB)
 			}
+			if seen[h] {
+				t.Errorf("cluster %s has %s twice", name, h)
+			}
+			seen[h] = true
 		}
 	}
 	if n := attackerRequests.Load(); n != 0 {
 		t.Errorf("the attacker's server received %d HTTP requests", n)
 	}
 	t.Logf("%d requests through kube-mvp, all served", requests)
+}
+
+// newForwarder forwards TCP connections from a loopback address it returns to to.
+func newForwarder(t *testing.T, to string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				u, err := net.Dial("tcp", to)
+				if err != nil {
+					return
+				}
+				defer u.Close()
+				go func() { _, _ = io.Copy(u, c); u.Close() }()
+				_, _ = io.Copy(c, u)
+			}()
+		}
+	}()
+	return ln.Addr().String()
 }
 
 // newAttackerServer serves h over TLS with a self-signed certificate for

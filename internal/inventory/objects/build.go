@@ -1,12 +1,17 @@
 package objects
 
 import (
+	"cmp"
+	"crypto/sha256"
+	"encoding/base32"
 	"fmt"
 	"maps"
 	"net/netip"
 	"slices"
 	"strings"
 	"time"
+
+	"golang.org/x/crypto/cryptobyte"
 
 	apidiscoveryv2 "k8s.io/api/apidiscovery/v2"
 	apiserverinternalv1alpha1 "k8s.io/api/apiserverinternal/v1alpha1"
@@ -211,9 +216,13 @@ func Build(objs Objects, opts Options) (*topology.Topology, []error) {
 			served[r] = append(served[r], id)
 		}
 	}
+	hasLease := map[string]bool{}
+	for _, s := range servers {
+		hasLease[s.ID] = true
+	}
 	for id, list := range objs.Discovery {
-		if list == nil {
-			continue
+		if list == nil || !hasLease[id] {
+			continue // no believable Lease claims it (the watcher fetches none for such)
 		}
 		for _, g := range list.Items {
 			for _, v := range g.Versions {
@@ -237,13 +246,14 @@ func Build(objs Objects, opts Options) (*topology.Topology, []error) {
 	// What departed apiservers served: the same mechanism as StorageVersions, an ID that
 	// serves the resource but is not live (Capability.Known), so Decide answers Unavailable.
 	remembered := map[string]bool{}
-	hasLease := map[string]bool{}
-	for _, s := range servers {
-		hasLease[s.ID] = true
-	}
 	for _, id := range slices.Sorted(maps.Keys(objs.Remembered)) {
 		r := objs.Remembered[id]
-		if objs.Discovery[id] != nil {
+		if objs.Discovery[id] != nil && hasLease[id] {
+			continue
+		}
+		if want := APIServerIDFor(r.Hostname); r.Hostname == "" || id != want {
+			errs = append(errs, &RefusedError{topology.Refusal{Object: "memory entry " + id, ID: id, Hostname: r.Hostname, Address: r.Address,
+				Reason: fmt.Sprintf("the kube-apiserver on host %q has the ID %s", r.Hostname, want)}})
 			continue
 		}
 		remembered[id] = true
@@ -261,6 +271,11 @@ func Build(objs Objects, opts Options) (*topology.Topology, []error) {
 				servers[i].Address = r.Address
 			}
 		}
+	}
+	var refused []topology.Refusal
+	servers, refused = oneHostPerAddress(servers, objs, remembered)
+	for _, r := range refused {
+		errs = append(errs, &RefusedError{r})
 	}
 	fromStorageVersions := map[string]bool{}
 	addFromSV := func(r topology.Resource, id string) {
@@ -289,6 +304,11 @@ func Build(objs Objects, opts Options) (*topology.Topology, []error) {
 			t.Sources[s.ID] = topology.Source{From: topology.SourceNone, Unverified: unverified[s.ID]}
 		}
 	}
+	for _, err := range errs {
+		if r, ok := err.(*RefusedError); ok {
+			t.Refused = append(t.Refused, r.Refusal)
+		}
+	}
 	t.RequestHeaders, err = RequestHeadersFrom(objs.Authentication)
 	if err != nil {
 		errs = append(errs, err)
@@ -299,6 +319,59 @@ func Build(objs Objects, opts Options) (*topology.Topology, []error) {
 	}
 	t.Discovery = MergeDiscovery(live)
 	return t, errs
+}
+
+// oneHostPerAddress keeps one apiserver per address. Verified discovery proves only that
+// whatever answers at an address over the cluster's TLS serves what it listed, not which
+// apiserver it is, so a Lease can claim a real apiserver's address (its own, or a second
+// address of it) under another host. Two claims on one address must never become two
+// endpoints (real Envoy keeps only the first of duplicate hosts in a locality) nor make
+// a host of one apiserver a member of another's serving sets. The claim kept is, in
+// order: a live one over a departed one; of live ones, the oldest Lease (an apiserver
+// creates its Lease when it first starts, before anyone can know its address), then the
+// lowest ID; of departed ones, the last seen live. The others keep their IDs, and what they
+// serve counts as known (503 rather than 404), but they have no address: never hosts.
+func oneHostPerAddress(servers []topology.APIServer, objs Objects, remembered map[string]bool) ([]topology.APIServer, []topology.Refusal) {
+	created := map[string]time.Time{}
+	for _, l := range objs.Leases {
+		created[l.Name] = l.CreationTimestamp.Time
+	}
+	better := func(a, b topology.APIServer) int { // < 0: a is kept over b
+		if a.Routable() != b.Routable() {
+			if a.Routable() {
+				return -1
+			}
+			return 1
+		}
+		if a.Routable() {
+			return cmp.Or(created[a.ID].Compare(created[b.ID]), cmp.Compare(a.ID, b.ID))
+		}
+		return cmp.Or(objs.Remembered[b.ID].LastSeen.Compare(objs.Remembered[a.ID].LastSeen), cmp.Compare(a.ID, b.ID))
+	}
+	isHost := func(s topology.APIServer) bool { return s.Routable() || (s.Address != "" && remembered[s.ID]) }
+	kept := map[string]topology.APIServer{}
+	for _, s := range servers {
+		if !isHost(s) {
+			continue
+		}
+		if k, ok := kept[s.Address]; !ok || better(s, k) < 0 {
+			kept[s.Address] = s
+		}
+	}
+	var refused []topology.Refusal
+	out := slices.Clone(servers)
+	for i, s := range out {
+		if !isHost(s) {
+			continue
+		}
+		if k := kept[s.Address]; k.ID != s.ID {
+			refused = append(refused, topology.Refusal{Object: "apiserver " + s.ID, ID: s.ID, Hostname: s.Hostname, Address: s.Address,
+				Reason: fmt.Sprintf("its address is also claimed by apiserver %s (hostname %s), kept as its only host", k.ID, k.Hostname)})
+			out[i].Address = ""
+		}
+	}
+	slices.SortFunc(refused, func(a, b topology.Refusal) int { return cmp.Compare(a.ID, b.ID) })
+	return out, refused
 }
 
 // MaxClockSkew is how far in the future a Lease's renewTime may be, by this process's clock,
@@ -313,8 +386,9 @@ const MaxClockSkew = 10 * time.Second
 // believable.
 //
 // Whoever may write Leases in kube-system (controllers, many operators) can write an
-// identity Lease, so one is checked before it is believed: its holderIdentity must be its
-// name followed by "_" (as every apiserver writes it), its renewTime no more than
+// identity Lease, so one is checked before it is believed: its name must be the ID
+// kube-apiserver derives from the hostname in its label (APIServerIDFor), its
+// holderIdentity its name followed by "_" (as every apiserver writes it), its renewTime no more than
 // MaxClockSkew in the future, and its address an IP literal and port, nothing else (no DNS
 // name, user info or path for xds-server to fetch discovery from).
 func APIServerFromLease(l *coordinationv1.Lease, opts Options) (topology.APIServer, error) {
@@ -327,12 +401,19 @@ func APIServerFromLease(l *coordinationv1.Lease, opts Options) (topology.APIServ
 		return topology.APIServer{}, fmt.Errorf("%s skipped: not an apiserver identity Lease (label %s=%s missing)", name, IdentityLabel, IdentityLabelValue)
 	}
 	if h := l.Spec.HolderIdentity; h == nil || !strings.HasPrefix(*h, l.Name+"_") {
-		return topology.APIServer{}, fmt.Errorf("%s rejected: holderIdentity %s is not <lease name>_<uid>, as an apiserver writes it", name, quoted(h))
+		return topology.APIServer{}, refuse(name, l, fmt.Sprintf("holderIdentity %s is not <lease name>_<uid>, as an apiserver writes it", quoted(h)))
 	}
 	if rt := l.Spec.RenewTime; rt != nil && !now.IsZero() && rt.Time.After(now.Add(MaxClockSkew)) {
-		return topology.APIServer{}, fmt.Errorf("%s rejected: renewTime %s is more than %s in the future: it would count as alive for ever", name, rt.UTC().Format(time.RFC3339), MaxClockSkew)
+		return topology.APIServer{}, refuse(name, l, fmt.Sprintf("renewTime %s is more than %s in the future: it would count as alive for ever", rt.UTC().Format(time.RFC3339), MaxClockSkew))
 	}
-	s := topology.APIServer{ID: l.Name, Hostname: l.Labels[HostnameLabel]}
+	host := l.Labels[HostnameLabel]
+	if host == "" {
+		return topology.APIServer{}, refuse(name, l, fmt.Sprintf("no %s label, so nothing ties it to an apiserver's host", HostnameLabel))
+	}
+	if want := APIServerIDFor(host); l.Name != want {
+		return topology.APIServer{}, refuse(name, l, fmt.Sprintf("it claims host %q, whose kube-apiserver names its Lease %s: a second Lease for one host could take that apiserver's place in routing", host, want))
+	}
+	s := topology.APIServer{ID: l.Name, Hostname: host}
 	var err error
 	if a, ok := l.Annotations[PeerAdvertiseAnnotation]; ok {
 		if addrErr := checkAddress(a); addrErr != nil {
@@ -354,6 +435,36 @@ func APIServerFromLease(l *coordinationv1.Lease, opts Options) (topology.APIServ
 		s.Alive = now.Sub(l.Spec.RenewTime.Time) <= window
 	}
 	return s, err
+}
+
+// APIServerIDFor is the ID, and so the identity Lease name, that kube-apiserver gives itself
+// on a host (k8s.io/apiserver's NewConfig): "apiserver-" and the lower-case unpadded base32 of
+// the first 16 bytes of the SHA-256 of the hostname and "kube-apiserver", each prefixed with
+// its length as two bytes. One host has one ID, so a Lease that names a host but not by its
+// ID is not an apiserver's.
+func APIServerIDFor(hostname string) string {
+	var b cryptobyte.Builder
+	for _, part := range []string{hostname, IdentityLabelValue} {
+		b.AddUint16LengthPrefixed(func(b *cryptobyte.Builder) { b.AddBytes([]byte(part)) })
+	}
+	data, err := b.Bytes()
+	if err != nil {
+		// Longer than 65,535 bytes: no label value is (63 at most), and no apiserver's ID.
+		return ""
+	}
+	sum := sha256.Sum256(data)
+	return "apiserver-" + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(sum[:16]))
+}
+
+// RefusedError is an identity Lease or a remembered apiserver that xds-server does not believe
+// (it is left out of routing entirely), or an apiserver left out because another one holds its
+// address. Build lists them in Topology.Refused, for /debug/topology.
+type RefusedError struct{ topology.Refusal }
+
+func (e *RefusedError) Error() string { return e.Object + " rejected: " + e.Reason }
+
+func refuse(object string, l *coordinationv1.Lease, reason string) *RefusedError {
+	return &RefusedError{topology.Refusal{Object: object, ID: l.Name, Hostname: l.Labels[HostnameLabel], Address: l.Annotations[PeerAdvertiseAnnotation], Reason: reason}}
 }
 
 // checkAddress accepts an IP literal and a port, nothing else.

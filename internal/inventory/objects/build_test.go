@@ -21,19 +21,19 @@ const mixedFixture = `
 apiVersion: coordination.k8s.io/v1
 kind: Lease
 metadata:
-  name: apiserver-aaa
+  name: apiserver-tqsyvnc7rs47fayzipsuqpfg4m
   namespace: kube-system
   labels: {apiserver.kubernetes.io/identity: kube-apiserver, kubernetes.io/hostname: cp-a}
   annotations: {kubernetes.io/peer-advertise-address: "10.0.0.1:6443"}
-spec: {holderIdentity: apiserver-aaa_1, leaseDurationSeconds: 3600, renewTime: "2026-11-23T10:00:00.000000Z"}
+spec: {holderIdentity: apiserver-tqsyvnc7rs47fayzipsuqpfg4m_1, leaseDurationSeconds: 3600, renewTime: "2026-11-23T10:00:00.000000Z"}
 ---
 apiVersion: coordination.k8s.io/v1
 kind: Lease
 metadata:
-  name: apiserver-bbb
+  name: apiserver-imkgstwjs6opnbwk2ixluu6fiq
   namespace: kube-system
   labels: {apiserver.kubernetes.io/identity: kube-apiserver, kubernetes.io/hostname: cp-b}
-spec: {holderIdentity: apiserver-bbb_1, leaseDurationSeconds: 3600, renewTime: "2026-11-23T09:00:00.000000Z"}
+spec: {holderIdentity: apiserver-imkgstwjs6opnbwk2ixluu6fiq_1, leaseDurationSeconds: 3600, renewTime: "2026-11-23T09:00:00.000000Z"}
 ---
 # B's Lease has no address annotation (MVP gate off): Options.Addresses supplies it.
 apiVersion: internal.apiserver.k8s.io/v1alpha1
@@ -41,7 +41,7 @@ kind: StorageVersion
 metadata: {name: batch.jobs}
 status:
   storageVersions:
-  - {apiServerID: apiserver-aaa, encodingVersion: batch/v1, decodableVersions: [batch/v1], servedVersions: [batch/v1]}
+  - {apiServerID: apiserver-tqsyvnc7rs47fayzipsuqpfg4m, encodingVersion: batch/v1, decodableVersions: [batch/v1], servedVersions: [batch/v1]}
   - {apiServerID: apiserver-gone, encodingVersion: batch/v1, decodableVersions: [batch/v1], servedVersions: [batch/v1]}
 ---
 apiVersion: v1
@@ -52,8 +52,8 @@ items:
   metadata: {name: core.pods}
   status:
     storageVersions:
-    - {apiServerID: apiserver-aaa, encodingVersion: v1, decodableVersions: [v1], servedVersions: [v1]}
-    - {apiServerID: apiserver-bbb, encodingVersion: v1, decodableVersions: [v1], servedVersions: [v1, apps/v1]}
+    - {apiServerID: apiserver-tqsyvnc7rs47fayzipsuqpfg4m, encodingVersion: v1, decodableVersions: [v1], servedVersions: [v1]}
+    - {apiServerID: apiserver-imkgstwjs6opnbwk2ixluu6fiq, encodingVersion: v1, decodableVersions: [v1], servedVersions: [v1, apps/v1]}
 - apiVersion: internal.apiserver.k8s.io/v1alpha1
   kind: StorageVersion
   metadata: {name: nodot}
@@ -65,7 +65,7 @@ spec: {group: example.com, version: v1}
 ---
 apiVersion: kube-mvp.io/v1alpha1
 kind: APIServerDiscovery
-metadata: {name: apiserver-aaa}
+metadata: {name: apiserver-tqsyvnc7rs47fayzipsuqpfg4m}
 discovery:
   items:
   - metadata: {name: example.com}
@@ -92,7 +92,7 @@ func TestBuildFromFixture(t *testing.T) {
 	topo, errs := objects.Build(objs, objects.Options{Now: now, Addresses: map[string]string{"cp-b": "10.0.0.2:6443"}})
 
 	// Each bad piece is reported by name and nothing else is lost.
-	wantErrs := []string{`StorageVersion core.pods: apiserver apiserver-bbb: servedVersion "apps/v1" does not belong to group ""`, `StorageVersion nodot skipped`}
+	wantErrs := []string{`StorageVersion core.pods: apiserver apiserver-imkgstwjs6opnbwk2ixluu6fiq: servedVersion "apps/v1" does not belong to group ""`, `StorageVersion nodot skipped`}
 	if len(errs) != len(wantErrs) {
 		t.Fatalf("errors: %v, want %d", errs, len(wantErrs))
 	}
@@ -102,8 +102,8 @@ func TestBuildFromFixture(t *testing.T) {
 		}
 	}
 
-	a, _ := topo.Server("apiserver-aaa")
-	b, _ := topo.Server("apiserver-bbb")
+	a, _ := topo.Server("apiserver-tqsyvnc7rs47fayzipsuqpfg4m")
+	b, _ := topo.Server("apiserver-imkgstwjs6opnbwk2ixluu6fiq")
 	if !a.Alive || a.Address != "10.0.0.1:6443" || a.Hostname != "cp-a" {
 		t.Errorf("A: %+v", a)
 	}
@@ -112,9 +112,9 @@ func TestBuildFromFixture(t *testing.T) {
 	}
 	for r, want := range map[topology.Resource][]string{
 		// A has discovery: its StorageVersion entries are not needed (and not used).
-		{Group: "apps", Version: "v1", Resource: "deployments"}:                       {"apiserver-aaa"},
-		{Group: "apps", Version: "v1", Resource: "deployments", Subresource: "scale"}: {"apiserver-aaa"},
-		{Version: "v1", Resource: "pods"}:                                             {"apiserver-bbb"},
+		{Group: "apps", Version: "v1", Resource: "deployments"}:                       {"apiserver-tqsyvnc7rs47fayzipsuqpfg4m"},
+		{Group: "apps", Version: "v1", Resource: "deployments", Subresource: "scale"}: {"apiserver-tqsyvnc7rs47fayzipsuqpfg4m"},
+		{Version: "v1", Resource: "pods"}:                                             {"apiserver-imkgstwjs6opnbwk2ixluu6fiq"},
 		{Group: "batch", Version: "v1", Resource: "jobs"}:                             {"apiserver-gone"},
 		// Served everywhere: never in the serving table.
 		{Group: "example.com", Version: "v1", Resource: "widgets"}: nil,
@@ -130,18 +130,18 @@ func TestBuildFromFixture(t *testing.T) {
 		t.Errorf("pods served only by dead B: %v, want unavailable", d.Outcome)
 	}
 	// Where each apiserver's capabilities come from, for /debug/topology.
-	if got := topo.Sources; got["apiserver-aaa"].From != topology.SourceDiscovery || got["apiserver-bbb"].From != topology.SourceStorageVersions {
+	if got := topo.Sources; got["apiserver-tqsyvnc7rs47fayzipsuqpfg4m"].From != topology.SourceDiscovery || got["apiserver-imkgstwjs6opnbwk2ixluu6fiq"].From != topology.SourceStorageVersions {
 		t.Errorf("sources %+v, want A from discovery, B from StorageVersions", got)
 	}
 	fetched := now.Add(-3 * time.Second)
-	objs.DiscoveredAt = map[string]time.Time{"apiserver-aaa": fetched}
+	objs.DiscoveredAt = map[string]time.Time{"apiserver-tqsyvnc7rs47fayzipsuqpfg4m": fetched}
 	topo, _ = objects.Build(objs, objects.Options{Now: now, Addresses: map[string]string{"cp-b": "10.0.0.2:6443"}})
-	if got := topo.Sources["apiserver-aaa"]; !got.Since.Equal(fetched) {
+	if got := topo.Sources["apiserver-tqsyvnc7rs47fayzipsuqpfg4m"]; !got.Since.Equal(fetched) {
 		t.Errorf("A's discovery since %v, want %v", got.Since, fetched)
 	}
 	objs.StorageVersions = nil
 	topo, _ = objects.Build(objs, objects.Options{Now: now, Addresses: map[string]string{"cp-b": "10.0.0.2:6443"}})
-	if got := topo.Sources["apiserver-bbb"].From; got != topology.SourceNone {
+	if got := topo.Sources["apiserver-imkgstwjs6opnbwk2ixluu6fiq"].From; got != topology.SourceNone {
 		t.Errorf("B with neither discovery nor StorageVersions: %q, want none", got)
 	}
 }
@@ -156,7 +156,7 @@ func TestBuildChecksLeases(t *testing.T) {
 	now := time.Date(2026, 11, 23, 10, 0, 0, 0, time.UTC)
 	lease := func(name, holder, renew, address string) string {
 		l := "apiVersion: coordination.k8s.io/v1\nkind: Lease\nmetadata:\n  name: " + name + "\n  namespace: kube-system\n" +
-			"  labels: {apiserver.kubernetes.io/identity: kube-apiserver, kubernetes.io/hostname: " + name + "}\n"
+			"  labels: {apiserver.kubernetes.io/identity: kube-apiserver, kubernetes.io/hostname: cp-a}\n"
 		if address != "" {
 			l += "  annotations: {kubernetes.io/peer-advertise-address: \"" + address + "\"}\n"
 		}
@@ -172,28 +172,28 @@ func TestBuildChecksLeases(t *testing.T) {
 		err        string // "": accepted
 		routable   bool
 	}{
-		{"an apiserver's", lease("apiserver-aaa", "apiserver-aaa_6f1c", fresh, "10.0.0.1:6443"), "", true},
-		{"IPv6", lease("apiserver-aaa", "apiserver-aaa_6f1c", fresh, "[fd00::1]:6443"), "", true},
-		{"clock a little ahead", lease("apiserver-aaa", "apiserver-aaa_6f1c", "2026-11-23T10:00:09.000000Z", "10.0.0.1:6443"), "", true},
+		{"an apiserver's", lease("apiserver-tqsyvnc7rs47fayzipsuqpfg4m", "apiserver-tqsyvnc7rs47fayzipsuqpfg4m_6f1c", fresh, "10.0.0.1:6443"), "", true},
+		{"IPv6", lease("apiserver-tqsyvnc7rs47fayzipsuqpfg4m", "apiserver-tqsyvnc7rs47fayzipsuqpfg4m_6f1c", fresh, "[fd00::1]:6443"), "", true},
+		{"clock a little ahead", lease("apiserver-tqsyvnc7rs47fayzipsuqpfg4m", "apiserver-tqsyvnc7rs47fayzipsuqpfg4m_6f1c", "2026-11-23T10:00:09.000000Z", "10.0.0.1:6443"), "", true},
 		{"not an identity Lease", "apiVersion: coordination.k8s.io/v1\nkind: Lease\nmetadata: {name: some-controller, namespace: kube-system}\n",
 			"Lease kube-system/some-controller skipped: not an apiserver identity Lease", false},
-		{"no holder", lease("apiserver-aaa", "", fresh, "10.0.0.1:6443"), "Lease kube-system/apiserver-aaa rejected: holderIdentity missing", false},
-		{"someone else's holder", lease("apiserver-aaa", "kube-controller-manager_1", fresh, "10.0.0.1:6443"), `rejected: holderIdentity "kube-controller-manager_1"`, false},
-		{"holder without the separator", lease("apiserver-aaa", "apiserver-aaab", fresh, "10.0.0.1:6443"), `holderIdentity "apiserver-aaab"`, false},
-		{"renewTime in the future", lease("apiserver-aaa", "apiserver-aaa_6f1c", "2099-01-01T00:00:00.000000Z", "10.0.0.1:6443"), "rejected: renewTime 2099-01-01T00:00:00Z is", false},
-		{"a URL", lease("apiserver-aaa", "apiserver-aaa_6f1c", fresh, "127.0.0.1:1/evil?x=1"), `"127.0.0.1:1/evil?x=1" is not an IP address and port`, false},
-		{"a DNS name", lease("apiserver-aaa", "apiserver-aaa_6f1c", fresh, "evil.example.com:443"), "is not an IP address and port", false},
-		{"user info", lease("apiserver-aaa", "apiserver-aaa_6f1c", fresh, "u:p@10.0.0.1:6443"), "is not an IP address and port", false},
-		{"no port", lease("apiserver-aaa", "apiserver-aaa_6f1c", fresh, "10.0.0.3"), "is not an IP address and port", false},
-		{"port 0", lease("apiserver-aaa", "apiserver-aaa_6f1c", fresh, "10.0.0.3:0"), "is not an IP address and port", false},
-		{"unspecified address", lease("apiserver-aaa", "apiserver-aaa_6f1c", fresh, "0.0.0.0:6443"), "is not an IP address and port", false},
+		{"no holder", lease("apiserver-tqsyvnc7rs47fayzipsuqpfg4m", "", fresh, "10.0.0.1:6443"), "Lease kube-system/apiserver-tqsyvnc7rs47fayzipsuqpfg4m rejected: holderIdentity missing", false},
+		{"someone else's holder", lease("apiserver-tqsyvnc7rs47fayzipsuqpfg4m", "kube-controller-manager_1", fresh, "10.0.0.1:6443"), `rejected: holderIdentity "kube-controller-manager_1"`, false},
+		{"holder without the separator", lease("apiserver-tqsyvnc7rs47fayzipsuqpfg4m", "apiserver-aaab", fresh, "10.0.0.1:6443"), `holderIdentity "apiserver-aaab"`, false},
+		{"renewTime in the future", lease("apiserver-tqsyvnc7rs47fayzipsuqpfg4m", "apiserver-tqsyvnc7rs47fayzipsuqpfg4m_6f1c", "2099-01-01T00:00:00.000000Z", "10.0.0.1:6443"), "rejected: renewTime 2099-01-01T00:00:00Z is", false},
+		{"a URL", lease("apiserver-tqsyvnc7rs47fayzipsuqpfg4m", "apiserver-tqsyvnc7rs47fayzipsuqpfg4m_6f1c", fresh, "127.0.0.1:1/evil?x=1"), `"127.0.0.1:1/evil?x=1" is not an IP address and port`, false},
+		{"a DNS name", lease("apiserver-tqsyvnc7rs47fayzipsuqpfg4m", "apiserver-tqsyvnc7rs47fayzipsuqpfg4m_6f1c", fresh, "evil.example.com:443"), "is not an IP address and port", false},
+		{"user info", lease("apiserver-tqsyvnc7rs47fayzipsuqpfg4m", "apiserver-tqsyvnc7rs47fayzipsuqpfg4m_6f1c", fresh, "u:p@10.0.0.1:6443"), "is not an IP address and port", false},
+		{"no port", lease("apiserver-tqsyvnc7rs47fayzipsuqpfg4m", "apiserver-tqsyvnc7rs47fayzipsuqpfg4m_6f1c", fresh, "10.0.0.3"), "is not an IP address and port", false},
+		{"port 0", lease("apiserver-tqsyvnc7rs47fayzipsuqpfg4m", "apiserver-tqsyvnc7rs47fayzipsuqpfg4m_6f1c", fresh, "10.0.0.3:0"), "is not an IP address and port", false},
+		{"unspecified address", lease("apiserver-tqsyvnc7rs47fayzipsuqpfg4m", "apiserver-tqsyvnc7rs47fayzipsuqpfg4m_6f1c", fresh, "0.0.0.0:6443"), "is not an IP address and port", false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			objs, err := objects.DecodeFixture(strings.NewReader(c.yaml))
 			if err != nil {
 				t.Fatal(err)
 			}
-			verified(&objs, "apiserver-aaa")
+			verified(&objs, "apiserver-tqsyvnc7rs47fayzipsuqpfg4m")
 			topo, errs := objects.Build(objs, objects.Options{Now: now})
 			if c.err == "" && len(errs) > 0 {
 				t.Fatalf("errors: %v", errs)
@@ -207,12 +207,12 @@ func TestBuildChecksLeases(t *testing.T) {
 		})
 	}
 	// An address given by flag (--apiserver-addresses) is checked the same way.
-	objs, err := objects.DecodeFixture(strings.NewReader(lease("apiserver-aaa", "apiserver-aaa_6f1c", fresh, "")))
+	objs, err := objects.DecodeFixture(strings.NewReader(lease("apiserver-tqsyvnc7rs47fayzipsuqpfg4m", "apiserver-tqsyvnc7rs47fayzipsuqpfg4m_6f1c", fresh, "")))
 	if err != nil {
 		t.Fatal(err)
 	}
-	topo, errs := objects.Build(objs, objects.Options{Now: now, Addresses: map[string]string{"apiserver-aaa": "localhost:6443"}})
-	if len(errs) != 1 || !strings.Contains(errs[0].Error(), `the address given for hostname "apiserver-aaa", "localhost:6443", is not an IP address and port`) || len(topo.Live()) != 0 {
+	topo, errs := objects.Build(objs, objects.Options{Now: now, Addresses: map[string]string{"cp-a": "localhost:6443"}})
+	if len(errs) != 1 || !strings.Contains(errs[0].Error(), `the address given for hostname "cp-a", "localhost:6443", is not an IP address and port`) || len(topo.Live()) != 0 {
 		t.Errorf("address by flag: errors %v, live %v", errs, topo.Live())
 	}
 }
@@ -252,12 +252,12 @@ func TestAllLeasesStale(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	verified(&objs, "apiserver-bbb")
+	verified(&objs, "apiserver-imkgstwjs6opnbwk2ixluu6fiq")
 	opts := objects.Options{Addresses: map[string]string{"cp-b": "10.0.0.2:6443"}}
 
 	opts.Now = time.Date(2026, 11, 23, 10, 0, 10, 0, time.UTC) // A fresh, B an hour old
 	topo, errs := objects.Build(objs, opts)
-	if live := topo.Live(); !slices.Equal(live, []string{"apiserver-aaa"}) {
+	if live := topo.Live(); !slices.Equal(live, []string{"apiserver-tqsyvnc7rs47fayzipsuqpfg4m"}) {
 		t.Errorf("with A fresh: live %v, want only A", live)
 	}
 	for _, e := range errs {
@@ -268,7 +268,7 @@ func TestAllLeasesStale(t *testing.T) {
 
 	opts.Now = time.Date(2026, 11, 23, 11, 0, 0, 0, time.UTC) // no renewal for an hour
 	topo, errs = objects.Build(objs, opts)
-	if live := topo.Live(); !slices.Equal(live, []string{"apiserver-aaa"}) {
+	if live := topo.Live(); !slices.Equal(live, []string{"apiserver-tqsyvnc7rs47fayzipsuqpfg4m"}) {
 		t.Errorf("no renewal seen for an hour: live %v, want A (alive when the watch went quiet), not B (dead long before)", live)
 	}
 	found := false
@@ -290,7 +290,7 @@ func TestQuietLeaseWatch(t *testing.T) {
 	const window = 20 * time.Second
 	t0 := time.Date(2026, 11, 23, 10, 0, 0, 0, time.UTC)
 	bRenewed := t0.Add(-10500 * time.Millisecond)
-	a, b := leaseAt("apiserver-a", t0), leaseAt("apiserver-b", bRenewed)
+	a, b := leaseAt(idA, t0), leaseAt(idB, bRenewed)
 	live := func(now time.Time, leases ...coordinationv1.Lease) []string {
 		servers, _ := objects.APIServers(leases, objects.Options{Now: now, LivenessWindow: window})
 		var out []string
@@ -302,7 +302,7 @@ func TestQuietLeaseWatch(t *testing.T) {
 		return out
 	}
 	for _, quiet := range []time.Duration{5 * time.Second, 9 * time.Second, 11 * time.Second, time.Minute, time.Hour} {
-		if got := live(t0.Add(quiet), a, b); !slices.Equal(got, []string{"apiserver-a", "apiserver-b"}) {
+		if got := live(t0.Add(quiet), a, b); !slices.Equal(got, []string{idA, idB}) {
 			t.Errorf("watch quiet for %s: live %v, want both", quiet, got)
 		}
 	}
@@ -315,11 +315,11 @@ func TestQuietLeaseWatch(t *testing.T) {
 	// A keeps renewing, B does not: B is dead once its renewal is older than the window.
 	for _, after := range []time.Duration{0, 10 * time.Second, 20 * time.Second, 30 * time.Second} {
 		now := t0.Add(after)
-		want := []string{"apiserver-a"}
+		want := []string{idA}
 		if now.Sub(bRenewed) <= window {
-			want = append(want, "apiserver-b")
+			want = append(want, idB)
 		}
-		if got := live(now, leaseAt("apiserver-a", now), b); !slices.Equal(got, want) {
+		if got := live(now, leaseAt(idA, now), b); !slices.Equal(got, want) {
 			t.Errorf("A renewing, B not, at +%s: live %v, want %v", after, got, want)
 		}
 	}
@@ -387,11 +387,11 @@ func TestUnverifiedLeaseChangesNothing(t *testing.T) {
 apiVersion: coordination.k8s.io/v1
 kind: Lease
 metadata:
-  name: apiserver-zzz
+  name: apiserver-r2wj45hxfjj5gvi6cdsk4ea2ay
   namespace: kube-system
-  labels: {apiserver.kubernetes.io/identity: kube-apiserver, kubernetes.io/hostname: cp-a}
+  labels: {apiserver.kubernetes.io/identity: kube-apiserver, kubernetes.io/hostname: cp-z}
   annotations: {kubernetes.io/peer-advertise-address: "10.6.6.6:6443"}
-spec: {holderIdentity: apiserver-zzz_1, leaseDurationSeconds: 3600, renewTime: "2026-11-23T10:00:05.000000Z"}
+spec: {holderIdentity: apiserver-r2wj45hxfjj5gvi6cdsk4ea2ay_1, leaseDurationSeconds: 3600, renewTime: "2026-11-23T10:00:05.000000Z"}
 `
 	now := time.Date(2026, 11, 23, 10, 0, 10, 0, time.UTC)
 	opts := objects.Options{Now: now, Addresses: map[string]string{"cp-b": "10.0.0.2:6443"}}
@@ -412,24 +412,24 @@ spec: {holderIdentity: apiserver-zzz_1, leaseDurationSeconds: 3600, renewTime: "
 	if !reflect.DeepEqual(without.Clusters, with.Clusters) || !reflect.DeepEqual(without.Routes.All(), with.Routes.All()) || !reflect.DeepEqual(without.GroupVersions, with.GroupVersions) {
 		t.Errorf("a fresh Lease without verified discovery changed the plan:\nclusters %v\nwant     %v", with.Clusters, without.Clusters)
 	}
-	if src := with.Topology.Sources["apiserver-zzz"]; !src.Unverified {
+	if src := with.Topology.Sources["apiserver-r2wj45hxfjj5gvi6cdsk4ea2ay"]; !src.Unverified {
 		t.Errorf("source %+v, want it marked as awaiting verified discovery", src)
 	}
-	if s, _ := with.Topology.Server("apiserver-zzz"); s.Alive {
+	if s, _ := with.Topology.Server("apiserver-r2wj45hxfjj5gvi6cdsk4ea2ay"); s.Alive {
 		t.Errorf("unverified apiserver counts as alive: %+v", s)
 	}
 	// The sidecar beside cp-a still finds its own apiserver: the one live Lease of that hostname.
-	if id, err := with.Topology.ResolveLocal("cp-a"); err != nil || id != "apiserver-aaa" {
-		t.Errorf("ResolveLocal(cp-a) = %q, %v; want apiserver-aaa", id, err)
+	if id, err := with.Topology.ResolveLocal("cp-a"); err != nil || id != "apiserver-tqsyvnc7rs47fayzipsuqpfg4m" {
+		t.Errorf("ResolveLocal(cp-a) = %q, %v; want apiserver-tqsyvnc7rs47fayzipsuqpfg4m", id, err)
 	}
 
 	objs, err := objects.DecodeFixture(strings.NewReader(mixedFixture + forged))
 	if err != nil {
 		t.Fatal(err)
 	}
-	verified(&objs, "apiserver-zzz")
+	verified(&objs, "apiserver-r2wj45hxfjj5gvi6cdsk4ea2ay")
 	topo, _ := objects.Build(objs, opts)
-	if !slices.Contains(topo.Live(), "apiserver-zzz") || topo.Sources["apiserver-zzz"].Unverified {
-		t.Errorf("verified: live %v, source %+v", topo.Live(), topo.Sources["apiserver-zzz"])
+	if !slices.Contains(topo.Live(), "apiserver-r2wj45hxfjj5gvi6cdsk4ea2ay") || topo.Sources["apiserver-r2wj45hxfjj5gvi6cdsk4ea2ay"].Unverified {
+		t.Errorf("verified: live %v, source %+v", topo.Live(), topo.Sources["apiserver-r2wj45hxfjj5gvi6cdsk4ea2ay"])
 	}
 }

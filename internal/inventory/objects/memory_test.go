@@ -34,11 +34,11 @@ type memCluster struct {
 }
 
 func newMemCluster() *memCluster {
-	return &memCluster{now: t0, leases: map[string]bool{"apiserver-a": true, "apiserver-b": true}, live: map[string]bool{"apiserver-a": true, "apiserver-b": true}}
+	return &memCluster{now: t0, leases: map[string]bool{idA: true, idB: true}, live: map[string]bool{idA: true, idB: true}}
 }
 
 func servedOf(id string) []topology.Resource {
-	if id == "apiserver-a" {
+	if id == idA {
 		return []topology.Resource{jobs, jobsStatus, pods}
 	}
 	return []topology.Resource{pods}
@@ -50,7 +50,7 @@ func (c *memCluster) look(t *testing.T) *topology.Topology {
 	verified := map[string]objects.Remembered{}
 	for id, ok := range c.live {
 		if ok {
-			verified[id] = objects.Remembered{Hostname: id, Address: addressOf(id), Served: servedOf(id)}
+			verified[id] = objects.Remembered{Hostname: hostOf[id], Address: addressOf(id), Served: servedOf(id)}
 		}
 	}
 	c.mem = c.mem.Observe(objects.Sighting{Now: c.now, Leases: c.leases, Verified: verified, Grace: grace})
@@ -78,15 +78,21 @@ func (c *memCluster) build(t *testing.T, mem objects.Memory) *topology.Topology 
 	return topo
 }
 
-// addressOf is apiserver-a's address 10.0.0.1:6443, apiserver-b's 10.0.0.2:6443.
-func addressOf(id string) string { return "10.0.0." + string(id[len(id)-1]-'a'+'1') + ":6443" }
+// The apiservers of these tests: on hosts a, b and c, at 10.0.0.1, .2 and .3.
+var (
+	idA, idB, idC = objects.APIServerIDFor("a"), objects.APIServerIDFor("b"), objects.APIServerIDFor("c")
+	hostOf        = map[string]string{idA: "a", idB: "b", idC: "c"}
+)
+
+// addressOf is a's address 10.0.0.1:6443, b's 10.0.0.2:6443, c's 10.0.0.3:6443.
+func addressOf(id string) string { return "10.0.0." + string(hostOf[id][0]-'a'+'1') + ":6443" }
 
 // leaseAt is apiserver id's identity Lease, renewed at renewed, with an address.
 func leaseAt(id string, renewed time.Time) coordinationv1.Lease {
 	holder := id + "_1"
 	return coordinationv1.Lease{
 		ObjectMeta: metav1.ObjectMeta{Name: id, Namespace: objects.IdentityLeaseNamespace,
-			Labels:      map[string]string{objects.IdentityLabel: objects.IdentityLabelValue, objects.HostnameLabel: id},
+			Labels:      map[string]string{objects.IdentityLabel: objects.IdentityLabelValue, objects.HostnameLabel: hostOf[id]},
 			Annotations: map[string]string{objects.PeerAdvertiseAnnotation: addressOf(id)}},
 		Spec: coordinationv1.LeaseSpec{HolderIdentity: &holder, RenewTime: &metav1.MicroTime{Time: renewed}},
 	}
@@ -119,16 +125,16 @@ func TestMemoryStaleLeaseKeepsItUnavailable(t *testing.T) {
 	if o := outcome(c.look(t), jobs); o != topology.Subset {
 		t.Fatalf("jobs with a live: %v, want subset", o)
 	}
-	c.live["apiserver-a"] = false // killed: its Lease stays, stale
+	c.live[idA] = false // killed: its Lease stays, stale
 	for _, after := range []time.Duration{time.Second, time.Hour, 5 * time.Hour} {
 		c.now = t0.Add(after)
 		topo := c.look(t)
 		for _, r := range []topology.Resource{jobs, jobsStatus, batchV1} {
-			if d := topo.DecideResource(r); d.Outcome != topology.Unavailable || !slices.Equal(d.Servers, []string{"apiserver-a"}) {
-				t.Errorf("%s after %s with a's Lease stale: %v %v, want unavailable [apiserver-a]", r, after, d.Outcome, d.Servers)
+			if d := topo.DecideResource(r); d.Outcome != topology.Unavailable || !slices.Equal(d.Servers, []string{idA}) {
+				t.Errorf("%s after %s with a's Lease stale: %v %v, want unavailable [%s]", r, after, d.Outcome, d.Servers, idA)
 			}
 		}
-		if s := topo.Sources["apiserver-a"]; s.From != topology.SourceRemembered || !s.Since.Equal(t0) || !s.LeaseDeleted.IsZero() {
+		if s := topo.Sources[idA]; s.From != topology.SourceRemembered || !s.Since.Equal(t0) || !s.LeaseDeleted.IsZero() {
 			t.Errorf("source of a: %+v, want remembered since %s", s, t0)
 		}
 	}
@@ -142,16 +148,16 @@ func TestMemoryDeletedLeaseGraceThenForgotten(t *testing.T) {
 	c := newMemCluster()
 	c.look(t)
 	c.now = t0.Add(10 * time.Second)
-	c.live["apiserver-a"], c.leases["apiserver-a"] = false, false // graceful stop: Lease deleted
+	c.live[idA], c.leases[idA] = false, false // graceful stop: Lease deleted
 	deleted := c.now
 	topo := c.look(t)
 	if o := outcome(topo, jobs); o != topology.Unavailable {
 		t.Errorf("jobs just after a's Lease was deleted: %v, want unavailable", o)
 	}
-	if s := topo.Sources["apiserver-a"]; s.From != topology.SourceRemembered || !s.LeaseDeleted.Equal(deleted) {
+	if s := topo.Sources[idA]; s.From != topology.SourceRemembered || !s.LeaseDeleted.Equal(deleted) {
 		t.Errorf("source of a: %+v, want remembered, Lease deleted at %s", s, deleted)
 	}
-	if a, ok := topo.Server("apiserver-a"); !ok || a.Routable() {
+	if a, ok := topo.Server(idA); !ok || a.Routable() {
 		t.Errorf("a listed %v, routable %v: want listed as dead while remembered", ok, a.Routable())
 	}
 	c.now = deleted.Add(grace - time.Second)
@@ -163,7 +169,7 @@ func TestMemoryDeletedLeaseGraceThenForgotten(t *testing.T) {
 	if o := outcome(topo, jobs); o != topology.NotServed && o != topology.Default {
 		t.Errorf("jobs after the grace period: %v, want the normal 404 path", o)
 	}
-	if _, ok := topo.Server("apiserver-a"); ok || len(c.mem) != 1 {
+	if _, ok := topo.Server(idA); ok || len(c.mem) != 1 {
 		t.Errorf("a still known after its grace period (memory %v)", slices.Collect(maps.Keys(c.mem)))
 	}
 }
@@ -175,39 +181,39 @@ func TestMemoryDeletedLeaseGraceThenForgotten(t *testing.T) {
 func TestMemoryKeepsDepartedHost(t *testing.T) {
 	hosts := func(topo *topology.Topology) []string { return topo.Hosts() }
 	c := newMemCluster()
-	if got := hosts(c.look(t)); !slices.Equal(got, []string{"apiserver-a", "apiserver-b"}) {
+	if got := hosts(c.look(t)); !slices.Equal(got, []string{idA, idB}) {
 		t.Fatalf("hosts with both live: %v", got)
 	}
 	c.now = t0.Add(10 * time.Second)
-	c.live["apiserver-a"] = false // killed: Lease stale
+	c.live[idA] = false // killed: Lease stale
 	topo := c.look(t)
-	if got := hosts(topo); !slices.Equal(got, []string{"apiserver-a", "apiserver-b"}) || !slices.Equal(topo.Live(), []string{"apiserver-b"}) {
+	if got := hosts(topo); !slices.Equal(got, []string{idA, idB}) || !slices.Equal(topo.Live(), []string{idB}) {
 		t.Errorf("a's Lease stale: hosts %v, live %v; want a kept as a host, not live", got, topo.Live())
 	}
-	c.leases["apiserver-a"] = false // its Lease deleted
+	c.leases[idA] = false // its Lease deleted
 	topo = c.look(t)
-	a, _ := topo.Server("apiserver-a")
-	if got := hosts(topo); !slices.Equal(got, []string{"apiserver-a", "apiserver-b"}) || a.Address != addressOf("apiserver-a") || a.Routable() {
-		t.Errorf("a's Lease deleted: hosts %v, a %+v; want a kept at %s, not routable", got, a, addressOf("apiserver-a"))
+	a, _ := topo.Server(idA)
+	if got := hosts(topo); !slices.Equal(got, []string{idA, idB}) || a.Address != addressOf(idA) || a.Routable() {
+		t.Errorf("a's Lease deleted: hosts %v, a %+v; want a kept at %s, not routable", got, a, addressOf(idA))
 	}
 	// Its address survives a restart of xds-server (the ConfigMap).
 	reloaded, err := objects.DecodeMemory(objects.EncodeMemory(c.mem))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := hosts(c.build(t, reloaded)); !slices.Equal(got, []string{"apiserver-a", "apiserver-b"}) {
+	if got := hosts(c.build(t, reloaded)); !slices.Equal(got, []string{idA, idB}) {
 		t.Errorf("after reload: hosts %v", got)
 	}
 	// A record without an address (written before addresses were kept) keeps no host.
 	old := maps.Clone(c.mem)
-	r := old["apiserver-a"]
+	r := old[idA]
 	r.Address = ""
-	old["apiserver-a"] = r
-	if got := hosts(c.build(t, old)); !slices.Equal(got, []string{"apiserver-b"}) {
+	old[idA] = r
+	if got := hosts(c.build(t, old)); !slices.Equal(got, []string{idB}) {
 		t.Errorf("remembered without an address: hosts %v, want only b", got)
 	}
 	c.now = c.now.Add(grace)
-	if got := hosts(c.look(t)); !slices.Equal(got, []string{"apiserver-b"}) {
+	if got := hosts(c.look(t)); !slices.Equal(got, []string{idB}) {
 		t.Errorf("after the grace period: hosts %v, want only b", got)
 	}
 }
@@ -215,18 +221,18 @@ func TestMemoryKeepsDepartedHost(t *testing.T) {
 func TestMemoryLiveServerEndsUnavailable(t *testing.T) {
 	c := newMemCluster()
 	c.look(t)
-	c.live["apiserver-a"] = false
+	c.live[idA] = false
 	c.now = t0.Add(time.Minute)
 	if o := outcome(c.look(t), jobs); o != topology.Unavailable {
 		t.Fatalf("jobs: %v, want unavailable", o)
 	}
 	// b starts serving batch/v1 (upgraded): routed to it at once.
 	c.now = c.now.Add(time.Second)
-	verified := map[string]objects.Remembered{"apiserver-b": {Served: []topology.Resource{jobs, pods}}}
+	verified := map[string]objects.Remembered{idB: {Served: []topology.Resource{jobs, pods}}}
 	c.mem = c.mem.Observe(objects.Sighting{Now: c.now, Leases: c.leases, Verified: verified, Grace: grace})
 	objs := objects.Objects{
-		Leases:     []coordinationv1.Lease{leaseAt("apiserver-a", c.now.Add(-time.Minute)), leaseAt("apiserver-b", c.now)},
-		Discovery:  map[string]*apidiscoveryv2.APIGroupDiscoveryList{"apiserver-b": discoveryOf([]topology.Resource{jobs, pods})},
+		Leases:     []coordinationv1.Lease{leaseAt(idA, c.now.Add(-time.Minute)), leaseAt(idB, c.now)},
+		Discovery:  map[string]*apidiscoveryv2.APIGroupDiscoveryList{idB: discoveryOf([]topology.Resource{jobs, pods})},
 		Remembered: c.mem,
 	}
 	topo, _ := objects.Build(objs, objects.Options{Now: c.now})
@@ -235,38 +241,38 @@ func TestMemoryLiveServerEndsUnavailable(t *testing.T) {
 		t.Errorf("jobs with b live and serving it: %v %v, want default (b)", d.Outcome, d.Servers)
 	}
 	// a comes back: its own discovery replaces the memory.
-	c.live["apiserver-a"] = true
+	c.live[idA] = true
 	c.now = c.now.Add(time.Second)
 	topo = c.look(t)
-	if s := topo.Sources["apiserver-a"]; s.From != topology.SourceDiscovery {
+	if s := topo.Sources[idA]; s.From != topology.SourceDiscovery {
 		t.Errorf("source of a back live: %+v, want discovery", s)
 	}
-	if c.mem["apiserver-a"].LastSeen.Before(c.now.Truncate(time.Second)) {
-		t.Errorf("a's last sighting %s, want %s", c.mem["apiserver-a"].LastSeen, c.now)
+	if c.mem[idA].LastSeen.Before(c.now.Truncate(time.Second)) {
+		t.Errorf("a's last sighting %s, want %s", c.mem[idA].LastSeen, c.now)
 	}
 }
 
 func TestMemoryLeaseBackBeforeGraceEnds(t *testing.T) {
 	c := newMemCluster()
 	c.look(t)
-	c.live["apiserver-a"], c.leases["apiserver-a"] = false, false
+	c.live[idA], c.leases[idA] = false, false
 	c.now = t0.Add(time.Minute)
 	c.look(t)
 	// A restart: its new Lease appears before its discovery is verified.
-	c.leases["apiserver-a"] = true
+	c.leases[idA] = true
 	c.now = t0.Add(time.Minute + grace)
 	if o := outcome(c.look(t), jobs); o != topology.Unavailable {
 		t.Errorf("jobs with a's new Lease, discovery not verified yet, past the grace: %v, want unavailable", o)
 	}
-	if !c.mem["apiserver-a"].LeaseGone.IsZero() {
-		t.Errorf("grace still running while a has a Lease: %+v", c.mem["apiserver-a"])
+	if !c.mem[idA].LeaseGone.IsZero() {
+		t.Errorf("grace still running while a has a Lease: %+v", c.mem[idA])
 	}
 }
 
 func TestMemoryRoundTripAndRestart(t *testing.T) {
 	c := newMemCluster()
 	c.look(t)
-	c.live["apiserver-a"], c.leases["apiserver-a"] = false, false
+	c.live[idA], c.leases[idA] = false, false
 	c.now = t0.Add(30 * time.Second)
 	c.look(t)
 	data := objects.EncodeMemory(c.mem)
@@ -280,7 +286,7 @@ func TestMemoryRoundTripAndRestart(t *testing.T) {
 			t.Errorf("%s: reloaded %+v, want %+v", id, reloaded[id], r)
 		}
 	}
-	if objects.NeedsWrite(reloaded, c.mem, map[string]bool{"apiserver-b": true}) {
+	if objects.NeedsWrite(reloaded, c.mem, map[string]bool{idB: true}) {
 		t.Error("the reloaded memory needs writing again: replicas would write for ever")
 	}
 	restarted := &memCluster{now: c.now.Add(10 * time.Second), leases: c.leases, live: c.live, mem: reloaded}
@@ -320,7 +326,7 @@ func TestMergeMemoryTwoWriters(t *testing.T) {
 	r2.now = t0.Add(time.Second)
 	r2.look(t)
 	for _, r := range []*memCluster{r1, r2} {
-		r.live["apiserver-a"], r.leases["apiserver-a"] = false, false
+		r.live[idA], r.leases[idA] = false, false
 	}
 	r1.now, r2.now = t0.Add(20*time.Second), t0.Add(23*time.Second)
 	r1.look(t)
@@ -336,7 +342,7 @@ func TestMergeMemoryTwoWriters(t *testing.T) {
 			t.Errorf("%s: merge depends on order: %+v vs %+v", id, m12[id], m21[id])
 		}
 	}
-	a := m12["apiserver-a"]
+	a := m12[idA]
 	if !a.LastSeen.Equal(t0.Add(time.Second)) || !a.LeaseGone.Equal(t0.Add(20*time.Second)) {
 		t.Errorf("merged a: last seen %s, Lease gone %s; want the latest sighting (t0+1s) and the first deletion seen (t0+20s)", a.LastSeen, a.LeaseGone)
 	}
@@ -347,11 +353,11 @@ func TestMergeMemoryTwoWriters(t *testing.T) {
 		t.Error("r1's write lacks r2's later sighting of a, yet nothing to write")
 	}
 	// A restart of a with the same ID beats an older deletion.
-	back := m12["apiserver-a"]
+	back := m12[idA]
 	back.LastSeen, back.LeaseGone = t0.Add(time.Minute), time.Time{}
-	merged := objects.MergeMemory(m12, objects.Memory{"apiserver-a": back}, t0.Add(time.Minute), grace)
-	if !merged["apiserver-a"].LeaseGone.IsZero() {
-		t.Errorf("a seen live after its old deletion still counts as deleted: %+v", merged["apiserver-a"])
+	merged := objects.MergeMemory(m12, objects.Memory{idA: back}, t0.Add(time.Minute), grace)
+	if !merged[idA].LeaseGone.IsZero() {
+		t.Errorf("a seen live after its old deletion still counts as deleted: %+v", merged[idA])
 	}
 	// Past the grace period, the merge drops it whoever still has it.
 	if m := objects.MergeMemory(m12, nil, t0.Add(20*time.Second+grace), grace); len(m) != 1 {
