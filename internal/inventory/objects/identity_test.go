@@ -45,7 +45,9 @@ func TestOneAPIServerPerHost(t *testing.T) {
 		if i < 0 || !strings.Contains(topo.Refused[i].Reason, reason) {
 			t.Errorf("refusals %+v, want %s refused: %q", topo.Refused, id, reason)
 		}
-		if !slices.ContainsFunc(errs, func(err error) bool { return strings.Contains(err.Error(), id) && strings.Contains(err.Error(), reason) }) {
+		if !slices.ContainsFunc(errs, func(err error) bool {
+			return strings.Contains(err.Error(), id) && strings.Contains(err.Error(), reason)
+		}) {
 			t.Errorf("errors %v name no refusal of %s", errs, id)
 		}
 	}
