@@ -225,6 +225,13 @@ func serve(ctx context.Context, opts serveOptions, log *slog.Logger, ready chan<
 
 	opts.watch.Log = log
 	opts.watch.OnSkipped = func(n int) { m.skipped.Set(float64(n)) }
+	opts.watch.OnRequestHeaderConfig = func(ok bool) {
+		if ok {
+			m.headerConfigBad.Set(0)
+		} else {
+			m.headerConfigBad.Set(1)
+		}
+	}
 	watcher, err := inventory.NewWatcher(opts.rest, opts.watch, func(t *topology.Topology) {
 		m.observeTopology(t)
 		// Every decision is made here, once per topology change; Envoy's snapshots and
@@ -322,6 +329,8 @@ type serveMetrics struct {
 	updates      prometheus.Counter
 	refused      *prometheus.CounterVec
 	skipped      prometheus.Gauge
+	// headerConfigBad: the request-header ConfigMap is malformed or incomplete.
+	headerConfigBad prometheus.Gauge
 }
 
 func newServeMetrics(reg prometheus.Registerer) *serveMetrics {
@@ -348,7 +357,11 @@ func newServeMetrics(reg prometheus.Registerer) *serveMetrics {
 		Name: "kube_mvp_xds_objects_skipped",
 		Help: "Watched objects the last topology build skipped or only partly used (each is logged once when it appears), such as identity Leases that are not believable: a holderIdentity that is not <name>_<uid>, a renewTime in the future, an address that is not an IP and port.",
 	})
-	reg.MustRegister(m.apiservers, m.builds, m.buildSeconds, m.updates, m.refused, m.skipped)
+	m.headerConfigBad = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "kube_mvp_xds_request_header_config_malformed",
+		Help: "1 while kube-system/extension-apiserver-authentication's requestheader keys are malformed or missing: the last good header names stay in use (with none, nothing is published and /readyz fails), and every name read before stays stripped from clients.",
+	})
+	reg.MustRegister(m.apiservers, m.builds, m.buildSeconds, m.updates, m.refused, m.skipped, m.headerConfigBad)
 	return m
 }
 

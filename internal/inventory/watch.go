@@ -70,6 +70,11 @@ type WatchOptions struct {
 	// OnSkipped, if set, is told after every build how many objects were skipped or only
 	// partly used (each is logged once, when it first appears).
 	OnSkipped func(n int)
+	// OnRequestHeaderConfig, if set, is told after every build whether the request-header
+	// configuration (kube-system/extension-apiserver-authentication) was read without
+	// complaint: false while it is malformed or incomplete and the last good names are used
+	// (or, with none yet, nothing is published).
+	OnRequestHeaderConfig func(ok bool)
 }
 
 // Watcher keeps a Topology current from a live cluster and hands every new one to OnChange.
@@ -94,6 +99,8 @@ type Watcher struct {
 	kick chan struct{}
 	// reported are the build errors already logged (rebuild's own: it runs on one goroutine).
 	reported map[string]bool
+	// headerNames is what the rebuilds learnt of the identity header names (rebuild's own).
+	headerNames objects.RequestHeaderNames
 
 	mu        sync.Mutex
 	discovery map[string]discovered // by apiserver ID
@@ -316,7 +323,13 @@ func (w *Watcher) rebuild(ctx context.Context) {
 	opts.Now = w.opts.Clock()
 	objs.Discovery, objs.DiscoveredAt = w.discoveryFor(ctx, objs.Leases, opts)
 	objs.Remembered = w.remember(ctx, objs, opts)
+	objs.HeaderNames = w.headerNames
 	t, errs := objects.Build(objs, opts)
+	var headerErr error
+	w.headerNames, _, _, headerErr = w.headerNames.Observe(objs.Authentication)
+	if w.opts.OnRequestHeaderConfig != nil {
+		w.opts.OnRequestHeaderConfig(headerErr == nil)
+	}
 	var news []error
 	news, w.reported = newlyReported(w.reported, errs)
 	for _, err := range news {

@@ -422,8 +422,13 @@ func (b *builder) extProcCluster() *clusterv3.Cluster {
 // header the apiservers read; it gets no group beyond the system:authenticated every
 // authenticated user gets.
 func healthCheckIdentityHeaders(h topology.RequestHeaders) []*corev3.HeaderValueOption {
-	return []*corev3.HeaderValueOption{{
-		Header:       &corev3.HeaderValue{Key: h.User[0], Value: contract.HealthCheckUser},
-		AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
-	}}
+	// Under every user name: each apiserver takes the first of its own names that is set.
+	var out []*corev3.HeaderValueOption
+	for _, name := range h.User {
+		out = append(out, &corev3.HeaderValueOption{
+			Header:       &corev3.HeaderValue{Key: name, Value: contract.HealthCheckUser},
+			AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
+		})
+	}
+	return out
 }

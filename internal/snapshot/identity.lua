@@ -25,15 +25,18 @@
 -- The script is static: it is part of the listener, and a listener change drains every client
 -- connection, watches included. Everything that varies comes from the route configuration:
 -- the header names, in the virtual host's metadata under this filter's name:
---   decision_header, user_header, uid_header, group_header, credential_id_header, and
---   class_header, in which every request's class (request_class.lua, which the filter runs
---   before this script, in the same chunk) is set first.
+--   strip_names and strip_prefixes, what every client loses first (comma-separated);
+--   decision_header; user_headers, uid_headers, group_headers, credential_id_headers, every
+--   name of each kind the identity is written under (comma-separated); and class_header, in
+--   which every request's class (request_class.lua, which the filter runs before this script,
+--   in the same chunk) is set last.
 --
 -- Only this subset of Envoy's Lua API is used (the test data plane implements exactly it):
 -- handle:streamInfo():downstreamSslConnection() and, on it, peerCertificatePresented(),
 -- peerCertificateValidated(), subjectPeerCertificate(), sha256PeerCertificateDigest();
 -- handle:virtualHost():metadata() and get() on it (Envoy 1.36), handle:headers() with
--- get (":method" and ":path" too)/add/replace/remove, handle:respond(), handle:logWarn().
+-- get (":method" and ":path" too)/add/replace/remove and pairs(), handle:respond(),
+-- handle:logWarn().
 
 local UNAUTHORIZED = '{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure",'
   .. '"message":"Unauthorized","reason":"Unauthorized","code":401}'
@@ -390,28 +393,53 @@ local function has_bearer_token(headers)
   return websocket_token(headers)
 end
 
+-- split_names: "a,b" -> { "a", "b" } (header names never contain a comma).
+local function split_names(s)
+  local out = {}
+  if type(s) ~= "string" then return out end
+  for name in s:gmatch("[^,]+") do out[#out + 1] = name end
+  return out
+end
+
+-- names: the header names of the route configuration; nil if one is missing.
 local function names(md)
   if md == nil then return nil end
-  local function get(key) return md:get(key) end
   local n = {
-    decision = get("decision_header"), user = get("user_header"), uid = get("uid_header"),
-    group = get("group_header"), credential_id = get("credential_id_header"),
+    decision = md:get("decision_header"), user = split_names(md:get("user_headers")),
+    uid = split_names(md:get("uid_headers")), group = split_names(md:get("group_headers")),
+    credential_id = split_names(md:get("credential_id_headers")),
   }
-  for _, key in ipairs({ "decision", "user", "uid", "group", "credential_id" }) do
-    if type(n[key]) ~= "string" or n[key] == "" then return nil end
+  if type(n.decision) ~= "string" or n.decision == "" then return nil end
+  for _, key in ipairs({ "user", "uid", "group", "credential_id" }) do
+    if #n[key] == 0 then return nil end
   end
   return n
 end
 
-function envoy_on_request(handle)
-  local vh = handle:virtualHost()
-  local md = vh and vh:metadata()
-  local headers = handle:headers()
-  -- request_class comes from request_class.lua, which precedes this script in the filter.
-  local class_header = md and md:get("class_header")
-  if type(class_header) == "string" and class_header ~= "" then
-    headers:replace(class_header, request_class(headers:get(":method"), headers:get(":path"), headers:get("upgrade") ~= nil))
+-- strip removes what a client could claim an identity with under the apiservers' configured
+-- names (the listener strips only fixed names: x-remote-*, kube-mvp's own). Prefixes need a
+-- look at every header: the loop runs to its end, since Envoy refuses any change of the
+-- headers while an iteration is unfinished.
+local function strip(headers, md)
+  for _, name in ipairs(split_names(md:get("strip_names"))) do headers:remove(name) end
+  local prefixes = split_names(md:get("strip_prefixes"))
+  if #prefixes == 0 then return end
+  local doomed = {}
+  for key, _ in pairs(headers) do
+    local k = key:lower()
+    for _, p in ipairs(prefixes) do
+      if k:sub(1, #p) == p then
+        doomed[#doomed + 1] = k
+        break
+      end
+    end
   end
+  for _, k in ipairs(doomed) do headers:remove(k) end
+end
+
+-- identity decides a client certificate's identity: sets it in the headers (every name of
+-- each kind), lets the request go on with its own credentials, or answers 401 itself.
+local function identity(handle, headers, md)
   local ssl = handle:streamInfo():downstreamSslConnection()
   if ssl == nil or not ssl:peerCertificatePresented() then return end
   local h = names(md)
@@ -423,16 +451,39 @@ function envoy_on_request(handle)
   local subject = ssl:subjectPeerCertificate()
   local id, why = cached_identity(subject)
   if id.result == FORWARDED then
-    headers:replace(h.user, id.user)
-    if id.uid ~= nil then headers:replace(h.uid, id.uid) end
-    headers:remove(h.group)
-    for _, g in ipairs(id.groups) do headers:add(h.group, g) end
-    headers:replace(h.credential_id, "X509SHA256=" .. ssl:sha256PeerCertificateDigest())
+    local digest = "X509SHA256=" .. ssl:sha256PeerCertificateDigest()
+    for _, name in ipairs(h.user) do headers:replace(name, id.user) end
+    for _, name in ipairs(h.uid) do
+      if id.uid ~= nil then headers:replace(name, id.uid) end
+    end
+    for _, name in ipairs(h.group) do
+      headers:remove(name)
+      for _, g in ipairs(id.groups) do headers:add(name, g) end
+    end
+    for _, name in ipairs(h.credential_id) do headers:replace(name, digest) end
     headers:replace(h.decision, "front-proxy")
   elseif id.result == REFUSED and has_bearer_token(headers) then
     headers:replace(h.decision, "own-credentials")
   else
     handle:logWarn("kube-mvp identity: client certificate " .. subject .. " refused: " .. (why or id.result))
     handle:respond({ [":status"] = "401", ["content-type"] = "application/json" }, UNAUTHORIZED)
+  end
+end
+
+-- The order matters: the class is set last, so that a request whose configured identity
+-- headers were not stripped, or whose identity was not decided, has none; the routes refuse
+-- such a request (RouteUnclassified) rather than forward it.
+function envoy_on_request(handle)
+  local vh = handle:virtualHost()
+  local md = vh and vh:metadata()
+  if md == nil then return end
+  local headers = handle:headers()
+  strip(headers, md)
+  -- request_class comes from request_class.lua, which precedes this script in the filter.
+  local class = request_class(headers:get(":method"), headers:get(":path"), headers:get("upgrade") ~= nil)
+  identity(handle, headers, md)
+  local class_header = md:get("class_header")
+  if type(class_header) == "string" and class_header ~= "" then
+    headers:replace(class_header, class)
   end
 end

@@ -3,8 +3,6 @@ package snapshot
 import (
 	"encoding/json"
 	"regexp"
-	"slices"
-	"strings"
 
 	accesslogv3 "github.com/envoyproxy/go-control-plane/envoy/config/accesslog/v3"
 	mutationrulesv3 "github.com/envoyproxy/go-control-plane/envoy/config/common/mutation_rules/v3"
@@ -124,10 +122,15 @@ func (b *builder) httpConnectionManager() *hcmv3.HttpConnectionManager {
 }
 
 // stripClientHeaders removes, before routing and before any filter, every header a client
-// could use to claim an identity or steer routing: the front-proxy identity headers (every
-// x-remote-* header, and every name and extra prefix the plan's RequestHeaders give for the
-// apiservers' --requestheader-* flags), upstream's loop guard, and kube-mvp's own headers (routing,
-// identity decision, request class).
+// could use to claim an identity or steer routing whose name is fixed: the default
+// front-proxy identity headers (every x-remote-* header), upstream's loop guard, kube-mvp's
+// own headers (routing, identity decision, request class) and Envoy's x-envoy-* request
+// headers (a client Envoy deems internal could otherwise set its own retry policy:
+// x-envoy-retry-on, x-envoy-max-retries).
+// The names the apiservers' --requestheader-* flags give are not here: they come from a
+// ConfigMap, and a listener change drains every client connection, so the Lua filter strips
+// them, first thing, from the names in the route configuration (identityMetadata); a request
+// the script did not finish has no request class and is refused (RouteUnclassified).
 // x-forwarded-client-cert is left to forward_client_cert_details: SANITIZE_SET, which runs
 // after this and replaces it.
 func (b *builder) stripClientHeaders() *earlymutationv3.HeaderMutation {
@@ -142,24 +145,14 @@ func (b *builder) stripClientHeaders() *earlymutationv3.HeaderMutation {
 			},
 		}}}
 	}
-	strip := []*mutationrulesv3.HeaderMutation{removePrefix(contract.HeaderRemotePrefix)}
-	prefixes, names := b.otherIdentityHeaders()
-	for _, p := range prefixes {
-		strip = append(strip, removePrefix(p))
-	}
-	for _, n := range names {
-		strip = append(strip, remove(n))
-	}
-	return &earlymutationv3.HeaderMutation{Mutations: append(strip, remove(contract.HeaderPeerProxied), remove(contract.HeaderRoutingCluster), remove(contract.HeaderIdentityDecision), remove(contract.HeaderRequestClass))}
+	return &earlymutationv3.HeaderMutation{Mutations: []*mutationrulesv3.HeaderMutation{
+		removePrefix(contract.HeaderRemotePrefix), removePrefix(envoyHeaderPrefix),
+		remove(contract.HeaderPeerProxied), remove(contract.HeaderRoutingCluster), remove(contract.HeaderIdentityDecision), remove(contract.HeaderRequestClass),
+	}}
 }
 
-// otherIdentityHeaders are the plan's identity header extra prefixes and names that the
-// x-remote- prefix, always stripped and always extproc's, does not cover already.
-func (b *builder) otherIdentityHeaders() (prefixes, names []string) {
-	covered := func(h string) bool { return strings.HasPrefix(h, contract.HeaderRemotePrefix) }
-	h := b.p.RequestHeaders
-	return slices.DeleteFunc(slices.Clone(h.ExtraPrefix), covered), slices.DeleteFunc(h.Names(), covered)
-}
+// envoyHeaderPrefix starts Envoy's own request headers (x-envoy-retry-on and the like).
+const envoyHeaderPrefix = "x-envoy-"
 
 func (b *builder) extProcFilter() *extprocv3.ExternalProcessor {
 	// extproc may set only the headers it owns, and remove none; anything else fails the

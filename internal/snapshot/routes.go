@@ -24,11 +24,13 @@ import (
 const (
 	RouteRoutingHeader       = "extproc-decided"
 	RouteIdentityUndecided   = "client-certificate-undecided"
+	RouteUnclassified        = "request-unclassified"
 	RouteDiscovery           = "discovery"
 	RouteEscapedPath         = "escaped-path"
 	RouteFallback            = "default"
 	RouteSuffixFrontProxy    = ":front-proxy"
 	identityUndecidedMessage = "kube-mvp: the client certificate could not be mapped to a user (see the Envoy log)"
+	unclassifiedMessage      = "kube-mvp: the request filter did not finish with this request (see the Envoy log); refused rather than forwarded unfiltered"
 )
 
 // escapedPathRegex matches the paths (without the query) whose route Envoy cannot tell from
@@ -150,18 +152,23 @@ func (b *builder) routeConfiguration() *routev3.RouteConfiguration {
 	def := b.p.DefaultClusterName()
 	clientCertificates := len(b.cfg.Secrets.ClientCA) > 0
 	specs := []routeSpec{{
+		// The Lua filter sets the class last, after stripping the configured identity
+		// headers and setting the certificate user's: without it, neither is certain.
+		name:  RouteUnclassified,
+		match: prefix("/", []*routev3.HeaderMatcher{absent(contract.HeaderRequestClass)}),
+		direct: &routev3.Route_DirectResponse{DirectResponse: &routev3.DirectResponseAction{
+			Status: 503,
+			Body:   &corev3.DataSource{Specifier: &corev3.DataSource_InlineString{InlineString: statusJSON(unclassifiedMessage, "ServiceUnavailable", 503)}},
+		}},
+	}, {
 		name:          RouteRoutingHeader,
 		match:         prefix("/", []*routev3.HeaderMatcher{present(contract.HeaderRoutingCluster)}),
 		clusterHeader: true,
 	}}
 	if clientCertificates {
 		specs = append(specs, routeSpec{
-			name: RouteIdentityUndecided,
-			match: prefix("/", []*routev3.HeaderMatcher{present(contract.HeaderXFCC), {
-				Name:                 contract.HeaderIdentityDecision,
-				HeaderMatchSpecifier: &routev3.HeaderMatcher_PresentMatch{PresentMatch: true},
-				InvertMatch:          true,
-			}}),
+			name:  RouteIdentityUndecided,
+			match: prefix("/", []*routev3.HeaderMatcher{present(contract.HeaderXFCC), absent(contract.HeaderIdentityDecision)}),
 			direct: &routev3.Route_DirectResponse{DirectResponse: &routev3.DirectResponseAction{
 				Status: 503,
 				Body:   &corev3.DataSource{Specifier: &corev3.DataSource_InlineString{InlineString: statusJSON(identityUndecidedMessage, "ServiceUnavailable", 503)}},
@@ -334,6 +341,13 @@ func present(header string) *routev3.HeaderMatcher {
 	return &routev3.HeaderMatcher{Name: header, HeaderMatchSpecifier: &routev3.HeaderMatcher_PresentMatch{PresentMatch: true}}
 }
 
+// absent matches a request without header.
+func absent(header string) *routev3.HeaderMatcher {
+	m := present(header)
+	m.InvertMatch = true
+	return m
+}
+
 func prefix(p string, headers []*routev3.HeaderMatcher) *routev3.RouteMatch {
 	return &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: p}, Headers: headers}
 }
@@ -368,20 +382,52 @@ var (
 	}()
 )
 
-// identityMetadata gives the Lua filter (LuaScript) the names of the headers it sets: the
-// request class header, the first of each of the apiservers' request-header names, and
-// kube-mvp's decision header. The virtual host's metadata under the filter's name carries
-// them (the script reads them with handle:virtualHost():metadata(), Envoy 1.36), so a change
-// of names is a route update, not a listener one.
+// identityMetadata gives the Lua filter (LuaScript) the names of the headers it strips and
+// sets: the request class header, kube-mvp's decision header, the apiservers' request-header
+// names, each kind as a comma-separated list ("x-remote-user,x-login"), and what every client
+// loses (strip_names, strip_prefixes: the defaults, the names in use and every name read
+// before; topology.RequestHeaders.StripNames). The identity is written under every name of
+// its kind: an apiserver takes the user from the first of its own names that is set, and
+// reads groups and extras from each of its own, which may be any of them (the ConfigMap is
+// a union over apiservers, and anyone who may write it can put names first). The virtual
+// host's metadata under the filter's name carries them (the script reads them with
+// handle:virtualHost():metadata(), Envoy 1.36), so a change of names is a route update, not
+// a listener one. user_header and the other single names are the first of each list, for
+// scripts of earlier versions during an upgrade.
 func (b *builder) identityMetadata() *structpb.Struct {
 	h := b.p.RequestHeaders.OrDefault()
+	lower := func(names []string, suffix string) string {
+		out := make([]string, len(names))
+		for i, n := range names {
+			out[i] = strings.ToLower(n) + suffix
+		}
+		return strings.Join(out, ",")
+	}
+	var prefixes []string // x-remote- is the listener's
+	for _, p := range h.StripPrefixes() {
+		if !strings.HasPrefix(p, contract.HeaderRemotePrefix) {
+			prefixes = append(prefixes, p)
+		}
+	}
+	var names []string
+	for _, n := range h.StripNames() {
+		if !strings.HasPrefix(n, contract.HeaderRemotePrefix) {
+			names = append(names, n)
+		}
+	}
 	ctx, err := structpb.NewStruct(map[string]any{
-		"class_header":         contract.HeaderRequestClass,
-		"decision_header":      contract.HeaderIdentityDecision,
-		"user_header":          strings.ToLower(h.User[0]),
-		"uid_header":           strings.ToLower(h.UID[0]),
-		"group_header":         strings.ToLower(h.Group[0]),
-		"credential_id_header": strings.ToLower(h.ExtraPrefix[0]) + contract.CredentialIDExtraKey,
+		"class_header":          contract.HeaderRequestClass,
+		"decision_header":       contract.HeaderIdentityDecision,
+		"user_headers":          lower(h.User, ""),
+		"uid_headers":           lower(h.UID, ""),
+		"group_headers":         lower(h.Group, ""),
+		"credential_id_headers": lower(h.ExtraPrefix, contract.CredentialIDExtraKey),
+		"strip_names":           strings.Join(names, ","),
+		"strip_prefixes":        strings.Join(prefixes, ","),
+		"user_header":           strings.ToLower(h.User[0]),
+		"uid_header":            strings.ToLower(h.UID[0]),
+		"group_header":          strings.ToLower(h.Group[0]),
+		"credential_id_header":  strings.ToLower(h.ExtraPrefix[0]) + contract.CredentialIDExtraKey,
 	})
 	if err != nil {
 		panic(err) // a fixed map of strings always converts

@@ -18,6 +18,11 @@ type RequestHeaders struct {
 	UID         []string `json:"uid"`
 	Group       []string `json:"group"`
 	ExtraPrefix []string `json:"extraPrefix"`
+	// Former are the names and FormerExtraPrefixes the extra prefixes read before and not
+	// now: never written, still stripped from clients (an apiserver may still read them:
+	// apiservers read their own flags, not the ConfigMap that publishes them).
+	Former              []string `json:"former,omitempty"`
+	FormerExtraPrefixes []string `json:"formerExtraPrefixes,omitempty"`
 }
 
 // DefaultRequestHeaders are kube-apiserver's (and kubeadm's) X-Remote-User, X-Remote-Uid,
@@ -46,7 +51,32 @@ func (h RequestHeaders) OrDefault() RequestHeaders {
 		}
 		return out
 	}
-	return RequestHeaders{User: norm(h.User, d.User), UID: norm(h.UID, d.UID), Group: norm(h.Group, d.Group), ExtraPrefix: norm(h.ExtraPrefix, d.ExtraPrefix)}
+	return RequestHeaders{User: norm(h.User, d.User), UID: norm(h.UID, d.UID), Group: norm(h.Group, d.Group), ExtraPrefix: norm(h.ExtraPrefix, d.ExtraPrefix),
+		Former: norm(h.Former, nil), FormerExtraPrefixes: norm(h.FormerExtraPrefixes, nil)}
+}
+
+// StripNames are every exact name clients lose: the defaults, the names in use and the
+// former ones, distinct, in that order.
+func (h RequestHeaders) StripNames() []string {
+	var out []string
+	for _, n := range slices.Concat(DefaultRequestHeaders().Names(), h.Names(), h.Former) {
+		if n = strings.ToLower(n); !slices.Contains(out, n) {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// StripPrefixes are every extra prefix whose headers clients lose: the default, the
+// prefixes in use and the former ones, distinct, in that order.
+func (h RequestHeaders) StripPrefixes() []string {
+	var out []string
+	for _, p := range slices.Concat(DefaultRequestHeaders().ExtraPrefix, h.ExtraPrefix, h.FormerExtraPrefixes) {
+		if p = strings.ToLower(p); !slices.Contains(out, p) {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // Names are every exact header name (user, uid and group), in that order.

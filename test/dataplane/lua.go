@@ -48,7 +48,8 @@ import (
 // The API is exactly the subset internal/snapshot/identity.lua uses; calling anything else is a
 // Lua runtime error here (as an unimplemented field is a NACK), while Envoy would run it:
 //
-//	handle:headers()          get (repeated headers joined with ","), add, replace, remove
+//	handle:headers()          get (repeated headers joined with ","), add, replace, remove,
+//	                          pairs() over it (__pairs; LuaJIT runs Lua 5.2's __pairs)
 //	handle:streamInfo()       downstreamSslConnection()
 //	ssl                       peerCertificatePresented(), peerCertificateValidated(),
 //	                          subjectPeerCertificate(), sha256PeerCertificateDigest()
@@ -171,6 +172,7 @@ func (s *luaScript) newVM() (*luaVM, error) {
 		L.Push(lua.LString(lib.name))
 		L.Call(1, 0)
 	}
+	luaPairsMetamethod(L)
 	L.Push(L.NewFunctionFromProto(s.proto))
 	if err := L.PCall(0, 0, nil); err != nil {
 		L.Close()
@@ -313,6 +315,9 @@ type luaHandle struct {
 	dead   bool
 	// The objects are created once per handle, as Envoy's wrappers are.
 	headers, streamInfo, ssl, virtualHost, vhMetadata *lua.LUserData
+	// iterating: a pairs() over the headers has not reached its end (HeaderMapWrapper's
+	// iterator_): no change of the headers, and no second iteration, until it does.
+	iterating bool
 }
 
 // luaObject is the value of every userdata the filter hands a script: the request's handle
@@ -406,6 +411,9 @@ func luaMetatables(L *lua.LState) map[string]*lua.LTable {
 		}
 		mt := L.NewTable()
 		mt.RawSetString("__index", index)
+		if kind == "header map" {
+			mt.RawSetString("__pairs", L.NewFunction(luaHeaderPairs))
+		}
 		out[kind] = mt
 	}
 	return out
@@ -458,9 +466,75 @@ func luaValue(L *lua.LState, v *structpb.Value) lua.LValue {
 	return lua.LNil
 }
 
-// luaModify is HeaderMapWrapper's checkModifiable: before any change, the filter's
-// onHeadersModified clears the route cache (Lua.clear_route_cache unset: true).
+// luaPairsMetamethod makes pairs() honour a __pairs metamethod, as LuaJIT built with
+// LUAJIT_ENABLE_LUA52COMPAT (Envoy's build) does and Lua 5.1 (gopher-lua) does not: the
+// metamethod's results, else the built-in pairs.
+func luaPairsMetamethod(L *lua.LState) {
+	builtin := L.GetGlobal("pairs")
+	L.SetGlobal("pairs", L.NewFunction(func(L *lua.LState) int {
+		v := L.CheckAny(1)
+		if mm := L.GetMetaField(v, "__pairs"); mm != lua.LNil {
+			L.Push(mm)
+			L.Push(v)
+			L.Call(1, 3)
+			return 3
+		}
+		L.Push(builtin)
+		L.Push(v)
+		L.Call(1, 3)
+		return 3
+	}))
+}
+
+// luaHeaderPairs is HeaderMapWrapper::luaPairs: an iterator over a snapshot of every header
+// entry (pseudo-headers first, as Envoy's request header map keeps them; a repeated header is
+// one entry per value), returning key and value. While it has not returned its last entry the
+// headers cannot be changed ("header map cannot be modified while iterating",
+// checkModifiable) nor iterated again ("cannot create a second iterator before completing the
+// first"): a script that breaks out of the loop can change no header after it.
+func luaHeaderPairs(L *lua.LState) int {
+	ud, _ := L.Get(1).(*lua.LUserData)
+	self, _ := ud.Value.(*luaObject)
+	if self == nil || self.kind != "header map" {
+		L.RaiseError("header map.__pairs: bad self argument")
+	}
+	h := self.h
+	if h.dead {
+		L.RaiseError("object used outside of proper scope")
+	}
+	if h.iterating {
+		L.RaiseError("cannot create a second iterator before completing the first")
+	}
+	var entries []kv
+	for _, p := range []string{":authority", ":path", ":method", ":scheme"} {
+		if v, ok := h.req.pseudo(p); ok {
+			entries = append(entries, kv{p, v})
+		}
+	}
+	entries = append(entries, *h.req.hdr...)
+	h.iterating = true
+	next := 0
+	L.Push(L.NewFunction(func(L *lua.LState) int {
+		if next == len(entries) {
+			h.iterating = false
+			return 0
+		}
+		e := entries[next]
+		next++
+		L.Push(lua.LString(e.name))
+		L.Push(lua.LString(e.value))
+		return 2
+	}))
+	return 1
+}
+
+// luaModify is HeaderMapWrapper's checkModifiable: no change while an iterator is open;
+// before any change, the filter's onHeadersModified clears the route cache
+// (Lua.clear_route_cache unset: true).
 func luaModify(h *luaHandle, L *lua.LState) string {
+	if h.iterating {
+		L.RaiseError("header map cannot be modified while iterating")
+	}
 	key := strings.ToLower(L.CheckString(2))
 	if strings.HasPrefix(key, ":") {
 		L.RaiseError("modifying the pseudo-header %s is not implemented by the test data plane", key)

@@ -34,8 +34,9 @@ import (
 const identityFilter = "kube-mvp.identity"
 
 var identityNames = map[string]string{
-	"decision_header": "x-kube-mvp-identity", "user_header": "x-remote-user", "uid_header": "x-remote-uid",
-	"group_header": "x-remote-group", "credential_id_header": "x-remote-extra-authentication.kubernetes.io%2fcredential-id",
+	"decision_header": "x-kube-mvp-identity", "user_headers": "x-remote-user", "uid_headers": "x-remote-uid",
+	"group_headers": "x-remote-group", "credential_id_headers": "x-remote-extra-authentication.kubernetes.io%2fcredential-id",
+	"class_header": "x-kube-mvp-request-class",
 }
 
 var (
@@ -478,6 +479,114 @@ func TestLuaWebSocketTokenAsTheApiserver(t *testing.T) {
 			t.Errorf("%+v: the apiserver tries the token; got reply %+v decision %q", c, r.reply, decision)
 		case !wantToken && (r.reply == nil || r.reply.status != 401):
 			t.Errorf("%+v: the apiserver finds no token (401 for the certificate); got reply %+v decision %q", c, r.reply, decision)
+		}
+	}
+}
+
+// runIdentityWith is runIdentity with other header names in the virtual host's metadata,
+// for a GET of pods.
+func runIdentityWith(t testing.TB, names map[string]string, cert *x509.Certificate, hdr headerList) identityRun {
+	f, _ := identityLua(t)
+	ctx := map[string]any{}
+	for k, v := range names {
+		ctx[k] = v
+	}
+	fc, err := structpb.NewStruct(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt := &route{name: "r", vh: &virtualHost{filterMetadata: map[string]*structpb.Struct{identityFilter: fc}}}
+	pseudo := map[string]string{":method": "GET", ":path": "/api/v1/namespaces/default/pods"}
+	req := &luaRequest{hdr: &hdr, pseudo: func(k string) (string, bool) { v, ok := pseudo[k]; return v, ok }, ssl: &luaSSL{peer: cert, validated: cert != nil}}
+	var r identityRun
+	r.out = f.run(rt, req, func(level, msg string) { r.logs = append(r.logs, level+": "+msg) })
+	r.reply, r.hdr = req.reply, hdr
+	return r
+}
+
+// TestLuaStripsConfiguredNames: the names the apiservers' --requestheader-* flags give come
+// from a ConfigMap, so the listener cannot strip them without a drain on every change: the
+// script strips them (exact names and extra prefixes, from the route configuration) before
+// anything else, writes a certificate user's identity under every configured name of each
+// kind, and sets the request class last. A token caller's spoofed headers are all gone; a
+// certificate user's groups appear once per group name.
+func TestLuaStripsConfiguredNames(t *testing.T) {
+	names := map[string]string{
+		"decision_header": "x-kube-mvp-identity", "class_header": "x-kube-mvp-request-class",
+		"user_headers": "x-attacker-user,x-login", "uid_headers": "x-id", "group_headers": "x-attacker-group,x-teams",
+		"credential_id_headers": "x-attr-authentication.kubernetes.io%2fcredential-id",
+		"strip_names":           "x-attacker-user,x-login,x-id,x-attacker-group,x-teams,x-former",
+		"strip_prefixes":        "x-attr-,x-old-attr-",
+	}
+	spoofed := func() headerList {
+		// Lower case, as Envoy's header map holds every name.
+		return headerList{{"x-login", "system:admin"}, {"x-teams", "system:masters"}, {"x-former", "root"}, {"x-attr-scopes", "all"},
+			{"x-old-attr-a", "b"}, {"x-attr-x", "y"}, {"accept", "application/json"}}
+	}
+	r := runIdentityWith(t, names, nil, spoofed())
+	if r.out.err != nil || r.reply != nil {
+		t.Fatalf("token caller: %v %+v", r.out.err, r.reply)
+	}
+	if want := (headerList{{"accept", "application/json"}, {"x-kube-mvp-request-class", "read"}}); !slices.Equal(r.hdr, want) {
+		t.Errorf("token caller's headers %v, want %v", r.hdr, want)
+	}
+
+	alice, err := certFromRDNs(t, [][]rawATV{{utf8v(oidO, "team-a")}, {utf8v(oidO, "team-b")}, {utf8v(oidCN, "alice")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r = runIdentityWith(t, names, alice, spoofed())
+	if r.out.err != nil || r.reply != nil {
+		t.Fatalf("certificate user: %v %+v", r.out.err, r.reply)
+	}
+	for name, want := range map[string][]string{
+		"x-attacker-user": {"alice"}, "x-login": {"alice"}, "x-attacker-group": {"team-a", "team-b"}, "x-teams": {"team-a", "team-b"},
+		"x-former": nil, "x-attr-scopes": nil, "x-old-attr-a": nil, "x-attr-x": nil, "x-id": nil,
+		"x-kube-mvp-identity": {"front-proxy"}, "x-kube-mvp-request-class": {"read"},
+	} {
+		if got := r.hdr.values(name); !slices.Equal(got, want) {
+			t.Errorf("certificate user: %s = %q, want %q", name, got, want)
+		}
+	}
+	if got := r.hdr.values("x-attr-authentication.kubernetes.io%2fcredential-id"); len(got) != 1 || !strings.HasPrefix(got[0], "X509SHA256=") {
+		t.Errorf("credential ID %q", got)
+	}
+}
+
+// TestLuaHeaderIteration: pairs() over the headers as Envoy's HeaderMapWrapper allows it
+// (source/extensions/filters/http/lua/wrappers.cc luaPairs, checkModifiable): every entry,
+// pseudo-headers first; no change and no second iteration until the loop reached its end.
+func TestLuaHeaderIteration(t *testing.T) {
+	run := func(script string) (luaOutcome, headerList) {
+		t.Helper()
+		f, err := compileLua("lua", &luafilterv3.Lua{DefaultSourceCode: inline(script)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		hdr := headerList{{"a", "1"}, {"b", "2"}, {"a", "3"}}
+		req := &luaRequest{hdr: &hdr, pseudo: func(k string) (string, bool) {
+			return map[string]string{":path": "/p", ":method": "GET"}[k], k == ":path" || k == ":method"
+		}}
+		out := f.run(&route{name: "r", vh: &virtualHost{}}, req, func(string, string) {})
+		return out, hdr
+	}
+	out, hdr := run(`function envoy_on_request(h)
+  local seen = {}
+  for k, v in pairs(h:headers()) do seen[#seen + 1] = k .. "=" .. v end
+  h:headers():add("seen", table.concat(seen, ";"))
+end`)
+	if out.err != nil || hdr.values("seen")[0] != ":path=/p;:method=GET;a=1;b=2;a=3" {
+		t.Errorf("iteration: %v %v", out.err, hdr)
+	}
+	for script, want := range map[string]string{
+		`function envoy_on_request(h) for k in pairs(h:headers()) do h:headers():remove(k) end end`:                                      "header map cannot be modified while iterating",
+		`function envoy_on_request(h) for k in pairs(h:headers()) do break end h:headers():remove("a") end`:                              "header map cannot be modified while iterating",
+		`function envoy_on_request(h) for k in pairs(h:headers()) do for j in pairs(h:headers()) do end end end`:                         "cannot create a second iterator before completing the first",
+		`function envoy_on_request(h) for k in pairs(h:headers()) do end for k in pairs(h:headers()) do end h:headers():remove("a") end`: "",
+	} {
+		out, _ := run(script)
+		if (want == "") != (out.err == nil) || (out.err != nil && !strings.Contains(out.err.Error(), want)) {
+			t.Errorf("%s: error %v, want %q", script, out.err, want)
 		}
 	}
 }

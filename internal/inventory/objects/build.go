@@ -77,7 +77,16 @@ type Objects struct {
 	// Authentication is kube-system/extension-apiserver-authentication (nil: not published),
 	// for the identity header names the apiservers read.
 	Authentication *corev1.ConfigMap
+	// HeaderNames is what earlier builds learnt of those names (RequestHeaderNames.Observe):
+	// the last good configuration and every name read before.
+	HeaderNames RequestHeaderNames
 }
+
+// RequestHeaderConfigError is a malformed or incomplete request-header configuration.
+type RequestHeaderConfigError struct{ Err error }
+
+func (e *RequestHeaderConfigError) Error() string { return e.Err.Error() }
+func (e *RequestHeaderConfigError) Unwrap() error { return e.Err }
 
 // Options tune Build.
 type Options struct {
@@ -309,10 +318,14 @@ func Build(objs Objects, opts Options) (*topology.Topology, []error) {
 			t.Refused = append(t.Refused, r.Refusal)
 		}
 	}
-	t.RequestHeaders, err = RequestHeadersFrom(objs.Authentication)
+	_, headers, usable, err := objs.HeaderNames.Observe(objs.Authentication)
 	if err != nil {
-		errs = append(errs, err)
+		errs = append(errs, &RequestHeaderConfigError{err})
 	}
+	if !usable {
+		return nil, errs
+	}
+	t.RequestHeaders = headers
 	var live []*apidiscoveryv2.APIGroupDiscoveryList
 	for _, id := range t.Live() { // sorted by ID: the merge is deterministic
 		live = append(live, objs.Discovery[id])

@@ -327,10 +327,10 @@ func TestQuietLeaseWatch(t *testing.T) {
 
 // TestRequestHeadersFromAuthenticationConfigMap: the identity header names come from the
 // ConfigMap the apiservers publish (JSON lists; a union over every apiserver), lower case,
-// with the defaults for what it does not say; a list that does not parse is reported and
-// defaults.
+// with the defaults for what it does not say; a ConfigMap with a list that does not parse
+// is malformed as a whole, and with nothing good read before, Build publishes nothing.
 func TestRequestHeadersFromAuthenticationConfigMap(t *testing.T) {
-	objs, err := objects.DecodeFixture(strings.NewReader(`
+	const good = `
 apiVersion: v1
 kind: ConfigMap
 metadata: {name: extension-apiserver-authentication, namespace: kube-system}
@@ -338,9 +338,9 @@ data:
   requestheader-username-headers: '["X-Remote-User","X-User"]'
   requestheader-group-headers: '["X-Groups"]'
   requestheader-extra-headers-prefix: '["X-Remote-Extra-","X-Extra-"]'
-  requestheader-uid-headers: 'not json'
   requestheader-allowed-names: '["front-proxy-client"]'
-`))
+`
+	objs, err := objects.DecodeFixture(strings.NewReader(good))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -349,14 +349,19 @@ data:
 		User: []string{"x-remote-user", "x-user"}, UID: []string{"x-remote-uid"}, Group: []string{"x-groups"},
 		ExtraPrefix: []string{"x-remote-extra-", "x-extra-"},
 	}
-	if !reflect.DeepEqual(topo.RequestHeaders, want) {
-		t.Errorf("request headers %+v, want %+v", topo.RequestHeaders, want)
+	if len(errs) != 0 || !reflect.DeepEqual(topo.RequestHeaders, want) {
+		t.Errorf("request headers %+v, %v; want %+v", topo.RequestHeaders, errs, want)
 	}
-	if len(errs) != 1 || !strings.Contains(errs[0].Error(), "ConfigMap kube-system/extension-apiserver-authentication: [requestheader-uid-headers] are not JSON lists") {
-		t.Errorf("errors %v", errs)
+	objs, err = objects.DecodeFixture(strings.NewReader(good + "  requestheader-uid-headers: 'not json'\n"))
+	if err != nil {
+		t.Fatal(err)
 	}
-	if h, err := objects.RequestHeadersFrom(nil); err != nil || !reflect.DeepEqual(h, topology.DefaultRequestHeaders()) {
-		t.Errorf("no ConfigMap: %+v, %v; want the defaults", h, err)
+	topo, errs = objects.Build(objs, objects.Options{})
+	if topo != nil || len(errs) != 1 || !strings.Contains(errs[0].Error(), "ConfigMap kube-system/extension-apiserver-authentication is malformed: requestheader-uid-headers is not a JSON list of strings") {
+		t.Errorf("malformed, never good before: topology %v, errors %v; want none and the reason", topo != nil, errs)
+	}
+	if h, missing, err := objects.RequestHeadersFrom(nil); err != nil || len(missing) != 4 || !reflect.DeepEqual(h.OrDefault(), topology.DefaultRequestHeaders()) {
+		t.Errorf("no ConfigMap: %+v, %v, %v; want the defaults", h, missing, err)
 	}
 	if _, err := objects.DecodeFixture(strings.NewReader("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: other, namespace: kube-system}\n")); err == nil || !strings.Contains(err.Error(), "the only ConfigMap read is kube-system/extension-apiserver-authentication") {
 		t.Errorf("another ConfigMap: %v", err)
