@@ -98,6 +98,12 @@ type Plan struct {
 	Hosts topology.ServerSet
 	// GroupVersions are the published group/versions, sorted.
 	GroupVersions []GroupVersion
+	// Aggregated are the group/versions an APIService sends to a service
+	// (topology.Topology.Aggregated), sorted. Their groups are served everywhere, so they go
+	// to the default cluster at line rate like any unpublished path; each has a route of its
+	// own only because an apiserver's answer to them may be the backend's, whatever the
+	// status, so a request the apiserver forwarded is never sent again.
+	Aggregated []topology.GroupVersion
 	// Routes is the per-request view of the same decisions.
 	Routes *Routes
 	// RequestHeaders are the identity headers the apiservers read (defaults filled in):
@@ -162,7 +168,7 @@ func (s *shared) subsetName(i int) string {
 // plan is the plan for an Envoy beside local ("" for a front proxy).
 func (s *shared) plan(local string) (*Plan, error) {
 	t := s.t.WithLocal(local)
-	p := &Plan{Topology: t, LocalID: local, RequestHeaders: t.RequestHeaders.OrDefault(), Hosts: s.hosts}
+	p := &Plan{Topology: t, LocalID: local, RequestHeaders: t.RequestHeaders.OrDefault(), Hosts: s.hosts, Aggregated: t.Aggregated}
 	def := DefaultCluster(local)
 	subsets := map[string]topology.ServerSet{}
 	route := func(r topology.Resource, c topology.Capability, name func() string) (Route, error) {

@@ -21,6 +21,9 @@ type View struct {
 	ServingSetsHosts topology.ServerSet `json:"servingSetsHosts"`
 	GroupVersions    []GroupVersionView `json:"groupVersions"`
 	ServedEverywhere []string           `json:"servedEverywhere,omitempty"`
+	// Aggregated are the group/versions an APIService sends to a service: routed like the
+	// rest of their group, but a request an apiserver may have forwarded is never retried.
+	Aggregated []string `json:"aggregated,omitempty"`
 	// RequestHeaders are the identity headers the apiservers read: stripped from clients,
 	// set for the callers kube-mvp authenticates.
 	RequestHeaders topology.RequestHeaders `json:"requestHeaders"`
@@ -73,6 +76,9 @@ func (p *Plan) View() View {
 		v.ServedEverywhere = append(v.ServedEverywhere, g)
 	}
 	slices.Sort(v.ServedEverywhere)
+	for _, gv := range p.Aggregated {
+		v.Aggregated = append(v.Aggregated, gv.String())
+	}
 	for _, gv := range p.GroupVersions {
 		gvv := GroupVersionView{GroupVersion: gv.GroupVersion.String(), PathPrefix: gv.GroupVersion.PathPrefix(), ExtProc: gv.ExtProc}
 		d := gv.Document

@@ -110,9 +110,13 @@
 //     clusters' metadata names the apiservers inside. When every resource of it goes to the
 //     default cluster (outcome Default, or NotServed, which the default apiservers answer
 //     with 404 themselves; its document then goes there too) the route goes straight there
-//     with ext_proc off (line rate); otherwise ext_proc decides.
-//  6. "default": prefix "/" (non-resource paths, CRDs, aggregated APIs) → default cluster;
-//     ext_proc off.
+//     with ext_proc off (line rate); otherwise ext_proc decides. Before them, one route per
+//     aggregated group/version (plan.Plan.Aggregated: its APIService names a service),
+//     named the same way, metadata groupVersion, extProc false and aggregated true: to the
+//     default cluster with ext_proc off, as route 6 would send it, but its write twin
+//     retries only what never reached an apiserver (see Retries).
+//  6. "default": prefix "/" (non-resource paths, CRDs, aggregated APIs xds-server does not
+//     know yet) → default cluster; ext_proc off.
 //
 // Routes that forward nothing themselves (2; 4 and 5 with ext_proc on: extproc names the
 // cluster, or answers) are alone. Every other route comes after its twins (routeSpec,
@@ -173,19 +177,26 @@
 // after extproc set the routing header, so the routing-header route's twins choose their
 // timeout the same way. idle_timeout is 0 everywhere.
 //
-// Retries only where the
-// request cannot have reached an apiserver (connect-failure, refused-stream,
-// reset-before-request) or the apiserver says it did not process it (retriable-headers:
-// Retry-After, sent with 503 "apiserver is shutting down" and with 429), 2 retries on other hosts (previous_hosts, 20 host selection
-// attempts: least request favours the host that just refused, having nothing in flight), so
-// a dead peer costs a retry, not an error, while a capable peer remains.
+// Retries: nothing that may have reached a backend is sent twice. 2 retries on other hosts
+// (previous_hosts, 20 host selection attempts: least request favours the host that just
+// refused, having nothing in flight), so a dead peer costs a retry, not an error, while a
+// capable peer remains. What each route retries (retryPolicy in routes.go has why each is
+// safe):
 //
-// GET and HEAD also retry "reset", on the read and watch twins: a connection that ends under
-// a request Envoy just wrote (an apiserver closing a kept-alive connection; the keepalive
-// pings closing one to a frozen apiserver) is a reset after the request was sent, which only
-// "reset" retries, and which is safe to retry only for reads. Exec, attach, portforward,
-// proxy and log (which run something even as a GET) are class long-running; every other
-// verb keeps the policy above, which retries nothing an apiserver may have executed.
+//   - every route: what cannot have reached an apiserver (connect-failure, refused-stream,
+//     reset-before-request). The route itself (long-running: exec, attach, port-forward,
+//     log, and node, service and pod proxy and the proxy verb, which pass a backend's answer
+//     through; unclassified; no class) and its upgrade twin retry nothing more;
+//   - the read and watch twins (GET and HEAD the apiserver reads as get, list or watch):
+//     also "reset" (a connection that ends under a request Envoy just wrote: an apiserver
+//     closing a kept-alive connection, the keepalive pings closing one to a frozen
+//     apiserver) and any answer with Retry-After, which may run twice;
+//   - the write twins: also 429 and 503 (retriable-status-codes), which kube-apiserver
+//     answers itself only before it carries a request out (shutting down, max-in-flight,
+//     priority and fairness, storage version or CRD not ready, admission) — not the other
+//     answers with Retry-After (a storage ServerTimeout, a 504, after which the write may
+//     have reached etcd) — except on an aggregated group/version (route 5), whose
+//     apiservers pass the backend's own status and headers back: nothing more there.
 //
 // # Clusters
 //

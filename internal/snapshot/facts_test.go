@@ -139,9 +139,12 @@ func readSets(res *snapshot.Resources, cluster string) map[string][]string {
 // group/versions engage ext_proc and which apiservers each cluster holds.
 func TestRoutingFacts(t *testing.T) {
 	type want struct {
-		extProcGVs []string            // group/version routes with ext_proc on
-		directGVs  []string            // group/version routes with ext_proc off
-		members    map[string][]string // EDS cluster or serving set -> endpoint hostnames
+		extProcGVs []string // group/version routes with ext_proc on
+		directGVs  []string // group/version routes with ext_proc off
+		// aggregatedGVs: routes of aggregated group/versions (ext_proc off), which retry no
+		// write an apiserver may have forwarded (TestRetryPolicies).
+		aggregatedGVs []string
+		members       map[string][]string // EDS cluster or serving set -> endpoint hostnames
 		// mergedDiscovery: the live apiservers differ in what they serve, so /apis takes
 		// ext_proc (a subset cluster exists).
 		mergedDiscovery bool
@@ -191,7 +194,9 @@ func TestRoutingFacts(t *testing.T) {
 		},
 		"crd-apiservice": {
 			directGVs: []string{"core/v1", "apps/v1", "batch/v1", "rbac.authorization.k8s.io/v1"},
-			members:   map[string][]string{contract.ClusterDefault: {"cp-a", "cp-b"}},
+			// Its APIService names a service; the CRD group stable.example.com has no route.
+			aggregatedGVs: []string{"metrics.k8s.io/v1beta1"},
+			members:       map[string][]string{contract.ClusterDefault: {"cp-a", "cp-b"}},
 		},
 	}
 	for _, name := range fixtures.Names(t) {
@@ -293,12 +298,12 @@ func TestRoutingFacts(t *testing.T) {
 					t.Errorf("route %s: present %v, ext_proc %v; want ext_proc on", gv, ok, r.extProc)
 				}
 			}
-			for _, gv := range w.directGVs {
+			for _, gv := range append(slices.Clone(w.directGVs), w.aggregatedGVs...) {
 				if r, ok := gvRoutes[gv]; !ok || r.extProc {
 					t.Errorf("route %s: present %v, ext_proc %v; want ext_proc off", gv, ok, r.extProc)
 				}
 			}
-			if n := len(w.extProcGVs) + len(w.directGVs); n != len(gvRoutes) {
+			if n := len(w.extProcGVs) + len(w.directGVs) + len(w.aggregatedGVs); n != len(gvRoutes) {
 				t.Errorf("%d group/version routes %v, want %d", len(gvRoutes), slices.Sorted(maps.Keys(gvRoutes)), n)
 			}
 			// Every cluster has its front-proxy twin, with the same apiservers; the

@@ -1,6 +1,7 @@
 package snapshot
 
 import (
+	"net/http"
 	"slices"
 	"strings"
 
@@ -66,6 +67,11 @@ type routeSpec struct {
 	direct        *routev3.Route_DirectResponse
 	extProc       extProcUse
 	metadata      *corev3.Metadata
+	// proxied: an apiserver may hand the request to a backend of its own and pass the
+	// backend's status and headers back (an aggregated group/version), so no answer proves
+	// that nothing was done: its writes are retried only when they never reached an
+	// apiserver (routeBuilder.retry), whatever the status.
+	proxied bool
 }
 
 // extProcUse is what the ext_proc filter does on a route.
@@ -87,31 +93,17 @@ const (
 func (s routeSpec) forwards() bool { return s.direct == nil && s.extProc != extProcDecides }
 
 // A requestClass is a class the Lua filter writes in contract.HeaderRequestClass
-// (request_class.lua) that has twins of its own: the request's timeout and whether a reset
-// after the request was sent is retried. Every other class, and none, takes the route itself,
-// which has neither: safe for any request.
+// (request_class.lua) that has twins of its own: the request's timeout and what is retried
+// (see retryPolicy). Every other class, and none, takes the route itself, which has no
+// timeout and retries only what never reached an apiserver: safe for any request.
 type requestClass struct {
 	value, suffix string
 	timeout       bool // the route timeout, Config.UpstreamRequestTimeout; otherwise none
-	retryReset    bool // "reset" added to the retry conditions (routeBuilder.readRetry)
+	// read: a get, list or watch (GET, HEAD), retried as routeBuilder.readRetry; otherwise a
+	// write, retried as routeBuilder.writeRetry, or as routeBuilder.retry on a proxied route.
+	read bool
 }
 
-// Why reads (and watches) retry a reset: an apiserver closing a kept-alive connection (idle
-// close, or the idle connections a stopping apiserver closes in http.Server.Shutdown), or the
-// keepalive pings closing one to a frozen apiserver, can meet a request Envoy just wrote on
-// it. That is a reset after the request was sent, and none of the conditions retryPolicy
-// uses covers it: reset-before-request only while nothing was sent (Router::Filter's
-// upstream_request_started_), connect-failure and refused-stream not at all. "reset"
-// retries any reset before the response began (RetryStateImpl::wouldRetryFromReset,
-// source/common/router/retry_state_impl.cc), which is safe only for a request the apiserver
-// may run twice: a GET or HEAD that is neither a connect subresource nor a proxy (exec,
-// attach, portforward, proxy, log run something or reach past the apiserver even as a GET:
-// the class "long-running"), which request_class.lua classes "read" or "watch". Replaying it
-// on another apiserver is what the client would do. Everything else keeps the
-// verb-independent policy, which never retries a request an apiserver may have executed.
-// retriable_request_headers was weighed: it would restrict every retry condition of the
-// route to GET, losing the POST retries of connect failures and Retry-After answers.
-//
 // classTwins are the classes with twins, in the order they are matched (any order would do:
 // a request has one class).
 var classTwins = []requestClass{
@@ -183,6 +175,18 @@ func (b *builder) routeConfiguration() *routev3.RouteConfiguration {
 		routeSpec{name: RouteDiscovery, match: safeRegex(discoveryRegex), cluster: def, extProc: discovery},
 		routeSpec{name: RouteEscapedPath, match: safeRegex(escapedPathRegex), cluster: def, extProc: extProcDecides},
 	)
+	// The aggregated group/versions come before the published ones, although no path can be
+	// both (an aggregated group is served everywhere, so it has no published route): were
+	// one ever both, the route that never resends a forwarded request would win.
+	for _, gv := range b.p.Aggregated {
+		specs = append(specs, routeSpec{
+			name:     gv.String(),
+			match:    &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_PathSeparatedPrefix{PathSeparatedPrefix: gv.Path()}},
+			cluster:  def,
+			metadata: aggregatedMetadata(gv),
+			proxied:  true,
+		})
+	}
 	for _, gv := range b.p.GroupVersions {
 		s := routeSpec{
 			name:     gv.GroupVersion.String(),
@@ -220,13 +224,15 @@ func (b *builder) routeConfiguration() *routev3.RouteConfiguration {
 // routeBuilder holds what every route shares: per-filter configurations and retry policies
 // (built once, never modified after: routes share them rather than copy).
 type routeBuilder struct {
-	timeout            *durationpb.Duration
-	noTimeout          *durationpb.Duration
-	retry, readRetry   *routev3.RetryPolicy
-	extProcOff         map[string]*anypb.Any
-	extProcOn          map[string]*anypb.Any // nil: the filter's own configuration
-	extProcFailOpen    map[string]*anypb.Any
-	clientCertificates bool
+	timeout   *durationpb.Duration
+	noTimeout *durationpb.Duration
+	// The retry policies (retryPolicy): retry what never reached an apiserver; readRetry
+	// and writeRetry, that and more for the read and write twins.
+	retry, readRetry, writeRetry *routev3.RetryPolicy
+	extProcOff                   map[string]*anypb.Any
+	extProcOn                    map[string]*anypb.Any // nil: the filter's own configuration
+	extProcFailOpen              map[string]*anypb.Any
+	clientCertificates           bool
 }
 
 func (b *builder) newRouteBuilder(clientCertificates bool) *routeBuilder {
@@ -243,13 +249,13 @@ func (b *builder) newRouteBuilder(clientCertificates bool) *routeBuilder {
 	rb := &routeBuilder{
 		timeout:            durationpb.New(b.cfg.UpstreamRequestTimeout),
 		noTimeout:          durationpb.New(0),
-		retry:              b.retryPolicy(what),
-		readRetry:          b.retryPolicy(what),
+		retry:              b.retryPolicy(what, retryNeverReached, nil, false),
+		readRetry:          b.retryPolicy(what, retryNeverReached+",retriable-headers,reset", nil, true),
+		writeRetry:         b.retryPolicy(what, retryNeverReached+",retriable-status-codes", apiserverRefusals, false),
 		extProcOff:         perRoute(&extprocv3.ExtProcPerRoute{Override: &extprocv3.ExtProcPerRoute_Disabled{Disabled: true}}),
 		extProcFailOpen:    perRoute(&extprocv3.ExtProcPerRoute{Override: &extprocv3.ExtProcPerRoute_Overrides{Overrides: &extprocv3.ExtProcOverrides{GrpcInitialMetadata: local, FailureModeAllow: wrapperspb.Bool(true)}}}),
 		clientCertificates: clientCertificates,
 	}
-	rb.readRetry.RetryOn += ",reset"
 	if len(local) > 0 {
 		rb.extProcOn = perRoute(&extprocv3.ExtProcPerRoute{Override: &extprocv3.ExtProcPerRoute_Overrides{Overrides: &extprocv3.ExtProcOverrides{GrpcInitialMetadata: local}}})
 	}
@@ -324,12 +330,16 @@ func (rb *routeBuilder) expand(routes []*routev3.Route, s routeSpec) []*routev3.
 		add(RouteSuffixUpgrade, []*routev3.HeaderMatcher{upgradeRequested}, contract.HTTP1Cluster(s.cluster), rb.noTimeout, rb.retry)
 	}
 	for _, c := range classTwins {
-		timeout, retry := rb.noTimeout, rb.retry
+		timeout := rb.noTimeout
 		if c.timeout {
 			timeout = rb.timeout
 		}
-		if c.retryReset {
+		retry := rb.writeRetry
+		switch {
+		case c.read:
 			retry = rb.readRetry
+		case s.proxied:
+			retry = rb.retry
 		}
 		add(c.suffix, []*routev3.HeaderMatcher{classIs[c.value]}, s.cluster, timeout, retry)
 	}
@@ -435,24 +445,77 @@ func (b *builder) identityMetadata() *structpb.Struct {
 	return ctx
 }
 
-// retryPolicy retries only what is safe to retry whatever the verb: the request never
-// reached an apiserver (connect failure, refused stream, reset before the request was sent),
-// or an apiserver answered with Retry-After. The apiserver sends Retry-After only for requests
-// it did not process: 503 "apiserver is shutting down" (once a stopping apiserver refuses new
-// requests), 429 from max-in-flight / priority and fairness or a cache still initialising;
-// client-go retries such answers for every verb too. Retrying them at once on another
-// apiserver is what keeps an upgrade's restarts invisible; a 429 costs an overloaded control
-// plane at most two more attempts, each on another apiserver, which is also what client-go
-// would send after its back-off. Each retry goes to another host (previous_hosts) when the
-// cluster has one.
-func (b *builder) retryPolicy(what string) *routev3.RetryPolicy {
-	return &routev3.RetryPolicy{
-		RetryOn:    "connect-failure,refused-stream,reset-before-request,retriable-headers",
-		NumRetries: wrapperspb.UInt32(2),
-		RetriableHeaders: []*routev3.HeaderMatcher{{
-			Name:                 "retry-after",
-			HeaderMatchSpecifier: &routev3.HeaderMatcher_PresentMatch{PresentMatch: true},
-		}},
+// retryNeverReached are the retry conditions under which the request cannot have reached an
+// apiserver: the connection failed (connect-failure), the apiserver refused the stream
+// before reading it (refused-stream: an HTTP/2 REFUSED_STREAM, or a stream past a GOAWAY's
+// last stream ID), or the connection was reset before any byte of this request was written
+// (reset-before-request: Envoy's router retries it only while upstream_request_started_ is
+// false). Every route retries them, whatever the method: the apiserver never saw the request.
+const retryNeverReached = "connect-failure,refused-stream,reset-before-request"
+
+// apiserverRefusals are the statuses a write is retried on (retriable-status-codes), on the
+// write twins of every route but the aggregated ones. For a request the apiserver serves
+// itself (a built-in resource, a CRD, a non-resource path), kube-apiserver answers 429 and
+// 503 only before the request was carried out (k8s.io/apiserver v0.37.1, k8s.io/kubernetes
+// v1.37.1):
+//
+//   - 429 from max-in-flight (pkg/server/filters/maxinflight.go) and from priority and
+//     fairness (priority-and-fairness.go: only when the handler never ran), and while a
+//     stopping apiserver refuses new requests (with_retry_after.go): before the handler;
+//   - 503 "apiserver is shutting down" (waitgroup.go), before the handler; 503 while the
+//     handlers and discovery are still being installed (pkg/util/notfoundhandler: a CRD not
+//     served yet) and while a resource's storage version is not registered
+//     (pkg/endpoints/filters/storageversion.go), both instead of the handler;
+//   - 503 "error calling webhook" (admission webhooks) and MutatingAdmissionPolicy's 503,
+//     and EventRateLimit's 429: admission, which runs before anything is stored (webhooks
+//     must tolerate being called again: sideEffects None or NoneOnDryRun); an eviction's
+//     429 (pkg/registry/core/pod/storage/eviction.go), which refuses before the disruption
+//     budget is touched.
+//
+// So retrying them on another apiserver (previous_hosts) does what client-go does later: it
+// retries 429 and 5xx answers with Retry-After for every verb. Not retried: the other
+// answers with Retry-After, which are not refusals. ErrorNegotiated
+// (pkg/endpoints/handlers/responsewriters/writers.go) sets Retry-After on any Status with
+// details.retryAfterSeconds, so a storage ServerTimeout (500, pkg/storage/errors: a create,
+// update or delete that may have reached etcd) and a 504 timeout carry it too. Nor are 429
+// and 503 on an aggregated group/version (routeSpec.proxied), where the apiserver passes a
+// backend's answer through (kube-aggregator's handler_proxy.go, also its own 503 when
+// forwarding failed, perhaps after the backend had the request), nor on the route itself
+// (long-running: node, service and pod proxy, the proxy verb, exec, attach, port-forward
+// and log, which reach past the apiserver; unclassified; no class) or its upgrade twin.
+// One 503 of an apiserver's own can follow a write done elsewhere: upstream's peer proxy
+// (pkg/util/peerproxy, only with --peer-ca-file) answers 503 when forwarding to a peer
+// failed, perhaps after the peer had it; kube-mvp routes each request to an apiserver that
+// serves it, so that proxy is not needed behind it.
+var apiserverRefusals = []uint32{http.StatusTooManyRequests, http.StatusServiceUnavailable}
+
+// retryPolicy makes a retry policy on the conditions on (retryNeverReached and more), the
+// status codes (with retriable-status-codes) and, with retryAfter, any answer carrying
+// Retry-After (with retriable-headers). The policies (routeBuilder):
+//
+//   - retry, on the route itself (long-running, unclassified, no class) and its upgrade
+//     twin, and on the write twin of an aggregated group/version: retryNeverReached only.
+//   - writeRetry, on every other write twin: also 429 and 503 (apiserverRefusals).
+//   - readRetry, on the read and watch twins (get, list, watch: GET and HEAD the apiserver
+//     runs itself, any number of times without effect): also "reset" and any answer with
+//     Retry-After (a 429 or 503 refusal, a 504 "Too large resource version" another
+//     apiserver may not give, a timeout). A reset after the request was sent is what an
+//     apiserver closing a kept-alive connection (idle close, or the idle connections a
+//     stopping apiserver closes in http.Server.Shutdown), or the keepalive pings closing one
+//     to a frozen apiserver, does to a request Envoy just wrote on it: only "reset" retries
+//     it (RetryStateImpl::wouldRetryFromReset, source/common/router/retry_state_impl.cc),
+//     safe only for a request that may run twice. Replaying it on another apiserver is what
+//     the client would do. Reads of aggregated group/versions too: the backend's get, list
+//     or watch is a read as well.
+//
+// retriable_request_headers was weighed: it would restrict every retry condition of the
+// route to GET, losing the retries of writes that never reached an apiserver. Each retry goes
+// to another host (previous_hosts) when the cluster has one; at most two.
+func (b *builder) retryPolicy(what, on string, codes []uint32, retryAfter bool) *routev3.RetryPolicy {
+	p := &routev3.RetryPolicy{
+		RetryOn:              on,
+		NumRetries:           wrapperspb.UInt32(2),
+		RetriableStatusCodes: codes,
 		RetryHostPredicate: []*routev3.RetryPolicy_RetryHostPredicate{{
 			Name: previousHostsPredicateNm,
 			ConfigType: &routev3.RetryPolicy_RetryHostPredicate_TypedConfig{
@@ -463,6 +526,26 @@ func (b *builder) retryPolicy(what string) *routev3.RetryPolicy {
 		// so with two hosts five selections can all land on it; 20 make that negligible.
 		HostSelectionRetryMaxAttempts: 20,
 	}
+	if retryAfter {
+		p.RetriableHeaders = []*routev3.HeaderMatcher{{
+			Name:                 "retry-after",
+			HeaderMatchSpecifier: &routev3.HeaderMatcher_PresentMatch{PresentMatch: true},
+		}}
+	}
+	return p
+}
+
+// aggregatedMetadata is an aggregated group/version's route metadata:
+//
+//	groupVersion: metrics.k8s.io/v1beta1
+//	extProc: false
+//	aggregated: true  # its APIService names a service: a forwarded request is never resent
+func aggregatedMetadata(gv topology.GroupVersion) *corev3.Metadata {
+	return &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{MetadataNamespace: {Fields: map[string]*structpb.Value{
+		"groupVersion": structpb.NewStringValue(gv.String()),
+		"extProc":      structpb.NewBoolValue(false),
+		"aggregated":   structpb.NewBoolValue(true),
+	}}}}
 }
 
 // groupVersionMetadata says where each resource (and subresource) of a group/version goes,

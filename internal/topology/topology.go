@@ -101,6 +101,19 @@ func (r Resource) IsDocument() bool {
 	return r.Resource == "" && r.Subresource == "" && r.Version != ""
 }
 
+// SortedGroupVersions returns gvs sorted by group, then version, without duplicates (nil
+// when empty); gvs is not modified.
+func SortedGroupVersions(gvs []GroupVersion) []GroupVersion {
+	if len(gvs) == 0 {
+		return nil
+	}
+	out := slices.Clone(gvs)
+	slices.SortFunc(out, func(a, b GroupVersion) int {
+		return cmp.Or(cmp.Compare(a.Group, b.Group), cmp.Compare(a.Version, b.Version))
+	})
+	return slices.Compact(out)
+}
+
 func (gv GroupVersion) String() string {
 	if gv.Group == "" {
 		return "core/" + gv.Version
@@ -120,6 +133,12 @@ type Topology struct {
 	// ServedEverywhere lists groups that every apiserver serves through its own handler chain
 	// (CRDs, aggregated APIs behind an APIService), so they never need a specific peer.
 	ServedEverywhere map[string]bool `json:"-"`
+	// Aggregated are the group/versions an APIService sends to a service of its own
+	// (spec.service set; never the core group, whose legacy APIService has none), sorted:
+	// every apiserver proxies their requests there and passes the backend's status and
+	// headers back, so an answer of theirs says nothing about whether the backend acted.
+	// Their groups are in ServedEverywhere too.
+	Aggregated []GroupVersion `json:"-"`
 	// LocalID, in sidecar mode, is the apiserver this Envoy sits beside; empty for a front
 	// load balancer.
 	LocalID string `json:"localID,omitempty"`

@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -185,6 +186,7 @@ var allowed = map[string][]string{
 		"virtual_hosts.routes.route.retry_policy.retriable_headers", "virtual_hosts.routes.route.retry_policy.retriable_headers.name",
 		"virtual_hosts.routes.route.retry_policy.retriable_headers.present_match", "virtual_hosts.routes.route.retry_policy.retriable_headers.invert_match",
 		"virtual_hosts.routes.route.retry_policy.retriable_headers.string_match",
+		"virtual_hosts.routes.route.retry_policy.retriable_status_codes",
 		"virtual_hosts.routes.metadata", "virtual_hosts.routes.metadata.filter_metadata",
 		"virtual_hosts.routes.typed_per_filter_config", "virtual_hosts.typed_per_filter_config",
 		"virtual_hosts.request_headers_to_remove", "virtual_hosts.metadata", "virtual_hosts.metadata.filter_metadata",
@@ -325,12 +327,23 @@ func retryOn(_ protoreflect.FieldDescriptor, v protoreflect.Value) error {
 	for _, tok := range strings.Split(v.String(), ",") {
 		tok = strings.TrimSpace(tok)
 		switch tok {
-		case "connect-failure", "refused-stream", "reset-before-request", "reset", "retriable-headers":
-		case "5xx", "gateway-error", "envoy-ratelimited", "retriable-4xx", "retriable-status-codes",
+		case "connect-failure", "refused-stream", "reset-before-request", "reset", "retriable-headers", "retriable-status-codes":
+		case "5xx", "gateway-error", "envoy-ratelimited", "retriable-4xx",
 			"http3-post-connect-failure", "cancelled", "deadline-exceeded", "resource-exhausted",
 			"unavailable", "internal":
 			return fmt.Errorf("retry condition %q is not implemented", tok)
 		}
+	}
+	return nil
+}
+
+// retriableStatusCode refuses 425 (Too Early) in retriable_status_codes: Envoy retries it only
+// for a request that did not arrive as early data, at once and without early data
+// (RetryStateImpl::wouldRetryFromHeaders), which is not implemented. Envoy checks no value at
+// load time (RetryPolicyImpl copies the list), so any other status is accepted, as there.
+func retriableStatusCode(_ protoreflect.FieldDescriptor, v protoreflect.Value) error {
+	if v.Uint() == 425 {
+		return errors.New("retriable status 425 (Too Early) is not implemented")
 	}
 	return nil
 }
@@ -358,8 +371,9 @@ var valueChecks = map[string]map[string]valueCheck{
 		"route_cache_action":                    enumIn("DEFAULT", "CLEAR", "RETAIN"),
 	},
 	tRouteConfig: {
-		"virtual_hosts.routes.route.idle_timeout":          zeroDuration,
-		"virtual_hosts.routes.route.retry_policy.retry_on": retryOn,
+		"virtual_hosts.routes.route.idle_timeout":                        zeroDuration,
+		"virtual_hosts.routes.route.retry_policy.retry_on":               retryOn,
+		"virtual_hosts.routes.route.retry_policy.retriable_status_codes": retriableStatusCode,
 	},
 	tUpTLS: {
 		"common_tls_context.combined_validation_context.default_validation_context.match_typed_subject_alt_names.san_type": enumIn("DNS"),

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -614,6 +615,9 @@ type retryPolicy struct {
 	previousHosts    bool
 	hostSelectionMax int
 	retriableHeaders []*headerMatcher // retry_on retriable-headers: any match retries the response
+	// retriableStatusCodes: retry_on retriable-status-codes retries a response with one of
+	// these statuses.
+	retriableStatusCodes []uint32
 }
 
 func compileRouteConfig(rc *routev3.RouteConfiguration) (*routeConfig, error) {
@@ -784,6 +788,7 @@ func compileRoute(r *routev3.Route) (*route, error) {
 			}
 			p.retriableHeaders = append(p.retriableHeaders, hm)
 		}
+		p.retriableStatusCodes = slices.Clone(rp.GetRetriableStatusCodes())
 		if rp.GetHostSelectionRetryMaxAttempts() > 0 {
 			p.hostSelectionMax = int(rp.GetHostSelectionRetryMaxAttempts())
 		}

@@ -490,10 +490,12 @@ func TestDeadPeerRetried(t *testing.T) {
 	t.Logf("retries %d, failed health checks %d", retries, fails)
 }
 
-// TestRetryAfterRetried: an apiserver's answer with Retry-After (503 while it shuts down, 429
-// when overloaded) means the request was not processed; retry_on retriable-headers sends it,
-// whatever the verb, to another apiserver. Without Retry-After the answer reaches the client,
-// and when every apiserver refuses, the client gets the last apiserver's own answer (URX).
+// TestRetryAfterRetried: an apiserver's 503 while it shuts down, or 429 when overloaded, with
+// Retry-After, means the request was not processed: a read is retried on another apiserver
+// (retriable-headers: any answer with Retry-After), and so is a write to a resource the
+// apiservers serve themselves (retriable-status-codes 429 and 503; TestNoRetryOfForwardedRequests
+// has what is not retried). A read's 503 without Retry-After reaches the client, and when
+// every apiserver refuses, the client gets the last apiserver's own answer (URX).
 func TestRetryAfterRetried(t *testing.T) {
 	e := newEnv(t, envOptions{})
 	c := e.client(nil)

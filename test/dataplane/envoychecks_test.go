@@ -153,6 +153,13 @@ func TestEnvoyLoadChecks(t *testing.T) {
 			rp := vhostOf(r).Routes[0].GetRoute().RetryPolicy
 			rp.RetryOn += ",no-such-condition,,Connect-Failure"
 		}, ""},
+		// RetryPolicyImpl copies retriable_status_codes unchecked (no PGV rule either): a
+		// status no response has is accepted, and never matches.
+		{"retriable status codes unchecked", func(t *testing.T, r *snapshot.Resources) {
+			rp := vhostOf(r).Routes[0].GetRoute().RetryPolicy
+			rp.RetryOn += ",retriable-status-codes"
+			rp.RetriableStatusCodes = []uint32{0, 999, 429}
+		}, ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

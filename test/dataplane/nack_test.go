@@ -144,6 +144,13 @@ func TestNACKUnimplemented(t *testing.T) {
 			rc := r.Routes[0].(*routev3.RouteConfiguration)
 			rc.VirtualHosts[0].Routes[0].GetRoute().RetryPolicy.RetryOn = "5xx"
 		}, `retry condition "5xx" is not implemented`},
+		// Envoy retries 425 apart (only a request that did not arrive as early data, at
+		// once, without early data): not implemented.
+		{"retriable status 425", func(t *testing.T, r *snapshot.Resources) {
+			rp := r.Routes[0].(*routev3.RouteConfiguration).VirtualHosts[0].Routes[0].GetRoute().RetryPolicy
+			rp.RetryOn += ",retriable-status-codes"
+			rp.RetriableStatusCodes = []uint32{503, 425}
+		}, `retriable status 425 (Too Early) is not implemented`},
 		// Envoy would pick such a host's transport socket from the cluster's
 		// transport_socket_matches; this data plane always uses the cluster's own for requests.
 		{"endpoint transport socket match", func(t *testing.T, r *snapshot.Resources) {

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -240,10 +241,27 @@ func (st *stream) mayRetry(ctx context.Context, c *liveCluster, cc *clusterCfg, 
 	}
 }
 
-// retriableResponse applies retry_on retriable-headers: a response carrying any header that
-// one of retriable_headers matches (":status" included) is retried.
+// retriableResponse decides whether an upstream response is retried, as Envoy's
+// RetryStateImpl::wouldRetryFromHeaders (source/common/router/retry_state_impl.cc) does for
+// the conditions implemented here: a response carrying x-envoy-ratelimited is never retried
+// (envoy-ratelimited, which would, is not implemented); retry_on retriable-status-codes
+// retries a response whose status is one of retriable_status_codes (425 Too Early, which
+// Envoy treats apart, is refused by the allowlist); retry_on retriable-headers a response
+// carrying any header that one of retriable_headers matches (":status" included). Envoy also
+// adds the request's x-envoy-retriable-status-codes to the list (and x-envoy-retry-on to
+// retry_on) unless its connection manager removed them from an external request: not
+// modelled; a request carrying them could be retried by Envoy where it is not here.
 func (st *stream) retriableResponse(rt *route, resp *http.Response) bool {
-	if rt.retry == nil || !rt.retry.on["retriable-headers"] {
+	if rt.retry == nil {
+		return false
+	}
+	if _, ok := resp.Header[http.CanonicalHeaderKey("x-envoy-ratelimited")]; ok {
+		return false
+	}
+	if rt.retry.on["retriable-status-codes"] && slices.Contains(rt.retry.retriableStatusCodes, uint32(resp.StatusCode)) {
+		return true
+	}
+	if !rt.retry.on["retriable-headers"] {
 		return false
 	}
 	get := func(name string) (string, bool) {

@@ -209,9 +209,13 @@ func Build(objs Objects, opts Options) (*topology.Topology, []error) {
 	}
 
 	var everywhere []string
+	var aggregated []topology.GroupVersion
 	for _, svc := range objs.APIServices {
 		if svc.ServedEverywhere() && svc.Spec.Group != "" {
 			everywhere = append(everywhere, svc.Spec.Group)
+		}
+		if svc.Spec.Service != nil && svc.Spec.Group != "" && svc.Spec.Version != "" {
+			aggregated = append(aggregated, topology.GroupVersion{Group: svc.Spec.Group, Version: svc.Spec.Version})
 		}
 	}
 	isEverywhere := map[string]bool{}
@@ -299,6 +303,7 @@ func Build(objs Objects, opts Options) (*topology.Topology, []error) {
 	if err != nil {
 		return nil, append(errs, err)
 	}
+	t.Aggregated = topology.SortedGroupVersions(aggregated)
 	t.Sources = make(map[string]topology.Source, len(t.APIServers))
 	for _, s := range t.APIServers {
 		switch {
