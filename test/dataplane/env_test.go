@@ -434,6 +434,8 @@ func newEnv(t testing.TB, o envOptions) *env {
 	if o.hostSuffix != "" {
 		for host := range fixtureAddresses {
 			fixture = strings.ReplaceAll(fixture, "kubernetes.io/hostname: "+host+"}", "kubernetes.io/hostname: "+host+o.hostSuffix+"}")
+			// The apiserver IDs follow their hostnames.
+			fixture = strings.ReplaceAll(fixture, objects.APIServerIDFor(host), objects.APIServerIDFor(host+o.hostSuffix))
 		}
 	}
 	for host, ip := range fixtureAddresses {

@@ -150,13 +150,13 @@ func TestEnvoyLoadChecks(t *testing.T) {
 		}, "malformed IP address: cp-a.example"},
 		// RetryPolicyImpl ignores retry_on tokens it does not know.
 		{"unknown retry_on token", func(t *testing.T, r *snapshot.Resources) {
-			rp := vhostOf(r).Routes[0].GetRoute().RetryPolicy
+			rp := firstRetryPolicy(r)
 			rp.RetryOn += ",no-such-condition,,Connect-Failure"
 		}, ""},
 		// RetryPolicyImpl copies retriable_status_codes unchecked (no PGV rule either): a
 		// status no response has is accepted, and never matches.
 		{"retriable status codes unchecked", func(t *testing.T, r *snapshot.Resources) {
-			rp := vhostOf(r).Routes[0].GetRoute().RetryPolicy
+			rp := firstRetryPolicy(r)
 			rp.RetryOn += ",retriable-status-codes"
 			rp.RetriableStatusCodes = []uint32{0, 999, 429}
 		}, ""},
@@ -225,4 +225,25 @@ func TestLocalReplyPercentEscape(t *testing.T) {
 	if !strings.Contains(string(lr.body), `"message":"100% unavailable (503)"`) {
 		t.Fatalf("body %s", lr.body)
 	}
+}
+
+// firstRetryPolicy is the retry policy of the first route that has one.
+func firstRetryPolicy(r *snapshot.Resources) *routev3.RetryPolicy {
+	for _, rt := range vhostOf(r).Routes {
+		if rp := rt.GetRoute().GetRetryPolicy(); rp != nil {
+			return rp
+		}
+	}
+	panic("no route has a retry policy")
+}
+
+// firstForwarding is the action of the first route that forwards (the first route is a
+// direct response).
+func firstForwarding(r *snapshot.Resources) *routev3.RouteAction {
+	for _, rt := range vhostOf(r).Routes {
+		if a := rt.GetRoute(); a != nil {
+			return a
+		}
+	}
+	panic("no route forwards")
 }

@@ -109,8 +109,7 @@ func TestNACKUnimplemented(t *testing.T) {
 			setHCM(t, l, h)
 		}, "typed_config @type type.googleapis.com/google.protobuf.StringValue is not implemented"},
 		{"route field", func(t *testing.T, r *snapshot.Resources) {
-			rc := r.Routes[0].(*routev3.RouteConfiguration)
-			rc.VirtualHosts[0].Routes[0].GetRoute().PrefixRewrite = "/x"
+			firstForwarding(r).PrefixRewrite = "/x"
 		}, "field virtual_hosts.routes.route.prefix_rewrite is not implemented"},
 		// Path normalization, slash merging and unescaping change the routed and forwarded
 		// :path; none is implemented.
@@ -141,13 +140,12 @@ func TestNACKUnimplemented(t *testing.T) {
 			}
 		}, `PathSeparatedPrefix: value does not match regex pattern`},
 		{"retry condition", func(t *testing.T, r *snapshot.Resources) {
-			rc := r.Routes[0].(*routev3.RouteConfiguration)
-			rc.VirtualHosts[0].Routes[0].GetRoute().RetryPolicy.RetryOn = "5xx"
+			firstRetryPolicy(r).RetryOn = "5xx"
 		}, `retry condition "5xx" is not implemented`},
 		// Envoy retries 425 apart (only a request that did not arrive as early data, at
 		// once, without early data): not implemented.
 		{"retriable status 425", func(t *testing.T, r *snapshot.Resources) {
-			rp := r.Routes[0].(*routev3.RouteConfiguration).VirtualHosts[0].Routes[0].GetRoute().RetryPolicy
+			rp := firstRetryPolicy(r)
 			rp.RetryOn += ",retriable-status-codes"
 			rp.RetriableStatusCodes = []uint32{503, 425}
 		}, `retriable status 425 (Too Early) is not implemented`},

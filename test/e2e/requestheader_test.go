@@ -4,10 +4,14 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/asn1"
+	"io"
+	"maps"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kube-mvp/kube-mvp/internal/testutil"
 	"github.com/kube-mvp/kube-mvp/test/controlplane"
@@ -42,8 +46,81 @@ func TestCustomRequestHeaderNames(t *testing.T) {
 	spoof := http.Header{
 		"X-Login": {"system:admin"}, "X-Teams": {"system:masters"}, "X-Id": {"0"}, "X-Attr-Scopes": {"everything"},
 		"X-Remote-User": {"system:admin"}, "X-Remote-Group": {"system:masters"},
+		"X-Attacker-User": {"system:admin"}, "X-Attacker-Group": {"system:masters"},
 	}
 	direct := "https://" + e.cp.Server("cp-a").Address()
+	sameIdentity := func(t *testing.T) {
+		t.Helper()
+		for _, c := range []struct {
+			cert  *controlplane.KeyPair
+			token string
+		}{{&alice, ""}, {nil, carolToken}} {
+			hc := e.rawClient(c.cert)
+			want := selfSubjectReview(t, ctx, hc, direct, c.token, spoof)
+			for i := range 3 {
+				if got := selfSubjectReview(t, ctx, hc, k.Endpoint(), c.token, spoof); got != want {
+					t.Fatalf("request %d through kube-mvp: %s\nwant what the apiserver answers directly: %s", i, got, want)
+				}
+			}
+		}
+	}
+	defer func() {
+		if t.Failed() {
+			return
+		}
+		// Whoever may write kube-system/extension-apiserver-authentication can make it say
+		// anything; the apiserver keeps reading its own flags (and does not repair a malformed
+		// key, nor an update, until its minute's resync). The identity through kube-mvp stays
+		// the one the apiserver gives directly.
+		cms := e.adminClient(e.cp.Server("cp-a")).CoreV1().ConfigMaps("kube-system")
+		orig, err := cms.Get(ctx, "extension-apiserver-authentication", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tamper := func(t *testing.T, change func(map[string]string)) {
+			t.Helper()
+			cm, err := cms.Get(ctx, orig.Name, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			cm.Data = maps.Clone(orig.Data)
+			change(cm.Data)
+			if _, err := cms.Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		malformed := func(want string) func() bool {
+			return func() bool {
+				return strings.Contains(httpGet(t, k.XDSAdmin+"/metrics"), "kube_mvp_xds_request_header_config_malformed "+want)
+			}
+		}
+		for _, c := range []struct {
+			name   string
+			change func(map[string]string)
+			seen   func() bool // xds-server has read the change
+		}{
+			{"malformed group key", func(d map[string]string) { d["requestheader-group-headers"] = `["X-Teams"` }, malformed("1")},
+			{"group key deleted", func(d map[string]string) { delete(d, "requestheader-group-headers") }, malformed("1")},
+			{"names prepended", func(d map[string]string) {
+				d["requestheader-username-headers"] = `["X-Attacker-User","X-Login"]`
+				d["requestheader-group-headers"] = `["X-Attacker-Group","X-Teams"]`
+				d["requestheader-extra-headers-prefix"] = `["X-Attacker-Extra-","X-Attr-"]`
+			}, func() bool { return strings.Contains(httpGet(t, k.XDSAdmin+"/debug/topology"), `"x-attacker-user"`) }},
+		} {
+			t.Run(c.name, func(t *testing.T) {
+				tamper(t, c.change)
+				testutil.WaitFor(t, ctx, 30*time.Second, "xds-server reads the changed ConfigMap", testutil.Cond(c.seen))
+				// The route update reaches the data plane within its delay; keep asking.
+				deadline := time.Now().Add(5 * time.Second)
+				for time.Now().Before(deadline) {
+					sameIdentity(t)
+				}
+				tamper(t, func(map[string]string) {})
+				testutil.WaitFor(t, ctx, 30*time.Second, "xds-server reads the restored ConfigMap", testutil.Cond(malformed("0")))
+			})
+		}
+		sameIdentity(t)
+	}()
 	for _, c := range []struct {
 		name     string
 		cert     *controlplane.KeyPair
@@ -67,4 +144,16 @@ func TestCustomRequestHeaderNames(t *testing.T) {
 			}
 		})
 	}
+}
+
+// httpGet is the body of GET url ("" when it cannot be fetched).
+func httpGet(t *testing.T, url string) string {
+	t.Helper()
+	res, err := http.Get(url)
+	if err != nil {
+		return ""
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return string(b)
 }
