@@ -6,10 +6,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
@@ -205,7 +208,8 @@ func serve(ctx context.Context, opts serveOptions, log *slog.Logger, ready chan<
 	mbb := makebeforebreak.Options{TableDelay: opts.tableDelay, Linger: opts.linger}
 	xdsServer := xds.New(translator(opts.cfg, log), mbb, log)
 	xdsServer.OnBuild = m.observeBuild
-	tables := table.NewServer(table.WithLogger(log), table.WithRegisterer(reg))
+	checks := &table.ProxyChecks{Log: log}
+	tables := table.NewServer(table.WithLogger(log), table.WithRegisterer(reg), table.WithProxyChecks(checks))
 	publisher := makebeforebreak.NewPublisher(mbb, func(e *plan.Envoys) { tables.Publish(e.Table(), time.Now()) })
 	publisher.OnDelay = func(names []string, delay time.Duration) {
 		log.Info("routing table narrowed to what Envoy has; the whole table follows after the delay", "delay", delay, "new", names)
@@ -223,13 +227,25 @@ func serve(ctx context.Context, opts serveOptions, log *slog.Logger, ready chan<
 		return float64(n)
 	}))
 
-	opts.watch.Log = log
-	opts.watch.OnSkipped = func(n int) { m.skipped.Set(float64(n)) }
-	watcher, err := inventory.NewWatcher(opts.rest, opts.watch, func(t *topology.Topology) {
-		m.observeTopology(t)
-		// Every decision is made here, once per topology change; Envoy's snapshots and
-		// extproc's table are both translations of these plans.
-		e, err := plan.ForEveryEnvoy(t)
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "kube_mvp_xds_proxy_check_reports",
+		Help: "extprocs whose proxy certificate report xds-server keeps (connected now, or whose stream ended within the grace period).",
+	}, func() float64 { c, e := checks.Reporters(); return float64(c + e) }))
+
+	// Every decision is made in replan, once per topology change and once per change of the
+	// apiservers extproc's proxy certificate check calls dangerous; Envoy's snapshots and
+	// extproc's table are both translations of these plans.
+	var (
+		planMu    sync.Mutex
+		lastTopo  *topology.Topology
+		dangerous = map[string]string{}
+	)
+	replan := func(t *topology.Topology) { // with planMu held
+		d := checks.Dangerous(t)
+		logDangerChanges(log, t, dangerous, d)
+		dangerous = d
+		m.dangerous.Set(float64(len(d)))
+		e, err := plan.ForEveryEnvoy(t.WithDangerous(d))
 		if err != nil {
 			m.builds.WithLabelValues("error").Inc()
 			log.Error("no routing plan for the new topology; Envoy and extproc keep the last one", "error", err)
@@ -237,6 +253,22 @@ func serve(ctx context.Context, opts serveOptions, log *slog.Logger, ready chan<
 		}
 		xdsServer.Update(e)
 		publisher.Offer(e, e.Names())
+	}
+	checks.OnChange = func() {
+		planMu.Lock()
+		defer planMu.Unlock()
+		if lastTopo != nil && !maps.Equal(checks.Dangerous(lastTopo), dangerous) {
+			replan(lastTopo)
+		}
+	}
+	opts.watch.Log = log
+	opts.watch.OnSkipped = func(n int) { m.skipped.Set(float64(n)) }
+	watcher, err := inventory.NewWatcher(opts.rest, opts.watch, func(t *topology.Topology) {
+		m.observeTopology(t)
+		planMu.Lock()
+		defer planMu.Unlock()
+		lastTopo = t
+		replan(t)
 	})
 	if err != nil {
 		return err
@@ -315,6 +347,26 @@ var grpcPolicy = cptls.Policy{
 
 var envoyRoles = []cptls.Role{cptls.RoleEnvoyFront, cptls.RoleEnvoySidecar}
 
+// logDangerChanges logs each apiserver of t that became dangerous (now) or stopped being so
+// since before.
+func logDangerChanges(log *slog.Logger, t *topology.Topology, before, now map[string]string) {
+	for _, id := range slices.Sorted(maps.Keys(now)) {
+		if before[id] == now[id] {
+			continue
+		}
+		s, _ := t.Server(id)
+		log.Error("extproc reports that the apiserver takes the proxy certificate for an ordinary client's: requests whose identity kube-mvp sets go only to other apiservers, or get a 503 naming it",
+			"apiserver", id, "hostname", s.Hostname, "address", s.Address, "reason", now[id])
+	}
+	for _, id := range slices.Sorted(maps.Keys(before)) {
+		if _, still := now[id]; !still {
+			s, _ := t.Server(id)
+			log.Info("no extproc reports the apiserver dangerous any more: requests whose identity kube-mvp sets may go to it again",
+				"apiserver", id, "hostname", s.Hostname, "address", s.Address)
+		}
+	}
+}
+
 type serveMetrics struct {
 	apiservers   *prometheus.GaugeVec
 	builds       *prometheus.CounterVec
@@ -322,6 +374,7 @@ type serveMetrics struct {
 	updates      prometheus.Counter
 	refused      *prometheus.CounterVec
 	skipped      prometheus.Gauge
+	dangerous    prometheus.Gauge
 }
 
 func newServeMetrics(reg prometheus.Registerer) *serveMetrics {
@@ -348,7 +401,11 @@ func newServeMetrics(reg prometheus.Registerer) *serveMetrics {
 		Name: "kube_mvp_xds_objects_skipped",
 		Help: "Watched objects the last topology build skipped or only partly used (each is logged once when it appears), such as identity Leases that are not believable: a holderIdentity that is not <name>_<uid>, a renewTime in the future, an address that is not an IP and port.",
 	})
-	reg.MustRegister(m.apiservers, m.builds, m.buildSeconds, m.updates, m.refused, m.skipped)
+	m.dangerous = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "kube_mvp_xds_dangerous_apiservers",
+		Help: "Apiservers that an extproc's proxy certificate check found taking the proxy certificate for an ordinary client's: left out of the front-proxy clusters (see the log and /debug/topology).",
+	})
+	reg.MustRegister(m.apiservers, m.builds, m.buildSeconds, m.updates, m.refused, m.skipped, m.dangerous)
 	return m
 }
 
