@@ -317,9 +317,9 @@ func start(cfg config, log *slog.Logger, reload <-chan os.Signal) (*app, error) 
 			}
 			creds = credentials.NewTLS(c.ClientConfig())
 		}
-		conn, err := grpc.NewClient(cfg.sourceXDS, grpc.WithTransportCredentials(creds),
-			// The table stream is idle between changes; keepalives notice a dead xds-server.
-			grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second, PermitWithoutStream: true}))
+		// The table stream is idle between changes; keepalives notice a dead xds-server.
+		keepalives := grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second, PermitWithoutStream: true})
+		conn, err := grpc.NewClient(cfg.sourceXDS, grpc.WithTransportCredentials(creds), keepalives)
 		if err != nil {
 			return nil, fmt.Errorf("--source xds:%s: %w", cfg.sourceXDS, err)
 		}
@@ -327,12 +327,17 @@ func start(cfg config, log *slog.Logger, reload <-chan os.Signal) (*app, error) 
 		follow = func(ctx context.Context) {
 			defer conn.Close()
 			if a.proxyCheck != nil {
-				// What the check finds goes to xds-server, which keeps requests whose
+				// What the check finds goes to every xds-server replica (they share no
+				// state, and Envoy may follow any of them), which keep requests whose
 				// identity kube-mvp sets away from apiservers found dangerous.
 				reported := make(chan struct{})
 				go func() {
 					defer close(reported)
-					table.ReportProxyChecks(ctx, conn, clientID, log, a.proxyCheck.Findings)
+					table.ReportToReplicas(ctx, cfg.sourceXDS, table.Replicas{
+						Dial: func(addr string) (*grpc.ClientConn, error) {
+							return grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(creds), keepalives)
+						},
+					}, clientID, log, a.proxyCheck.Findings)
 				}()
 				defer func() { <-reported }()
 			}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -337,4 +338,103 @@ func reportOf(clientID string, fs []frontproxy.Finding) *tablev1.ProxyCheckRepor
 		})
 	}
 	return r
+}
+
+// Replicas configures ReportToReplicas.
+type Replicas struct {
+	// Dial opens a connection to one address (IP:port).
+	Dial func(address string) (*grpc.ClientConn, error)
+	// Lookup resolves a host name to its addresses; default net.DefaultResolver.LookupHost.
+	Lookup func(ctx context.Context, host string) ([]string, error)
+	// Interval between lookups; default 30 s.
+	Interval time.Duration
+}
+
+// ReportToReplicas runs ReportProxyChecks against every address the host of hostport
+// resolves to, each over a connection of its own, until ctx ends, and looks the name up
+// again every Interval (addresses that appear get a reporter, those gone lose theirs; a
+// failed lookup changes nothing). xds-server replicas share no state and each plans from
+// the reports it received, while an Envoy follows whichever replica it reached: behind a
+// headless Service (the chart's) every replica thus hears from every extproc. An IP literal
+// is its one address.
+func ReportToReplicas(ctx context.Context, hostport string, r Replicas, clientID string, log *slog.Logger, findings func() ([]frontproxy.Finding, <-chan struct{})) {
+	if log == nil {
+		log = slog.Default()
+	}
+	if r.Lookup == nil {
+		r.Lookup = net.DefaultResolver.LookupHost
+	}
+	if r.Interval <= 0 {
+		r.Interval = 30 * time.Second
+	}
+	host, port, err := net.SplitHostPort(hostport)
+	if err != nil {
+		log.Error("cannot report the proxy certificate check to xds-server", "address", hostport, "error", err)
+		return
+	}
+	type running struct {
+		cancel context.CancelFunc
+		done   chan struct{}
+	}
+	reporters := map[string]running{}
+	defer func() {
+		for _, rn := range reporters {
+			rn.cancel()
+			<-rn.done
+		}
+	}()
+	var lastErr string
+	for {
+		addrs := []string{host}
+		if net.ParseIP(host) == nil {
+			lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			addrs, err = r.Lookup(lctx, host)
+			cancel()
+			if err != nil {
+				addrs = nil
+				if err.Error() != lastErr {
+					log.Warn("cannot look up xds-server's replicas to report the proxy certificate check to; keeping those known", "host", host, "error", err)
+				}
+				lastErr = err.Error()
+			} else {
+				lastErr = ""
+			}
+		}
+		if addrs != nil {
+			want := map[string]bool{}
+			for _, a := range addrs {
+				want[net.JoinHostPort(a, port)] = true
+			}
+			for addr, rn := range reporters {
+				if !want[addr] {
+					rn.cancel()
+					<-rn.done
+					delete(reporters, addr)
+				}
+			}
+			for addr := range want {
+				if _, ok := reporters[addr]; ok {
+					continue
+				}
+				conn, err := r.Dial(addr)
+				if err != nil {
+					log.Error("cannot report the proxy certificate check to an xds-server replica", "address", addr, "error", err)
+					continue
+				}
+				rctx, cancel := context.WithCancel(ctx)
+				rn := running{cancel: cancel, done: make(chan struct{})}
+				go func() {
+					defer close(rn.done)
+					defer conn.Close()
+					ReportProxyChecks(rctx, conn, clientID, log.With("replica", addr), findings)
+				}()
+				reporters[addr] = rn
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(r.Interval):
+		}
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"maps"
+	"net"
 	"slices"
 	"sync"
 	"testing"
@@ -246,5 +247,70 @@ func TestProxyCheckReportLimits(t *testing.T) {
 	}
 	if err := send(plain, ok); status.Code(err) != codes.Unimplemented {
 		t.Errorf("an xds-server without ProxyChecks: %v, want UNIMPLEMENTED", err)
+	}
+}
+
+// TestReportToReplicas: every address the xds-server name resolves to gets the report (the
+// replicas share no state); an address that leaves the name stops getting it.
+func TestReportToReplicas(t *testing.T) {
+	first, _ := serve(t, "127.0.0.1:0", nil) // only to pick a port
+	_, port, _ := net.SplitHostPort(first)
+	var checks [2]*table.ProxyChecks
+	for i, ip := range []string{"127.0.0.2", "127.0.0.3"} {
+		checks[i] = &table.ProxyChecks{Grace: time.Millisecond}
+		lis, err := net.Listen("tcp", net.JoinHostPort(ip, port))
+		if err != nil {
+			t.Skipf("cannot listen on %s:%s: %v", ip, port, err)
+		}
+		lis.Close()
+		serve(t, net.JoinHostPort(ip, port), table.NewServer(table.WithProxyChecks(checks[i])))
+	}
+	var mu sync.Mutex
+	addrs := []string{"127.0.0.2", "127.0.0.3"}
+	f := newFindings()
+	f.set(dangerousAt("apiserver-a", "10.0.0.1:6443", "a takes it"))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		table.ReportToReplicas(ctx, net.JoinHostPort("xds-server.example", port), table.Replicas{
+			Dial: func(addr string) (*grpc.ClientConn, error) {
+				return grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			},
+			Lookup: func(_ context.Context, host string) ([]string, error) {
+				mu.Lock()
+				defer mu.Unlock()
+				if host != "xds-server.example" {
+					return nil, errors.New("no such host")
+				}
+				return slices.Clone(addrs), nil
+			},
+			Interval: 50 * time.Millisecond,
+		}, "envoy-1", nil, f.get)
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	topo := sampleTopology(t)
+	want := map[string]string{"apiserver-a": "a takes it"}
+	waitFor := func(what string, ok func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for !ok() {
+			if time.Now().After(deadline) {
+				t.Fatal(what)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	waitFor("both replicas got the report", func() bool {
+		return maps.Equal(checks[0].Dangerous(topo), want) && maps.Equal(checks[1].Dangerous(topo), want)
+	})
+	mu.Lock()
+	addrs = addrs[:1]
+	mu.Unlock()
+	waitFor("the replica that left the name forgot the report", func() bool {
+		return len(checks[1].Dangerous(topo)) == 0
+	})
+	if !maps.Equal(checks[0].Dangerous(topo), want) {
+		t.Errorf("the remaining replica: %v, want %v", checks[0].Dangerous(topo), want)
 	}
 }
