@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -34,9 +35,10 @@ import (
 // reports it to xds-server, which leaves it out of the front-proxy clusters. While cp-a is
 // live, a certificate user's SelfSubjectReview through kube-mvp, many times over, equals the
 // direct one (round robin over cp-a and cp-c would have answered "front-proxy-client" half
-// of the time); a bearer token still reaches cp-c. With cp-a and cp-b stopped, cp-c alone
-// could serve: a certificate user gets a 503 Status with Retry-After naming cp-c and what to
-// fix, never an answer as someone else.
+// of the time); a bearer token still reaches cp-c. batch/v1, which only cp-c serves, gets
+// extproc's 503 Status with Retry-After naming cp-c and what to fix; with cp-a and cp-b
+// stopped, cp-c alone could serve anything: a certificate user gets the same 503 from
+// Envoy's routes, never an answer as someone else.
 func TestProxyCertificateCheck(t *testing.T) {
 	fix := fmt.Sprintf("add its CN %q to --requestheader-allowed-names and its issuer's CA (CN=kube-mvp-test-front-proxy-ca) to --requestheader-client-ca-file", controlplane.ProxyClientCN)
 
@@ -85,8 +87,9 @@ func TestProxyCertificateCheck(t *testing.T) {
 		}
 		t.Cleanup(func() { os.RemoveAll(dir) })
 		e := newEnvOptions(t, ctx, controlplane.Options{Dir: dir, Servers: []controlplane.ServerSpec{
-			{Name: "cp-a", Version: "v1.37.1"},
-			{Name: "cp-b", Version: "v1.37.1", Args: []string{"--requestheader-allowed-names=someone-else"}},
+			// batch/v1 only on cp-c: the serving set of cp-c alone, which extproc names.
+			{Name: "cp-a", Version: "v1.37.1", RuntimeConfig: []string{"batch/v1=false"}},
+			{Name: "cp-b", Version: "v1.37.1", RuntimeConfig: []string{"batch/v1=false"}, Args: []string{"--requestheader-allowed-names=someone-else"}},
 			// Refuses the certificate as a front proxy's, but trusts its CA for clients.
 			{Name: "cp-c", Version: "v1.37.1", Args: []string{"--requestheader-allowed-names=someone-else",
 				"--client-ca-file=" + (&controlplane.PKI{Dir: dir}).Path("client-and-front-proxy-ca.crt")}},
@@ -200,6 +203,25 @@ func dangerousAPIServer(t *testing.T, ctx context.Context, e *env, k *harness.Ku
 	bobToken := serviceAccountToken(t, ctx, e.adminClient(e.cp.Server("cp-a")), "bob")
 	plain := e.rawClient(nil)
 
+	// batch/v1 is cp-c's alone: extproc answers a certificate user itself.
+	req, _ := http.NewRequestWithContext(ctx, "GET", k.Endpoint()+"/apis/batch/v1/namespaces/default/jobs", nil)
+	r, err := hc.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkRefusal(t, r, ids, fix)
+	// With its own credentials the request goes to cp-c, which says who it was.
+	if got := selfSubjectReview(t, ctx, plain, k.Endpoint(), bobToken, nil); !strings.Contains(got, `"system:serviceaccount:default:bob"`) {
+		t.Errorf("a bearer token through kube-mvp: %s, want bob", got)
+	}
+	req, _ = http.NewRequestWithContext(ctx, "GET", k.Endpoint()+"/apis/batch/v1/namespaces/default/jobs", nil)
+	req.Header.Set("Authorization", "Bearer "+bobToken)
+	if r, err := plain.Do(req); err != nil {
+		t.Error(err)
+	} else if st := decodeStatus(t, r); r.StatusCode != http.StatusForbidden || !strings.Contains(st.Message, `"system:serviceaccount:default:bob" cannot list resource "jobs"`) {
+		t.Errorf("bob lists jobs through kube-mvp: %d %s, want cp-c's 403 naming bob", r.StatusCode, st.Message)
+	}
+
 	// cp-a and cp-b stop: cp-c alone could serve.
 	stopped := time.Now()
 	var wg sync.WaitGroup
@@ -214,7 +236,6 @@ func dangerousAPIServer(t *testing.T, ctx context.Context, e *env, k *harness.Ku
 	}
 	wg.Wait()
 	var res *http.Response
-	var body []byte
 	waitFor(t, ctx, "a certificate user's 503 naming cp-c", func() error {
 		req, _ := http.NewRequestWithContext(ctx, "POST", k.Endpoint()+"/apis/authentication.k8s.io/v1/selfsubjectreviews",
 			strings.NewReader(`{"apiVersion":"authentication.k8s.io/v1","kind":"SelfSubjectReview"}`))
@@ -231,28 +252,37 @@ func dangerousAPIServer(t *testing.T, ctx context.Context, e *env, k *harness.Ku
 		if r.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(b), "cp-c ("+ids["cp-c"]+")") {
 			return fmt.Errorf("%d %s", r.StatusCode, b)
 		}
-		res, body = r, b
+		r.Body = io.NopCloser(bytes.NewReader(b))
+		res = r
 		return nil
 	})
-	t.Logf("503 naming cp-c %s after cp-a and cp-b were stopped: %s", time.Since(stopped).Round(100*time.Millisecond), body)
-	var st status
-	if err := json.Unmarshal(body, &st); err != nil || st.Kind != "Status" || st.Code != 503 || st.Reason != "ServiceUnavailable" {
-		t.Errorf("503 body %s (%v), want a Status", body, err)
+	t.Logf("503 naming cp-c %s after cp-a and cp-b were stopped", time.Since(stopped).Round(100*time.Millisecond))
+	checkRefusal(t, res, ids, fix)
+	if got := selfSubjectReview(t, ctx, plain, k.Endpoint(), bobToken, nil); !strings.Contains(got, `"system:serviceaccount:default:bob"`) {
+		t.Errorf("a bearer token through kube-mvp, cp-c alone live: %s, want bob", got)
+	}
+}
+
+// checkRefusal: res is the 503 Status a certificate user gets when only cp-c, dangerous,
+// could serve: Retry-After, and a message naming cp-c and what to fix.
+func checkRefusal(t *testing.T, res *http.Response, ids map[string]string, fix string) {
+	t.Helper()
+	st := decodeStatus(t, res)
+	if res.StatusCode != http.StatusServiceUnavailable || st.Kind != "Status" || st.Code != 503 || st.Reason != "ServiceUnavailable" {
+		t.Errorf("%s %s: %d %+v, want a 503 Status", res.Request.Method, res.Request.URL.Path, res.StatusCode, st)
 	}
 	if ra := res.Header.Get("Retry-After"); ra != "1" {
-		t.Errorf("Retry-After %q, want 1", ra)
+		t.Errorf("%s: Retry-After %q, want 1", res.Request.URL.Path, ra)
 	}
 	for _, want := range []string{
 		fmt.Sprintf("cp-c (%s): authenticates the proxy certificate as the client %s, not as a front proxy: %s.", ids["cp-c"], controlplane.ProxyClientCN, fix),
 		"would run as the certificate's user",
 	} {
 		if !strings.Contains(st.Message, want) {
-			t.Errorf("503 message lacks %q:\n%s", want, st.Message)
+			t.Errorf("%s: 503 message lacks %q:\n%s", res.Request.URL.Path, want, st.Message)
 		}
 	}
-	if got := selfSubjectReview(t, ctx, plain, k.Endpoint(), bobToken, nil); !strings.Contains(got, `"system:serviceaccount:default:bob"`) {
-		t.Errorf("a bearer token through kube-mvp, cp-c alone live: %s, want bob", got)
-	}
+	t.Logf("%s %s: %d %s", res.Request.Method, res.Request.URL.Path, res.StatusCode, st.Message)
 }
 
 // proxyClientUserJSON is how a SelfSubjectReview names the proxy certificate's user.
