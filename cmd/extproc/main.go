@@ -12,7 +12,9 @@
 // verifies with, in the same pod) extproc asks every live apiserver of its routing table
 // whether it accepts the proxy certificate as a front proxy (internal/frontproxy): /readyz
 // fails when every apiserver that answered refuses it, and lists the refusing ones, with what
-// to fix, as warnings when only some do.
+// to fix, as warnings when only some do. With an xds source it reports what it found to
+// xds-server (TableService.ReportProxyChecks), which keeps requests whose identity kube-mvp
+// sets away from apiservers that take the proxy certificate for an ordinary client's.
 package main
 
 import (
@@ -98,7 +100,7 @@ func (c *config) flagSet() *pflag.FlagSet {
 		"file source: also re-read the file when it changes, checked this often (0: only on SIGHUP)")
 	fs.StringVar(&c.proxy.Cert, "proxy-client-cert", "", "the front-proxy client certificate Envoy presents to the apiservers (xds-server's --proxy-client-cert), a `FILE` in this container: "+
 		"extproc then asks every live apiserver whether it accepts it as a front proxy, when they change and every 60 s; /readyz fails when every apiserver that answered refuses it "+
-		"and lists those that refuse it, with what to fix (needs --proxy-client-key and --peer-ca; re-read for every round)")
+		"and lists those that refuse it, with what to fix; with an xds source it reports them to xds-server, which keeps requests whose identity kube-mvp sets away from those that take it for an ordinary client's (needs --proxy-client-key and --peer-ca; re-read for every round)")
 	fs.StringVar(&c.proxy.Key, "proxy-client-key", "", "the key of --proxy-client-cert, a `FILE`")
 	fs.StringVar(&c.proxy.PeerCA, "peer-ca", "", "the CA of the apiservers' serving certificates (xds-server's --peer-ca), a `FILE`: the proxy certificate goes only to apiservers it verifies")
 	fs.StringVar(&c.proxy.ServerName, "upstream-server-name", frontproxy.DefaultServerName, "with --proxy-client-cert: the SNI sent to the apiservers and the DNS SAN required of them (xds-server's --upstream-server-name), a `NAME`")
@@ -315,15 +317,30 @@ func start(cfg config, log *slog.Logger, reload <-chan os.Signal) (*app, error) 
 			}
 			creds = credentials.NewTLS(c.ClientConfig())
 		}
-		conn, err := grpc.NewClient(cfg.sourceXDS, grpc.WithTransportCredentials(creds),
-			// The table stream is idle between changes; keepalives notice a dead xds-server.
-			grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second, PermitWithoutStream: true}))
+		// The table stream is idle between changes; keepalives notice a dead xds-server.
+		keepalives := grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second, PermitWithoutStream: true})
+		conn, err := grpc.NewClient(cfg.sourceXDS, grpc.WithTransportCredentials(creds), keepalives)
 		if err != nil {
 			return nil, fmt.Errorf("--source xds:%s: %w", cfg.sourceXDS, err)
 		}
 		clientID, _ := os.Hostname()
 		follow = func(ctx context.Context) {
 			defer conn.Close()
+			if a.proxyCheck != nil {
+				// What the check finds goes to every xds-server replica (they share no
+				// state, and Envoy may follow any of them), which keep requests whose
+				// identity kube-mvp sets away from apiservers found dangerous.
+				reported := make(chan struct{})
+				go func() {
+					defer close(reported)
+					table.ReportToReplicas(ctx, cfg.sourceXDS, table.Replicas{
+						Dial: func(addr string) (*grpc.ClientConn, error) {
+							return grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(creds), keepalives)
+						},
+					}, clientID, log, a.proxyCheck.Findings)
+				}()
+				defer func() { <-reported }()
+			}
 			table.Follow(ctx, conn, clientID, log, apply, table.OnReject(a.srv.TableUpdateFailed))
 		}
 	}

@@ -6,10 +6,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
@@ -205,7 +208,8 @@ func serve(ctx context.Context, opts serveOptions, log *slog.Logger, ready chan<
 	mbb := makebeforebreak.Options{TableDelay: opts.tableDelay, Linger: opts.linger}
 	xdsServer := xds.New(translator(opts.cfg, log), mbb, log)
 	xdsServer.OnBuild = m.observeBuild
-	tables := table.NewServer(table.WithLogger(log), table.WithRegisterer(reg))
+	checks := &table.ProxyChecks{Log: log}
+	tables := table.NewServer(table.WithLogger(log), table.WithRegisterer(reg), table.WithProxyChecks(checks))
 	publisher := makebeforebreak.NewPublisher(mbb, func(e *plan.Envoys) { tables.Publish(e.Table(), time.Now()) })
 	publisher.OnDelay = func(names []string, delay time.Duration) {
 		log.Info("routing table narrowed to what Envoy has; the whole table follows after the delay", "delay", delay, "new", names)
@@ -223,6 +227,40 @@ func serve(ctx context.Context, opts serveOptions, log *slog.Logger, ready chan<
 		return float64(n)
 	}))
 
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "kube_mvp_xds_proxy_check_reports",
+		Help: "extprocs whose proxy certificate report xds-server keeps (connected now, or whose stream ended within the grace period).",
+	}, func() float64 { c, e := checks.Reporters(); return float64(c + e) }))
+
+	// Every decision is made in replan, once per topology change and once per change of the
+	// apiservers extproc's proxy certificate check calls dangerous; Envoy's snapshots and
+	// extproc's table are both translations of these plans.
+	var (
+		planMu    sync.Mutex
+		lastTopo  *topology.Topology
+		dangerous = map[string]string{}
+	)
+	replan := func(t *topology.Topology) { // with planMu held
+		d := checks.Dangerous(t)
+		logDangerChanges(log, t, dangerous, d)
+		dangerous = d
+		m.dangerous.Set(float64(len(d)))
+		e, err := plan.ForEveryEnvoy(t.WithDangerous(d))
+		if err != nil {
+			m.builds.WithLabelValues("error").Inc()
+			log.Error("no routing plan for the new topology; Envoy and extproc keep the last one", "error", err)
+			return
+		}
+		xdsServer.Update(e)
+		publisher.Offer(e, e.Names())
+	}
+	checks.OnChange = func() {
+		planMu.Lock()
+		defer planMu.Unlock()
+		if lastTopo != nil && !maps.Equal(checks.Dangerous(lastTopo), dangerous) {
+			replan(lastTopo)
+		}
+	}
 	opts.watch.Log = log
 	opts.watch.OnSkipped = func(n int) { m.skipped.Set(float64(n)) }
 	opts.watch.OnRequestHeaderConfig = func(ok bool) {
@@ -234,16 +272,10 @@ func serve(ctx context.Context, opts serveOptions, log *slog.Logger, ready chan<
 	}
 	watcher, err := inventory.NewWatcher(opts.rest, opts.watch, func(t *topology.Topology) {
 		m.observeTopology(t)
-		// Every decision is made here, once per topology change; Envoy's snapshots and
-		// extproc's table are both translations of these plans.
-		e, err := plan.ForEveryEnvoy(t)
-		if err != nil {
-			m.builds.WithLabelValues("error").Inc()
-			log.Error("no routing plan for the new topology; Envoy and extproc keep the last one", "error", err)
-			return
-		}
-		xdsServer.Update(e)
-		publisher.Offer(e, e.Names())
+		planMu.Lock()
+		defer planMu.Unlock()
+		lastTopo = t
+		replan(t)
 	})
 	if err != nil {
 		return err
@@ -322,6 +354,26 @@ var grpcPolicy = cptls.Policy{
 
 var envoyRoles = []cptls.Role{cptls.RoleEnvoyFront, cptls.RoleEnvoySidecar}
 
+// logDangerChanges logs each apiserver of t that became dangerous (now) or stopped being so
+// since before.
+func logDangerChanges(log *slog.Logger, t *topology.Topology, before, now map[string]string) {
+	for _, id := range slices.Sorted(maps.Keys(now)) {
+		if before[id] == now[id] {
+			continue
+		}
+		s, _ := t.Server(id)
+		log.Error("extproc reports that the apiserver takes the proxy certificate for an ordinary client's: requests whose identity kube-mvp sets go only to other apiservers, or get a 503 naming it",
+			"apiserver", id, "hostname", s.Hostname, "address", s.Address, "reason", now[id])
+	}
+	for _, id := range slices.Sorted(maps.Keys(before)) {
+		if _, still := now[id]; !still {
+			s, _ := t.Server(id)
+			log.Info("no extproc reports the apiserver dangerous any more: requests whose identity kube-mvp sets may go to it again",
+				"apiserver", id, "hostname", s.Hostname, "address", s.Address)
+		}
+	}
+}
+
 type serveMetrics struct {
 	apiservers   *prometheus.GaugeVec
 	builds       *prometheus.CounterVec
@@ -329,6 +381,7 @@ type serveMetrics struct {
 	updates      prometheus.Counter
 	refused      *prometheus.CounterVec
 	skipped      prometheus.Gauge
+	dangerous    prometheus.Gauge
 	// headerConfigBad: the request-header ConfigMap is malformed or incomplete.
 	headerConfigBad prometheus.Gauge
 }
@@ -361,7 +414,11 @@ func newServeMetrics(reg prometheus.Registerer) *serveMetrics {
 		Name: "kube_mvp_xds_request_header_config_malformed",
 		Help: "1 while kube-system/extension-apiserver-authentication's requestheader keys are malformed or missing: the last good header names stay in use (with none, nothing is published and /readyz fails), and every name read before stays stripped from clients.",
 	})
-	reg.MustRegister(m.apiservers, m.builds, m.buildSeconds, m.updates, m.refused, m.skipped, m.headerConfigBad)
+	m.dangerous = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "kube_mvp_xds_dangerous_apiservers",
+		Help: "Apiservers that an extproc's proxy certificate check found taking the proxy certificate for an ordinary client's: left out of the front-proxy clusters (see the log and /debug/topology).",
+	})
+	reg.MustRegister(m.apiservers, m.builds, m.buildSeconds, m.updates, m.refused, m.skipped, m.headerConfigBad, m.dangerous)
 	return m
 }
 

@@ -4,6 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/go-multierror"
@@ -51,6 +54,10 @@ type translateOptions struct {
 	build  objects.Options
 	cfg    snapshot.Config
 	envoy  envoyFlags
+	// dangerous are the apiservers to translate as found dangerous, with the reason
+	// (--dangerous-apiserver, read into dangerous after parsing).
+	dangerousFlags []string
+	dangerous      map[string]string
 }
 
 // flagSet defines translate's flags on o, with their defaults.
@@ -67,6 +74,7 @@ func (o *translateOptions) flagSet() *pflag.FlagSet {
 	fs.Var(cli.NewValue(&o.build.Now, time.Time{}, "RFC3339", cli.Time), "now", "judge Lease liveness at this time (default: every Lease is live)")
 	fs.Var(cli.NewValue(&o.build.LivenessWindow, objects.DefaultLivenessWindow, "DURATION", cli.Duration(1, "a positive duration, e.g. 30s")),
 		"liveness-window", "how recent a live Lease's renewal is")
+	fs.StringArrayVar(&o.dangerousFlags, "dangerous-apiserver", nil, "translate as if extproc's proxy certificate check had found the apiserver `ID=REASON` taking the proxy certificate for an ordinary client's (xds-server serve learns that from extproc): the front-proxy clusters leave it out; repeatable")
 	fs.AddFlagSet(o.envoy.flagSet())
 	return fs
 }
@@ -85,6 +93,17 @@ func parseTranslate(args []string) (translateOptions, error) {
 	}
 	if fs.Changed("node-id") && opts.nodeID == "" {
 		errs = multierror.Append(errs, errors.New("--node-id needs an apiserver ID, e.g. apiserver-tqsyvnc7rs47fayzipsuqpfg4m"))
+	}
+	for _, f := range opts.dangerousFlags {
+		id, reason, ok := strings.Cut(f, "=")
+		if !ok || id == "" || reason == "" {
+			errs = multierror.Append(errs, fmt.Errorf("--dangerous-apiserver %q: want ID=REASON, e.g. apiserver-tqsyvnc7rs47fayzipsuqpfg4m='takes the proxy certificate as the client front-proxy-client'", f))
+			continue
+		}
+		if opts.dangerous == nil {
+			opts.dangerous = map[string]string{}
+		}
+		opts.dangerous[id] = reason
 	}
 	opts.cfg, errs = opts.envoy.config(errs)
 	return opts, cli.Err(errs)
@@ -117,6 +136,14 @@ func runTranslate(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "warning: --node-id %s: no identity Lease in %s names this apiserver; its local cluster is empty\n", opts.nodeID, opts.file)
 		}
 		topo = topo.WithLocal(opts.nodeID)
+	}
+	if len(opts.dangerous) > 0 {
+		for _, id := range slices.Sorted(maps.Keys(opts.dangerous)) {
+			if _, ok := topo.Server(id); !ok {
+				fmt.Fprintf(stderr, "warning: --dangerous-apiserver %s: no identity Lease in %s names this apiserver\n", id, opts.file)
+			}
+		}
+		topo = topo.WithDangerous(opts.dangerous)
 	}
 
 	p, err := plan.Build(topo)

@@ -48,6 +48,7 @@ func TestTranslateGolden(t *testing.T) {
 			if id := fixtures.SidecarOf(name); id != "" {
 				args = append(args, "--node-id", id)
 			}
+			args = append(args, fixtures.DangerousFlags(name)...)
 			code, out, errOut := runCmd(args...)
 			if code != 0 {
 				t.Fatalf("exit %d: %s", code, errOut)

@@ -56,11 +56,20 @@ func (tb *table) view(local string) *view {
 		return nil
 	}
 	v.once.Do(func() {
-		v.def = newRoute(v.routes.Default, tb.m)
+		servers := tb.plans.APIServers
+		v.def = newRoute(v.routes.Default, tb.m, servers)
 		all := v.routes.All()
 		v.byKey = make(map[topology.Resource]*route, len(all))
+		refusals := map[string]*extprocv3.ProcessingResponse{} // by FrontProxyRefused's key
 		for _, r := range all {
-			v.byKey[r.Resource] = newRoute(r, tb.m)
+			rt := newRoute(r, tb.m, nil)
+			if key := r.FrontProxyRefused.Key(); key != "" {
+				if refusals[key] == nil {
+					refusals[key] = frontProxyRefusal(servers, r.FrontProxyRefused)
+				}
+				rt.frontProxyRefused = refusals[key]
+			}
+			v.byKey[r.Resource] = rt
 		}
 	})
 	return v
@@ -95,6 +104,10 @@ type route struct {
 	// frontProxyResp is the answer for a request whose identity the Lua filter set.
 	resp, frontProxyResp *extprocv3.ProcessingResponse
 	upgradeResp          struct{ resp, frontProxyResp *extprocv3.ProcessingResponse }
+	// frontProxyRefused, when not nil, answers every request whose identity the Lua filter
+	// set: every apiserver of the cluster is dangerous (plan.Route.FrontProxyRefused), an
+	// immediate 503 naming them.
+	frontProxyRefused *extprocv3.ProcessingResponse
 
 	labels      [4]string
 	counterOnce sync.Once
@@ -102,8 +115,13 @@ type route struct {
 	m           *metrics
 }
 
-func newRoute(d plan.Route, m *metrics) *route {
+// newRoute prepares d's answers; servers, when given, are the table's apiservers, which a
+// refusal of front-proxy requests names (otherwise the caller sets frontProxyRefused).
+func newRoute(d plan.Route, m *metrics, servers []topology.APIServer) *route {
 	r := &route{outcome: d.Outcome, m: m}
+	if servers != nil && len(d.FrontProxyRefused) > 0 {
+		r.frontProxyRefused = frontProxyRefusal(servers, d.FrontProxyRefused)
+	}
 	res := d.Resource.Resource
 	if d.Resource.Subresource != "" {
 		res += "/" + d.Resource.Subresource
@@ -161,6 +179,13 @@ func (r *route) response(seen []string, upgrade, frontProxy bool) *extprocv3.Pro
 		set = r.frontProxySet
 	}
 	return headersResponse(set, seen, r.lb)
+}
+
+// frontProxyRefusal is the immediate 503 for requests whose identity the Lua filter set
+// when every apiserver that could serve them (ids) takes the proxy certificate for an
+// ordinary client's: the same message as the direct responses of Envoy's routes.
+func frontProxyRefusal(servers []topology.APIServer, ids topology.ServerSet) *extprocv3.ProcessingResponse {
+	return immediate503(plan.FrontProxyRefusal(servers, ids), "kube_mvp_front_proxy_refused")
 }
 
 // headersResponse answers request_headers by continuing with a header mutation.

@@ -299,6 +299,9 @@ func (s *Server) requestHeaders(h *extprocv3.HttpHeaders, local string, disc *di
 	if rt.outcome == topology.Unavailable {
 		return rt.resp
 	}
+	if frontProxy && rt.frontProxyRefused != nil {
+		return rt.frontProxyRefused
+	}
 	resp := rt.resp
 	switch {
 	case len(identity) != 0 || len(owned) != 0:

@@ -75,8 +75,9 @@ type Result struct {
 	// User is who the apiserver said the request came from; "" when it did not say.
 	User string
 	// Dangerous: the apiserver authenticated the proxy certificate's requests as User, not
-	// from the user header. Envoy's health checks then pass, so it gets requests, and every
-	// request kube-mvp forwards for a client certificate runs as User.
+	// from the user header. Envoy's health checks then pass, and every request kube-mvp
+	// forwarded there for a client certificate would run as User: extproc reports it to
+	// xds-server, which keeps such requests away from it (plan.FrontProxyRefusal).
 	Dangerous bool
 	// Reason says, unless Accepted, what happened and what to fix.
 	Reason string
@@ -231,8 +232,8 @@ func (c Checker) judge(status int, body []byte, userHeader string) Result {
 		hint = fmt.Sprintf(" (if it has both, its --requestheader-username-headers must include %s)", canonical(userHeader))
 	}
 	r.Reason = fmt.Sprintf("authenticates the proxy certificate as %s, not as a front proxy: %s%s. "+
-		"DANGEROUS: Envoy's health checks pass there, so it gets requests, and every request kube-mvp forwards for a client certificate runs as %s, "+
-		"with that user's permissions, not the caller's",
+		"DANGEROUS: Envoy's health checks pass there, and a request kube-mvp forwarded there for a client certificate would run as %s, "+
+		"with that user's permissions, not the caller's; while extproc reports this, xds-server sends such requests only to other apiservers",
 		who, c.fix(), hint, r.User)
 	return r
 }

@@ -206,7 +206,7 @@ func TestCheck(t *testing.T) {
 			f.allowedNames = []string{"someone-else"}
 			f.clientCA = pool(p.clientCA, p.frontProxyCA)
 		}, want: Result{Verdict: Refused, Status: 201, User: "front-proxy-client", Dangerous: true},
-			reason: []string{"authenticates the proxy certificate as the client front-proxy-client, not as a front proxy: " + fix, "DANGEROUS", "runs as front-proxy-client"}},
+			reason: []string{"authenticates the proxy certificate as the client front-proxy-client, not as a front proxy: " + fix, "DANGEROUS", "would run as front-proxy-client"}},
 		{name: "taken as a client certificate, forbidden", edit: func(f *fakeAPIServer) {
 			f.requestHeaderCA = pool(p.otherCA)
 			f.clientCA = pool(p.clientCA, p.frontProxyCA)

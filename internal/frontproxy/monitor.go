@@ -66,11 +66,26 @@ type Monitor struct {
 	key     string            // targets and header, to notice changes
 	states  map[string]*state // by ID, for current targets only
 	loadErr error             // NewCheck's error in the last round, if any
+	// findingsKey is Findings' content when changed was last replaced; changed is closed
+	// and replaced whenever it changes.
+	findingsKey string
+	changed     chan struct{}
 }
 
 type state struct {
 	target Target
 	result Result
+	// conclusive is the last conclusive (accepted or refused) result; zero (Inconclusive)
+	// until there is one. An inconclusive check does not clear it: an apiserver that once
+	// took the proxy certificate for a client's stays dangerous until a check says
+	// otherwise.
+	conclusive Result
+}
+
+// Finding is an apiserver's last conclusive check (Monitor.Findings).
+type Finding struct {
+	Target
+	Result
 }
 
 // NewMonitor returns a Monitor with no routing table yet; Run runs its checks.
@@ -81,7 +96,7 @@ func NewMonitor(opts MonitorOptions) *Monitor {
 	if opts.Timeout <= 0 {
 		opts.Timeout = 10 * time.Second
 	}
-	m := &Monitor{opts: opts, log: opts.Logger, wake: make(chan struct{}, 1), states: map[string]*state{}}
+	m := &Monitor{opts: opts, log: opts.Logger, wake: make(chan struct{}, 1), states: map[string]*state{}, changed: make(chan struct{})}
 	if m.log == nil {
 		m.log = slog.New(slog.DiscardHandler)
 	}
@@ -133,6 +148,7 @@ func (m *Monitor) SetTable(t *plan.Table) {
 			st.target = tg // the hostname may have changed
 		}
 	}
+	m.notify()
 	select {
 	case m.wake <- struct{}{}:
 	default:
@@ -212,12 +228,54 @@ func (m *Monitor) round(ctx context.Context) {
 			m.record(cur, results[i])
 		}
 	}
+	m.notify()
+}
+
+// Findings are the last conclusive check of every current target that had one, sorted by
+// ID, and a channel closed when they next change (what extproc reports to xds-server).
+func (m *Monitor) Findings() ([]Finding, <-chan struct{}) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.findings(), m.changed
+}
+
+// findings is Findings' list. Call with mu held.
+func (m *Monitor) findings() []Finding {
+	var out []Finding
+	for _, tg := range m.targets {
+		if st, ok := m.states[tg.ID]; ok && st.conclusive.Verdict != Inconclusive {
+			out = append(out, Finding{Target: st.target, Result: st.conclusive})
+		}
+	}
+	return out
+}
+
+// notify closes changed when the findings changed since it was last closed. Call with mu
+// held.
+func (m *Monitor) notify() {
+	var key strings.Builder
+	for _, f := range m.findings() {
+		fmt.Fprintf(&key, "%s\x00%s\x00%s\x00%d\x00%t\x00%s\n", f.ID, f.Hostname, f.Address, f.Verdict, f.Dangerous, f.Reason)
+	}
+	if key.String() == m.findingsKey {
+		return
+	}
+	m.findingsKey = key.String()
+	close(m.changed)
+	m.changed = make(chan struct{})
 }
 
 // record keeps r as tg's state, logs a change of state and sets the gauge. Call with mu held.
 func (m *Monitor) record(tg Target, r Result) {
 	prev, seen := m.states[tg.ID]
-	m.states[tg.ID] = &state{target: tg, result: r}
+	st := &state{target: tg, result: r, conclusive: r}
+	if r.Verdict == Inconclusive {
+		st.conclusive = Result{}
+		if seen {
+			st.conclusive = prev.conclusive
+		}
+	}
+	m.states[tg.ID] = st
 	switch r.Verdict {
 	case Accepted:
 		m.gauge.WithLabelValues(tg.ID).Set(1)

@@ -3,6 +3,7 @@ package frontproxy
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"maps"
 	"strings"
@@ -245,4 +246,66 @@ func TestMonitorCannotLoad(t *testing.T) {
 	if n := strings.Count(logs.String(), "cannot check"); n != 1 {
 		t.Errorf("logged %d times, want once:\n%s", n, logs)
 	}
+}
+
+// TestMonitorFindings: Findings lists each current apiserver's last conclusive check (what
+// extproc reports to xds-server), signals every change, keeps a dangerous verdict through an
+// inconclusive check, and drops an apiserver that leaves the table.
+func TestMonitorFindings(t *testing.T) {
+	dangerous := Result{Verdict: Refused, Status: 201, User: "front-proxy-client", Dangerous: true, Reason: "DANGEROUS"}
+	f := newFakeChecks()
+	f.set(cpA.Address, accepted)
+	f.set(cpC.Address, dangerous)
+	m, _, _ := startMonitor(t, f, 50*time.Millisecond)
+	findings, changed := m.Findings()
+	if len(findings) != 0 {
+		t.Errorf("findings before any table: %v", findings)
+	}
+	m.SetTable(table(cpA, cpB, cpC))
+	waitFindings := func(what string, want map[string]Result) {
+		t.Helper()
+		testutil.WaitFor(t, t.Context(), 10*time.Second, what, func() error {
+			var got []Finding
+			got, changed = m.Findings()
+			byID := map[string]Result{}
+			for _, fd := range got {
+				byID[fd.ID] = fd.Result
+			}
+			if !maps.Equal(byID, want) {
+				return fmt.Errorf("findings %v", byID)
+			}
+			return nil
+		})
+	}
+	select {
+	case <-changed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no change signalled after the first round")
+	}
+	// cp-b is unreachable: inconclusive, not listed.
+	waitFindings("first round", map[string]Result{cpA.ID: accepted, cpC.ID: dangerous})
+
+	// cp-c stops answering: still dangerous, since the last conclusive check said so.
+	f.set(cpC.Address, Result{Reason: "unreachable: timeout"})
+	before := f.count(cpC.Address)
+	testutil.WaitFor(t, t.Context(), 10*time.Second, "cp-c checked again", func() error {
+		if f.count(cpC.Address) < before+2 {
+			return errors.New("not yet")
+		}
+		return nil
+	})
+	waitFindings("cp-c inconclusive", map[string]Result{cpA.ID: accepted, cpC.ID: dangerous})
+
+	// cp-c fixed: a change, signalled.
+	_, changed = m.Findings()
+	f.set(cpC.Address, accepted)
+	select {
+	case <-changed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no change signalled when cp-c was fixed")
+	}
+	waitFindings("cp-c fixed", map[string]Result{cpA.ID: accepted, cpC.ID: accepted})
+
+	m.SetTable(table(cpA))
+	waitFindings("cp-c left the table", map[string]Result{cpA.ID: accepted})
 }

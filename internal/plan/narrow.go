@@ -21,7 +21,7 @@ const maxNarrowSearch = 10
 // once while the whole one waits for Envoy (makebeforebreak.Publisher.Narrow). Only the
 // routes change: e's other parts are shared.
 func (e *Envoys) NarrowTo(known map[string]bool) *Envoys {
-	n := &narrower{t: e.Front.Topology, known: known, memo: map[string]Route{}}
+	n := &narrower{t: e.Front.Topology, known: known, memo: map[string]Route{}, dangerous: e.Front.FrontProxyExcluded}
 	out := &Envoys{Front: n.plan(e.Front), Local: make(map[string]*Plan, len(e.Local))}
 	for id, p := range e.Local {
 		out.Local[id] = n.plan(p)
@@ -34,6 +34,9 @@ type narrower struct {
 	known map[string]bool
 	// memo holds the narrowed route (cluster, outcome, servers) of each unknown set by name.
 	memo map[string]Route
+	// dangerous are the apiservers requests whose identity kube-mvp sets must not reach: a
+	// narrowed set of only those refuses them (Route.FrontProxyRefused).
+	dangerous topology.ServerSet
 }
 
 func (n *narrower) plan(p *Plan) *Plan {
@@ -48,12 +51,13 @@ func (n *narrower) plan(p *Plan) *Plan {
 		}
 		narrowed := n.narrow(r)
 		routes[i].Outcome, routes[i].Cluster, routes[i].Servers = narrowed.Outcome, narrowed.Cluster, narrowed.Servers
+		routes[i].FrontProxyRefused = narrowed.FrontProxyRefused
 	}
 	if routes == nil {
 		return p
 	}
 	c := *p
-	c.Routes = newRoutes(p.LocalID, routes)
+	c.Routes = newRoutes(p.LocalID, routes, p.Routes.Default.FrontProxyRefused)
 	return &c
 }
 
@@ -72,7 +76,7 @@ func (n *narrower) narrow(r Route) Route {
 	}
 	for _, members := range []topology.ServerSet{established, r.Servers} {
 		if set, ok := n.largestKnown(members, len(members) < len(r.Servers)); ok {
-			best = Route{Outcome: topology.Subset, Cluster: SubsetClusterName(n.t, set), Servers: set}
+			best = Route{Outcome: topology.Subset, Cluster: SubsetClusterName(n.t, set), Servers: set, FrontProxyRefused: refusedIfAll(set, n.dangerous)}
 			break
 		}
 	}

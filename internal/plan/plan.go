@@ -49,6 +49,10 @@ type Cluster struct {
 	Name    string             `json:"name"`
 	Role    Role               `json:"role"`
 	Members topology.ServerSet `json:"members"`
+	// FrontProxyRefused are its members when every one of them is dangerous
+	// (topology.APIServer.Dangerous): its front-proxy twin has no endpoint, and the requests
+	// whose identity kube-mvp sets that would go to it get a 503 naming them instead.
+	FrontProxyRefused topology.ServerSet `json:"frontProxyRefused,omitempty"`
 }
 
 // Route is where the requests for one resource go.
@@ -64,6 +68,12 @@ type Route struct {
 	// Servers are, for Subset, the live apiservers that serve Resource (the cluster's
 	// members); for Unavailable, the known but dead ones that would.
 	Servers topology.ServerSet `json:"-"`
+	// FrontProxyRefused, for a route that forwards, are the members of its cluster (the
+	// serving set for Subset, the default cluster otherwise) when every one of them is
+	// dangerous: a request whose identity kube-mvp sets gets a 503 naming them
+	// (FrontProxyRefusal) rather than going to any of them. Empty otherwise: such requests go
+	// to the cluster's front-proxy twin, whose endpoints leave the dangerous apiservers out.
+	FrontProxyRefused topology.ServerSet `json:"-"`
 }
 
 // GroupVersion is the plan of one published group/version.
@@ -109,6 +119,12 @@ type Plan struct {
 	// RequestHeaders are the identity headers the apiservers read (defaults filled in):
 	// the listener strips them, extproc sets them.
 	RequestHeaders topology.RequestHeaders
+	// FrontProxyExcluded are the dangerous apiservers (topology.APIServer.Dangerous), sorted:
+	// they take the proxy certificate for an ordinary client's, so the front-proxy twin of
+	// every cluster (contract.FrontProxyCluster) leaves them out of its endpoints. The
+	// clusters as named keep them: a request with the caller's own credentials is
+	// authenticated there as the caller.
+	FrontProxyExcluded topology.ServerSet
 }
 
 // Build makes the plan of t for a front proxy, or, when t.LocalID is set, for a sidecar
@@ -130,10 +146,12 @@ type shared struct {
 	// docs and docCaps are the group/versions' document keys and who can serve each, sorted.
 	docs    []topology.Resource
 	docCaps []topology.Capability
+	// dangerous are the apiservers requests whose identity kube-mvp sets must not reach.
+	dangerous topology.ServerSet
 }
 
 func newShared(t *topology.Topology) *shared {
-	s := &shared{t: t, resources: t.Resources(), live: t.Live(), hosts: t.Hosts(), byNames: map[string]string{}}
+	s := &shared{t: t, resources: t.Resources(), live: t.Live(), hosts: t.Hosts(), byNames: map[string]string{}, dangerous: t.Dangerous()}
 	s.caps = make([]topology.Capability, len(s.resources))
 	s.names = make([]string, len(s.resources))
 	for i, r := range s.resources {
@@ -168,8 +186,16 @@ func (s *shared) subsetName(i int) string {
 // plan is the plan for an Envoy beside local ("" for a front proxy).
 func (s *shared) plan(local string) (*Plan, error) {
 	t := s.t.WithLocal(local)
-	p := &Plan{Topology: t, LocalID: local, RequestHeaders: t.RequestHeaders.OrDefault(), Hosts: s.hosts, Aggregated: t.Aggregated}
+	p := &Plan{Topology: t, LocalID: local, RequestHeaders: t.RequestHeaders.OrDefault(), Hosts: s.hosts, Aggregated: t.Aggregated, FrontProxyExcluded: s.dangerous}
 	def := DefaultCluster(local)
+	defMembers := s.live
+	if local != "" {
+		defMembers = nil
+		if slices.Contains(s.live, local) {
+			defMembers = topology.ServerSet{local}
+		}
+	}
+	defRefused := refusedIfAll(defMembers, s.dangerous)
 	subsets := map[string]topology.ServerSet{}
 	route := func(r topology.Resource, c topology.Capability, name func() string) (Route, error) {
 		d := c.Decide(local, s.live)
@@ -181,8 +207,10 @@ func (s *shared) plan(local string) (*Plan, error) {
 				return Route{}, fmt.Errorf("cluster name %s stands for two serving sets, [%s] and [%s] (two apiservers share a hostname?)", route.Cluster, prev.Key(), d.Servers.Key())
 			}
 			subsets[route.Cluster] = d.Servers
+			route.FrontProxyRefused = refusedIfAll(d.Servers, s.dangerous)
 		case topology.Default, topology.NotServed:
 			route.Cluster = def
+			route.FrontProxyRefused = defRefused
 		}
 		return route, nil
 	}
@@ -218,18 +246,14 @@ func (s *shared) plan(local string) (*Plan, error) {
 		p.GroupVersions[i].Routes = all[at:end:end] // an append must not run into the next
 		at = end
 	}
-	p.Routes = newRoutes(local, all)
+	p.Routes = newRoutes(local, all, defRefused)
+	role := RoleDefault
 	if local != "" {
-		var members topology.ServerSet
-		if slices.Contains(s.live, local) {
-			members = topology.ServerSet{local}
-		}
-		p.Clusters = append(p.Clusters, Cluster{Name: def, Role: RoleLocal, Members: members})
-	} else {
-		p.Clusters = append(p.Clusters, Cluster{Name: def, Role: RoleDefault, Members: s.live})
+		role = RoleLocal
 	}
+	p.Clusters = append(p.Clusters, Cluster{Name: def, Role: role, Members: defMembers, FrontProxyRefused: defRefused})
 	for _, name := range slices.Sorted(maps.Keys(subsets)) {
-		p.Clusters = append(p.Clusters, Cluster{Name: name, Role: RoleSubset, Members: subsets[name]})
+		p.Clusters = append(p.Clusters, Cluster{Name: name, Role: RoleSubset, Members: subsets[name], FrontProxyRefused: refusedIfAll(subsets[name], s.dangerous)})
 	}
 	sortClusters(p.Clusters)
 	return p, nil

@@ -24,14 +24,16 @@ type Routes struct {
 	index     map[topology.Resource]int
 }
 
-func newRoutes(local string, sorted []Route) *Routes {
-	return &Routes{LocalID: local, Default: Route{Outcome: topology.Default, Cluster: DefaultCluster(local)}, all: sorted}
+func newRoutes(local string, sorted []Route, defaultRefused topology.ServerSet) *Routes {
+	return &Routes{LocalID: local, Default: Route{Outcome: topology.Default, Cluster: DefaultCluster(local), FrontProxyRefused: defaultRefused}, all: sorted}
 }
 
 // NewRoutes assembles routes received from elsewhere (the routing table). Every route must
 // name a cluster unless it is Unavailable, its key must be a resource or a group/version's
-// document (topology.GroupVersion.Document), and no key may come twice.
-func NewRoutes(local string, routes []Route) (*Routes, error) {
+// document (topology.GroupVersion.Document), and no key may come twice; only a route that
+// names a cluster may refuse requests whose identity kube-mvp sets. defaultRefused is the
+// default route's Route.FrontProxyRefused.
+func NewRoutes(local string, routes []Route, defaultRefused topology.ServerSet) (*Routes, error) {
 	sorted := slices.Clone(routes)
 	slices.SortFunc(sorted, compareRoutes)
 	for i, r := range sorted {
@@ -41,11 +43,14 @@ func NewRoutes(local string, routes []Route) (*Routes, error) {
 		if (r.Cluster == "") != (r.Outcome == topology.Unavailable) {
 			return nil, fmt.Errorf("route for %s: outcome %s with cluster %q", r.Resource, r.Outcome, r.Cluster)
 		}
+		if r.Cluster == "" && len(r.FrontProxyRefused) > 0 {
+			return nil, fmt.Errorf("route for %s: outcome %s refuses front-proxy requests", r.Resource, r.Outcome)
+		}
 		if i > 0 && sorted[i-1].Resource == r.Resource {
 			return nil, fmt.Errorf("route for %s listed twice", r.Resource)
 		}
 	}
-	rs := newRoutes(local, sorted)
+	rs := newRoutes(local, sorted, defaultRefused)
 	rs.makeIndex()
 	return rs, nil
 }
@@ -123,6 +128,16 @@ type Table struct {
 	Discovery *topology.Discovery
 	// RequestHeaders are the identity headers the apiservers read (defaults filled in).
 	RequestHeaders topology.RequestHeaders
+}
+
+// Server is the apiserver id of the table, if it lists it.
+func (t *Table) Server(id string) (topology.APIServer, bool) {
+	for _, s := range t.APIServers {
+		if s.ID == id {
+			return s, true
+		}
+	}
+	return topology.APIServer{}, false
 }
 
 // TableOf is the routing table of t: the routes of every kind of Envoy's plan.

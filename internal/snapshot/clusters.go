@@ -153,41 +153,45 @@ func (b *builder) clusters() ([]*clusterv3.Cluster, []*endpointv3.ClusterLoadAss
 
 	var clusters []*clusterv3.Cluster
 	var cla []*endpointv3.ClusterLoadAssignment
-	// add emits the cluster named name with endpoints lb: HTTP/2 as named, its HTTP/1.1 twin,
-	// and the front-proxy twins of both.
-	add := func(name string, lb []*endpointv3.LbEndpoint, subsets *clusterv3.Cluster_LbSubsetConfig) {
-		a := &endpointv3.ClusterLoadAssignment{}
-		if len(lb) > 0 {
-			a.Endpoints = []*endpointv3.LocalityLbEndpoints{{LbEndpoints: lb}}
+	// add emits the cluster named name with endpoints lb (by apiserver ID, in order ids): HTTP/2
+	// as named, its HTTP/1.1 twin, and the front-proxy twins of both, which leave out the
+	// dangerous apiservers (plan.Plan.FrontProxyExcluded): they take the proxy certificate for
+	// an ordinary client's.
+	add := func(name string, ids []string, lb map[string]*endpointv3.LbEndpoint, subsets *clusterv3.Cluster_LbSubsetConfig) {
+		var all, frontProxy []*endpointv3.LbEndpoint
+		for _, id := range ids {
+			if e := lb[id]; e != nil {
+				all = append(all, e)
+				if !b.p.FrontProxyExcluded.Contains(id) {
+					frontProxy = append(frontProxy, e)
+				}
+			}
 		}
-		emit := func(name string, tls *corev3.TransportSocket, protocol *anypb.Any) {
+		emit := func(name string, tls *corev3.TransportSocket, protocol *anypb.Any, lb []*endpointv3.LbEndpoint) {
 			c := b.apiserverCluster(name, tls, map[string]*anypb.Any{httpProtocolOptionsKey: protocol})
 			c.LbSubsetConfig = subsets
 			c.TransportSocketMatches = healthCheckMatch
 			c.HealthChecks[0].TransportSocketMatchCriteria = healthCheckCriteria
-			assignment := &endpointv3.ClusterLoadAssignment{ClusterName: name, Endpoints: a.Endpoints}
+			assignment := &endpointv3.ClusterLoadAssignment{ClusterName: name}
+			if len(lb) > 0 {
+				assignment.Endpoints = []*endpointv3.LocalityLbEndpoints{{LbEndpoints: lb}}
+			}
 			clusters, cla = append(clusters, c), append(cla, assignment)
 		}
-		emit(name, asCaller.http2, protocols.http2)
-		emit(contract.HTTP1Cluster(name), asCaller.http1, protocols.http1)
+		emit(name, asCaller.http2, protocols.http2, all)
+		emit(contract.HTTP1Cluster(name), asCaller.http1, protocols.http1, all)
 		if proxyCert {
-			emit(contract.FrontProxyCluster(name), asFrontProxy.http2, protocols.http2)
-			emit(contract.FrontProxyCluster(contract.HTTP1Cluster(name)), asFrontProxy.http1, protocols.http1)
+			emit(contract.FrontProxyCluster(name), asFrontProxy.http2, protocols.http2, frontProxy)
+			emit(contract.FrontProxyCluster(contract.HTTP1Cluster(name)), asFrontProxy.http1, protocols.http1, frontProxy)
 		}
 	}
 	for _, c := range b.p.Clusters {
 		if c.Role == plan.RoleSubset || c.Role == plan.RoleLingering {
 			continue // a serving set: a subset of the serving-sets cluster
 		}
-		var lb []*endpointv3.LbEndpoint
-		for _, id := range c.Members {
-			if e := addrs[id]; e != nil {
-				lb = append(lb, e)
-			}
-		}
-		add(c.Name, lb, nil)
+		add(c.Name, c.Members, addrs, nil)
 	}
-	add(contract.ClusterServingSets, b.servingSetEndpoints(addrs), servingSetsSubsets)
+	add(contract.ClusterServingSets, b.p.Hosts, b.servingSetEndpoints(addrs), servingSetsSubsets)
 	clusters = append(clusters, b.extProcCluster())
 	slices.SortFunc(clusters, func(a, b *clusterv3.Cluster) int { return strings.Compare(a.GetName(), b.GetName()) })
 	slices.SortFunc(cla, func(a, b *endpointv3.ClusterLoadAssignment) int {
@@ -295,10 +299,10 @@ var servingSetsSubsets = &clusterv3.Cluster_LbSubsetConfig{
 	ListAsAny:       true,
 }
 
-// servingSetEndpoints are the hosts of the serving-sets cluster (plan.Plan.Hosts), each with
-// the serving sets it is in: its own one-member set, and every set of the plan (current or
-// lingering) that has it as a member.
-func (b *builder) servingSetEndpoints(addrs map[string]*endpointv3.LbEndpoint) []*endpointv3.LbEndpoint {
+// servingSetEndpoints are the hosts of the serving-sets cluster (plan.Plan.Hosts), by ID, each
+// with the serving sets it is in: its own one-member set, and every set of the plan (current
+// or lingering) that has it as a member.
+func (b *builder) servingSetEndpoints(addrs map[string]*endpointv3.LbEndpoint) map[string]*endpointv3.LbEndpoint {
 	setsOf := map[string][]string{}
 	for _, id := range b.p.Hosts {
 		setsOf[id] = []string{plan.SubsetClusterName(b.t, topology.ServerSet{id})}
@@ -315,7 +319,7 @@ func (b *builder) servingSetEndpoints(addrs map[string]*endpointv3.LbEndpoint) [
 			setsOf[id] = append(setsOf[id], c.Name)
 		}
 	}
-	var lb []*endpointv3.LbEndpoint
+	lb := map[string]*endpointv3.LbEndpoint{}
 	for _, id := range b.p.Hosts {
 		e := addrs[id]
 		if e == nil {
@@ -330,7 +334,7 @@ func (b *builder) servingSetEndpoints(addrs map[string]*endpointv3.LbEndpoint) [
 			MetadataNamespace:            e.GetMetadata().GetFilterMetadata()[MetadataNamespace],
 			contract.MetadataNamespaceLB: {Fields: map[string]*structpb.Value{contract.LBSetKey: structpb.NewListValue(&structpb.ListValue{Values: values})}},
 		}}}
-		lb = append(lb, withSets)
+		lb[id] = withSets
 	}
 	return lb
 }

@@ -63,6 +63,9 @@ func TestDeterminism(t *testing.T) {
 				if id := fixtures.SidecarOf(name); id != "" {
 					topo = topo.WithLocal(id)
 				}
+				if d := fixtures.DangerousOf(name); d != nil {
+					topo = topo.WithDangerous(d)
+				}
 				res, err := snapshot.Build(mustPlan(t, topo), testConfig())
 				if err != nil {
 					t.Fatal(err)

@@ -167,6 +167,14 @@ func TestRoutingFacts(t *testing.T) {
 			mergedDiscovery: true,
 			members:         map[string][]string{contract.ClusterDefault: all, "kube-apiservers-only-cp-a": {"cp-a"}},
 		},
+		"dangerous": {
+			// new-resource with cp-a dangerous: the routes are new-resource's; the
+			// front-proxy twins leave cp-a out (below).
+			extProcGVs:      []string{"core/v1", "storage.k8s.io/v1"},
+			directGVs:       []string{"apps/v1", "batch/v1", "rbac.authorization.k8s.io/v1"},
+			mergedDiscovery: true,
+			members:         map[string][]string{contract.ClusterDefault: all, "kube-apiservers-only-cp-a": {"cp-a"}},
+		},
 		"dead-lease": {
 			// cp-c alone serves storagemigration: Unavailable, which extproc answers with 503.
 			extProcGVs: []string{"storagemigration.k8s.io/v1alpha1"},
@@ -306,16 +314,24 @@ func TestRoutingFacts(t *testing.T) {
 			if n := len(w.extProcGVs) + len(w.directGVs) + len(w.aggregatedGVs); n != len(gvRoutes) {
 				t.Errorf("%d group/version routes %v, want %d", len(gvRoutes), slices.Sorted(maps.Keys(gvRoutes)), n)
 			}
-			// Every cluster has its front-proxy twin, with the same apiservers; the
-			// serving-sets cluster holds every live apiserver, and its endpoints list the
-			// serving sets (plus a set of one for each of them).
+			// Every cluster has its front-proxy twin, with the same apiservers but the
+			// dangerous ones; the serving-sets cluster holds every live apiserver, and its
+			// endpoints list the serving sets (plus a set of one for each of them).
+			var dangerous []string
+			for _, id := range topo.Dangerous() {
+				s, _ := topo.Server(id)
+				dangerous = append(dangerous, s.Hostname)
+			}
+			safe := func(m []string) []string {
+				return slices.DeleteFunc(slices.Clone(m), func(h string) bool { return slices.Contains(dangerous, h) })
+			}
 			wantMembers, wantSets := map[string][]string{}, map[string][]string{}
 			for c, m := range w.members {
 				if strings.HasPrefix(c, contract.ClusterSubsetPrefix) {
 					wantSets[c] = m
 					continue
 				}
-				wantMembers[c], wantMembers[contract.FrontProxyCluster(c)] = m, m
+				wantMembers[c], wantMembers[contract.FrontProxyCluster(c)] = m, safe(m)
 			}
 			var live []string
 			for _, id := range topo.Live() {
@@ -329,7 +345,7 @@ func TestRoutingFacts(t *testing.T) {
 			if live == nil {
 				live = []string{}
 			}
-			wantMembers[contract.ClusterServingSets], wantMembers[contract.FrontProxyCluster(contract.ClusterServingSets)] = live, live
+			wantMembers[contract.ClusterServingSets], wantMembers[contract.FrontProxyCluster(contract.ClusterServingSets)] = live, safe(live)
 			// Each with its HTTP/1.1 twin, for upgrades.
 			for c, m := range maps.Clone(wantMembers) {
 				wantMembers[contract.HTTP1Cluster(c)] = m
@@ -337,10 +353,17 @@ func TestRoutingFacts(t *testing.T) {
 			if got := readMembers(res); !maps.EqualFunc(got, wantMembers, slices.Equal) {
 				t.Errorf("cluster members = %v, want %v", got, wantMembers)
 			}
-			for _, c := range []string{contract.ClusterServingSets, contract.FrontProxyCluster(contract.ClusterServingSets)} {
-				if got := readSets(res, c); !maps.EqualFunc(got, wantSets, slices.Equal) {
-					t.Errorf("%s: serving sets = %v, want %v", c, got, wantSets)
+			if got := readSets(res, contract.ClusterServingSets); !maps.EqualFunc(got, wantSets, slices.Equal) {
+				t.Errorf("%s: serving sets = %v, want %v", contract.ClusterServingSets, got, wantSets)
+			}
+			wantSafeSets := map[string][]string{}
+			for set, m := range wantSets {
+				if m := safe(m); len(m) > 0 {
+					wantSafeSets[set] = m
 				}
+			}
+			if got := readSets(res, contract.FrontProxyCluster(contract.ClusterServingSets)); !maps.EqualFunc(got, wantSafeSets, slices.Equal) {
+				t.Errorf("%s: serving sets = %v, want %v", contract.FrontProxyCluster(contract.ClusterServingSets), got, wantSafeSets)
 			}
 
 			// Whatever extproc may decide for any published resource names a defined

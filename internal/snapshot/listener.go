@@ -311,6 +311,23 @@ func statusJSON(message, reason string, code int32) string {
 	return string(b)
 }
 
+// statusJSONRetry is a 503 Status as an apiserver writes it with Retry-After: 1, whose
+// details say so too.
+func statusJSONRetry(message string) string {
+	b, err := json.Marshal(&metav1.Status{
+		TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"},
+		Status:   metav1.StatusFailure,
+		Message:  message,
+		Reason:   metav1.StatusReasonServiceUnavailable,
+		Code:     503,
+		Details:  &metav1.StatusDetails{RetryAfterSeconds: 1},
+	})
+	if err != nil {
+		panic(err) // a fixed struct of strings always marshals
+	}
+	return string(b)
+}
+
 // retryAfter is the Retry-After of the local replies for requests no apiserver received (or
 // only as a GET /apis): one second, what extproc's own 503s say.
 var retryAfter = &corev3.HeaderValueOption{

@@ -233,6 +233,10 @@ type routeBuilder struct {
 	extProcOn                    map[string]*anypb.Any // nil: the filter's own configuration
 	extProcFailOpen              map[string]*anypb.Any
 	clientCertificates           bool
+	// frontProxyRefused answers, by the cluster a route forwards to, the requests of its
+	// front-proxy twins when every apiserver of the cluster is dangerous
+	// (plan.Cluster.FrontProxyRefused).
+	frontProxyRefused map[string]*routev3.Route_DirectResponse
 }
 
 func (b *builder) newRouteBuilder(clientCertificates bool) *routeBuilder {
@@ -256,6 +260,7 @@ func (b *builder) newRouteBuilder(clientCertificates bool) *routeBuilder {
 		extProcFailOpen:    perRoute(&extprocv3.ExtProcPerRoute{Override: &extprocv3.ExtProcPerRoute_Overrides{Overrides: &extprocv3.ExtProcOverrides{GrpcInitialMetadata: local, FailureModeAllow: wrapperspb.Bool(true)}}}),
 		clientCertificates: clientCertificates,
 	}
+	rb.frontProxyRefused = b.frontProxyRefusals()
 	if len(local) > 0 {
 		rb.extProcOn = perRoute(&extprocv3.ExtProcPerRoute{Override: &extprocv3.ExtProcPerRoute_Overrides{Overrides: &extprocv3.ExtProcOverrides{GrpcInitialMetadata: local}}})
 	}
@@ -317,10 +322,15 @@ func (rb *routeBuilder) expand(routes []*routev3.Route, s routeSpec) []*routev3.
 		r.Metadata = s.metadata
 		return append(routes, r)
 	}
-	// add appends r, after its front-proxy twin where there is one.
+	// add appends r, after its front-proxy twin where there is one (a 503 of its own where
+	// the cluster's every apiserver is dangerous).
 	add := func(suffix string, headers []*routev3.HeaderMatcher, cluster string, timeout *durationpb.Duration, retry *routev3.RetryPolicy) *routev3.Route {
 		if rb.clientCertificates && !s.clusterHeader {
-			routes = append(routes, route(suffix+RouteSuffixFrontProxy, append(slices.Clip(headers), frontProxyDecision), contract.FrontProxyCluster(cluster), timeout, retry))
+			fp := route(suffix+RouteSuffixFrontProxy, append(slices.Clip(headers), frontProxyDecision), contract.FrontProxyCluster(cluster), timeout, retry)
+			if refused := rb.frontProxyRefused[cluster]; refused != nil {
+				fp = &routev3.Route{Name: fp.Name, Match: fp.Match, Action: refused, TypedPerFilterConfig: rb.extProcOff, ResponseHeadersToAdd: refusalHeaders}
+			}
+			routes = append(routes, fp)
 		}
 		r := route(suffix, headers, cluster, timeout, retry)
 		routes = append(routes, r)
@@ -346,6 +356,42 @@ func (rb *routeBuilder) expand(routes []*routev3.Route, s routeSpec) []*routev3.
 	add("", nil, s.cluster, rb.noTimeout, rb.retry).Metadata = s.metadata
 	return routes
 }
+
+// refusalHeaders are the response headers of frontProxyRefusals' 503s: a Status, and
+// Retry-After, as kube-mvp's other 503s for requests no apiserver received.
+var refusalHeaders = []*corev3.HeaderValueOption{
+	{Header: &corev3.HeaderValue{Key: "content-type", Value: "application/json"}, AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD},
+	retryAfter,
+}
+
+// frontProxyRefusals are the direct responses of the front-proxy twins of the routes to the
+// plan's default (or local) cluster when every apiserver of it is dangerous, by that
+// cluster's name and its HTTP/1.1 twin's: a 503 Status naming them (plan.FrontProxyRefusal).
+// Envoy refuses a direct response body over 4 KiB; a message that would make one is cut.
+func (b *builder) frontProxyRefusals() map[string]*routev3.Route_DirectResponse {
+	out := map[string]*routev3.Route_DirectResponse{}
+	for _, c := range b.p.Clusters {
+		if len(c.FrontProxyRefused) == 0 || (c.Role != plan.RoleDefault && c.Role != plan.RoleLocal) {
+			continue
+		}
+		msg := plan.FrontProxyRefusal(b.t.APIServers, c.FrontProxyRefused)
+		body := statusJSONRetry(msg)
+		for len(body) > maxDirectResponseBody {
+			msg = strings.ToValidUTF8(msg[:len(msg)*3/4], "") + "…"
+			body = statusJSONRetry(msg)
+		}
+		direct := &routev3.Route_DirectResponse{DirectResponse: &routev3.DirectResponseAction{
+			Status: 503,
+			Body:   &corev3.DataSource{Specifier: &corev3.DataSource_InlineString{InlineString: body}},
+		}}
+		out[c.Name], out[contract.HTTP1Cluster(c.Name)] = direct, direct
+	}
+	return out
+}
+
+// maxDirectResponseBody is the largest direct response body Envoy accepts (its route
+// configuration's max_direct_response_body_size_bytes default, 4 KiB), with room.
+const maxDirectResponseBody = 4000
 
 func present(header string) *routev3.HeaderMatcher {
 	return &routev3.HeaderMatcher{Name: header, HeaderMatchSpecifier: &routev3.HeaderMatcher_PresentMatch{PresentMatch: true}}

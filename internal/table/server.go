@@ -27,6 +27,8 @@ type Server struct {
 	mu      sync.Mutex
 	current *published
 	changed chan struct{} // closed and replaced on every change of current
+	// checks keeps extprocs' proxy certificate reports (WithProxyChecks); nil: not taken.
+	checks *ProxyChecks
 }
 
 // published is the table Subscribe sends: encoded, or refused for err.

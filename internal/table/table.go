@@ -59,7 +59,7 @@ var outcomes = map[topology.Outcome]tablev1.Outcome{
 func build(p *plan.Table, now time.Time) (*tablev1.Table, []byte) {
 	tb := &tablev1.Table{Format: Format}
 	for _, s := range p.APIServers {
-		tb.Apiservers = append(tb.Apiservers, &tablev1.APIServer{Id: s.ID, Hostname: s.Hostname, Address: s.Address, Alive: s.Alive})
+		tb.Apiservers = append(tb.Apiservers, &tablev1.APIServer{Id: s.ID, Hostname: s.Hostname, Address: s.Address, Alive: s.Alive, Dangerous: s.Dangerous})
 	}
 	// Every plan of one table routes the same keys (one topology's published resources).
 	// The group/versions' documents travel apart (Plan.document_routes), so that a reader
@@ -90,19 +90,20 @@ func build(p *plan.Table, now time.Time) (*tablev1.Table, []byte) {
 	locals := slices.Sorted(maps.Keys(p.Routes)) // "" (the front proxy) first
 	for _, local := range locals {
 		rs := p.Routes[local]
-		pp := &tablev1.Plan{LocalApiserver: local, ResourceRoutes: make([]uint32, len(keys))}
+		pp := &tablev1.Plan{LocalApiserver: local, ResourceRoutes: make([]uint32, len(keys)), DefaultFrontProxyRefused: rs.Default.FrontProxyRefused}
 		type wire struct { // what goes on the wire of a route
 			outcome topology.Outcome
 			cluster string
+			refused string // FrontProxyRefused's Key
 		}
 		index := map[wire]uint32{}
 		add := func(route plan.Route) uint32 { // route's index in pp.Routes
-			r := wire{route.Outcome, route.Cluster}
+			r := wire{route.Outcome, route.Cluster, route.FrontProxyRefused.Key()}
 			n, ok := index[r]
 			if !ok {
 				n = uint32(len(pp.Routes))
 				index[r] = n
-				pp.Routes = append(pp.Routes, &tablev1.Route{Outcome: outcomes[r.outcome], Cluster: r.cluster})
+				pp.Routes = append(pp.Routes, &tablev1.Route{Outcome: outcomes[r.outcome], Cluster: r.cluster, FrontProxyRefused: route.FrontProxyRefused})
 			}
 			return n
 		}
@@ -171,7 +172,7 @@ func FromProto(tb *tablev1.Table) (*plan.Table, error) {
 		}.OrDefault(),
 	}
 	for _, s := range tb.GetApiservers() {
-		out.APIServers = append(out.APIServers, topology.APIServer{ID: s.GetId(), Hostname: s.GetHostname(), Address: s.GetAddress(), Alive: s.GetAlive()})
+		out.APIServers = append(out.APIServers, topology.APIServer{ID: s.GetId(), Hostname: s.GetHostname(), Address: s.GetAddress(), Alive: s.GetAlive(), Dangerous: s.GetDangerous()})
 	}
 	var keys []topology.Resource
 	for _, gv := range tb.GetGroupVersions() {
@@ -197,7 +198,11 @@ func FromProto(tb *tablev1.Table) (*plan.Table, error) {
 			if !ok {
 				return nil, malformed("plan %q: route %d has outcome %v", local, i, r.GetOutcome())
 			}
-			routes[i] = plan.Route{Outcome: o, Cluster: r.GetCluster()}
+			refused, err := serverSet(r.GetFrontProxyRefused())
+			if err != nil {
+				return nil, malformed("plan %q: route %d: front_proxy_refused: %v", local, i, err)
+			}
+			routes[i] = plan.Route{Outcome: o, Cluster: r.GetCluster(), FrontProxyRefused: refused}
 		}
 		byKey := make([]plan.Route, len(keys), len(keys)+len(pp.GetDocumentRoutes()))
 		for i, n := range pp.GetResourceRoutes() {
@@ -222,7 +227,11 @@ func FromProto(tb *tablev1.Table) (*plan.Table, error) {
 				byKey = append(byKey, route)
 			}
 		}
-		rs, err := plan.NewRoutes(local, byKey)
+		defRefused, err := serverSet(pp.GetDefaultFrontProxyRefused())
+		if err != nil {
+			return nil, malformed("plan %q: default_front_proxy_refused: %v", local, err)
+		}
+		rs, err := plan.NewRoutes(local, byKey, defRefused)
 		if err != nil {
 			return nil, malformed("plan %q: %v", local, err)
 		}
@@ -232,6 +241,19 @@ func FromProto(tb *tablev1.Table) (*plan.Table, error) {
 		return nil, malformed("no plan for the front proxy")
 	}
 	return out, nil
+}
+
+// serverSet is ids as a topology.ServerSet, which must be sorted and distinct.
+func serverSet(ids []string) (topology.ServerSet, error) {
+	for i := 1; i < len(ids); i++ {
+		if ids[i-1] >= ids[i] {
+			return nil, fmt.Errorf("apiserver IDs not sorted and distinct: %q", ids)
+		}
+	}
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	return topology.ServerSet(ids), nil
 }
 
 func outcomeOf(o tablev1.Outcome) (topology.Outcome, bool) {

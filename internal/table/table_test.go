@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"testing"
 	"time"
 
@@ -69,7 +70,7 @@ func sameTable(want, got *plan.Table) error {
 		if g == nil {
 			return fmt.Errorf("no plan for %q", local)
 		}
-		if g.Default.Outcome != w.Default.Outcome || g.Default.Cluster != w.Default.Cluster {
+		if g.Default.Outcome != w.Default.Outcome || g.Default.Cluster != w.Default.Cluster || !slices.Equal(g.Default.FrontProxyRefused, w.Default.FrontProxyRefused) {
 			return fmt.Errorf("plan %q: default route %+v, want %+v", local, g.Default, w.Default)
 		}
 		wr, gr := w.All(), g.All()
@@ -79,6 +80,9 @@ func sameTable(want, got *plan.Table) error {
 		for i := range wr {
 			if wr[i].Resource != gr[i].Resource || wr[i].Outcome != gr[i].Outcome || wr[i].Cluster != gr[i].Cluster {
 				return fmt.Errorf("plan %q: %s goes %v to %q, want %v to %q", local, wr[i].Resource, gr[i].Outcome, gr[i].Cluster, wr[i].Outcome, wr[i].Cluster)
+			}
+			if !slices.Equal(wr[i].FrontProxyRefused, gr[i].FrontProxyRefused) {
+				return fmt.Errorf("plan %q: %s refuses front-proxy requests for %v, want %v", local, wr[i].Resource, gr[i].FrontProxyRefused, wr[i].FrontProxyRefused)
 			}
 		}
 	}

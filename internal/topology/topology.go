@@ -28,6 +28,13 @@ type APIServer struct {
 	Address string `json:"address,omitempty"`
 	// Alive means the Lease was renewed within the liveness window.
 	Alive bool `json:"alive"`
+	// Dangerous, when not empty, says why requests whose identity kube-mvp sets must not go
+	// to this apiserver: extproc's check of the proxy certificate (internal/frontproxy) found
+	// that it takes the certificate for an ordinary client's, not a front proxy's, so such
+	// a request would run as the certificate's user. It is set from extproc's reports
+	// (xds-server), never from the watched objects; the plan leaves the apiserver out of
+	// the front-proxy cluster twins.
+	Dangerous string `json:"dangerous,omitempty"`
 }
 
 // Routable reports whether requests can go to s: its Lease is fresh and its address known.
@@ -263,6 +270,29 @@ func (t *Topology) WithLocal(id string) *Topology {
 	c := *t
 	c.LocalID = id
 	return &c
+}
+
+// WithDangerous returns a copy of t in which each apiserver's Dangerous is dangerous[its ID]
+// (empty for an ID it does not list); t itself is not modified. IDs of no apiserver of t are
+// ignored.
+func (t *Topology) WithDangerous(dangerous map[string]string) *Topology {
+	c := *t
+	c.APIServers = slices.Clone(t.APIServers)
+	for i := range c.APIServers {
+		c.APIServers[i].Dangerous = dangerous[c.APIServers[i].ID]
+	}
+	return &c
+}
+
+// Dangerous lists the apiservers of t whose Dangerous is set, by ID (sorted).
+func (t *Topology) Dangerous() ServerSet {
+	var out ServerSet
+	for _, s := range t.APIServers {
+		if s.Dangerous != "" {
+			out = append(out, s.ID)
+		}
+	}
+	return out
 }
 
 // ResolveLocal returns the ID of the apiserver a sidecar names (node metadata): its ID, or a

@@ -1,16 +1,20 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/kube-mvp/kube-mvp/internal/contract"
 	"github.com/kube-mvp/kube-mvp/internal/frontproxy"
 	"github.com/kube-mvp/kube-mvp/internal/testutil"
 	"github.com/kube-mvp/kube-mvp/internal/xds"
@@ -25,6 +29,16 @@ import (
 // apiserver of three accepting it, /readyz is ready and lists the other two, one of which
 // takes the certificate as a client certificate of its own (dangerous). The package's check,
 // run directly against each apiserver, classifies its real answers the same way.
+//
+// The dangerous apiserver, cp-c, would run every request kube-mvp forwards for a client
+// certificate as the proxy certificate's user, and its /readyz health checks pass: extproc
+// reports it to xds-server, which leaves it out of the front-proxy clusters. While cp-a is
+// live, a certificate user's SelfSubjectReview through kube-mvp, many times over, equals the
+// direct one (round robin over cp-a and cp-c would have answered "front-proxy-client" half
+// of the time); a bearer token still reaches cp-c. batch/v1, which only cp-c serves, gets
+// extproc's 503 Status with Retry-After naming cp-c and what to fix; with cp-a and cp-b
+// stopped, cp-c alone could serve anything: a certificate user gets the same 503 from
+// Envoy's routes, never an answer as someone else.
 func TestProxyCertificateCheck(t *testing.T) {
 	fix := fmt.Sprintf("add its CN %q to --requestheader-allowed-names and its issuer's CA (CN=kube-mvp-test-front-proxy-ca) to --requestheader-client-ca-file", controlplane.ProxyClientCN)
 
@@ -73,13 +87,15 @@ func TestProxyCertificateCheck(t *testing.T) {
 		}
 		t.Cleanup(func() { os.RemoveAll(dir) })
 		e := newEnvOptions(t, ctx, controlplane.Options{Dir: dir, Servers: []controlplane.ServerSpec{
-			{Name: "cp-a", Version: "v1.37.1"},
-			{Name: "cp-b", Version: "v1.37.1", Args: []string{"--requestheader-allowed-names=someone-else"}},
+			// batch/v1 only on cp-c: the serving set of cp-c alone, which extproc names.
+			{Name: "cp-a", Version: "v1.37.1", RuntimeConfig: []string{"batch/v1=false"}},
+			{Name: "cp-b", Version: "v1.37.1", RuntimeConfig: []string{"batch/v1=false"}, Args: []string{"--requestheader-allowed-names=someone-else"}},
 			// Refuses the certificate as a front proxy's, but trusts its CA for clients.
 			{Name: "cp-c", Version: "v1.37.1", Args: []string{"--requestheader-allowed-names=someone-else",
 				"--client-ca-file=" + (&controlplane.PKI{Dir: dir}).Path("client-and-front-proxy-ca.crt")}},
 		}})
-		k := e.startKubeMVP(ctx, "front", "")
+		// xds-server's watches go through cp-c, which stays up to the end.
+		k := e.startKubeMVP(ctx, "front", "", func(o *harness.Options) { o.WatchThrough = "cp-c" })
 		t.Logf("control plane and kube-mvp up in %s", time.Since(start).Round(100*time.Millisecond))
 		ids := apiserverIDs(t, ctx, k)
 
@@ -121,7 +137,182 @@ func TestProxyCertificateCheck(t *testing.T) {
 				t.Errorf("/metrics lacks %q:\n%s", want, grepLines(m, "proxy_certificate"))
 			}
 		}
+
+		dangerousAPIServer(t, ctx, e, k, ids, fix)
 	})
+}
+
+// dangerousAPIServer: kube-mvp keeps certificate users away from cp-c, which takes the proxy
+// certificate for an ordinary client's (see TestProxyCertificateCheck).
+func dangerousAPIServer(t *testing.T, ctx context.Context, e *env, k *harness.KubeMVP, ids map[string]string, fix string) {
+	start := time.Now()
+	// xds-server learns it from extproc's report: /debug/topology and its metric say so.
+	waitFor(t, ctx, "xds-server's /debug/topology showing cp-c dangerous", func() error {
+		_, body := getURL(ctx, k.XDSAdmin+"/debug/topology")
+		var v xds.TopologyView
+		if err := json.Unmarshal([]byte(body), &v); err != nil {
+			return err
+		}
+		for _, s := range v.APIServers {
+			if (s.Dangerous != "") != (s.Hostname == "cp-c") {
+				return fmt.Errorf("%s dangerous %q", s.Hostname, s.Dangerous)
+			}
+		}
+		if !slices.Equal(v.FrontProxyExcluded, []string{"cp-c"}) {
+			return fmt.Errorf("frontProxyExcluded %v", v.FrontProxyExcluded)
+		}
+		return nil
+	})
+	if _, m := getURL(ctx, k.XDSAdmin+"/metrics"); !strings.Contains(m, "kube_mvp_xds_dangerous_apiservers 1\n") {
+		t.Errorf("xds-server's /metrics lacks kube_mvp_xds_dangerous_apiservers 1:\n%s", grepLines(m, "dangerous"))
+	}
+	// Then the data plane: its front-proxy twin of the default cluster leaves cp-c out (a
+	// bounded wait that does not stop the test, so that the requests below show what
+	// happens when it does not).
+	deadline := time.Now().Add(time.Minute)
+	for hosts := frontProxyHosts(ctx, k); ; hosts = frontProxyHosts(ctx, k) {
+		if slices.Equal(hosts, []string{"cp-a", "cp-b"}) {
+			t.Logf("cp-c left out of the front-proxy clusters %s after extproc's /readyz named it", time.Since(start).Round(100*time.Millisecond))
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("the data plane's %s still has %v, want cp-a and cp-b", contract.FrontProxyCluster(contract.ClusterDefault), hosts)
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+
+	alice, err := e.cp.PKI.ClientCert("alice", "developers")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc := e.rawClient(&alice)
+	want := selfSubjectReview(t, ctx, hc, "https://"+e.cp.Server("cp-a").Address(), "", nil)
+	if !strings.Contains(want, `"alice"`) {
+		t.Fatalf("directly, cp-a answered %s; want alice", want)
+	}
+	// cp-b fails the health checks (it answers them 401): without kube-mvp's check, cp-a and
+	// cp-c would take these in turn.
+	for i := range 30 {
+		if got := selfSubjectReview(t, ctx, hc, k.Endpoint(), "", nil); got != want {
+			t.Fatalf("request %d through kube-mvp: %s\nwant what cp-a answers directly: %s", i, got, want)
+		}
+	}
+	// A request with its own credentials may still go to cp-c, which authenticates it as the
+	// caller: a bearer token works through kube-mvp with cp-c the only apiserver left below.
+	bobToken := serviceAccountToken(t, ctx, e.adminClient(e.cp.Server("cp-a")), "bob")
+	plain := e.rawClient(nil)
+
+	// batch/v1 is cp-c's alone: extproc answers a certificate user itself.
+	req, _ := http.NewRequestWithContext(ctx, "GET", k.Endpoint()+"/apis/batch/v1/namespaces/default/jobs", nil)
+	r, err := hc.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkRefusal(t, r, ids, fix)
+	// With its own credentials the request goes to cp-c, which says who it was.
+	if got := selfSubjectReview(t, ctx, plain, k.Endpoint(), bobToken, nil); !strings.Contains(got, `"system:serviceaccount:default:bob"`) {
+		t.Errorf("a bearer token through kube-mvp: %s, want bob", got)
+	}
+	req, _ = http.NewRequestWithContext(ctx, "GET", k.Endpoint()+"/apis/batch/v1/namespaces/default/jobs", nil)
+	req.Header.Set("Authorization", "Bearer "+bobToken)
+	if r, err := plain.Do(req); err != nil {
+		t.Error(err)
+	} else if st := decodeStatus(t, r); r.StatusCode != http.StatusForbidden || !strings.Contains(st.Message, `"system:serviceaccount:default:bob" cannot list resource "jobs"`) {
+		t.Errorf("bob lists jobs through kube-mvp: %d %s, want cp-c's 403 naming bob", r.StatusCode, st.Message)
+	}
+
+	// cp-a and cp-b stop: cp-c alone could serve.
+	stopped := time.Now()
+	var wg sync.WaitGroup
+	for _, name := range []string{"cp-a", "cp-b"} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := e.cp.Stop(name); err != nil {
+				t.Errorf("stopping %s: %v", name, err)
+			}
+		}()
+	}
+	wg.Wait()
+	var res *http.Response
+	waitFor(t, ctx, "a certificate user's 503 naming cp-c", func() error {
+		req, _ := http.NewRequestWithContext(ctx, "POST", k.Endpoint()+"/apis/authentication.k8s.io/v1/selfsubjectreviews",
+			strings.NewReader(`{"apiVersion":"authentication.k8s.io/v1","kind":"SelfSubjectReview"}`))
+		req.Header.Set("Content-Type", "application/json")
+		r, err := hc.Do(req)
+		if err != nil {
+			return err
+		}
+		b, _ := io.ReadAll(r.Body)
+		r.Body.Close()
+		if strings.Contains(string(b), proxyClientUserJSON) {
+			t.Fatalf("a certificate user ran as the proxy certificate's user: %d %s", r.StatusCode, b)
+		}
+		if r.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(b), "cp-c ("+ids["cp-c"]+")") {
+			return fmt.Errorf("%d %s", r.StatusCode, b)
+		}
+		r.Body = io.NopCloser(bytes.NewReader(b))
+		res = r
+		return nil
+	})
+	t.Logf("503 naming cp-c %s after cp-a and cp-b were stopped", time.Since(stopped).Round(100*time.Millisecond))
+	checkRefusal(t, res, ids, fix)
+	if got := selfSubjectReview(t, ctx, plain, k.Endpoint(), bobToken, nil); !strings.Contains(got, `"system:serviceaccount:default:bob"`) {
+		t.Errorf("a bearer token through kube-mvp, cp-c alone live: %s, want bob", got)
+	}
+}
+
+// checkRefusal: res is the 503 Status a certificate user gets when only cp-c, dangerous,
+// could serve: Retry-After, and a message naming cp-c and what to fix.
+func checkRefusal(t *testing.T, res *http.Response, ids map[string]string, fix string) {
+	t.Helper()
+	st := decodeStatus(t, res)
+	if res.StatusCode != http.StatusServiceUnavailable || st.Kind != "Status" || st.Code != 503 || st.Reason != "ServiceUnavailable" {
+		t.Errorf("%s %s: %d %+v, want a 503 Status", res.Request.Method, res.Request.URL.Path, res.StatusCode, st)
+	}
+	if ra := res.Header.Get("Retry-After"); ra != "1" {
+		t.Errorf("%s: Retry-After %q, want 1", res.Request.URL.Path, ra)
+	}
+	for _, want := range []string{
+		fmt.Sprintf("cp-c (%s): authenticates the proxy certificate as the client %s, not as a front proxy: %s.", ids["cp-c"], controlplane.ProxyClientCN, fix),
+		"would run as the certificate's user",
+	} {
+		if !strings.Contains(st.Message, want) {
+			t.Errorf("%s: 503 message lacks %q:\n%s", res.Request.URL.Path, want, st.Message)
+		}
+	}
+	t.Logf("%s %s: %d %s", res.Request.Method, res.Request.URL.Path, res.StatusCode, st.Message)
+}
+
+// proxyClientUserJSON is how a SelfSubjectReview names the proxy certificate's user.
+var proxyClientUserJSON = fmt.Sprintf(`"username":%q`, controlplane.ProxyClientCN)
+
+// frontProxyHosts are the hostnames of the data plane's front-proxy twin of the default
+// cluster (its /clusters), sorted.
+func frontProxyHosts(ctx context.Context, k *harness.KubeMVP) []string {
+	_, body := getURL(ctx, k.DataPlane.AdminURL()+"/clusters?format=json")
+	var v struct {
+		ClusterStatuses []struct {
+			Name         string `json:"name"`
+			HostStatuses []struct {
+				Hostname string `json:"hostname"`
+			} `json:"host_statuses"`
+		} `json:"cluster_statuses"`
+	}
+	if json.Unmarshal([]byte(body), &v) != nil {
+		return nil
+	}
+	var hosts []string
+	for _, c := range v.ClusterStatuses {
+		if c.Name == contract.FrontProxyCluster(contract.ClusterDefault) {
+			for _, h := range c.HostStatuses {
+				hosts = append(hosts, h.Hostname)
+			}
+		}
+	}
+	slices.Sort(hosts)
+	return hosts
 }
 
 // checkDirectly asks the apiserver as extproc does, with the files the harness gives it.

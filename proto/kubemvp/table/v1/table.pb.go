@@ -85,6 +85,179 @@ func (Outcome) EnumDescriptor() ([]byte, []int) {
 	return file_kubemvp_table_v1_table_proto_rawDescGZIP(), []int{0}
 }
 
+type ProxyCheckReport struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Who reports (extproc's host name): a new stream with the same ID replaces the report of
+	// the previous one.
+	ClientId string `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	// The last conclusive verdict of every apiserver checked, sorted by ID; an apiserver not
+	// checked conclusively yet is not listed.
+	Apiservers    []*ProxyCheckVerdict `protobuf:"bytes,2,rep,name=apiservers,proto3" json:"apiservers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProxyCheckReport) Reset() {
+	*x = ProxyCheckReport{}
+	mi := &file_kubemvp_table_v1_table_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProxyCheckReport) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProxyCheckReport) ProtoMessage() {}
+
+func (x *ProxyCheckReport) ProtoReflect() protoreflect.Message {
+	mi := &file_kubemvp_table_v1_table_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProxyCheckReport.ProtoReflect.Descriptor instead.
+func (*ProxyCheckReport) Descriptor() ([]byte, []int) {
+	return file_kubemvp_table_v1_table_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *ProxyCheckReport) GetClientId() string {
+	if x != nil {
+		return x.ClientId
+	}
+	return ""
+}
+
+func (x *ProxyCheckReport) GetApiservers() []*ProxyCheckVerdict {
+	if x != nil {
+		return x.Apiservers
+	}
+	return nil
+}
+
+type ProxyCheckVerdict struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The apiserver's ID (its identity Lease's name) and the address it was checked at.
+	Id      string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Address string `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
+	// Whether it accepts the proxy certificate as a front proxy's.
+	Accepted bool `protobuf:"varint,3,opt,name=accepted,proto3" json:"accepted,omitempty"`
+	// It takes the proxy certificate for an ordinary client's (or as anonymous): a request
+	// forwarded there with it runs as that user, not as the caller.
+	Dangerous bool `protobuf:"varint,4,opt,name=dangerous,proto3" json:"dangerous,omitempty"`
+	// What the check found and what to fix; empty when accepted.
+	Reason        string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProxyCheckVerdict) Reset() {
+	*x = ProxyCheckVerdict{}
+	mi := &file_kubemvp_table_v1_table_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProxyCheckVerdict) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProxyCheckVerdict) ProtoMessage() {}
+
+func (x *ProxyCheckVerdict) ProtoReflect() protoreflect.Message {
+	mi := &file_kubemvp_table_v1_table_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProxyCheckVerdict.ProtoReflect.Descriptor instead.
+func (*ProxyCheckVerdict) Descriptor() ([]byte, []int) {
+	return file_kubemvp_table_v1_table_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ProxyCheckVerdict) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ProxyCheckVerdict) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *ProxyCheckVerdict) GetAccepted() bool {
+	if x != nil {
+		return x.Accepted
+	}
+	return false
+}
+
+func (x *ProxyCheckVerdict) GetDangerous() bool {
+	if x != nil {
+		return x.Dangerous
+	}
+	return false
+}
+
+func (x *ProxyCheckVerdict) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+type ProxyCheckReportAck struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProxyCheckReportAck) Reset() {
+	*x = ProxyCheckReportAck{}
+	mi := &file_kubemvp_table_v1_table_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProxyCheckReportAck) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProxyCheckReportAck) ProtoMessage() {}
+
+func (x *ProxyCheckReportAck) ProtoReflect() protoreflect.Message {
+	mi := &file_kubemvp_table_v1_table_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProxyCheckReportAck.ProtoReflect.Descriptor instead.
+func (*ProxyCheckReportAck) Descriptor() ([]byte, []int) {
+	return file_kubemvp_table_v1_table_proto_rawDescGZIP(), []int{2}
+}
+
 type SubscribeRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// For logs and the debug page.
@@ -95,7 +268,7 @@ type SubscribeRequest struct {
 
 func (x *SubscribeRequest) Reset() {
 	*x = SubscribeRequest{}
-	mi := &file_kubemvp_table_v1_table_proto_msgTypes[0]
+	mi := &file_kubemvp_table_v1_table_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -107,7 +280,7 @@ func (x *SubscribeRequest) String() string {
 func (*SubscribeRequest) ProtoMessage() {}
 
 func (x *SubscribeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kubemvp_table_v1_table_proto_msgTypes[0]
+	mi := &file_kubemvp_table_v1_table_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -120,7 +293,7 @@ func (x *SubscribeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscribeRequest.ProtoReflect.Descriptor instead.
 func (*SubscribeRequest) Descriptor() ([]byte, []int) {
-	return file_kubemvp_table_v1_table_proto_rawDescGZIP(), []int{0}
+	return file_kubemvp_table_v1_table_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *SubscribeRequest) GetClientId() string {
@@ -152,7 +325,7 @@ type TableChunk struct {
 
 func (x *TableChunk) Reset() {
 	*x = TableChunk{}
-	mi := &file_kubemvp_table_v1_table_proto_msgTypes[1]
+	mi := &file_kubemvp_table_v1_table_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -164,7 +337,7 @@ func (x *TableChunk) String() string {
 func (*TableChunk) ProtoMessage() {}
 
 func (x *TableChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_kubemvp_table_v1_table_proto_msgTypes[1]
+	mi := &file_kubemvp_table_v1_table_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -177,7 +350,7 @@ func (x *TableChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TableChunk.ProtoReflect.Descriptor instead.
 func (*TableChunk) Descriptor() ([]byte, []int) {
-	return file_kubemvp_table_v1_table_proto_rawDescGZIP(), []int{1}
+	return file_kubemvp_table_v1_table_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *TableChunk) GetVersion() string {
@@ -251,7 +424,7 @@ type Table struct {
 
 func (x *Table) Reset() {
 	*x = Table{}
-	mi := &file_kubemvp_table_v1_table_proto_msgTypes[2]
+	mi := &file_kubemvp_table_v1_table_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -263,7 +436,7 @@ func (x *Table) String() string {
 func (*Table) ProtoMessage() {}
 
 func (x *Table) ProtoReflect() protoreflect.Message {
-	mi := &file_kubemvp_table_v1_table_proto_msgTypes[2]
+	mi := &file_kubemvp_table_v1_table_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -276,7 +449,7 @@ func (x *Table) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Table.ProtoReflect.Descriptor instead.
 func (*Table) Descriptor() ([]byte, []int) {
-	return file_kubemvp_table_v1_table_proto_rawDescGZIP(), []int{2}
+	return file_kubemvp_table_v1_table_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Table) GetFormat() uint32 {
@@ -347,7 +520,7 @@ type RequestHeaders struct {
 
 func (x *RequestHeaders) Reset() {
 	*x = RequestHeaders{}
-	mi := &file_kubemvp_table_v1_table_proto_msgTypes[3]
+	mi := &file_kubemvp_table_v1_table_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -359,7 +532,7 @@ func (x *RequestHeaders) String() string {
 func (*RequestHeaders) ProtoMessage() {}
 
 func (x *RequestHeaders) ProtoReflect() protoreflect.Message {
-	mi := &file_kubemvp_table_v1_table_proto_msgTypes[3]
+	mi := &file_kubemvp_table_v1_table_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -372,7 +545,7 @@ func (x *RequestHeaders) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestHeaders.ProtoReflect.Descriptor instead.
 func (*RequestHeaders) Descriptor() ([]byte, []int) {
-	return file_kubemvp_table_v1_table_proto_rawDescGZIP(), []int{3}
+	return file_kubemvp_table_v1_table_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *RequestHeaders) GetUser() []string {
@@ -404,18 +577,21 @@ func (x *RequestHeaders) GetExtraPrefix() []string {
 }
 
 type APIServer struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	Hostname      string                 `protobuf:"bytes,2,opt,name=hostname,proto3" json:"hostname,omitempty"`
-	Address       string                 `protobuf:"bytes,3,opt,name=address,proto3" json:"address,omitempty"`
-	Alive         bool                   `protobuf:"varint,4,opt,name=alive,proto3" json:"alive,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Id       string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Hostname string                 `protobuf:"bytes,2,opt,name=hostname,proto3" json:"hostname,omitempty"`
+	Address  string                 `protobuf:"bytes,3,opt,name=address,proto3" json:"address,omitempty"`
+	Alive    bool                   `protobuf:"varint,4,opt,name=alive,proto3" json:"alive,omitempty"`
+	// Why requests whose identity kube-mvp sets must not go to it (an extproc found that it
+	// takes the proxy certificate for an ordinary client's); empty when nothing says so.
+	Dangerous     string `protobuf:"bytes,5,opt,name=dangerous,proto3" json:"dangerous,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *APIServer) Reset() {
 	*x = APIServer{}
-	mi := &file_kubemvp_table_v1_table_proto_msgTypes[4]
+	mi := &file_kubemvp_table_v1_table_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -427,7 +603,7 @@ func (x *APIServer) String() string {
 func (*APIServer) ProtoMessage() {}
 
 func (x *APIServer) ProtoReflect() protoreflect.Message {
-	mi := &file_kubemvp_table_v1_table_proto_msgTypes[4]
+	mi := &file_kubemvp_table_v1_table_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -440,7 +616,7 @@ func (x *APIServer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use APIServer.ProtoReflect.Descriptor instead.
 func (*APIServer) Descriptor() ([]byte, []int) {
-	return file_kubemvp_table_v1_table_proto_rawDescGZIP(), []int{4}
+	return file_kubemvp_table_v1_table_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *APIServer) GetId() string {
@@ -471,6 +647,13 @@ func (x *APIServer) GetAlive() bool {
 	return false
 }
 
+func (x *APIServer) GetDangerous() string {
+	if x != nil {
+		return x.Dangerous
+	}
+	return ""
+}
+
 type GroupVersion struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Empty for the core group.
@@ -484,7 +667,7 @@ type GroupVersion struct {
 
 func (x *GroupVersion) Reset() {
 	*x = GroupVersion{}
-	mi := &file_kubemvp_table_v1_table_proto_msgTypes[5]
+	mi := &file_kubemvp_table_v1_table_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -496,7 +679,7 @@ func (x *GroupVersion) String() string {
 func (*GroupVersion) ProtoMessage() {}
 
 func (x *GroupVersion) ProtoReflect() protoreflect.Message {
-	mi := &file_kubemvp_table_v1_table_proto_msgTypes[5]
+	mi := &file_kubemvp_table_v1_table_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -509,7 +692,7 @@ func (x *GroupVersion) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupVersion.ProtoReflect.Descriptor instead.
 func (*GroupVersion) Descriptor() ([]byte, []int) {
-	return file_kubemvp_table_v1_table_proto_rawDescGZIP(), []int{5}
+	return file_kubemvp_table_v1_table_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *GroupVersion) GetGroup() string {
@@ -544,7 +727,7 @@ type PublishedResource struct {
 
 func (x *PublishedResource) Reset() {
 	*x = PublishedResource{}
-	mi := &file_kubemvp_table_v1_table_proto_msgTypes[6]
+	mi := &file_kubemvp_table_v1_table_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -556,7 +739,7 @@ func (x *PublishedResource) String() string {
 func (*PublishedResource) ProtoMessage() {}
 
 func (x *PublishedResource) ProtoReflect() protoreflect.Message {
-	mi := &file_kubemvp_table_v1_table_proto_msgTypes[6]
+	mi := &file_kubemvp_table_v1_table_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -569,7 +752,7 @@ func (x *PublishedResource) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PublishedResource.ProtoReflect.Descriptor instead.
 func (*PublishedResource) Descriptor() ([]byte, []int) {
-	return file_kubemvp_table_v1_table_proto_rawDescGZIP(), []int{6}
+	return file_kubemvp_table_v1_table_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *PublishedResource) GetResource() string {
@@ -603,13 +786,17 @@ type Plan struct {
 	// then go to the default cluster. A reader that does not know this field ignores it and
 	// sends the documents to the default cluster, as before.
 	DocumentRoutes []uint32 `protobuf:"varint,4,rep,packed,name=document_routes,json=documentRoutes,proto3" json:"document_routes,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The IDs of the apiservers of the default cluster when every one of them is dangerous
+	// (APIServer.dangerous): requests whose identity kube-mvp sets that go there get a 503
+	// naming them. Empty otherwise.
+	DefaultFrontProxyRefused []string `protobuf:"bytes,5,rep,name=default_front_proxy_refused,json=defaultFrontProxyRefused,proto3" json:"default_front_proxy_refused,omitempty"`
+	unknownFields            protoimpl.UnknownFields
+	sizeCache                protoimpl.SizeCache
 }
 
 func (x *Plan) Reset() {
 	*x = Plan{}
-	mi := &file_kubemvp_table_v1_table_proto_msgTypes[7]
+	mi := &file_kubemvp_table_v1_table_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -621,7 +808,7 @@ func (x *Plan) String() string {
 func (*Plan) ProtoMessage() {}
 
 func (x *Plan) ProtoReflect() protoreflect.Message {
-	mi := &file_kubemvp_table_v1_table_proto_msgTypes[7]
+	mi := &file_kubemvp_table_v1_table_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -634,7 +821,7 @@ func (x *Plan) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Plan.ProtoReflect.Descriptor instead.
 func (*Plan) Descriptor() ([]byte, []int) {
-	return file_kubemvp_table_v1_table_proto_rawDescGZIP(), []int{7}
+	return file_kubemvp_table_v1_table_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Plan) GetLocalApiserver() string {
@@ -665,18 +852,31 @@ func (x *Plan) GetDocumentRoutes() []uint32 {
 	return nil
 }
 
+func (x *Plan) GetDefaultFrontProxyRefused() []string {
+	if x != nil {
+		return x.DefaultFrontProxyRefused
+	}
+	return nil
+}
+
 type Route struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Outcome Outcome                `protobuf:"varint,1,opt,name=outcome,proto3,enum=kubemvp.table.v1.Outcome" json:"outcome,omitempty"`
 	// The Envoy cluster; empty for OUTCOME_UNAVAILABLE (an immediate 503).
-	Cluster       string `protobuf:"bytes,2,opt,name=cluster,proto3" json:"cluster,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Cluster string `protobuf:"bytes,2,opt,name=cluster,proto3" json:"cluster,omitempty"`
+	// The IDs of the apiservers of the cluster (the serving set for OUTCOME_SUBSET) when every
+	// one of them is dangerous: requests whose identity kube-mvp sets get a 503 naming them
+	// instead of going there. Empty otherwise (they go to the cluster's front-proxy twin,
+	// which leaves dangerous apiservers out). A reader that does not know this field sends
+	// them to that twin, which then has no apiserver to offer: a 503 too.
+	FrontProxyRefused []string `protobuf:"bytes,3,rep,name=front_proxy_refused,json=frontProxyRefused,proto3" json:"front_proxy_refused,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *Route) Reset() {
 	*x = Route{}
-	mi := &file_kubemvp_table_v1_table_proto_msgTypes[8]
+	mi := &file_kubemvp_table_v1_table_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -688,7 +888,7 @@ func (x *Route) String() string {
 func (*Route) ProtoMessage() {}
 
 func (x *Route) ProtoReflect() protoreflect.Message {
-	mi := &file_kubemvp_table_v1_table_proto_msgTypes[8]
+	mi := &file_kubemvp_table_v1_table_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -701,7 +901,7 @@ func (x *Route) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Route.ProtoReflect.Descriptor instead.
 func (*Route) Descriptor() ([]byte, []int) {
-	return file_kubemvp_table_v1_table_proto_rawDescGZIP(), []int{8}
+	return file_kubemvp_table_v1_table_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Route) GetOutcome() Outcome {
@@ -718,11 +918,30 @@ func (x *Route) GetCluster() string {
 	return ""
 }
 
+func (x *Route) GetFrontProxyRefused() []string {
+	if x != nil {
+		return x.FrontProxyRefused
+	}
+	return nil
+}
+
 var File_kubemvp_table_v1_table_proto protoreflect.FileDescriptor
 
 const file_kubemvp_table_v1_table_proto_rawDesc = "" +
 	"\n" +
-	"\x1ckubemvp/table/v1/table.proto\x12\x10kubemvp.table.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"/\n" +
+	"\x1ckubemvp/table/v1/table.proto\x12\x10kubemvp.table.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"t\n" +
+	"\x10ProxyCheckReport\x12\x1b\n" +
+	"\tclient_id\x18\x01 \x01(\tR\bclientId\x12C\n" +
+	"\n" +
+	"apiservers\x18\x02 \x03(\v2#.kubemvp.table.v1.ProxyCheckVerdictR\n" +
+	"apiservers\"\x8f\x01\n" +
+	"\x11ProxyCheckVerdict\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
+	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x1a\n" +
+	"\baccepted\x18\x03 \x01(\bR\baccepted\x12\x1c\n" +
+	"\tdangerous\x18\x04 \x01(\bR\tdangerous\x12\x16\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\"\x15\n" +
+	"\x13ProxyCheckReportAck\"/\n" +
 	"\x10SubscribeRequest\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\tR\bclientId\"\x85\x01\n" +
 	"\n" +
@@ -749,35 +968,39 @@ const file_kubemvp_table_v1_table_proto_rawDesc = "" +
 	"\x04user\x18\x01 \x03(\tR\x04user\x12\x10\n" +
 	"\x03uid\x18\x02 \x03(\tR\x03uid\x12\x14\n" +
 	"\x05group\x18\x03 \x03(\tR\x05group\x12!\n" +
-	"\fextra_prefix\x18\x04 \x03(\tR\vextraPrefix\"g\n" +
+	"\fextra_prefix\x18\x04 \x03(\tR\vextraPrefix\"\x85\x01\n" +
 	"\tAPIServer\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1a\n" +
 	"\bhostname\x18\x02 \x01(\tR\bhostname\x12\x18\n" +
 	"\aaddress\x18\x03 \x01(\tR\aaddress\x12\x14\n" +
-	"\x05alive\x18\x04 \x01(\bR\x05alive\"\x81\x01\n" +
+	"\x05alive\x18\x04 \x01(\bR\x05alive\x12\x1c\n" +
+	"\tdangerous\x18\x05 \x01(\tR\tdangerous\"\x81\x01\n" +
 	"\fGroupVersion\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12A\n" +
 	"\tresources\x18\x03 \x03(\v2#.kubemvp.table.v1.PublishedResourceR\tresources\"W\n" +
 	"\x11PublishedResource\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12 \n" +
-	"\vsubresource\x18\x02 \x01(\tR\vsubresourceJ\x04\b\x03\x10\x04\"\xb2\x01\n" +
+	"\vsubresource\x18\x02 \x01(\tR\vsubresourceJ\x04\b\x03\x10\x04\"\xf1\x01\n" +
 	"\x04Plan\x12'\n" +
 	"\x0flocal_apiserver\x18\x01 \x01(\tR\x0elocalApiserver\x12/\n" +
 	"\x06routes\x18\x02 \x03(\v2\x17.kubemvp.table.v1.RouteR\x06routes\x12'\n" +
 	"\x0fresource_routes\x18\x03 \x03(\rR\x0eresourceRoutes\x12'\n" +
-	"\x0fdocument_routes\x18\x04 \x03(\rR\x0edocumentRoutes\"V\n" +
+	"\x0fdocument_routes\x18\x04 \x03(\rR\x0edocumentRoutes\x12=\n" +
+	"\x1bdefault_front_proxy_refused\x18\x05 \x03(\tR\x18defaultFrontProxyRefused\"\x86\x01\n" +
 	"\x05Route\x123\n" +
 	"\aoutcome\x18\x01 \x01(\x0e2\x19.kubemvp.table.v1.OutcomeR\aoutcome\x12\x18\n" +
-	"\acluster\x18\x02 \x01(\tR\acluster*|\n" +
+	"\acluster\x18\x02 \x01(\tR\acluster\x12.\n" +
+	"\x13front_proxy_refused\x18\x03 \x03(\tR\x11frontProxyRefused*|\n" +
 	"\aOutcome\x12\x17\n" +
 	"\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fOUTCOME_DEFAULT\x10\x01\x12\x12\n" +
 	"\x0eOUTCOME_SUBSET\x10\x02\x12\x16\n" +
 	"\x12OUTCOME_NOT_SERVED\x10\x03\x12\x17\n" +
-	"\x13OUTCOME_UNAVAILABLE\x10\x042_\n" +
+	"\x13OUTCOME_UNAVAILABLE\x10\x042\xc1\x01\n" +
 	"\fTableService\x12O\n" +
-	"\tSubscribe\x12\".kubemvp.table.v1.SubscribeRequest\x1a\x1c.kubemvp.table.v1.TableChunk0\x01B=Z;github.com/kube-mvp/kube-mvp/proto/kubemvp/table/v1;tablev1b\x06proto3"
+	"\tSubscribe\x12\".kubemvp.table.v1.SubscribeRequest\x1a\x1c.kubemvp.table.v1.TableChunk0\x01\x12`\n" +
+	"\x11ReportProxyChecks\x12\".kubemvp.table.v1.ProxyCheckReport\x1a%.kubemvp.table.v1.ProxyCheckReportAck(\x01B=Z;github.com/kube-mvp/kube-mvp/proto/kubemvp/table/v1;tablev1b\x06proto3"
 
 var (
 	file_kubemvp_table_v1_table_proto_rawDescOnce sync.Once
@@ -792,36 +1015,42 @@ func file_kubemvp_table_v1_table_proto_rawDescGZIP() []byte {
 }
 
 var file_kubemvp_table_v1_table_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_kubemvp_table_v1_table_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_kubemvp_table_v1_table_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_kubemvp_table_v1_table_proto_goTypes = []any{
 	(Outcome)(0),                  // 0: kubemvp.table.v1.Outcome
-	(*SubscribeRequest)(nil),      // 1: kubemvp.table.v1.SubscribeRequest
-	(*TableChunk)(nil),            // 2: kubemvp.table.v1.TableChunk
-	(*Table)(nil),                 // 3: kubemvp.table.v1.Table
-	(*RequestHeaders)(nil),        // 4: kubemvp.table.v1.RequestHeaders
-	(*APIServer)(nil),             // 5: kubemvp.table.v1.APIServer
-	(*GroupVersion)(nil),          // 6: kubemvp.table.v1.GroupVersion
-	(*PublishedResource)(nil),     // 7: kubemvp.table.v1.PublishedResource
-	(*Plan)(nil),                  // 8: kubemvp.table.v1.Plan
-	(*Route)(nil),                 // 9: kubemvp.table.v1.Route
-	(*timestamppb.Timestamp)(nil), // 10: google.protobuf.Timestamp
+	(*ProxyCheckReport)(nil),      // 1: kubemvp.table.v1.ProxyCheckReport
+	(*ProxyCheckVerdict)(nil),     // 2: kubemvp.table.v1.ProxyCheckVerdict
+	(*ProxyCheckReportAck)(nil),   // 3: kubemvp.table.v1.ProxyCheckReportAck
+	(*SubscribeRequest)(nil),      // 4: kubemvp.table.v1.SubscribeRequest
+	(*TableChunk)(nil),            // 5: kubemvp.table.v1.TableChunk
+	(*Table)(nil),                 // 6: kubemvp.table.v1.Table
+	(*RequestHeaders)(nil),        // 7: kubemvp.table.v1.RequestHeaders
+	(*APIServer)(nil),             // 8: kubemvp.table.v1.APIServer
+	(*GroupVersion)(nil),          // 9: kubemvp.table.v1.GroupVersion
+	(*PublishedResource)(nil),     // 10: kubemvp.table.v1.PublishedResource
+	(*Plan)(nil),                  // 11: kubemvp.table.v1.Plan
+	(*Route)(nil),                 // 12: kubemvp.table.v1.Route
+	(*timestamppb.Timestamp)(nil), // 13: google.protobuf.Timestamp
 }
 var file_kubemvp_table_v1_table_proto_depIdxs = []int32{
-	10, // 0: kubemvp.table.v1.Table.generated_at:type_name -> google.protobuf.Timestamp
-	5,  // 1: kubemvp.table.v1.Table.apiservers:type_name -> kubemvp.table.v1.APIServer
-	6,  // 2: kubemvp.table.v1.Table.group_versions:type_name -> kubemvp.table.v1.GroupVersion
-	8,  // 3: kubemvp.table.v1.Table.plans:type_name -> kubemvp.table.v1.Plan
-	4,  // 4: kubemvp.table.v1.Table.request_headers:type_name -> kubemvp.table.v1.RequestHeaders
-	7,  // 5: kubemvp.table.v1.GroupVersion.resources:type_name -> kubemvp.table.v1.PublishedResource
-	9,  // 6: kubemvp.table.v1.Plan.routes:type_name -> kubemvp.table.v1.Route
-	0,  // 7: kubemvp.table.v1.Route.outcome:type_name -> kubemvp.table.v1.Outcome
-	1,  // 8: kubemvp.table.v1.TableService.Subscribe:input_type -> kubemvp.table.v1.SubscribeRequest
-	2,  // 9: kubemvp.table.v1.TableService.Subscribe:output_type -> kubemvp.table.v1.TableChunk
-	9,  // [9:10] is the sub-list for method output_type
-	8,  // [8:9] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	2,  // 0: kubemvp.table.v1.ProxyCheckReport.apiservers:type_name -> kubemvp.table.v1.ProxyCheckVerdict
+	13, // 1: kubemvp.table.v1.Table.generated_at:type_name -> google.protobuf.Timestamp
+	8,  // 2: kubemvp.table.v1.Table.apiservers:type_name -> kubemvp.table.v1.APIServer
+	9,  // 3: kubemvp.table.v1.Table.group_versions:type_name -> kubemvp.table.v1.GroupVersion
+	11, // 4: kubemvp.table.v1.Table.plans:type_name -> kubemvp.table.v1.Plan
+	7,  // 5: kubemvp.table.v1.Table.request_headers:type_name -> kubemvp.table.v1.RequestHeaders
+	10, // 6: kubemvp.table.v1.GroupVersion.resources:type_name -> kubemvp.table.v1.PublishedResource
+	12, // 7: kubemvp.table.v1.Plan.routes:type_name -> kubemvp.table.v1.Route
+	0,  // 8: kubemvp.table.v1.Route.outcome:type_name -> kubemvp.table.v1.Outcome
+	4,  // 9: kubemvp.table.v1.TableService.Subscribe:input_type -> kubemvp.table.v1.SubscribeRequest
+	1,  // 10: kubemvp.table.v1.TableService.ReportProxyChecks:input_type -> kubemvp.table.v1.ProxyCheckReport
+	5,  // 11: kubemvp.table.v1.TableService.Subscribe:output_type -> kubemvp.table.v1.TableChunk
+	3,  // 12: kubemvp.table.v1.TableService.ReportProxyChecks:output_type -> kubemvp.table.v1.ProxyCheckReportAck
+	11, // [11:13] is the sub-list for method output_type
+	9,  // [9:11] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_kubemvp_table_v1_table_proto_init() }
@@ -835,7 +1064,7 @@ func file_kubemvp_table_v1_table_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kubemvp_table_v1_table_proto_rawDesc), len(file_kubemvp_table_v1_table_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   9,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

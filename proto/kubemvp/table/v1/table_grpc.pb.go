@@ -22,7 +22,8 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	TableService_Subscribe_FullMethodName = "/kubemvp.table.v1.TableService/Subscribe"
+	TableService_Subscribe_FullMethodName         = "/kubemvp.table.v1.TableService/Subscribe"
+	TableService_ReportProxyChecks_FullMethodName = "/kubemvp.table.v1.TableService/ReportProxyChecks"
 )
 
 // TableServiceClient is the client API for TableService service.
@@ -37,6 +38,16 @@ type TableServiceClient interface {
 	// It replaces Watch, which sent each table as one Table message without a format field:
 	// a client of that method now gets UNIMPLEMENTED instead of a table it would misread.
 	Subscribe(ctx context.Context, in *SubscribeRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[TableChunk], error)
+	// ReportProxyChecks is extproc's report of its proxy certificate check (which runs where
+	// the proxy key is, in the Envoy pod; xds-server never holds the key): each message is
+	// that extproc's whole latest report and replaces its previous one. xds-server keeps it
+	// while the stream is open, and for a while after it ends, so that a reconnecting extproc
+	// does not let a dangerous apiserver back in. An apiserver that any kept report calls
+	// dangerous, at the address the report names, is left out of the front-proxy clusters.
+	// The stream ends when extproc goes away; xds-server answers only then (or with an error:
+	// RESOURCE_EXHAUSTED when it keeps as many reports as it will, INVALID_ARGUMENT for a
+	// report over its limits).
+	ReportProxyChecks(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[ProxyCheckReport, ProxyCheckReportAck], error)
 }
 
 type tableServiceClient struct {
@@ -66,6 +77,19 @@ func (c *tableServiceClient) Subscribe(ctx context.Context, in *SubscribeRequest
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type TableService_SubscribeClient = grpc.ServerStreamingClient[TableChunk]
 
+func (c *tableServiceClient) ReportProxyChecks(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[ProxyCheckReport, ProxyCheckReportAck], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &TableService_ServiceDesc.Streams[1], TableService_ReportProxyChecks_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ProxyCheckReport, ProxyCheckReportAck]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type TableService_ReportProxyChecksClient = grpc.ClientStreamingClient[ProxyCheckReport, ProxyCheckReportAck]
+
 // TableServiceServer is the server API for TableService service.
 // All implementations must embed UnimplementedTableServiceServer
 // for forward compatibility.
@@ -78,6 +102,16 @@ type TableServiceServer interface {
 	// It replaces Watch, which sent each table as one Table message without a format field:
 	// a client of that method now gets UNIMPLEMENTED instead of a table it would misread.
 	Subscribe(*SubscribeRequest, grpc.ServerStreamingServer[TableChunk]) error
+	// ReportProxyChecks is extproc's report of its proxy certificate check (which runs where
+	// the proxy key is, in the Envoy pod; xds-server never holds the key): each message is
+	// that extproc's whole latest report and replaces its previous one. xds-server keeps it
+	// while the stream is open, and for a while after it ends, so that a reconnecting extproc
+	// does not let a dangerous apiserver back in. An apiserver that any kept report calls
+	// dangerous, at the address the report names, is left out of the front-proxy clusters.
+	// The stream ends when extproc goes away; xds-server answers only then (or with an error:
+	// RESOURCE_EXHAUSTED when it keeps as many reports as it will, INVALID_ARGUMENT for a
+	// report over its limits).
+	ReportProxyChecks(grpc.ClientStreamingServer[ProxyCheckReport, ProxyCheckReportAck]) error
 	mustEmbedUnimplementedTableServiceServer()
 }
 
@@ -90,6 +124,9 @@ type UnimplementedTableServiceServer struct{}
 
 func (UnimplementedTableServiceServer) Subscribe(*SubscribeRequest, grpc.ServerStreamingServer[TableChunk]) error {
 	return status.Errorf(codes.Unimplemented, "method Subscribe not implemented")
+}
+func (UnimplementedTableServiceServer) ReportProxyChecks(grpc.ClientStreamingServer[ProxyCheckReport, ProxyCheckReportAck]) error {
+	return status.Errorf(codes.Unimplemented, "method ReportProxyChecks not implemented")
 }
 func (UnimplementedTableServiceServer) mustEmbedUnimplementedTableServiceServer() {}
 func (UnimplementedTableServiceServer) testEmbeddedByValue()                      {}
@@ -123,6 +160,13 @@ func _TableService_Subscribe_Handler(srv interface{}, stream grpc.ServerStream) 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type TableService_SubscribeServer = grpc.ServerStreamingServer[TableChunk]
 
+func _TableService_ReportProxyChecks_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(TableServiceServer).ReportProxyChecks(&grpc.GenericServerStream[ProxyCheckReport, ProxyCheckReportAck]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type TableService_ReportProxyChecksServer = grpc.ClientStreamingServer[ProxyCheckReport, ProxyCheckReportAck]
+
 // TableService_ServiceDesc is the grpc.ServiceDesc for TableService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -135,6 +179,11 @@ var TableService_ServiceDesc = grpc.ServiceDesc{
 			StreamName:    "Subscribe",
 			Handler:       _TableService_Subscribe_Handler,
 			ServerStreams: true,
+		},
+		{
+			StreamName:    "ReportProxyChecks",
+			Handler:       _TableService_ReportProxyChecks_Handler,
+			ClientStreams: true,
 		},
 	},
 	Metadata: "kubemvp/table/v1/table.proto",
