@@ -39,8 +39,8 @@ import (
 // the message itself.
 
 // The bounds of a memory, for the ConfigMap and the process alike. They are far above what
-// a cluster needs (an entry of a kube-apiserver 1.37 lists about 60 group/versions and 250
-// resources and subresources, some 6 KiB with its signature; a cluster runs a handful of
+// a cluster needs (an entry of a kube-apiserver 1.37 lists about 25 group/versions and 125
+// resources and subresources, under 4 KiB with its signature; a cluster runs a handful of
 // apiservers, each with one ID across restarts) and low enough that a memory cannot grow
 // Envoy's routes or xds-server's work without limit: at most MaxMemoryEntries ×
 // MaxMemoryGroupVersions group/versions, and MaxMemoryBytes stays well within a
