@@ -110,7 +110,7 @@ func (o *serveOptions) flagSet() *pflag.FlagSet {
 		"refetch each apiserver's discovery this often")
 	duration(&o.watch.DepartedGrace, inventory.DefaultDepartedGrace, "departed-apiserver-grace", time.Second, "the memory is checked every few seconds",
 		"remember what an apiserver served this long after its identity Lease is deleted (503, not 404, for its APIs meanwhile); while a stale Lease exists it is remembered anyway")
-	fs.StringVar(&o.memoryConfigMap, "memory-configmap", "", "keep that memory in this ConfigMap, `NAMESPACE/NAME`, shared by every replica and read at start (default: in this process only)")
+	fs.StringVar(&o.memoryConfigMap, "memory-configmap", "", "keep that memory in this ConfigMap, `NAMESPACE/NAME`, shared by every replica and read at start (default: in this process only); needs --xds-tls-dir: each entry is signed with xds-server's key and believed only if an xds-server certificate of the control plane's CA signed it")
 	fs.StringVar(&o.addresses, "apiserver-addresses", "", "addresses for Leases without a peer-advertise address, a `LIST` of HOSTNAME=HOST:PORT")
 	duration(&o.tableDelay, 2*time.Second, "routing-table-delay", 0, "0 sends each table at once",
 		"send extproc a routing table that names a new serving set or apiserver whole this long after Envoy got it (narrowed to what Envoy has before)")
@@ -154,6 +154,9 @@ func parseServe(args []string) (serveOptions, error) {
 	if opts.memoryConfigMap != "" {
 		if opts.watch.MemoryConfigMap, err = inventory.ParseMemoryConfigMap(opts.memoryConfigMap); err != nil {
 			errs = multierror.Append(errs, fmt.Errorf("--memory-configmap: %v", err))
+		}
+		if opts.tlsDir == "" {
+			errs = multierror.Append(errs, errors.New("--memory-configmap needs --xds-tls-dir: xds-server signs every entry with its own key (DIR/tls.key) and believes only entries an xds-server certificate of the control plane's CA (DIR/ca.crt) signed, so that whoever may write the ConfigMap cannot make xds-server route by it; give --xds-tls-dir, or leave --memory-configmap out to keep the memory in this process only"))
 		}
 	}
 	opts.cfg, errs = opts.envoy.config(errs)
@@ -227,6 +230,13 @@ func serve(ctx context.Context, opts serveOptions, log *slog.Logger, ready chan<
 		return float64(n)
 	}))
 
+	var creds *cptls.Credentials
+	if opts.xdsTLS != nil {
+		var err error
+		if creds, err = cptls.Load(*opts.xdsTLS, cptls.RoleXDSServer, log); err != nil {
+			return fmt.Errorf("--xds-tls-dir: %w", err)
+		}
+	}
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "kube_mvp_xds_proxy_check_reports",
 		Help: "extprocs whose proxy certificate report xds-server keeps (connected now, or whose stream ended within the grace period).",
@@ -263,6 +273,13 @@ func serve(ctx context.Context, opts serveOptions, log *slog.Logger, ready chan<
 	}
 	opts.watch.Log = log
 	opts.watch.OnSkipped = func(n int) { m.skipped.Set(float64(n)) }
+	if opts.watch.MemoryConfigMap.Name != "" {
+		if creds == nil {
+			return errors.New("--memory-configmap needs --xds-tls-dir")
+		}
+		opts.watch.MemoryCredentials = creds
+		opts.watch.OnMemoryRejected = func(reason string) { m.memoryRejected.WithLabelValues(reason).Inc() }
+	}
 	opts.watch.OnRequestHeaderConfig = func(ok bool) {
 		if ok {
 			m.headerConfigBad.Set(0)
@@ -298,13 +315,7 @@ func serve(ctx context.Context, opts serveOptions, log *slog.Logger, ready chan<
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
 	}
-	if opts.xdsTLS != nil {
-		creds, err := cptls.Load(*opts.xdsTLS, cptls.RoleXDSServer, log)
-		if err != nil {
-			grpcLis.Close()
-			adminLis.Close()
-			return fmt.Errorf("--xds-tls-dir: %w", err)
-		}
+	if creds != nil {
 		grpcOpts = append(grpcOpts, grpc.Creds(credentials.NewTLS(creds.ServerConfig())))
 		grpcOpts = append(grpcOpts, grpcPolicy.ServerOptions(func(method string, role cptls.Role, err error) {
 			xdsServer.Refused("role", fmt.Errorf("%s: %w", method, err))
@@ -384,6 +395,8 @@ type serveMetrics struct {
 	dangerous    prometheus.Gauge
 	// headerConfigBad: the request-header ConfigMap is malformed or incomplete.
 	headerConfigBad prometheus.Gauge
+	// memoryRejected counts the versions of the memory ConfigMap rejected as a whole.
+	memoryRejected *prometheus.CounterVec
 }
 
 func newServeMetrics(reg prometheus.Registerer) *serveMetrics {
@@ -418,7 +431,11 @@ func newServeMetrics(reg prometheus.Registerer) *serveMetrics {
 		Name: "kube_mvp_xds_dangerous_apiservers",
 		Help: "Apiservers that an extproc's proxy certificate check found taking the proxy certificate for an ordinary client's: left out of the front-proxy clusters (see the log and /debug/topology).",
 	})
-	reg.MustRegister(m.apiservers, m.builds, m.buildSeconds, m.updates, m.refused, m.skipped, m.headerConfigBad, m.dangerous)
+	m.memoryRejected = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kube_mvp_xds_memory_rejected_total",
+		Help: "Versions of the memory ConfigMap (--memory-configmap) ignored as a whole and replaced, by reason (malformed; bounds: too many entries, group/versions, resources or bytes; future: a time in the future; unsigned: an entry without a signature where none may be; signer: a signer certificate not of the control plane's CA or not xds-server's; signature: a signature that does not match its entry and key).",
+	}, []string{"reason"})
+	reg.MustRegister(m.apiservers, m.builds, m.buildSeconds, m.updates, m.refused, m.skipped, m.headerConfigBad, m.dangerous, m.memoryRejected)
 	return m
 }
 

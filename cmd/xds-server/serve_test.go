@@ -284,3 +284,16 @@ func sameSet(a, b []string) bool {
 	a, b = slices.Sorted(slices.Values(a)), slices.Sorted(slices.Values(b))
 	return slices.Equal(a, b)
 }
+
+// TestServeMemoryNeedsTLS: the memory ConfigMap's entries are signed with xds-server's own
+// key, so --memory-configmap without --xds-tls-dir is a flag error that says what to do.
+func TestServeMemoryNeedsTLS(t *testing.T) {
+	_, err := parseServe([]string{"--xds-insecure-plaintext", "--memory-configmap", "kube-mvp/mem"})
+	if err == nil || !strings.Contains(err.Error(), "--memory-configmap needs --xds-tls-dir") || !strings.Contains(err.Error(), "leave --memory-configmap out") {
+		t.Errorf("--memory-configmap with --xds-insecure-plaintext: %v", err)
+	}
+	_, err = parseServe([]string{"--xds-insecure-plaintext"})
+	if err != nil && strings.Contains(err.Error(), "--memory-configmap") {
+		t.Errorf("without --memory-configmap: %v", err)
+	}
+}

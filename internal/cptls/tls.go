@@ -131,6 +131,11 @@ func (c *Credentials) current() (*tls.Certificate, *x509.CertPool) {
 	return c.cert, c.pool
 }
 
+// Current is the key pair and the CA bundle in use now, re-read from the files at most once
+// a second (as a handshake does). xds-server signs the memory of departed apiservers with
+// the key and checks other replicas' signatures against the bundle.
+func (c *Credentials) Current() (*tls.Certificate, *x509.CertPool) { return c.current() }
+
 // NotAfter is when the certificate in use expires.
 func (c *Credentials) NotAfter() time.Time {
 	c.mu.Lock()

@@ -2,8 +2,14 @@ package inventory
 
 import (
 	"context"
+	"crypto"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -14,6 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kube-mvp/kube-mvp/internal/inventory/objects"
+	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 
 // DefaultDepartedGrace is WatchOptions.DepartedGrace when zero: how long what an apiserver
@@ -35,13 +42,37 @@ func ParseMemoryConfigMap(s string) (MemoryConfigMap, error) {
 	return MemoryConfigMap{Namespace: ns, Name: name}, nil
 }
 
+// MemoryCredentials are xds-server's own control-plane TLS credentials (cptls.Credentials):
+// its key signs the memory's entries, and every entry's signer must chain to the CA bundle.
+type MemoryCredentials interface {
+	Current() (*tls.Certificate, *x509.CertPool)
+}
+
 // remember updates the memory of what each apiserver served from this rebuild's view (the
 // Leases, the verified discovery) and from the ConfigMap, starts writing it back if it says
 // something new, and returns it for Build.
 func (w *Watcher) remember(ctx context.Context, objs objects.Objects, opts objects.Options) objects.Memory {
-	persisted, cm := w.persistedMemory()
+	servers, _ := objects.APIServers(objs.Leases, opts)
+	key := w.memoryKey()
+	persisted, cm, rejected, replace := w.persistedMemory(servers, opts.Now)
 	grace := w.opts.DepartedGrace
-	mem := objects.MergeMemory(w.memory, persisted, opts.Now, grace)
+	mine := w.memory
+	// Entries an operator removed (a key, or the whole ConfigMap) stay removed: forgotten
+	// here too rather than written back. A live apiserver is recorded afresh by Observe.
+	if removed := w.persist.removed(cm, persisted, rejected); len(removed) > 0 {
+		mine = maps.Clone(mine)
+		var forgotten []string
+		for _, id := range removed {
+			if _, ok := mine[id]; ok {
+				forgotten = append(forgotten, id)
+				delete(mine, id)
+			}
+		}
+		if len(forgotten) > 0 {
+			w.opts.Log.Info("apiservers removed from the memory ConfigMap are forgotten (a live one is recorded again)", "configmap", w.opts.MemoryConfigMap.String(), "apiservers", forgotten)
+		}
+	}
+	mem := objects.MergeMemory(mine, persisted, opts.Now, grace)
 
 	everywhere := map[string]bool{}
 	for _, svc := range objs.APIServices {
@@ -49,7 +80,6 @@ func (w *Watcher) remember(ctx context.Context, objs objects.Objects, opts objec
 			everywhere[svc.Spec.Group] = true
 		}
 	}
-	servers, _ := objects.APIServers(objs.Leases, opts)
 	leases := map[string]bool{}
 	verified := map[string]objects.Remembered{}
 	for _, s := range servers {
@@ -62,37 +92,107 @@ func (w *Watcher) remember(ctx context.Context, objs objects.Objects, opts objec
 	for id := range verified {
 		live[id] = true
 	}
-	w.memory = mem.Observe(objects.Sighting{Now: opts.Now, Leases: leases, Verified: verified, Grace: grace})
-	if w.memoryStore != nil && objects.NeedsWrite(persisted, w.memory, live) {
-		w.persist.write(ctx, w.memory, cm)
+	observed := mem.Observe(objects.Sighting{Now: opts.Now, Leases: leases, Verified: verified, Grace: grace})
+	var dropped []string
+	w.memory, dropped = objects.BoundMemory(observed, key)
+	if d := strings.Join(dropped, " "); d != w.droppedReported {
+		w.droppedReported = d
+		if d != "" {
+			w.opts.Log.Warn("apiservers not remembered: their discovery or their number exceeds the memory's bounds", "apiservers", dropped,
+				"maxEntries", objects.MaxMemoryEntries, "maxGroupVersions", objects.MaxMemoryGroupVersions, "maxResources", objects.MaxMemoryResources, "maxBytes", objects.MaxMemoryBytes)
+		}
+	}
+	if w.memoryStore != nil && (replace || objects.NeedsWrite(persisted, w.memory, live)) {
+		data, err := objects.EncodeSignedMemory(w.memory, key, opts.Now)
+		if err != nil {
+			if w.persist.noteWriteError(err.Error()) {
+				w.opts.Log.Warn("could not sign the memory of departed apiservers; it is kept in this process", "configmap", w.opts.MemoryConfigMap.String(), "error", err)
+			}
+		} else {
+			w.persist.write(ctx, data, cm)
+		}
 	}
 	return w.memory
 }
 
-// persistedMemory is the memory in the ConfigMap (empty when there is none or it cannot be
-// read) and the ConfigMap itself (nil when absent).
-func (w *Watcher) persistedMemory() (objects.Memory, *corev1.ConfigMap) {
-	if w.memoryStore == nil {
-		return nil, nil
+// memoryKey is the key that signs the memory now (zero without a ConfigMap).
+func (w *Watcher) memoryKey() objects.MemoryKey {
+	if w.opts.MemoryCredentials == nil {
+		return objects.MemoryKey{}
 	}
-	var cm *corev1.ConfigMap
+	cert, _ := w.opts.MemoryCredentials.Current()
+	if cert == nil || cert.Leaf == nil {
+		return objects.MemoryKey{}
+	}
+	signer, _ := cert.PrivateKey.(crypto.Signer)
+	return objects.MemoryKey{Cert: cert.Leaf, Key: signer}
+}
+
+// persistedMemory is the memory in the ConfigMap, checked (objects.ReadMemory), and the
+// ConfigMap itself (nil when absent). A memory that is rejected reads as empty; replace says
+// that the next write should replace what the ConfigMap holds even if this process has
+// nothing new to say (a rejected memory, or unsigned entries just migrated), until a write
+// based on this version succeeds.
+func (w *Watcher) persistedMemory(servers []topology.APIServer, now time.Time) (mem objects.Memory, cm *corev1.ConfigMap, rejected, replace bool) {
+	if w.memoryStore == nil {
+		return nil, nil, false, false
+	}
 	for _, o := range w.memoryStore.List() {
 		if c, ok := o.(*corev1.ConfigMap); ok && c.Name == w.opts.MemoryConfigMap.Name {
 			cm = c
 		}
 	}
 	if cm == nil {
-		return nil, nil
+		return nil, nil, false, false
 	}
-	m, err := objects.DecodeMemory(cm.Data)
-	if err != nil {
-		// Logged once per version of the object; the next write replaces its content.
-		if w.persist.noteMalformed(cm.ResourceVersion) {
-			w.opts.Log.Warn("memory ConfigMap is malformed: starting from an empty memory of departed apiservers", "configmap", w.opts.MemoryConfigMap.String(), "error", err)
+	var pool *x509.CertPool
+	if w.opts.MemoryCredentials != nil {
+		_, pool = w.opts.MemoryCredentials.Current()
+	}
+	// A signed memory's verdict depends on its content and the CA bundle only (a time that
+	// was not in the future is not later): it is checked once per version.
+	if c := w.memoryRead; c != nil && c.resourceVersion == cm.ResourceVersion && c.pool == pool {
+		return c.memory, cm, c.rejected, c.rejected && w.persist.notReplaced(cm.ResourceVersion)
+	}
+	trust := objects.MemoryTrust{Roots: pool, Now: now, AllowUnsigned: !w.persist.sawSigned(), Servers: servers}
+	reading, err := objects.ReadMemory(cm.Data, trust)
+	if reading.Signed {
+		w.persist.noteSigned()
+	}
+	var why *objects.MemoryRejected
+	if errors.As(err, &why) {
+		// Logged and counted once per version of the object; the next write replaces it.
+		if w.persist.noteRejected(cm.ResourceVersion) {
+			w.opts.Log.Warn("memory ConfigMap rejected as a whole: starting from this process's own memory of departed apiservers, which replaces it", "configmap", w.opts.MemoryConfigMap.String(), "reason", why.Reason, "error", why.Err)
+			if w.opts.OnMemoryRejected != nil {
+				w.opts.OnMemoryRejected(why.Reason)
+			}
 		}
-		return objects.Memory{}, cm
+		if reading.Signed {
+			w.memoryRead = &memoryRead{resourceVersion: cm.ResourceVersion, pool: pool, memory: objects.Memory{}, rejected: true}
+		}
+		return objects.Memory{}, cm, true, w.persist.notReplaced(cm.ResourceVersion)
 	}
-	return m, cm
+	if !reading.Signed {
+		if len(reading.Migrated)+len(reading.NotMigrated) == 0 {
+			return reading.Memory, cm, false, false // empty
+		}
+		if w.persist.noteRejected(cm.ResourceVersion) {
+			w.opts.Log.Info("memory ConfigMap written before entries were signed: migrating the entries of apiservers whose identity Lease names the same hostname and address, and writing them back signed",
+				"configmap", w.opts.MemoryConfigMap.String(), "migrated", reading.Migrated, "leftOut", reading.NotMigrated)
+		}
+		return reading.Memory, cm, false, w.persist.notReplaced(cm.ResourceVersion)
+	}
+	w.memoryRead = &memoryRead{resourceVersion: cm.ResourceVersion, pool: pool, memory: reading.Memory}
+	return reading.Memory, cm, false, false
+}
+
+// memoryRead is the verdict on one version of the ConfigMap, checked with one CA bundle.
+type memoryRead struct {
+	resourceVersion string
+	pool            *x509.CertPool
+	memory          objects.Memory
+	rejected        bool
 }
 
 // memoryWriter writes the memory to its ConfigMap, one write at a time, in the background
@@ -103,29 +203,107 @@ func (w *Watcher) persistedMemory() (objects.Memory, *corev1.ConfigMap) {
 // with a conflict instead of overwriting; the informer then brings the newer object, the
 // next rebuild merges it (objects.MergeMemory: the latest sighting of each apiserver wins)
 // and writes only if the merge says something new. Both replicas converge on one content.
+//
+// It also keeps what removals are judged by: the IDs in the ConfigMap as this process last
+// read (accepted) or wrote it. An ID among them that a later version lacks was removed — by
+// an operator, or by another replica that forgot it — and is forgotten here too. An ID only
+// in this process's memory was never persisted, so its absence from the ConfigMap is no
+// removal: the merge adds it and the next write persists it.
 type memoryWriter struct {
 	client kubernetes.Interface
 	cm     MemoryConfigMap
 	log    *slog.Logger
 	done   func() // asks for a rebuild
 
-	mu        sync.Mutex
-	writing   bool
-	lastErr   string
-	malformed string // resourceVersion last reported malformed
+	mu       sync.Mutex
+	writing  bool
+	lastErr  string
+	reported string // resourceVersion last reported rejected or migrated
+	replaced string // resourceVersion the last successful write replaced
+	signed   bool   // a signed memory was seen or written: no unsigned entry is accepted again
+
+	// known are the IDs of the version last read or written (nil before the first);
+	// stale is the resourceVersion the last write replaced (staleAbsent: it created the
+	// object), which the informer may still show for a moment and which says nothing
+	// about removals.
+	known       map[string]bool
+	stale       string
+	staleAbsent bool
 }
 
-func (p *memoryWriter) noteMalformed(resourceVersion string) bool {
+func (p *memoryWriter) noteRejected(resourceVersion string) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.malformed == resourceVersion {
+	if p.reported == resourceVersion {
 		return false
 	}
-	p.malformed = resourceVersion
+	p.reported = resourceVersion
 	return true
 }
 
-func (p *memoryWriter) write(ctx context.Context, m objects.Memory, current *corev1.ConfigMap) {
+// notReplaced reports whether no write based on that version of the ConfigMap succeeded.
+func (p *memoryWriter) notReplaced(resourceVersion string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.replaced != resourceVersion
+}
+
+func (p *memoryWriter) noteWriteError(msg string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	report := msg != p.lastErr
+	p.lastErr = msg
+	return report
+}
+
+func (p *memoryWriter) noteSigned() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.signed = true
+}
+
+func (p *memoryWriter) sawSigned() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.signed
+}
+
+// removed returns the IDs that were in the ConfigMap when this process last read or wrote
+// it and are not in persisted, the memory of cm (nil: the ConfigMap is gone), and remembers
+// persisted's IDs for the next time. A rejected memory (rejected) says nothing about
+// removals, nor does the version the last write replaced.
+func (p *memoryWriter) removed(cm *corev1.ConfigMap, persisted objects.Memory, rejected bool) []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if rejected {
+		return nil
+	}
+	if cm == nil {
+		if p.staleAbsent {
+			return nil // our create is not in the informer yet
+		}
+	} else {
+		p.staleAbsent = false
+		if cm.ResourceVersion == p.stale {
+			return nil // our update is not in the informer yet
+		}
+		p.stale = ""
+	}
+	var gone []string
+	for id := range p.known {
+		if _, ok := persisted[id]; !ok {
+			gone = append(gone, id)
+		}
+	}
+	p.known = make(map[string]bool, len(persisted))
+	for id := range persisted {
+		p.known[id] = true
+	}
+	slices.Sort(gone)
+	return gone
+}
+
+func (p *memoryWriter) write(ctx context.Context, data map[string]string, current *corev1.ConfigMap) {
 	p.mu.Lock()
 	if p.writing {
 		p.mu.Unlock()
@@ -133,7 +311,6 @@ func (p *memoryWriter) write(ctx context.Context, m objects.Memory, current *cor
 	}
 	p.writing = true
 	p.mu.Unlock()
-	data := objects.EncodeMemory(m)
 	go func() {
 		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
@@ -148,6 +325,18 @@ func (p *memoryWriter) write(ctx context.Context, m objects.Memory, current *cor
 		}
 		p.mu.Lock()
 		p.writing = false
+		if err == nil {
+			p.signed = true
+			p.known = make(map[string]bool, len(data))
+			for id := range data {
+				p.known[id] = true
+			}
+			if current == nil {
+				p.stale, p.staleAbsent = "", true
+			} else {
+				p.stale, p.staleAbsent, p.replaced = current.ResourceVersion, false, current.ResourceVersion
+			}
+		}
 		msg := ""
 		if err != nil && !apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err) {
 			msg = err.Error()

@@ -67,6 +67,12 @@ type WatchOptions struct {
 	// MemoryConfigMap names the ConfigMap that keeps that memory across restarts and
 	// replicas; zero keeps it in this process only.
 	MemoryConfigMap MemoryConfigMap
+	// MemoryCredentials sign the entries written to MemoryConfigMap and check those read
+	// (objects.ReadMemory); required with it.
+	MemoryCredentials MemoryCredentials
+	// OnMemoryRejected, if set, is told why the ConfigMap's memory was rejected as a whole
+	// (an objects.Reject* reason), once per version of the object.
+	OnMemoryRejected func(reason string)
 	// OnSkipped, if set, is told after every build how many objects were skipped or only
 	// partly used (each is logged once, when it first appears).
 	OnSkipped func(n int)
@@ -95,6 +101,10 @@ type Watcher struct {
 	// reported); persist writes it to the ConfigMap.
 	memory  objects.Memory
 	persist memoryWriter
+	// memoryRead caches the verdict on the ConfigMap's current version; droppedReported
+	// the IDs last logged as over the memory's bounds (rebuild's own).
+	memoryRead      *memoryRead
+	droppedReported string
 
 	kick chan struct{}
 	// reported are the build errors already logged (rebuild's own: it runs on one goroutine).
@@ -159,6 +169,9 @@ func NewWatcher(cfg *rest.Config, opts WatchOptions, onChange func(*topology.Top
 	}
 	if opts.DepartedGrace == 0 {
 		opts.DepartedGrace = DefaultDepartedGrace
+	}
+	if opts.MemoryConfigMap.Name != "" && opts.MemoryCredentials == nil {
+		return nil, errors.New("inventory: a memory ConfigMap needs credentials to sign and check its entries")
 	}
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {

@@ -4,7 +4,6 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/asn1"
-	"io"
 	"maps"
 	"net/http"
 	"strings"
@@ -146,14 +145,3 @@ func TestCustomRequestHeaderNames(t *testing.T) {
 	}
 }
 
-// httpGet is the body of GET url ("" when it cannot be fetched).
-func httpGet(t *testing.T, url string) string {
-	t.Helper()
-	res, err := http.Get(url)
-	if err != nil {
-		return ""
-	}
-	defer res.Body.Close()
-	b, _ := io.ReadAll(res.Body)
-	return string(b)
-}

@@ -222,7 +222,7 @@ type rememberedJSON struct {
 	Served    map[string]string `json:"served"`
 }
 
-// EncodeMemory is m as ConfigMap data.
+// EncodeMemory is m as ConfigMap data, unsigned (xds-server writes EncodeSignedMemory).
 func EncodeMemory(m Memory) map[string]string {
 	data := make(map[string]string, len(m))
 	for id, r := range m {
@@ -232,31 +232,43 @@ func EncodeMemory(m Memory) map[string]string {
 }
 
 func encodeRemembered(r Remembered) string {
+	b, _ := json.Marshal(toJSON(r)) // strings, a map of strings and times: cannot fail
+	return string(b)
+}
+
+func toJSON(r Remembered) rememberedJSON {
 	j := rememberedJSON{Hostname: r.Hostname, Address: r.Address, LastSeen: r.LastSeen.UTC(), Served: map[string]string{}}
 	if !r.LeaseGone.IsZero() {
 		gone := r.LeaseGone.UTC()
 		j.LeaseGone = &gone
 	}
+	names := map[string]*strings.Builder{}
 	for _, res := range r.Served {
 		gv := res.Version
 		if res.Group != "" {
 			gv = res.Group + "/" + res.Version
 		}
-		name := res.Resource
+		b := names[gv]
+		if b == nil {
+			b = &strings.Builder{}
+			names[gv] = b
+		} else {
+			b.WriteByte(' ')
+		}
+		b.WriteString(res.Resource)
 		if res.Subresource != "" {
-			name += "/" + res.Subresource
+			b.WriteString("/" + res.Subresource)
 		}
-		if j.Served[gv] != "" {
-			j.Served[gv] += " "
-		}
-		j.Served[gv] += name
 	}
-	b, _ := json.Marshal(j) // strings, a map of strings and times: cannot fail
-	return string(b)
+	for gv, b := range names {
+		j.Served[gv] = b.String()
+	}
+	return j
 }
 
-// DecodeMemory reads ConfigMap data written by EncodeMemory. The first entry it cannot read
-// makes it fail, naming the entry.
+// DecodeMemory reads ConfigMap data written by EncodeMemory or EncodeSignedMemory, without
+// checking signatures or bounds (xds-server reads its ConfigMap with ReadMemory). The first
+// entry it cannot read makes it fail, naming the entry.
 func DecodeMemory(data map[string]string) (Memory, error) {
 	m := make(Memory, len(data))
 	for _, id := range slices.Sorted(maps.Keys(data)) {
@@ -274,6 +286,10 @@ func decodeRemembered(s string) (Remembered, error) {
 	if err := json.Unmarshal([]byte(s), &j); err != nil {
 		return Remembered{}, err
 	}
+	return fromJSON(j)
+}
+
+func fromJSON(j rememberedJSON) (Remembered, error) {
 	if j.LastSeen.IsZero() {
 		return Remembered{}, fmt.Errorf("no lastSeen")
 	}
