@@ -201,7 +201,16 @@ func TestMutationRules(t *testing.T) {
 
 func TestRouteMatching(t *testing.T) {
 	_, rc := compiledGolden(t)
+	// Every request the Lua filter finished has a class; one without is refused
+	// (request-unclassified), so the cases without one say "unclassified" here, which takes
+	// the route itself, as long-running and unclassified requests do.
+	unfinished := kv{"x-unfinished", "1"}
 	match := func(path string, hdr headerList) string {
+		if slices.Contains(hdr, unfinished) {
+			hdr = slices.DeleteFunc(slices.Clone(hdr), func(e kv) bool { return e == unfinished })
+		} else if _, ok := hdr.get("x-kube-mvp-request-class"); !ok {
+			hdr = append(slices.Clone(hdr), kv{"x-kube-mvp-request-class", "unclassified"})
+		}
 		st := &stream{cfg: &config{routes: map[string]*routeConfig{"r": rc}}, hcm: &hcmCfg{rdsName: "r"}, host: "example:6443", path: path, hdr: hdr}
 		return routeName(st.matchRoute())
 	}
@@ -284,6 +293,10 @@ func TestRouteMatching(t *testing.T) {
 		{"/api/v1/pods", decided("own-credentials", token...), "core/v1"},
 		{"/api/v1/pods", decided("FRONT-PROXY"), "core/v1"}, // exact, case-sensitive value
 		{"/api/v1/pods", headerList{{"x-kube-mvp-identity", "front-proxy"}}, "core/v1:front-proxy"},
+		// The Lua filter did not finish: whatever else the request carries, refused.
+		{"/api/v1/pods", headerList{unfinished}, "request-unclassified"},
+		{"/api/v1/pods", decided("front-proxy", unfinished), "request-unclassified"},
+		{"/apis/batch/v1/jobs", headerList{{"x-kube-mvp-cluster", "x"}, unfinished}, "request-unclassified"},
 	}
 	for _, tc := range cases {
 		if got := match(tc.path, tc.hdr); got != tc.want {
