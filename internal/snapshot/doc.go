@@ -16,10 +16,13 @@
 //     certificate the listener is plain HTTP (experiments only).
 //   - Early header mutation (envoy.http.early_header_mutation.header_mutation) removes every
 //     client-supplied x-remote-* header (prefix match, so -user, -group, -uid and every
-//     -extra-*), x-kubernetes-peer-proxied, the routing header, the identity decision header
-//     and the request class header before routing and before any filter: a spoofed
+//     -extra-*), every x-envoy-* header (an "internal" client could otherwise set its own
+//     retry policy), x-kubernetes-peer-proxied, the routing header, the identity decision
+//     header and the request class header before routing and before any filter: a spoofed
 //     X-Remote-User never reaches a route, a filter or an apiserver, and a client cannot
-//     name its own class (a POST sent as a "read" is not retried after a reset).
+//     name its own class (a POST sent as a "read" is not retried after a reset). Only fixed
+//     names: the apiservers' configured names come from a ConfigMap, and a listener change
+//     drains every connection, so the Lua filter strips those (below).
 //   - forward_client_cert_details SANITIZE_SET with subject and URI (not the certificate):
 //     Envoy replaces any client x-forwarded-client-cert with one describing the verified
 //     certificate and removes it from requests without one; routes match its presence (the
@@ -36,11 +39,15 @@
 //   - HTTP filters: Lua "kube-mvp.identity", ext_proc, router. The Lua filter runs
 //     LuaScript (request_class.lua, then identity.lua: its default_source_code) on every
 //     request, with the header names from the virtual host's metadata under the filter's name
-//     (handle:virtualHost():metadata(), Envoy 1.36). It first writes the request's class in
-//     x-kube-mvp-request-class, as the apiserver will treat it (RequestInfoFactory and
-//     kube-apiserver's LongRunningFunc: read, watch, write, upgrade, long-running,
-//     unclassified), which the routes match by exact value. Then, for a verified client
-//     certificate, it sets the front-proxy identity headers as the apiserver's x509
+//     (handle:virtualHost():metadata(), Envoy 1.36). It first strips every configured
+//     identity header name and extra prefix, in use or read before (strip_names,
+//     strip_prefixes: topology.RequestHeaders.StripNames), and works out the request's class
+//     as the apiserver will treat it (RequestInfoFactory and kube-apiserver's
+//     LongRunningFunc: read, watch, write, upgrade, long-running, unclassified), which it
+//     writes in x-kube-mvp-request-class last, after the identity; the routes match it by
+//     exact value, and route 0 refuses a request without one. Then, for a verified client
+//     certificate, it sets the front-proxy identity headers (under every configured name of
+//     each kind) as the apiserver's x509
 //     authenticator would map the certificate (CN, one group per O, Kubernetes' UID
 //     attribute, the credential ID X509SHA256=<digest>), or answers 401 where the apiserver
 //     would, and writes its decision in x-kube-mvp-identity. A header change makes Envoy match
@@ -85,6 +92,8 @@
 //
 // One virtual host, domains "*". First match wins:
 //
+//  0. "request-unclassified": no x-kube-mvp-request-class, i.e. the Lua filter did not
+//     finish (its configured-name strip or identity perhaps undone): a direct 503 Status.
 //  1. "extproc-decided": the routing header is present (only extproc can have set it) →
 //     cluster_header; ext_proc off.
 //  2. "client-certificate-undecided" (only with a client CA): x-forwarded-client-cert is
@@ -126,8 +135,8 @@
 // header's exact value: "<name>:read" (Config.UpstreamRequestTimeout, and "reset" retried),
 // "<name>:watch" (no timeout, "reset" retried), "<name>:write" (the timeout). The route
 // itself takes every other request — long-running (exec, attach, port-forward, proxy, log),
-// unclassified (a path the apiserver decodes), or without a class (the Lua filter failed) —
-// with no timeout and no retry after a reset, safe for any request. With a client CA each of
+// unclassified (a path the apiserver decodes) — with no timeout and no retry after a reset,
+// safe for any request. With a client CA each of
 // these (not on route 1) comes right after its front-proxy twin "<…>:front-proxy": the same
 // match plus x-kube-mvp-identity = front-proxy, to the front-proxy twin of its cluster. A
 // request the Lua filter decided "own-credentials" (a certificate the apiserver would reject,
