@@ -144,4 +144,3 @@ func TestCustomRequestHeaderNames(t *testing.T) {
 		})
 	}
 }
-
