@@ -86,9 +86,9 @@
 //   - The router ignores the request headers with which a client Envoy treats as internal
 //     (its connection manager removes them only from external requests) can widen the
 //     route's retry policy: x-envoy-retry-on, x-envoy-max-retries,
-//     x-envoy-retriable-status-codes, x-envoy-retriable-header-names. Not a convenience but
-//     a gap: such a request could be retried by Envoy where it is not here. kube-mvp's
-//     listener does not strip them yet.
+//     x-envoy-retriable-status-codes, x-envoy-retriable-header-names. A gap only for a
+//     configuration that lets them through: kube-mvp's listener strips every x-envoy-*
+//     request header (early header mutation) before any filter or route.
 //   - The router buffers request bodies of up to 1 MiB so that retries can replay them (Envoy
 //     buffers while streaming); larger bodies are streamed and not retried, as in Envoy.
 //   - The Lua filter runs envoy_on_request only (no envoy_on_response, body or trailers), opens
