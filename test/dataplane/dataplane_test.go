@@ -189,7 +189,7 @@ func TestClientCertificateIdentity(t *testing.T) {
 	c := e.client(cert)
 	spoof := map[string]string{"X-Remote-User": "system:admin", "X-Remote-Group": "system:masters", "X-Remote-Extra-Scopes": "all",
 		"X-Kubernetes-Peer-Proxied": "true", "X-Kube-Mvp-Cluster": "kube-apiservers-only-cp-a", "X-Forwarded-Client-Cert": "Hash=00;Subject=\"CN=root\"",
-		"X-Kube-Mvp-Identity": "front-proxy"}
+		"X-Kube-Mvp-Identity": "front-proxy", "X-Envoy-Retry-On": "5xx", "X-Envoy-Max-Retries": "10", "X-Kube-Mvp-Request-Class": "read"}
 	streams := e.stat(extProcStreamsStat)
 	r := e.do(c, "GET", "/api/v1/namespaces", spoof)
 	if r.status != 200 {
@@ -227,7 +227,8 @@ func TestClientCertificateIdentity(t *testing.T) {
 	if r.status != 200 {
 		t.Fatalf("status %d: %s", r.status, r.body)
 	}
-	for _, k := range []string{"X-Remote-User", "X-Remote-Group", "X-Remote-Extra-Scopes", "X-Kubernetes-Peer-Proxied", "X-Kube-Mvp-Cluster", "X-Forwarded-Client-Cert", "X-Kube-Mvp-Identity"} {
+	for _, k := range []string{"X-Remote-User", "X-Remote-Group", "X-Remote-Extra-Scopes", "X-Kubernetes-Peer-Proxied", "X-Kube-Mvp-Cluster", "X-Forwarded-Client-Cert", "X-Kube-Mvp-Identity",
+		"X-Envoy-Retry-On", "X-Envoy-Max-Retries", "X-Kube-Mvp-Request-Class"} {
 		if v := r.seen.Header.Get(k); v != "" {
 			t.Errorf("%s = %q arrived", k, v)
 		}
