@@ -278,7 +278,7 @@ func TestUnsignedMemoryMigration(t *testing.T) {
 	servers := []topology.APIServer{
 		{ID: cpAID, Hostname: "cp-a", Address: "10.0.0.1:6443"},
 		{ID: cpBID, Hostname: "cp-b", Address: "10.0.0.9:6443"}, // another address than recorded
-		{ID: idD, Hostname: "cp-d", Address: "10.0.0.4:6443"}, // recorded without an address
+		{ID: idD, Hostname: "cp-d", Address: "10.0.0.4:6443"},   // recorded without an address
 		{ID: objects.APIServerIDFor("evil"), Hostname: "cp-c", Address: "10.0.0.3:6443"},
 	}
 	trust := objects.MemoryTrust{Roots: pki.roots, Now: now, AllowUnsigned: true, Servers: servers}
