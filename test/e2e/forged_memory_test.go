@@ -186,7 +186,6 @@ func TestForgedMemory(t *testing.T) {
 	hold("the ConfigMap deleted", 10*time.Second, forgotten)
 }
 
-
 // editMemory changes the memory ConfigMap's data as a writer of it would, retrying on
 // conflicts with xds-server's own writes.
 func editMemory(t *testing.T, ctx context.Context, c corev1client.ConfigMapInterface, edit func(map[string]string) map[string]string) {
