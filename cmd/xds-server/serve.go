@@ -110,7 +110,7 @@ func (o *serveOptions) flagSet() *pflag.FlagSet {
 		"refetch each apiserver's discovery this often")
 	duration(&o.watch.DepartedGrace, inventory.DefaultDepartedGrace, "departed-apiserver-grace", time.Second, "the memory is checked every few seconds",
 		"remember what an apiserver served this long after its identity Lease is deleted (503, not 404, for its APIs meanwhile); while a stale Lease exists it is remembered anyway")
-	fs.StringVar(&o.memoryConfigMap, "memory-configmap", "", "keep that memory in this ConfigMap, `NAMESPACE/NAME`, shared by every replica and read at start (default: in this process only); needs --xds-tls-dir: each entry is signed with xds-server's key and believed only if an xds-server certificate of the control plane's CA signed it")
+	fs.StringVar(&o.memoryConfigMap, "memory-configmap", "", "keep that memory in this ConfigMap, `NAMESPACE/NAME`, shared by every replica and read at start (default: in this process only), and with it the request-header names read before and the last good request-header configuration (key kube-mvp.request-header-names); needs --xds-tls-dir: each entry is signed with xds-server's key and believed only if an xds-server certificate of the control plane's CA signed it")
 	fs.StringVar(&o.addresses, "apiserver-addresses", "", "addresses for Leases without a peer-advertise address, a `LIST` of HOSTNAME=HOST:PORT")
 	duration(&o.tableDelay, 2*time.Second, "routing-table-delay", 0, "0 sends each table at once",
 		"send extproc a routing table that names a new serving set or apiserver whole this long after Envoy got it (narrowed to what Envoy has before)")

@@ -102,17 +102,92 @@ func (w *Watcher) remember(ctx context.Context, objs objects.Objects, opts objec
 				"maxEntries", objects.MaxMemoryEntries, "maxGroupVersions", objects.MaxMemoryGroupVersions, "maxResources", objects.MaxMemoryResources, "maxBytes", objects.MaxMemoryBytes)
 		}
 	}
-	if w.memoryStore != nil && (replace || objects.NeedsWrite(persisted, w.memory, live)) {
+	// The request-header names go with the memory (objects.RequestHeaderNamesKey): merged
+	// again with this version of the ConfigMap, so that a write never drops a name it holds.
+	persistedNames := w.persistedNames(cm, opts.Now)
+	w.headerNames = objects.MergeRequestHeaderNames(w.headerNames, persistedNames)
+	if w.memoryStore != nil && (replace || objects.NeedsWrite(persisted, w.memory, live) || w.headerNames.NeedsWrite(persistedNames)) {
 		data, err := objects.EncodeSignedMemory(w.memory, key, opts.Now)
+		if err == nil && !w.headerNames.IsZero() {
+			var names string
+			if names, err = objects.EncodeSignedRequestHeaderNames(w.headerNames, key, opts.Now); err == nil {
+				data[objects.RequestHeaderNamesKey] = names
+			}
+		}
 		if err != nil {
 			if w.persist.noteWriteError(err.Error()) {
-				w.opts.Log.Warn("could not sign the memory of departed apiservers; it is kept in this process", "configmap", w.opts.MemoryConfigMap.String(), "error", err)
+				w.opts.Log.Warn("could not sign the memory of departed apiservers and the request-header names; they are kept in this process", "configmap", w.opts.MemoryConfigMap.String(), "error", err)
 			}
 		} else {
 			w.persist.write(ctx, data, cm)
 		}
 	}
 	return w.memory
+}
+
+// learnHeaderNames merges the request-header names the memory ConfigMap keeps into this
+// process's (after a restart: all it knows), reads the authentication ConfigMap auth
+// against them, and returns the names it read against (objects.Objects.HeaderNames) and
+// what is wrong with auth.
+func (w *Watcher) learnHeaderNames(auth *corev1.ConfigMap, now time.Time) (objects.RequestHeaderNames, error) {
+	before := objects.MergeRequestHeaderNames(w.headerNames, w.persistedNames(w.memoryConfigMap(), now))
+	next, _, _, err := before.Observe(auth)
+	w.headerNames = next.GoodSince(before, now)
+	return before, err
+}
+
+// memoryConfigMap is the memory ConfigMap as the informer has it (nil: none, or absent).
+func (w *Watcher) memoryConfigMap() *corev1.ConfigMap {
+	if w.memoryStore == nil {
+		return nil
+	}
+	var cm *corev1.ConfigMap
+	for _, o := range w.memoryStore.List() {
+		if c, ok := o.(*corev1.ConfigMap); ok && c.Name == w.opts.MemoryConfigMap.Name {
+			cm = c
+		}
+	}
+	return cm
+}
+
+// persistedNames are the request-header names cm keeps, checked
+// (objects.ReadRequestHeaderNames); none when absent or rejected. A rejection is logged and
+// counted once per version of cm; the next write replaces the value (this process's names
+// then say more than nothing).
+func (w *Watcher) persistedNames(cm *corev1.ConfigMap, now time.Time) objects.RequestHeaderNames {
+	if cm == nil {
+		return objects.RequestHeaderNames{}
+	}
+	value, ok := cm.Data[objects.RequestHeaderNamesKey]
+	if !ok {
+		return objects.RequestHeaderNames{}
+	}
+	var pool *x509.CertPool
+	if w.opts.MemoryCredentials != nil {
+		_, pool = w.opts.MemoryCredentials.Current()
+	}
+	if c := w.namesRead; c != nil && c.resourceVersion == cm.ResourceVersion && c.pool == pool {
+		return c.names
+	}
+	names, err := objects.ReadRequestHeaderNames(value, objects.MemoryTrust{Roots: pool, Now: now})
+	var why *objects.MemoryRejected
+	if errors.As(err, &why) {
+		w.opts.Log.Warn("request-header names in the memory ConfigMap rejected: starting from this process's own, which replace them", "configmap", w.opts.MemoryConfigMap.String(), "key", objects.RequestHeaderNamesKey, "reason", why.Reason, "error", why.Err)
+		if w.opts.OnMemoryRejected != nil {
+			w.opts.OnMemoryRejected(why.Reason)
+		}
+		names = objects.RequestHeaderNames{}
+	}
+	w.namesRead = &namesRead{resourceVersion: cm.ResourceVersion, pool: pool, names: names}
+	return names
+}
+
+// namesRead is the verdict on the request-header names of one version of the ConfigMap,
+// checked with one CA bundle.
+type namesRead struct {
+	resourceVersion string
+	pool            *x509.CertPool
+	names           objects.RequestHeaderNames
 }
 
 // memoryKey is the key that signs the memory now (zero without a ConfigMap).
@@ -134,15 +209,7 @@ func (w *Watcher) memoryKey() objects.MemoryKey {
 // nothing new to say (a rejected memory, or unsigned entries just migrated), until a write
 // based on this version succeeds.
 func (w *Watcher) persistedMemory(servers []topology.APIServer, now time.Time) (mem objects.Memory, cm *corev1.ConfigMap, rejected, replace bool) {
-	if w.memoryStore == nil {
-		return nil, nil, false, false
-	}
-	for _, o := range w.memoryStore.List() {
-		if c, ok := o.(*corev1.ConfigMap); ok && c.Name == w.opts.MemoryConfigMap.Name {
-			cm = c
-		}
-	}
-	if cm == nil {
+	if cm = w.memoryConfigMap(); cm == nil {
 		return nil, nil, false, false
 	}
 	var pool *x509.CertPool
@@ -329,7 +396,9 @@ func (p *memoryWriter) write(ctx context.Context, data map[string]string, curren
 			p.signed = true
 			p.known = make(map[string]bool, len(data))
 			for id := range data {
-				p.known[id] = true
+				if id != objects.RequestHeaderNamesKey {
+					p.known[id] = true
+				}
 			}
 			if current == nil {
 				p.stale, p.staleAbsent = "", true

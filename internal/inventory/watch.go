@@ -70,8 +70,9 @@ type WatchOptions struct {
 	// MemoryCredentials sign the entries written to MemoryConfigMap and check those read
 	// (objects.ReadMemory); required with it.
 	MemoryCredentials MemoryCredentials
-	// OnMemoryRejected, if set, is told why the ConfigMap's memory was rejected as a whole
-	// (an objects.Reject* reason), once per version of the object.
+	// OnMemoryRejected, if set, is told why the ConfigMap's memory was rejected as a whole,
+	// or the request-header names it keeps (an objects.Reject* reason), once per version of
+	// the object.
 	OnMemoryRejected func(reason string)
 	// OnSkipped, if set, is told after every build how many objects were skipped or only
 	// partly used (each is logged once, when it first appears).
@@ -105,11 +106,15 @@ type Watcher struct {
 	// the IDs last logged as over the memory's bounds (rebuild's own).
 	memoryRead      *memoryRead
 	droppedReported string
+	// namesRead caches the verdict on the request-header names the ConfigMap's current
+	// version keeps (rebuild's own).
+	namesRead *namesRead
 
 	kick chan struct{}
 	// reported are the build errors already logged (rebuild's own: it runs on one goroutine).
 	reported map[string]bool
-	// headerNames is what the rebuilds learnt of the identity header names (rebuild's own).
+	// headerNames is what the rebuilds learnt of the identity header names, and what the
+	// memory ConfigMap kept of them (rebuild's own).
 	headerNames objects.RequestHeaderNames
 
 	mu        sync.Mutex
@@ -335,11 +340,10 @@ func (w *Watcher) rebuild(ctx context.Context) {
 	opts := w.opts.Options
 	opts.Now = w.opts.Clock()
 	objs.Discovery, objs.DiscoveredAt = w.discoveryFor(ctx, objs.Leases, opts)
-	objs.Remembered = w.remember(ctx, objs, opts)
-	objs.HeaderNames = w.headerNames
-	t, errs := objects.Build(objs, opts)
 	var headerErr error
-	w.headerNames, _, _, headerErr = w.headerNames.Observe(objs.Authentication)
+	objs.HeaderNames, headerErr = w.learnHeaderNames(objs.Authentication, opts.Now)
+	objs.Remembered = w.remember(ctx, objs, opts)
+	t, errs := objects.Build(objs, opts)
 	if w.opts.OnRequestHeaderConfig != nil {
 		w.opts.OnRequestHeaderConfig(headerErr == nil)
 	}

@@ -146,6 +146,13 @@ func (d *DataPlane) adsSession(client discovery.AggregatedDiscoveryServiceClient
 		}
 		return nil
 	}
+	// A new stream (xds-server restarted) asks again for every resource the configuration
+	// already names, as Envoy does: a server that has the same listeners and clusters does
+	// not answer their requests (same version), and would otherwise never be asked for the
+	// routes, endpoints and secrets it has changed meanwhile.
+	if err := follow(); err != nil {
+		return err
+	}
 	for {
 		resp, err := stream.Recv()
 		if err != nil {

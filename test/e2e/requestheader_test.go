@@ -4,16 +4,21 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/asn1"
+	"encoding/json"
+	"fmt"
 	"maps"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/kube-mvp/kube-mvp/internal/inventory/objects"
 	"github.com/kube-mvp/kube-mvp/internal/testutil"
 	"github.com/kube-mvp/kube-mvp/test/controlplane"
+	"github.com/kube-mvp/kube-mvp/test/harness"
 )
 
 // TestCustomRequestHeaderNames: an apiserver that reads identity from other headers than
@@ -21,7 +26,9 @@ import (
 // kube-system/extension-apiserver-authentication; kube-mvp reads them there, forwards a
 // certificate user's name, groups and UID in them, and strips them (and the defaults) from
 // every client, so whoever calls — certificate, token, nobody — gets the identity the
-// apiserver gives directly, spoofed headers in either naming notwithstanding.
+// apiserver gives directly, spoofed headers in either naming notwithstanding. The names
+// are kept in the memory ConfigMap: an xds-server restarted after an attacker deleted the
+// group key (before the apiserver puts it back) still strips the apiserver's group header.
 func TestCustomRequestHeaderNames(t *testing.T) {
 	ctx := testutil.Context(t, 5*time.Minute)
 	e := newEnv(t, ctx, controlplane.ServerSpec{Name: "cp-a", Version: "v1.37.1", Args: []string{
@@ -31,7 +38,9 @@ func TestCustomRequestHeaderNames(t *testing.T) {
 		// The apiserver insists on the standard UID header among its UID headers.
 		"--requestheader-uid-headers=X-Id,X-Remote-Uid",
 	}})
-	k := e.startKubeMVP(ctx, "front", "")
+	k := e.startKubeMVP(ctx, "front", "", func(o *harness.Options) {
+		o.XDSServerArgs = []string{"--memory-configmap", "default/kube-mvp-memory"}
+	})
 
 	// alice with Kubernetes' UID attribute (1.3.6.1.4.1.57683.2).
 	alice, err := e.cp.PKI.ClientCA.Issue(pkix.Name{CommonName: "alice", Organization: []string{"team-a", "team-b"},
@@ -89,8 +98,8 @@ func TestCustomRequestHeaderNames(t *testing.T) {
 			}
 		}
 		malformed := func(want string) func() bool {
-			return func() bool {
-				return strings.Contains(httpGet(t, k.XDSAdmin+"/metrics"), "kube_mvp_xds_request_header_config_malformed "+want)
+			return func() bool { // the sample's line, not the HELP text (which says "... 1 while")
+				return strings.Contains(httpGet(t, k.XDSAdmin+"/metrics"), "\nkube_mvp_xds_request_header_config_malformed "+want+"\n")
 			}
 		}
 		for _, c := range []struct {
@@ -119,6 +128,54 @@ func TestCustomRequestHeaderNames(t *testing.T) {
 			})
 		}
 		sameIdentity(t)
+
+		// The names are in the memory ConfigMap; the group key is deleted and xds-server
+		// restarted before the apiserver puts the key back (its resync is a minute): the
+		// restarted xds-server knows X-Teams from the memory and strips it.
+		t.Run("group key deleted, then xds-server restarted", func(t *testing.T) {
+			memory := e.adminClient(e.cp.Server("cp-a")).CoreV1().ConfigMaps("default")
+			waitFor(t, ctx, "the request-header names in the memory ConfigMap", func() error {
+				cm, err := memory.Get(ctx, "kube-mvp-memory", metav1.GetOptions{})
+				if err != nil {
+					return err
+				}
+				if v := cm.Data[objects.RequestHeaderNamesKey]; !strings.Contains(v, `"x-teams"`) {
+					return fmt.Errorf("%s: %.200q", objects.RequestHeaderNamesKey, v)
+				}
+				return nil
+			})
+			tamper(t, func(d map[string]string) { delete(d, "requestheader-group-headers") })
+			if err := k.RestartXDSServer(ctx); err != nil {
+				t.Fatalf("restarting xds-server: %v\n%s", err, k.Logs())
+			}
+			// It complains (the last good names kept, from the memory) and publishes X-Teams as
+			// the group header; a restart that forgot would publish X-Remote-Group, without
+			// complaint.
+			testutil.WaitFor(t, ctx, 30*time.Second, "the restarted xds-server reads the ConfigMap without its group key", testutil.Cond(malformed("1")))
+			var topo struct {
+				RequestHeaders struct {
+					Group []string `json:"group"`
+				} `json:"requestHeaders"`
+			}
+			if err := json.Unmarshal([]byte(httpGet(t, k.XDSAdmin+"/debug/topology")), &topo); err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(topo.RequestHeaders.Group, []string{"x-teams"}) {
+				t.Errorf("the restarted xds-server publishes the group headers %q, want [x-teams] (the last good, from the memory ConfigMap)", topo.RequestHeaders.Group)
+			}
+			deadline := time.Now().Add(5 * time.Second)
+			for time.Now().Before(deadline) {
+				sameIdentity(t)
+			}
+			if cm, err := cms.Get(ctx, orig.Name, metav1.GetOptions{}); err == nil {
+				if _, back := cm.Data["requestheader-group-headers"]; back {
+					t.Log("the apiserver put the group key back before the check ended: the check shows less than it should")
+				}
+			}
+			tamper(t, func(map[string]string) {})
+			testutil.WaitFor(t, ctx, 30*time.Second, "xds-server reads the restored ConfigMap", testutil.Cond(malformed("0")))
+			sameIdentity(t)
+		})
 	}()
 	for _, c := range []struct {
 		name     string

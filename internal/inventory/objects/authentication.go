@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -108,6 +109,9 @@ func isHeaderName(s string) bool {
 type RequestHeaderNames struct {
 	// Good is the last configuration read without error (defaults filled in); nil: none yet.
 	Good *topology.RequestHeaders `json:"good,omitempty"`
+	// GoodAt is when Good was first read (GoodSince; zero: unknown), so that of two
+	// replicas' last good configurations the later one is persisted.
+	GoodAt time.Time `json:"-"`
 	// Seen are the exact names and the extra prefixes read so far, oldest first, at most
 	// MaxSeenRequestHeaderNames (the oldest not in Good are dropped first).
 	Seen []string `json:"seen,omitempty"`
@@ -123,7 +127,7 @@ type RequestHeaderNames struct {
 // is the defaults, what is used and everything seen before.
 func (n RequestHeaderNames) Observe(cm *corev1.ConfigMap) (next RequestHeaderNames, use topology.RequestHeaders, usable bool, err error) {
 	read, _, err := RequestHeadersFrom(cm)
-	next = RequestHeaderNames{Good: n.Good, Seen: slices.Clone(n.Seen), SeenPrefixes: slices.Clone(n.SeenPrefixes)}
+	next = RequestHeaderNames{Good: n.Good, GoodAt: n.GoodAt, Seen: slices.Clone(n.Seen), SeenPrefixes: slices.Clone(n.SeenPrefixes)}
 	switch {
 	case err != nil && n.Good == nil:
 		return next, topology.RequestHeaders{}, false, fmt.Errorf("%w; no good configuration was read before, so nothing is published until it is fixed", err)

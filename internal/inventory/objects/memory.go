@@ -268,10 +268,13 @@ func toJSON(r Remembered) rememberedJSON {
 
 // DecodeMemory reads ConfigMap data written by EncodeMemory or EncodeSignedMemory, without
 // checking signatures or bounds (xds-server reads its ConfigMap with ReadMemory). The first
-// entry it cannot read makes it fail, naming the entry.
+// entry it cannot read makes it fail, naming the entry. RequestHeaderNamesKey is no entry.
 func DecodeMemory(data map[string]string) (Memory, error) {
 	m := make(Memory, len(data))
 	for _, id := range slices.Sorted(maps.Keys(data)) {
+		if id == RequestHeaderNamesKey {
+			continue
+		}
 		r, err := decodeRemembered(data[id])
 		if err != nil {
 			return nil, fmt.Errorf("entry %q: %w", id, err)

@@ -220,12 +220,17 @@ type MemoryReading struct {
 // Otherwise any unsigned entry rejects the memory.
 func ReadMemory(data map[string]string, trust MemoryTrust) (MemoryReading, error) {
 	reading := MemoryReading{Memory: make(Memory, len(data))}
-	if len(data) > MaxMemoryEntries {
-		return reading, rejected(RejectBounds, "%d entries, at most %d", len(data), MaxMemoryEntries)
-	}
 	size := 0
 	for id, v := range data {
 		size += len(id) + len(v)
+	}
+	// The request-header names (ReadRequestHeaderNames) count in the bytes, not as an entry.
+	if _, ok := data[RequestHeaderNamesKey]; ok {
+		data = maps.Clone(data)
+		delete(data, RequestHeaderNamesKey)
+	}
+	if len(data) > MaxMemoryEntries {
+		return reading, rejected(RejectBounds, "%d entries, at most %d", len(data), MaxMemoryEntries)
 	}
 	if size > MaxMemoryBytes {
 		return reading, rejected(RejectBounds, "%d bytes, at most %d", size, MaxMemoryBytes)
@@ -383,7 +388,9 @@ func (v *verifier) checkSigner(b64 string, signedAt time.Time) (*x509.Certificat
 // writes it also accepts: an entry with more group/versions or resources than allowed is
 // left out, and of the others the most recently seen are kept, up to MaxMemoryEntries and
 // MaxMemoryBytes with k's signature (k's zero value: no signature, the memory of a process
-// without a ConfigMap). dropped are the IDs left out, sorted.
+// without a ConfigMap), less room for the request-header names when signed
+// (MaxRequestHeaderNamesBytes under RequestHeaderNamesKey). dropped are the IDs left out,
+// sorted.
 func BoundMemory(m Memory, k MemoryKey) (bounded Memory, dropped []string) {
 	overhead := k.signatureOverhead()
 	type sized struct {
@@ -405,6 +412,9 @@ func BoundMemory(m Memory, k MemoryKey) (bounded Memory, dropped []string) {
 	})
 	bounded = make(Memory, len(fit))
 	total := 0
+	if k.Cert != nil {
+		total = len(RequestHeaderNamesKey) + MaxRequestHeaderNamesBytes
+	}
 	for _, e := range fit {
 		if len(bounded) >= MaxMemoryEntries || total+e.size > MaxMemoryBytes {
 			dropped = append(dropped, e.id)
