@@ -35,7 +35,7 @@ func benchObjects(now time.Time) objects.Objects {
 	objs := objects.Objects{Discovery: map[string]*apidiscoveryv2.APIGroupDiscoveryList{}}
 	var ids []string
 	for i := range servers {
-		id := fmt.Sprintf("apiserver-%026d", i)
+		id := objects.APIServerIDFor(fmt.Sprintf("cp-%d", i))
 		ids = append(ids, id)
 		renew := metav1.NewMicroTime(now)
 		objs.Leases = append(objs.Leases, coordinationv1.Lease{
