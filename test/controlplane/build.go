@@ -306,3 +306,62 @@ func lockFile(ctx context.Context, path string) (func(), error) {
 		}
 	}
 }
+
+// NodeVersion is the Kubernetes release of the test node's components (test/node): the newest
+// with a pinned wrapper module under tools/node.
+const NodeVersion = "v1.37.1"
+
+// NodeBinaries are the node components of one Kubernetes release.
+type NodeBinaries struct {
+	Version                                                  string
+	Kubelet, KubeProxy, KubeControllerManager, KubeScheduler string
+}
+
+// EnsureNodeBinaries returns the cached kubelet, kube-proxy, kube-controller-manager and
+// kube-scheduler of NodeVersion, built from tools/node/<version> first if needed (a cold
+// build takes several minutes and about 1.5 GB of memory).
+func EnsureNodeBinaries(ctx context.Context, log io.Writer) (NodeBinaries, error) {
+	root, err := RepoRoot()
+	if err != nil {
+		return NodeBinaries{}, err
+	}
+	version := NodeVersion
+	dir := filepath.Join(root, "tools", "node", version)
+	var inputs bytes.Buffer
+	for _, f := range []string{"go.mod", "go.sum"} {
+		b, err := os.ReadFile(filepath.Join(dir, f))
+		if err != nil {
+			return NodeBinaries{}, fmt.Errorf("kubernetes %s has no pinned node module (run tools/node/gen.sh %s): %w", version, version, err)
+		}
+		fmt.Fprintf(&inputs, "%s %d\n", f, len(b))
+		inputs.Write(b)
+	}
+	ldflags := stampFlags(version)
+	h := sha256.New()
+	fmt.Fprintf(h, "%s\n%s\n%s\n", runtime.Version(), ldflags, runtime.GOARCH)
+	h.Write(inputs.Bytes())
+	names := []string{"kubelet", "kube-proxy", "kube-controller-manager", "kube-scheduler"}
+	packages := make([]string, len(names))
+	for i, n := range names {
+		packages[i] = "k8s.io/kubernetes/cmd/" + n
+	}
+	out, err := cachedBuild(ctx, log, buildSpec{
+		label:     "kubernetes node " + version,
+		what:      strings.Join(names, ", "),
+		key:       fmt.Sprintf("node-%s-%s-%s", version, runtime.Version(), hex.EncodeToString(h.Sum(nil))[:12]),
+		outputs:   names,
+		moduleDir: dir,
+		ldflags:   ldflags,
+		packages:  packages,
+	})
+	if err != nil {
+		return NodeBinaries{}, err
+	}
+	return NodeBinaries{
+		Version:               version,
+		Kubelet:               filepath.Join(out, "kubelet"),
+		KubeProxy:             filepath.Join(out, "kube-proxy"),
+		KubeControllerManager: filepath.Join(out, "kube-controller-manager"),
+		KubeScheduler:         filepath.Join(out, "kube-scheduler"),
+	}, nil
+}

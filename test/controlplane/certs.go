@@ -60,8 +60,9 @@ type PKI struct {
 // Paths of the files NewPKI writes.
 func (p *PKI) Path(name string) string { return filepath.Join(p.Dir, name) }
 
-// NewPKI generates the whole PKI into dir.
-func NewPKI(dir string) (*PKI, error) {
+// NewPKI generates the whole PKI into dir; servingIPs are added to the apiservers' serving
+// certificate.
+func NewPKI(dir string, servingIPs ...net.IP) (*PKI, error) {
 	p := &PKI{Dir: dir}
 	var err error
 	if p.ServerCA, err = newCA("kube-mvp-test-server-ca"); err != nil {
@@ -75,7 +76,7 @@ func NewPKI(dir string) (*PKI, error) {
 	}
 	if p.Serving, err = p.ServerCA.Issue(pkix.Name{CommonName: "kube-apiserver"}, serverUsage,
 		[]string{"localhost", "kubernetes", "kubernetes.default", UpstreamServerName, UpstreamServerName + ".cluster.local"},
-		[]net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}); err != nil {
+		append([]net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}, servingIPs...)); err != nil {
 		return nil, err
 	}
 	if p.Admin, err = p.ClientCA.Issue(pkix.Name{CommonName: AdminUser, Organization: []string{"system:masters"}}, clientUsage, nil, nil); err != nil {

@@ -49,6 +49,10 @@ type ServerSpec struct {
 	// DefaultsOf), with only the flags every cluster needs (serving, clients, etcd,
 	// front-proxy). Off, the server runs with those gates and that API turned on.
 	ClusterDefaults bool
+	// IP, when set, is the address the server binds and advertises, on port 6443 (see
+	// Options.NetNS): every server of a real cluster has its own address and one port, which
+	// the kubernetes Service's endpoints list. Empty: 127.0.0.1 on a free port.
+	IP string
 	// Args are extra kube-apiserver flags, appended last. A flag given here as --name=value
 	// replaces the default flag of that name: kube-apiserver appends the values of a list flag
 	// given twice (--requestheader-allowed-names=a then =b allows both), so appending alone
@@ -64,6 +68,16 @@ type Options struct {
 	Dir string
 	// Log receives progress lines; nil discards them.
 	Log io.Writer
+	// NetNS, when set, is a network namespace (ip netns) every process runs in: a test node
+	// (test/node) puts its whole cluster in one. EtcdIP is then an address of that namespace
+	// the test process can reach.
+	NetNS  string
+	EtcdIP string
+	// ServiceCIDR is --service-cluster-ip-range (default 10.96.0.0/24, never routed).
+	ServiceCIDR string
+	// ServingIPs are added to the apiservers' serving certificate (their IPs and the
+	// kubernetes Service's ClusterIP, for clients in pods).
+	ServingIPs []net.IP
 }
 
 // ControlPlane is a running etcd and its apiservers.
@@ -72,8 +86,9 @@ type ControlPlane struct {
 
 	dir       string
 	removeDir bool
+	opts      Options
 	log       io.Writer
-	etcd      *process
+	etcd      *Process
 	etcdURL   string
 
 	mu      sync.Mutex
@@ -85,14 +100,21 @@ type Server struct {
 	Spec ServerSpec
 	Port int
 	cp   *ControlPlane
-	proc *process
+	proc *Process
 }
 
 // URL is the server's https base URL.
-func (s *Server) URL() string { return "https://127.0.0.1:" + strconv.Itoa(s.Port) }
+func (s *Server) URL() string { return "https://" + s.Address() }
 
 // Address is host:port, as in its identity Lease's peer-advertise annotation.
-func (s *Server) Address() string { return "127.0.0.1:" + strconv.Itoa(s.Port) }
+func (s *Server) Address() string { return net.JoinHostPort(s.host(), strconv.Itoa(s.Port)) }
+
+func (s *Server) host() string {
+	if s.Spec.IP != "" {
+		return s.Spec.IP
+	}
+	return "127.0.0.1"
+}
 
 // Running reports whether the process is up.
 func (s *Server) Running() bool { return s.proc != nil && !s.proc.exited() }
@@ -129,7 +151,13 @@ func Start(ctx context.Context, opts Options) (cp *ControlPlane, err error) {
 		}
 		seen[s.Name] = true
 	}
-	cp = &ControlPlane{dir: opts.Dir, log: opts.Log, servers: map[string]*Server{}}
+	if opts.ServiceCIDR == "" {
+		opts.ServiceCIDR = "10.96.0.0/24"
+	}
+	if opts.EtcdIP == "" {
+		opts.EtcdIP = "127.0.0.1"
+	}
+	cp = &ControlPlane{dir: opts.Dir, log: opts.Log, opts: opts, servers: map[string]*Server{}}
 	started := cp // "return nil, err" clears cp before the deferred clean-up runs
 	if cp.log == nil {
 		cp.log = io.Discard
@@ -146,7 +174,7 @@ func Start(ctx context.Context, opts Options) (cp *ControlPlane, err error) {
 			cp = nil
 		}
 	}()
-	if cp.PKI, err = NewPKI(cp.dir); err != nil {
+	if cp.PKI, err = NewPKI(cp.dir, opts.ServingIPs...); err != nil {
 		return nil, err
 	}
 	versions := map[string]Binaries{}
@@ -221,9 +249,9 @@ func (cp *ControlPlane) Close() {
 	cp.servers = map[string]*Server{}
 	cp.mu.Unlock()
 	for _, s := range servers {
-		s.proc.kill()
+		s.proc.Kill()
 	}
-	cp.etcd.kill()
+	cp.etcd.Kill()
 	if cp.removeDir {
 		os.RemoveAll(cp.dir)
 	}
@@ -231,7 +259,7 @@ func (cp *ControlPlane) Close() {
 
 // Stop ends server name gracefully (SIGTERM), as a rolling upgrade would.
 func (cp *ControlPlane) Stop(name string) error {
-	return cp.Server(name).proc.terminate(stopGrace)
+	return cp.Server(name).proc.Terminate(stopGrace)
 }
 
 // stopGrace is how long a stopping apiserver may take. With watches open it drains them for
@@ -239,7 +267,7 @@ func (cp *ControlPlane) Stop(name string) error {
 const stopGrace = 90 * time.Second
 
 // Kill ends server name at once (SIGKILL): its Lease is left to expire.
-func (cp *ControlPlane) Kill(name string) { cp.Server(name).proc.kill() }
+func (cp *ControlPlane) Kill(name string) { cp.Server(name).proc.Kill() }
 
 // Freeze stops server name where it is (SIGSTOP): its connections stay open, the kernel
 // still acknowledging them, but nothing answers, as with a hung or partitioned apiserver;
@@ -259,7 +287,7 @@ func (cp *ControlPlane) Restart(ctx context.Context, name, version string) error
 		return fmt.Errorf("no server %q", name)
 	}
 	if s.Running() {
-		if err := s.proc.terminate(stopGrace); err != nil {
+		if err := s.proc.Terminate(stopGrace); err != nil {
 			return err
 		}
 	}
@@ -281,10 +309,10 @@ func (cp *ControlPlane) startEtcd(ctx context.Context, bin string) error {
 	if client == 0 || peer == 0 {
 		return errors.New("no free port for etcd")
 	}
-	cp.etcdURL = "http://127.0.0.1:" + strconv.Itoa(client)
-	peerURL := "http://127.0.0.1:" + strconv.Itoa(peer)
+	cp.etcdURL = "http://" + net.JoinHostPort(cp.opts.EtcdIP, strconv.Itoa(client))
+	peerURL := "http://" + net.JoinHostPort(cp.opts.EtcdIP, strconv.Itoa(peer))
 	var err error
-	cp.etcd, err = startProcess(filepath.Join(cp.dir, "etcd.log"), nil, bin,
+	cp.etcd, err = StartProcess(filepath.Join(cp.dir, "etcd.log"), nil, cp.opts.NetNS, bin,
 		"--name=kube-mvp-test",
 		"--data-dir="+filepath.Join(cp.dir, "etcd-data"),
 		"--listen-client-urls="+cp.etcdURL, "--advertise-client-urls="+cp.etcdURL,
@@ -296,7 +324,7 @@ func (cp *ControlPlane) startEtcd(ctx context.Context, bin string) error {
 		return err
 	}
 	fmt.Fprintf(cp.log, "etcd: listening on %s\n", cp.etcdURL)
-	return poll(ctx, 30*time.Second, cp.etcd, func() error {
+	return Poll(ctx, 30*time.Second, cp.etcd, func() error {
 		resp, err := http.Get(cp.etcdURL + "/health")
 		if err != nil {
 			return err
@@ -310,6 +338,9 @@ func (cp *ControlPlane) startEtcd(ctx context.Context, bin string) error {
 }
 
 func (s *Server) start(ctx context.Context, bins Binaries) error {
+	if s.Port == 0 && s.Spec.IP != "" {
+		s.Port = 6443
+	}
 	if s.Port == 0 {
 		if s.Port = freePort(); s.Port == 0 {
 			return errors.New("no free port for kube-apiserver")
@@ -322,7 +353,7 @@ func (s *Server) start(ctx context.Context, bins Binaries) error {
 	// Each apiserver gets its own UTS namespace so it sees its own hostname: the apiserver ID
 	// is a hash of the hostname, and two servers with one ID would share a Lease.
 	wrapper := []string{"--uts", "--", "/bin/sh", "-c", `hostname "$0" && exec "$@"`, s.Spec.Name, bins.KubeAPIServer}
-	proc, err := startProcess(filepath.Join(s.cp.dir, s.Spec.Name+".log"), nil, "unshare", append(wrapper, args...)...)
+	proc, err := StartProcess(filepath.Join(s.cp.dir, s.Spec.Name+".log"), nil, s.cp.opts.NetNS, "unshare", append(wrapper, args...)...)
 	if err != nil {
 		return err
 	}
@@ -349,10 +380,16 @@ func (s *Server) args() ([]string, error) {
 	if !s.Spec.ClusterDefaults {
 		runtimeConfig = append([]string{"internal.apiserver.k8s.io/v1alpha1=true"}, runtimeConfig...)
 	}
+	// With an address of its own, each server lists itself in the kubernetes Service's
+	// endpoints, as in a real cluster; on loopback there is nothing a pod could reach.
+	reconciler := "none"
+	if s.Spec.IP != "" {
+		reconciler = "lease"
+	}
 	args := []string{
 		"--etcd-servers=" + s.cp.etcdURL,
-		"--bind-address=127.0.0.1",
-		"--advertise-address=127.0.0.1",
+		"--bind-address=" + s.host(),
+		"--advertise-address=" + s.host(),
 		"--secure-port=" + strconv.Itoa(s.Port),
 		"--tls-cert-file=" + p.Path("serving.crt"),
 		"--tls-private-key-file=" + p.Path("serving.key"),
@@ -367,9 +404,9 @@ func (s *Server) args() ([]string, error) {
 		"--service-account-key-file=" + p.Path("sa.pub"),
 		"--service-account-signing-key-file=" + p.Path("sa.key"),
 		"--service-account-issuer=https://" + UpstreamServerName,
-		"--service-cluster-ip-range=10.96.0.0/24",
+		"--service-cluster-ip-range=" + s.cp.opts.ServiceCIDR,
 		"--authorization-mode=RBAC",
-		"--endpoint-reconciler-type=none",
+		"--endpoint-reconciler-type=" + reconciler,
 		"--profiling=false",
 		"--cert-dir=" + filepath.Join(s.cp.dir, s.Spec.Name+"-certs"),
 	}
@@ -409,7 +446,7 @@ func (s *Server) WaitReady(ctx context.Context) error {
 		return err
 	}
 	start := time.Now()
-	err = poll(ctx, 90*time.Second, s.proc, func() error {
+	err = Poll(ctx, 90*time.Second, s.proc, func() error {
 		body, err := client.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
 		if err != nil {
 			return fmt.Errorf("/readyz: %w: %s", err, firstLine(body))
@@ -419,7 +456,7 @@ func (s *Server) WaitReady(ctx context.Context) error {
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("kube-apiserver %s: %w\n%s", s.Spec.Name, err, s.proc.logTail())
+		return fmt.Errorf("kube-apiserver %s: %w\n%s", s.Spec.Name, err, s.proc.LogTail())
 	}
 	fmt.Fprintf(s.cp.log, "kube-apiserver %s (%s): ready in %s\n", s.Spec.Name, s.Spec.Version, time.Since(start).Round(100*time.Millisecond))
 	return nil
@@ -454,14 +491,22 @@ func (cp *ControlPlane) WriteKubeconfig() (string, error) {
 	return path, clientcmd.WriteToFile(*cfg, path)
 }
 
-// process is a child process whose output goes to a log file.
-type process struct {
+// Process is a child process whose output goes to a log file.
+type Process struct {
 	cmd     *exec.Cmd
 	logPath string
 	done    chan struct{}
 }
 
-func startProcess(logPath string, env []string, bin string, args ...string) (*process, error) {
+// StartProcess starts bin with args (in network namespace netns of /run/netns, if set), its
+// output appended to logPath, killed if the test process dies. It enters only the network
+// namespace (nsenter): `ip netns exec` would also remount /sys, hiding the cgroup mounts the
+// kubelet needs.
+func StartProcess(logPath string, env []string, netns, bin string, args ...string) (*Process, error) {
+	if netns != "" {
+		args = append([]string{"--net=/run/netns/" + netns, "--", bin}, args...)
+		bin = "nsenter"
+	}
 	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
@@ -476,7 +521,7 @@ func startProcess(logPath string, env []string, bin string, args ...string) (*pr
 		logFile.Close()
 		return nil, fmt.Errorf("starting %s: %w", bin, err)
 	}
-	p := &process{cmd: cmd, logPath: logPath, done: make(chan struct{})}
+	p := &Process{cmd: cmd, logPath: logPath, done: make(chan struct{})}
 	go func() {
 		cmd.Wait()
 		logFile.Close()
@@ -485,7 +530,7 @@ func startProcess(logPath string, env []string, bin string, args ...string) (*pr
 	return p, nil
 }
 
-func (p *process) exited() bool {
+func (p *Process) exited() bool {
 	select {
 	case <-p.done:
 		return true
@@ -494,7 +539,8 @@ func (p *process) exited() bool {
 	}
 }
 
-func (p *process) kill() {
+// Kill ends the process group at once and waits for it.
+func (p *Process) Kill() {
 	if p == nil || p.exited() {
 		return
 	}
@@ -503,14 +549,15 @@ func (p *process) kill() {
 }
 
 // signal sends sig to the process's group.
-func (p *process) signal(sig syscall.Signal) error {
+func (p *Process) signal(sig syscall.Signal) error {
 	if p == nil || p.exited() {
 		return fmt.Errorf("process not running")
 	}
 	return syscall.Kill(-p.cmd.Process.Pid, sig)
 }
 
-func (p *process) terminate(grace time.Duration) error {
+// Terminate sends SIGTERM to the process group and waits up to grace before killing it.
+func (p *Process) Terminate(grace time.Duration) error {
 	if p == nil || p.exited() {
 		return nil
 	}
@@ -519,12 +566,13 @@ func (p *process) terminate(grace time.Duration) error {
 	case <-p.done:
 		return nil
 	case <-time.After(grace):
-		p.kill()
+		p.Kill()
 		return fmt.Errorf("process %d did not stop within %s; killed", p.cmd.Process.Pid, grace)
 	}
 }
 
-func (p *process) logTail() string {
+// LogTail is the end of the process's log, for error messages.
+func (p *Process) LogTail() string {
 	b, _ := os.ReadFile(p.logPath)
 	if len(b) > 4000 {
 		b = b[len(b)-4000:]
@@ -532,8 +580,8 @@ func (p *process) logTail() string {
 	return fmt.Sprintf("--- last lines of %s ---\n%s", p.logPath, b)
 }
 
-// poll calls check until it succeeds, the process exits, or the timeout passes.
-func poll(ctx context.Context, timeout time.Duration, p *process, check func() error) error {
+// Poll calls check until it succeeds, p exits, or the timeout passes.
+func Poll(ctx context.Context, timeout time.Duration, p *Process, check func() error) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	var last error
