@@ -12,7 +12,7 @@ REGISTRY ?= ghcr.io/kube-mvp
 ARCHS ?= amd64 arm64
 PUSH ?=
 
-.PHONY: all build images test unit bench kube-binaries vet demo clean proto golden golden-dirs envoy-protos deps
+.PHONY: all build images test unit bench kube-binaries vet demo clean proto golden golden-dirs envoy-protos deps node test-node node-deps
 
 all: build
 
@@ -86,6 +86,30 @@ envoy-protos:
 ## through it and through a plain balancer, then up until Ctrl-C (DEMO_FLAGS=--exit to stop)
 demo: deps
 	$(GO) run ./test/cmd/demo $(DEMO_FLAGS)
+
+# NODE_PACKAGES: what a real node (test/node) needs from Debian besides Go.
+NODE_PACKAGES ?= containerd runc containernetworking-plugins iptables conntrack iproute2 util-linux busybox-static libre2-dev g++
+
+## node-deps: install what a real one-node cluster needs (root; Debian's packages)
+node-deps:
+	@missing=; for p in $(NODE_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "kube-mvp: the test node needs$$missing"; \
+		sudo=; [ "$$(id -u)" = 0 ] || sudo=sudo; \
+		$$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-install-recommends $$missing \
+			|| { echo "kube-mvp: could not install$$missing" >&2; exit 1; }; \
+	fi
+
+## node: a real one-node cluster (containerd, kubelet, kube-proxy, CoreDNS) with kube-mvp
+## installed by Helm, up until Ctrl-C; root. NODE_FLAGS=--mode=sidecar for sidecar mode,
+## --exit to stop after its checks
+node: node-deps kube-binaries
+	$(GO) run ./test/cmd/node $(NODE_FLAGS)
+
+## test-node: the tests that install the chart on a real node (root; see README for the cost)
+test-node: node-deps kube-binaries
+	$(GO) vet -tags node ./test/node/...
+	$(GO) test -tags node -race -count=1 -timeout 45m ./test/node/...
 
 clean:
 	rm -rf bin/

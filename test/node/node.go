@@ -32,6 +32,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/kube-mvp/kube-mvp/test/controlplane"
+	"github.com/kube-mvp/kube-mvp/test/node/images"
 )
 
 // Fixed places: one node per machine.
@@ -134,7 +135,7 @@ func Missing() error {
 
 // Start builds what is missing and starts the node; it returns once the node is Ready and
 // cluster DNS answers. On error everything started is stopped again.
-func Start(ctx context.Context, opts Options, nodeImages NodeImages) (n *Node, err error) {
+func Start(ctx context.Context, opts Options) (n *Node, err error) {
 	if err := Missing(); err != nil {
 		return nil, err
 	}
@@ -204,7 +205,7 @@ func Start(ctx context.Context, opts Options, nodeImages NodeImages) (n *Node, e
 	}
 
 	// containerd with the images.
-	pause, err := nodeImages.Pause(ctx, log)
+	pause, err := images.Pause(ctx, log)
 	if err != nil {
 		return nil, err
 	}
@@ -228,7 +229,7 @@ func Start(ctx context.Context, opts Options, nodeImages NodeImages) (n *Node, e
 	if err = waitFile(ctx, containerd, containerdSocket(n.Dir), 30*time.Second); err != nil {
 		return nil, fmt.Errorf("containerd: %w\n%s", err, containerd.LogTail())
 	}
-	dns, err := nodeImages.CoreDNS(ctx, log)
+	dns, err := images.CoreDNS(ctx, log)
 	if err != nil {
 		return nil, err
 	}
@@ -284,15 +285,6 @@ func Start(ctx context.Context, opts Options, nodeImages NodeImages) (n *Node, e
 	}
 	return n, nil
 }
-
-// NodeImages build the node's own images (test/node/images).
-type NodeImages interface {
-	Pause(ctx context.Context, log io.Writer) (Image, error)
-	CoreDNS(ctx context.Context, log io.Writer) (Image, error)
-}
-
-// Image is a built image: its reference and its `docker load`-style tarball.
-type Image struct{ Ref, Tarball string }
 
 // start runs one of the node's processes inside its namespace, logging to <name>.log.
 func (n *Node) start(name, bin string, args ...string) (*controlplane.Process, error) {

@@ -1,0 +1,105 @@
+// Command node starts the test node (test/node) with kube-mvp installed by Helm, as the node
+// tests do, and keeps it up for a look by hand (`make node`):
+//
+//	node [--mode front|sidecar] [--exit]
+//
+// It prints the admin kubeconfig, kube-mvp's endpoint and the helm binary it used, checks
+// that requests through kube-mvp work, and runs until interrupted (--exit: stops after the
+// checks). It needs root and the packages .ci/run installs.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/kube-mvp/kube-mvp/test/node"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "node:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("node", flag.ContinueOnError)
+	mode := fs.String("mode", "front", "how the chart runs Envoy: front (Deployment + Service) or sidecar (DaemonSet on the control-plane node)")
+	exit := fs.Bool("exit", false, "stop after the checks instead of running until interrupted")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *mode != "front" && *mode != "sidecar" {
+		return fmt.Errorf("--mode %q: want front or sidecar", *mode)
+	}
+	if err := node.Missing(); err != nil {
+		return err
+	}
+	dir, err := os.MkdirTemp("", "kube-mvp-node-images-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	tarballs, _, err := node.BuildImages(ctx, dir, os.Stderr)
+	if err != nil {
+		return err
+	}
+	n, err := node.Start(ctx, node.Options{Servers: node.DefaultServers, ControlPlane: *mode == "sidecar", Images: tarballs, Log: os.Stderr})
+	if err != nil {
+		return err
+	}
+	defer n.Close()
+	in, err := n.Install(ctx, *mode)
+	if err != nil {
+		return err
+	}
+	through := filepath.Join(n.Dir, "kube-mvp.kubeconfig")
+	if err := n.CP.WriteKubeconfigFor(through, "https://"+in.Endpoint); err != nil {
+		return err
+	}
+	if err := check(ctx, through, in.ServerName); err != nil {
+		return fmt.Errorf("through kube-mvp: %w", err)
+	}
+	fmt.Printf("KUBECONFIG=%s  (the cluster admin, straight to the first apiserver)\n", n.Kubeconfig)
+	fmt.Printf("kube-mvp endpoint: https://%s  (TLS name %s; admin kubeconfig through it: %s)\n", in.Endpoint, in.ServerName, through)
+	fmt.Printf("helm: %s\n", in.Helm)
+	fmt.Printf("the node's network namespace: %s (ip netns exec %s ...)\n", n.NetNS, n.NetNS)
+	if *exit {
+		return nil
+	}
+	fmt.Println("up; Ctrl-C stops it and removes everything")
+	<-ctx.Done()
+	return nil
+}
+
+// check lists batch/v1 Jobs through kube-mvp: only the newer apiserver serves them.
+func check(ctx context.Context, kubeconfig, serverName string) error {
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return err
+	}
+	cfg.ServerName = serverName
+	c, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for range 10 {
+		if _, err := c.BatchV1().Jobs("default").List(ctx, metav1.ListOptions{}); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}

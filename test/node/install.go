@@ -1,0 +1,199 @@
+package node
+
+import (
+	"context"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"fmt"
+	"io"
+	"net"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kube-mvp/kube-mvp/test/controlplane"
+	"github.com/kube-mvp/kube-mvp/test/node/images"
+	"github.com/kube-mvp/kube-mvp/test/node/standin"
+)
+
+// The release as the README installs it.
+const (
+	Release   = "kube-mvp"
+	Namespace = "kube-mvp"
+	// TestRegistry names the product images built for the node (make images REGISTRY=...).
+	TestRegistry = "kube-mvp.test"
+	// SidecarPort is where sidecar Envoys listen on the node (the chart's sidecar.listenPort).
+	SidecarPort = 6444
+)
+
+// DefaultServers are the node's apiservers: two releases, the older without batch/v1, as
+// during an upgrade that moved an API; both as real clusters run them (feature gates and
+// APIs at their defaults).
+var DefaultServers = []controlplane.ServerSpec{
+	{Name: "cp-a", Version: "v1.37.1", ClusterDefaults: true},
+	{Name: "cp-b", Version: "v1.36.4", ClusterDefaults: true, RuntimeConfig: []string{"batch/v1=false"}},
+}
+
+// Installed is kube-mvp installed on a node by Helm.
+type Installed struct {
+	Mode string // front or sidecar
+	// Endpoint is kube-mvp's host:port for clients: the Service's ClusterIP (front) or the
+	// node's address (sidecar).
+	Endpoint string
+	// ServerName is the name kube-mvp's serving certificate is checked for.
+	ServerName string
+	// Helm is the helm binary used.
+	Helm string
+	// Dir holds the files given to helm (certificates).
+	Dir string
+}
+
+// BuildImages builds what a node running kube-mvp needs besides its own images: the
+// product's images (make images, this machine's architecture), the stand-in for Envoy and
+// the workload image. It returns the tarballs to import and the workload image's reference.
+func BuildImages(ctx context.Context, dir string, log io.Writer) (tarballs []string, workload string, err error) {
+	root, err := controlplane.RepoRoot()
+	if err != nil {
+		return nil, "", err
+	}
+	out := filepath.Join(dir, "images")
+	fmt.Fprintln(log, "node: building the product's images (make images)")
+	cmd := exec.CommandContext(ctx, "go", "run", "./tools/images", "-registry", TestRegistry, "-arch", "amd64", "-out", out)
+	cmd.Dir = root
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return nil, "", fmt.Errorf("make images: %w\n%s", err, b)
+	}
+	_, envoyTar, err := standin.Image(ctx, log)
+	if err != nil {
+		return nil, "", err
+	}
+	busybox, err := images.Busybox(ctx, log)
+	if err != nil {
+		return nil, "", err
+	}
+	return []string{filepath.Join(out, "xds-server-amd64.tar"), filepath.Join(out, "extproc-amd64.tar"), envoyTar, busybox.Tarball}, busybox.Ref, nil
+}
+
+// Install runs `helm install` as the README says, in mode, with the certificates an operator
+// would bring (made from the node's PKI) and the images built here, and waits until every
+// workload is ready. extra are more helm arguments.
+func (n *Node) Install(ctx context.Context, mode string, extra ...string) (*Installed, error) {
+	helm, err := images.Helm(ctx, n.log)
+	if err != nil {
+		return nil, err
+	}
+	envoyRef, _, err := standin.Image(ctx, n.log)
+	if err != nil {
+		return nil, err
+	}
+	root, err := controlplane.RepoRoot()
+	if err != nil {
+		return nil, err
+	}
+	in := &Installed{Mode: mode, Helm: helm, Dir: filepath.Join(n.Dir, "install"), ServerName: Release + "-envoy." + Namespace + ".svc"}
+	// A serving certificate for the names clients use, and the cluster's client CA,
+	// front-proxy pair and the CA of the apiservers' serving certificates.
+	pki := n.CP.PKI
+	serving, err := pki.ServerCA.Issue(pkix.Name{CommonName: "kube-mvp"}, []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		[]string{in.ServerName, in.ServerName + ".cluster.local"}, []net.IP{net.ParseIP(nodeIP)})
+	if err != nil {
+		return nil, err
+	}
+	files := map[string][]byte{
+		"tls.crt": serving.CertPEM, "tls.key": serving.KeyPEM,
+		"client-ca.crt":          pki.ClientCA.CertPEM,
+		"front-proxy-client.crt": pki.ProxyClient.CertPEM, "front-proxy-client.key": pki.ProxyClient.KeyPEM,
+		"apiserver-ca.crt": pki.ServerCA.CertPEM,
+	}
+	for name, b := range files {
+		if err := writeFile(filepath.Join(in.Dir, name), b, 0o600); err != nil {
+			return nil, err
+		}
+	}
+	envoyRepo, envoyTag, _ := strings.Cut(envoyRef, ":")
+	args := []string{"install", Release, filepath.Join(root, "deploy", "kube-mvp"),
+		"--namespace", Namespace, "--create-namespace", "--kubeconfig", n.Kubeconfig,
+		"--set-file", "certificates.servingCert=tls.crt", "--set-file", "certificates.servingKey=tls.key",
+		"--set-file", "certificates.clientCA=client-ca.crt",
+		"--set-file", "certificates.proxyClientCert=front-proxy-client.crt",
+		"--set-file", "certificates.proxyClientKey=front-proxy-client.key",
+		"--set-file", "certificates.peerCA=apiserver-ca.crt",
+		// The images built here: make images, and the tests' stand-in for Envoy.
+		"--set", "image.xdsServer.repository=" + TestRegistry + "/xds-server",
+		"--set", "image.extproc.repository=" + TestRegistry + "/extproc",
+		"--set", "image.envoy.repository=" + envoyRepo, "--set", "image.envoy.tag=" + envoyTag,
+		"--set", "mode=" + mode,
+	}
+	if mode == "sidecar" {
+		// hostNetwork Envoys dial xds-server from the node's address.
+		args = append(args, "--set", "networkPolicy.xdsFrom[0].ipBlock.cidr="+nodeIP+"/32")
+	}
+	args = append(args, extra...)
+	cmd := exec.CommandContext(ctx, helm, args...)
+	cmd.Dir = in.Dir
+	out, err := cmd.CombinedOutput()
+	fmt.Fprintf(n.log, "node: helm install (%s mode):\n%s", mode, out)
+	if err != nil {
+		return nil, fmt.Errorf("helm install: %w", err)
+	}
+	client, err := n.Client()
+	if err != nil {
+		return nil, err
+	}
+	switch mode {
+	case "sidecar":
+		in.Endpoint = net.JoinHostPort(nodeIP, fmt.Sprint(SidecarPort))
+	default:
+		svc, err := client.CoreV1().Services(Namespace).Get(ctx, Release+"-envoy", metav1.GetOptions{})
+		if err != nil {
+			return nil, err
+		}
+		in.Endpoint = net.JoinHostPort(svc.Spec.ClusterIP, "443")
+	}
+	return in, n.WaitWorkloads(ctx, Namespace, 4*time.Minute)
+}
+
+// WaitWorkloads waits until every Deployment and DaemonSet of namespace is ready.
+func (n *Node) WaitWorkloads(ctx context.Context, ns string, timeout time.Duration) error {
+	client, err := n.Client()
+	if err != nil {
+		return err
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		var pending []string
+		deps, err := client.AppsV1().Deployments(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return err
+		}
+		for _, d := range deps.Items {
+			if d.Status.ReadyReplicas != *d.Spec.Replicas || d.Status.UpdatedReplicas != *d.Spec.Replicas {
+				pending = append(pending, fmt.Sprintf("deployment %s %d/%d ready", d.Name, d.Status.ReadyReplicas, *d.Spec.Replicas))
+			}
+		}
+		dss, err := client.AppsV1().DaemonSets(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return err
+		}
+		for _, d := range dss.Items {
+			if d.Status.DesiredNumberScheduled == 0 || d.Status.NumberReady != d.Status.DesiredNumberScheduled {
+				pending = append(pending, fmt.Sprintf("daemonset %s %d/%d ready", d.Name, d.Status.NumberReady, d.Status.DesiredNumberScheduled))
+			}
+		}
+		if len(deps.Items)+len(dss.Items) > 0 && len(pending) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not ready after %s: %s\n%s", timeout, strings.Join(pending, ", "), n.PodReport(ctx, ns))
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(2 * time.Second):
+		}
+	}
+}
+
