@@ -135,14 +135,14 @@ func EnsureBinaries(ctx context.Context, version string, log io.Writer) (Binarie
 	if err != nil {
 		return Binaries{}, err
 	}
-	dir, err := cachedBuild(ctx, log, buildSpec{
-		label:     "kubernetes " + version,
-		what:      "kube-apiserver and etcd " + r.etcd,
-		key:       r.key(),
-		outputs:   []string{"kube-apiserver", "etcd"},
-		moduleDir: r.moduleDir,
-		ldflags:   r.ldflags,
-		packages:  []string{"k8s.io/kubernetes/cmd/kube-apiserver", "./etcd"},
+	dir, err := CachedBuild(ctx, log, BuildSpec{
+		Label:     "kubernetes " + version,
+		What:      "kube-apiserver and etcd " + r.etcd,
+		Key:       r.key(),
+		Outputs:   []string{"kube-apiserver", "etcd"},
+		ModuleDir: r.moduleDir,
+		LDFlags:   r.ldflags,
+		Packages:  []string{"k8s.io/kubernetes/cmd/kube-apiserver", "./etcd"},
 	})
 	if err != nil {
 		return Binaries{}, err
@@ -182,14 +182,14 @@ func EnsureKubectl(ctx context.Context, log io.Writer) (string, error) {
 	h := sha256.New()
 	fmt.Fprintf(h, "%s\n%s\n%s\n", runtime.Version(), ldflags, runtime.GOARCH)
 	h.Write(inputs.Bytes())
-	out, err := cachedBuild(ctx, log, buildSpec{
-		label:     "kubectl " + version,
-		what:      "kubectl",
-		key:       fmt.Sprintf("kubectl-%s-%s-%s", version, runtime.Version(), hex.EncodeToString(h.Sum(nil))[:12]),
-		outputs:   []string{"kubectl"},
-		moduleDir: dir,
-		ldflags:   ldflags,
-		packages:  []string{"."},
+	out, err := CachedBuild(ctx, log, BuildSpec{
+		Label:     "kubectl " + version,
+		What:      "kubectl",
+		Key:       fmt.Sprintf("kubectl-%s-%s-%s", version, runtime.Version(), hex.EncodeToString(h.Sum(nil))[:12]),
+		Outputs:   []string{"kubectl"},
+		ModuleDir: dir,
+		LDFlags:   ldflags,
+		Packages:  []string{"."},
 	})
 	if err != nil {
 		return "", err
@@ -197,19 +197,21 @@ func EnsureKubectl(ctx context.Context, log io.Writer) (string, error) {
 	return filepath.Join(out, "kubectl"), nil
 }
 
-// buildSpec is one cached `go build` in a pinned wrapper module.
-type buildSpec struct {
-	label, what string // for progress lines
-	key         string // the cache directory's name: changes whenever the output would
-	outputs     []string
-	moduleDir   string
-	ldflags     string
-	packages    []string
+// BuildSpec is one cached `go build` in a pinned wrapper module (or any module).
+type BuildSpec struct {
+	Label, What string   // for progress lines
+	Key         string   // the cache directory's name: changes whenever the output would
+	Outputs     []string // the executables `go build -o DIR/` leaves, by name
+	ModuleDir   string   // where go build runs
+	LDFlags     string
+	Packages    []string
+	Flags       []string // more `go build` flags (e.g. -buildvcs=false)
 }
 
-// cachedBuild returns the cache directory holding spec's outputs, building them first (into
-// a temporary directory renamed into place, under a file lock) when they are missing.
-func cachedBuild(ctx context.Context, log io.Writer, spec buildSpec) (string, error) {
+// CachedBuild returns the cache directory holding spec's outputs, building them first (into
+// a temporary directory renamed into place, under a file lock) when they are missing. The
+// build is static (CGO_ENABLED=0), -trimpath and -mod=readonly, outside any go.work.
+func CachedBuild(ctx context.Context, log io.Writer, spec BuildSpec) (string, error) {
 	cache, err := CacheDir()
 	if err != nil {
 		return "", err
@@ -218,9 +220,9 @@ func cachedBuild(ctx context.Context, log io.Writer, spec buildSpec) (string, er
 	if err := os.MkdirAll(binDir, 0o755); err != nil {
 		return "", err
 	}
-	dir := filepath.Join(binDir, spec.key)
-	if complete(dir, spec.outputs) {
-		fmt.Fprintf(log, "%s: using cached binaries in %s\n", spec.label, dir)
+	dir := filepath.Join(binDir, spec.Key)
+	if complete(dir, spec.Outputs) {
+		fmt.Fprintf(log, "%s: using cached binaries in %s\n", spec.Label, dir)
 		return dir, nil
 	}
 
@@ -229,8 +231,8 @@ func cachedBuild(ctx context.Context, log io.Writer, spec buildSpec) (string, er
 		return "", err
 	}
 	defer unlock()
-	if complete(dir, spec.outputs) { // built by whoever held the lock before us
-		fmt.Fprintf(log, "%s: using cached binaries in %s\n", spec.label, dir)
+	if complete(dir, spec.Outputs) { // built by whoever held the lock before us
+		fmt.Fprintf(log, "%s: using cached binaries in %s\n", spec.Label, dir)
 		return dir, nil
 	}
 
@@ -239,25 +241,26 @@ func cachedBuild(ctx context.Context, log io.Writer, spec buildSpec) (string, er
 		return "", err
 	}
 	defer os.RemoveAll(tmp)
-	fmt.Fprintf(log, "%s: building %s from Go modules (a cold build can take minutes)...\n", spec.label, spec.what)
+	fmt.Fprintf(log, "%s: building %s from Go modules (a cold build can take minutes)...\n", spec.Label, spec.What)
 	start := time.Now()
-	args := append([]string{"build", "-mod=readonly", "-trimpath", "-ldflags", spec.ldflags, "-o", tmp + string(filepath.Separator)}, spec.packages...)
+	args := append([]string{"build", "-mod=readonly", "-trimpath", "-ldflags", spec.LDFlags}, spec.Flags...)
+	args = append(append(args, "-o", tmp+string(filepath.Separator)), spec.Packages...)
 	cmd := exec.CommandContext(ctx, "go", args...)
-	cmd.Dir = spec.moduleDir
+	cmd.Dir = spec.ModuleDir
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=-mod=readonly", "GOWORK=off")
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	done := make(chan struct{})
-	go progress(log, spec.label, start, done)
+	go progress(log, spec.Label, start, done)
 	err = cmd.Run()
 	close(done)
 	if err != nil {
-		return "", fmt.Errorf("building %s: %w\n%s", spec.label, err, out.String())
+		return "", fmt.Errorf("building %s: %w\n%s", spec.Label, err, out.String())
 	}
 	if err := os.Rename(tmp, dir); err != nil {
 		return "", err
 	}
-	fmt.Fprintf(log, "%s: built in %s, cached in %s\n", spec.label, time.Since(start).Round(time.Second), dir)
+	fmt.Fprintf(log, "%s: built in %s, cached in %s\n", spec.Label, time.Since(start).Round(time.Second), dir)
 	return dir, nil
 }
 
