@@ -348,14 +348,14 @@ func EnsureNodeBinaries(ctx context.Context, log io.Writer) (NodeBinaries, error
 	for i, n := range names {
 		packages[i] = "k8s.io/kubernetes/cmd/" + n
 	}
-	out, err := cachedBuild(ctx, log, buildSpec{
-		label:     "kubernetes node " + version,
-		what:      strings.Join(names, ", "),
-		key:       fmt.Sprintf("node-%s-%s-%s", version, runtime.Version(), hex.EncodeToString(h.Sum(nil))[:12]),
-		outputs:   names,
-		moduleDir: dir,
-		ldflags:   ldflags,
-		packages:  packages,
+	out, err := CachedBuild(ctx, log, BuildSpec{
+		Label:     "kubernetes node " + version,
+		What:      strings.Join(names, ", "),
+		Key:       fmt.Sprintf("node-%s-%s-%s", version, runtime.Version(), hex.EncodeToString(h.Sum(nil))[:12]),
+		Outputs:   names,
+		ModuleDir: dir,
+		LDFlags:   ldflags,
+		Packages:  packages,
 	})
 	if err != nil {
 		return NodeBinaries{}, err
