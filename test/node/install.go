@@ -4,9 +4,11 @@ import (
 	"context"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"errors"
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -77,10 +79,26 @@ func BuildImages(ctx context.Context, dir string, log io.Writer) (tarballs []str
 	return []string{filepath.Join(out, "xds-server-amd64.tar"), filepath.Join(out, "extproc-amd64.tar"), envoyTar, busybox.Tarball}, busybox.Ref, nil
 }
 
-// Install runs `helm install` as the README says, in mode, with the certificates an operator
-// would bring (made from the node's PKI) and the images built here, and waits until every
-// workload is ready. extra are more helm arguments.
-func (n *Node) Install(ctx context.Context, mode string, extra ...string) (*Installed, error) {
+// InstallOptions say how to install kube-mvp.
+type InstallOptions struct {
+	// Mode is the chart's mode: front (default) or sidecar.
+	Mode string
+	// KubeadmPKI: sidecar Envoys present the node's own kubeadm front-proxy client pair
+	// (sidecar.kubeadmFrontProxyClient), which the node then carries in /etc/kubernetes/pki
+	// with kubeadm's owners and modes; the chart gets no proxy pair.
+	KubeadmPKI bool
+	// Extra are more helm arguments.
+	Extra []string
+}
+
+// Install runs `helm install` as the README says, with the certificates an operator would
+// bring (made from the node's PKI) and the images built here, and waits until every workload
+// is ready.
+func (n *Node) Install(ctx context.Context, opts InstallOptions) (*Installed, error) {
+	mode := opts.Mode
+	if mode == "" {
+		mode = "front"
+	}
 	helm, err := images.Helm(ctx, n.log)
 	if err != nil {
 		return nil, err
@@ -108,6 +126,19 @@ func (n *Node) Install(ctx context.Context, mode string, extra ...string) (*Inst
 		"front-proxy-client.crt": pki.ProxyClient.CertPEM, "front-proxy-client.key": pki.ProxyClient.KeyPEM,
 		"apiserver-ca.crt": pki.ServerCA.CertPEM,
 	}
+	proxyPair := []string{
+		"--set-file", "certificates.proxyClientCert=front-proxy-client.crt",
+		"--set-file", "certificates.proxyClientKey=front-proxy-client.key",
+	}
+	if opts.KubeadmPKI {
+		if mode != "sidecar" {
+			return nil, errors.New("node: the kubeadm front-proxy pair is for sidecar mode")
+		}
+		if err := n.writeKubeadmPKI(); err != nil {
+			return nil, err
+		}
+		proxyPair = []string{"--set", "sidecar.kubeadmFrontProxyClient=true"}
+	}
 	for name, b := range files {
 		if err := writeFile(filepath.Join(in.Dir, name), b, 0o600); err != nil {
 			return nil, err
@@ -118,8 +149,6 @@ func (n *Node) Install(ctx context.Context, mode string, extra ...string) (*Inst
 		"--namespace", Namespace, "--create-namespace", "--kubeconfig", n.Kubeconfig,
 		"--set-file", "certificates.servingCert=tls.crt", "--set-file", "certificates.servingKey=tls.key",
 		"--set-file", "certificates.clientCA=client-ca.crt",
-		"--set-file", "certificates.proxyClientCert=front-proxy-client.crt",
-		"--set-file", "certificates.proxyClientKey=front-proxy-client.key",
 		"--set-file", "certificates.peerCA=apiserver-ca.crt",
 		// The images built here: make images, and the tests' stand-in for Envoy.
 		"--set", "image.xdsServer.repository=" + TestRegistry + "/xds-server",
@@ -127,11 +156,12 @@ func (n *Node) Install(ctx context.Context, mode string, extra ...string) (*Inst
 		"--set", "image.envoy.repository=" + envoyRepo, "--set", "image.envoy.tag=" + envoyTag,
 		"--set", "mode=" + mode,
 	}
+	args = append(args, proxyPair...)
 	if mode == "sidecar" {
 		// hostNetwork Envoys dial xds-server from the node's address.
 		args = append(args, "--set", "networkPolicy.xdsFrom[0].ipBlock.cidr="+nodeIP+"/32")
 	}
-	args = append(args, extra...)
+	args = append(args, opts.Extra...)
 	cmd := exec.CommandContext(ctx, helm, args...)
 	cmd.Dir = in.Dir
 	out, err := cmd.CombinedOutput()
@@ -197,3 +227,51 @@ func (n *Node) WaitWorkloads(ctx context.Context, ns string, timeout time.Durati
 	}
 }
 
+// kubeadmPKI is where kubeadm keeps a control-plane node's certificates.
+const kubeadmPKI = "/etc/kubernetes/pki"
+
+// writeKubeadmPKI writes the front-proxy client pair where kubeadm does, with kubeadm's
+// owners and modes (root:root, certificate 0644, key 0600), in this machine's own
+// /etc/kubernetes/pki: the node shares the machine's file system, as a kubeadm node's pods
+// share the node's. It refuses to touch a directory it did not make; Close removes it.
+func (n *Node) writeKubeadmPKI() error {
+	if _, err := os.Stat(kubeadmPKI); err == nil {
+		if _, err := os.Stat(filepath.Join(kubeadmPKI, ".kube-mvp-node")); err != nil {
+			return fmt.Errorf("node: %s exists and is not the test node's: refusing to write kubeadm files there", kubeadmPKI)
+		}
+	}
+	parent := filepath.Dir(kubeadmPKI)
+	_, err := os.Stat(parent)
+	madeParent := os.IsNotExist(err)
+	if err := os.MkdirAll(kubeadmPKI, 0o755); err != nil {
+		return err
+	}
+	n.cleanups = append(n.cleanups, func() {
+		os.RemoveAll(kubeadmPKI)
+		if madeParent {
+			os.Remove(parent)
+		}
+	})
+	pki := n.CP.PKI
+	for name, f := range map[string]struct {
+		b    []byte
+		mode os.FileMode
+	}{
+		".kube-mvp-node":         {[]byte("made by the kube-mvp test node; removed when it stops\n"), 0o644},
+		"front-proxy-client.crt": {pki.ProxyClient.CertPEM, 0o644},
+		"front-proxy-client.key": {pki.ProxyClient.KeyPEM, 0o600},
+		"front-proxy-ca.crt":     {pki.FrontProxyCA.CertPEM, 0o644},
+	} {
+		path := filepath.Join(kubeadmPKI, name)
+		if err := os.WriteFile(path, f.b, f.mode); err != nil {
+			return err
+		}
+		if err := os.Chmod(path, f.mode); err != nil {
+			return err
+		}
+		if err := os.Chown(path, 0, 0); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -34,13 +34,36 @@ var servers = node.DefaultServers
 // TestHelmInstallFront installs the chart in front mode (Envoy Deployment behind a Service)
 // on a real node and uses kube-mvp through that Service as clients would.
 func TestHelmInstallFront(t *testing.T) {
-	in := install(t, "front")
+	in := install(t, node.InstallOptions{Mode: "front"})
 	ctx := t.Context()
 	in.checkPods(t, ctx)
 	in.checkIdentities(t, ctx)
 	in.checkMixedVersions(t, ctx)
 	in.checkExec(t, ctx)
 	in.checkPods(t, ctx) // still no restart after all that
+}
+
+// TestHelmInstallSidecar installs the chart in sidecar mode (a DaemonSet with hostNetwork on
+// the control-plane node, beside its apiserver) and uses kube-mvp through the node's port.
+func TestHelmInstallSidecar(t *testing.T) {
+	in := install(t, node.InstallOptions{Mode: "sidecar"})
+	ctx := t.Context()
+	in.checkPods(t, ctx)
+	in.checkIdentities(t, ctx)
+	in.checkMixedVersions(t, ctx)
+	in.checkExec(t, ctx)
+	in.checkPods(t, ctx)
+}
+
+// TestHelmInstallSidecarKubeadm is sidecar mode presenting the node's own kubeadm
+// front-proxy client pair (root:root, key 0600) instead of one the chart holds.
+func TestHelmInstallSidecarKubeadm(t *testing.T) {
+	in := install(t, node.InstallOptions{Mode: "sidecar", KubeadmPKI: true})
+	ctx := t.Context()
+	in.checkPods(t, ctx)
+	in.checkIdentities(t, ctx)
+	in.checkMixedVersions(t, ctx)
+	in.checkPods(t, ctx)
 }
 
 // installation is a node with kube-mvp installed by Helm.
@@ -53,7 +76,7 @@ type installation struct {
 	*node.Installed
 }
 
-func install(t *testing.T, mode string) *installation {
+func install(t *testing.T, opts node.InstallOptions) *installation {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("a real node takes minutes")
@@ -72,7 +95,7 @@ func install(t *testing.T, mode string) *installation {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n, err := node.Start(ctx, node.Options{Servers: servers, ControlPlane: mode == "sidecar", Log: log, Images: tarballs})
+	n, err := node.Start(ctx, node.Options{Servers: servers, ControlPlane: opts.Mode == "sidecar", Log: log, Images: tarballs})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +104,7 @@ func install(t *testing.T, mode string) *installation {
 	if err != nil {
 		t.Fatal(err)
 	}
-	installed, err := n.Install(ctx, mode)
+	installed, err := n.Install(ctx, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -255,7 +278,6 @@ func (in *installation) checkExec(t *testing.T, ctx context.Context) {
 		t.Fatalf("kubectl exec through kube-mvp: %v: %q", err, out)
 	}
 }
-
 
 type testLog struct{ t *testing.T }
 

@@ -76,6 +76,7 @@ type Node struct {
 	first      string                  // the first apiserver's name
 	procs      []*controlplane.Process // in start order
 	containerd *controlplane.Process
+	cleanups   []func() // run by Close, last first
 	unlock     func()
 }
 
@@ -375,6 +376,9 @@ func (n *Node) Close() {
 	}
 	if n.CP != nil {
 		n.CP.Close()
+	}
+	for i := len(n.cleanups) - 1; i >= 0; i-- {
+		n.cleanups[i]()
 	}
 	clearLeftovers(context.Background(), n.log)
 	if n.unlock != nil {

@@ -1,7 +1,7 @@
 // Command node starts the test node (test/node) with kube-mvp installed by Helm, as the node
 // tests do, and keeps it up for a look by hand (`make node`):
 //
-//	node [--mode front|sidecar] [--exit]
+//	node [--mode front|sidecar] [--kubeadm-pki] [--exit]
 //
 // It prints the admin kubeconfig, kube-mvp's endpoint and the helm binary it used, checks
 // that requests through kube-mvp work, and runs until interrupted (--exit: stops after the
@@ -38,11 +38,15 @@ func run(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("node", flag.ContinueOnError)
 	mode := fs.String("mode", "front", "how the chart runs Envoy: front (Deployment + Service) or sidecar (DaemonSet on the control-plane node)")
 	exit := fs.Bool("exit", false, "stop after the checks instead of running until interrupted")
+	kubeadm := fs.Bool("kubeadm-pki", false, "sidecar mode: Envoy presents the node's kubeadm front-proxy pair (/etc/kubernetes/pki), sidecar.kubeadmFrontProxyClient")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if *mode != "front" && *mode != "sidecar" {
 		return fmt.Errorf("--mode %q: want front or sidecar", *mode)
+	}
+	if *kubeadm && *mode != "sidecar" {
+		return errors.New("--kubeadm-pki needs --mode=sidecar")
 	}
 	if err := node.Missing(); err != nil {
 		return err
@@ -61,7 +65,7 @@ func run(ctx context.Context, args []string) error {
 		return err
 	}
 	defer n.Close()
-	in, err := n.Install(ctx, *mode)
+	in, err := n.Install(ctx, node.InstallOptions{Mode: *mode, KubeadmPKI: *kubeadm})
 	if err != nil {
 		return err
 	}
