@@ -469,6 +469,9 @@ var chartCases = []chartCase{
 			if s := r.find("Secret", fullname+"-certificates"); s != nil && len(s.typed.(*corev1.Secret).Data["proxy-client.key"]) > 0 {
 				t.Error("the chart keeps a proxy key although the node's is used")
 			}
+			if strings.Contains(r.notes, "no front-proxy client certificate") || !strings.Contains(r.notes, "-c copy-node-pki") {
+				t.Errorf("NOTES say there is no proxy certificate, or not where the node's is copied:\n%s", r.notes)
+			}
 		},
 	},
 	{
