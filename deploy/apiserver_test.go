@@ -381,6 +381,87 @@ func TestChartOnRealAPIServer(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(sockDir, "extproc.sock")); err != nil {
 			t.Errorf("extproc's socket is not where xds-server tells Envoy to find it: %v", err)
 		}
+
+		// sidecar.kubeadmFrontProxyClient: the copier containers' commands, with the node's
+		// two files (root's, 0600, as kubeadm writes them) and the emptyDir moved to the
+		// test's, publish the pair where the rendering's xds-server and extproc name it; an
+		// extproc with that rendering's arguments then checks the apiserver with it.
+		t.Run("kubeadm-copier", func(t *testing.T) {
+			var kc *chartCase
+			for i := range chartCases {
+				if chartCases[i].name == "sidecar-kubeadm-front-proxy" {
+					kc = &chartCases[i]
+				}
+			}
+			kr, err := render(kc.values(cp.PKI), ns)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pod := podSpec(t, kr.mustFind(t, "DaemonSet", fullname+"-envoy"))
+			host, nodePKI := filepath.Join(dir, "host"), filepath.Join(dir, "node-pki")
+			for _, d := range []string{host, nodePKI} {
+				if err := os.Mkdir(d, 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for name, from := range map[string]string{"front-proxy-client.crt": "proxy-client.crt", "front-proxy-client.key": "proxy-client.key"} {
+				b, err := os.ReadFile(cp.PKI.Path(from))
+				if err == nil {
+					err = os.WriteFile(filepath.Join(host, name), b, 0o600)
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			local := func(args []string) []string {
+				var out []string
+				for _, a := range args {
+					a = strings.ReplaceAll(a, "/host", host)
+					a = strings.ReplaceAll(a, "/var/run/kube-mvp/node-pki", nodePKI)
+					if strings.HasPrefix(a, "--group=") && os.Geteuid() != 0 {
+						a = fmt.Sprintf("--group=%d", os.Getgid()) // the pod's group, which only root may give here
+					}
+					out = append(out, a)
+				}
+				return out
+			}
+			extproc := filepath.Join(bin, "extproc")
+			if out, err := exec.CommandContext(ctx, extproc, local(pod.InitContainers[0].Args)...).CombinedOutput(); err != nil {
+				t.Fatalf("copy-node-pki's command: %v\n%s", err, out)
+			}
+			probe := container(t, pod, "node-pki").LivenessProbe.Exec.Command
+			if filepath.Base(probe[0]) != "extproc" {
+				t.Fatalf("node-pki's liveness probe runs %s", probe[0])
+			}
+			if out, err := exec.CommandContext(ctx, extproc, local(probe[1:])...).CombinedOutput(); err != nil {
+				t.Errorf("node-pki's liveness probe: %v\n%s", err, out)
+			}
+			xf := flags(t, container(t, podSpec(t, kr.mustFind(t, "Deployment", fullname+"-xds-server")), "xds-server").Args[1:])
+			for flag, from := range map[string]string{"proxy-client-cert": "proxy-client.crt", "proxy-client-key": "proxy-client.key"} {
+				want, _ := os.ReadFile(cp.PKI.Path(from))
+				if got, err := os.ReadFile(local([]string{xf[flag]})[0]); err != nil || !bytes.Equal(got, want) {
+					t.Errorf("xds-server --%s=%s: not the node's file as copied (%v)", flag, xf[flag], err)
+				}
+			}
+			admin := freePort(t)
+			var args []string
+			for _, a := range localArgs("extproc", local(container(t, pod, "extproc").Args), map[string]string{
+				"--source":        "xds:127.0.0.1:" + xdsPort,
+				"--admin-address": "127.0.0.1:" + admin,
+				"--listen":        "unix:" + filepath.Join(sockDir, "kubeadm.sock"),
+			}) {
+				args = append(args, strings.ReplaceAll(a, "/etc/kube-mvp/certificates", certDir))
+			}
+			stop := startProcess(t, extproc, args...)
+			defer stop()
+			testutil.WaitFor(t, ctx, 90*time.Second, "extproc's proxy certificate check with the copied pair", func() error {
+				m, err := getBody("http://127.0.0.1:" + admin + "/metrics")
+				if err == nil && !regexp.MustCompile(`kube_mvp_extproc_proxy_certificate_accepted\{apiserver="[^"]+"\} 1\n`).MatchString(m) {
+					err = errors.New("the apiserver has not accepted the copied proxy certificate yet")
+				}
+				return err
+			})
+		})
 	})
 }
 

@@ -378,36 +378,99 @@ var chartCases = []chartCase{
 		},
 		check: func(t *testing.T, r *rendered, ns string) {
 			spec := podSpec(t, r.mustFind(t, "DaemonSet", fullname+"-envoy"))
-			var vol string
+			const dir = "/var/run/kube-mvp/node-pki"
+			volumes := map[string]corev1.Volume{}
 			for _, v := range spec.Volumes {
-				switch {
-				case v.HostPath == nil:
-				case v.HostPath.Path == "/etc/kubernetes/pki":
-					vol = v.Name
-				case v.HostPath.Path != "/etc/kubernetes/pki/front-proxy-client.crt" && v.HostPath.Path != "/etc/kubernetes/pki/front-proxy-client.key":
-					// extproc's two files are checked by checkCommon.
-					t.Errorf("hostPath %s", v.HostPath.Path)
+				volumes[v.Name] = v
+			}
+			// The node's two files, type File, and nothing else of the node.
+			hostFiles := map[string]string{} // volume -> node path
+			for _, v := range spec.Volumes {
+				if v.HostPath == nil {
+					continue
+				}
+				var typ corev1.HostPathType
+				if v.HostPath.Type != nil {
+					typ = *v.HostPath.Type
+				}
+				if typ != corev1.HostPathFile || (v.HostPath.Path != "/etc/kubernetes/pki/front-proxy-client.crt" && v.HostPath.Path != "/etc/kubernetes/pki/front-proxy-client.key") {
+					t.Errorf("hostPath volume %s: %s type %q, want one of the node's two front-proxy-client files, type File", v.Name, v.HostPath.Path, typ)
+				}
+				hostFiles[v.Name] = v.HostPath.Path
+			}
+			if len(hostFiles) != 2 {
+				t.Errorf("hostPath volumes %v, want the node's two files", hostFiles)
+			}
+			if v, ok := volumes["node-pki"]; !ok || v.EmptyDir == nil || v.EmptyDir.Medium != corev1.StorageMediumMemory || v.EmptyDir.SizeLimit == nil || v.EmptyDir.SizeLimit.String() != "1Mi" {
+				t.Errorf("volume node-pki %+v, want an emptyDir in memory of at most 1Mi", v.VolumeSource)
+			}
+
+			// The copiers: an init container (Envoy starts only after the first copy) and a
+			// container that follows renewals, each mounting the two files read-only where
+			// its --file flags name them, and the emptyDir writable where --to names it.
+			if len(spec.InitContainers) != 1 || spec.InitContainers[0].Name != "copy-node-pki" {
+				t.Fatalf("init containers %v, want copy-node-pki", spec.InitContainers)
+			}
+			group := fmt.Sprint(*es(spec).RunAsGroup)
+			common := []string{"--file=/host/front-proxy-client.crt", "--file=/host/front-proxy-client.key", "--to=" + dir}
+			for _, c := range []struct {
+				c    *corev1.Container
+				args []string
+			}{
+				{&spec.InitContainers[0], slices.Concat([]string{"copy-files"}, common, []string{"--group=" + group, "--once"})},
+				{container(t, spec, "node-pki"), slices.Concat([]string{"copy-files"}, common, []string{"--group=" + group, "--interval=10s"})},
+			} {
+				if !slices.Equal(c.c.Args, c.args) || len(c.c.Command) != 0 || !strings.HasPrefix(c.c.Image, "ghcr.io/kube-mvp/extproc:") {
+					t.Errorf("%s: image %s command %q args %q, want the extproc image with %q", c.c.Name, c.c.Image, c.c.Command, c.c.Args, c.args)
+				}
+				mounts := map[string]corev1.VolumeMount{}
+				for _, m := range c.c.VolumeMounts {
+					mounts[m.Name] = m
+				}
+				want := map[string]corev1.VolumeMount{"node-pki": {Name: "node-pki", MountPath: dir}}
+				for name, path := range hostFiles {
+					want[name] = corev1.VolumeMount{Name: name, MountPath: "/host/" + filepath.Base(path), ReadOnly: true}
+				}
+				if !maps.EqualFunc(mounts, want, func(a, b corev1.VolumeMount) bool { return reflect.DeepEqual(a, b) }) {
+					t.Errorf("%s mounts %v, want %v", c.c.Name, mounts, want)
+				}
+				if c.c.ReadinessProbe != nil || c.c.Resources.Limits.Memory().IsZero() {
+					t.Errorf("%s: a readiness probe %v, or no memory limit", c.c.Name, c.c.ReadinessProbe)
 				}
 			}
-			if vol == "" {
-				t.Fatal("no hostPath volume for the node's front-proxy pair")
+			probe := container(t, spec, "node-pki").LivenessProbe
+			if want := slices.Concat([]string{"/usr/local/bin/extproc", "copy-files", "--check"}, common); probe == nil || probe.Exec == nil || !slices.Equal(probe.Exec.Command, want) {
+				t.Errorf("node-pki liveness %v, want exec %q", probe, want)
+			} else if probe.PeriodSeconds*probe.FailureThreshold < 30 {
+				t.Errorf("node-pki liveness fails after %ds: within a few copy intervals", probe.PeriodSeconds*probe.FailureThreshold)
 			}
-			for _, c := range spec.Containers {
-				for _, m := range c.VolumeMounts {
-					if m.Name != vol {
-						continue
-					}
-					if c.Name != "envoy" || !m.ReadOnly || m.MountPath != "/etc/kubernetes/pki" {
-						t.Errorf("container %s mounts the node's PKI at %s (read-only %v)", c.Name, m.MountPath, m.ReadOnly)
-					}
-				}
-			}
+
+			// Envoy (through xds-server's SDS paths) and extproc read the pair from the
+			// emptyDir, read-only, and mount nothing of the node.
 			f := flags(t, container(t, podSpec(t, r.mustFind(t, "Deployment", fullname+"-xds-server")), "xds-server").Args[1:])
-			if f["proxy-client-cert"] != "/etc/kubernetes/pki/front-proxy-client.crt" || f["proxy-client-key"] != "/etc/kubernetes/pki/front-proxy-client.key" {
-				t.Errorf("xds-server proxy client flags %q %q", f["proxy-client-cert"], f["proxy-client-key"])
+			if f["proxy-client-cert"] != dir+"/front-proxy-client.crt" || f["proxy-client-key"] != dir+"/front-proxy-client.key" {
+				t.Errorf("xds-server proxy client flags %q %q, want the files in %s", f["proxy-client-cert"], f["proxy-client-key"], dir)
+			}
+			// SDS watches the files' directory (internal/snapshot/secrets.go): the emptyDir's
+			// root, where ..data is swapped.
+			for _, name := range []string{"envoy", "extproc"} {
+				c := container(t, spec, name)
+				if !slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool {
+					return m.Name == "node-pki" && m.ReadOnly && m.MountPath == filepath.Dir(f["proxy-client-cert"])
+				}) {
+					t.Errorf("%s does not mount node-pki read-only at %s: %v", name, filepath.Dir(f["proxy-client-cert"]), c.VolumeMounts)
+				}
+				for _, m := range c.VolumeMounts {
+					if _, ok := hostFiles[m.Name]; ok {
+						t.Errorf("%s mounts the node's %s", name, hostFiles[m.Name])
+					}
+				}
 			}
 			if s := r.find("Secret", fullname+"-certificates"); s != nil && len(s.typed.(*corev1.Secret).Data["proxy-client.key"]) > 0 {
 				t.Error("the chart keeps a proxy key although the node's is used")
+			}
+			if strings.Contains(r.notes, "no front-proxy client certificate") || !strings.Contains(r.notes, "-c copy-node-pki") {
+				t.Errorf("NOTES say there is no proxy certificate, or not where the node's is copied:\n%s", r.notes)
 			}
 		},
 	},
@@ -421,6 +484,10 @@ var chartCases = []chartCase{
 				t.Error("sidecar mode renders an Envoy Deployment, Service or PDB")
 			}
 			spec := podSpec(t, r.mustFind(t, "DaemonSet", fullname+"-envoy"))
+			// Without sidecar.kubeadmFrontProxyClient: nothing of the node, no copier.
+			if len(spec.InitContainers) != 0 || len(spec.Containers) != 2 || slices.ContainsFunc(spec.Volumes, func(v corev1.Volume) bool { return v.HostPath != nil }) {
+				t.Errorf("init containers %v, %d containers, volumes %v: want envoy and extproc and no hostPath", spec.InitContainers, len(spec.Containers), spec.Volumes)
+			}
 			if !spec.HostNetwork || spec.DNSPolicy != corev1.DNSClusterFirstWithHostNet {
 				t.Errorf("hostNetwork %v dnsPolicy %s", spec.HostNetwork, spec.DNSPolicy)
 			}
@@ -606,16 +673,15 @@ func checkCommon(t *testing.T, r *rendered, ns string) {
 			if c.Name == "envoy" && !slices.Contains(c.Args, "--reject-unknown-dynamic-fields") {
 				t.Errorf("%s/envoy: args %q lack --reject-unknown-dynamic-fields", o.obj.GetName(), c.Args)
 			}
-			if c.ReadinessProbe == nil || c.LivenessProbe == nil {
+			// The node-pki copier serves nothing: no readiness of its own.
+			if (c.ReadinessProbe == nil && c.Name != "node-pki") || c.LivenessProbe == nil {
 				t.Errorf("%s/%s: missing probes", o.obj.GetName(), c.Name)
 			}
 			if c.Resources.Requests.Cpu().IsZero() || c.Resources.Requests.Memory().IsZero() {
 				t.Errorf("%s/%s: no resource requests", o.obj.GetName(), c.Name)
 			}
-			if sc := c.SecurityContext; sc == nil || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
-				t.Errorf("%s/%s: security context %v", o.obj.GetName(), c.Name, sc)
-			}
 		}
+		checkPrivileges(t, o.obj.GetName(), spec)
 	}
 
 	// xds-server: only real flags; probes on its admin port.
@@ -731,11 +797,72 @@ func checkCommon(t *testing.T, r *rendered, ns string) {
 	}
 }
 
+// copiers are the containers that copy the node's kubeadm front-proxy-client pair: the only
+// ones that run as root.
+var copiers = []string{"copy-node-pki", "node-pki"}
+
+// es is the pod's security context, never nil.
+func es(spec *corev1.PodSpec) *corev1.PodSecurityContext {
+	if spec.SecurityContext == nil {
+		return &corev1.PodSecurityContext{}
+	}
+	return spec.SecurityContext
+}
+
+// checkPrivileges: every container (init containers too) has a read-only root file system,
+// no privilege escalation and drops every capability, adding none; only the copiers run as
+// uid 0 (their own runAsUser 0 and runAsNonRoot false overriding the pod's), every other one
+// as the pod's non-root user; and no container mounts a directory of the node (hostPath
+// other than type File), so none sees /etc/kubernetes/pki whole.
+func checkPrivileges(t *testing.T, workload string, spec *corev1.PodSpec) {
+	t.Helper()
+	psc := es(spec)
+	hostDirs := map[string]string{}
+	for _, v := range spec.Volumes {
+		if v.HostPath != nil && (v.HostPath.Type == nil || *v.HostPath.Type != corev1.HostPathFile) {
+			hostDirs[v.Name] = v.HostPath.Path
+		}
+	}
+	for _, c := range slices.Concat(spec.InitContainers, spec.Containers) {
+		name := workload + "/" + c.Name
+		sc := c.SecurityContext
+		if sc == nil || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation ||
+			sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || len(sc.Capabilities.Add) != 0 || (sc.Privileged != nil && *sc.Privileged) {
+			t.Errorf("%s: security context %v, want a read-only root, no privilege escalation, every capability dropped", name, sc)
+			continue
+		}
+		uid, nonRoot := psc.RunAsUser, psc.RunAsNonRoot
+		if sc.RunAsUser != nil {
+			uid = sc.RunAsUser
+		}
+		if sc.RunAsNonRoot != nil {
+			nonRoot = sc.RunAsNonRoot
+		}
+		switch root := uid == nil || *uid == 0; {
+		case slices.Contains(copiers, c.Name):
+			if sc.RunAsUser == nil || *sc.RunAsUser != 0 || sc.RunAsNonRoot == nil || *sc.RunAsNonRoot {
+				t.Errorf("%s: runAsUser %v runAsNonRoot %v, want 0 and false of its own (it reads the node's root-owned key)", name, sc.RunAsUser, sc.RunAsNonRoot)
+			}
+		case root || nonRoot == nil || !*nonRoot:
+			t.Errorf("%s: runs as user %v (runAsNonRoot %v): only %v run as root", name, uid, nonRoot, copiers)
+		}
+		for _, m := range c.VolumeMounts {
+			if p, ok := hostDirs[m.Name]; ok {
+				t.Errorf("%s mounts the node's directory %s", name, p)
+			}
+			if strings.HasPrefix(m.MountPath, "/etc/kubernetes") {
+				t.Errorf("%s mounts something at %s", name, m.MountPath)
+			}
+		}
+	}
+}
+
 // checkProxyCheckFiles: with a proxy client certificate (xds-server's --proxy-client-cert),
 // extproc checks the apiservers with exactly the files Envoy presents and verifies them with
 // (the same paths as xds-server names, the same server name), and its container mounts those
 // three files read-only and nothing else of the certificates (no serving key, no whole
-// Secret, no node PKI directory); without one it has neither the flags nor the mounts.
+// Secret, nothing of the node: the kubeadm pair comes from the node-pki emptyDir); without one
+// it has neither the flags nor the mounts.
 func checkProxyCheckFiles(t *testing.T, spec *corev1.PodSpec, extproc *corev1.Container, xf map[string]string) {
 	t.Helper()
 	pf := flags(t, extproc.Args)
@@ -781,10 +908,12 @@ func checkProxyCheckFiles(t *testing.T, spec *corev1.PodSpec, extproc *corev1.Co
 				}
 				provided[m.MountPath+"/"+it.Path] = true
 			}
-		case v.HostPath != nil && v.HostPath.Type != nil && *v.HostPath.Type == corev1.HostPathFile && v.HostPath.Path == m.MountPath:
-			provided[m.MountPath] = true
+		case v.EmptyDir != nil && v.Name == "node-pki":
+			// The node's kubeadm pair, as the copier containers publish it.
+			provided[m.MountPath+"/front-proxy-client.crt"] = true
+			provided[m.MountPath+"/front-proxy-client.key"] = true
 		default:
-			t.Errorf("extproc mounts %s at %s: %+v, want a Secret's items or a hostPath file", m.Name, m.MountPath, v.VolumeSource)
+			t.Errorf("extproc mounts %s at %s: %+v, want a Secret's items or the node-pki emptyDir", m.Name, m.MountPath, v.VolumeSource)
 		}
 	}
 	want := map[string]bool{xf["proxy-client-cert"]: true, xf["proxy-client-key"]: true, xf["peer-ca"]: true}

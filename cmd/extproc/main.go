@@ -15,6 +15,14 @@
 // to fix, as warnings when only some do. With an xds source it reports what it found to
 // xds-server (TableService.ReportProxyChecks), which keeps requests whose identity kube-mvp
 // sets away from apiservers that take the proxy certificate for an ordinary client's.
+//
+//	extproc copy-files --file CERT --file KEY --to DIR [--once|--check] [flags]
+//
+// publishes a certificate and key another program rewrites in place (a kubeadm node's
+// front-proxy-client pair) into DIR as the kubelet publishes a Secret volume, a matching pair
+// at a time (internal/nodepki; extproc copy-files --help). The chart runs it beside Envoy
+// with sidecar.kubeadmFrontProxyClient, so that Envoy and extproc read the node's pair as
+// their own user.
 package main
 
 import (
@@ -61,6 +69,9 @@ strips client-supplied identity headers and forwards the client certificate's id
 `
 
 const usageOutro = `SIGHUP re-reads a file source; SIGTERM and SIGINT stop gracefully.
+
+extproc copy-files --help: the command that publishes a node's kubeadm front-proxy-client pair
+for Envoy and extproc.
 `
 
 func usage() string { return cli.Usage(usageIntro, new(config).flagSet(), usageOutro) }
@@ -222,6 +233,9 @@ func main() {
 
 // run is main with its inputs and outputs made explicit; it returns the exit code.
 func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "copy-files" {
+		return runCopyFiles(args[1:], stdout, stderr)
+	}
 	cfg, err := parseArgs(args)
 	if errors.Is(err, cli.ErrVersion) {
 		fmt.Fprintln(stdout, version.String("extproc"))

@@ -38,7 +38,8 @@ func WithHelp(fs *pflag.FlagSet) *pflag.FlagSet {
 
 // Parse reads args into fs and adds every problem to errs: unknown flags, missing values,
 // values their flag's Value refuses (reported as `--name "value" ` and the Value's error),
-// flags given twice, stray arguments. It stops with pflag.ErrHelp at -h/--help and with
+// flags given twice (unless they take a list, such as a StringArray: each use adds to it),
+// stray arguments. It stops with pflag.ErrHelp at -h/--help and with
 // ErrVersion at --version.
 func Parse(fs *pflag.FlagSet, args []string) (errs *multierror.Error, stop error) {
 	WithHelp(fs)
@@ -50,7 +51,7 @@ func Parse(fs *pflag.FlagSet, args []string) (errs *multierror.Error, stop error
 		case "version":
 			return ErrVersion
 		}
-		if seen[f.Name] {
+		if _, list := f.Value.(pflag.SliceValue); seen[f.Name] && !list {
 			errs = multierror.Append(errs, fmt.Errorf("--%s given more than once", f.Name))
 		}
 		seen[f.Name], f.Changed = true, true

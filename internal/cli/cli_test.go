@@ -44,6 +44,25 @@ func TestParseEveryProblem(t *testing.T) {
 	}
 }
 
+// TestParseRepeatedList: a flag that takes a list may be given again; each use adds.
+func TestParseRepeatedList(t *testing.T) {
+	fs := NewFlagSet("test")
+	var files []string
+	var to string
+	fs.StringArrayVar(&files, "file", nil, "a `FILE`, given once per file")
+	fs.StringVar(&to, "to", "", "a `DIR`")
+	errs, stop := Parse(fs, []string{"--file", "a,b", "--file=c", "--to", "d", "--to=e"})
+	if stop != nil {
+		t.Fatal(stop)
+	}
+	if msg := Err(errs).Error(); !strings.Contains(msg, "--to given more than once") || strings.Contains(msg, "--file") {
+		t.Errorf("errors %s, want --to only", msg)
+	}
+	if len(files) != 2 || files[0] != "a,b" || files[1] != "c" {
+		t.Errorf("--file %q, want [a,b c]", files)
+	}
+}
+
 func TestParseValues(t *testing.T) {
 	fs, s, d, b := testFlags()
 	errs, stop := Parse(fs, []string{"-f", "x", "--wait=2s", "--on=false"})

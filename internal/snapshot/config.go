@@ -51,7 +51,8 @@ type Config struct {
 }
 
 // SecretFiles are absolute paths in Envoy's file system (mounted Secrets, or a kubeadm
-// node's own /etc/kubernetes/pki files). xds-server never opens them: SDS carries only the
+// node's front-proxy-client pair as the chart's copier publishes it, in the same layout).
+// xds-server never opens them: SDS carries only the
 // paths, Envoy reads the files and watches each one's directory, so a renewed file takes
 // effect without a restart and no private key ever travels over xDS. Envoy refuses a key
 // that does not match its certificate (the update is NACKed, the previous pair kept).

@@ -100,18 +100,73 @@ its declared parts; otherwise the parts whose PEM values are set.
 {{- end }}
 
 {{/*
+With sidecar.kubeadmFrontProxyClient: where the copier containers publish the node's
+front-proxy-client pair (an emptyDir), and Envoy and extproc read it.
+*/}}
+{{- define "kube-mvp.nodePKI.dir" -}}/var/run/kube-mvp/node-pki{{- end }}
+
+{{/*
+The group that may read the node's published key: the group Envoy and extproc run with
+(podSecurityContext.runAsGroup, else fsGroup, which the emptyDir gets too).
+*/}}
+{{- define "kube-mvp.nodePKI.group" -}}
+{{- $g := default .Values.podSecurityContext.fsGroup .Values.podSecurityContext.runAsGroup }}
+{{- if not $g }}{{ fail "sidecar.kubeadmFrontProxyClient needs podSecurityContext.runAsGroup or fsGroup: the group Envoy and extproc read the node's front-proxy key with" }}{{ end }}
+{{- $g | int }}
+{{- end }}
+
+{{/*
+The copier's command line after `extproc copy-files`, without its mode (--once, --check, or
+the loop's --interval): the node's two files as the copier mounts them, and the emptyDir.
+*/}}
+{{- define "kube-mvp.nodePKI.copyArgs" -}}
+{{- $dir := include "kube-mvp.nodePKI.dir" . -}}
+{{- toJson (list "--file=/host/front-proxy-client.crt" "--file=/host/front-proxy-client.key" (printf "--to=%s" $dir)) }}
+{{- end }}
+
+{{/*
 The proxy client certificate's files, as Envoy reads them: {"cert": PATH, "key": PATH}, or {}
-without one. The node's kubeadm pair with sidecar.kubeadmFrontProxyClient, else the
-certificates Secret's.
+without one. With sidecar.kubeadmFrontProxyClient the node's kubeadm pair as the copier
+containers publish it in the node-pki emptyDir, else the certificates Secret's.
 */}}
 {{- define "kube-mvp.proxyClient.files" -}}
 {{- $parts := include "kube-mvp.certificates.parts" . | fromJson }}
 {{- if include "kube-mvp.kubeadmFrontProxy" . }}
-{{- toJson (dict "cert" "/etc/kubernetes/pki/front-proxy-client.crt" "key" "/etc/kubernetes/pki/front-proxy-client.key") }}
+{{- $dir := include "kube-mvp.nodePKI.dir" . }}
+{{- toJson (dict "cert" (printf "%s/front-proxy-client.crt" $dir) "key" (printf "%s/front-proxy-client.key" $dir)) }}
 {{- else if $parts.proxyClient }}
 {{- $dir := include "kube-mvp.certificates.dir" . }}
 {{- toJson (dict "cert" (printf "%s/proxy-client.crt" $dir) "key" (printf "%s/proxy-client.key" $dir)) }}
 {{- else }}
 {{- toJson dict }}
 {{- end }}
+{{- end }}
+
+{{/*
+What the two copier containers (copy-node-pki, node-pki) share: the extproc image, resources,
+the mounts (the node's two files read-only, the emptyDir) and the security context: root
+(runAsNonRoot false for them only), every capability dropped, no privilege escalation, a
+read-only root file system, and the readers' group, which the published files get.
+*/}}
+{{- define "kube-mvp.nodePKI.copier" -}}
+image: {{ include "kube-mvp.image" (list . .Values.image.extproc) }}
+imagePullPolicy: {{ .Values.image.extproc.pullPolicy }}
+resources:
+  {{- toYaml .Values.sidecar.kubeadmCopier.resources | nindent 2 }}
+securityContext:
+  runAsUser: 0
+  runAsGroup: {{ include "kube-mvp.nodePKI.group" . }}
+  runAsNonRoot: false
+  allowPrivilegeEscalation: false
+  readOnlyRootFilesystem: true
+  capabilities: {drop: [ALL]}
+volumeMounts:
+  - name: node-front-proxy-client-crt
+    mountPath: /host/front-proxy-client.crt
+    readOnly: true
+  - name: node-front-proxy-client-key
+    mountPath: /host/front-proxy-client.key
+    readOnly: true
+  - name: node-pki
+    mountPath: {{ include "kube-mvp.nodePKI.dir" . }}
 {{- end }}
