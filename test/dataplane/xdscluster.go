@@ -141,11 +141,8 @@ func (d *DataPlane) clusterSession(c *XDSCluster, src *xdsTLSSource, turn *int) 
 
 	creds := insecure.NewCredentials()
 	if src != nil {
-		cfg := src.clientConfig()
-		// No SNI: the bootstrap's UpstreamTlsContext sets no sni (Envoy sends none then);
-		// Go sends none for an IP address, and gRPC would otherwise use the :authority.
-		cfg.ServerName = ip
-		creds = credentials.NewTLS(cfg)
+		// No SNI: the bootstrap's UpstreamTlsContext sets no sni (Envoy sends none then).
+		creds = noSNI{credentials.NewTLS(src.clientConfig()), ip}
 	}
 	opts := []grpc.DialOption{
 		grpc.WithTransportCredentials(creds),
@@ -371,4 +368,19 @@ func (s *xdsTLSSource) clientConfig() *tls.Config {
 			return verifyXDSServer(raw, pool, x.ServerURISAN)
 		},
 	}
+}
+
+// noSNI hands the TLS handshake the dialled IP address instead of the :authority, for which
+// gRPC's TLS credentials would send SNI: Go sends none for an IP address.
+type noSNI struct {
+	credentials.TransportCredentials
+	ip string
+}
+
+func (c noSNI) ClientHandshake(ctx context.Context, _ string, conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	return c.TransportCredentials.ClientHandshake(ctx, c.ip, conn)
+}
+
+func (c noSNI) Clone() credentials.TransportCredentials {
+	return noSNI{c.TransportCredentials.Clone(), c.ip}
 }
