@@ -78,8 +78,25 @@
 // what Envoy refuses when it loads a resource (envoychecks.go); ENVOY_CHECKS.md lists every
 // such check of the resources and extensions we use and how this data plane stands to it.
 //
+// The bootstrap (bootstrap.go, BootstrapOptions; test/cmd/envoy-stand-in takes Envoy's
+// command line): the -c file (YAML or JSON by its name, as Envoy) with --config-yaml merged in,
+// read strictly (unknown fields refused, any field not implemented named, bootstrapRules);
+// --service-node and --service-cluster override node.id and node.cluster; ADS to the static
+// STRICT_DNS cluster, its name resolved at every (re)connect and every dns_refresh_rate
+// (xdscluster.go); mutual TLS from the SDS files (path_config_source), the certificate files
+// re-read when a file is moved into their watched_directory (inotify, as Envoy: a kubelet
+// ..data swap), the server's URI SAN matched; the static listener envoy-health with exact
+// path and header routes to the admin's STATIC cluster; the admin's /ready (Envoy's body and
+// status) and /stats/prometheus.
+//
 // Documented deviations from Envoy, all test conveniences:
-//   - Options.ListenerAddress overrides a listener's socket address (tests need free ports).
+//   - Options.ListenerAddress overrides a listener's socket address (tests need free ports),
+//     the static health listener's too; Options.LookupHost replaces the resolver of the
+//     STRICT_DNS cluster (the chart's Service name resolves only in a cluster).
+//   - Bootstrap: an SDS path_config_source file is read once (Envoy also watches it for
+//     moves); the static health listener speaks HTTP/1.1 only (codec AUTO also takes
+//     HTTP/2 with prior knowledge); /stats/prometheus keeps tags in the metric names
+//     (Envoy's default tag extractors turn a cluster's name into a label).
 //   - Listeners accept connections before the initial configuration's clusters warmed (a
 //     request then gets "cluster not found"); Envoy starts its workers only once the
 //     cluster manager initialized. WaitReady waits for the warm-up.
