@@ -286,6 +286,11 @@ func complete(dir string, outputs []string) bool {
 	return true
 }
 
+// LockFile takes an exclusive lock on path (created if missing) for a build that other test
+// packages may run at the same time, waiting until ctx ends; call the returned func to
+// release it.
+func LockFile(ctx context.Context, path string) (func(), error) { return lockFile(ctx, path) }
+
 // lockFile takes an exclusive flock, polling so the context can cancel the wait.
 func lockFile(ctx context.Context, path string) (func(), error) {
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)

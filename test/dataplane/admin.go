@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"encoding/json"
+	"fmt"
 	"net"
 	"net/http"
 	"sort"
@@ -29,6 +30,7 @@ import (
 //	              request counters), shaped like Envoy's /clusters?format=json
 //	/stats        counters as {"stats":[{"name","value"}]}, like /stats?format=json
 //	/ready        200 LIVE once ready
+//	/stats/prometheus  the counters in Prometheus' text format
 func (d *DataPlane) adminHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/config_dump", d.serveConfigDump)
@@ -36,6 +38,10 @@ func (d *DataPlane) adminHandler() http.Handler {
 	mux.HandleFunc("/stats", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, map[string]any{"stats": d.stats.snapshot()})
 	})
+	mux.HandleFunc("/stats/prometheus", d.servePrometheus)
+	// /ready is Envoy's ServerInfoHandler::handlerReady
+	// (source/server/admin/server_info_handler.cc): the server state's name and a newline,
+	// 200 only when LIVE, else 503.
 	mux.HandleFunc("/ready", func(w http.ResponseWriter, _ *http.Request) {
 		select {
 		case <-d.readyCh:
@@ -196,4 +202,32 @@ func (d *DataPlane) serveClusters(w http.ResponseWriter, _ *http.Request) {
 		out = append(out, cs)
 	}
 	writeJSON(w, map[string]any{"cluster_statuses": out})
+}
+
+// servePrometheus writes every counter in Prometheus' text format as Envoy's
+// /stats/prometheus does (source/server/admin/prometheus_stats.cc): "envoy_" and the name
+// with every character other than [a-zA-Z0-9_] replaced by "_", a TYPE line, and the value
+// with empty labels. Envoy also moves tags (a cluster's name, a listener's stat prefix) into
+// labels by its default tag extractors; this data plane keeps them in the name.
+func (d *DataPlane) servePrometheus(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=UTF-8")
+	seen := map[string]bool{}
+	for _, s := range d.stats.snapshot() {
+		n := promName(s.Name)
+		if seen[n] {
+			continue
+		}
+		seen[n] = true
+		fmt.Fprintf(w, "# TYPE %s counter\n%s{} %d\n", n, n, s.Value)
+	}
+}
+
+func promName(stat string) string {
+	b := []byte("envoy_" + stat)
+	for i, c := range b {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_') {
+			b[i] = '_'
+		}
+	}
+	return string(b)
 }

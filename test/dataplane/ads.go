@@ -31,9 +31,25 @@ import (
 const localAPIServerKey = "kube-mvp.io/local-apiserver"
 
 func (d *DataPlane) node() *corev3.Node {
-	n := &corev3.Node{Id: d.opts.NodeID, Cluster: "kube-mvp", UserAgentName: "kube-mvp-test-dataplane"}
+	cluster := d.opts.NodeCluster
+	if cluster == "" {
+		cluster = "kube-mvp"
+	}
+	n := &corev3.Node{Id: d.opts.NodeID, Cluster: cluster, UserAgentName: "kube-mvp-test-dataplane"}
+	md := map[string]any{}
+	for k, v := range d.opts.NodeMetadata {
+		md[k] = v
+	}
 	if d.opts.LocalAPIServer != "" {
-		n.Metadata = &structpb.Struct{Fields: map[string]*structpb.Value{localAPIServerKey: structpb.NewStringValue(d.opts.LocalAPIServer)}}
+		md[localAPIServerKey] = d.opts.LocalAPIServer
+	}
+	if len(md) > 0 {
+		s, err := structpb.NewStruct(md)
+		if err != nil {
+			d.log.Error("node metadata", "error", err)
+		} else {
+			n.Metadata = s
+		}
 	}
 	return n
 }
@@ -46,6 +62,9 @@ type subscription struct {
 }
 
 func (d *DataPlane) startADS(_ context.Context) error {
+	if d.opts.XDSCluster != nil {
+		return d.startClusterADS()
+	}
 	creds := insecure.NewCredentials()
 	if d.opts.XDSTLS != nil {
 		creds = credentials.NewTLS(d.opts.XDSTLS.clientConfig())
@@ -65,7 +84,7 @@ func (d *DataPlane) startADS(_ context.Context) error {
 		client := discovery.NewAggregatedDiscoveryServiceClient(conn)
 		backoff := 100 * time.Millisecond
 		for d.ctx.Err() == nil {
-			err := d.adsSession(client)
+			err := d.adsSession(d.ctx, client)
 			if d.ctx.Err() != nil {
 				return
 			}
@@ -86,8 +105,8 @@ func (d *DataPlane) startADS(_ context.Context) error {
 // those name, and answers every response with an ACK (version_info = the new version,
 // response_nonce = its nonce) or a NACK (version_info = the last accepted version and
 // error_detail) — the xDS protocol's state-of-the-world ACK/NACK rules.
-func (d *DataPlane) adsSession(client discovery.AggregatedDiscoveryServiceClient) error {
-	ctx, cancel := context.WithCancel(d.ctx)
+func (d *DataPlane) adsSession(parent context.Context, client discovery.AggregatedDiscoveryServiceClient) error {
+	ctx, cancel := context.WithCancel(parent)
 	defer cancel()
 	stream, err := client.StreamAggregatedResources(ctx)
 	if err != nil {
@@ -226,6 +245,10 @@ func (d *DataPlane) apply(typeURL, version string, anys []*anypb.Any) error {
 			return err
 		}
 		if err := a.UnmarshalTo(m); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if err := d.checkUnknownFields(m); err != nil {
 			errs = append(errs, err)
 			continue
 		}

@@ -409,17 +409,29 @@ func zeroPercentU32(_ protoreflect.FieldDescriptor, v protoreflect.Value) error 
 	return nil
 }
 
+// fieldRules is one allowlist: allowed paths, Any types and value checks, each by root type.
+type fieldRules struct {
+	allowed     map[string][]string
+	anyTypes    map[string]map[string][]string
+	valueChecks map[string]map[string]valueCheck
+}
+
+// dynamicRules are the rules of the resources that come over xDS.
+var dynamicRules = fieldRules{allowed: allowed, anyTypes: anyTypes, valueChecks: valueChecks}
+
 // checkFields walks m (of root type root) and returns one error per populated field that is
 // not implemented, each naming the field path.
-func checkFields(m proto.Message) []error {
+func checkFields(m proto.Message) []error { return dynamicRules.check(m) }
+
+func (r fieldRules) check(m proto.Message) []error {
 	var errs []error
 	root := name(m)
-	walkMessage(root, m.ProtoReflect(), "", &errs)
+	r.walkMessage(root, m.ProtoReflect(), "", &errs)
 	return errs
 }
 
-func walkMessage(root string, m protoreflect.Message, prefix string, errs *[]error) {
-	rules, known := allowed[root]
+func (r fieldRules) walkMessage(root string, m protoreflect.Message, prefix string, errs *[]error) {
+	rules, known := r.allowed[root]
 	if !known {
 		*errs = append(*errs, fmt.Errorf("%s is not implemented", root))
 		return
@@ -433,7 +445,7 @@ func walkMessage(root string, m protoreflect.Message, prefix string, errs *[]err
 			*errs = append(*errs, fmt.Errorf("%s: field %s is not implemented by the test data plane", root, path))
 			return true
 		}
-		check := valueChecks[root][path]
+		check := r.valueChecks[root][path]
 		each := func(v protoreflect.Value) {
 			if check != nil {
 				if err := check(fd, v); err != nil {
@@ -441,7 +453,7 @@ func walkMessage(root string, m protoreflect.Message, prefix string, errs *[]err
 				}
 			}
 			if fd.Kind() == protoreflect.MessageKind || fd.Kind() == protoreflect.GroupKind {
-				walkValue(root, v.Message(), path, errs)
+				r.walkValue(root, v.Message(), path, errs)
 			}
 		}
 		switch {
@@ -454,7 +466,7 @@ func walkMessage(root string, m protoreflect.Message, prefix string, errs *[]err
 			vd := fd.MapValue()
 			v.Map().Range(func(_ protoreflect.MapKey, mv protoreflect.Value) bool {
 				if vd.Kind() == protoreflect.MessageKind {
-					walkValue(root, mv.Message(), path, errs)
+					r.walkValue(root, mv.Message(), path, errs)
 				}
 				return true
 			})
@@ -465,12 +477,12 @@ func walkMessage(root string, m protoreflect.Message, prefix string, errs *[]err
 	})
 }
 
-func walkValue(root string, m protoreflect.Message, path string, errs *[]error) {
+func (r fieldRules) walkValue(root string, m protoreflect.Message, path string, errs *[]error) {
 	full := string(m.Descriptor().FullName())
 	switch {
 	case full == "google.protobuf.Any":
 		a := m.Interface().(*anypb.Any)
-		types := anyTypes[root][path]
+		types := r.anyTypes[root][path]
 		t := strings.TrimPrefix(a.GetTypeUrl(), "type.googleapis.com/")
 		if !slices.Contains(types, t) {
 			*errs = append(*errs, fmt.Errorf("%s: field %s: typed_config @type %s is not implemented by the test data plane", root, path, a.GetTypeUrl()))
@@ -481,10 +493,10 @@ func walkValue(root string, m protoreflect.Message, path string, errs *[]error) 
 			*errs = append(*errs, fmt.Errorf("%s: field %s: %w", root, path, err))
 			return
 		}
-		walkMessage(t, inner.ProtoReflect(), "", errs)
+		r.walkMessage(t, inner.ProtoReflect(), "", errs)
 	case strings.HasPrefix(full, "google.protobuf."):
 		// Duration, wrappers, Struct: leaves.
 	default:
-		walkMessage(root, m, path, errs)
+		r.walkMessage(root, m, path, errs)
 	}
 }

@@ -78,8 +78,25 @@
 // what Envoy refuses when it loads a resource (envoychecks.go); ENVOY_CHECKS.md lists every
 // such check of the resources and extensions we use and how this data plane stands to it.
 //
+// The bootstrap (bootstrap.go, BootstrapOptions; test/cmd/envoy-stand-in takes Envoy's
+// command line): the -c file (YAML or JSON by its name, as Envoy) with --config-yaml merged in,
+// read strictly (unknown fields refused, any field not implemented named, bootstrapRules);
+// --service-node and --service-cluster override node.id and node.cluster; ADS to the static
+// STRICT_DNS cluster, its name resolved at every (re)connect and every dns_refresh_rate
+// (xdscluster.go); mutual TLS from the SDS files (path_config_source), the certificate files
+// re-read when a file is moved into their watched_directory (inotify, as Envoy: a kubelet
+// ..data swap), the server's URI SAN matched; the static listener envoy-health with exact
+// path and header routes to the admin's STATIC cluster; the admin's /ready (Envoy's body and
+// status) and /stats/prometheus.
+//
 // Documented deviations from Envoy, all test conveniences:
-//   - Options.ListenerAddress overrides a listener's socket address (tests need free ports).
+//   - Options.ListenerAddress overrides a listener's socket address (tests need free ports),
+//     the static health listener's too; Options.LookupHost replaces the resolver of the
+//     STRICT_DNS cluster (the chart's Service name resolves only in a cluster).
+//   - Bootstrap: an SDS path_config_source file is read once (Envoy also watches it for
+//     moves); the static health listener speaks HTTP/1.1 only (codec AUTO also takes
+//     HTTP/2 with prior knowledge); /stats/prometheus keeps tags in the metric names
+//     (Envoy's default tag extractors turn a cluster's name into a label).
 //   - Listeners accept connections before the initial configuration's clusters warmed (a
 //     request then gets "cluster not found"); Envoy starts its workers only once the
 //     cluster manager initialized. WaitReady waits for the warm-up.
@@ -168,6 +185,26 @@ type Options struct {
 	ListenerAddress map[string]string
 	AdminAddress    string // default "127.0.0.1:0"
 	Logger          *slog.Logger
+
+	// The rest is what a bootstrap sets (BootstrapOptions, bootstrap.go); tests that start
+	// the data plane directly leave it alone.
+
+	// XDSCluster is the bootstrap's STRICT_DNS cluster to xds-server, instead of XDSAddress:
+	// its host name is resolved at every (re)connect and every DNS refresh (xdscluster.go).
+	XDSCluster *XDSCluster
+	// NodeCluster is the node's cluster (node.cluster, --service-cluster); default "kube-mvp".
+	NodeCluster string
+	// NodeMetadata is the node's metadata (node.metadata); LocalAPIServer is set over it.
+	NodeMetadata map[string]any
+	// RejectUnknownDynamicFields refuses (NACKs) a resource with fields this data plane's
+	// protos do not know, as Envoy's --reject-unknown-dynamic-fields; without it such a
+	// resource is accepted with a warning and counted in server.dynamic_unknown_fields.
+	RejectUnknownDynamicFields bool
+	// HealthListener is the bootstrap's static listener to the admin (envoy-health).
+	HealthListener *HealthListener
+	// LookupHost resolves XDSCluster's host name; nil is the system resolver. A test-only
+	// deviation, as ListenerAddress: the chart's Service name resolves only in a cluster.
+	LookupHost func(ctx context.Context, host string) ([]string, error)
 }
 
 // typeOrder is the order in which types are reported and dumped.
@@ -196,14 +233,22 @@ type DataPlane struct {
 
 	admin     *http.Server
 	adminAddr string
+	health    *http.Server
+	healthAdr string
 }
 
 // Start starts the data plane: the admin server, then ADS (or the static configuration).
 // It returns once the configuration source is set up; use WaitReady to wait for the first
 // complete configuration.
 func Start(ctx context.Context, opts Options) (*DataPlane, error) {
-	if (opts.XDSAddress == "") == (opts.ConfigJSON == nil) {
-		return nil, errors.New("dataplane: exactly one of XDSAddress and ConfigJSON must be set")
+	sources := 0
+	for _, set := range []bool{opts.XDSAddress != "", opts.XDSCluster != nil, opts.ConfigJSON != nil} {
+		if set {
+			sources++
+		}
+	}
+	if sources != 1 {
+		return nil, errors.New("dataplane: exactly one of XDSAddress, XDSCluster and ConfigJSON must be set")
 	}
 	if opts.NodeID == "" {
 		opts.NodeID = "kube-mvp-test-dataplane"
@@ -245,6 +290,12 @@ func Start(ctx context.Context, opts Options) (*DataPlane, error) {
 		defer d.wg.Done()
 		d.watchSecretFiles()
 	}()
+	if opts.HealthListener != nil {
+		if err := d.startHealthListener(*opts.HealthListener); err != nil {
+			d.Close()
+			return nil, err
+		}
+	}
 	if opts.ConfigJSON != nil {
 		if err := d.loadStatic(opts.ConfigJSON); err != nil {
 			d.Close()
@@ -335,6 +386,9 @@ func (d *DataPlane) Close() error {
 	}
 	if d.admin != nil {
 		d.admin.Close()
+	}
+	if d.health != nil {
+		d.health.Close()
 	}
 	d.wg.Wait()
 	return nil

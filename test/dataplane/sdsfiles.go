@@ -5,7 +5,6 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"os"
 	"slices"
 	"time"
 
@@ -84,55 +83,47 @@ type XDSTLS struct {
 	CertFile, KeyFile, CAFile string
 	// ServerURISAN is the exact URI SAN required of xds-server's certificate.
 	ServerURISAN string
+	// CertWatchedDirectory and CAWatchedDirectory are the SDS secrets' watched_directory:
+	// when set, the files are read at start and again when a file is moved into the
+	// directory, as Envoy (xdscluster.go, xdsTLSSource.watch); unset, at every handshake.
+	// Used with Options.XDSCluster.
+	CertWatchedDirectory, CAWatchedDirectory string
+	// CertSecret names the client certificate's secret in stats (default xds-client-cert).
+	CertSecret string
 }
 
 // clientConfig reads the files at every handshake (the bootstrap's files are re-read through
 // SDS in Envoy) and verifies the server as Envoy's default certificate validator does.
 func (x *XDSTLS) clientConfig() *tls.Config {
-	return &tls.Config{
-		MinVersion: tls.VersionTLS12,
-		NextProtos: []string{"h2"},
-		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
-			c, err := tls.LoadX509KeyPair(x.CertFile, x.KeyFile)
-			if err != nil {
-				return nil, err
-			}
-			return &c, nil
-		},
-		InsecureSkipVerify: true, //nolint:gosec // verified below as Envoy does
-		VerifyPeerCertificate: func(raw [][]byte, _ [][]*x509.Certificate) error {
-			ca, err := os.ReadFile(x.CAFile)
-			if err != nil {
-				return err
-			}
-			pool := x509.NewCertPool()
-			if !pool.AppendCertsFromPEM(ca) {
-				return fmt.Errorf("%s holds no certificate", x.CAFile)
-			}
-			if len(raw) == 0 {
-				return errors.New("no server certificate")
-			}
-			leaf, err := x509.ParseCertificate(raw[0])
-			if err != nil {
-				return err
-			}
-			inter := x509.NewCertPool()
-			for _, r := range raw[1:] {
-				if c, err := x509.ParseCertificate(r); err == nil {
-					inter.AddCert(c)
-				}
-			}
-			if _, err := leaf.Verify(x509.VerifyOptions{Roots: pool, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
-				return err
-			}
-			var uris []string
-			for _, u := range leaf.URIs {
-				uris = append(uris, u.String())
-			}
-			if !slices.Contains(uris, x.ServerURISAN) {
-				return fmt.Errorf("xds-server certificate URI SANs %v lack %s", uris, x.ServerURISAN)
-			}
-			return nil
-		},
+	plain := *x
+	plain.CertWatchedDirectory, plain.CAWatchedDirectory = "", ""
+	return (&xdsTLSSource{x: &plain}).clientConfig()
+}
+
+// verifyXDSServer checks xds-server's chain against pool, then its URI SAN.
+func verifyXDSServer(raw [][]byte, pool *x509.CertPool, uriSAN string) error {
+	if len(raw) == 0 {
+		return errors.New("no server certificate")
 	}
+	leaf, err := x509.ParseCertificate(raw[0])
+	if err != nil {
+		return err
+	}
+	inter := x509.NewCertPool()
+	for _, r := range raw[1:] {
+		if c, err := x509.ParseCertificate(r); err == nil {
+			inter.AddCert(c)
+		}
+	}
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: pool, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
+		return err
+	}
+	var uris []string
+	for _, u := range leaf.URIs {
+		uris = append(uris, u.String())
+	}
+	if !slices.Contains(uris, uriSAN) {
+		return fmt.Errorf("xds-server certificate URI SANs %v lack %s", uris, uriSAN)
+	}
+	return nil
 }
