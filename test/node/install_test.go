@@ -4,11 +4,7 @@ package node_test
 
 import (
 	"context"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"fmt"
-	"net"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"reflect"
@@ -25,8 +21,6 @@ import (
 
 	"github.com/kube-mvp/kube-mvp/test/controlplane"
 	"github.com/kube-mvp/kube-mvp/test/node"
-	"github.com/kube-mvp/kube-mvp/test/node/images"
-	"github.com/kube-mvp/kube-mvp/test/node/standin"
 )
 
 var servers = node.DefaultServers
