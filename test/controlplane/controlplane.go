@@ -324,7 +324,7 @@ func (cp *ControlPlane) startEtcd(ctx context.Context, bin string) error {
 		return err
 	}
 	fmt.Fprintf(cp.log, "etcd: listening on %s\n", cp.etcdURL)
-	return Poll(ctx, 30*time.Second, cp.etcd, func() error {
+	err = Poll(ctx, 30*time.Second, cp.etcd, func() error {
 		resp, err := http.Get(cp.etcdURL + "/health")
 		if err != nil {
 			return err
@@ -335,6 +335,10 @@ func (cp *ControlPlane) startEtcd(ctx context.Context, bin string) error {
 		}
 		return nil
 	})
+	if err != nil {
+		return fmt.Errorf("etcd: %w\n%s", err, cp.etcd.LogTail())
+	}
+	return nil
 }
 
 func (s *Server) start(ctx context.Context, bins Binaries) error {

@@ -50,7 +50,10 @@ type Options struct {
 	// NodeName is the node's name; default: the first server's name, so the node is that
 	// apiserver's host (sidecar mode names the local apiserver by the node name).
 	NodeName string
-	// ControlPlane labels and taints the node as kubeadm does a control-plane node.
+	// ControlPlane labels the node as kubeadm does a control-plane node
+	// (node-role.kubernetes.io/control-plane). It is not tainted: on a one-node cluster, as
+	// kubeadm's documentation says to do, the control-plane taint is removed so that other
+	// workloads (here xds-server and certgen) can run.
 	ControlPlane bool
 	// Images are `docker load`-style tarballs imported into the node's containerd besides
 	// the node's own (pause, CoreDNS).
@@ -324,8 +327,8 @@ func (n *Node) Client() (*kubernetes.Clientset, error) {
 	return kubernetes.NewForConfig(n.RESTConfig())
 }
 
-// waitReady waits for the node to register and become Ready, then labels (and, as a control
-// plane, taints) it as kubeadm would.
+// waitReady waits for the node to register and become Ready, then labels it as kubeadm
+// would a control-plane node if asked.
 func (n *Node) waitReady(ctx context.Context, kubelet *controlplane.Process, controlPlane bool) error {
 	client, err := n.Client()
 	if err != nil {
@@ -357,7 +360,6 @@ func (n *Node) waitReady(ctx context.Context, kubelet *controlplane.Process, con
 	}
 	if controlPlane {
 		node.Labels["node-role.kubernetes.io/control-plane"] = ""
-		node.Spec.Taints = append(node.Spec.Taints, corev1.Taint{Key: "node-role.kubernetes.io/control-plane", Effect: corev1.TaintEffectNoSchedule})
 	}
 	_, err = client.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{})
 	return err
