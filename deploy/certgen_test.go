@@ -16,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/kube-mvp/kube-mvp/internal/testutil"
 	"github.com/kube-mvp/kube-mvp/test/controlplane"
@@ -324,7 +325,8 @@ func TestCertgenRenderOff(t *testing.T) {
 // get/update on the four Secrets and create on Secrets in the release namespace and nothing
 // else, then runs the xds-server binary with exactly the Job's arguments under the hook
 // ServiceAccount's token (the Secrets are made) and the CronJob's under its own (nothing
-// changes).
+// changes; after the annotation kube-mvp.io/renew, the annotated Secret's certificates are
+// renewed and the annotation removed).
 func TestCertgenChartOnRealAPIServer(t *testing.T) {
 	ctx := testutil.Context(t, 15*time.Minute)
 	cp := controlplane.ForTest(t, ctx, controlplane.Options{Log: testutil.LogWriter(t), Servers: []controlplane.ServerSpec{{Name: "cp-a", Version: "v1.37.1"}}})
@@ -466,6 +468,30 @@ func TestCertgenChartOnRealAPIServer(t *testing.T) {
 	out = run(fullname+"-certgen", o.cronPod)
 	if !strings.Contains(out, "0 created, 0 updated, 4 unchanged") {
 		t.Errorf("the CronJob's run:\n%s", out)
+	}
+	// A renewal forced as the README says (annotate, then a Job from the CronJob): the
+	// CronJob's identity may carry it out with the rules above.
+	for _, annotated := range []string{fullname + "-envoy-tls", fullname + "-ca"} {
+		patch := []byte(`{"metadata":{"annotations":{"kube-mvp.io/renew":"now"}}}`)
+		if _, err := client.CoreV1().Secrets(ns).Patch(ctx, annotated, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		want := "0 created, 1 updated, 3 unchanged"
+		if annotated == fullname+"-ca" {
+			want = "0 created, 4 updated, 0 unchanged"
+		}
+		if out := run(fullname+"-certgen", o.cronPod); !strings.Contains(out, want) || !strings.Contains(out, "renewal requested") {
+			t.Errorf("the CronJob's run after annotating %s, want %q:\n%s", annotated, want, out)
+		}
+		for _, name := range certgenSecrets {
+			s, err := client.CoreV1().Secrets(ns).Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, ok := s.Annotations["kube-mvp.io/renew"]; ok {
+				t.Errorf("after annotating %s: %s still carries kube-mvp.io/renew", annotated, name)
+			}
+		}
 	}
 	// The Secrets are what the workloads can mount: a kubernetes.io/tls Secret with ca.crt.
 	s, err := client.CoreV1().Secrets(ns).Get(ctx, fullname+"-envoy-tls", metav1.GetOptions{})

@@ -51,6 +51,12 @@ CA with less than 1/3 left is rotated without an outage: a next CA joins every t
 signs once it has been there longer than --propagation-delay, and the old CA stays trusted
 until it expires.
 
+To renew now, before it is due (e.g. a key may have leaked), annotate a role's Secret with
+kube-mvp.io/renew (any value), or the CA Secret to renew every role's certificate (from the
+same CA: this is not a CA rotation), and run certgen; it removes the annotation once the new
+certificates are written. With --out-dir, create the file DIR/ROLE/renew, or DIR/renew for
+every role; it is removed the same way.
+
 Roles: xds-server (server), envoy-front, envoy-sidecar, extproc (clients).
 `
 
@@ -414,6 +420,9 @@ func certgenSecrets(ctx context.Context, opts certgenOptions, now time.Time, log
 	}
 	if caSecret != nil {
 		cur.SetCAData(caSecret.Data)
+		if renewRequested(caSecret) {
+			cur.RenewAllRequest = fmt.Sprintf("annotation %s on Secret %s/%s: every role's certificate", certgen.RenewAnnotation, opts.namespace, opts.caSecret)
+		}
 	}
 	cur.Leaves = map[cptls.Role]certgen.Leaf{}
 	roleSecrets := map[cptls.Role]*corev1.Secret{}
@@ -424,7 +433,11 @@ func certgenSecrets(ctx context.Context, opts certgenOptions, now time.Time, log
 		}
 		if s != nil {
 			roleSecrets[rs.role] = s
-			cur.Leaves[rs.role] = certgen.LeafFromData(s.Data)
+			leaf := certgen.LeafFromData(s.Data)
+			if renewRequested(s) {
+				leaf.RenewRequest = "annotation " + certgen.RenewAnnotation
+			}
+			cur.Leaves[rs.role] = leaf
 		}
 	}
 
@@ -434,8 +447,12 @@ func certgenSecrets(ctx context.Context, opts certgenOptions, now time.Time, log
 	}
 	logChanges(log, changes)
 
-	var created, updated, unchanged int
-	write := func(name string, old *corev1.Secret, typ corev1.SecretType, keys []string, data map[string][]byte) error {
+	// written is what was done to each Secret: "created" or "updated" (the CA Secret may be
+	// updated twice: its data, then its renewal request).
+	written := map[string]string{}
+	// write stores data under keys in Secret name (old: as read, nil if missing) and, with
+	// clearRequest, removes its renewal request; it returns the Secret as stored.
+	write := func(name string, old *corev1.Secret, typ corev1.SecretType, keys []string, data map[string][]byte, clearRequest bool) (*corev1.Secret, error) {
 		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: opts.namespace}, Type: typ}
 		if old != nil {
 			s = old.DeepCopy()
@@ -468,37 +485,87 @@ func certgenSecrets(ctx context.Context, opts certgenOptions, now time.Time, log
 			}
 		}
 		slices.Sort(changedLabels)
+		cleared := false
+		if _, ok := s.Annotations[certgen.RenewAnnotation]; ok && clearRequest {
+			delete(s.Annotations, certgen.RenewAnnotation)
+			cleared = true
+		}
 		switch {
 		case old == nil:
-			if _, err := secrets.Create(ctx, s, metav1.CreateOptions{FieldManager: managedByValue}); err != nil {
-				return fmt.Errorf("creating Secret %s/%s: %w%s", opts.namespace, name, err, rbacHint(err, "create"))
+			stored, err := secrets.Create(ctx, s, metav1.CreateOptions{FieldManager: managedByValue})
+			if err != nil {
+				return nil, fmt.Errorf("creating Secret %s/%s: %w%s", opts.namespace, name, err, rbacHint(err, "create"))
 			}
-			created++
+			written[name] = "created"
 			log.Info("Secret created", "secret", opts.namespace+"/"+name, "keys", strings.Join(slices.Sorted(maps.Keys(s.Data)), ","))
-		case len(changedKeys) > 0 || len(changedLabels) > 0:
+			return stored, nil
+		case len(changedKeys) > 0 || len(changedLabels) > 0 || cleared:
 			// Update carries the resourceVersion read: a Secret changed since is a conflict.
-			if _, err := secrets.Update(ctx, s, metav1.UpdateOptions{FieldManager: managedByValue}); err != nil {
+			stored, err := secrets.Update(ctx, s, metav1.UpdateOptions{FieldManager: managedByValue})
+			if err != nil {
 				if apierrors.IsConflict(err) {
-					return fmt.Errorf("Secret %s/%s changed since it was read (another certgen run?): nothing more was written; run again: %w", opts.namespace, name, err)
+					return nil, fmt.Errorf("Secret %s/%s changed since it was read (another certgen run?): nothing more was written; run again: %w", opts.namespace, name, err)
 				}
-				return fmt.Errorf("updating Secret %s/%s: %w%s", opts.namespace, name, err, rbacHint(err, "update"))
+				return nil, fmt.Errorf("updating Secret %s/%s: %w%s", opts.namespace, name, err, rbacHint(err, "update"))
 			}
-			updated++
-			log.Info("Secret updated", "secret", opts.namespace+"/"+name, "keys", strings.Join(changedKeys, ","), "labels", strings.Join(changedLabels, ","))
-		default:
-			unchanged++
+			if written[name] == "" {
+				written[name] = "updated"
+			}
+			attrs := []any{"secret", opts.namespace + "/" + name, "keys", strings.Join(changedKeys, ","), "labels", strings.Join(changedLabels, ",")}
+			if cleared {
+				attrs = append(attrs, "annotation removed", certgen.RenewAnnotation)
+			}
+			log.Info("Secret updated", attrs...)
+			return stored, nil
 		}
-		return nil
+		return old, nil
 	}
-	if err := write(opts.caSecret, caSecret, corev1.SecretTypeOpaque, certgen.CAKeys, next.CAData()); err != nil {
+	// The CA Secret's renewal request is removed last, once every role's certificate is
+	// stored: a run that fails before leaves it for the next run.
+	stored, err := write(opts.caSecret, caSecret, corev1.SecretTypeOpaque, certgen.CAKeys, next.CAData(), false)
+	if err != nil {
 		return "", err
 	}
 	for _, rs := range opts.secrets {
-		if err := write(rs.name, roleSecrets[rs.role], corev1.SecretTypeTLS, certgen.LeafKeys, next.Leaves[rs.role].Data()); err != nil {
+		if _, err := write(rs.name, roleSecrets[rs.role], corev1.SecretTypeTLS, certgen.LeafKeys, next.Leaves[rs.role].Data(), true); err != nil {
 			return "", err
 		}
 	}
+	if renewRequested(stored) {
+		if _, err := write(opts.caSecret, stored, corev1.SecretTypeOpaque, certgen.CAKeys, next.CAData(), true); err != nil {
+			return "", err
+		}
+	}
+	var created, updated, unchanged int
+	for _, name := range append([]string{opts.caSecret}, secretNames(opts.secrets)...) {
+		switch written[name] {
+		case "created":
+			created++
+		case "updated":
+			updated++
+		default:
+			unchanged++
+		}
+	}
 	return fmt.Sprintf("certgen: %d change(s); Secrets in %s: %d created, %d updated, %d unchanged", len(changes), opts.namespace, created, updated, unchanged), nil
+}
+
+// renewRequested reports whether s (nil: missing) asks for a renewal now: it carries the
+// annotation certgen.RenewAnnotation, whatever its value.
+func renewRequested(s *corev1.Secret) bool {
+	if s == nil {
+		return false
+	}
+	_, ok := s.Annotations[certgen.RenewAnnotation]
+	return ok
+}
+
+func secretNames(rs []roleSecret) []string {
+	names := make([]string, len(rs))
+	for i, r := range rs {
+		names[i] = r.name
+	}
+	return names
 }
 
 // rbacHint says which permission is missing when err is Forbidden.
@@ -531,16 +598,45 @@ func certgenFiles(opts certgenOptions, now time.Time, log *slog.Logger) (string,
 		return "", err
 	}
 	cur.SetCAData(caData)
+	// A renewal request is a file certgen.RenewFile: DIR/renew for every role, DIR/ROLE/renew
+	// for one.
+	requested := func(dir string) (string, error) {
+		path := filepath.Join(dir, certgen.RenewFile)
+		_, err := os.Lstat(path)
+		switch {
+		case errors.Is(err, os.ErrNotExist):
+			return "", nil
+		case err != nil:
+			return "", fmt.Errorf("--out-dir: %w", err)
+		}
+		return path, nil
+	}
+	allMarker, err := requested(opts.outDir)
+	if err != nil {
+		return "", err
+	}
+	if allMarker != "" {
+		cur.RenewAllRequest = "file " + allMarker + ": every role's certificate"
+	}
 	cur.Leaves = map[cptls.Role]certgen.Leaf{}
 	leafData := map[cptls.Role]map[string][]byte{}
+	markers := map[cptls.Role]string{}
 	for _, s := range opts.specs {
-		d, err := read(filepath.Join(opts.outDir, string(s.Role)), certgen.LeafKeys)
+		dir := filepath.Join(opts.outDir, string(s.Role))
+		d, err := read(dir, certgen.LeafKeys)
 		if err != nil {
 			return "", err
 		}
 		leafData[s.Role] = d
+		if markers[s.Role], err = requested(dir); err != nil {
+			return "", err
+		}
 		if len(d) > 0 {
-			cur.Leaves[s.Role] = certgen.LeafFromData(d)
+			leaf := certgen.LeafFromData(d)
+			if markers[s.Role] != "" {
+				leaf.RenewRequest = "file " + markers[s.Role]
+			}
+			cur.Leaves[s.Role] = leaf
 		}
 	}
 
@@ -551,6 +647,14 @@ func certgenFiles(opts certgenOptions, now time.Time, log *slog.Logger) (string,
 	logChanges(log, changes)
 
 	var written, removed int
+	remove := func(path string) error {
+		if err := os.Remove(path); err != nil {
+			return fmt.Errorf("--out-dir: %w", err)
+		}
+		removed++
+		log.Info("file removed", "path", path)
+		return nil
+	}
 	sync := func(dir string, keys []string, old, data map[string][]byte) error {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return fmt.Errorf("--out-dir: %w", err)
@@ -561,11 +665,9 @@ func certgenFiles(opts certgenOptions, now time.Time, log *slog.Logger) (string,
 			have, had := old[k]
 			switch {
 			case !want && had:
-				if err := os.Remove(path); err != nil {
-					return fmt.Errorf("--out-dir: %w", err)
+				if err := remove(path); err != nil {
+					return err
 				}
-				removed++
-				log.Info("file removed", "path", path)
 			case want && (!had || !bytes.Equal(have, v)):
 				mode := os.FileMode(0o644)
 				if certgen.IsPrivateKey(k) {
@@ -586,6 +688,17 @@ func certgenFiles(opts certgenOptions, now time.Time, log *slog.Logger) (string,
 	for _, s := range opts.specs {
 		dir := filepath.Join(opts.outDir, string(s.Role))
 		if err := sync(dir, certgen.LeafKeys, leafData[s.Role], next.Leaves[s.Role].Data()); err != nil {
+			return "", err
+		}
+		// The request is carried out: its file goes (DIR/renew last, after every role's).
+		if m := markers[s.Role]; m != "" {
+			if err := remove(m); err != nil {
+				return "", err
+			}
+		}
+	}
+	if allMarker != "" {
+		if err := remove(allMarker); err != nil {
 			return "", err
 		}
 	}

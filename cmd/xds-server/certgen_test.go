@@ -19,6 +19,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -244,6 +245,42 @@ func TestCertgenFiles(t *testing.T) {
 		t.Error("the second run changed files")
 	}
 
+	// A renewal asked for with a file: DIR/ROLE/renew renews that role's certificate,
+	// DIR/renew every role's; the file goes and the next run changes nothing.
+	for _, c := range []struct {
+		marker  string
+		renewed []string
+	}{
+		{filepath.Join("envoy-sidecar", "renew"), []string{"envoy-sidecar"}},
+		{"renew", []string{"xds-server", "envoy-front", "envoy-sidecar", "extproc"}},
+	} {
+		before := snapshot()
+		if err := os.WriteFile(filepath.Join(dir, c.marker), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		code, out, errOut = runCertgenAt(t, now.Add(90*time.Second), args...)
+		if code != 0 || strings.Count(errOut, "certificate renewed") != len(c.renewed) || !strings.Contains(errOut, "renewal requested (file "+filepath.Join(dir, c.marker)) {
+			t.Errorf("%s: exit %d: %s%s", c.marker, code, out, errOut)
+		}
+		if _, err := os.Lstat(filepath.Join(dir, c.marker)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s is still there after the run (%v)", c.marker, err)
+		}
+		after := snapshot()
+		for name := range before {
+			role, file, _ := strings.Cut(name, "/")
+			want := slices.Contains(c.renewed, role) && (file == "tls.crt" || file == "tls.key")
+			if changed := after[name] != before[name]; changed != want {
+				t.Errorf("%s: %s changed %v, want %v", c.marker, name, changed, want)
+			}
+		}
+		code, out, errOut = runCertgenAt(t, now.Add(100*time.Second), args...)
+		if code != 0 || !strings.Contains(out, "0 change(s)") || !strings.Contains(out, "0 written, 0 removed") {
+			t.Errorf("%s, a second run: exit %d: %s%s", c.marker, code, out, errOut)
+		}
+		certgenCheckFiles(t, dir, now)
+	}
+	first = snapshot()
+
 	// Damage: a truncated client key, a missing trust bundle.
 	if err := os.WriteFile(filepath.Join(dir, "extproc", "tls.key"), []byte("-----BEGIN PRIVATE KEY-----\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -323,7 +360,8 @@ func certgenCheckFiles(t *testing.T, dir string, now time.Time) {
 // TestCertgenAgainstRealAPIServer runs `xds-server certgen` against a real kube-apiserver as
 // the chart's Job does, with a ServiceAccount that has only the chart's minimal rules (get and
 // update on the named Secrets, create on Secrets): the first run creates the Secrets, the
-// second changes nothing (same resourceVersions), a damaged Secret is repaired alone, a Secret
+// second changes nothing (same resourceVersions), a renewal asked for with the annotation
+// kube-mvp.io/renew is carried out once, a damaged Secret is repaired alone, a Secret
 // of the wrong type is refused, a concurrent change is a conflict, and without update the run
 // fails saying which permission is missing.
 func TestCertgenAgainstRealAPIServer(t *testing.T) {
@@ -400,6 +438,82 @@ func TestCertgenAgainstRealAPIServer(t *testing.T) {
 	}
 	if after := versions(); !maps.Equal(before, after) {
 		t.Errorf("resourceVersions changed: %v -> %v", before, after)
+	}
+
+	// A renewal asked for as an operator does (kubectl annotate, a patch): the annotated
+	// Secret's certificate alone is re-issued, the annotation goes, and the next run changes
+	// nothing. On the CA Secret: every role's certificate, from the same CA.
+	annotate := func(name string) {
+		t.Helper()
+		patch := []byte(`{"metadata":{"annotations":{"kube-mvp.io/renew":"now"}}}`)
+		if _, err := admin.CoreV1().Secrets(ns).Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	serial := func(s *corev1.Secret) string {
+		t.Helper()
+		kp, err := tls.X509KeyPair(s.Data["tls.crt"], s.Data["tls.key"])
+		if err != nil {
+			t.Fatalf("%s: %v", s.Name, err)
+		}
+		return kp.Leaf.SerialNumber.String()
+	}
+	requestAt := now.Add(time.Hour + 10*time.Minute)
+	for _, c := range []struct {
+		annotated string   // the Secret annotated
+		renewed   []string // the roles renewed
+		summary   string
+	}{
+		{names["envoy-front"], []string{"envoy-front"}, "0 created, 1 updated, 3 unchanged"},
+		{names["ca"], []string{"xds-server", "envoy-front", "extproc"}, "0 created, 4 updated, 0 unchanged"},
+	} {
+		old := map[string]*corev1.Secret{}
+		for k, name := range names {
+			old[k] = secret(name)
+		}
+		annotate(c.annotated)
+		requestAt = requestAt.Add(time.Minute)
+		code, out, errOut := runCertgenAt(t, requestAt, args...)
+		if code != 0 || !strings.Contains(out, c.summary) {
+			t.Errorf("renewal requested on %s: exit %d: %s%s", c.annotated, code, out, errOut)
+		}
+		if !strings.Contains(errOut, "renewal requested (annotation kube-mvp.io/renew") || strings.Contains(errOut, "CA rotated") {
+			t.Errorf("renewal requested on %s: the log does not say why:\n%s", c.annotated, errOut)
+		}
+		if n := strings.Count(errOut, "certificate renewed"); n != len(c.renewed) {
+			t.Errorf("renewal requested on %s: %d certificates renewed, want %d:\n%s", c.annotated, n, len(c.renewed), errOut)
+		}
+		for k, name := range names {
+			s := secret(name)
+			if _, ok := s.Annotations["kube-mvp.io/renew"]; ok {
+				t.Errorf("%s still carries the annotation after the run", name)
+			}
+			if k == "ca" {
+				if !maps.EqualFunc(s.Data, old[k].Data, bytes.Equal) {
+					t.Error("the CA Secret's data changed: a requested renewal keeps the CA")
+				}
+				continue
+			}
+			renewed := slices.Contains(c.renewed, k)
+			if changed := !bytes.Equal(s.Data["tls.crt"], old[k].Data["tls.crt"]); changed != renewed {
+				t.Errorf("%s: certificate changed %v, want %v", name, changed, renewed)
+			}
+			if differs := serial(s) != serial(old[k]); differs != renewed {
+				t.Errorf("%s: serial differs %v, want %v", name, differs, renewed)
+			}
+		}
+		if err := certgenVerifyTLS(secret(names["xds-server"]), secret(names["envoy-front"]), "kmvp-xds-server.kube-mvp.svc", requestAt); err != nil {
+			t.Error(err)
+		}
+		before := versions()
+		requestAt = requestAt.Add(time.Minute)
+		code, out, errOut = runCertgenAt(t, requestAt, args...)
+		if code != 0 || !strings.Contains(out, "0 created, 0 updated, 4 unchanged") || !strings.Contains(errOut, "nothing due") {
+			t.Errorf("after the renewal requested on %s, a second run: exit %d: %s%s", c.annotated, code, out, errOut)
+		}
+		if after := versions(); !maps.Equal(before, after) {
+			t.Errorf("after the renewal requested on %s, a second run changed resourceVersions: %v -> %v", c.annotated, before, after)
+		}
 	}
 
 	// Damage the envoy Secret's certificate: only it is rewritten.

@@ -33,6 +33,13 @@
 // longer than the configured certificate lifetime (the lifetime was shortened). A role whose
 // certificate is kept but whose trust bundle differs from the current one gets the bundle.
 //
+// A renewal can also be asked for (an operator forcing one now, e.g. after a key may have
+// leaked): Leaf.RenewRequest re-issues that role's certificate, State.RenewAllRequest every
+// role's, as if they were due, from the current signing CA. Neither touches a CA: during
+// rotation phase 1 the renewed certificates still come from the old CA, and the rotation
+// goes on by its own rules. A certificate re-issued for another reason says that reason.
+// The state Renew returns carries no request. (layout.go: how the request is stored.)
+//
 // # CA rotation without an outage
 //
 // Servers and clients read their own Secrets, which kubelet refreshes at different moments, so

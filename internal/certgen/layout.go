@@ -28,6 +28,17 @@ const (
 	TrustBundleKey = "ca.crt"
 )
 
+// Asking for a renewal now (State.RenewAllRequest, Leaf.RenewRequest): the annotation
+// RenewAnnotation (any value) on a role's Secret renews that role's certificate; on the CA
+// Secret, every role's certificate (the CA is not rotated). With --out-dir, a file named
+// RenewFile (any content) does the same: DIR/<role>/renew for one role, DIR/renew for all.
+// certgen removes the annotation or the file once the certificates are written, so the
+// request is carried out once.
+const (
+	RenewAnnotation = "kube-mvp.io/renew"
+	RenewFile       = "renew"
+)
+
 // CAKeys are the keys certgen owns in the CA Secret; LeafKeys those in a role's Secret.
 var (
 	CAKeys   = []string{CACertKey, CAKeyKey, CABundleKey, NextCACertKey, NextCAKeyKey}

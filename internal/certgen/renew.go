@@ -87,6 +87,10 @@ type Leaf struct {
 	CertPEM   []byte
 	KeyPEM    []byte
 	BundlePEM []byte
+	// RenewRequest, when not empty, asks for a new certificate now, as if it were due, and
+	// says who asked, for the log (e.g. "annotation kube-mvp.io/renew"). Renew never returns
+	// a request: the state it returns has been renewed.
+	RenewRequest string
 }
 
 // State is everything certgen stores.
@@ -100,6 +104,10 @@ type State struct {
 	BundlePEM []byte
 	// Leaves are the role certificates, with the trust bundle each role's holder reads.
 	Leaves map[cptls.Role]Leaf
+	// RenewAllRequest, when not empty, asks for a new certificate for every role now (as
+	// Leaf.RenewRequest does for one) and says who asked. It renews the role certificates
+	// only: the CA stays, and rotates only by the rotation rules. Renew never returns it.
+	RenewAllRequest string
 }
 
 // Change is one thing Renew changed, for the log. It never holds key material.
@@ -158,7 +166,7 @@ func Renew(now time.Time, cur State, want []Spec, p Policy) (State, []Change, er
 	if errs := ValidateSpecs(want); len(errs) > 0 {
 		return State{}, nil, fmt.Errorf("certgen: %w", multierror.Append(&multierror.Error{ErrorFormat: cli.Lines}, errs...).ErrorOrNil())
 	}
-	r := &renewal{now: now, p: p}
+	r := &renewal{now: now, p: p, renewAll: cur.RenewAllRequest}
 	out, err := r.run(cur, want)
 	if err != nil {
 		return State{}, nil, fmt.Errorf("certgen: %w", err)
@@ -170,6 +178,8 @@ type renewal struct {
 	now     time.Time
 	p       Policy
 	changes []Change
+	// renewAll is State.RenewAllRequest of the state renewed.
+	renewAll string
 }
 
 func (r *renewal) note(what, action, format string, args ...any) {
@@ -385,6 +395,13 @@ func (r *renewal) leafProblem(old Leaf, s Spec, ca *authority) string {
 		return fmt.Sprintf("less than 1/3 of its lifetime left (expires %s)", stamp(cert.NotAfter))
 	case left > r.p.CertLifetime:
 		return fmt.Sprintf("valid until %s, longer than the certificate lifetime %s allows", stamp(cert.NotAfter), r.p.CertLifetime)
+	}
+	// Asked for: last, so that a certificate that had to be re-issued anyway says why.
+	switch {
+	case old.RenewRequest != "":
+		return "renewal requested (" + old.RenewRequest + ")"
+	case r.renewAll != "":
+		return "renewal requested (" + r.renewAll + ")"
 	}
 	return ""
 }

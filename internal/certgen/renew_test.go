@@ -622,3 +622,143 @@ func reversed(s []string) []string {
 	slices.Reverse(r)
 	return r
 }
+
+// TestRenewRequested: a requested renewal re-issues exactly the requested certificate (all
+// of them when asked on the CA's state) from the same CA, with the same trust bundle and no
+// outage, says who asked, and leaves nothing due (renew checks that a second run changes
+// nothing). During rotation phase 1 the CA and the next CA are kept: a request never rotates.
+func TestRenewRequested(t *testing.T) {
+	base := installed(t)
+	phase1, phase1At := inPhase1(t, base)
+	later := t0.Add(30 * 24 * time.Hour)
+	const asked = "annotation kube-mvp.io/renew"
+	all := []cptls.Role{cptls.RoleXDSServer, cptls.RoleEnvoyFront, cptls.RoleEnvoySidecar, cptls.RoleExtproc}
+	for _, c := range []struct {
+		name     string
+		from     State
+		now      time.Time
+		request  func(State) State
+		reissued []cptls.Role
+		reason   string // of every change
+	}{
+		{
+			name:     "one role",
+			from:     base,
+			now:      later,
+			request:  func(s State) State { return withLeaf(s, cptls.RoleExtproc, func(l *Leaf) { l.RenewRequest = asked }) },
+			reissued: []cptls.Role{cptls.RoleExtproc},
+			reason:   "renewal requested (annotation kube-mvp.io/renew)",
+		},
+		{
+			name: "two roles",
+			from: base,
+			now:  later,
+			request: func(s State) State {
+				s = withLeaf(s, cptls.RoleXDSServer, func(l *Leaf) { l.RenewRequest = asked })
+				return withLeaf(s, cptls.RoleEnvoySidecar, func(l *Leaf) { l.RenewRequest = asked })
+			},
+			reissued: []cptls.Role{cptls.RoleXDSServer, cptls.RoleEnvoySidecar},
+			reason:   "renewal requested (annotation kube-mvp.io/renew)",
+		},
+		{
+			name:     "every role, asked on the CA",
+			from:     base,
+			now:      later,
+			request:  func(s State) State { s = clone(s); s.RenewAllRequest = asked + " on the CA Secret"; return s },
+			reissued: all,
+			reason:   "renewal requested (annotation kube-mvp.io/renew on the CA Secret)",
+		},
+		{
+			name: "at once after install",
+			from: base,
+			now:  t0,
+			request: func(s State) State {
+				return withLeaf(s, cptls.RoleEnvoyFront, func(l *Leaf) { l.RenewRequest = asked })
+			},
+			reissued: []cptls.Role{cptls.RoleEnvoyFront},
+			reason:   "renewal requested",
+		},
+		{
+			name:     "every role during rotation phase 1",
+			from:     phase1,
+			now:      phase1At.Add(time.Hour), // within the propagation delay: no phase 2
+			request:  func(s State) State { s = clone(s); s.RenewAllRequest = asked; return s },
+			reissued: all,
+			reason:   "renewal requested",
+		},
+		{
+			name: "requested and damaged: the damage is the reason",
+			from: base,
+			now:  later,
+			request: func(s State) State {
+				return withLeaf(s, cptls.RoleExtproc, func(l *Leaf) { l.RenewRequest = asked; l.KeyPEM = nil })
+			},
+			reissued: []cptls.Role{cptls.RoleExtproc},
+			reason:   "the key is",
+		},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			from := c.request(c.from)
+			next, changes := renew(t, c.now, from, allRoles, DefaultPolicy())
+			var want []string
+			for _, r := range all {
+				if slices.Contains(c.reissued, r) {
+					want = append(want, string(r)+" certificate renewed")
+				}
+			}
+			var got []string
+			for _, ch := range changes {
+				got = append(got, ch.What+" "+ch.Action)
+				if !strings.HasPrefix(ch.Reason, c.reason) {
+					t.Errorf("%s: reason %q, want it to start with %q", ch.What, ch.Reason, c.reason)
+				}
+			}
+			if !slices.Equal(got, want) {
+				t.Errorf("changes:\n%swant %v", changeLines(changes), want)
+			}
+			// The CA Secret is untouched: same signing CA, next CA and trust bundle.
+			if !maps.EqualFunc(c.from.CAData(), next.CAData(), bytes.Equal) {
+				t.Error("the CA state changed")
+			}
+			if next.RenewAllRequest != "" {
+				t.Errorf("the result still requests a renewal of every role: %q", next.RenewAllRequest)
+			}
+			for _, r := range all {
+				old, now := c.from.Leaves[r], next.Leaves[r]
+				if now.RenewRequest != "" {
+					t.Errorf("%s: the result still requests a renewal: %q", r, now.RenewRequest)
+				}
+				if !bytes.Equal(now.BundlePEM, old.BundlePEM) {
+					t.Errorf("%s: trust bundle changed", r)
+				}
+				if !slices.Contains(c.reissued, r) {
+					if !bytes.Equal(now.CertPEM, old.CertPEM) || !bytes.Equal(now.KeyPEM, old.KeyPEM) {
+						t.Errorf("%s: re-issued, want it kept", r)
+					}
+					continue
+				}
+				oc, err := parseCert(old.CertPEM)
+				if err != nil {
+					t.Fatal(err)
+				}
+				nc, err := parseCert(now.CertPEM)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if oc.SerialNumber.Cmp(nc.SerialNumber) == 0 || bytes.Equal(old.KeyPEM, now.KeyPEM) {
+					t.Errorf("%s: same serial or key after the renewal", r)
+				}
+				if !bytes.Equal(nc.RawIssuer, signingCA(t, c.from).RawSubject) {
+					t.Errorf("%s: issued by %s, want the signing CA it had", r, nc.Issuer)
+				}
+				if want := c.now.Add(-Backdate); !nc.NotBefore.Equal(want) {
+					t.Errorf("%s: not before %s, want %s", r, stamp(nc.NotBefore), stamp(want))
+				}
+			}
+			checkState(t, c.now, next)
+			for _, err := range checkTransition(t, c.now, c.from, next) {
+				t.Errorf("across the run: %v", err)
+			}
+		})
+	}
+}
