@@ -417,7 +417,7 @@ var chartCases = []chartCase{
 				c    *corev1.Container
 				args []string
 			}{
-				{&spec.InitContainers[0], slices.Concat([]string{"copy-files"}, common, []string{"--group=" + group, "--once"})},
+				{&spec.InitContainers[0], slices.Concat([]string{"copy-files"}, common, []string{"--group=" + group, "--once", "--wait"})},
 				{container(t, spec, "node-pki"), slices.Concat([]string{"copy-files"}, common, []string{"--group=" + group, "--interval=10s"})},
 			} {
 				if !slices.Equal(c.c.Args, c.args) || len(c.c.Command) != 0 || !strings.HasPrefix(c.c.Image, "ghcr.io/kube-mvp/extproc:") {

@@ -19,7 +19,7 @@ import (
 )
 
 const copyFilesIntro = `usage: extproc copy-files --file CERT --file KEY --to DIR [--interval 10s] [--group GID]
-       extproc copy-files --file CERT --file KEY --to DIR --once|--check
+       extproc copy-files --file CERT --file KEY --to DIR --once [--wait [--interval 10s]]|--check
 
 Publishes a certificate and its key, read from files another program rewrites in place (a
 kubeadm node's /etc/kubernetes/pki/front-proxy-client.{crt,key}, root's and mode 0600), into
@@ -38,7 +38,7 @@ CAP_DAC_OVERRIDE, and Envoy and extproc read DIR as their own user through --gro
 `
 
 const copyFilesOutro = `Exit codes: --once 0 when DIR holds the pair, 1 when the files are missing, unreadable or not a
-matching pair; --check 0 when DIR holds the files' current pair (or the files are not a good
+matching pair (with --wait: only when interrupted before that); --check 0 when DIR holds the files' current pair (or the files are not a good
 pair now: nothing to publish), 1 otherwise; without either, runs until SIGTERM or SIGINT. 2: a
 bad command line.
 `
@@ -53,6 +53,7 @@ type copyFilesConfig struct {
 	to          string
 	interval    time.Duration
 	once, check bool
+	wait        bool
 	group       string
 	gid         int
 }
@@ -64,6 +65,7 @@ func (c *copyFilesConfig) flagSet() *pflag.FlagSet {
 	fs.Var(cli.NewValue(&c.interval, 10*time.Second, "DURATION", cli.Duration(time.Second, "a duration of at least 1s")), "interval",
 		"how often the files are read again: a renewal reaches DIR within this")
 	cli.Bool(fs, &c.once, "once", false, "publish once and exit (an init container: the readers start only once DIR holds the pair)")
+	cli.Bool(fs, &c.wait, "wait", false, "with --once: while the files cannot be published (missing, unreadable, not a matching pair), say why, once per reason, and try again every --interval instead of exiting 1 (an init container that waits, naming what to fix, rather than crash-looping)")
 	cli.Bool(fs, &c.check, "check", false, "publish nothing: exit 0 when DIR holds the files' current pair, 1 when not (a liveness probe of a running copy-files)")
 	fs.StringVar(&c.group, "group", "", "the published files' `GID`, and the key readable by that group (mode 0440): the readers' group; the copier must be a member of it (default: the copier's group, the key readable by its user only)")
 	return fs
@@ -87,8 +89,11 @@ func parseCopyFilesArgs(args []string) (copyFilesConfig, error) {
 	if c.once && c.check {
 		errs = multierror.Append(errs, errors.New("--once and --check exclude each other"))
 	}
-	if (c.once || c.check) && fs.Changed("interval") {
-		errs = multierror.Append(errs, errors.New("--interval applies only without --once and --check"))
+	if c.wait && !c.once {
+		errs = multierror.Append(errs, errors.New("--wait applies only with --once"))
+	}
+	if ((c.once && !c.wait) || c.check) && fs.Changed("interval") {
+		errs = multierror.Append(errs, errors.New("--interval applies only without --once and --check, or with --once --wait"))
 	}
 	if c.group != "" {
 		n, err := strconv.Atoi(c.group)
@@ -121,6 +126,14 @@ func runCopyFiles(args []string, stdout, stderr io.Writer) int {
 			return 1
 		}
 		fmt.Fprintln(stdout, note)
+		return 0
+	case cfg.once && cfg.wait:
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+		defer stop()
+		if err := c.WaitPublished(ctx, cfg.interval, log, kubeadmHint); err != nil {
+			fmt.Fprintf(stderr, "extproc copy-files: %v\n", err)
+			return 1
+		}
 		return 0
 	case cfg.once:
 		res, err := c.Sync()

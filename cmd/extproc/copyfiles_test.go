@@ -5,10 +5,12 @@ import (
 	"context"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -129,6 +131,62 @@ func TestCopyFilesOnce(t *testing.T) {
 	}
 }
 
+// TestCopyFilesOnceWait: --once --wait (the chart's init container) waits while the node's
+// pair is mismatched, saying why once and naming the chart value, and publishes the pair
+// and exits 0 as soon as the node holds a good one: no crash loop.
+func TestCopyFilesOnceWait(t *testing.T) {
+	ps := frontProxyPairs(t, 2)
+	d := newCopyDirs(t, t.TempDir())
+	d.write(t, ps[1].CertPEM, ps[0].KeyPEM)
+	var out, errb lockedBuffer
+	done := make(chan int, 1)
+	go func() { done <- run(d.args("--once", "--wait", "--interval=1s"), &out, &errb) }()
+	testutil.WaitFor(t, t.Context(), 10*time.Second, "a waiting message naming the chart value", func() error {
+		if s := errb.String(); !strings.Contains(s, "not a matching certificate and key") || !strings.Contains(s, "sidecar.kubeadmFrontProxyClient=false") {
+			return errors.New("not yet: " + s)
+		}
+		return nil
+	})
+	select {
+	case code := <-done:
+		t.Fatalf("exited %d while the pair is mismatched: %s", code, errb.String())
+	case <-time.After(2500 * time.Millisecond): // at least two more tries
+	}
+	if n := strings.Count(errb.String(), "waiting"); n != 1 {
+		t.Errorf("the same reason logged %d times, want once:\n%s", n, errb.String())
+	}
+	d.write(t, ps[0].CertPEM, ps[0].KeyPEM)
+	select {
+	case code := <-done:
+		if code != 0 {
+			t.Fatalf("exit %d: %s", code, errb.String())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("still waiting after the node got a good pair:\n%s", errb.String())
+	}
+	if b, err := os.ReadFile(filepath.Join(d.dst, "front-proxy-client.key")); err != nil || !bytes.Equal(b, ps[0].KeyPEM) {
+		t.Errorf("the key is not published: %v", err)
+	}
+}
+
+// lockedBuffer is a bytes.Buffer safe to read while another goroutine writes.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
 func TestCopyFilesFlags(t *testing.T) {
 	for _, c := range []struct {
 		args []string
@@ -139,6 +197,7 @@ func TestCopyFilesFlags(t *testing.T) {
 		{[]string{"copy-files", "--file", "/a/x.crt", "--file", "/a/x.key"}, "--to is required"},
 		{[]string{"copy-files", "--file", "/a/x.crt", "--file", "/a/x.key", "--to", "/d", "--once", "--check"}, "exclude each other"},
 		{[]string{"copy-files", "--file", "/a/x.crt", "--file", "/a/x.key", "--to", "/d", "--once", "--interval", "5s"}, "--interval applies only"},
+		{[]string{"copy-files", "--file", "/a/x.crt", "--file", "/a/x.key", "--to", "/d", "--wait"}, "--wait applies only with --once"},
 		{[]string{"copy-files", "--file", "/a/x.crt", "--file", "/a/x.key", "--to", "/d", "--interval", "10ms"}, "at least 1s"},
 		{[]string{"copy-files", "--file", "/a/x.crt", "--file", "/a/x.key", "--to", "/d", "--group", "nobody"}, "not a positive number"},
 	} {

@@ -286,6 +286,32 @@ func (c *Copier) Run(ctx context.Context, interval time.Duration, log *slog.Logg
 	}
 }
 
+// WaitPublished publishes the source pair once it can: until then it logs why not (each new
+// reason once, with hint) and tries again every interval. It returns nil once Dir holds the
+// pair, or ctx's error.
+func (c *Copier) WaitPublished(ctx context.Context, interval time.Duration, log *slog.Logger, hint string) error {
+	last := ""
+	for {
+		res, err := c.Sync()
+		if err == nil && res != Skipped {
+			log.Info("the files are published", "result", res.String(), "files", c.Files, "dir", c.Dir)
+			return nil
+		}
+		if err == nil {
+			err = errors.New("nothing to publish")
+		}
+		if msg := err.Error(); msg != last {
+			log.Warn("waiting: the files cannot be published yet; trying again every interval", "error", err, "interval", interval, "fix", hint)
+			last = msg
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("interrupted before the files could be published: %w", ctx.Err())
+		case <-time.After(interval):
+		}
+	}
+}
+
 // Check is a liveness check of a running copier: an error when the source files are a good
 // pair that Dir has not published (a copier that publishes every interval catches up within
 // one), or Dir's files are missing. A source pair that is not good now is no fault of the
