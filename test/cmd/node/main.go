@@ -73,11 +73,22 @@ func run(ctx context.Context, args []string) error {
 	if err := n.CP.WriteKubeconfigFor(through, "https://"+in.Endpoint); err != nil {
 		return err
 	}
-	if err := check(ctx, through, in.ServerName); err != nil {
+	// Clients dial an address; kube-mvp's certificate names its Service.
+	kc, err := clientcmd.LoadFromFile(through)
+	if err != nil {
+		return err
+	}
+	for _, c := range kc.Clusters {
+		c.TLSServerName = in.ServerName
+	}
+	if err := clientcmd.WriteToFile(*kc, through); err != nil {
+		return err
+	}
+	if err := check(ctx, through); err != nil {
 		return fmt.Errorf("through kube-mvp: %w", err)
 	}
 	fmt.Printf("KUBECONFIG=%s  (the cluster admin, straight to the first apiserver)\n", n.Kubeconfig)
-	fmt.Printf("kube-mvp endpoint: https://%s  (TLS name %s; admin kubeconfig through it: %s)\n", in.Endpoint, in.ServerName, through)
+	fmt.Printf("kube-mvp endpoint: https://%s  (its certificate names %s; an admin kubeconfig through it: KUBECONFIG=%s)\n", in.Endpoint, in.ServerName, through)
 	fmt.Printf("helm: %s\n", in.Helm)
 	fmt.Printf("the node's network namespace: %s (ip netns exec %s ...)\n", n.NetNS, n.NetNS)
 	if *exit {
@@ -89,12 +100,11 @@ func run(ctx context.Context, args []string) error {
 }
 
 // check lists batch/v1 Jobs through kube-mvp: only the newer apiserver serves them.
-func check(ctx context.Context, kubeconfig, serverName string) error {
+func check(ctx context.Context, kubeconfig string) error {
 	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {
 		return err
 	}
-	cfg.ServerName = serverName
 	c, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return err
