@@ -43,6 +43,7 @@ import (
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/hashicorp/go-multierror"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/pflag"
@@ -329,6 +330,10 @@ func start(cfg config, log *slog.Logger, reload <-chan os.Signal) (*app, error) 
 			if err != nil {
 				return nil, fmt.Errorf("--xds-tls-dir: %w", err)
 			}
+			reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+				Name: "kube_mvp_extproc_control_plane_certificate_expiry_timestamp_seconds",
+				Help: "Unix time at which extproc's control-plane certificate (--xds-tls-dir) expires: the one its next connection to xds-server presents, the files re-read when they changed.",
+			}, func() float64 { return float64(c.CurrentNotAfter().Unix()) }))
 			creds = credentials.NewTLS(c.ClientConfig())
 		}
 		// The table stream is idle between changes; keepalives notice a dead xds-server.

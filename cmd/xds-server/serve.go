@@ -236,6 +236,10 @@ func serve(ctx context.Context, opts serveOptions, log *slog.Logger, ready chan<
 		if creds, err = cptls.Load(*opts.xdsTLS, cptls.RoleXDSServer, log); err != nil {
 			return fmt.Errorf("--xds-tls-dir: %w", err)
 		}
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "kube_mvp_xds_control_plane_certificate_expiry_timestamp_seconds",
+			Help: "Unix time at which xds-server's control-plane certificate (--xds-tls-dir) expires: the one its next TLS handshake presents, the files re-read when they changed.",
+		}, func() float64 { return float64(creds.CurrentNotAfter().Unix()) }))
 	}
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "kube_mvp_xds_proxy_check_reports",

@@ -2,12 +2,17 @@ package main
 
 import (
 	"context"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/json"
+	"encoding/pem"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -115,6 +120,27 @@ func TestServeAgainstMixedControlPlane(t *testing.T) {
 		}
 		if path == "/metrics" && (!strings.Contains(string(body), `kube_mvp_xds_apiservers{state="live"} 2`) || !strings.Contains(string(body), "kube_mvp_xds_objects_skipped 0")) {
 			t.Errorf("/metrics lacks the live apiserver count or the skipped objects (none on real apiservers)")
+		}
+		if path == "/metrics" {
+			want := fmt.Sprintf("kube_mvp_xds_control_plane_certificate_expiry_timestamp_seconds %s", strconv.FormatFloat(float64(certNotAfter(t, cpTLS.Files(cptls.RoleXDSServer).Cert).Unix()), 'g', -1, 64))
+			if !strings.Contains(string(body), want+"\n") {
+				t.Errorf("/metrics lacks %q", want)
+			}
+		}
+		if path == "/debug/syncz" {
+			// The Envoy's client certificate, by serial and expiry.
+			envoyCert := certOf(t, cpTLS.Files(cptls.RoleEnvoyFront).Cert)
+			var nodes []struct {
+				Certificate struct {
+					Serial   string    `json:"serial"`
+					NotAfter time.Time `json:"notAfter"`
+				} `json:"certificate"`
+			}
+			if err := json.Unmarshal(body, &nodes); err != nil || len(nodes) != 1 {
+				t.Errorf("/debug/syncz: %v, %d nodes: %s", err, len(nodes), body)
+			} else if c := nodes[0].Certificate; c.Serial != hex.EncodeToString(envoyCert.SerialNumber.Bytes()) || !c.NotAfter.Equal(envoyCert.NotAfter) {
+				t.Errorf("/debug/syncz certificate %+v, want serial %x expiring %s", c, envoyCert.SerialNumber, envoyCert.NotAfter)
+			}
 		}
 		if path == "/debug/config_dump" && (strings.Contains(string(body), "PRIVATE KEY") || !strings.Contains(string(body), `"filename": "`+pki.Path("proxy-client.crt")+`"`)) {
 			t.Errorf("/debug/config_dump: the proxy client certificate is not a file reference, or a key is in it")
@@ -297,3 +323,22 @@ func TestServeMemoryNeedsTLS(t *testing.T) {
 		t.Errorf("without --memory-configmap: %v", err)
 	}
 }
+
+func certOf(t *testing.T, path string) *x509.Certificate {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	block, _ := pem.Decode(b)
+	if block == nil {
+		t.Fatalf("%s: no PEM", path)
+	}
+	c, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func certNotAfter(t *testing.T, path string) time.Time { return certOf(t, path).NotAfter }

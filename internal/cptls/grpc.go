@@ -2,6 +2,7 @@ package cptls
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"strings"
 
@@ -14,15 +15,24 @@ import (
 
 // PeerRole is the role named by the verified client certificate of the call in ctx.
 func PeerRole(ctx context.Context) (Role, error) {
+	cert, err := PeerCertificate(ctx)
+	if err != nil {
+		return "", err
+	}
+	return RoleOf(cert)
+}
+
+// PeerCertificate is the verified client certificate of the call in ctx.
+func PeerCertificate(ctx context.Context) (*x509.Certificate, error) {
 	p, ok := peer.FromContext(ctx)
 	if !ok {
-		return "", errors.New("no peer")
+		return nil, errors.New("no peer")
 	}
 	info, ok := p.AuthInfo.(credentials.TLSInfo)
 	if !ok || len(info.State.VerifiedChains) == 0 || len(info.State.PeerCertificates) == 0 {
-		return "", errors.New("no verified client certificate")
+		return nil, errors.New("no verified client certificate")
 	}
-	return RoleOf(info.State.PeerCertificates[0])
+	return info.State.PeerCertificates[0], nil
 }
 
 // Policy says which roles may call the methods of each gRPC service, by full service name

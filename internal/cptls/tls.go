@@ -136,6 +136,14 @@ func (c *Credentials) current() (*tls.Certificate, *x509.CertPool) {
 // the key and checks other replicas' signatures against the bundle.
 func (c *Credentials) Current() (*tls.Certificate, *x509.CertPool) { return c.current() }
 
+// CurrentNotAfter is when the certificate the next handshake presents expires: the files are
+// re-read first (at most once a second) if they changed, so it shows a renewal as soon as
+// the kubelet has updated the Secret volume.
+func (c *Credentials) CurrentNotAfter() time.Time {
+	c.current()
+	return c.NotAfter()
+}
+
 // NotAfter is when the certificate in use expires.
 func (c *Credentials) NotAfter() time.Time {
 	c.mu.Lock()

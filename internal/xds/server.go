@@ -10,6 +10,8 @@ package xds
 
 import (
 	"context"
+	"crypto/x509"
+	"encoding/hex"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -92,14 +94,30 @@ type Limits struct {
 
 // NodeStatus is what the debug page shows for one Envoy.
 type NodeStatus struct {
-	NodeID         string                 `json:"nodeID"`
-	Role           cptls.Role             `json:"role,omitempty"`
-	Cluster        string                 `json:"cluster,omitempty"`
-	LocalAPIServer string                 `json:"localAPIServer,omitempty"`
-	Streams        int                    `json:"openStreams"`
-	Snapshot       string                 `json:"snapshotVersion,omitempty"`
-	SnapshotError  string                 `json:"snapshotError,omitempty"`
-	Types          map[string]*TypeStatus `json:"types"`
+	NodeID         string     `json:"nodeID"`
+	Role           cptls.Role `json:"role,omitempty"`
+	Cluster        string     `json:"cluster,omitempty"`
+	LocalAPIServer string     `json:"localAPIServer,omitempty"`
+	Streams        int        `json:"openStreams"`
+	// Certificate is the client certificate of the node's latest stream: a renewed one shows
+	// here once the node connects again.
+	Certificate   *PeerCertificate       `json:"certificate,omitempty"`
+	Snapshot      string                 `json:"snapshotVersion,omitempty"`
+	SnapshotError string                 `json:"snapshotError,omitempty"`
+	Types         map[string]*TypeStatus `json:"types"`
+}
+
+// PeerCertificate identifies a client certificate: its serial number (hex) and expiry.
+type PeerCertificate struct {
+	Serial   string    `json:"serial"`
+	NotAfter time.Time `json:"notAfter"`
+}
+
+func peerCertificateOf(c *x509.Certificate) *PeerCertificate {
+	if c == nil {
+		return nil
+	}
+	return &PeerCertificate{Serial: hex.EncodeToString(c.SerialNumber.Bytes()), NotAfter: c.NotAfter.UTC()}
 }
 
 // TypeStatus is the state of one resource type on one node.
@@ -327,7 +345,7 @@ func checkEnvoyVersion(node *core.Node) error {
 // state (and giving it its snapshot) on its first stream. It refuses a node that does not
 // fit the role, one whose ID another role holds, an Envoy older than MinEnvoyVersion, and new
 // nodes beyond Limits.MaxNodes.
-func (s *Server) join(role cptls.Role, node *core.Node) error {
+func (s *Server) join(role cptls.Role, cert *PeerCertificate, node *core.Node) error {
 	if node.GetId() == "" {
 		return s.refuse("node", codes.InvalidArgument, fmt.Errorf("the first request of a stream names no node id"))
 	}
@@ -357,12 +375,13 @@ func (s *Server) join(role cptls.Role, node *core.Node) error {
 			return s.refuse("node", codes.PermissionDenied, fmt.Errorf("node id %q is connected as %s/%q; a stream as %s/%q may not use it", n.NodeID, n.Role, n.LocalAPIServer, role, local))
 		}
 		n.Streams++
+		n.Certificate = cert
 		return nil
 	}
 	if s.Limits.MaxNodes > 0 && len(s.nodes) >= s.Limits.MaxNodes {
 		return s.refuse("max-nodes", codes.ResourceExhausted, fmt.Errorf("node %q refused: %d nodes are connected (the limit)", node.GetId(), len(s.nodes)))
 	}
-	n = &NodeStatus{NodeID: node.GetId(), Role: role, Cluster: node.GetCluster(), LocalAPIServer: local, Streams: 1, Types: map[string]*TypeStatus{}}
+	n = &NodeStatus{NodeID: node.GetId(), Role: role, Cluster: node.GetCluster(), LocalAPIServer: local, Streams: 1, Certificate: cert, Types: map[string]*TypeStatus{}}
 	s.nodes[n.NodeID] = n
 	if s.built == nil {
 		s.built = map[string]*cachev3.Snapshot{}
@@ -454,6 +473,7 @@ type streamTracker struct {
 
 type trackedStream struct {
 	role cptls.Role
+	cert *PeerCertificate
 	node *core.Node // nil until the first request
 }
 
@@ -473,7 +493,8 @@ func (t *streamTracker) open(ctx context.Context, id int64) error {
 		return t.s.refuse("max-streams", codes.ResourceExhausted, fmt.Errorf("%d xDS streams are open (the limit)", n))
 	}
 	t.mu.Lock()
-	t.streams[id] = &trackedStream{role: role}
+	cert, _ := cptls.PeerCertificate(ctx)
+	t.streams[id] = &trackedStream{role: role, cert: peerCertificateOf(cert)}
 	t.mu.Unlock()
 	return nil
 }
@@ -491,7 +512,7 @@ func (t *streamTracker) request(id int64, node *core.Node) error {
 		}
 		return nil
 	}
-	if err := t.s.join(st.role, node); err != nil {
+	if err := t.s.join(st.role, st.cert, node); err != nil {
 		return err
 	}
 	t.mu.Lock()
