@@ -92,7 +92,8 @@ NODE_PACKAGES ?= containerd runc containernetworking-plugins iptables conntrack 
 
 ## node-deps: install what a real one-node cluster needs (root; Debian's packages)
 node-deps:
-	@missing=; for p in $(NODE_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	@missing=; for p in $(NODE_PACKAGES); do \
+		dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 		echo "kube-mvp: the test node needs$$missing"; \
 		sudo=; [ "$$(id -u)" = 0 ] || sudo=sudo; \

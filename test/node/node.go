@@ -95,6 +95,7 @@ var Prerequisites = map[string]string{
 	"iptables":                "iptables",
 	"conntrack":               "conntrack",
 	"unshare":                 "util-linux",
+	"nsenter":                 "util-linux",
 	"/usr/lib/cni/bridge":     "containernetworking-plugins",
 	"/usr/lib/cni/host-local": "containernetworking-plugins",
 	"/usr/lib/cni/loopback":   "containernetworking-plugins",
