@@ -3,7 +3,6 @@ package node
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -143,18 +142,7 @@ func waitFile(ctx context.Context, p *controlplane.Process, path string, timeout
 	})
 }
 
-// waitTCP waits until addr accepts connections (dialled from this namespace).
-func waitTCP(ctx context.Context, p *controlplane.Process, addr string, timeout time.Duration) error {
-	return controlplane.Poll(ctx, timeout, p, func() error {
-		c, err := net.DialTimeout("tcp", addr, time.Second)
-		if err == nil {
-			c.Close()
-		}
-		return err
-	})
-}
-
-// flag renders --name=value pairs.
+// flags renders name, value, ... as --name=value flags.
 func flags(kv ...string) []string {
 	out := make([]string, 0, len(kv)/2)
 	for i := 0; i+1 < len(kv); i += 2 {

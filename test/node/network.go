@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 )
 
@@ -114,16 +115,8 @@ func parseIP(s string) net.IP {
 
 // writeFile writes b to path, creating its directory.
 func writeFile(path string, b []byte, mode os.FileMode) error {
-	if err := os.MkdirAll(dirOf(path), 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
 	}
 	return os.WriteFile(path, b, mode)
-}
-
-func dirOf(path string) string {
-	i := strings.LastIndexByte(path, '/')
-	if i <= 0 {
-		return "/"
-	}
-	return path[:i]
 }
