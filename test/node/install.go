@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"time"
 
@@ -63,7 +64,7 @@ func BuildImages(ctx context.Context, dir string, log io.Writer) (tarballs []str
 	}
 	out := filepath.Join(dir, "images")
 	fmt.Fprintln(log, "node: building the product's images (make images)")
-	cmd := exec.CommandContext(ctx, "go", "run", "./tools/images", "-registry", TestRegistry, "-arch", "amd64", "-out", out)
+	cmd := exec.CommandContext(ctx, "go", "run", "./tools/images", "-registry", TestRegistry, "-arch", runtime.GOARCH, "-out", out)
 	cmd.Dir = root
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return nil, "", fmt.Errorf("make images: %w\n%s", err, b)
@@ -76,7 +77,7 @@ func BuildImages(ctx context.Context, dir string, log io.Writer) (tarballs []str
 	if err != nil {
 		return nil, "", err
 	}
-	return []string{filepath.Join(out, "xds-server-amd64.tar"), filepath.Join(out, "extproc-amd64.tar"), envoyTar, busybox.Tarball}, busybox.Ref, nil
+	return []string{filepath.Join(out, "xds-server-"+runtime.GOARCH+".tar"), filepath.Join(out, "extproc-"+runtime.GOARCH+".tar"), envoyTar, busybox.Tarball}, busybox.Ref, nil
 }
 
 // InstallOptions say how to install kube-mvp.
