@@ -129,6 +129,16 @@ func (in *installation) checkPods(t *testing.T, ctx context.Context) {
 	if running == 0 {
 		t.Fatalf("no pod of the release runs")
 	}
+	// The API server accepted the chart's NetworkPolicy and PodDisruptionBudgets (the
+	// bridge CNI enforces no policy: nothing here shows what it admits).
+	policies, err := in.admin.NetworkingV1().NetworkPolicies(node.Namespace).List(ctx, metav1.ListOptions{})
+	if err != nil || len(policies.Items) == 0 {
+		t.Errorf("no NetworkPolicy of the release: %v", err)
+	}
+	pdbs, err := in.admin.PolicyV1().PodDisruptionBudgets(node.Namespace).List(ctx, metav1.ListOptions{})
+	if err != nil || len(pdbs.Items) == 0 {
+		t.Errorf("no PodDisruptionBudget of the release: %v", err)
+	}
 	events, err := in.admin.CoreV1().Events(node.Namespace).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
