@@ -205,6 +205,9 @@ type Options struct {
 	// LookupHost resolves XDSCluster's host name; nil is the system resolver. A test-only
 	// deviation, as ListenerAddress: the chart's Service name resolves only in a cluster.
 	LookupHost func(ctx context.Context, host string) ([]string, error)
+	// Drain is --drain-time-s and --drain-strategy; nil is Envoy's defaults, 600 s and
+	// gradual.
+	Drain *DrainOptions
 }
 
 // typeOrder is the order in which types are reported and dumped.
