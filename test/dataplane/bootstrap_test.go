@@ -463,7 +463,8 @@ func TestChartBootstrapRealTLS(t *testing.T) {
 	if code, body := get(t, health+"/ready"); code != http.StatusOK || body != "LIVE\n" {
 		t.Errorf("/ready: %d %q, want 200 LIVE", code, body)
 	}
-	if code, body := get(t, health+"/stats/prometheus"); code != http.StatusOK || !strings.Contains(body, "# TYPE envoy_") {
+	if code, body := get(t, health+"/stats/prometheus"); code != http.StatusOK || !strings.Contains(body, "# TYPE envoy_") ||
+		!strings.Contains(body, "# TYPE envoy_http_envoy_health_downstream_rq_active gauge\nenvoy_http_envoy_health_downstream_rq_active{} 1\n") {
 		t.Errorf("/stats/prometheus: %d %q", code, body)
 	}
 	for _, path := range []string{"/config_dump", "/clusters", "/readyz"} {

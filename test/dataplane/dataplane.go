@@ -281,7 +281,17 @@ func Start(ctx context.Context, opts Options) (*DataPlane, error) {
 		return nil, fmt.Errorf("dataplane: admin listener: %w", err)
 	}
 	d.adminAddr = lis.Addr().String()
-	d.admin = &http.Server{Handler: d.adminHandler()}
+	// The admin's own connection manager, stats under http.admin. as Envoy's (AdminImpl).
+	adminHandler := d.adminHandler()
+	d.admin = &http.Server{
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			d.stats.inc("http.admin.downstream_rq_total")
+			w, end := d.beginStream("http.admin.", w, r)
+			defer end()
+			adminHandler.ServeHTTP(w, r)
+		}),
+		ConnState: d.countConns(func() string { return "http.admin." }),
+	}
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()
@@ -337,10 +347,13 @@ func (d *DataPlane) WaitReady(ctx context.Context) error {
 	}
 }
 
-// AdminURL is the admin server's base URL, http://host:port.
 // Stat returns one counter of the admin's /stats (0 if it does not exist).
 func (d *DataPlane) Stat(name string) uint64 { return d.stats.get(name) }
 
+// Gauge returns one gauge of the admin's /stats (0 if it does not exist).
+func (d *DataPlane) Gauge(name string) int64 { return d.stats.getGauge(name) }
+
+// AdminURL is the admin server's base URL, http://host:port.
 func (d *DataPlane) AdminURL() string { return "http://" + d.adminAddr }
 
 // Versions returns type URL -> last ACKed version.

@@ -75,8 +75,10 @@ func (d *DataPlane) startHealthListener(h HealthListener) error {
 		routes = append(routes, route{r, p})
 	}
 	prefix := "http." + h.StatPrefix + "."
-	d.health = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+	d.health = &http.Server{ConnState: d.countConns(func() string { return prefix }), Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		d.stats.inc(prefix + "downstream_rq_total")
+		w, end := d.beginStream(prefix, w, req)
+		defer end()
 		for _, r := range routes {
 			if req.URL.Path != r.Path {
 				continue

@@ -53,7 +53,13 @@ func (d *DataPlane) syncListenersLocked() error {
 		}
 		l := &liveListener{name: name, addr: ln.Addr().String(), want: want, ln: ln}
 		l.srv = &http.Server{
-			Handler:           d.handler(name),
+			Handler: d.handler(name),
+			ConnState: d.countConns(func() string {
+				if lc := d.config().listeners[name]; lc != nil && lc.hcm != nil {
+					return "http." + lc.hcm.statPrefix + "."
+				}
+				return "http.unknown."
+			}),
 			ReadHeaderTimeout: time.Minute,
 			ErrorLog:          nil,
 			// HTTP/2 (ALPN h2) is served by x/net/http2's server, one per connection with
