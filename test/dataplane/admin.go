@@ -35,15 +35,17 @@ import (
 //	              (serveStats)
 //	/ready        200 LIVE once ready
 //	/stats/prometheus  the counters and gauges in Prometheus' text format
+//	/drain_listeners   POST only: graceful drain or stop of the listeners (serveDrainListeners)
 //
 // The admin's own connection manager counts http.admin.downstream_rq_total,
-// downstream_rq_active and downstream_cx_active.
+// downstream_rq_active and downstream_cx_active, and drains as the listeners' do (drain.go).
 func (d *DataPlane) adminHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/config_dump", d.serveConfigDump)
 	mux.HandleFunc("/clusters", d.serveClusters)
 	mux.HandleFunc("/stats", d.serveStats)
 	mux.HandleFunc("/stats/prometheus", d.servePrometheus)
+	mux.HandleFunc("/drain_listeners", postOnly(d.serveDrainListeners))
 	// /ready is Envoy's ServerInfoHandler::handlerReady
 	// (source/server/admin/server_info_handler.cc): the server state's name and a newline,
 	// 200 only when LIVE, else 503.
@@ -57,6 +59,71 @@ func (d *DataPlane) adminHandler() http.Handler {
 		}
 	})
 	return mux
+}
+
+// postOnly is the admin's refusal of a method other than POST on a handler that mutates the
+// server's state (source/server/admin/admin.cc: AdminImpl::makeRequest): 405 with
+// "Method <method> not allowed, POST required." as plain text.
+func postOnly(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			d := "Method " + r.Method + " not allowed, POST required."
+			w.Header().Set("Content-Type", "text/plain; charset=UTF-8")
+			w.WriteHeader(http.StatusMethodNotAllowed)
+			_, _ = w.Write([]byte(d))
+			return
+		}
+		h(w, r)
+	}
+}
+
+// serveDrainListeners is Envoy v1.36's ListenersHandler::handlerDrainListeners
+// (source/server/admin/listeners_handler.cc), without the runtime guard
+// envoy.reloadable_features.non_graceful_drain_notifies_connections (newer than v1.36):
+//
+//   - skip_exit without graceful: 400 "skip_exit requires graceful\n";
+//   - graceful: already draining, 200 "OK\n" and nothing else; else the server's drain
+//     manager starts its drain sequence (drain.go), whose completion after the drain time
+//     stops the listeners unless skip_exit. Until then the listeners keep accepting (Envoy:
+//     there is no other version of the listeners to take new connections);
+//   - otherwise: the listeners stop at once; no drain sequence starts, so no connection is
+//     drain-closed.
+//
+// inboundonly (only listeners whose traffic_direction is INBOUND) is refused with 400: our
+// listeners have no traffic_direction (the allowlist refuses it), so Envoy would stop none
+// of them, which a test could mistake for a drain; drain directions are not modelled.
+func (d *DataPlane) serveDrainListeners(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	text := func(status int, body string) {
+		w.Header().Set("Content-Type", "text/plain; charset=UTF-8")
+		w.WriteHeader(status)
+		_, _ = w.Write([]byte(body))
+	}
+	if q.Has("inboundonly") {
+		text(http.StatusBadRequest, "inboundonly is not implemented by the test stand-in (no listener has a traffic_direction)\n")
+		return
+	}
+	graceful, skipExit := q.Has("graceful"), q.Has("skip_exit")
+	if skipExit && !graceful {
+		text(http.StatusBadRequest, "skip_exit requires graceful\n")
+		return
+	}
+	if !graceful {
+		d.stopListeners()
+		text(http.StatusOK, "OK\n")
+		return
+	}
+	if d.drain.isDraining() {
+		text(http.StatusOK, "OK\n")
+		return
+	}
+	d.log.Info("drain sequence started", "drain_time", d.drain.drainTime, "strategy", d.drain.strategy, "skip_exit", skipExit)
+	d.drain.startDrainSequence(func() {
+		if !skipExit {
+			d.stopListeners()
+		}
+	})
+	text(http.StatusOK, "OK\n")
 }
 
 // serveStats is Envoy's /stats (source/server/admin/stats_handler.cc, stats_params.cc

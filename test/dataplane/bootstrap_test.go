@@ -467,6 +467,15 @@ func TestChartBootstrapRealTLS(t *testing.T) {
 		!strings.Contains(body, "# TYPE envoy_http_envoy_health_downstream_rq_active gauge\nenvoy_http_envoy_health_downstream_rq_active{} 1\n") {
 		t.Errorf("/stats/prometheus: %d %q", code, body)
 	}
+	// The admin's /drain_listeners is not routed by the health listener (exact paths, GET).
+	if res, err := http.Post(health+"/drain_listeners?graceful", "", nil); err != nil || res.StatusCode != http.StatusNotFound {
+		t.Errorf("POST /drain_listeners on the health listener: %v %v", res, err)
+	} else {
+		res.Body.Close()
+	}
+	if dp.drain.isDraining() {
+		t.Error("the health listener started a drain")
+	}
 	for _, path := range []string{"/config_dump", "/clusters", "/readyz"} {
 		if code, _ := get(t, health+path); code != http.StatusNotFound {
 			t.Errorf("%s through the health listener: %d, want 404 (no route)", path, code)

@@ -144,9 +144,15 @@ func (d *DataPlane) countConns(prefix func() string) func(net.Conn, http.ConnSta
 }
 
 // beginStream counts a request in http.<prefix>.downstream_rq_active until the returned func
-// runs.
-func (d *DataPlane) beginStream(prefix string, w http.ResponseWriter, _ *http.Request) (http.ResponseWriter, func()) {
+// runs, and wraps w so that the connection manager's drain decision is taken when the
+// response headers go out (drainWriter).
+func (d *DataPlane) beginStream(prefix string, w http.ResponseWriter, r *http.Request) (http.ResponseWriter, func()) {
 	name := prefix + "downstream_rq_active"
 	d.stats.gaugeAdd(name, 1)
-	return w, func() { d.stats.gaugeAdd(name, -1) }
+	end := func() { d.stats.gaugeAdd(name, -1) }
+	dc := downConnOf(r.Context())
+	if dc == nil {
+		return w, end
+	}
+	return &drainWriter{ResponseWriter: w, d: d, dc: dc, prefix: prefix, r: r}, end
 }
