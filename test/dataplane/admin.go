@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"regexp"
 	"sort"
 	"strconv"
 	"time"
@@ -22,23 +23,29 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 )
 
-// adminHandler serves a subset of Envoy's admin interface, in JSON:
+// adminHandler serves a subset of Envoy's admin interface:
 //
 //	/config_dump  the applied resources as an envoy.admin.v3.ConfigDump (protojson; secrets
 //	              redacted as Envoy does)
 //	/clusters     every cluster with its metadata and hosts (address, hostname, health,
 //	              request counters), shaped like Envoy's /clusters?format=json
-//	/stats        counters as {"stats":[{"name","value"}]}, like /stats?format=json
+//	/stats        counters and gauges, in name order: Envoy's text ("name: value") by
+//	              default, {"stats":[{"name","value"}]} with format=json, Prometheus' text
+//	              with format=prometheus; filter=<RE2> keeps the names it matches anywhere
+//	              (serveStats)
 //	/ready        200 LIVE once ready
-//	/stats/prometheus  the counters in Prometheus' text format
+//	/stats/prometheus  the counters and gauges in Prometheus' text format
+//	/drain_listeners   POST only: graceful drain or stop of the listeners (serveDrainListeners)
+//
+// The admin's own connection manager counts http.admin.downstream_rq_total,
+// downstream_rq_active and downstream_cx_active, and drains as the listeners' do (drain.go).
 func (d *DataPlane) adminHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/config_dump", d.serveConfigDump)
 	mux.HandleFunc("/clusters", d.serveClusters)
-	mux.HandleFunc("/stats", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, map[string]any{"stats": d.stats.snapshot()})
-	})
+	mux.HandleFunc("/stats", d.serveStats)
 	mux.HandleFunc("/stats/prometheus", d.servePrometheus)
+	mux.HandleFunc("/drain_listeners", postOnly(d.serveDrainListeners))
 	// /ready is Envoy's ServerInfoHandler::handlerReady
 	// (source/server/admin/server_info_handler.cc): the server state's name and a newline,
 	// 200 only when LIVE, else 503.
@@ -52,6 +59,127 @@ func (d *DataPlane) adminHandler() http.Handler {
 		}
 	})
 	return mux
+}
+
+// postOnly is the admin's refusal of a method other than POST on a handler that mutates the
+// server's state (source/server/admin/admin.cc: AdminImpl::makeRequest): 405 with
+// "Method <method> not allowed, POST required." as plain text.
+func postOnly(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			d := "Method " + r.Method + " not allowed, POST required."
+			w.Header().Set("Content-Type", "text/plain; charset=UTF-8")
+			w.WriteHeader(http.StatusMethodNotAllowed)
+			_, _ = w.Write([]byte(d))
+			return
+		}
+		h(w, r)
+	}
+}
+
+// serveDrainListeners is Envoy v1.36's ListenersHandler::handlerDrainListeners
+// (source/server/admin/listeners_handler.cc), without the runtime guard
+// envoy.reloadable_features.non_graceful_drain_notifies_connections (newer than v1.36):
+//
+//   - skip_exit without graceful: 400 "skip_exit requires graceful\n";
+//   - graceful: already draining, 200 "OK\n" and nothing else; else the server's drain
+//     manager starts its drain sequence (drain.go), whose completion after the drain time
+//     stops the listeners unless skip_exit. Until then the listeners keep accepting (Envoy:
+//     there is no other version of the listeners to take new connections);
+//   - otherwise: the listeners stop at once; no drain sequence starts, so no connection is
+//     drain-closed.
+//
+// inboundonly (only listeners whose traffic_direction is INBOUND) is refused with 400: our
+// listeners have no traffic_direction (the allowlist refuses it), so Envoy would stop none
+// of them, which a test could mistake for a drain; drain directions are not modelled.
+func (d *DataPlane) serveDrainListeners(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	text := func(status int, body string) {
+		w.Header().Set("Content-Type", "text/plain; charset=UTF-8")
+		w.WriteHeader(status)
+		_, _ = w.Write([]byte(body))
+	}
+	if q.Has("inboundonly") {
+		text(http.StatusBadRequest, "inboundonly is not implemented by the test stand-in (no listener has a traffic_direction)\n")
+		return
+	}
+	graceful, skipExit := q.Has("graceful"), q.Has("skip_exit")
+	if skipExit && !graceful {
+		text(http.StatusBadRequest, "skip_exit requires graceful\n")
+		return
+	}
+	if !graceful {
+		d.stopListeners()
+		text(http.StatusOK, "OK\n")
+		return
+	}
+	if d.drain.isDraining() {
+		text(http.StatusOK, "OK\n")
+		return
+	}
+	d.log.Info("drain sequence started", "drain_time", d.drain.drainTime, "strategy", d.drain.strategy, "skip_exit", skipExit)
+	d.drain.startDrainSequence(func() {
+		if !skipExit {
+			d.stopListeners()
+		}
+	})
+	text(http.StatusOK, "OK\n")
+}
+
+// serveStats is Envoy's /stats (source/server/admin/stats_handler.cc, stats_params.cc
+// StatsParams::parse, stats_request.cc): counters and gauges together in name order;
+// filter is an RE2 regular expression matched anywhere in the name (RE2::PartialMatch;
+// Go's regexp takes RE2's syntax), an invalid one 400 "Invalid re2 regex"; format json,
+// text (the default: "name: value" lines) or prometheus, another value 400 with Envoy's
+// usage line. Envoy's other parameters (usedonly, type, histogram_buckets, hidden, pretty,
+// text_readouts) and its html formats are refused with 400 here: the stand-in does not
+// implement them, and has no histograms or text readouts.
+func (d *DataPlane) serveStats(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	text := func(status int, body string) {
+		w.Header().Set("Content-Type", "text/plain; charset=UTF-8")
+		w.WriteHeader(status)
+		_, _ = w.Write([]byte(body))
+	}
+	for k := range q {
+		if k != "filter" && k != "format" {
+			text(http.StatusBadRequest, fmt.Sprintf("/stats parameter %q is not implemented by the test stand-in\n", k))
+			return
+		}
+	}
+	var re *regexp.Regexp
+	if q.Has("filter") {
+		var err error
+		if re, err = regexp.Compile(q.Get("filter")); err != nil {
+			text(http.StatusBadRequest, "Invalid re2 regex")
+			return
+		}
+	}
+	var all []typedStat
+	for _, s := range d.stats.all() {
+		if re == nil || re.MatchString(s.Name) {
+			all = append(all, s)
+		}
+	}
+	switch format := q.Get("format"); {
+	case !q.Has("format") || format == "text":
+		w.Header().Set("Content-Type", "text/plain; charset=UTF-8")
+		for _, s := range all {
+			fmt.Fprintf(w, "%s: %d\n", s.Name, s.Value)
+		}
+	case format == "json":
+		out := make([]statValue, 0, len(all))
+		for _, s := range all {
+			out = append(out, s.statValue)
+		}
+		writeJSON(w, map[string]any{"stats": out})
+	case format == "prometheus":
+		writePrometheus(w, all)
+	case format == "html" || format == "active-html":
+		text(http.StatusBadRequest, "format="+format+" is not implemented by the test stand-in\n")
+	default:
+		text(http.StatusBadRequest, "usage: /stats?format=(html|active-html|json|prometheus|text)\n\n")
+	}
 }
 
 func writeJSON(w http.ResponseWriter, v any) {
@@ -204,21 +332,30 @@ func (d *DataPlane) serveClusters(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, map[string]any{"cluster_statuses": out})
 }
 
-// servePrometheus writes every counter in Prometheus' text format as Envoy's
+// servePrometheus writes every counter and gauge in Prometheus' text format as Envoy's
 // /stats/prometheus does (source/server/admin/prometheus_stats.cc): "envoy_" and the name
-// with every character other than [a-zA-Z0-9_] replaced by "_", a TYPE line, and the value
-// with empty labels. Envoy also moves tags (a cluster's name, a listener's stat prefix) into
-// labels by its default tag extractors; this data plane keeps them in the name.
+// with every character other than [a-zA-Z0-9_] replaced by "_", a TYPE line (counter or
+// gauge), and the value with empty labels. Envoy also moves tags (a cluster's name, a
+// listener's stat prefix) into labels by its default tag extractors; this data plane keeps
+// them in the name.
 func (d *DataPlane) servePrometheus(w http.ResponseWriter, _ *http.Request) {
+	writePrometheus(w, d.stats.all())
+}
+
+func writePrometheus(w http.ResponseWriter, all []typedStat) {
 	w.Header().Set("Content-Type", "text/plain; charset=UTF-8")
 	seen := map[string]bool{}
-	for _, s := range d.stats.snapshot() {
+	for _, s := range all {
 		n := promName(s.Name)
 		if seen[n] {
 			continue
 		}
 		seen[n] = true
-		fmt.Fprintf(w, "# TYPE %s counter\n%s{} %d\n", n, n, s.Value)
+		typ := "counter"
+		if s.gauge {
+			typ = "gauge"
+		}
+		fmt.Fprintf(w, "# TYPE %s %s\n%s{} %d\n", n, typ, n, s.Value)
 	}
 }
 

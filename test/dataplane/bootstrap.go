@@ -33,6 +33,10 @@ type CommandLine struct {
 	RejectUnknownDynamicFields bool       // --reject-unknown-dynamic-fields
 	LogLevel                   slog.Level // -l, --log-level
 	Version                    bool       // --version
+	// DrainTime is --drain-time-s (default 600 s), DrainStrategy --drain-strategy (gradual or
+	// immediate; default gradual): the server's drain manager (drain.go).
+	DrainTime     time.Duration
+	DrainStrategy DrainStrategy
 }
 
 // LoadBootstrap reads a bootstrap as Envoy's InstanceUtil::loadBootstrapConfig
@@ -127,7 +131,7 @@ func optionsFromBootstrap(b *bootstrapv3.Bootstrap, cl CommandLine) (Options, er
 	if err := validateTypedConfigs(b); err != nil {
 		return Options{}, err
 	}
-	o := Options{RejectUnknownDynamicFields: cl.RejectUnknownDynamicFields}
+	o := Options{RejectUnknownDynamicFields: cl.RejectUnknownDynamicFields, Drain: &DrainOptions{Time: cl.DrainTime, Strategy: cl.DrainStrategy}}
 
 	// The command line overrides the bootstrap's node id and cluster (LocalInfoImpl,
 	// source/common/local_info/local_info_impl.h), and ADS needs both

@@ -155,6 +155,9 @@ func TestChartBootstrapOptions(t *testing.T) {
 			if !o.RejectUnknownDynamicFields {
 				t.Error("--reject-unknown-dynamic-fields not passed on")
 			}
+			if o.Drain == nil || o.Drain.Time != cl.DrainTime || o.Drain.Strategy != cl.DrainStrategy {
+				t.Errorf("drain options %+v, command line %v %v", o.Drain, cl.DrainTime, cl.DrainStrategy)
+			}
 			if o.AdminAddress != "127.0.0.1:9901" {
 				t.Errorf("admin %q", o.AdminAddress)
 			}
@@ -290,10 +293,49 @@ func TestParseCommandLine(t *testing.T) {
 	if err != nil || cl.ConfigPath != "/b.yaml" || cl.ServiceNode != "n" || cl.LogLevel.String() != "DEBUG" {
 		t.Errorf("%+v %v", cl, err)
 	}
-	for _, bad := range [][]string{{"--concurrency", "2"}, {"-x"}, {"stray"}, {"--log-level", "loud"}, {"-c"}, {"-c", "a", "--config-path", "b"}, {"--disable-hot-restart=yes"}} {
+	for _, bad := range [][]string{{"--concurrency", "2"}, {"-x"}, {"stray"}, {"--log-level", "loud"}, {"-c"}, {"-c", "a", "--config-path", "b"}, {"--disable-hot-restart=yes"},
+		{"--drain-time-s", "ten"}, {"--drain-time-s", "-1"}, {"--drain-time-s", "4294967296"}, {"--drain-time-s"}, {"--drain-time-s", "1", "--drain-time-s=2"}} {
 		if _, err := ParseCommandLine(bad); err == nil || !strings.Contains(err.Error(), "PARSE ERROR") {
 			t.Errorf("%q: %v", bad, err)
 		}
+	}
+}
+
+// TestParseCommandLineDrain: --drain-time-s and --drain-strategy (Envoy's defaults 600 s and
+// gradual), and an unknown strategy refused after parsing as Envoy's OptionsImpl does; the
+// bootstrap's options carry them to the data plane.
+func TestParseCommandLineDrain(t *testing.T) {
+	cl, err := ParseCommandLine([]string{"-c", "/b.yaml"})
+	if err != nil || cl.DrainTime != 600*time.Second || cl.DrainStrategy != DrainGradual {
+		t.Errorf("defaults: %v %v %v", cl.DrainTime, cl.DrainStrategy, err)
+	}
+	cl, err = ParseCommandLine([]string{"-c", "/b.yaml", "--drain-time-s", "45", "--drain-strategy=immediate"})
+	if err != nil || cl.DrainTime != 45*time.Second || cl.DrainStrategy != DrainImmediate {
+		t.Errorf("set: %v %v %v", cl.DrainTime, cl.DrainStrategy, err)
+	}
+	cl, err = ParseCommandLine([]string{"--drain-time-s=0", "--drain-strategy", "gradual"})
+	if err != nil || cl.DrainTime != 0 || cl.DrainStrategy != DrainGradual {
+		t.Errorf("zero: %v %v %v", cl.DrainTime, cl.DrainStrategy, err)
+	}
+	for _, bad := range []string{"Immediate", "fast", ""} {
+		_, err := ParseCommandLine([]string{"--drain-strategy", bad})
+		if err == nil || err.Error() != "error: unknown drain-strategy '"+bad+"'" {
+			t.Errorf("%q: %v", bad, err)
+		}
+	}
+	if _, err := ParseCommandLine([]string{"--drain-strategy"}); err == nil || !strings.Contains(err.Error(), "Missing a value") {
+		t.Errorf("no value: %v", err)
+	}
+	ce := renderChartEnvoy(t, map[string]any{})
+	cl, err = ParseCommandLine(ce.install(t, t.TempDir()))
+	must(t, err)
+	cl.DrainTime, cl.DrainStrategy = 7*time.Second, DrainImmediate
+	o, err := BootstrapOptions(cl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.Drain == nil || *o.Drain != (DrainOptions{Time: 7 * time.Second, Strategy: DrainImmediate}) {
+		t.Errorf("options' drain %+v", o.Drain)
 	}
 }
 
@@ -421,8 +463,18 @@ func TestChartBootstrapRealTLS(t *testing.T) {
 	if code, body := get(t, health+"/ready"); code != http.StatusOK || body != "LIVE\n" {
 		t.Errorf("/ready: %d %q, want 200 LIVE", code, body)
 	}
-	if code, body := get(t, health+"/stats/prometheus"); code != http.StatusOK || !strings.Contains(body, "# TYPE envoy_") {
+	if code, body := get(t, health+"/stats/prometheus"); code != http.StatusOK || !strings.Contains(body, "# TYPE envoy_") ||
+		!strings.Contains(body, "# TYPE envoy_http_envoy_health_downstream_rq_active gauge\nenvoy_http_envoy_health_downstream_rq_active{} 1\n") {
 		t.Errorf("/stats/prometheus: %d %q", code, body)
+	}
+	// The admin's /drain_listeners is not routed by the health listener (exact paths, GET).
+	if res, err := http.Post(health+"/drain_listeners?graceful", "", nil); err != nil || res.StatusCode != http.StatusNotFound {
+		t.Errorf("POST /drain_listeners on the health listener: %v %v", res, err)
+	} else {
+		res.Body.Close()
+	}
+	if dp.drain.isDraining() {
+		t.Error("the health listener started a drain")
 	}
 	for _, path := range []string{"/config_dump", "/clusters", "/readyz"} {
 		if code, _ := get(t, health+path); code != http.StatusNotFound {

@@ -3,7 +3,9 @@ package dataplane
 import (
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
+	"time"
 )
 
 // logLevels are Envoy's --log-level values (spdlog's), mapped to slog's.
@@ -18,7 +20,8 @@ var logLevels = map[string]slog.Level{
 // "--name=value", -c and -l as short forms; an argument it does not know is an error, as is
 // one given twice.
 func ParseCommandLine(argv []string) (CommandLine, error) {
-	a := CommandLine{LogLevel: slog.LevelInfo}
+	a := CommandLine{LogLevel: slog.LevelInfo, DrainTime: defaultDrainTime, DrainStrategy: DrainGradual}
+	drainStrategy := "gradual"
 	valued := map[string]func(string) error{
 		"config-path":  func(v string) error { a.ConfigPath = v; return nil },
 		"config-yaml":  func(v string) error { a.ConfigYAML = v; return nil },
@@ -27,6 +30,18 @@ func ParseCommandLine(argv []string) (CommandLine, error) {
 			a.ServiceCluster = v
 			return nil
 		},
+		// --drain-time-s: TCLAP::ValueArg<uint32_t> (options_impl.cc, OptionsImpl), read as
+		// TCLAP reads a number (an istringstream): anything but a uint32 is refused.
+		"drain-time-s": func(v string) error {
+			n, err := strconv.ParseUint(v, 10, 32)
+			if err != nil {
+				return fmt.Errorf("Couldn't read argument value from string '%s'", v)
+			}
+			a.DrainTime = time.Duration(n) * time.Second
+			return nil
+		},
+		// --drain-strategy: a free string to TCLAP, checked after parsing (below).
+		"drain-strategy": func(v string) error { drainStrategy = v; return nil },
 		"log-level": func(v string) error {
 			l, ok := logLevels[v]
 			if !ok {
@@ -85,6 +100,18 @@ func ParseCommandLine(argv []string) (CommandLine, error) {
 		if err := set(value); err != nil {
 			return a, fmt.Errorf("PARSE ERROR: Argument: --%s\n             %w", name, err)
 		}
+	}
+	// OptionsImpl checks --drain-strategy once TCLAP parsed the line: "gradual" or
+	// "immediate", else a MalformedArgvException "error: unknown drain-strategy '…'" (not a
+	// TCLAP PARSE ERROR). Envoy's message formats --mode's value there (by mistake: "serve"
+	// unless --mode is given); the stand-in, which has no --mode, names the value given.
+	switch drainStrategy {
+	case "gradual":
+		a.DrainStrategy = DrainGradual
+	case "immediate":
+		a.DrainStrategy = DrainImmediate
+	default:
+		return a, fmt.Errorf("error: unknown drain-strategy '%s'", drainStrategy)
 	}
 	return a, nil
 }

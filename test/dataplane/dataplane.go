@@ -70,6 +70,12 @@
 //     clusters too, over a connection offering the transport socket's ALPN unless
 //     health_checks.tls_options.alpn_protocols overrides it: with ALPN h2 and no override an
 //     apiserver negotiates h2 and every check fails.
+//   - Graceful drain, Envoy v1.36 (drain.go, DRAIN.md): --drain-time-s and --drain-strategy,
+//     the admin's POST /drain_listeners (graceful, skip_exit), the connection managers'
+//     drain on each response (HTTP/1.1 Connection: close, HTTP/2 GOAWAY), deliberately no
+//     notification to a connection that sends no response, the listeners' stop after the
+//     drain time; the gauges downstream_rq_active and downstream_cx_active, /stats with
+//     filter and format.
 //
 // Production always runs real Envoy. This package exists so that our tests execute our
 // configuration rather than only validate it. Anything in a resource that this data plane
@@ -205,6 +211,9 @@ type Options struct {
 	// LookupHost resolves XDSCluster's host name; nil is the system resolver. A test-only
 	// deviation, as ListenerAddress: the chart's Service name resolves only in a cluster.
 	LookupHost func(ctx context.Context, host string) ([]string, error)
+	// Drain is --drain-time-s and --drain-strategy (drain.go, DRAIN.md); nil is Envoy's
+	// defaults, 600 s and gradual.
+	Drain *DrainOptions
 }
 
 // typeOrder is the order in which types are reported and dumped.
@@ -229,12 +238,17 @@ type DataPlane struct {
 	readyCh   chan struct{}            // closed when ready
 	ready     bool
 	closed    bool
-	extproc   map[string]*extProcClient // gRPC clients by cluster+address
+	// listenersStopped: /drain_listeners stopped the listeners (stopListeners).
+	listenersStopped bool
+	extproc          map[string]*extProcClient // gRPC clients by cluster+address
 
 	admin     *http.Server
 	adminAddr string
 	health    *http.Server
 	healthAdr string
+	healthLn  net.Listener
+
+	drain *drainManager // the server's drain manager (drain.go)
 }
 
 // Start starts the data plane: the admin server, then ADS (or the static configuration).
@@ -272,13 +286,31 @@ func Start(ctx context.Context, opts Options) (*DataPlane, error) {
 		extproc:   map[string]*extProcClient{},
 	}
 	d.ctx, d.cancel = context.WithCancel(context.Background())
+	drain := DrainOptions{Time: defaultDrainTime, Strategy: DrainGradual}
+	if opts.Drain != nil {
+		drain = *opts.Drain
+	}
+	d.drain = newDrainManager(drain)
 
 	lis, err := net.Listen("tcp", opts.AdminAddress)
 	if err != nil {
 		return nil, fmt.Errorf("dataplane: admin listener: %w", err)
 	}
 	d.adminAddr = lis.Addr().String()
-	d.admin = &http.Server{Handler: d.adminHandler()}
+	// The admin's own connection manager, stats under http.admin. as Envoy's
+	// (AdminImpl), takes its drain decision from the server's drain manager, as Envoy's
+	// (AdminImpl::createNetworkFilterChain passes server_.drainManager()).
+	adminHandler := d.adminHandler()
+	d.admin = &http.Server{
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			d.stats.inc("http.admin.downstream_rq_total")
+			w, end := d.beginStream("http.admin.", w, r)
+			defer end()
+			adminHandler.ServeHTTP(w, r)
+		}),
+		ConnContext: connContext,
+		ConnState:   d.countConns(func() string { return "http.admin." }),
+	}
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()
@@ -334,10 +366,13 @@ func (d *DataPlane) WaitReady(ctx context.Context) error {
 	}
 }
 
-// AdminURL is the admin server's base URL, http://host:port.
 // Stat returns one counter of the admin's /stats (0 if it does not exist).
 func (d *DataPlane) Stat(name string) uint64 { return d.stats.get(name) }
 
+// Gauge returns one gauge of the admin's /stats (0 if it does not exist).
+func (d *DataPlane) Gauge(name string) int64 { return d.stats.getGauge(name) }
+
+// AdminURL is the admin server's base URL, http://host:port.
 func (d *DataPlane) AdminURL() string { return "http://" + d.adminAddr }
 
 // Versions returns type URL -> last ACKed version.
@@ -375,6 +410,7 @@ func (d *DataPlane) Close() error {
 	d.mu.Unlock()
 
 	d.cancel()
+	d.drain.stop()
 	for _, l := range listeners {
 		l.close()
 	}

@@ -102,7 +102,7 @@ func TestRoutesToRightCluster(t *testing.T) {
 		t.Errorf("config_dump lacks the serving-sets cluster or shows a private key")
 	}
 	var st struct{ Stats []statValue }
-	getJSON(t, e.dp.AdminURL()+"/stats", &st)
+	getJSON(t, e.dp.AdminURL()+"/stats?format=json", &st)
 	if len(st.Stats) == 0 {
 		t.Errorf("no stats")
 	}

@@ -402,6 +402,8 @@ type envOptions struct {
 	// front, if set, is the address the data plane gets for each apiserver instead of its
 	// own (a proxy in front of it, or another server).
 	front func(p *pki, name, addr string) string
+	// drain, if set, is the data plane's --drain-time-s and --drain-strategy (drain_test.go).
+	drain *DrainOptions
 }
 
 // testExtProcMessageTimeout is the ext_proc message_timeout of every test's data plane
@@ -509,7 +511,7 @@ func newEnv(t testing.TB, o envOptions) *env {
 	t.Cleanup(g.Stop)
 
 	dp, err := Start(ctx, Options{XDSAddress: ln.Addr().String(), NodeID: t.Name(), LocalAPIServer: o.local,
-		ListenerAddress: map[string]string{"kube-apiserver": "127.0.0.1:0"}, Logger: testLogger(t)})
+		ListenerAddress: map[string]string{"kube-apiserver": "127.0.0.1:0"}, Logger: testLogger(t), Drain: o.drain})
 	if err != nil {
 		t.Fatal(err)
 	}

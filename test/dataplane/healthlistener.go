@@ -36,7 +36,9 @@ type StaticRoute struct {
 // request matching no route is a 404 with an empty body (NR); a matching one is forwarded to
 // the route's cluster, and a connection failure is a 503 with Envoy's local reply body (UF)
 // (source/common/router/router.cc). HTTP/1.1 only (Envoy's codec_type AUTO also takes
-// HTTP/2 with prior knowledge: the kubelet's probes and Prometheus speak HTTP/1.1).
+// HTTP/2 with prior knowledge: the kubelet's probes and Prometheus speak HTTP/1.1). Its
+// connection manager drains as the listeners' do and it stops with them
+// (drain.go, DRAIN.md); its stats are http.<stat_prefix>.*.
 func (d *DataPlane) startHealthListener(h HealthListener) error {
 	addr := h.Address
 	if o, ok := d.opts.ListenerAddress[h.Name]; ok {
@@ -75,8 +77,10 @@ func (d *DataPlane) startHealthListener(h HealthListener) error {
 		routes = append(routes, route{r, p})
 	}
 	prefix := "http." + h.StatPrefix + "."
-	d.health = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+	d.health = &http.Server{ConnContext: connContext, ConnState: d.countConns(func() string { return prefix }), Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		d.stats.inc(prefix + "downstream_rq_total")
+		w, end := d.beginStream(prefix, w, req)
+		defer end()
 		for _, r := range routes {
 			if req.URL.Path != r.Path {
 				continue
@@ -102,6 +106,9 @@ func (d *DataPlane) startHealthListener(h HealthListener) error {
 		w.WriteHeader(http.StatusNotFound)
 	})}
 	d.healthAdr = lis.Addr().String()
+	d.mu.Lock() // the admin's /drain_listeners may already run (stopListeners)
+	d.healthLn = lis
+	d.mu.Unlock()
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()

@@ -104,6 +104,8 @@ func (d *DataPlane) handler(listenerName string) http.Handler {
 			http.Error(w, "listener removed", http.StatusServiceUnavailable)
 			return
 		}
+		w, end := d.beginStream("http."+lc.hcm.statPrefix+".", w, r)
+		defer end()
 		st := &stream{d: d, cfg: cfg, lc: lc, hcm: lc.hcm, w: w, r: r, method: r.Method, host: r.Host, scheme: "http"}
 		if r.TLS != nil {
 			st.scheme = "https"

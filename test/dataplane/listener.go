@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"context"
 	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
@@ -46,6 +47,12 @@ func (d *DataPlane) syncListenersLocked() error {
 		if d.listeners[name] != nil {
 			continue
 		}
+		if d.listenersStopped {
+			// ListenerManagerImpl refuses to add a listener once the listeners are stopped
+			// (drain.go, stopListeners).
+			d.log.Info("listener not bound: the listeners are stopped", "listener", name)
+			continue
+		}
 		want := d.listenAddress(lc)
 		ln, err := net.Listen("tcp", want)
 		if err != nil {
@@ -53,7 +60,14 @@ func (d *DataPlane) syncListenersLocked() error {
 		}
 		l := &liveListener{name: name, addr: ln.Addr().String(), want: want, ln: ln}
 		l.srv = &http.Server{
-			Handler:           d.handler(name),
+			Handler:     d.handler(name),
+			ConnContext: connContext,
+			ConnState: d.countConns(func() string {
+				if lc := d.config().listeners[name]; lc != nil && lc.hcm != nil {
+					return "http." + lc.hcm.statPrefix + "."
+				}
+				return "http.unknown."
+			}),
 			ReadHeaderTimeout: time.Minute,
 			ErrorLog:          nil,
 			// HTTP/2 (ALPN h2) is served by x/net/http2's server, one per connection with
@@ -91,7 +105,13 @@ func (d *DataPlane) serveH2(name string, hs *http.Server, c *tls.Conn, h http.Ha
 	if lc := d.config().listeners[name]; lc != nil && lc.hcm != nil {
 		f = lc.hcm.h2
 	}
-	f.server().ServeConn(c, &http2.ServeConnOpts{BaseConfig: hs, Handler: h})
+	// The connection's context (its downConn, drain.go) goes on to the streams, as
+	// x/net/http2's own ConfigureServer passes it.
+	ctx := context.Background()
+	if bc, ok := h.(interface{ BaseContext() context.Context }); ok {
+		ctx = bc.BaseContext()
+	}
+	f.server().ServeConn(c, &http2.ServeConnOpts{Context: ctx, BaseConfig: hs, Handler: h})
 }
 
 func (d *DataPlane) listenAddress(lc *listenerCfg) string {

@@ -557,7 +557,7 @@ func (l *load) String() string {
 // the run met the race the GET/HEAD read twins retry (a stopping apiserver closing a
 // kept-alive connection as a request is written on it). Information only: the race is rare.
 func logUpstreamResets(t *testing.T, admin string) {
-	res, err := http.Get(admin + "/stats")
+	res, err := http.Get(admin + "/stats?format=json")
 	if err != nil {
 		t.Logf("data plane stats: %v", err)
 		return

@@ -7,10 +7,21 @@
 //	envoy-stand-in -c /etc/kube-mvp/bootstrap/envoy.yaml --service-node "$POD_NAME" \
 //	    --reject-unknown-dynamic-fields --service-cluster kube-mvp \
 //	    [--config-yaml '{"node": {"metadata": {"kube-mvp.io/local-apiserver": "NODE"}}}'] \
-//	    --disable-hot-restart --log-level info
+//	    --disable-hot-restart --log-level info \
+//	    [--drain-time-s N] [--drain-strategy gradual|immediate]
 //
-// Flags other than Envoy's below are refused, as Envoy's parser refuses an unknown one; a
-// bootstrap field the stand-in does not implement is an error at start naming the field.
+// The flags it takes are Envoy's: -c/--config-path, --config-yaml, --service-node,
+// --service-cluster, --reject-unknown-dynamic-fields, --disable-hot-restart, -l/--log-level,
+// --drain-time-s (default 600) and --drain-strategy (default gradual; the server's drain
+// manager, which the admin's POST /drain_listeners?graceful starts: see
+// test/dataplane/DRAIN.md), --version. Any other flag is refused, as Envoy's parser refuses
+// an unknown one; a bootstrap field the stand-in does not implement is an error at start
+// naming the field.
+//
+// SIGTERM (and SIGINT) stop it at once, cutting every connection, as Envoy's: its signal
+// handler (source/server/server.cc: RunHelper::RunHelper) calls InstanceImpl::shutdown, which
+// exits the event loop without draining; a graceful drain is the admin's /drain_listeners,
+// before the signal.
 package main
 
 import (

@@ -26,6 +26,8 @@ func TestVersionAndRefusals(t *testing.T) {
 		{[]string{"-c", bad}, "error initializing configuration '" + bad + "'"},
 		{[]string{"-c", bad}, "watchdog"},
 		{[]string{}, "At least one of --config-path or --config-yaml"},
+		{[]string{"--drain-strategy", "fast", "-c", bad}, "error: unknown drain-strategy 'fast'"},
+		{[]string{"--drain-time-s", "soon", "-c", bad}, "Couldn't read argument value from string 'soon'"},
 	} {
 		out.Reset()
 		errb.Reset()
