@@ -303,16 +303,18 @@ func writeDone(path string, content []byte) error {
 	return err
 }
 
-// waitExit waits up to wait until a TCP connection to addr fails (on the pod's loopback: is
-// refused), that is until Envoy exited. It reports whether it did.
+// waitExit waits up to wait until a TCP connection to addr is refused, that is until Envoy
+// exited. It reports whether it did. (A dial that times out, on a busy node, proves nothing.)
 func waitExit(ctx context.Context, addr string, wait, every time.Duration) bool {
 	giveUp := time.Now().Add(wait)
 	for {
-		c, err := net.DialTimeout("tcp", addr, every)
-		if err != nil {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if isRefused(err) {
 			return true
 		}
-		c.Close()
+		if err == nil {
+			c.Close()
+		}
 		if !time.Now().Before(giveUp) || !sleep(ctx, min(every, time.Until(giveUp))) {
 			return false
 		}

@@ -165,28 +165,36 @@ func TestEnvoyUnreachable(t *testing.T) {
 // drained, and end at the drain time without a panic.
 func TestEnvoyAnswersBadly(t *testing.T) {
 	huge := `{"stats":[` + strings.Repeat(`{"name":"http.x.downstream_rq_active","value":1},`, MaxBody/40) + `]}`
-	answers := []func() (int, string){
-		func() (int, string) { return 200, `{"stats":[{"name":` },
-		func() (int, string) { return 200, huge },
-		func() (int, string) { return 500, statsJSON(0) },
-		func() (int, string) { return 200, `{"stats":[{"name":"http.admin.downstream_rq_active","value":1}]}` },
-		func() (int, string) { return 200, `[1,2,3]` },
-		func() (int, string) { return 200, `{"stats":{"name":"http.x.downstream_rq_active"}}` },
-	}
-	f := newFakeEnvoy(t, func(n int) (int, string) { return answers[(n-1)%len(answers)]() })
-	f.drainCode = http.StatusNotFound
-	var logs testutil.SyncBuffer
-	o := options(t, f.addr())
-	o.Logger = slog.New(slog.NewTextHandler(&logs, nil))
-	o.DrainTime, o.ExitWait = 500*time.Millisecond, 50*time.Millisecond
-	res := Run(t.Context(), o)
-	if res.Draining || res.LastActive != -1 || res.Waited < o.DrainTime || !exists(o.DoneFile) {
-		t.Errorf("result %+v, done file %v", res, exists(o.DoneFile))
-	}
-	for _, want := range []string{"Envoy refused to drain its listeners", "status=404", "not Envoy's JSON", "longer than 4194304 bytes", "status 500", "no http.*.downstream_rq_active gauge", "the drain time is over"} {
-		if !strings.Contains(logs.String(), want) {
-			t.Errorf("log lacks %q:\n%s", want, logs.String())
-		}
+	for _, c := range []struct {
+		name       string
+		code       int
+		body, want string
+		drainTime  time.Duration // long enough to read the answer, on a busy machine
+	}{
+		{"truncated", 200, `{"stats":[{"name":`, "not Envoy's JSON", 0},
+		{"huge", 200, huge, "longer than 4194304 bytes", 3 * time.Second},
+		{"error", 500, statsJSON(0), "status 500", 0},
+		{"admin-only", 200, `{"stats":[{"name":"http.admin.downstream_rq_active","value":1}]}`, "no http.*.downstream_rq_active gauge", 0},
+		{"array", 200, `[1,2,3]`, "not Envoy's JSON", 0},
+		{"object", 200, `{"stats":{"name":"http.x.downstream_rq_active"}}`, "not Envoy's JSON", 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			f := newFakeEnvoy(t, func(int) (int, string) { return c.code, c.body })
+			f.drainCode = http.StatusNotFound
+			var logs testutil.SyncBuffer
+			o := options(t, f.addr())
+			o.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+			o.DrainTime, o.ExitWait = max(c.drainTime, 100*time.Millisecond), 10*time.Millisecond
+			res := Run(t.Context(), o)
+			if res.Draining || res.LastActive != -1 || res.Waited < o.DrainTime || !exists(o.DoneFile) {
+				t.Errorf("result %+v, done file %v", res, exists(o.DoneFile))
+			}
+			for _, want := range []string{"Envoy refused to drain its listeners", "status=404", c.want, "the drain time is over"} {
+				if !strings.Contains(logs.String(), want) {
+					t.Errorf("log lacks %q:\n%.2000s", want, logs.String())
+				}
+			}
+		})
 	}
 }
 
