@@ -381,6 +381,20 @@ func TestChartOnRealAPIServer(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(sockDir, "extproc.sock")); err != nil {
 			t.Errorf("extproc's socket is not where xds-server tells Envoy to find it: %v", err)
 		}
+		// The preStop hooks with the chart's arguments: drain-envoy, with no Envoy to drain
+		// (nothing listens on its admin port here), still writes the file where extproc's
+		// /drained (the Envoy container's hook) looks, and exits 0; /drained then answers.
+		hook := container(t, envoyPod, "extproc").Lifecycle.PreStop.Exec.Command
+		if filepath.Base(hook[0]) != "extproc" {
+			t.Fatalf("extproc's preStop hook %q does not run extproc", hook)
+		}
+		drainArgs := localArgs("extproc", hook[1:], map[string]string{"--envoy-admin": "127.0.0.1:" + freePort(t), "--delay": "0s"})
+		if out, err := exec.CommandContext(ctx, filepath.Join(bin, "extproc"), drainArgs...).CombinedOutput(); err != nil {
+			t.Errorf("extproc %q: %v\n%s", drainArgs, err, out)
+		}
+		if body, err := getBody("http://127.0.0.1:" + extprocAdmin + "/drained"); err != nil || body != "drained\n" {
+			t.Errorf("extproc /drained after drain-envoy: %q %v", body, err)
+		}
 
 		// sidecar.kubeadmFrontProxyClient: the copier containers' commands, with the node's
 		// two files (root's, 0600, as kubeadm writes them) and the emptyDir moved to the

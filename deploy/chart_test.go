@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -28,6 +29,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/yaml"
 
@@ -186,7 +188,9 @@ var (
 		"upstream-server-name", "serving-cert", "serving-key", "client-ca", "proxy-client-cert", "proxy-client-key", "peer-ca",
 		"xds-tls-dir", "max-nodes", "max-streams", "departed-apiserver-grace", "memory-configmap", "upstream-request-timeout"}
 	extprocFlags = []string{"source", "listen", "admin-address", "now", "poll-interval", "xds-tls-dir",
-		"proxy-client-cert", "proxy-client-key", "peer-ca", "upstream-server-name"}
+		"proxy-client-cert", "proxy-client-key", "peer-ca", "upstream-server-name", "drained-file", "drained-max-wait"}
+	// extproc drain-envoy's (cmd/extproc/drainenvoy.go), the extproc container's preStop hook.
+	drainEnvoyFlags = []string{"envoy-admin", "delay", "drain-time", "poll-interval", "exit-wait", "done-file"}
 )
 
 // decodeBootstrap decodes Envoy bootstrap YAML strictly (unknown fields are errors, as for
@@ -558,7 +562,9 @@ var chartCases = []chartCase{
 				"xdsServer": map[string]any{"replicas": 3, "port": 18001, "adminPort": 9101, "livenessWindow": "45s", "discoveryInterval": "2m",
 					"departedAPIServerGrace": "5m", "upstreamServerName": "apiserver.example.com",
 					"apiserverAddresses": map[string]any{"cp-b": "10.0.0.2:6443", "cp-a": "10.0.0.1:6443"}},
-				"envoy":         map[string]any{"listenAddress": "::", "listenPort": 8443, "adminPort": 19901, "healthPort": 19902, "logLevel": "debug", "upstreamRequestTimeout": "95s"},
+				"envoy": map[string]any{"listenAddress": "::", "listenPort": 8443, "adminPort": 19901, "healthPort": 19902, "logLevel": "debug", "upstreamRequestTimeout": "95s",
+					// The shortest grace period the chart accepts for this delay and drain.
+					"shutdown": map[string]any{"delaySeconds": 10, "drainSeconds": 100}, "terminationGracePeriodSeconds": 120},
 				"extproc":       map[string]any{"adminPort": 9003, "messageTimeout": "500ms"},
 				"clusterDomain": "k8s.example",
 			}
@@ -576,8 +582,19 @@ var chartCases = []chartCase{
 			}
 			spec := podSpec(t, r.mustFind(t, "Deployment", fullname+"-envoy"))
 			ef := flags(t, container(t, spec, "extproc").Args)
-			if ef["source"] != "xds:"+fullname+"-xds-server."+ns+".svc.k8s.example:18001" || ef["admin-address"] != ":9003" {
+			if ef["source"] != "xds:"+fullname+"-xds-server."+ns+".svc.k8s.example:18001" || ef["admin-address"] != ":9003" || ef["drained-max-wait"] != "125s" {
 				t.Errorf("extproc flags %v", ef)
+			}
+			envoy, extproc := container(t, spec, "envoy"), container(t, spec, "extproc")
+			wantHook := []string{"/usr/local/bin/extproc", "drain-envoy", "--envoy-admin=127.0.0.1:19901", "--delay=10s", "--drain-time=100s", "--done-file=/var/run/kube-mvp/envoy-drained"}
+			if got := extproc.Lifecycle.PreStop.Exec.Command; !slices.Equal(got, wantHook) {
+				t.Errorf("extproc preStop %q, want %q", got, wantHook)
+			}
+			if p := envoy.Lifecycle.PreStop.HTTPGet.Port; p.IntVal != 9003 {
+				t.Errorf("envoy preStop port %s, want 9003", p.String())
+			}
+			if !slices.Contains(envoy.Args, "100") || *spec.TerminationGracePeriodSeconds != 120 {
+				t.Errorf("envoy args %q, grace %d: want --drain-time-s 100, 120", envoy.Args, *spec.TerminationGracePeriodSeconds)
 			}
 		},
 	},
@@ -795,6 +812,76 @@ func checkCommon(t *testing.T, r *rendered, ns string) {
 	if _, ok := b.GetNode().GetMetadata().GetFields()[xds.LocalAPIServerMetadataKey]; ok {
 		t.Error("the shared bootstrap names a local apiserver; it is per node (--config-yaml)")
 	}
+	checkDrainHooks(t, es, envoy, extproc, b.GetAdmin().GetAddress().GetSocketAddress().GetPortValue())
+}
+
+// checkDrainHooks: a stopping Envoy pod drains first. extproc's preStop hook is drain-envoy
+// (real flags) on Envoy's admin port (the bootstrap's), for Envoy's own --drain-time-s with
+// --drain-strategy immediate, writing the file extproc's --drained-file names, in the
+// directory both containers mount; Envoy's preStop hook is GET /drained on extproc's admin
+// port, by number (the kubelet looks a hook's named port up in the hook's own container,
+// which is Envoy's); /drained gives up only after drain-envoy would have written the file; the
+// grace period covers the delay, the drain and 10 s for the exits.
+func checkDrainHooks(t *testing.T, spec *corev1.PodSpec, envoy, extproc *corev1.Container, adminPort uint32) {
+	t.Helper()
+	pf := flags(t, extproc.Args)
+	var extprocAdmin int32
+	for _, p := range extproc.Ports {
+		if p.Name == "extproc-admin" {
+			extprocAdmin = p.ContainerPort
+		}
+	}
+	if ":"+fmt.Sprint(extprocAdmin) != pf["admin-address"] {
+		t.Errorf("extproc port extproc-admin %d, --admin-address=%s", extprocAdmin, pf["admin-address"])
+	}
+	if h := envoy.Lifecycle; h == nil || h.PreStop == nil || h.PreStop.HTTPGet == nil {
+		t.Errorf("envoy's lifecycle %+v: no preStop httpGet", h)
+	} else if g := h.PreStop.HTTPGet; g.Path != "/drained" || g.Port.Type != intstr.Int || g.Port.IntVal != extprocAdmin || g.Host != "" {
+		t.Errorf("envoy's preStop GET %s:%s%s, want /drained on the pod's address, port %d by number", g.Host, g.Port.String(), g.Path, extprocAdmin)
+	}
+	if h := extproc.Lifecycle; h == nil || h.PreStop == nil || h.PreStop.Exec == nil || len(h.PreStop.Exec.Command) < 2 ||
+		!slices.Equal(h.PreStop.Exec.Command[:2], []string{"/usr/local/bin/extproc", "drain-envoy"}) {
+		t.Fatalf("extproc's lifecycle %+v: want a preStop exec of /usr/local/bin/extproc drain-envoy", h)
+	}
+	df := flags(t, extproc.Lifecycle.PreStop.Exec.Command[2:])
+	for name := range df {
+		if !slices.Contains(drainEnvoyFlags, name) {
+			t.Errorf("extproc drain-envoy has no flag --%s", name)
+		}
+	}
+	if df["envoy-admin"] != fmt.Sprintf("127.0.0.1:%d", adminPort) {
+		t.Errorf("drain-envoy --envoy-admin=%s; Envoy's admin is on 127.0.0.1:%d", df["envoy-admin"], adminPort)
+	}
+	if df["done-file"] == "" || df["done-file"] != pf["drained-file"] {
+		t.Errorf("drain-envoy --done-file=%q, extproc --drained-file=%q", df["done-file"], pf["drained-file"])
+	}
+	for _, c := range []*corev1.Container{envoy, extproc} {
+		if !slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool {
+			return m.Name == "extproc-socket" && m.MountPath == filepath.Dir(df["done-file"]) && !m.ReadOnly
+		}) {
+			t.Errorf("%s does not mount the emptyDir at %s, where the done file is", c.Name, filepath.Dir(df["done-file"]))
+		}
+	}
+	delay, err1 := time.ParseDuration(df["delay"])
+	drain, err2 := time.ParseDuration(df["drain-time"])
+	maxWait, err3 := time.ParseDuration(pf["drained-max-wait"])
+	if err := errors.Join(err1, err2, err3); err != nil {
+		t.Fatalf("drain-envoy --delay=%s --drain-time=%s, extproc --drained-max-wait=%s: %v", df["delay"], df["drain-time"], pf["drained-max-wait"], err)
+	}
+	if i := slices.Index(envoy.Args, "--drain-time-s"); i < 0 || i+1 >= len(envoy.Args) || envoy.Args[i+1] != fmt.Sprint(int(drain.Seconds())) {
+		t.Errorf("envoy args %q: want --drain-time-s %d, drain-envoy's --drain-time", envoy.Args, int(drain.Seconds()))
+	}
+	if i := slices.Index(envoy.Args, "--drain-strategy"); i < 0 || i+1 >= len(envoy.Args) || envoy.Args[i+1] != "immediate" {
+		t.Errorf("envoy args %q: want --drain-strategy immediate", envoy.Args)
+	}
+	// drain-envoy writes the file by delay + drain + its retries of an unreachable Envoy (2 s)
+	// and one poll.
+	if maxWait < delay+drain+5*time.Second {
+		t.Errorf("--drained-max-wait=%s gives up before drain-envoy (--delay=%s, --drain-time=%s) is done", maxWait, delay, drain)
+	}
+	if g := spec.TerminationGracePeriodSeconds; g == nil || time.Duration(*g)*time.Second < delay+drain+10*time.Second {
+		t.Errorf("terminationGracePeriodSeconds %v: want at least %s", g, delay+drain+10*time.Second)
+	}
 }
 
 // copiers are the containers that copy the node's kubeadm front-proxy-client pair: the only
@@ -965,6 +1052,10 @@ func TestSchemaRejects(t *testing.T) {
 		{map[string]any{"certificates": map[string]any{"existingSecretParts": []any{"serving", "bogus"}}}, "existingSecretParts"},
 		{map[string]any{"replicas": 2}, "replicas"}, // misplaced key: additional properties are not allowed
 		{map[string]any{"xdsServer": map[string]any{"replica": 2}}, "replica"},
+		{map[string]any{"envoy": map[string]any{"shutdown": map[string]any{"drainSeconds": 0}}}, "drainSeconds"},
+		{map[string]any{"envoy": map[string]any{"shutdown": map[string]any{"delaySeconds": "5s"}}}, "delaySeconds"},
+		{map[string]any{"envoy": map[string]any{"shutdown": map[string]any{"drain": 30}}}, "drain"},
+		{map[string]any{"envoy": map[string]any{"terminationGracePeriodSeconds": 0}}, "terminationGracePeriodSeconds"},
 	} {
 		t.Run(fmt.Sprint(c.vals), func(t *testing.T) {
 			_, err := render(c.vals, "kube-mvp")
@@ -999,6 +1090,10 @@ func TestTemplateRejects(t *testing.T) {
 		{"kubeadm-front-proxy-without-peer-ca", map[string]any{"mode": "sidecar", "networkPolicy": map[string]any{"enabled": false}, "sidecar": map[string]any{"kubeadmFrontProxyClient": true}},
 			"kubeadmFrontProxyClient needs certificates.peerCA"},
 		{"no-control-plane-certificates", map[string]any{"certgen": map[string]any{"enabled": false}}, "needs the control plane's certificates"},
+		{"grace-shorter-than-drain", map[string]any{"envoy": map[string]any{"shutdown": map[string]any{"drainSeconds": 60}}},
+			"envoy.terminationGracePeriodSeconds (60) must be at least envoy.shutdown.delaySeconds (5) + envoy.shutdown.drainSeconds (60) + 10 (for Envoy and extproc to exit): raise it to 75, or shorten the delay or the drain"},
+		{"sidecar-grace", map[string]any{"mode": "sidecar", "networkPolicy": map[string]any{"enabled": false}, "envoy": map[string]any{"terminationGracePeriodSeconds": 30}},
+			"envoy.terminationGracePeriodSeconds (30) must be at least"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			_, err := render(c.vals, "kube-mvp")

@@ -5,8 +5,8 @@
 //	extproc --source xds:HOST:PORT|file:FILE --listen ADDR [flags]   (extproc --help lists them)
 //
 // ADDR is unix:/path/to.sock or host:port. The admin address serves /healthz, /readyz (ready
-// once a routing table is loaded) and /metrics. With a file source SIGHUP re-reads the file;
-// SIGTERM or SIGINT stops gracefully.
+// once a routing table is loaded), /metrics and /drained (below). With a file source SIGHUP
+// re-reads the file; SIGTERM or SIGINT stops gracefully.
 //
 // With --proxy-client-cert, --proxy-client-key and --peer-ca (the files Envoy presents and
 // verifies with, in the same pod) extproc asks every live apiserver of its routing table
@@ -23,6 +23,15 @@
 // at a time (internal/nodepki; extproc copy-files --help). The chart runs it beside Envoy
 // with sidecar.kubeadmFrontProxyClient, so that Envoy and extproc read the node's pair as
 // their own user.
+//
+//	extproc drain-envoy [--envoy-admin 127.0.0.1:9901] [--delay 5s] [--drain-time 45s] [flags]
+//
+// drains the Envoy beside extproc through its admin API, then writes a done file whatever
+// happened, and waits for Envoy to exit (internal/drain; extproc drain-envoy --help): the
+// chart's preStop hook of the extproc container. The Envoy container's preStop hook is
+// extproc's GET /drained, which answers once that file exists (or after
+// --drained-max-wait), so that the kubelet stops Envoy only when it is drained, and extproc,
+// which Envoy needs while it drains, only after Envoy.
 package main
 
 import (
@@ -56,6 +65,7 @@ import (
 
 	"github.com/kube-mvp/kube-mvp/internal/cli"
 	"github.com/kube-mvp/kube-mvp/internal/cptls"
+	"github.com/kube-mvp/kube-mvp/internal/drain"
 	"github.com/kube-mvp/kube-mvp/internal/extproc"
 	"github.com/kube-mvp/kube-mvp/internal/frontproxy"
 	"github.com/kube-mvp/kube-mvp/internal/plan"
@@ -73,6 +83,8 @@ const usageOutro = `SIGHUP re-reads a file source; SIGTERM and SIGINT stop grace
 
 extproc copy-files --help: the command that publishes a node's kubeadm front-proxy-client pair
 for Envoy and extproc.
+extproc drain-envoy --help: the preStop hook that drains Envoy before it is stopped; GET /drained
+on the admin address answers once it did.
 `
 
 func usage() string { return cli.Usage(usageIntro, new(config).flagSet(), usageOutro) }
@@ -94,6 +106,9 @@ type config struct {
 	source, tlsDir string
 	plaintext      bool
 	proxy          frontproxy.Files
+
+	drainedFile    string
+	drainedMaxWait time.Duration
 }
 
 // extprocService is the gRPC health service name of the ext_proc API.
@@ -106,7 +121,7 @@ func (c *config) flagSet() *pflag.FlagSet {
 	fs.StringVar(&c.tlsDir, "xds-tls-dir", "", "xds source: the control plane's TLS, `DIR`/tls.crt and DIR/tls.key (an extproc certificate) and DIR/ca.crt (the control plane's CA bundle), as made by xds-server certgen; xds-server must present a certificate of that CA naming its role (re-read on change)")
 	cli.Bool(fs, &c.plaintext, "xds-insecure-plaintext", false, "xds source: no TLS (an xds-server started with the same flag)")
 	fs.StringVar(&c.listen, "listen", "", "gRPC address `ADDR`: unix:/path/to.sock or host:port (required)")
-	fs.StringVar(&c.adminAddress, "admin-address", "127.0.0.1:9002", "/healthz, /readyz and /metrics on `HOST:PORT`")
+	fs.StringVar(&c.adminAddress, "admin-address", "127.0.0.1:9002", "/healthz, /readyz, /metrics and /drained on `HOST:PORT`")
 	fs.Var(cli.NewValue(&c.now, time.Time{}, "RFC3339", cli.Time), "now", "file source: judge Lease liveness at this time (default: every Lease is live)")
 	fs.Var(cli.NewValue(&c.pollInterval, 0, "DURATION", cli.Duration(0, "a non-negative duration, e.g. 10s")), "poll-interval",
 		"file source: also re-read the file when it changes, checked this often (0: only on SIGHUP)")
@@ -116,6 +131,9 @@ func (c *config) flagSet() *pflag.FlagSet {
 	fs.StringVar(&c.proxy.Key, "proxy-client-key", "", "the key of --proxy-client-cert, a `FILE`")
 	fs.StringVar(&c.proxy.PeerCA, "peer-ca", "", "the CA of the apiservers' serving certificates (xds-server's --peer-ca), a `FILE`: the proxy certificate goes only to apiservers it verifies")
 	fs.StringVar(&c.proxy.ServerName, "upstream-server-name", frontproxy.DefaultServerName, "with --proxy-client-cert: the SNI sent to the apiservers and the DNS SAN required of them (xds-server's --upstream-server-name), a `NAME`")
+	fs.StringVar(&c.drainedFile, "drained-file", drain.DefaultDoneFile, "the `FILE` extproc drain-envoy writes when Envoy is drained (its --done-file): GET /drained on the admin address answers once it exists")
+	fs.Var(cli.NewValue(&c.drainedMaxWait, 2*time.Minute, "DURATION", cli.Duration(0, "a non-negative duration, e.g. 2m")), "drained-max-wait",
+		"GET /drained answers at the latest this long after it was asked, drained or not (longer than drain-envoy's --delay and --drain-time); 0: no /drained (404)")
 	fs.Bool("version", false, "print the version and exit")
 	return fs
 }
@@ -186,6 +204,9 @@ func parseArgs(args []string) (config, error) {
 			}
 		}
 	}
+	if cfg.drainedFile == "" && cfg.drainedMaxWait > 0 {
+		errs = multierror.Append(errs, errors.New("--drained-file must name a file (drain-envoy's --done-file), or --drained-max-wait=0 turns /drained off"))
+	}
 	errs = checkProxyFlags(&cfg, fs, errs)
 	return cfg, cli.Err(errs)
 }
@@ -234,8 +255,13 @@ func main() {
 
 // run is main with its inputs and outputs made explicit; it returns the exit code.
 func run(args []string, stdout, stderr io.Writer) int {
-	if len(args) > 0 && args[0] == "copy-files" {
-		return runCopyFiles(args[1:], stdout, stderr)
+	if len(args) > 0 {
+		switch args[0] {
+		case "copy-files":
+			return runCopyFiles(args[1:], stdout, stderr)
+		case "drain-envoy":
+			return runDrainEnvoy(args[1:], stdout, stderr)
+		}
 	}
 	cfg, err := parseArgs(args)
 	if errors.Is(err, cli.ErrVersion) {
@@ -404,7 +430,12 @@ func start(cfg config, log *slog.Logger, reload <-chan os.Signal) (*app, error) 
 		fmt.Fprintf(w, "ok: routing table %s\n%s", a.srv.Version(), report)
 	})
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	// The Envoy container's preStop hook: it only waits, so it needs no protection beyond
+	// its limits (drain.Waiter).
+	stopping := make(chan struct{})
+	mux.Handle("/drained", &drain.Waiter{File: cfg.drainedFile, MaxWait: cfg.drainedMaxWait, Stop: stopping, Logger: log})
 	a.admin = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	a.admin.RegisterOnShutdown(func() { close(stopping) })
 
 	go func() { a.errs <- a.grpc.Serve(a.grpcLis) }()
 	go func() {
