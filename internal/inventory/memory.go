@@ -106,7 +106,11 @@ func (w *Watcher) remember(ctx context.Context, objs objects.Objects, opts objec
 	// again with this version of the ConfigMap, so that a write never drops a name it holds.
 	persistedNames := w.persistedNames(cm, opts.Now)
 	w.headerNames = objects.MergeRequestHeaderNames(w.headerNames, persistedNames)
-	if w.memoryStore != nil && (replace || objects.NeedsWrite(persisted, w.memory, live) || w.headerNames.NeedsWrite(persistedNames)) {
+	needsWrite := replace || objects.NeedsWrite(persisted, w.memory, live) || w.headerNames.NeedsWrite(persistedNames)
+	if needsWrite && rejected && !w.persist.mayReplace(opts.Now) {
+		needsWrite = false // replaced again once the interval is over (a rebuild is due then)
+	}
+	if w.memoryStore != nil && needsWrite {
 		data, err := objects.EncodeSignedMemory(w.memory, key, opts.Now)
 		if err == nil && !w.headerNames.IsZero() {
 			var names string
@@ -296,6 +300,41 @@ type memoryWriter struct {
 	known       map[string]bool
 	stale       string
 	staleAbsent bool
+
+	// lastReplace is when a write last replaced a rejected ConfigMap, and replaceDue
+	// whether a rebuild is already asked for when the next one may happen.
+	lastReplace time.Time
+	replaceDue  bool
+}
+
+// replaceInterval spaces the writes that replace a ConfigMap this process rejected. Another
+// writer that keeps writing what this process rejects (an older xds-server replica during an
+// upgrade, which in turn rejects this one's signed entries; or a hostile writer) would
+// otherwise meet a write of ours for each of its own: two replicas of different versions
+// rewrote the object 12 to 18 times a second. Routing never waits for the write: this
+// process keeps its own memory meanwhile.
+const replaceInterval = 30 * time.Second
+
+// mayReplace reports whether a write may replace a rejected ConfigMap now; if not, it asks
+// for a rebuild when one may.
+func (p *memoryWriter) mayReplace(now time.Time) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	wait := p.lastReplace.Add(replaceInterval).Sub(now)
+	if p.lastReplace.IsZero() || wait <= 0 {
+		p.lastReplace = now
+		return true
+	}
+	if !p.replaceDue {
+		p.replaceDue = true
+		time.AfterFunc(wait, func() {
+			p.mu.Lock()
+			p.replaceDue = false
+			p.mu.Unlock()
+			p.done()
+		})
+	}
+	return false
 }
 
 func (p *memoryWriter) noteRejected(resourceVersion string) bool {

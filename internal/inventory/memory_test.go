@@ -259,9 +259,10 @@ func TestMemoryRejectedAndReplaced(t *testing.T) {
 		t.Errorf("want one line naming kube-mvp/mem and one rejection (future), got %v:\n%s", r.rejected, r.logs.String())
 	}
 
-	// Garbage: rejected, replaced, even when this process has nothing to say (nothing live).
+	// Garbage: rejected, replaced, even when this process has nothing to say (nothing live),
+	// once the interval between replacements is over.
 	server.edit(func(d map[string]string) map[string]string { d[idA] = `{"lastSeen": 12`; return d })
-	c = cluster{now: c.now.Add(time.Second)}
+	c = cluster{now: c.now.Add(replaceInterval)}
 	r.look(c, true)
 	if got := ids(persisted(t, server, creds, c.now)); got != ids(objects.Memory{idA: {}, idB: {}}) {
 		t.Errorf("after garbage, the ConfigMap holds %s", got)
@@ -269,6 +270,41 @@ func TestMemoryRejectedAndReplaced(t *testing.T) {
 	if strings.Join(r.rejected, " ") != objects.RejectFuture+" "+objects.RejectMalformed {
 		t.Errorf("rejections %v", r.rejected)
 	}
+}
+
+// TestMemoryReplacementsSpaced: a writer that answers every write with content this process
+// rejects (an older replica during an upgrade writes unsigned entries and drops the signed
+// ones) meets one replacement per replaceInterval, not one per write of its own.
+func TestMemoryReplacementsSpaced(t *testing.T) {
+	creds := xdsCreds(t)
+	server := &cmServer{}
+	r := newReplica(t, server, creds)
+	now := time.Now()
+	c := cluster{now: now, live: map[string]string{idA: "cp-a", idB: "cp-b"}}
+	r.look(c, true) // the first write, signed
+	old := objects.EncodeMemory(objects.Memory{idA: {Hostname: "cp-a", Address: "192.0.2.1:443", Served: []topology.Resource{jobs}, LastSeen: now.Truncate(time.Second)}})
+	replaced := 0
+	for step := time.Duration(0); step <= 2*replaceInterval+replaceInterval/2; step += 500 * time.Millisecond {
+		if d := server.data(); len(d) > 0 && signedBy(creds, d) {
+			if step > 0 {
+				replaced++
+			}
+			server.edit(func(map[string]string) map[string]string { return maps.Clone(old) })
+		}
+		c.now = now.Add(step)
+		r.look(c, true)
+	}
+	// Replaced at once, then after one and two intervals.
+	if replaced != 3 {
+		t.Errorf("%d replacements in %s, want 3 (one per %s)", replaced, 2*replaceInterval+replaceInterval/2, replaceInterval)
+	}
+}
+
+// signedBy reports whether a memory ConfigMap's data is signed by creds' CA.
+func signedBy(creds *cptls.Credentials, data map[string]string) bool {
+	_, pool := creds.Current()
+	reading, err := objects.ReadMemory(data, objects.MemoryTrust{Roots: pool, Now: time.Now()})
+	return err == nil && reading.Signed
 }
 
 // TestMemoryOperatorRemoval: an entry an operator deletes (a key, or the whole ConfigMap)
