@@ -124,9 +124,10 @@ func Start(ctx context.Context, opts Options) (k *KubeMVP, err error) {
 		return nil, err
 	}
 	k = &KubeMVP{Name: opts.Name, XDSAddress: addrs[0], XDSAdmin: "http://" + addrs[1], ExtprocAdmin: "http://" + addrs[2]}
+	started := k // the error returns below set k to nil
 	defer func() {
 		if err != nil {
-			k.Close()
+			started.Close()
 		}
 	}()
 	// xds-server watches through a balancer over every apiserver, as in a cluster it does
