@@ -84,6 +84,18 @@ type Options struct {
 	// ExtprocUnready: Start waits for extproc's /healthz, not its /readyz, for tests in
 	// which its readiness must fail (every apiserver refuses the proxy certificate).
 	ExtprocUnready bool
+	// XDSServerBin and ExtprocBin, when set, are the binaries to run instead of BinDir's
+	// (another version of kube-mvp, for version-skew tests); XDSServerBin also makes the
+	// control plane's certificates (certgen).
+	XDSServerBin, ExtprocBin string
+	// XDSSwitch: the data plane and extproc each reach xds-server through a Switch of their
+	// own (KubeMVP.EnvoyXDS, KubeMVP.ExtprocXDS), so that a test can move them to another
+	// xds-server (StartXDSServer) as a rollout of its Deployment does.
+	XDSSwitch bool
+	// DataPlaneUnready: Start returns once the data plane is started, without waiting for
+	// it to apply a whole configuration, for tests in which it refuses (NACKs) the
+	// configuration it is given.
+	DataPlaneUnready bool
 }
 
 // TestExtProcMessageTimeout is how long the data plane waits for extproc in tests. The
@@ -105,10 +117,16 @@ type KubeMVP struct {
 	ControlPlaneTLS func(cptls.Role) string
 	DataPlane       *dataplane.DataPlane
 	procs           []*process // xds-server first
-	xdsArgs         []string
-	xdsLog          string
-	apiBalancer     *RoundRobin
-	dataPlaneLog    *os.File // nil when Options.Logger was given
+	// XDSServers are the xds-server processes: Start's first, then StartXDSServer's.
+	XDSServers []*XDSServer
+	// EnvoyXDS and ExtprocXDS, with Options.XDSSwitch, are where the data plane and extproc
+	// connect for xds-server.
+	EnvoyXDS, ExtprocXDS *Switch
+	extArgs              []string
+	xdsArgs              []string
+	xdsLog               string
+	apiBalancer          *RoundRobin
+	dataPlaneLog         *os.File // nil when Options.Logger was given
 }
 
 // Start starts a deployment and waits until its data plane has applied a full configuration.
@@ -124,9 +142,10 @@ func Start(ctx context.Context, opts Options) (k *KubeMVP, err error) {
 		return nil, err
 	}
 	k = &KubeMVP{Name: opts.Name, XDSAddress: addrs[0], XDSAdmin: "http://" + addrs[1], ExtprocAdmin: "http://" + addrs[2]}
+	started := k // the error returns below set k to nil
 	defer func() {
 		if err != nil {
-			k.Close()
+			started.Close()
 		}
 	}()
 	// xds-server watches through a balancer over every apiserver, as in a cluster it does
@@ -146,8 +165,14 @@ func Start(ctx context.Context, opts Options) (k *KubeMVP, err error) {
 	}
 
 	// The control plane's own certificates, made by the command the chart's Job runs.
+	if opts.XDSServerBin == "" {
+		opts.XDSServerBin = filepath.Join(opts.BinDir, "xds-server")
+	}
+	if opts.ExtprocBin == "" {
+		opts.ExtprocBin = filepath.Join(opts.BinDir, "extproc")
+	}
 	cpTLS := filepath.Join(dir, "cp-tls")
-	if out, err := exec.CommandContext(ctx, filepath.Join(opts.BinDir, "xds-server"), "certgen", "--out-dir", cpTLS, "--dns-names", "localhost").CombinedOutput(); err != nil {
+	if out, err := exec.CommandContext(ctx, opts.XDSServerBin, "certgen", "--out-dir", cpTLS, "--dns-names", "localhost").CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("xds-server certgen: %w\n%s", err, out)
 	}
 	envoyRole := cptls.RoleEnvoyFront
@@ -181,21 +206,33 @@ func Start(ctx context.Context, opts Options) (k *KubeMVP, err error) {
 		xdsArgs = append(xdsArgs, "--apiserver-addresses", a)
 	}
 	xdsArgs = append(xdsArgs, opts.XDSServerArgs...)
-	k.xdsArgs, k.xdsLog = append([]string{filepath.Join(opts.BinDir, "xds-server")}, xdsArgs...), filepath.Join(dir, "xds-server.log")
+	k.xdsArgs, k.xdsLog = append([]string{opts.XDSServerBin}, xdsArgs...), filepath.Join(dir, "xds-server.log")
 	p, err := startProcess(k.xdsLog, k.xdsArgs[0], k.xdsArgs[1:]...)
 	if err != nil {
 		return nil, err
 	}
 	k.procs = append(k.procs, p)
+	k.XDSServers = append(k.XDSServers, &XDSServer{Bin: opts.XDSServerBin, Address: addrs[0], Admin: k.XDSAdmin, proc: p})
+	envoyXDS, extprocXDS := addrs[0], addrs[0]
+	if opts.XDSSwitch {
+		if k.EnvoyXDS, err = StartSwitch(addrs[0]); err != nil {
+			return nil, err
+		}
+		if k.ExtprocXDS, err = StartSwitch(addrs[0]); err != nil {
+			return nil, err
+		}
+		envoyXDS, extprocXDS = k.EnvoyXDS.Addr(), k.ExtprocXDS.Addr()
+	}
 
 	// extproc checks with the files Envoy presents and verifies with (xds-server's
 	// --proxy-client-cert, --proxy-client-key, --peer-ca) that the apiservers accept the
 	// proxy certificate.
-	extArgs := []string{"--source", "xds:" + addrs[0], "--xds-tls-dir", k.ControlPlaneTLS(cptls.RoleExtproc),
+	extArgs := []string{"--source", "xds:" + extprocXDS, "--xds-tls-dir", k.ControlPlaneTLS(cptls.RoleExtproc),
 		"--listen", "unix:" + sock, "--admin-address", addrs[2],
 		"--proxy-client-cert", pki.Path("proxy-client.crt"), "--proxy-client-key", pki.Path("proxy-client.key"), "--peer-ca", pki.Path("server-ca.crt"),
 	}
-	p, err = startProcess(filepath.Join(dir, "extproc.log"), filepath.Join(opts.BinDir, "extproc"), extArgs...)
+	k.extArgs = append([]string{opts.ExtprocBin}, extArgs...)
+	p, err = startProcess(filepath.Join(dir, "extproc.log"), opts.ExtprocBin, extArgs...)
 	if err != nil {
 		return nil, err
 	}
@@ -224,7 +261,7 @@ func Start(ctx context.Context, opts Options) (k *KubeMVP, err error) {
 		logger = slog.New(slog.NewTextHandler(f, &slog.HandlerOptions{Level: level}))
 	}
 	k.DataPlane, err = dataplane.Start(ctx, dataplane.Options{
-		XDSAddress:      addrs[0],
+		XDSAddress:      envoyXDS,
 		XDSTLS:          BootstrapTLS(k.ControlPlaneTLS(envoyRole)),
 		NodeID:          opts.Name,
 		LocalAPIServer:  opts.LocalAPIServer,
@@ -233,6 +270,9 @@ func Start(ctx context.Context, opts Options) (k *KubeMVP, err error) {
 	})
 	if err != nil {
 		return nil, err
+	}
+	if opts.DataPlaneUnready {
+		return k, nil
 	}
 	readyCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
@@ -313,6 +353,11 @@ func (k *KubeMVP) Close() error {
 	}
 	if k.apiBalancer != nil {
 		k.apiBalancer.Close()
+	}
+	for _, s := range []*Switch{k.EnvoyXDS, k.ExtprocXDS} {
+		if s != nil {
+			s.Close()
+		}
 	}
 	if k.dataPlaneLog != nil {
 		k.dataPlaneLog.Close()
