@@ -79,6 +79,8 @@ type load struct {
 
 	mu  sync.Mutex
 	cur tally
+	// lastExec and lastPortForward are when the last session of each kind to end began.
+	lastExec, lastPortForward time.Time
 
 	// writeMu is held by the writer for each write; converge holds it so that the stores
 	// can be compared with a list that does not move.
@@ -458,6 +460,19 @@ func (l *load) wrote(ctx context.Context, what string, err error) {
 	})
 }
 
+// covered waits until an exec and a port-forward session that began after since have
+// ended, so that every step's counts hold sessions that overlapped it.
+func (l *load) covered(ctx context.Context, since time.Time) error {
+	return testutil.Until(ctx, 45*time.Second, "an exec and a port-forward session begun during the step to end", func() error {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if !l.lastExec.After(since) || !l.lastPortForward.After(since) {
+			return fmt.Errorf("the last sessions to end began at %s (exec) and %s (port-forward)", l.lastExec.Format("15:04:05.000"), l.lastPortForward.Format("15:04:05.000"))
+		}
+		return nil
+	})
+}
+
 // converge pauses the writer and waits until every informer's store holds exactly what a
 // direct list of the first apiserver returns (names and resourceVersions): no event lost.
 func (l *load) converge(ctx context.Context) error {
@@ -508,7 +523,7 @@ func sameObjects(kind string, store []any, direct []metav1.Object) error {
 // print done after two seconds and exit 0.
 func (l *load) execs(ctx context.Context) {
 	for ctx.Err() == nil {
-		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		sctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 		cmd := exec.CommandContext(sctx, l.in.kubectl, "--kubeconfig", l.kubeconfig, "--tls-server-name", l.in.ServerName,
 			"exec", "-n", loadNS, "shell", "--", "sh", "-c", "sleep 2; echo done")
 		var stdout, stderr bytes.Buffer
@@ -520,6 +535,7 @@ func (l *load) execs(ctx context.Context) {
 			return
 		}
 		l.add(func(t *tally) {
+			l.lastExec = started
 			if err != nil || stdout.String() != "done\n" {
 				t.execFailed++
 				l.note(&t.execErrs, "exec started %s: %v: stdout %q stderr %q", started.Format("15:04:05.000"), err, stdout.String(), strings.TrimSpace(stderr.String()))
@@ -543,6 +559,7 @@ func (l *load) portForwards(ctx context.Context) {
 			return
 		}
 		l.add(func(t *tally) {
+			l.lastPortForward = started
 			if err != nil {
 				t.pfFailed++
 				l.note(&t.pfErrs, "port-forward started %s: %v", started.Format("15:04:05.000"), err)
@@ -555,7 +572,7 @@ func (l *load) portForwards(ctx context.Context) {
 }
 
 func (l *load) portForward(ctx context.Context) (err error) {
-	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	sctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(sctx, l.in.kubectl, "--kubeconfig", l.kubeconfig, "--tls-server-name", l.in.ServerName,
 		"port-forward", "-n", loadNS, "pod/web", ":8080")

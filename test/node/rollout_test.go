@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -93,12 +94,13 @@ func (in *installation) rolloutStep(t *testing.T, ctx context.Context, l *load, 
 	start := time.Now()
 	run()
 	in.waitSettled(t, ctx)
+	coverErr := l.covered(ctx, start)
 	convergeErr := l.converge(ctx)
 	took := time.Since(start)
 	r := l.take()
 
-	t.Logf("step %q: lists %d ok %d failed; informers %d lists (%d failed), watches %d resumed (%d failed to start, %d ended by the server), %d errors; exec %d/%d; port-forward %d/%d; writes %d (%d failed); took %s",
-		name, r.listsOK, r.listsFailed+r.informerListsFailed, r.informerLists, r.informerListsFailed,
+	t.Logf("step %q (%s-%s): lists %d ok %d failed; informers %d lists (%d failed), watches %d resumed (%d failed to start, %d ended by the server), %d errors; exec %d/%d; port-forward %d/%d; writes %d (%d failed); took %s",
+		name, start.Format("15:04:05"), time.Now().Format("15:04:05"), r.listsOK, r.listsFailed+r.informerListsFailed, r.informerLists, r.informerListsFailed,
 		r.watchResumed, r.watchStartFailed, r.watchEnded, r.watchErrors,
 		r.execOK, r.execOK+r.execFailed, r.pfOK, r.pfOK+r.pfFailed, r.writes, r.writesFailed, took.Round(time.Second))
 	if len(r.informerErrs) > 0 {
@@ -113,13 +115,16 @@ func (in *installation) rolloutStep(t *testing.T, ctx context.Context, l *load, 
 	if r.watchErrors > 0 {
 		t.Errorf("step %q: %d watch.Error events reached the informers, first: %q", name, r.watchErrors, r.watchErrs)
 	}
+	if coverErr != nil {
+		t.Errorf("step %q: %v", name, coverErr)
+	}
 	if convergeErr != nil {
 		t.Errorf("step %q: %v", name, convergeErr)
 	}
-	if r.execFailed > 0 || r.execOK == 0 {
+	if r.execFailed > 0 {
 		t.Errorf("step %q: %d of %d exec sessions failed, first: %q", name, r.execFailed, r.execOK+r.execFailed, r.execErrs)
 	}
-	if r.pfFailed > 0 || r.pfOK == 0 {
+	if r.pfFailed > 0 {
 		t.Errorf("step %q: %d of %d port-forward sessions failed, first: %q", name, r.pfFailed, r.pfOK+r.pfFailed, r.pfErrs)
 	}
 	if r.writesFailed > 0 {
@@ -142,36 +147,64 @@ func (in *installation) rolloutStep(t *testing.T, ctx context.Context, l *load, 
 }
 
 // waitSettled waits until each Deployment of the release has its replicas, all updated and
-// Ready, and no other pod: the replaced ones are gone, not merely terminating.
+// Ready, and no other pod: the replaced ones are gone, not merely terminating. It logs what
+// it waits for as that changes, and the logs of a pod that stays unready for 15 s.
 func (in *installation) waitSettled(t *testing.T, ctx context.Context) {
 	t.Helper()
-	testutil.WaitFor(t, ctx, 3*time.Minute, "every pod of the release Ready and the replaced ones gone", func() error {
+	start := time.Now()
+	last := ""
+	dumped := map[types.UID]bool{}
+	defer func() {
+		t.Logf("settled %s after the step's action", time.Since(start).Round(100*time.Millisecond))
+	}()
+	testutil.WaitFor(t, ctx, 3*time.Minute, "every pod of the release Ready and the replaced ones gone", func() (err error) {
+		defer func() {
+			if err != nil && err.Error() != last {
+				last = err.Error()
+				t.Logf("%s: waiting: %s", time.Now().Format("15:04:05.000"), last)
+			}
+		}()
 		for component, name := range deployments {
+			pods, err := in.admin.CoreV1().Pods(node.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=" + component})
+			if err != nil {
+				return err
+			}
+			for _, p := range pods.Items {
+				if podReady(&p) {
+					continue
+				}
+				var unready []string
+				for _, c := range p.Status.ContainerStatuses {
+					if !c.Ready {
+						unready = append(unready, c.Name)
+					}
+				}
+				if p.DeletionTimestamp == nil && time.Since(p.CreationTimestamp.Time) > 15*time.Second && !dumped[p.UID] {
+					dumped[p.UID] = true
+					in.logPodLogs(t, ctx, &p)
+				}
+				return fmt.Errorf("pod %s: %s, deleting %t, containers not ready %v", p.Name, p.Status.Phase, p.DeletionTimestamp != nil, unready)
+			}
 			d, err := in.admin.AppsV1().Deployments(node.Namespace).Get(ctx, name, metav1.GetOptions{})
 			if err != nil {
 				return err
 			}
 			want := *d.Spec.Replicas
-			if d.Status.ObservedGeneration < d.Generation || d.Status.UpdatedReplicas != want || d.Status.ReadyReplicas != want || d.Status.Replicas != want {
-				return fmt.Errorf("%s: %d updated, %d ready, %d in all, want %d", name, d.Status.UpdatedReplicas, d.Status.ReadyReplicas, d.Status.Replicas, want)
-			}
-			pods, err := in.admin.CoreV1().Pods(node.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=" + component})
-			if err != nil {
-				return err
-			}
-			var ready int32
-			for _, p := range pods.Items {
-				if !podReady(&p) {
-					return fmt.Errorf("pod %s: %s, deleting %t, not Ready", p.Name, p.Status.Phase, p.DeletionTimestamp != nil)
-				}
-				ready++
-			}
-			if ready != want {
-				return fmt.Errorf("%s: %d pods Ready, want %d", component, ready, want)
+			if d.Status.ObservedGeneration < d.Generation || d.Status.UpdatedReplicas != want || d.Status.ReadyReplicas != want || d.Status.Replicas != want || int32(len(pods.Items)) != want {
+				return fmt.Errorf("%s: %d updated, %d ready, %d in all, %d pods, want %d", name, d.Status.UpdatedReplicas, d.Status.ReadyReplicas, d.Status.Replicas, len(pods.Items), want)
 			}
 		}
 		return nil
 	})
+}
+
+// logPodLogs logs the last lines of every container of p, to show why it is not Ready.
+func (in *installation) logPodLogs(t *testing.T, ctx context.Context, p *corev1.Pod) {
+	t.Helper()
+	for _, c := range p.Spec.Containers {
+		b, err := in.admin.CoreV1().Pods(p.Namespace).GetLogs(p.Name, &corev1.PodLogOptions{Container: c.Name, TailLines: new(int64(15)), Timestamps: true}).DoRaw(ctx)
+		t.Logf("pod %s (created %s) container %s, unready for 15 s; its log (%v):\n%s", p.Name, p.CreationTimestamp.Format("15:04:05"), c.Name, err, b)
+	}
 }
 
 // evictAll evicts every pod of a component through the Eviction API as kubectl drain does,
@@ -275,7 +308,7 @@ func (in *installation) helmUpgrade(t *testing.T, ctx context.Context, images <-
 	args := []string{"upgrade", node.Release, filepath.Join(root, "deploy", "kube-mvp"),
 		"--namespace", node.Namespace, "--kubeconfig", in.node.Kubeconfig, "--reuse-values",
 		"--set", "image.xdsServer.tag=" + upgradeVersion, "--set", "image.extproc.tag=" + upgradeVersion,
-		"--set", "envoy.podAnnotations.rollout-upgrade=" + stamp, "--set", "xdsServer.podAnnotations.rollout-upgrade=" + stamp,
+		"--set-string", "envoy.podAnnotations.rollout-upgrade=" + stamp, "--set-string", "xdsServer.podAnnotations.rollout-upgrade=" + stamp,
 		"--set", "envoy.logLevel=debug",
 	}
 	hctx, cancel := context.WithTimeout(ctx, 4*time.Minute)
