@@ -30,6 +30,9 @@ var deployments = map[string]string{
 	"xds-server": node.Release + "-xds-server",
 }
 
+// components are the keys of deployments, in the order the test goes through them.
+var components = []string{"envoy", "xds-server"}
+
 // upgradeVersion stamps the images the helm upgrade step deploys.
 const upgradeVersion = "0.0.0-upgrade"
 
@@ -60,7 +63,7 @@ func TestRollouts(t *testing.T) {
 	in.rolloutStep(t, ctx, l, "rollout restart envoy", func() { in.rolloutRestart(t, ctx, deployments["envoy"]) })
 	in.rolloutStep(t, ctx, l, "rollout restart xds-server", func() { in.rolloutRestart(t, ctx, deployments["xds-server"]) })
 	in.rolloutStep(t, ctx, l, "delete a pod of each", func() {
-		for _, component := range []string{"envoy", "xds-server"} {
+		for _, component := range components {
 			p := in.pods(t, ctx, component)[0]
 			if err := in.admin.CoreV1().Pods(node.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{}); err != nil {
 				t.Fatal(err)
@@ -69,11 +72,12 @@ func TestRollouts(t *testing.T) {
 		}
 	})
 	in.rolloutStep(t, ctx, l, "evict every pod", func() {
-		for _, component := range []string{"envoy", "xds-server"} {
+		for _, component := range components {
 			in.evictAll(t, ctx, component)
 		}
 	})
-	in.rolloutStep(t, ctx, l, "helm upgrade", func() { in.helmUpgrade(t, ctx, upgradeImages) })
+	var upgraded func()
+	in.rolloutStep(t, ctx, l, "helm upgrade", func() { upgraded = in.helmUpgrade(t, ctx, upgradeImages) }, func() { upgraded() })
 
 	final := l.stop()
 	t.Logf("after the last step: lists %d ok %d failed; exec %d/%d; port-forward %d/%d; test took %s",
@@ -83,10 +87,10 @@ func TestRollouts(t *testing.T) {
 // rolloutStep runs one step under the load, waits until every pod of the release is Ready
 // and the replaced ones gone, and the informers converged, then reports and checks what the
 // load saw during the step.
-func (in *installation) rolloutStep(t *testing.T, ctx context.Context, l *load, name string, run func()) {
+func (in *installation) rolloutStep(t *testing.T, ctx context.Context, l *load, name string, run func(), settled ...func()) {
 	t.Helper()
 	before := map[types.UID]int32{}
-	for component := range deployments {
+	for _, component := range components {
 		for uid, n := range in.podRestarts(t, ctx, component) {
 			before[uid] = n
 		}
@@ -94,12 +98,15 @@ func (in *installation) rolloutStep(t *testing.T, ctx context.Context, l *load, 
 	start := time.Now()
 	run()
 	in.waitSettled(t, ctx)
+	for _, f := range settled {
+		f()
+	}
 	coverErr := l.covered(ctx, start)
 	convergeErr := l.converge(ctx)
 	took := time.Since(start)
 	r := l.take()
 
-	t.Logf("step %q (%s-%s): lists %d ok %d failed; informers %d lists (%d failed), watches %d resumed (%d failed to start, %d ended by the server), %d errors; exec %d/%d; port-forward %d/%d; writes %d (%d failed); took %s",
+	t.Logf("step %q (%s-%s): lists %d ok %d failed; informers %d lists (%d failed), watches %d resumed (%d failed to start, %d ended), %d errors; exec %d/%d; port-forward %d/%d; writes %d (%d failed); took %s",
 		name, start.Format("15:04:05"), time.Now().Format("15:04:05"), r.listsOK, r.listsFailed+r.informerListsFailed, r.informerLists, r.informerListsFailed,
 		r.watchResumed, r.watchStartFailed, r.watchEnded, r.watchErrors,
 		r.execOK, r.execOK+r.execFailed, r.pfOK, r.pfOK+r.pfFailed, r.writes, r.writesFailed, took.Round(time.Second))
@@ -133,7 +140,7 @@ func (in *installation) rolloutStep(t *testing.T, ctx context.Context, l *load, 
 	}
 	// No pod of the release restarted: those that lived through the step kept their
 	// restart counts, the new ones have none.
-	for component := range deployments {
+	for _, component := range components {
 		for _, p := range in.pods(t, ctx, component) {
 			var n int32
 			for _, c := range p.Status.ContainerStatuses {
@@ -164,7 +171,8 @@ func (in *installation) waitSettled(t *testing.T, ctx context.Context) {
 				t.Logf("%s: waiting: %s", time.Now().Format("15:04:05.000"), last)
 			}
 		}()
-		for component, name := range deployments {
+		for _, component := range components {
+			name := deployments[component]
 			pods, err := in.admin.CoreV1().Pods(node.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=" + component})
 			if err != nil {
 				return err
@@ -282,8 +290,9 @@ func buildUpgradeImages(ctx context.Context, dir string) imagesResult {
 }
 
 // helmUpgrade upgrades the release as an operator would: the same values (--reuse-values)
-// with new images and values that change every workload's pods.
-func (in *installation) helmUpgrade(t *testing.T, ctx context.Context, images <-chan imagesResult) {
+// with new images and values that change every workload's pods. It returns the check, for
+// once the release settled, that every pod runs what the upgrade asked for.
+func (in *installation) helmUpgrade(t *testing.T, ctx context.Context, images <-chan imagesResult) (check func()) {
 	t.Helper()
 	var im imagesResult
 	select {
@@ -319,19 +328,19 @@ func (in *installation) helmUpgrade(t *testing.T, ctx context.Context, images <-
 	if err != nil {
 		t.Fatalf("helm upgrade: %v\n%s", err, out)
 	}
-	in.waitSettled(t, ctx)
-	// Every pod runs what the upgrade asked for.
-	for component := range deployments {
-		for _, p := range in.pods(t, ctx, component) {
-			if p.Annotations["rollout-upgrade"] != stamp {
-				t.Errorf("pod %s was not replaced by the upgrade (annotations %v)", p.Name, p.Annotations)
-			}
-			for _, c := range p.Spec.Containers {
-				if (c.Name == "xds-server" || c.Name == "extproc") && !strings.HasSuffix(c.Image, ":"+upgradeVersion) {
-					t.Errorf("pod %s container %s runs %s, want tag %s", p.Name, c.Name, c.Image, upgradeVersion)
+	return func() {
+		for _, component := range components {
+			for _, p := range in.pods(t, ctx, component) {
+				if p.Annotations["rollout-upgrade"] != stamp {
+					t.Errorf("pod %s was not replaced by the upgrade (annotations %v)", p.Name, p.Annotations)
 				}
-				if c.Name == "envoy" && !slices.Contains(c.Args, "debug") {
-					t.Errorf("pod %s: envoy %v, want --log-level debug", p.Name, c.Args)
+				for _, c := range p.Spec.Containers {
+					if (c.Name == "xds-server" || c.Name == "extproc") && !strings.HasSuffix(c.Image, ":"+upgradeVersion) {
+						t.Errorf("pod %s container %s runs %s, want tag %s", p.Name, c.Name, c.Image, upgradeVersion)
+					}
+					if c.Name == "envoy" && !slices.Contains(c.Args, "debug") {
+						t.Errorf("pod %s: envoy %v, want --log-level debug", p.Name, c.Args)
+					}
 				}
 			}
 		}
