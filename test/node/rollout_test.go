@@ -36,8 +36,14 @@ var components = []string{"envoy", "xds-server"}
 // upgradeVersion stamps the images the helm upgrade step deploys.
 const upgradeVersion = "0.0.0-upgrade"
 
-// rolloutInstall are the values TestRollouts installs with besides the defaults.
-var rolloutInstall []string
+// rolloutInstall are the values TestRollouts installs with besides the defaults: a short
+// drain of stopping Envoy pods (the chart's defaults, 5 s and 45 s, would make the test
+// minutes longer), long enough for every exec (2 s) and port-forward session to finish.
+var rolloutInstall = []string{
+	"--set", "envoy.shutdown.delaySeconds=2",
+	"--set", "envoy.shutdown.drainSeconds=10",
+	"--set", "envoy.terminationGracePeriodSeconds=25",
+}
 
 // TestRollouts replaces every pod of the release, one way after another, under continuous
 // load through kube-mvp's Service: lists with a client certificate and a ServiceAccount
