@@ -39,6 +39,9 @@ type oldVersion struct {
 	// want: per state (its id in the matrix: a, d1, b, d2, b', e, c, d3, d4, e'), what its
 	// requests must get; a state absent serves every request.
 	want map[string]expectation
+	// memoryAgrees: an old and a new replica take each other's memory ConfigMap as their own
+	// (same format and signature), so neither writes it while both run.
+	memoryAgrees bool
 }
 
 // oldVersions: the versions TestVersionSkew upgrades from, each a subtest.
@@ -53,8 +56,9 @@ var oldVersions = []oldVersion{
 		},
 	},
 	{
-		commit: "2fddc4c",
-		about:  "the first version after request classes, Security 3's identity change and the signed memory",
+		commit:       "2fddc4c",
+		about:        "the first version after request classes, Security 3's identity change and the signed memory",
+		memoryAgrees: true,
 	},
 }
 
@@ -273,7 +277,15 @@ var (
 // called, which returns how many times it was written meanwhile, and for how long.
 func (s *upgrade) countMemoryWrites(ctx context.Context, t *testing.T, name string) func() (int, time.Duration) {
 	t.Helper()
-	w, err := s.adminKube.CoreV1().ConfigMaps("default").Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=kube-mvp-memory-" + name})
+	// From the list's resource version: a watch without one starts with an ADDED event for
+	// the object as it is, which is no write.
+	sel := metav1.ListOptions{FieldSelector: "metadata.name=kube-mvp-memory-" + name}
+	l, err := s.adminKube.CoreV1().ConfigMaps("default").List(ctx, sel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sel.ResourceVersion = l.ResourceVersion
+	w, err := s.adminKube.CoreV1().ConfigMaps("default").Watch(ctx, sel)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -297,12 +309,16 @@ func (s *upgrade) countMemoryWrites(ctx context.Context, t *testing.T, name stri
 // logMemoryWrites records the memory ConfigMap's writes while an old and a new replica ran
 // (bf535e6 and this checkout rewrite it in turn: the old one finds the new one's
 // request-header-names entry malformed, the new one rejects the old one's unsigned entries as
-// a whole, and replaces them at most once per 30 s).
+// a whole, and replaces them at most once per 30 s); with memoryAgrees there must be none.
 func (s *upgrade) logMemoryWrites(t *testing.T, writes func() (int, time.Duration)) {
+	t.Helper()
 	n, d := writes()
 	row := fmt.Sprintf("memory ConfigMap written %d times in %s while an old and a new xds-server replica ran (%.1f/s)", n, d.Round(100*time.Millisecond), float64(n)/d.Seconds())
 	s.rows = append(s.rows, row)
 	t.Log(row)
+	if s.v.memoryAgrees && n > 0 {
+		t.Errorf("the old and the new replica should agree over the memory ConfigMap, but it was written %d times", n)
+	}
 }
 
 type suite struct {
