@@ -109,10 +109,10 @@ var xdsTypes = []struct{ short, url string }{
 // Deployment (two replicas) and the Envoy pods (Envoy + extproc) independently, in either
 // order. Envoy is the test data plane, which refuses what Envoy v1.36 refuses; "Envoy on old"
 // means it follows an old xds-server (its configuration is the old version's, or what it
-// keeps of a newer one after NACKs). Every state logs a matrix line: per Envoy resource type ACK (the version applied)
-// or NACK, extproc's table stream, and the results of Job and ConfigMap lists (Jobs only
-// cp-a serves) and of a client-certificate SelfSubjectReview compared with the apiserver's
-// direct answer.
+// keeps of a newer one after NACKs). Every state logs a matrix line: per Envoy resource type
+// ACK (the version applied) or NACK, extproc's table stream, and the results of Job and
+// ConfigMap lists (Jobs only cp-a serves) and of a client-certificate SelfSubjectReview
+// compared with the apiserver's direct answer.
 //
 // Asserted: no request is ever answered with another identity than the caller's, or with a
 // wrong answer (a 404 for Jobs, a list of the wrong kind); a request that is not served
@@ -122,8 +122,9 @@ var xdsTypes = []struct{ short, url string }{
 //
 // Found (see README in this package): bf535e6's listener is NACKed by Envoy (its ext_proc
 // filter's mutation_rules.allow_expression is over RE2's program-size limit), so bf535e6
-// never served a request through real Envoy: the states in which Envoy follows an old
-// xds-server serve nothing. From 2fddc4c on, every state serves every request.
+// never served a request through real Envoy: the states in which Envoy has only an old
+// xds-server's configuration serve nothing. From 2fddc4c on, every state serves every
+// request.
 func TestVersionSkew(t *testing.T) {
 	ctx := testutil.Context(t, 10*time.Minute)
 	cp := controlplane.ForTest(t, ctx, controlplane.Options{Servers: []controlplane.ServerSpec{
@@ -178,7 +179,7 @@ func TestVersionSkew(t *testing.T) {
 		t.Run(v.commit, func(t *testing.T) {
 			u := &upgrade{suite: s, v: v, old: olds[v.commit]}
 			t.Cleanup(func() {
-				t.Logf("version-skew matrix (old = %.7s, new = this checkout); Envoy types: ACK, or NACK (what it keeps)", u.old.Commit)
+				t.Logf("version-skew matrix (old = %.7s: %s; new = this checkout); Envoy types: ACK, or NACK (what it keeps)", u.old.Commit, v.about)
 				for _, r := range u.rows {
 					t.Log(r)
 				}
