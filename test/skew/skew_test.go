@@ -31,13 +31,40 @@ import (
 	"github.com/kube-mvp/kube-mvp/test/harness"
 )
 
-// OldCommit is the kube-mvp version an upgrade starts from: main when the upgrade issue was
-// filed.
-const OldCommit = "bf535e6"
+// oldVersion is a kube-mvp version an upgrade starts from, with what TestVersionSkew found
+// in each state of the rollout from it (see README in this package).
+type oldVersion struct {
+	commit string // as git rev-parse takes it
+	about  string
+	// want: per state (its id in the matrix: a, d1, b, d2, b', e, c, d3, d4, e'), what its
+	// requests must get; a state absent serves every request.
+	want map[string]expectation
+	// memoryAgrees: an old and a new replica take each other's memory ConfigMap as their own
+	// (same format and signature), so neither writes it while both run.
+	memoryAgrees bool
+}
+
+// oldVersions: the versions TestVersionSkew upgrades from, each a subtest.
+var oldVersions = []oldVersion{
+	{
+		commit: "bf535e6",
+		about:  "main when the upgrade issue was filed; Envoy NACKs its listener, so it never served",
+		want: map[string]expectation{
+			"a": closed, "d1": closed, "c": closed, // Envoy on an old xds-server: no listener
+			"b": oldExtprocGap, "d2": oldExtprocGap, "b'": oldExtprocGap, // new listener, old extproc
+			"d3": firstListener,
+		},
+	},
+	{
+		commit:       "2fddc4c",
+		about:        "the first version after request classes, Security 3's identity change and the signed memory",
+		memoryAgrees: true,
+	},
+}
 
 var (
-	newBin string      // xds-server and extproc of this checkout
-	old    OldBinaries // and of OldCommit
+	newBin string                     // xds-server and extproc of this checkout
+	olds   = map[string]OldBinaries{} // and of each oldVersions commit
 )
 
 func TestMain(m *testing.M) {
@@ -58,9 +85,11 @@ func TestMain(m *testing.M) {
 			return 1
 		}
 		newBin = dir
-		if old, err = EnsureOld(ctx, OldCommit, os.Stderr); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
+		for _, v := range oldVersions {
+			if olds[v.commit], err = EnsureOld(ctx, v.commit, os.Stderr); err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				return 1
+			}
 		}
 		return m.Run()
 	}())
@@ -75,25 +104,27 @@ var xdsTypes = []struct{ short, url string }{
 	{"SDS", "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"},
 }
 
-// TestVersionSkew runs kube-mvp of OldCommit and of this checkout side by side, through the
-// states a Helm upgrade passes: the chart rolls the xds-server Deployment (two replicas) and
-// the Envoy pods (Envoy + extproc) independently, in either order. Envoy is the test data
-// plane, which refuses what Envoy v1.36 refuses; "Envoy on old" means it follows an old
-// xds-server (its configuration is the old version's, or what it keeps of a newer one after
-// NACKs). Every state logs a matrix line: per Envoy resource type ACK (the version applied)
-// or NACK, extproc's table stream, and the results of Job and ConfigMap lists (Jobs only
-// cp-a serves) and of a client-certificate SelfSubjectReview compared with the apiserver's
-// direct answer.
+// TestVersionSkew runs kube-mvp of each of oldVersions and of this checkout side by side (a
+// subtest each), through the states a Helm upgrade passes: the chart rolls the xds-server
+// Deployment (two replicas) and the Envoy pods (Envoy + extproc) independently, in either
+// order. Envoy is the test data plane, which refuses what Envoy v1.36 refuses; "Envoy on old"
+// means it follows an old xds-server (its configuration is the old version's, or what it
+// keeps of a newer one after NACKs). Every state logs a matrix line: per Envoy resource type
+// ACK (the version applied) or NACK, extproc's table stream, and the results of Job and
+// ConfigMap lists (Jobs only cp-a serves) and of a client-certificate SelfSubjectReview
+// compared with the apiserver's direct answer.
 //
 // Asserted: no request is ever answered with another identity than the caller's, or with a
 // wrong answer (a 404 for Jobs, a list of the wrong kind); a request that is not served
-// fails closed (no listener: the connection is refused; or a 5xx Status). The states in
-// which Envoy follows a new xds-server serve every request.
+// fails closed (no listener: the connection is refused; or a 5xx Status). Each state serves
+// every request unless the old version's want says otherwise (a known gap must show exactly
+// as pinned).
 //
-// Found (see README in this package): OldCommit's listener is NACKed by Envoy (its ext_proc
-// filter's mutation_rules.allow_expression is over RE2's program-size limit), so OldCommit
-// never served a request through real Envoy: the states in which Envoy follows an old
-// xds-server serve nothing.
+// Found (see README in this package): bf535e6's listener is NACKed by Envoy (its ext_proc
+// filter's mutation_rules.allow_expression is over RE2's program-size limit), so bf535e6
+// never served a request through real Envoy: the states in which Envoy has only an old
+// xds-server's configuration serve nothing. From 2fddc4c on, every state serves every
+// request.
 func TestVersionSkew(t *testing.T) {
 	ctx := testutil.Context(t, 10*time.Minute)
 	cp := controlplane.ForTest(t, ctx, controlplane.Options{Servers: []controlplane.ServerSpec{
@@ -144,63 +175,83 @@ func TestVersionSkew(t *testing.T) {
 	if s.wantTokenJobs, err = s.tokenJobs(ctx, cp.Server("cp-a").URL()); err != nil || s.wantTokenJobs.code != http.StatusForbidden {
 		t.Fatalf("the token's Job list directly: %+v, %v; want 403", s.wantTokenJobs, err)
 	}
-	t.Cleanup(func() {
-		t.Logf("version-skew matrix (old = %.7s, new = this checkout); Envoy types: ACK, or NACK (what it keeps)", old.Commit)
-		for _, r := range s.rows {
-			t.Log(r)
-		}
-	})
+	for _, v := range oldVersions {
+		t.Run(v.commit, func(t *testing.T) {
+			u := &upgrade{suite: s, v: v, old: olds[v.commit]}
+			t.Cleanup(func() {
+				t.Logf("version-skew matrix (old = %.7s: %s; new = this checkout); Envoy types: ACK, or NACK (what it keeps)", u.old.Commit, v.about)
+				for _, r := range u.rows {
+					t.Log(r)
+				}
+			})
+			u.run(ctx, t)
+		})
+	}
+}
+
+// upgrade is the rollout from one old version.
+type upgrade struct {
+	*suite
+	v    oldVersion
+	old  OldBinaries
+	rows []string // the matrix
+}
+
+// run passes the states of both rollout orders.
+func (s *upgrade) run(ctx context.Context, t *testing.T) {
+	old, short := s.old, s.old.Commit[:7]
 
 	// The xds-server Deployment first: a new replica beside the old one, Envoy and extproc
 	// moving between them, then the old one gone; the Envoy pods after.
 	t.Run("xds-server first", func(t *testing.T) {
-		k := s.start(ctx, t, "xfirst", old.XDSServer, old.Extproc)
+		k := s.start(ctx, t, "xfirst-"+short, old.XDSServer, old.Extproc)
 		x0 := k.XDSServers[0]
-		s.check(ctx, t, k, "a all old", x0, x0, "old", closed)
-		writes := s.countMemoryWrites(ctx, t, "xfirst")
+		s.check(ctx, t, k, "a", "all old", x0, x0, "old")
+		writes := s.countMemoryWrites(ctx, t, "xfirst-"+short)
 		x1, err := k.StartXDSServer(ctx, filepath.Join(newBin, "xds-server"))
 		if err != nil {
 			t.Fatal(err)
 		}
 		s.move(ctx, t, k, nil, x1)
-		s.check(ctx, t, k, "d1 two replicas: Envoy on old, old extproc on new", x0, x1, "old", closed)
+		s.check(ctx, t, k, "d1", "two replicas: Envoy on old, old extproc on new", x0, x1, "old")
 		s.move(ctx, t, k, x1, nil)
-		s.check(ctx, t, k, "b Envoy from old config to new xds-server, old extproc on new", x1, x1, "old", oldExtprocGap)
+		s.check(ctx, t, k, "b", "Envoy from old config to new xds-server, old extproc on new", x1, x1, "old")
 		s.move(ctx, t, k, x0, x0)
-		s.check(ctx, t, k, "d2 two replicas: Envoy (holding new config) back on old, old extproc on old", x0, x0, "old", oldExtprocGap)
+		s.check(ctx, t, k, "d2", "two replicas: Envoy (holding new config) back on old, old extproc on old", x0, x0, "old")
 		s.move(ctx, t, k, x1, x1)
 		k.StopXDSServer(x0)
 		s.logMemoryWrites(t, writes)
-		s.check(ctx, t, k, "b' old replica gone: all on new xds-server, old extproc", x1, x1, "old", oldExtprocGap)
+		s.check(ctx, t, k, "b'", "old replica gone: all on new xds-server, old extproc", x1, x1, "old")
 		if err := k.ReplaceExtproc(ctx, filepath.Join(newBin, "extproc")); err != nil {
 			t.Fatalf("new extproc: %v\n%s", err, k.Logs())
 		}
-		s.check(ctx, t, k, "e all new (Envoy pod rolled after xds-server)", x1, x1, "new", served)
+		s.check(ctx, t, k, "e", "all new (Envoy pod rolled after xds-server)", x1, x1, "new")
 	})
 
 	// The Envoy pods first: new extproc beside Envoy following the old xds-server, then the
 	// xds-server Deployment.
 	t.Run("Envoy pods first", func(t *testing.T) {
-		k := s.start(ctx, t, "efirst", old.XDSServer, filepath.Join(newBin, "extproc"))
+		k := s.start(ctx, t, "efirst-"+short, old.XDSServer, filepath.Join(newBin, "extproc"))
 		x0 := k.XDSServers[0]
-		s.check(ctx, t, k, "c old xds-server, new extproc (Envoy on old)", x0, x0, "new", closed)
-		writes := s.countMemoryWrites(ctx, t, "efirst")
+		s.check(ctx, t, k, "c", "old xds-server, new extproc (Envoy on old)", x0, x0, "new")
+		writes := s.countMemoryWrites(ctx, t, "efirst-"+short)
 		x1, err := k.StartXDSServer(ctx, filepath.Join(newBin, "xds-server"))
 		if err != nil {
 			t.Fatal(err)
 		}
 		s.move(ctx, t, k, x1, nil)
-		s.check(ctx, t, k, "d3 two replicas: Envoy on new, new extproc on old", x1, x0, "new", firstListener)
+		s.check(ctx, t, k, "d3", "two replicas: Envoy on new, new extproc on old", x1, x0, "new")
 		s.move(ctx, t, k, x0, x1)
-		s.check(ctx, t, k, "d4 two replicas: Envoy (holding new config) back on old, new extproc on new", x0, x1, "new", served)
+		s.check(ctx, t, k, "d4", "two replicas: Envoy (holding new config) back on old, new extproc on new", x0, x1, "new")
 		s.move(ctx, t, k, x1, nil)
 		k.StopXDSServer(x0)
 		s.logMemoryWrites(t, writes)
-		s.check(ctx, t, k, "e' all new (xds-server rolled after the Envoy pods)", x1, x1, "new", served)
+		s.check(ctx, t, k, "e'", "all new (xds-server rolled after the Envoy pods)", x1, x1, "new")
 	})
 }
 
-// expectation says, per request kind, what a state must answer: served ("" or absent),
+// expectation says, per request kind, what a state must answer: served ("" or absent; a nil
+// expectation serves every request),
 // closed (served, or not served with the connection refused or a 5xx), or a known gap (a
 // 5xx whose body contains the text).
 type expectation map[string]string
@@ -208,7 +259,6 @@ type expectation map[string]string
 const closedOK = "closed"
 
 var (
-	served = expectation{}
 	closed = expectation{"jobs": closedOK, "jobs (token)": closedOK, "configmaps": closedOK, "SSR": closedOK}
 	// firstListener: Envoy, which held the old version's clusters (it ACKed them, NACKing only
 	// its listener), has just bound its first listener, from a new xds-server: a request
@@ -226,9 +276,17 @@ var (
 
 // countMemoryWrites watches a deployment's memory ConfigMap until the returned function is
 // called, which returns how many times it was written meanwhile, and for how long.
-func (s *suite) countMemoryWrites(ctx context.Context, t *testing.T, name string) func() (int, time.Duration) {
+func (s *upgrade) countMemoryWrites(ctx context.Context, t *testing.T, name string) func() (int, time.Duration) {
 	t.Helper()
-	w, err := s.adminKube.CoreV1().ConfigMaps("default").Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=kube-mvp-memory-" + name})
+	// From the list's resource version: a watch without one starts with an ADDED event for
+	// the object as it is, which is no write.
+	sel := metav1.ListOptions{FieldSelector: "metadata.name=kube-mvp-memory-" + name}
+	l, err := s.adminKube.CoreV1().ConfigMaps("default").List(ctx, sel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sel.ResourceVersion = l.ResourceVersion
+	w, err := s.adminKube.CoreV1().ConfigMaps("default").Watch(ctx, sel)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -249,15 +307,19 @@ func (s *suite) countMemoryWrites(ctx context.Context, t *testing.T, name string
 	}
 }
 
-// logMemoryWrites records the memory ConfigMap's writes while an old and a new replica ran:
-// they rewrite it in turn (the old one finds the new one's request-header-names entry
-// malformed, the new one rejects the old one's unsigned entries as a whole), each from its
-// own memory.
-func (s *suite) logMemoryWrites(t *testing.T, writes func() (int, time.Duration)) {
+// logMemoryWrites records the memory ConfigMap's writes while an old and a new replica ran
+// (bf535e6 and this checkout rewrite it in turn: the old one finds the new one's
+// request-header-names entry malformed, the new one rejects the old one's unsigned entries as
+// a whole, and replaces them at most once per 30 s); with memoryAgrees there must be none.
+func (s *upgrade) logMemoryWrites(t *testing.T, writes func() (int, time.Duration)) {
+	t.Helper()
 	n, d := writes()
 	row := fmt.Sprintf("memory ConfigMap written %d times in %s while an old and a new xds-server replica ran (%.1f/s)", n, d.Round(100*time.Millisecond), float64(n)/d.Seconds())
 	s.rows = append(s.rows, row)
 	t.Log(row)
+	if s.v.memoryAgrees && n > 0 {
+		t.Errorf("the old and the new replica should agree over the memory ConfigMap, but it was written %d times", n)
+	}
 }
 
 type suite struct {
@@ -269,7 +331,6 @@ type suite struct {
 	token       string // a service account's, which may not list Jobs
 	// The apiserver's own answers: the SelfSubjectReview's identity, the token's Job list.
 	wantIdentity, wantTokenJobs answer
-	rows                        []string
 }
 
 // start runs a deployment with these binaries, the data plane and extproc behind switches;
@@ -428,13 +489,15 @@ func extprocFailures(k *harness.KubeMVP) float64 {
 	return m["kube_mvp_extproc_table_update_failures_total"] - m[`kube_mvp_extproc_table_update_failures_total{reason="stream"}`]
 }
 
-// check records one state: what the data plane applied (the xds-server's view and its own),
-// extproc's readiness, and the results of requests; it asserts that nothing is answered
-// wrongly, and that each kind of request is answered as want says.
-func (s *suite) check(ctx context.Context, t *testing.T, k *harness.KubeMVP, state string, envoyOn, extprocOn *harness.XDSServer, extprocVersion string, want expectation) {
+// check records one state (id, as the old version's want names it, and what it is): what the
+// data plane applied (the xds-server's view and its own), extproc's readiness, and the
+// results of requests; it asserts that nothing is answered wrongly, and that each kind of
+// request is answered as the old version's want says.
+func (s *upgrade) check(ctx context.Context, t *testing.T, k *harness.KubeMVP, id, what string, envoyOn, extprocOn *harness.XDSServer, extprocVersion string) {
 	t.Helper()
+	state, want := id+" "+what, s.v.want[id]
 	ver := func(x *harness.XDSServer) string {
-		if x.Bin == old.XDSServer {
+		if x.Bin == s.old.XDSServer {
 			return "old"
 		}
 		return "new"
