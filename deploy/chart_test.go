@@ -186,7 +186,7 @@ var (
 	xdsServerFlags = []string{"kubeconfig", "xds-address", "admin-address", "liveness-window", "discovery-interval",
 		"apiserver-addresses", "listen-address", "listen-port", "extproc-address", "extproc-message-timeout",
 		"upstream-server-name", "serving-cert", "serving-key", "client-ca", "proxy-client-cert", "proxy-client-key", "peer-ca",
-		"xds-tls-dir", "max-nodes", "max-streams", "departed-apiserver-grace", "memory-configmap", "upstream-request-timeout"}
+		"xds-tls-dir", "max-nodes", "max-streams", "departed-apiserver-grace", "memory-configmap", "upstream-request-timeout", "shutdown-delay"}
 	extprocFlags = []string{"source", "listen", "admin-address", "now", "poll-interval", "xds-tls-dir",
 		"proxy-client-cert", "proxy-client-key", "peer-ca", "upstream-server-name", "drained-file", "drained-max-wait"}
 	// extproc drain-envoy's (cmd/extproc/drainenvoy.go), the extproc container's preStop hook.
@@ -713,6 +713,12 @@ func checkCommon(t *testing.T, r *rendered, ns string) {
 			t.Errorf("xds-server serve has no flag --%s", name)
 		}
 	}
+	// A stopping replica serves on for --shutdown-delay, within its grace period.
+	if d, err := time.ParseDuration(xf["shutdown-delay"]); err != nil {
+		t.Errorf("xds-server --shutdown-delay=%q: %v", xf["shutdown-delay"], err)
+	} else if g := xs.TerminationGracePeriodSeconds; g == nil || time.Duration(*g)*time.Second < d+5*time.Second {
+		t.Errorf("xds-server terminationGracePeriodSeconds %v: want at least --shutdown-delay %s + 5 s", g, d)
+	}
 	if x.ReadinessProbe.HTTPGet.Path != "/readyz" || x.LivenessProbe.HTTPGet.Path != "/healthz" || x.ReadinessProbe.HTTPGet.Port.StrVal != "admin" {
 		t.Errorf("xds-server probes %v %v", x.ReadinessProbe, x.LivenessProbe)
 	}
@@ -1094,6 +1100,8 @@ func TestTemplateRejects(t *testing.T) {
 			"envoy.terminationGracePeriodSeconds (60) must be at least envoy.shutdown.delaySeconds (5) + envoy.shutdown.drainSeconds (60) + 10 (for Envoy and extproc to exit): raise it to 75, or shorten the delay or the drain"},
 		{"sidecar-grace", map[string]any{"mode": "sidecar", "networkPolicy": map[string]any{"enabled": false}, "envoy": map[string]any{"terminationGracePeriodSeconds": 30}},
 			"envoy.terminationGracePeriodSeconds (30) must be at least"},
+		{"xds-server-grace", map[string]any{"xdsServer": map[string]any{"shutdownDelaySeconds": 60}},
+			"xdsServer.terminationGracePeriodSeconds (45) must be at least xdsServer.shutdownDelaySeconds (60) + 5 (to close its streams and exit): raise it to 65, or shorten the delay"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			_, err := render(c.vals, "kube-mvp")

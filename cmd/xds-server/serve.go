@@ -75,6 +75,7 @@ type serveOptions struct {
 	cfg          snapshot.Config
 	// tableDelay and linger: make before break, see xds.Server.Update.
 	tableDelay, linger time.Duration
+	shutdownDelay      time.Duration
 
 	// Flags read into the above after parsing.
 	kubeconfig, tlsDir, addresses, memoryConfigMap string
@@ -116,6 +117,8 @@ func (o *serveOptions) flagSet() *pflag.FlagSet {
 		"send extproc a routing table that names a new serving set or apiserver whole this long after Envoy got it (narrowed to what Envoy has before)")
 	duration(&o.linger, 30*time.Second, "cluster-linger", 0, "0 drops unnamed serving sets at once",
 		"keep a serving set no longer named this long, for requests routed by an older table")
+	duration(&o.shutdownDelay, 0, "shutdown-delay", 0, "0 stops at once",
+		"after SIGTERM keep serving this long, /readyz failing, before closing every stream: longer than the cluster DNS caches this replica's address (kubeadm's CoreDNS: 30 s), so that no Envoy or extproc is handed it once it is gone")
 	fs.AddFlagSet(o.envoy.flagSet())
 	return fs
 }
@@ -330,15 +333,18 @@ func serve(ctx context.Context, opts serveOptions, log *slog.Logger, ready chan<
 	}
 	xdsServer.Limits = opts.limits
 	xdsServer.OnRefused = func(reason string, _ error) { m.refused.WithLabelValues(reason).Inc() }
+	// The streams and the watch outlive the signal by --shutdown-delay.
+	runCtx, stopRun := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopRun()
 	g := grpc.NewServer(grpcOpts...)
-	xdsServer.Register(ctx, g)
+	xdsServer.Register(runCtx, g)
 	tablev1.RegisterTableServiceServer(g, tables)
 	admin := &http.Server{Handler: xdsServer.AdminHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{})), ReadHeaderTimeout: 10 * time.Second}
 
 	errc := make(chan error, 3)
 	go func() { errc <- g.Serve(grpcLis) }()
 	go func() { errc <- admin.Serve(adminLis) }()
-	go func() { errc <- watcher.Run(ctx) }()
+	go func() { errc <- watcher.Run(runCtx) }()
 	log.Info("xds-server serving", "xds", grpcLis.Addr().String(), "admin", adminLis.Addr().String(), "apiserver", opts.rest.Host)
 	if ready != nil {
 		ready <- [2]string{grpcLis.Addr().String(), adminLis.Addr().String()}
@@ -346,8 +352,19 @@ func serve(ctx context.Context, opts serveOptions, log *slog.Logger, ready chan<
 	select {
 	case <-ctx.Done():
 		err = nil
+		if opts.shutdownDelay > 0 {
+			// Out of the Service's endpoints (terminating, and /readyz fails) but still
+			// serving whoever a DNS cache still sends here.
+			xdsServer.SetStopping()
+			log.Info("stopping: serving on until --shutdown-delay is over", "delay", opts.shutdownDelay)
+			select {
+			case <-time.After(opts.shutdownDelay):
+			case err = <-errc:
+			}
+		}
 	case err = <-errc:
 	}
+	stopRun()
 	g.Stop()
 	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

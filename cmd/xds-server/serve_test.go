@@ -58,6 +58,7 @@ func TestServeAgainstMixedControlPlane(t *testing.T) {
 		"--serving-cert", pki.Path("serving.crt"), "--serving-key", pki.Path("serving.key"),
 		"--client-ca", pki.Path("client-ca.crt"), "--peer-ca", pki.Path("server-ca.crt"),
 		"--proxy-client-cert", pki.Path("proxy-client.crt"), "--proxy-client-key", pki.Path("proxy-client.key"),
+		"--shutdown-delay", "3s",
 	}
 	ready := make(chan [2]string, 1)
 	var stderr testutil.SyncBuffer
@@ -65,15 +66,22 @@ func TestServeAgainstMixedControlPlane(t *testing.T) {
 	if os.Getenv("KUBE_MVP_TEST_VERBOSE") != "" {
 		stderrW = io.MultiWriter(&stderr, os.Stderr)
 	}
-	done := make(chan int)
-	go func() { done <- runServe(ctx, args, io.Discard, stderrW, ready) }()
+	done := make(chan int, 1)
+	serveCtx, stopServe := context.WithCancel(ctx) // SIGTERM
+	go func() { done <- runServe(serveCtx, args, io.Discard, stderrW, ready) }()
 	var addrs [2]string
 	select {
 	case addrs = <-ready:
 	case code := <-done:
 		t.Fatalf("serve exited %d: %s", code, stderr.String())
 	}
-	defer func() { cancel(); <-done }()
+	stopped := false
+	defer func() {
+		if !stopped {
+			stopServe()
+			<-done
+		}
+	}()
 
 	envoyCreds, err := cptls.Load(cpTLS.Files(cptls.RoleEnvoyFront), cptls.RoleEnvoyFront, nil)
 	if err != nil {
@@ -165,6 +173,47 @@ func TestServeAgainstMixedControlPlane(t *testing.T) {
 	ads.await(t, "A back", func(s *adsState) error {
 		if got := s.endpoints["kube-apiservers-only-cp-a"]; !slices.Equal(got, []string{a}) {
 			return fmt.Errorf("kube-apiservers-only-cp-a endpoints %v", got)
+		}
+		return nil
+	})
+
+	// SIGTERM with --shutdown-delay: /readyz fails at once, but whoever still dials this
+	// replica (a DNS cache) is served until the delay is over; then every stream ends.
+	stopServe()
+	testutil.WaitFor(t, ctx, 10*time.Second, "/readyz to fail while stopping", func() error {
+		resp, err := http.Get("http://" + addrs[1] + "/readyz")
+		if err != nil {
+			return err
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), "stopping") {
+			return fmt.Errorf("%d %s", resp.StatusCode, body)
+		}
+		return nil
+	})
+	late, err := grpc.NewClient(addrs[0], grpc.WithTransportCredentials(credentials.NewTLS(envoyCreds.ClientConfig())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer late.Close()
+	newADS(t, ctx, late).await(t, "a stream opened while stopping gets the configuration", func(s *adsState) error {
+		return s.routeUsesExtProc("batch/v1", true)
+	})
+	select {
+	case code := <-done:
+		stopped = true
+		if code != 0 {
+			t.Errorf("serve exited %d after the delay: %s", code, stderr.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("serve still running 30 s after SIGTERM with --shutdown-delay 3s")
+	}
+	testutil.WaitFor(t, ctx, 10*time.Second, "the first ADS stream to end", func() error {
+		ads.mu.Lock()
+		defer ads.mu.Unlock()
+		if !ads.ended {
+			return fmt.Errorf("still open")
 		}
 		return nil
 	})

@@ -22,7 +22,7 @@ import (
 // AdminHandler serves xds-server's admin endpoints next to the given metrics handler:
 //
 //	/healthz              the process is up
-//	/readyz               a topology has been built (Envoy can be served)
+//	/readyz               a topology has been built (Envoy can be served), and not stopping
 //	/metrics              Prometheus
 //	/debug/topology       the plan: apiservers, liveness, clusters, and who serves which
 //	                      group/version/resource and where it goes (?local=ID|HOSTNAME: a
@@ -33,6 +33,10 @@ func (s *Server) AdminHandler(metrics http.Handler) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if s.stopping.Load() {
+			http.Error(w, "stopping (SIGTERM): serving on for --shutdown-delay", http.StatusServiceUnavailable)
+			return
+		}
 		if s.Plans() == nil {
 			http.Error(w, "no topology yet: waiting for the first Lease/StorageVersion sync", http.StatusServiceUnavailable)
 			return

@@ -18,6 +18,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -81,7 +82,12 @@ type Server struct {
 	// metric, such as "role", "node", "max-nodes", "max-streams", "fetch").
 	OnRefused  func(reason string, err error)
 	refusedLog rateLimitedLog
+
+	stopping atomic.Bool
 }
+
+// SetStopping makes /readyz fail from now on: the process serves on while it stops.
+func (s *Server) SetStopping() { s.stopping.Store(true) }
 
 // Limits bound the per-client state. A stream over a limit is refused (gRPC
 // RESOURCE_EXHAUSTED), logged and counted; the state of a node goes with its last stream.
