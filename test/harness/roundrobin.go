@@ -51,14 +51,20 @@ func proxyTCP(c net.Conn, backend string) {
 		return // the client sees the connection close, as behind a real L4 balancer
 	}
 	defer u.Close()
+	splice(c, u)
+}
+
+// splice copies both ways between two TCP connections until both directions are done,
+// passing each half-close on.
+func splice(a, b net.Conn) {
 	done := make(chan struct{}, 2)
 	pipe := func(dst, src net.Conn) {
 		io.Copy(dst, src) //nolint:errcheck // either side closing ends the copy
 		dst.(*net.TCPConn).CloseWrite()
 		done <- struct{}{}
 	}
-	go pipe(u, c)
-	go pipe(c, u)
+	go pipe(a, b)
+	go pipe(b, a)
 	<-done
 	<-done
 }

@@ -1,7 +1,6 @@
 package harness
 
 import (
-	"io"
 	"net"
 	"sync"
 	"time"
@@ -98,14 +97,5 @@ func (s *Switch) proxy(c net.Conn, backend string) {
 	}
 	defer s.untrack(c)
 	defer s.untrack(u)
-	done := make(chan struct{}, 2)
-	pipe := func(dst, src net.Conn) {
-		io.Copy(dst, src) //nolint:errcheck // either side closing ends the copy
-		dst.(*net.TCPConn).CloseWrite()
-		done <- struct{}{}
-	}
-	go pipe(u, c)
-	go pipe(c, u)
-	<-done
-	<-done
+	splice(c, u)
 }
