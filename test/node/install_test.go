@@ -34,7 +34,6 @@ func TestHelmInstallFront(t *testing.T) {
 	in.checkIdentities(t, ctx)
 	in.checkMixedVersions(t, ctx)
 	in.checkExec(t, ctx)
-	in.checkRenewal(t, ctx)
 	in.checkPods(t, ctx) // still no restart after all that
 }
 

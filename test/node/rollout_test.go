@@ -45,9 +45,10 @@ var rolloutInstall = []string{
 	"--set", "envoy.terminationGracePeriodSeconds=25",
 }
 
-// TestRollouts replaces every pod of the release, one way after another, under continuous
-// load through kube-mvp's Service: lists with a client certificate and a ServiceAccount
-// token, informers on ConfigMaps and Jobs, kubectl exec and kubectl port-forward sessions.
+// TestRollouts replaces every pod of the release, one way after another, and renews every
+// control-plane certificate, under continuous load through kube-mvp's Service: lists with a
+// client certificate and a ServiceAccount token, informers on ConfigMaps and Jobs, kubectl
+// exec and kubectl port-forward sessions.
 // Each step must cost the clients nothing: no failed list, no watch.Error event, informer
 // stores equal to the apiserver's, every exec and port-forward session complete, no pod of
 // the release restarted.
@@ -84,6 +85,9 @@ func TestRollouts(t *testing.T) {
 	})
 	var upgraded func()
 	in.rolloutStep(t, ctx, l, "helm upgrade", func() { upgraded = in.helmUpgrade(t, ctx, upgradeImages) }, func() { upgraded() })
+	// Every role certificate renewed now (the CA Secret annotated, the CronJob's Job run by
+	// hand), then xds-server restarted so that Envoy's ADS stream handshakes again.
+	in.rolloutStep(t, ctx, l, "forced certgen renewal", func() { in.checkRenewal(t, ctx) })
 
 	final := l.stop()
 	t.Logf("after the last step: lists %d ok %d failed; exec %d/%d; port-forward %d/%d; test took %s",
