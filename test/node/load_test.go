@@ -64,6 +64,15 @@ type tally struct {
 	pfErrs               []string
 	writes, writesFailed int
 	writeErrs            []string
+	// failures are every failed list, informer list, exec and port-forward session, with
+	// when it failed (the *Errs keep only the first few).
+	failures []failure
+}
+
+// failure is one failed request or session of the load.
+type failure struct {
+	at  time.Time
+	msg string
 }
 
 // load is continuous load through kube-mvp's Service: lists with a client certificate and
@@ -279,6 +288,7 @@ func (l *load) lists(ctx context.Context, who string, c *kubernetes.Clientset) {
 			if err != nil {
 				t.listsFailed++
 				l.note(&t.listErrs, "list %s (%s): %v", what, who, err)
+				t.failures = append(t.failures, failure{time.Now(), fmt.Sprintf("list %s (%s): %v", what, who, err)})
 			} else {
 				t.listsOK++
 			}
@@ -298,6 +308,7 @@ func (l *load) listWatch(kind string, list func(context.Context, metav1.ListOpti
 				if err != nil && ctx.Err() == nil {
 					t.informerListsFailed++
 					l.note(&t.listErrs, "informer list %s: %v", kind, err)
+					t.failures = append(t.failures, failure{time.Now(), fmt.Sprintf("informer list %s: %v", kind, err)})
 				}
 			})
 			afterList.Store(err == nil)
@@ -313,6 +324,7 @@ func (l *load) listWatch(kind string, list func(context.Context, metav1.ListOpti
 					if err != nil && ctx.Err() == nil {
 						t.informerListsFailed++
 						l.note(&t.listErrs, "informer streaming list %s: %v", kind, err)
+						t.failures = append(t.failures, failure{time.Now(), fmt.Sprintf("informer streaming list %s: %v", kind, err)})
 					}
 				case err != nil:
 					if ctx.Err() == nil {
@@ -539,6 +551,7 @@ func (l *load) execs(ctx context.Context) {
 			if err != nil || stdout.String() != "done\n" {
 				t.execFailed++
 				l.note(&t.execErrs, "exec started %s: %v: stdout %q stderr %q", started.Format("15:04:05.000"), err, stdout.String(), strings.TrimSpace(stderr.String()))
+				t.failures = append(t.failures, failure{time.Now(), fmt.Sprintf("exec started %s: %v: stdout %q stderr %q", started.Format("15:04:05.000"), err, stdout.String(), strings.TrimSpace(stderr.String()))})
 			} else {
 				t.execOK++
 			}
@@ -563,6 +576,7 @@ func (l *load) portForwards(ctx context.Context) {
 			if err != nil {
 				t.pfFailed++
 				l.note(&t.pfErrs, "port-forward started %s: %v", started.Format("15:04:05.000"), err)
+				t.failures = append(t.failures, failure{time.Now(), fmt.Sprintf("port-forward started %s: %v", started.Format("15:04:05.000"), err)})
 			} else {
 				t.pfOK++
 			}
