@@ -70,14 +70,17 @@ func TestUpgradeFromOld(t *testing.T) {
 
 	// Step 1: from the old release to this checkout's chart and images.
 	name := "helm upgrade from " + oldCommit
-	var terminations func() []termination
+	var envoys, xdsServers func() []termination
 	r := in.measureStep(t, ctx, l, name, func() {
-		terminations = in.trackTerminations(ctx, "envoy")
+		envoys, xdsServers = in.trackTerminations(ctx, "envoy"), in.trackTerminations(ctx, "xds-server")
 		in.upgradeFromOld(t, ctx, rel)
 	}, func() { in.checkImages(t, ctx, chartAppVersion(t)) })
-	windows := terminations()
+	windows := envoys()
 	for _, w := range windows {
-		t.Logf("step %q: old Envoy pod %s terminating %s-%s", name, w.pod, w.began.Format("15:04:05.000"), w.gone.Format("15:04:05.000"))
+		t.Logf("step %q: old Envoy pod %s (%s) terminating %s-%s", name, w.pod, w.ip, w.began.Format("15:04:05.000"), w.gone.Format("15:04:05.000"))
+	}
+	for _, w := range xdsServers() {
+		t.Logf("step %q: old xds-server pod %s (%s) terminating %s-%s", name, w.pod, w.ip, w.began.Format("15:04:05.000"), w.gone.Format("15:04:05.000"))
 	}
 	var cut []string
 	r.check(t, name, func(f failure) bool {
@@ -178,10 +181,10 @@ func (in *installation) checkImages(t *testing.T, ctx context.Context, tag strin
 	}
 }
 
-// termination is when a pod was deleted (its deletionTimestamp less its grace period) and
-// when it was seen gone.
+// termination is when a pod was deleted (its deletionTimestamp less its grace period: whole
+// seconds, so up to 1 s early) and when it was seen gone (polled every 100 ms).
 type termination struct {
-	pod         string
+	pod, ip     string
 	began, gone time.Time
 }
 
@@ -194,7 +197,7 @@ func (in *installation) trackTerminations(ctx context.Context, component string)
 	seen := map[types.UID]*termination{}
 	if err == nil {
 		for _, p := range list.Items {
-			seen[p.UID] = &termination{pod: p.Name}
+			seen[p.UID] = &termination{pod: p.Name, ip: p.Status.PodIP}
 		}
 	}
 	tctx, cancel := context.WithCancel(ctx)
