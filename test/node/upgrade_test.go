@@ -32,8 +32,9 @@ const (
 
 // undrainedExit are the errors a client sees when an Envoy pod exits with requests in
 // flight and connections open, or while kube-proxy still sends new connections to it: what
-// the old chart's Envoy pods (no preStop drain) may cost while they terminate.
-var undrainedExit = regexp.MustCompile(`connection refused|EOF|connection reset by peer|broken pipe|http2: client connection lost|abnormal closure|use of closed network connection|lost connection to pod`)
+// the old chart's Envoy pods (no preStop drain) may cost while they terminate. kubectl words
+// a refused connection as "The connection to the server HOST:443 was refused".
+var undrainedExit = regexp.MustCompile(`connection refused|to the server [^ ]+ was refused|EOF|connection reset by peer|broken pipe|http2: client connection lost|abnormal closure|use of closed network connection|lost connection to pod`)
 
 // TestUpgradeFromOld installs the chart and images of an older commit (oldCommit: its own
 // deploy/kube-mvp, its own tools/images), starts the load of TestRollouts through the
