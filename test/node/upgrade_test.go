@@ -30,6 +30,10 @@ const (
 	oldVersion = "0.0.0-" + oldCommit
 )
 
+// timedOut are a session that hung until the load's timeout (20 s): kubectl killed, or no
+// Forwarding line. Only a session begun while an old Envoy pod terminated may end so.
+var timedOut = regexp.MustCompile(`signal: killed|context deadline exceeded`)
+
 // undrainedExit are the errors a client sees when an Envoy pod exits with requests in
 // flight and connections open, or while kube-proxy still sends new connections to it: what
 // the old chart's Envoy pods (no preStop drain) may cost while they terminate. kubectl words
@@ -42,7 +46,8 @@ var undrainedExit = regexp.MustCompile(`connection refused|to the server [^ ]+ w
 // more to images of another version stamp. The old Envoy pods have no preStop drain, so the
 // first upgrade may cut what they carry as they exit: each failed list or session of that
 // step must be of the kinds an undrained exit causes (undrainedExit) and end while an old
-// Envoy pod terminated (or within 3 s after it was gone); they are counted and reported. The
+// Envoy pod terminated (or within 3 s after it was gone), or be a session begun then that
+// hung until its timeout (timedOut); they are counted and reported. The
 // second upgrade replaces pods of this checkout's chart, which drain: it must cost nothing.
 // Identities through kube-mvp equal the apiserver's before, between and after; no pod of the
 // release restarts.
@@ -76,6 +81,12 @@ func TestUpgradeFromOld(t *testing.T) {
 		envoys, xdsServers = in.trackTerminations(ctx, "envoy"), in.trackTerminations(ctx, "xds-server")
 		in.upgradeFromOld(t, ctx, rel)
 	}, func() { in.checkImages(t, ctx, chartAppVersion(t)) })
+	// Sessions still running began during the step: wait until they ended (execs and
+	// port-forwards run one after another) and count them in this step.
+	if err := l.covered(ctx, time.Now()); err != nil {
+		t.Errorf("step %q: %v", name, err)
+	}
+	r.merge(l.take())
 	windows := envoys()
 	for _, w := range windows {
 		t.Logf("step %q: old Envoy pod %s (%s) terminating %s-%s", name, w.pod, w.ip, w.began.Format("15:04:05.000"), w.gone.Format("15:04:05.000"))
@@ -83,17 +94,24 @@ func TestUpgradeFromOld(t *testing.T) {
 	for _, w := range xdsServers() {
 		t.Logf("step %q: old xds-server pod %s (%s) terminating %s-%s", name, w.pod, w.ip, w.began.Format("15:04:05.000"), w.gone.Format("15:04:05.000"))
 	}
-	var cut []string
+	var cut, hung []string
+	during := func(at time.Time, w termination) bool {
+		return !at.Before(w.began) && !at.After(w.gone.Add(3*time.Second))
+	}
 	r.check(t, name, func(f failure) bool {
 		for _, w := range windows {
-			if undrainedExit.MatchString(f.msg) && !f.at.Before(w.began) && !f.at.After(w.gone.Add(3*time.Second)) {
+			switch {
+			case undrainedExit.MatchString(f.msg) && during(f.at, w):
 				cut = append(cut, f.at.Format("15:04:05.000")+" "+f.msg)
+				return true
+			case timedOut.MatchString(f.msg) && during(f.began, w):
+				hung = append(hung, f.at.Format("15:04:05.000")+" "+f.msg)
 				return true
 			}
 		}
 		return false
 	})
-	t.Logf("step %q: %d lists or sessions cut by an old Envoy pod's undrained exit (of %d failures): %q", name, len(cut), len(r.failures), cut)
+	t.Logf("step %q: %d lists or sessions cut by an old Envoy pod's undrained exit, %d begun then that hung until their timeout (of %d failures): %q %q", name, len(cut), len(hung), len(r.failures), cut, hung)
 	in.checkIdentities(t, ctx)
 
 	// Step 2: the pods of this checkout's chart drain; replacing them loses nothing.
