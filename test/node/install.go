@@ -90,6 +90,12 @@ type InstallOptions struct {
 	KubeadmPKI bool
 	// Extra are more helm arguments.
 	Extra []string
+	// ChartDir is the chart to install; empty: this checkout's deploy/kube-mvp. (An older
+	// commit's chart, for an upgrade from it: pass only values that chart knows in Extra.)
+	ChartDir string
+	// ImageTag is the tag of the xds-server and extproc images (kube-mvp.test/...); empty:
+	// the chart's default, its appVersion, which BuildImages builds.
+	ImageTag string
 }
 
 // Install runs `helm install` as the README says, with the certificates an operator would
@@ -146,7 +152,11 @@ func (n *Node) Install(ctx context.Context, opts InstallOptions) (*Installed, er
 		}
 	}
 	envoyRepo, envoyTag, _ := strings.Cut(envoyRef, ":")
-	args := []string{"install", Release, filepath.Join(root, "deploy", "kube-mvp"),
+	chart := opts.ChartDir
+	if chart == "" {
+		chart = filepath.Join(root, "deploy", "kube-mvp")
+	}
+	args := []string{"install", Release, chart,
 		"--namespace", Namespace, "--create-namespace", "--kubeconfig", n.Kubeconfig,
 		"--set-file", "certificates.servingCert=tls.crt", "--set-file", "certificates.servingKey=tls.key",
 		"--set-file", "certificates.clientCA=client-ca.crt",
@@ -156,6 +166,9 @@ func (n *Node) Install(ctx context.Context, opts InstallOptions) (*Installed, er
 		"--set", "image.extproc.repository=" + TestRegistry + "/extproc",
 		"--set", "image.envoy.repository=" + envoyRepo, "--set", "image.envoy.tag=" + envoyTag,
 		"--set", "mode=" + mode,
+	}
+	if opts.ImageTag != "" {
+		args = append(args, "--set", "image.xdsServer.tag="+opts.ImageTag, "--set", "image.extproc.tag="+opts.ImageTag)
 	}
 	args = append(args, proxyPair...)
 	if mode == "sidecar" {

@@ -72,6 +72,12 @@ type installation struct {
 
 func install(t *testing.T, opts node.InstallOptions) *installation {
 	t.Helper()
+	return installWith(t, opts, nil)
+}
+
+// installWith is install with more image tarballs imported into the node before the install.
+func installWith(t *testing.T, opts node.InstallOptions, moreImages []string) *installation {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("a real node takes minutes")
 	}
@@ -89,7 +95,7 @@ func install(t *testing.T, opts node.InstallOptions) *installation {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n, err := node.Start(ctx, node.Options{Servers: servers, ControlPlane: opts.Mode == "sidecar", Log: log, Images: tarballs})
+	n, err := node.Start(ctx, node.Options{Servers: servers, ControlPlane: opts.Mode == "sidecar", Log: log, Images: append(tarballs, moreImages...)})
 	if err != nil {
 		t.Fatal(err)
 	}

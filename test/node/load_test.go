@@ -64,6 +64,40 @@ type tally struct {
 	pfErrs               []string
 	writes, writesFailed int
 	writeErrs            []string
+	// failures are every failed list, informer list, exec and port-forward session, with
+	// when it failed (the *Errs keep only the first few).
+	failures []failure
+}
+
+// failure is one failed request or session of the load: when it began and when it failed.
+type failure struct {
+	began, at time.Time
+	msg       string
+}
+
+// merge adds what b counted to t (the counts a step's checks read, and the failures).
+func (t *tally) merge(b tally) {
+	t.listsOK += b.listsOK
+	t.listsFailed += b.listsFailed
+	t.listErrs = append(t.listErrs, b.listErrs...)
+	t.informerLists += b.informerLists
+	t.informerListsFailed += b.informerListsFailed
+	t.watchResumed += b.watchResumed
+	t.watchStartFailed += b.watchStartFailed
+	t.watchEnded += b.watchEnded
+	t.watchErrors += b.watchErrors
+	t.watchErrs = append(t.watchErrs, b.watchErrs...)
+	t.informerErrs = append(t.informerErrs, b.informerErrs...)
+	t.execOK += b.execOK
+	t.execFailed += b.execFailed
+	t.execErrs = append(t.execErrs, b.execErrs...)
+	t.pfOK += b.pfOK
+	t.pfFailed += b.pfFailed
+	t.pfErrs = append(t.pfErrs, b.pfErrs...)
+	t.writes += b.writes
+	t.writesFailed += b.writesFailed
+	t.writeErrs = append(t.writeErrs, b.writeErrs...)
+	t.failures = append(t.failures, b.failures...)
 }
 
 // load is continuous load through kube-mvp's Service: lists with a client certificate and
@@ -262,6 +296,7 @@ func (l *load) stop() tally {
 // lists lists Jobs (only cp-a serves batch/v1) and ConfigMaps in default, each every 50 ms.
 func (l *load) lists(ctx context.Context, who string, c *kubernetes.Clientset) {
 	for i := 0; ctx.Err() == nil; i++ {
+		began := time.Now()
 		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		var err error
 		what := "Jobs"
@@ -279,6 +314,7 @@ func (l *load) lists(ctx context.Context, who string, c *kubernetes.Clientset) {
 			if err != nil {
 				t.listsFailed++
 				l.note(&t.listErrs, "list %s (%s): %v", what, who, err)
+				t.failures = append(t.failures, failure{began, time.Now(), fmt.Sprintf("list %s (%s): %v", what, who, err)})
 			} else {
 				t.listsOK++
 			}
@@ -292,12 +328,14 @@ func (l *load) listWatch(kind string, list func(context.Context, metav1.ListOpti
 	var afterList atomic.Bool // the next plain watch follows a list: not a resumption
 	return &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			began := time.Now()
 			obj, err := list(ctx, o)
 			l.add(func(t *tally) {
 				t.informerLists++
 				if err != nil && ctx.Err() == nil {
 					t.informerListsFailed++
 					l.note(&t.listErrs, "informer list %s: %v", kind, err)
+					t.failures = append(t.failures, failure{began, time.Now(), fmt.Sprintf("informer list %s: %v", kind, err)})
 				}
 			})
 			afterList.Store(err == nil)
@@ -305,6 +343,7 @@ func (l *load) listWatch(kind string, list func(context.Context, metav1.ListOpti
 		},
 		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
 			streamingList := o.SendInitialEvents != nil && *o.SendInitialEvents
+			began := time.Now()
 			w, err := watchFn(ctx, o)
 			l.add(func(t *tally) {
 				switch {
@@ -313,6 +352,7 @@ func (l *load) listWatch(kind string, list func(context.Context, metav1.ListOpti
 					if err != nil && ctx.Err() == nil {
 						t.informerListsFailed++
 						l.note(&t.listErrs, "informer streaming list %s: %v", kind, err)
+						t.failures = append(t.failures, failure{began, time.Now(), fmt.Sprintf("informer streaming list %s: %v", kind, err)})
 					}
 				case err != nil:
 					if ctx.Err() == nil {
@@ -539,6 +579,7 @@ func (l *load) execs(ctx context.Context) {
 			if err != nil || stdout.String() != "done\n" {
 				t.execFailed++
 				l.note(&t.execErrs, "exec started %s: %v: stdout %q stderr %q", started.Format("15:04:05.000"), err, stdout.String(), strings.TrimSpace(stderr.String()))
+				t.failures = append(t.failures, failure{started, time.Now(), fmt.Sprintf("exec started %s: %v: stdout %q stderr %q", started.Format("15:04:05.000"), err, stdout.String(), strings.TrimSpace(stderr.String()))})
 			} else {
 				t.execOK++
 			}
@@ -563,6 +604,7 @@ func (l *load) portForwards(ctx context.Context) {
 			if err != nil {
 				t.pfFailed++
 				l.note(&t.pfErrs, "port-forward started %s: %v", started.Format("15:04:05.000"), err)
+				t.failures = append(t.failures, failure{started, time.Now(), fmt.Sprintf("port-forward started %s: %v", started.Format("15:04:05.000"), err)})
 			} else {
 				t.pfOK++
 			}

@@ -99,6 +99,21 @@ func TestRollouts(t *testing.T) {
 // load saw during the step.
 func (in *installation) rolloutStep(t *testing.T, ctx context.Context, l *load, name string, run func(), settled ...func()) {
 	t.Helper()
+	r := in.measureStep(t, ctx, l, name, run, settled...)
+	r.check(t, name, nil)
+}
+
+// stepResult is what the load saw during a step.
+type stepResult struct {
+	tally
+	coverErr, convergeErr error
+}
+
+// measureStep runs one step under the load, waits until every pod of the release is Ready
+// and the replaced ones gone, and the informers converged, then reports what the load saw
+// during the step and checks that no pod of the release restarted.
+func (in *installation) measureStep(t *testing.T, ctx context.Context, l *load, name string, run func(), settled ...func()) stepResult {
+	t.Helper()
 	before := map[types.UID]int32{}
 	for _, component := range components {
 		for uid, n := range in.podRestarts(t, ctx, component) {
@@ -122,6 +137,41 @@ func (in *installation) rolloutStep(t *testing.T, ctx context.Context, l *load, 
 		r.execOK, r.execOK+r.execFailed, r.pfOK, r.pfOK+r.pfFailed, r.writes, r.writesFailed, took.Round(time.Second))
 	if len(r.informerErrs) > 0 {
 		t.Logf("step %q: the informers' reflectors reported %q", name, r.informerErrs)
+	}
+	// No pod of the release restarted: those that lived through the step kept their
+	// restart counts, the new ones have none.
+	for _, component := range components {
+		for _, p := range in.pods(t, ctx, component) {
+			var n int32
+			for _, c := range p.Status.ContainerStatuses {
+				n += c.RestartCount
+			}
+			if was, ok := before[p.UID]; (ok && n != was) || (!ok && n != 0) {
+				t.Errorf("step %q: pod %s restarted (%d restarts, %d before the step)\n%s", name, p.Name, n, was, in.node.PodReport(ctx, node.Namespace))
+			}
+		}
+	}
+	return stepResult{tally: r, coverErr: coverErr, convergeErr: convergeErr}
+}
+
+// check fails the test for whatever the load lost during the step: a failed list, a
+// watch.Error event, informers that did not converge, a failed exec or port-forward session
+// or direct write. A failed list or session that tolerated accepts (and the caller reports)
+// is not counted; tolerated nil accepts none.
+func (r stepResult) check(t *testing.T, name string, tolerated func(failure) bool) {
+	t.Helper()
+	coverErr, convergeErr := r.coverErr, r.convergeErr
+	if tolerated != nil {
+		var rest []string
+		for _, f := range r.failures {
+			if !tolerated(f) {
+				rest = append(rest, f.at.Format("15:04:05.000")+" "+f.msg)
+			}
+		}
+		if len(rest) > 0 {
+			t.Errorf("step %q: %d of %d failed lists and sessions are not of the tolerated kind: %q", name, len(rest), len(r.failures), rest)
+		}
+		r.listsFailed, r.informerListsFailed, r.execFailed, r.pfFailed = 0, 0, 0, 0
 	}
 	if r.listsFailed+r.informerListsFailed > 0 {
 		t.Errorf("step %q: %d lists failed (%d ok), first: %q", name, r.listsFailed+r.informerListsFailed, r.listsOK, r.listErrs)
@@ -147,19 +197,6 @@ func (in *installation) rolloutStep(t *testing.T, ctx context.Context, l *load, 
 	if r.writesFailed > 0 {
 		// Direct writes: not kube-mvp's, but the watches then carried less than meant.
 		t.Errorf("step %q: %d direct writes failed: %q", name, r.writesFailed, r.writeErrs)
-	}
-	// No pod of the release restarted: those that lived through the step kept their
-	// restart counts, the new ones have none.
-	for _, component := range components {
-		for _, p := range in.pods(t, ctx, component) {
-			var n int32
-			for _, c := range p.Status.ContainerStatuses {
-				n += c.RestartCount
-			}
-			if was, ok := before[p.UID]; (ok && n != was) || (!ok && n != 0) {
-				t.Errorf("step %q: pod %s restarted (%d restarts, %d before the step)\n%s", name, p.Name, n, was, in.node.PodReport(ctx, node.Namespace))
-			}
-		}
 	}
 }
 

@@ -82,16 +82,8 @@ func EnsureOld(ctx context.Context, commit string, log io.Writer) (OldBinaries, 
 	}
 	start := time.Now()
 	fmt.Fprintf(log, "kube-mvp %.12s: building xds-server and extproc...\n", full)
-	var tarball, stderr bytes.Buffer
-	archive := exec.CommandContext(ctx, "git", "-C", root, "archive", "--format=tar", full)
-	archive.Stdout, archive.Stderr = &tarball, &stderr
-	if err := archive.Run(); err != nil {
-		return OldBinaries{}, fmt.Errorf("git archive %s: %w\n%s", full, err, stderr.String())
-	}
-	untar := exec.CommandContext(ctx, "tar", "-x", "-C", src)
-	untar.Stdin, untar.Stderr = &tarball, &stderr
-	if err := untar.Run(); err != nil {
-		return OldBinaries{}, fmt.Errorf("extracting %s: %w\n%s", full, err, stderr.String())
+	if err := extract(ctx, root, full, src); err != nil {
+		return OldBinaries{}, err
 	}
 	build := exec.CommandContext(ctx, "go", "build", "-mod=readonly", "-trimpath", "-o", outDir+string(filepath.Separator), "./cmd/xds-server", "./cmd/extproc")
 	build.Dir = src
@@ -116,4 +108,21 @@ func complete(b OldBinaries) bool {
 		}
 	}
 	return true
+}
+
+// extract writes the tree of commit (a full hash) of the repository at root into dst, an
+// existing directory (git archive | tar -x).
+func extract(ctx context.Context, root, commit, dst string) error {
+	var tarball, stderr bytes.Buffer
+	archive := exec.CommandContext(ctx, "git", "-C", root, "archive", "--format=tar", commit)
+	archive.Stdout, archive.Stderr = &tarball, &stderr
+	if err := archive.Run(); err != nil {
+		return fmt.Errorf("git archive %s: %w\n%s", commit, err, stderr.String())
+	}
+	untar := exec.CommandContext(ctx, "tar", "-x", "-C", dst)
+	untar.Stdin, untar.Stderr = &tarball, &stderr
+	if err := untar.Run(); err != nil {
+		return fmt.Errorf("extracting %s: %w\n%s", commit, err, stderr.String())
+	}
+	return nil
 }
