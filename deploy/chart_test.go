@@ -1111,3 +1111,49 @@ func TestTemplateRejects(t *testing.T) {
 		})
 	}
 }
+
+// TestRenderWithAnOlderChartsDefaults: `helm upgrade --reuse-values` renders the new templates
+// with the values of the release being upgraded, the old chart's defaults included, so values
+// the old chart did not have are absent (not at their new defaults). The stop-time values
+// came with the drain; without them the templates use the same defaults as values.yaml.
+func TestRenderWithAnOlderChartsDefaults(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "kube-mvp")
+	if err := os.CopyFS(dir, os.DirFS(chartDir)); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(filepath.Join(dir, "values.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var vals map[string]any
+	if err := yaml.Unmarshal(raw, &vals); err != nil {
+		t.Fatal(err)
+	}
+	x, e := vals["xdsServer"].(map[string]any), vals["envoy"].(map[string]any)
+	delete(x, "shutdownDelaySeconds")
+	delete(x, "terminationGracePeriodSeconds")
+	delete(e, "shutdown")
+	delete(e, "terminationGracePeriodSeconds")
+	if raw, err = yaml.Marshal(vals); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "values.yaml"), raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := RenderChart(dir, release, "kube-mvp", certificateValues(testPKI(t)))
+	if err != nil {
+		t.Fatalf("the chart does not render without the stop-time values: %v", err)
+	}
+	var all string
+	for _, m := range out {
+		all += m
+	}
+	for _, want := range []string{
+		"terminationGracePeriodSeconds: 45", `- "--shutdown-delay=35s"`,
+		"terminationGracePeriodSeconds: 60", "- --drain-time-s\n            - \"45\"", `- "--delay=5s"`,
+	} {
+		if !strings.Contains(all, want) {
+			t.Errorf("rendered without the stop-time values, the manifests lack %q", want)
+		}
+	}
+}

@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -127,10 +126,9 @@ func TestUpgradeFromOld(t *testing.T) {
 // upgradeFromOld runs `helm upgrade` from the old release to this checkout's chart, with its
 // images (the chart's appVersion, imported by install) and TestRollouts' short drain.
 //
-// The values: --reset-then-reuse-values, the new chart's defaults under the values the old
-// release was given. Plain --reuse-values (as helmUpgrade, between releases of one chart)
-// takes the old chart's defaults instead, which lack what this chart added: its render fails
-// (logged here from a dry run, not a failure of the test).
+// The values: --reuse-values, as operators upgrade: Helm renders the new templates with the
+// values of the old release, the old chart's defaults included, so what this chart added is
+// absent and the templates fall back to values.yaml's defaults.
 func (in *installation) upgradeFromOld(t *testing.T, ctx context.Context, rel skew.OldRelease) {
 	t.Helper()
 	root, err := controlplane.RepoRoot()
@@ -148,19 +146,12 @@ func (in *installation) upgradeFromOld(t *testing.T, ctx context.Context, rel sk
 		cmd.Dir = in.Dir
 		return cmd.CombinedOutput()
 	}
-	out, err := helm("--reuse-values", "--dry-run=server")
-	t.Logf("helm upgrade --reuse-values --dry-run from %.7s (not used): %v: %s", rel.Commit, err, firstLine(out))
 	start := time.Now()
-	out, err = helm("--reset-then-reuse-values")
+	out, err := helm("--reuse-values")
 	if err != nil {
 		t.Fatalf("helm upgrade from %.7s: %v\n%s", rel.Commit, err, out)
 	}
-	t.Logf("helm upgrade --reset-then-reuse-values from %.7s to this checkout: %s", rel.Commit, time.Since(start).Round(100*time.Millisecond))
-}
-
-func firstLine(b []byte) string {
-	s, _, _ := strings.Cut(strings.TrimSpace(string(b)), "\n")
-	return s
+	t.Logf("helm upgrade --reuse-values from %.7s to this checkout: %s", rel.Commit, time.Since(start).Round(100*time.Millisecond))
 }
 
 // chartAppVersion is this checkout's chart's appVersion: the tag of the images
