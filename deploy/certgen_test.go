@@ -469,7 +469,7 @@ func TestCertgenChartOnRealAPIServer(t *testing.T) {
 	if !strings.Contains(out, "0 created, 0 updated, 4 unchanged") {
 		t.Errorf("the CronJob's run:\n%s", out)
 	}
-	// A renewal forced as the README says (annotate, then a Job from the CronJob): the
+	// A renewal forced as docs/operating.md says (annotate, then a Job from the CronJob): the
 	// CronJob's identity may carry it out with the rules above.
 	for _, annotated := range []string{fullname + "-envoy-tls", fullname + "-ca"} {
 		patch := []byte(`{"metadata":{"annotations":{"kube-mvp.io/renew":"now"}}}`)

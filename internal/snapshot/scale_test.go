@@ -136,7 +136,7 @@ func countMatch(t testing.TB, rc *routev3.RouteConfiguration, headers map[string
 
 // TestRouteScale reports, for control planes of 100 and 1,000 group/versions (half of them
 // served by two of three apiservers), the number of routes, the size of the route
-// configuration and the matching work of typical requests. The figures are in the README
+// configuration and the matching work of typical requests. The figures are in docs/performance.md
 // ("Route matching at scale"); the assertions only keep them from silently growing.
 func TestRouteScale(t *testing.T) {
 	for _, gvs := range []int{100, 1000} {

@@ -48,7 +48,7 @@ type Decision struct {
 	Servers ServerSet
 }
 
-// DecideResource is the one routing rule of kube-mvp (README, "Design"): where a request
+// DecideResource is the one routing rule of kube-mvp (docs/design.md): where a request
 // on resource r goes, from a front proxy or (t.LocalID) a sidecar. It is Capable, who can
 // serve r, and then Decide, where that sends the request; internal/plan applies the two to
 // every published resource once per topology change, and everything else reads the plan.

@@ -17,7 +17,7 @@ import (
 )
 
 // TestUpstreamFacts documents what real apiservers publish, the facts kube-mvp is built on
-// (README, "Testing with real parts"): A is v1.37.1 with every API, B is v1.36.4 with batch/v1 turned off.
+// (docs/testing.md, "Testing with real parts"): A is v1.37.1 with every API, B is v1.36.4 with batch/v1 turned off.
 func TestUpstreamFacts(t *testing.T) {
 	ctx := testutil.Context(t, 20*time.Minute)
 	// Not skipped under -short: make test checks these facts too.
@@ -111,7 +111,7 @@ func TestUpstreamFacts(t *testing.T) {
 		}
 	}
 
-	// What each version publishes, for the README.
+	// What each version publishes, for docs/testing.md.
 	for _, srv := range []*controlplane.Server{a, b} {
 		cl, _ := srv.Client()
 		_, lists, err := cl.Discovery().ServerGroupsAndResources()

@@ -35,7 +35,7 @@ import (
 // server serves, no 5xx and no transport error for reads (but a 503 Status with Retry-After
 // for the new API until kube-mvp first answers it: its only server is just starting), and
 // every watch must end cleanly (client-go resumes those) or, while an apiserver is frozen, be
-// reset and resume. The balancer's numbers are logged for contrast (README).
+// reset and resume. The balancer's numbers are logged for contrast (docs/testing.md, "End to end").
 //
 // gates-on: v1.36.4 → v1.37.1 with the test gates (StorageVersion API, peer-proxy gate), cp-b
 // frozen (SIGSTOP) while cp-a upgrades, xds-server's watches on cp-b.
@@ -585,7 +585,7 @@ func logUpstreamResets(t *testing.T, admin string) {
 	t.Logf("data plane: %d upstream connections closed under a sent request, %d retries", resets, retries)
 }
 
-// goal summarises the counts the rolling upgrade's goal is about (README): 404s for APIs
+// goal summarises the counts the rolling upgrade's goal is about (docs/testing.md, "End to end"): 404s for APIs
 // some apiserver served, 5xx, 503s and whether they carried a Status with Retry-After, and
 // the new API's answers before and after an apiserver served it.
 func (l *load) goal() string {

@@ -46,7 +46,7 @@ var roleSecrets = map[string]string{
 	"extproc":    node.Release + "-extproc-tls",
 }
 
-// checkRenewal forces a certgen renewal as the README says (the CA Secret annotated
+// checkRenewal forces a certgen renewal as docs/operating.md says (the CA Secret annotated
 // kube-mvp.io/renew, a Job from the CronJob) under continuous requests through kube-mvp, and
 // checks that every component uses its new certificate, picked up through the kubelet's
 // Secret-volume update: xds-server serves its new one; extproc's next connection presents its
