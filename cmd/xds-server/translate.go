@@ -16,6 +16,7 @@ import (
 	"github.com/kube-mvp/kube-mvp/internal/inventory/objects"
 	"github.com/kube-mvp/kube-mvp/internal/plan"
 	"github.com/kube-mvp/kube-mvp/internal/snapshot"
+	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 
 var translateCommand = &command{
@@ -42,8 +43,10 @@ const translateOutro = `The certificate flags are absolute paths in Envoy's file
 them, SDS carries the paths and Envoy watches the files; each one left out leaves its TLS piece
 out (see internal/snapshot.SecretFiles).
 
-Problems with single objects of the fixture are printed as warnings, and so is an apiserver
-whose endpoint had to be left out. Exit codes: 0 printed, 1 the translation failed, 2 bad
+Problems with single objects of the fixture are printed as warnings, and so are an apiserver
+whose endpoint had to be left out and every apiserver that takes part in no routing, with why
+(an apiserver routes only with its own discovery: a fixture of Leases and StorageVersions alone
+routes every request to a 503). Exit codes: 0 printed, 1 the translation failed, 2 bad
 command line or fixture.
 `
 
@@ -131,6 +134,9 @@ func runTranslate(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "xds-server translate: %s describes no usable topology\n", opts.file)
 		return 2
 	}
+	for _, w := range unroutableWarnings(topo) {
+		fmt.Fprintf(stderr, "warning: %s: %s\n", opts.file, w)
+	}
 	if opts.nodeID != "" {
 		if _, ok := topo.Server(opts.nodeID); !ok {
 			fmt.Fprintf(stderr, "warning: --node-id %s: no identity Lease in %s names this apiserver; its local cluster is empty\n", opts.nodeID, opts.file)
@@ -176,4 +182,18 @@ func runTranslate(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// unroutableWarnings says, per apiserver that takes part in no routing, why, and when none
+// does, that every request would be refused: a configuration without a single endpoint is
+// valid Envoy configuration, so nothing else would say so.
+func unroutableWarnings(t *topology.Topology) []string {
+	var out []string
+	for _, n := range t.NotRoutable() {
+		out = append(out, fmt.Sprintf("apiserver %s (hostname %q) is not routable: %s", n.ID, n.Hostname, n.Reason))
+	}
+	if len(t.Live()) == 0 {
+		out = append(out, "no apiserver is routable: every request would be answered 503")
+	}
+	return out
 }

@@ -53,8 +53,12 @@ func TestTranslateGolden(t *testing.T) {
 			if code != 0 {
 				t.Fatalf("exit %d: %s", code, errOut)
 			}
-			if errOut != "" {
-				t.Errorf("stderr: %s", errOut)
+			// The only warnings of a golden case: its apiservers that cannot be routed to
+			// (TestTranslateWarnsWhenNothingIsRoutable).
+			for line := range strings.Lines(errOut) {
+				if !strings.Contains(line, " is not routable: ") && !strings.Contains(line, "no apiserver is routable") {
+					t.Errorf("stderr: %s", line)
+				}
 			}
 			sections, err := splitTopLevel(out)
 			if err != nil {
@@ -285,5 +289,41 @@ func TestTranslateAnonymousAuthIgnored(t *testing.T) {
 	}
 	if code, _, errOut := runCmd(append(append([]string{}, base...), "--anonymous-auth=no")...); code != 2 || !strings.Contains(errOut, "--anonymous-auth") {
 		t.Errorf("--anonymous-auth=no: exit %d, %s; want 2 naming the flag", code, errOut)
+	}
+}
+
+// Leases and StorageVersions alone make a configuration without a single endpoint: translate
+// names each apiserver that cannot be routed to and why, and says every request would be a
+// 503. Where they all route, it says nothing of the kind.
+func TestTranslateWarnsWhenNothingIsRoutable(t *testing.T) {
+	now := "--now=" + fixtures.Now.Format(time.RFC3339)
+	code, _, errOut := runCmd("translate", "-f", fixtures.Path("storageversion-only"), now)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	for _, want := range []string{
+		`apiserver apiserver-tqsyvnc7rs47fayzipsuqpfg4m (hostname "cp-a") is not routable: its own discovery was never read`,
+		`apiserver apiserver-imkgstwjs6opnbwk2ixluu6fiq (hostname "cp-b") is not routable`,
+		"no apiserver is routable: every request would be answered 503",
+	} {
+		if !strings.Contains(errOut, want) {
+			t.Errorf("stderr does not say %q:\n%s", want, errOut)
+		}
+	}
+
+	code, _, errOut = runCmd("translate", "-f", fixtures.Path("dead-lease"), now)
+	if code != 0 {
+		t.Fatalf("dead-lease: exit %d: %s", code, errOut)
+	}
+	if !strings.Contains(errOut, `(hostname "cp-c") is not routable: its Lease was not renewed within the liveness window`) || strings.Contains(errOut, "no apiserver is routable") {
+		t.Errorf("dead-lease: want cp-c's stale Lease named and nothing more:\n%s", errOut)
+	}
+
+	code, _, errOut = runCmd("translate", "-f", fixtures.Path("all-equal"), now)
+	if code != 0 {
+		t.Fatalf("all-equal: exit %d: %s", code, errOut)
+	}
+	if strings.Contains(errOut, "routable") {
+		t.Errorf("all-equal: warned although every apiserver routes:\n%s", errOut)
 	}
 }

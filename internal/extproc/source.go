@@ -86,6 +86,12 @@ func (f *File) build(raw []byte) (*plan.Table, string, error) {
 	if t == nil {
 		return nil, "", fmt.Errorf("%s: no routing table could be built: %w", f.path, multierror.Append(&multierror.Error{ErrorFormat: cli.Lines}, errs...).ErrorOrNil())
 	}
+	for _, n := range t.NotRoutable() {
+		f.log.Warn("routing table source: apiserver not routable", "file", f.path, "apiserver", n.ID, "hostname", n.Hostname, "reason", n.Reason)
+	}
+	if len(t.Live()) == 0 {
+		f.log.Warn("routing table source: no apiserver is routable: every request will be answered 503", "file", f.path)
+	}
 	tb, err := plan.TableOf(t)
 	if err != nil {
 		return nil, "", fmt.Errorf("%s: %w", f.path, err)

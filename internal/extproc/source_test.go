@@ -2,6 +2,7 @@ package extproc
 
 import (
 	"context"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -128,4 +129,36 @@ func must[T any](v T, err error) T {
 		panic(err)
 	}
 	return v
+}
+
+// A fixture whose apiservers have no discovery of their own builds a table that answers 503
+// to everything: the source says so, naming each apiserver and why.
+func TestFileSourceWarnsWhenNothingIsRoutable(t *testing.T) {
+	var logs strings.Builder
+	path := filepath.Join("..", "snapshot", "testdata", "storageversion-only.in.yaml")
+	tb, _, err := FileSource(path, FileOptions{Now: fixtureNow, Logger: slog.New(slog.NewTextHandler(&logs, nil))}).Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tb.Live() != 0 {
+		t.Fatalf("%d live apiservers, want none (the fixture has no discovery)", tb.Live())
+	}
+	for _, want := range []string{
+		"apiserver not routable", "apiserver=apiserver-tqsyvnc7rs47fayzipsuqpfg4m", "hostname=cp-a",
+		"apiserver=apiserver-imkgstwjs6opnbwk2ixluu6fiq", "own discovery was never read",
+		"no apiserver is routable",
+	} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("the log does not say %q:\n%s", want, logs.String())
+		}
+	}
+
+	// A fixture where every apiserver routes says nothing of the kind.
+	logs.Reset()
+	if _, _, err := FileSource(filepath.Join("testdata", "upgrade.yaml"), FileOptions{Logger: slog.New(slog.NewTextHandler(&logs, nil))}).Load(); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(logs.String(), "routable") {
+		t.Errorf("warned about a fixture where every apiserver routes:\n%s", logs.String())
+	}
 }
