@@ -164,7 +164,7 @@ func parseServe(args []string) (serveOptions, error) {
 	}
 	opts.cfg, errs = opts.envoy.config(errs)
 	if errs == nil {
-		if opts.rest, err = restConfig(opts.kubeconfig); err != nil {
+		if opts.rest, err = clusterConfig(opts.kubeconfig); err != nil {
 			errs = multierror.Append(errs, fmt.Errorf("--kubeconfig: %v", err))
 		}
 	}
