@@ -32,6 +32,7 @@ func RESTConfig(opts RESTOptions) (*rest.Config, error) {
 		return nil, err
 	}
 	h2 := http.HTTP2Config{SendPingTimeout: opts.HTTP2ReadIdleTimeout, PingTimeout: opts.HTTP2PingTimeout}
+	// The operator's variables win, as they did for client-go alone (it has applied them).
 	if os.Getenv("HTTP2_READ_IDLE_TIMEOUT_SECONDS") != "" {
 		h2.SendPingTimeout = 0
 	}
