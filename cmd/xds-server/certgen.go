@@ -23,7 +23,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/kube-mvp/kube-mvp/internal/certgen"
 	"github.com/kube-mvp/kube-mvp/internal/cli"
@@ -312,7 +311,7 @@ func parseCertgen(args []string) (certgenOptions, error) {
 
 	if errs == nil && !isLocal {
 		var err error
-		if opts.rest, err = restConfig(opts.kubeconfig); err != nil {
+		if opts.rest, err = clusterConfig(opts.kubeconfig); err != nil {
 			bad("--kubeconfig: %v", err)
 		}
 	}
@@ -325,34 +324,6 @@ func roleNames() string {
 		names[i] = string(r)
 	}
 	return strings.Join(names, ", ")
-}
-
-// http2DeadConnectionDefaults are client-go's HTTP/2 health check settings for xds-server
-// (k8s.io/apimachinery reads them from the environment when it builds a transport; set
-// there, they win). Every watch shares one connection; if its apiserver hangs with the
-// connection open, client-go's defaults (a ping after 30 s without a frame, 15 s for the
-// answer) leave the Lease view stuck for up to 45 s. A live control plane sends a Lease
-// renewal at least every 10 s, so a 10 s idle ping costs nothing and finds the dead
-// connection within 15 s.
-var http2DeadConnectionDefaults = map[string]string{"HTTP2_READ_IDLE_TIMEOUT_SECONDS": "10", "HTTP2_PING_TIMEOUT_SECONDS": "5"}
-
-// restConfig is the in-cluster configuration without --kubeconfig, else the kubeconfig's.
-func restConfig(kubeconfig string) (*rest.Config, error) {
-	for k, v := range http2DeadConnectionDefaults {
-		if os.Getenv(k) == "" {
-			if err := os.Setenv(k, v); err != nil {
-				return nil, err
-			}
-		}
-	}
-	if kubeconfig == "" {
-		if c, err := rest.InClusterConfig(); err == nil {
-			return c, nil
-		}
-	}
-	rules := clientcmd.NewDefaultClientConfigLoadingRules()
-	rules.ExplicitPath = kubeconfig
-	return clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, nil).ClientConfig()
 }
 
 // errBadSecret is a Secret certgen must not touch (wrong type): exit code 2.

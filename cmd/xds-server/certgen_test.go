@@ -650,28 +650,3 @@ func certgenVerifyTLS(server, client *corev1.Secret, name string, now time.Time)
 	_, err = cc.Verify(x509.VerifyOptions{Roots: sp, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}, CurrentTime: now})
 	return err
 }
-
-// TestRestConfigHTTP2HealthCheck: xds-server's clients find a dead HTTP/2 connection within
-// 15 s (client-go's environment settings), unless the operator set those settings.
-func TestRestConfigHTTP2HealthCheck(t *testing.T) {
-	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := os.WriteFile(kubeconfig, []byte(`apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "https://127.0.0.1:6443"}}]
-contexts: [{name: c, context: {cluster: c}}]
-current-context: c
-`), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv("HTTP2_READ_IDLE_TIMEOUT_SECONDS", "")
-	t.Setenv("HTTP2_PING_TIMEOUT_SECONDS", "7") // the operator's
-	if _, err := restConfig(kubeconfig); err != nil {
-		t.Fatal(err)
-	}
-	if got := os.Getenv("HTTP2_READ_IDLE_TIMEOUT_SECONDS"); got != "10" {
-		t.Errorf("HTTP2_READ_IDLE_TIMEOUT_SECONDS %q, want 10", got)
-	}
-	if got := os.Getenv("HTTP2_PING_TIMEOUT_SECONDS"); got != "7" {
-		t.Errorf("HTTP2_PING_TIMEOUT_SECONDS %q, want the operator's 7", got)
-	}
-}

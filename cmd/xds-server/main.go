@@ -19,6 +19,10 @@ import (
 	"strings"
 	"syscall"
 
+	"k8s.io/client-go/rest"
+
+	"github.com/kube-mvp/kube-mvp/internal/inventory"
+	"github.com/kube-mvp/kube-mvp/internal/inventory/objects"
 	"github.com/kube-mvp/kube-mvp/internal/version"
 )
 
@@ -38,6 +42,16 @@ func untilSignal(run func(ctx context.Context, args []string, stdout, stderr io.
 		defer stop()
 		return run(ctx, args, stdout, stderr)
 	}
+}
+
+// clusterConfig is how serve and certgen reach the cluster: in-cluster without --kubeconfig,
+// with the HTTP/2 health check that bounds how long the Lease view can be stuck.
+func clusterConfig(kubeconfig string) (*rest.Config, error) {
+	return inventory.RESTConfig(inventory.RESTOptions{
+		Kubeconfig:           kubeconfig,
+		HTTP2ReadIdleTimeout: objects.HTTP2ReadIdleTimeout,
+		HTTP2PingTimeout:     objects.HTTP2PingTimeout,
+	})
 }
 
 // commands lists the subcommands in the order usage shows them.

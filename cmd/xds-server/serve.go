@@ -105,7 +105,7 @@ func (o *serveOptions) flagSet() *pflag.FlagSet {
 	count(&o.limits.MaxNodes, 1000, "max-nodes", "Envoy nodes connected at once")
 	count(&o.limits.MaxStreams, 4000, "max-streams", "xDS streams open at once")
 	fs.StringVar(&o.adminAddress, "admin-address", "127.0.0.1:9100", "HTTP `ADDR`: /healthz /readyz /metrics /debug/topology /debug/syncz /debug/config_dump[?node=ID]")
-	duration(&o.watch.LivenessWindow, objects.DefaultLivenessWindow, "liveness-window", 11*time.Second, "apiservers renew their Lease every 10s",
+	duration(&o.watch.LivenessWindow, objects.DefaultLivenessWindow, "liveness-window", objects.MinLivenessWindow, "apiservers renew their Lease every 10s",
 		"a Lease renewed longer ago is a dead apiserver")
 	duration(&o.watch.DiscoveryInterval, inventory.DefaultDiscoveryInterval, "discovery-interval", time.Second, "a refetch per apiserver",
 		"refetch each apiserver's discovery this often")
@@ -164,7 +164,7 @@ func parseServe(args []string) (serveOptions, error) {
 	}
 	opts.cfg, errs = opts.envoy.config(errs)
 	if errs == nil {
-		if opts.rest, err = restConfig(opts.kubeconfig); err != nil {
+		if opts.rest, err = clusterConfig(opts.kubeconfig); err != nil {
 			errs = multierror.Append(errs, fmt.Errorf("--kubeconfig: %v", err))
 		}
 	}

@@ -373,6 +373,35 @@ func TestServeMemoryNeedsTLS(t *testing.T) {
 	}
 }
 
+// TestServeFlagsLeaveTheEnvironment: parsing serve's flags builds the rest config with the
+// HTTP/2 health check as an option (internal/inventory's test proves it works) and changes
+// no environment variable.
+func TestServeFlagsLeaveTheEnvironment(t *testing.T) {
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kubeconfig, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:6443"}}]
+contexts: [{name: c, context: {cluster: c}}]
+current-context: c
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("HTTP2_READ_IDLE_TIMEOUT_SECONDS", "")
+	t.Setenv("HTTP2_PING_TIMEOUT_SECONDS", "")
+	opts, err := parseServe([]string{"--xds-insecure-plaintext", "--kubeconfig", kubeconfig})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if opts.rest == nil || opts.rest.WrapTransport == nil {
+		t.Errorf("rest config %+v: want the HTTP/2 health check's transport wrapper", opts.rest)
+	}
+	for _, k := range []string{"HTTP2_READ_IDLE_TIMEOUT_SECONDS", "HTTP2_PING_TIMEOUT_SECONDS"} {
+		if v := os.Getenv(k); v != "" {
+			t.Errorf("%s=%q after parsing flags, want it unset", k, v)
+		}
+	}
+}
+
 func certOf(t *testing.T, path string) *x509.Certificate {
 	t.Helper()
 	b, err := os.ReadFile(path)

@@ -265,8 +265,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 	}
 	w.startedAt = w.opts.Clock()
 
-	// Leases expire without an event; look again well within the liveness window.
-	tick := time.NewTicker(max(w.opts.LivenessWindow/6, 500*time.Millisecond))
+	tick := time.NewTicker(objects.RejudgeInterval(w.opts.LivenessWindow))
 	defer tick.Stop()
 	w.trigger()
 	for {

@@ -34,11 +34,6 @@ const (
 	AutomanagedLabel = "kube-aggregator.kubernetes.io/automanaged"
 )
 
-// DefaultLivenessWindow is how stale a Lease renewal may be before its apiserver counts as
-// dead: three of upstream's 10 s renew intervals, not the Lease's 1 h duration, so a crashed
-// apiserver leaves the routes within seconds.
-const DefaultLivenessWindow = 30 * time.Second
-
 // APIService is the part of an apiregistration.k8s.io/v1 APIService that routing needs.
 type APIService struct {
 	metav1.ObjectMeta `json:"metadata"`
@@ -103,10 +98,6 @@ type Options struct {
 // judgeAsOfLastRenewalSeen for when our Lease watch went quiet), with an error for each Lease
 // skipped or partly used.
 func APIServers(leases []coordinationv1.Lease, opts Options) ([]topology.APIServer, []error) {
-	window := opts.LivenessWindow
-	if window == 0 {
-		window = DefaultLivenessWindow
-	}
 	var errs []error
 	var servers []topology.APIServer
 	var renewed []time.Time // of each server's Lease; zero: none
@@ -124,78 +115,15 @@ func APIServers(leases []coordinationv1.Lease, opts Options) ([]topology.APIServ
 			renewed = append(renewed, rt)
 		}
 	}
-	if err := judgeAsOfLastRenewalSeen(servers, renewed, opts.Now, window); err != nil {
+	if err := judgeAsOfLastRenewalSeen(servers, renewed, opts.Now, opts.livenessWindow()); err != nil {
 		errs = append(errs, err)
 	}
 	return servers, errs
 }
 
-// IdentityLeaseRenewInterval is how often a live apiserver renews its identity Lease
-// (upstream's default).
-const IdentityLeaseRenewInterval = 10 * time.Second
-
-// identityLeaseRenewGap is the longest a watch sees between two renewals of one live
-// apiserver: the interval, its 4 % jitter, and the write's and the watch's latency on a busy
-// control plane, with room to spare.
-const identityLeaseRenewGap = IdentityLeaseRenewInterval * 3 / 2
-
-// judgeAsOfLastRenewalSeen handles a Lease watch that went quiet. While it works, some live
-// apiserver's renewal arrives at least every IdentityLeaseRenewInterval; when none has for
-// longer, our watch is more likely stuck (its connection to a hung apiserver not yet found
-// dead: up to 15 s with xds-server's HTTP/2 health check, 45 s with client-go's defaults)
-// than the control plane dead. Judged
-// against the clock, the apiservers would then fall out of the window one by one, in the
-// order of their last renewals, and Envoy would be told that only the last one to renew
-// (perhaps the hung one) can serve. So Leases are judged as of the newest renewal seen plus
-// window - identityLeaseRenewGap: every apiserver that renewed in the last gap before the
-// watch went quiet stays alive, and Envoy's health checks decide the rest. A
-// forged future renewal can only move that time towards now, i.e. to the plain judgement;
-// and judging as of a time before now only ever keeps more apiservers alive.
-func judgeAsOfLastRenewalSeen(servers []topology.APIServer, renewed []time.Time, now time.Time, window time.Duration) error {
-	var newest time.Time
-	for _, rt := range renewed {
-		if rt.After(newest) {
-			newest = rt
-		}
-	}
-	if now.IsZero() || len(servers) == 0 {
-		return nil
-	}
-	if newest.IsZero() {
-		// No renewal at all to judge by (a Lease without renewTime is never alive by itself):
-		// rather than tell every Envoy that nothing can serve anything, health checks decide.
-		for i := range servers {
-			servers[i].Alive = true
-		}
-		return fmt.Errorf("no identity Lease carries a renewTime: all %d apiservers count as alive, and Envoy's health checks decide", len(servers))
-	}
-	asOf := newest.Add(max(window-identityLeaseRenewGap, 0))
-	if !asOf.Before(now) {
-		return nil
-	}
-	for i, rt := range renewed {
-		if !rt.IsZero() {
-			servers[i].Alive = asOf.Sub(rt) <= window
-		}
-	}
-	// A short window makes asOf lag now in normal operation too (judging only ever keeps
-	// more apiservers alive): said only once the quiet is clearly not renewals' spacing.
-	if now.Sub(newest) <= 2*IdentityLeaseRenewInterval {
-		return nil
-	}
-	return fmt.Errorf("no identity Lease renewal seen for %s (apiservers renew every %s): our Lease watch is more likely stuck than the apiservers dead, so the Leases are judged as of %s, and Envoy's health checks decide",
-		now.Sub(newest).Round(time.Second), IdentityLeaseRenewInterval, asOf.UTC().Format(time.RFC3339))
-}
-
 // Build turns watched objects into a Topology. It never stops at a bad object: each one it
 // cannot use is skipped and reported in the returned errors, which name it.
 func Build(objs Objects, opts Options) (*topology.Topology, []error) {
-	var errs []error
-	window := opts.LivenessWindow
-	if window == 0 {
-		window = DefaultLivenessWindow
-	}
-
 	servers, errs := APIServers(objs.Leases, opts)
 	// An apiserver takes part in routing only once its own discovery was fetched at its
 	// address over verified TLS: a Lease is only a claim, which anyone who may write Leases in
@@ -392,14 +320,10 @@ func oneHostPerAddress(servers []topology.APIServer, objs Objects, remembered ma
 	return out, refused
 }
 
-// MaxClockSkew is how far in the future a Lease's renewTime may be, by this process's clock,
-// before the Lease is rejected: a renewTime in the future would count as alive for ever.
-const MaxClockSkew = 10 * time.Second
-
 // APIServerFromLease reads one identity Lease as Build does: the apiserver's ID, hostname and
 // address (the peer-advertise annotation, else Options.Addresses by hostname) and whether it
-// is alive at opts.Now. The Lease's own liveness only: Build may still count every apiserver
-// alive when all Leases are stale (see Build). An ID is returned with an error when only the
+// is alive at opts.Now. The Lease's own liveness only: APIServers may still count it alive
+// when our Lease watch went quiet (liveness.go). An ID is returned with an error when only the
 // address is unusable; no ID when the Lease is not an apiserver identity Lease or is not
 // believable.
 //
@@ -410,10 +334,7 @@ const MaxClockSkew = 10 * time.Second
 // MaxClockSkew in the future, and its address an IP literal and port, nothing else (no DNS
 // name, user info or path for xds-server to fetch discovery from).
 func APIServerFromLease(l *coordinationv1.Lease, opts Options) (topology.APIServer, error) {
-	now, window, addresses := opts.Now, opts.LivenessWindow, opts.Addresses
-	if window == 0 {
-		window = DefaultLivenessWindow
-	}
+	now, addresses := opts.Now, opts.Addresses
 	name := "Lease " + l.Namespace + "/" + l.Name
 	if l.Labels[IdentityLabel] != IdentityLabelValue {
 		return topology.APIServer{}, fmt.Errorf("%s skipped: not an apiserver identity Lease (label %s=%s missing)", name, IdentityLabel, IdentityLabelValue)
@@ -446,12 +367,7 @@ func APIServerFromLease(l *coordinationv1.Lease, opts Options) (topology.APIServ
 			s.Address = a
 		}
 	}
-	switch {
-	case now.IsZero():
-		s.Alive = true
-	case l.Spec.RenewTime != nil:
-		s.Alive = now.Sub(l.Spec.RenewTime.Time) <= window
-	}
+	s.Alive = aliveByOwnRenewal(l.Spec.RenewTime, opts)
 	return s, err
 }
 
