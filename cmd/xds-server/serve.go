@@ -217,10 +217,9 @@ func serve(ctx context.Context, opts serveOptions, log *slog.Logger, ready chan<
 	checks := &table.ProxyChecks{Log: log}
 	tables := table.NewServer(table.WithLogger(log), table.WithRegisterer(reg), table.WithProxyChecks(checks))
 	publisher := makebeforebreak.NewPublisher(mbb, func(e *plan.Envoys) { tables.Publish(e.Table(), time.Now()) })
-	publisher.OnDelay = func(names []string, delay time.Duration) {
+	publisher.OnDelay = func(names []makebeforebreak.Name, delay time.Duration) {
 		log.Info("routing table narrowed to what Envoy has; the whole table follows after the delay", "delay", delay, "new", names)
 	}
-	publisher.Narrow = func(e *plan.Envoys, known map[string]bool) *plan.Envoys { return e.NarrowTo(known) }
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "kube_mvp_xds_connected_nodes", Help: "Envoy nodes with at least one open xDS stream.",
 	}, func() float64 {
@@ -269,7 +268,7 @@ func serve(ctx context.Context, opts serveOptions, log *slog.Logger, ready chan<
 			return
 		}
 		xdsServer.Update(e)
-		publisher.Offer(e, e.Names())
+		publisher.Offer(e)
 	}
 	checks.OnChange = func() {
 		planMu.Lock()

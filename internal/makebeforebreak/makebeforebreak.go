@@ -10,7 +10,7 @@
 //     table did not reaches extproc whole TableDelay after it is offered, so that every
 //     Envoy, given the matching snapshot at the same moment (possibly by another xds-server
 //     replica), has the endpoints that list the set first. Meanwhile it goes out at once
-//     narrowed (Publisher.Narrow, plan.Envoys.NarrowTo): each new serving set replaced by
+//     narrowed (narrow.go): each new serving set replaced by
 //     the largest subset of it the last table named, so that a new API reaches an
 //     apiserver that serves it rather than the default route's 404. Any other table goes
 //     out at once, as does the first (nothing can be routed without one). See Publisher.

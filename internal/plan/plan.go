@@ -355,6 +355,22 @@ func DefaultCluster(local string) string {
 	return contract.ClusterDefault
 }
 
+// SubsetRoute is the route to the serving set of the live apiservers set: its cluster name,
+// and its members when every one is dangerous (Route.FrontProxyRefused). Make before break
+// narrows a route to such a set.
+func (p *Plan) SubsetRoute(set topology.ServerSet) Route {
+	return Route{Outcome: topology.Subset, Cluster: SubsetClusterName(p.Topology, set), Servers: set, FrontProxyRefused: refusedIfAll(set, p.FrontProxyExcluded)}
+}
+
+// WithRoutes returns a copy of p whose per-request Routes are routes, which are p.Routes.All()
+// with some outcomes, clusters and servers changed (make before break narrows them). The rest
+// of p, GroupVersions included, is shared.
+func (p *Plan) WithRoutes(routes []Route) *Plan {
+	c := *p
+	c.Routes = newRoutes(p.LocalID, routes, p.Routes.Default.FrontProxyRefused)
+	return &c
+}
+
 // SubsetClusterName names the cluster that holds exactly the given apiservers: their
 // hostnames (or IDs, where a hostname is unknown) sorted and joined by "+", e.g.
 // "kube-apiservers-only-cp-a+cp-c", so an operator reading Envoy's /clusters sees who is
@@ -406,29 +422,6 @@ func (e *Envoys) For(local string) *Plan {
 		return e.Front
 	}
 	return e.Local[local]
-}
-
-// Names are what the routing table built from e lets extproc route to: every cluster and
-// serving set of every plan ("cluster NAME"), every host of the serving-sets cluster
-// ("apiserver ID", which covers the live ones, the members of the default cluster) with the
-// serving set of just it, and which apiservers are live ("live ID": NarrowTo prefers them). The make-before-break publisher compares them between tables: a
-// table naming only what the last one did goes out at once. An apiserver that departed and
-// came back is no new name while it is remembered: Envoy kept it as a host.
-func (e *Envoys) Names() map[string]bool {
-	names := map[string]bool{}
-	for _, p := range append([]*Plan{e.Front}, slices.Collect(maps.Values(e.Local))...) {
-		for _, c := range p.Clusters {
-			names["cluster "+c.Name] = true
-		}
-	}
-	for _, id := range e.Front.Hosts {
-		names["apiserver "+id] = true
-		names["cluster "+SubsetClusterName(e.Front.Topology, topology.ServerSet{id})] = true
-	}
-	for _, id := range e.Front.Topology.Live() {
-		names["live "+id] = true
-	}
-	return names
 }
 
 // compareRoutes orders routes by resource.
