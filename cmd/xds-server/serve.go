@@ -73,7 +73,7 @@ type serveOptions struct {
 	adminAddress string
 	watch        inventory.WatchOptions
 	cfg          snapshot.Config
-	// tableDelay and linger: make before break, see xds.Server.Update.
+	// tableDelay and linger: make before break, see internal/makebeforebreak.
 	tableDelay, linger time.Duration
 	shutdownDelay      time.Duration
 

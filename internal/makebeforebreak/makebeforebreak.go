@@ -16,11 +16,11 @@
 //     out at once, as does the first (nothing can be routed without one). See Publisher.
 //  2. A serving set that no plan names any more stays in the endpoints' metadata for
 //     Linger, with the members it had when last named, for requests extproc routed by an
-//     older table. See Envoy.
+//     older table. See Holds.
 //  3. An apiserver that becomes live joins the default ("every live apiserver") cluster
 //     only JoinDelay later (it is in serving sets at once): an older table's decision
 //     "the default cluster serves this" did not account for it, and it may not serve what
-//     the others do. See Envoy.
+//     the others do. See Holds.
 //
 // Everything runs on Options.Clock, so tests step a fake clock instead of sleeping.
 package makebeforebreak

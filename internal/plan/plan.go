@@ -263,57 +263,6 @@ func sortClusters(cs []Cluster) {
 	slices.SortFunc(cs, func(a, b Cluster) int { return strings.Compare(a.Name, b.Name) })
 }
 
-// Hold is what Envoy's configuration keeps besides what the plan names (make before break,
-// internal/makebeforebreak): it changes the clusters, never the routes.
-type Hold struct {
-	// Lingering are serving sets, by name, that routing tables still in use may name.
-	Lingering map[string]topology.ServerSet
-	// Joining are live apiservers, by ID, held out of the default cluster until every
-	// routing table in use knows them.
-	Joining map[string]bool
-}
-
-// WithHold returns a copy of p whose clusters also keep h's lingering clusters (with their
-// members that are still live) and whose default cluster leaves out h's joining apiservers;
-// when every live apiserver is joining, none is held back. Routes are shared with p.
-func (p *Plan) WithHold(h Hold) *Plan {
-	c := *p
-	c.Clusters = slices.Clone(p.Clusters)
-	live := p.Topology.Live()
-	for i, cl := range c.Clusters {
-		if cl.Role != RoleDefault || len(h.Joining) == 0 {
-			continue
-		}
-		var members topology.ServerSet
-		for _, id := range cl.Members {
-			if !h.Joining[id] {
-				members = append(members, id)
-			}
-		}
-		if len(members) > 0 {
-			c.Clusters[i].Members = members
-		}
-	}
-	named := map[string]bool{}
-	for _, cl := range c.Clusters {
-		named[cl.Name] = true
-	}
-	for name, set := range h.Lingering {
-		if named[name] {
-			continue
-		}
-		var members topology.ServerSet
-		for _, id := range set {
-			if slices.Contains(live, id) {
-				members = append(members, id)
-			}
-		}
-		c.Clusters = append(c.Clusters, Cluster{Name: name, Role: RoleLingering, Members: members})
-	}
-	sortClusters(c.Clusters)
-	return &c
-}
-
 // DefaultClusterName is the cluster of outcomes Default and NotServed.
 func (p *Plan) DefaultClusterName() string { return DefaultCluster(p.LocalID) }
 
