@@ -1,5 +1,23 @@
-// Package makebeforebreak holds the timing rules that keep a topology change from failing
-// requests while it spreads.
+// Package makebeforebreak decides when a topology change reaches Envoy and extproc. It is
+// the one place that knows about delays, holds and narrowing; xds.Server and xds-server's
+// serve only wire it (plans in, snapshots and routing tables out).
+//
+// # When a change reaches Envoy and extproc
+//
+// Every topology change makes new plans (internal/plan, a pure function of the topology).
+// With them, on Options.Clock:
+//
+//   - Envoy gets its new snapshot at once (xds.Server.Update), with the Hold that Holds
+//     works out: serving sets older routing tables may still name, and apiservers that
+//     just became live, kept out of the default cluster for now.
+//   - extproc gets the routing table at once if it names nothing the last one did not
+//     (Names); otherwise narrowed to what Envoy has at once, and whole TableDelay later
+//     (Publisher).
+//   - Linger after a serving set stops being named, Envoy drops it; JoinDelay after an
+//     apiserver becomes live, Envoy's default cluster takes it in. Holds calls back then,
+//     and every Envoy gets its snapshot again.
+//
+// # Why
 //
 // Envoy learns of a change over ADS, extproc over the routing table stream, and neither
 // waits for the other. A request is routed by extproc's table and served by Envoy's
@@ -8,12 +26,12 @@
 //
 //  1. A routing table that names a serving set, cluster or apiserver the last published
 //     table did not reaches extproc whole TableDelay after it is offered, so that every
-//     Envoy, given the matching snapshot at the same moment (possibly by another xds-server
-//     replica), has the endpoints that list the set first. Meanwhile it goes out at once
-//     narrowed (narrow.go): each new serving set replaced by
-//     the largest subset of it the last table named, so that a new API reaches an
-//     apiserver that serves it rather than the default route's 404. Any other table goes
-//     out at once, as does the first (nothing can be routed without one). See Publisher.
+//     Envoy, given the matching snapshot at the same moment (possibly by another
+//     xds-server replica), has the endpoints that list the set first. Meanwhile it goes
+//     out at once narrowed (narrow.go): each new serving set replaced by the largest
+//     subset of it the last table named, so that a new API reaches an apiserver that
+//     serves it rather than the default route's 404. Any other table goes out at once, as
+//     does the first (nothing can be routed without one). See Publisher.
 //  2. A serving set that no plan names any more stays in the endpoints' metadata for
 //     Linger, with the members it had when last named, for requests extproc routed by an
 //     older table. See Holds.
