@@ -44,10 +44,10 @@
 package makebeforebreak
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
-	"github.com/hashicorp/go-multierror"
 	"k8s.io/utils/clock"
 )
 
@@ -67,17 +67,17 @@ type Options struct {
 // Validate reports durations that would break a request in flight: a negative one, or a
 // linger that ends before the tables naming the cluster are replaced.
 func (o Options) Validate() error {
-	var errs *multierror.Error
+	var errs []error
 	if o.TableDelay < 0 {
-		errs = multierror.Append(errs, fmt.Errorf("routing table delay %s is negative (0 sends each table at once)", o.TableDelay))
+		errs = append(errs, fmt.Errorf("routing table delay %s is negative (0 sends each table at once)", o.TableDelay))
 	}
 	if o.Linger < 0 {
-		errs = multierror.Append(errs, fmt.Errorf("cluster linger %s is negative (0 drops unnamed serving sets at once)", o.Linger))
+		errs = append(errs, fmt.Errorf("cluster linger %s is negative (0 drops unnamed serving sets at once)", o.Linger))
 	}
 	if o.Linger > 0 && o.Linger <= o.TableDelay {
-		errs = multierror.Append(errs, fmt.Errorf("cluster linger %s must be longer than routing table delay %s: a cluster must outlive the tables that name it", o.Linger, o.TableDelay))
+		errs = append(errs, fmt.Errorf("cluster linger %s must be longer than routing table delay %s: a cluster must outlive the tables that name it", o.Linger, o.TableDelay))
 	}
-	return errs.ErrorOrNil()
+	return errors.Join(errs...)
 }
 
 // JoinDelay is 2*TableDelay: a newcomer is named by the table offered with it, which goes
