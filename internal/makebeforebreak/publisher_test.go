@@ -224,3 +224,28 @@ func TestPublisherConcurrent(t *testing.T) {
 		t.Errorf("timers left after every delay passed")
 	}
 }
+
+// TestPublisherOnDelay: OnDelay is told, sorted as the log shows them, the names that made a
+// table wait, and nothing for a table that goes out at once.
+func TestPublisherOnDelay(t *testing.T) {
+	names := map[int]Names{
+		1: {{KindCluster, "default"}: true, {KindHost, "a"}: true},
+		2: {{KindCluster, "default"}: true, {KindHost, "a"}: true, {KindLive, "a"}: true, {KindCluster, "only-a"}: true},
+		3: {{KindCluster, "default"}: true},
+	}
+	p := newPublisher(Options{TableDelay: time.Second, Clock: clocktesting.NewFakeClock(t0)}, func(int) {},
+		func(id int) Names { return names[id] }, nil)
+	var told []string
+	p.OnDelay = func(fresh []Name, delay time.Duration) {
+		if delay != time.Second {
+			t.Errorf("delay %s", delay)
+		}
+		told = append(told, fmt.Sprint(fresh))
+	}
+	for id := 1; id <= 3; id++ {
+		p.Offer(id)
+	}
+	if want := []string{"[cluster only-a live a]"}; !slices.Equal(told, want) {
+		t.Errorf("told %q, want %q", told, want)
+	}
+}
