@@ -213,15 +213,7 @@ func TestHoldsObserve(t *testing.T) {
 	c := topology.APIServer{ID: "id-c", Hostname: "cp-c", Address: "10.0.0.3:6443", Alive: true}
 	envoys := func(jobsOn ...string) *plan.Envoys {
 		t.Helper()
-		topo, err := topology.New([]topology.APIServer{a, b, c}, map[topology.Resource][]string{pods: {"id-a", "id-b", "id-c"}, jobs: jobsOn}, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		e, err := plan.ForEveryEnvoy(topo)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return e
+		return envoysOf(t, []topology.APIServer{a, b, c}, map[topology.Resource][]string{pods: {"id-a", "id-b", "id-c"}, jobs: jobsOn})
 	}
 	clk := clocktesting.NewFakeClock(t0)
 	expired := make(chan struct{}, 1)

@@ -21,20 +21,8 @@ func TestNamesOfReturningAPIServer(t *testing.T) {
 	var afterEnvoys *plan.Envoys // the last built
 	build := func(servers []topology.APIServer, served map[topology.Resource][]string, remembered ...string) Names {
 		t.Helper()
-		topo, err := topology.New(servers, served, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		topo.Sources = map[string]topology.Source{}
-		for _, id := range remembered {
-			topo.Sources[id] = topology.Source{From: topology.SourceRemembered}
-		}
-		e, err := plan.ForEveryEnvoy(topo)
-		if err != nil {
-			t.Fatal(err)
-		}
-		afterEnvoys = e
-		return namesOf(e)
+		afterEnvoys = envoysOf(t, servers, served, remembered...)
+		return namesOf(afterEnvoys)
 	}
 	a := topology.APIServer{ID: "id-a", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: true}
 	b := topology.APIServer{ID: "id-b", Hostname: "cp-b", Address: "10.0.0.2:6443", Alive: true}
@@ -93,16 +81,7 @@ func TestNarrowTo(t *testing.T) {
 	departedR.Alive = false
 	envoys := func(servers []topology.APIServer, served map[topology.Resource][]string) *plan.Envoys {
 		t.Helper()
-		topo, err := topology.New(servers, served, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		topo.Sources = map[string]topology.Source{"id-0": {From: topology.SourceRemembered}}
-		e, err := plan.ForEveryEnvoy(topo)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return e
+		return envoysOf(t, servers, served, "id-0")
 	}
 	// Known: a, b and c as live hosts, r as a departed one; jobs on c alone, widgets on a and b.
 	before := envoys([]topology.APIServer{a, b, c, departedR}, map[topology.Resource][]string{
@@ -174,4 +153,23 @@ func TestNarrowToDangerous(t *testing.T) {
 	if !slices.Equal(n.Front.Routes.Default.FrontProxyRefused, e.Front.Routes.Default.FrontProxyRefused) {
 		t.Errorf("narrowing changed the default route: %+v", n.Front.Routes.Default)
 	}
+}
+
+// envoysOf are the plans of servers serving served, the remembered ones known from the
+// memory of departed apiservers.
+func envoysOf(t *testing.T, servers []topology.APIServer, served map[topology.Resource][]string, remembered ...string) *plan.Envoys {
+	t.Helper()
+	topo, err := topology.New(servers, served, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	topo.Sources = map[string]topology.Source{}
+	for _, id := range remembered {
+		topo.Sources[id] = topology.Source{From: topology.SourceRemembered}
+	}
+	e, err := plan.ForEveryEnvoy(topo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
 }
