@@ -73,9 +73,9 @@ type serveOptions struct {
 	adminAddress string
 	watch        inventory.WatchOptions
 	cfg          snapshot.Config
-	// tableDelay and linger: make before break, see xds.Server.Update.
-	tableDelay, linger time.Duration
-	shutdownDelay      time.Duration
+	// mbb: when a change reaches Envoy and extproc, see internal/makebeforebreak.
+	mbb           makebeforebreak.Options
+	shutdownDelay time.Duration
 
 	// Flags read into the above after parsing.
 	kubeconfig, tlsDir, addresses, memoryConfigMap string
@@ -113,9 +113,9 @@ func (o *serveOptions) flagSet() *pflag.FlagSet {
 		"remember what an apiserver served this long after its identity Lease is deleted (503, not 404, for its APIs meanwhile); while a stale Lease exists it is remembered anyway")
 	fs.StringVar(&o.memoryConfigMap, "memory-configmap", "", "keep that memory in this ConfigMap, `NAMESPACE/NAME`, shared by every replica and read at start (default: in this process only), and with it the request-header names read before and the last good request-header configuration (key kube-mvp.request-header-names); needs --xds-tls-dir: each entry is signed with xds-server's key and believed only if an xds-server certificate of the control plane's CA signed it")
 	fs.StringVar(&o.addresses, "apiserver-addresses", "", "addresses for Leases without a peer-advertise address, a `LIST` of HOSTNAME=HOST:PORT")
-	duration(&o.tableDelay, 2*time.Second, "routing-table-delay", 0, "0 sends each table at once",
+	duration(&o.mbb.TableDelay, 2*time.Second, "routing-table-delay", 0, "0 sends each table at once",
 		"send extproc a routing table that names a new serving set or apiserver whole this long after Envoy got it (narrowed to what Envoy has before)")
-	duration(&o.linger, 30*time.Second, "cluster-linger", 0, "0 drops unnamed serving sets at once",
+	duration(&o.mbb.Linger, 30*time.Second, "cluster-linger", 0, "0 drops unnamed serving sets at once",
 		"keep a serving set no longer named this long, for requests routed by an older table")
 	duration(&o.shutdownDelay, 0, "shutdown-delay", 0, "0 stops at once",
 		"after SIGTERM keep serving this long, /readyz failing, before closing every stream: longer than the cluster DNS caches this replica's address (kubeadm's CoreDNS: 30 s), so that no Envoy or extproc is handed it once it is gone")
@@ -140,8 +140,8 @@ func parseServe(args []string) (serveOptions, error) {
 			errs = multierror.Append(errs, fmt.Errorf("%s %q is not host:port (e.g. :18000): %v", flag, addr, err))
 		}
 	}
-	if opts.linger <= opts.tableDelay && opts.linger > 0 {
-		errs = multierror.Append(errs, fmt.Errorf("--cluster-linger %s must be longer than --routing-table-delay %s: a cluster must outlive the tables that name it", opts.linger, opts.tableDelay))
+	if err := opts.mbb.Validate(); err != nil {
+		errs = multierror.Append(errs, fmt.Errorf("--routing-table-delay %s, --cluster-linger %s: %w", opts.mbb.TableDelay, opts.mbb.Linger, err))
 	}
 	if opts.addresses != "" {
 		opts.watch.Addresses = map[string]string{}
@@ -211,16 +211,14 @@ func serve(ctx context.Context, opts serveOptions, log *slog.Logger, ready chan<
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m := newServeMetrics(reg)
 
-	mbb := makebeforebreak.Options{TableDelay: opts.tableDelay, Linger: opts.linger}
-	xdsServer := xds.New(translator(opts.cfg, log), mbb, log)
+	xdsServer := xds.New(translator(opts.cfg, log), opts.mbb, log)
 	xdsServer.OnBuild = m.observeBuild
 	checks := &table.ProxyChecks{Log: log}
 	tables := table.NewServer(table.WithLogger(log), table.WithRegisterer(reg), table.WithProxyChecks(checks))
-	publisher := makebeforebreak.NewPublisher(mbb, func(e *plan.Envoys) { tables.Publish(e.Table(), time.Now()) })
-	publisher.OnDelay = func(names []string, delay time.Duration) {
+	publisher := makebeforebreak.NewPublisher(opts.mbb, func(e *plan.Envoys) { tables.Publish(e.Table(), time.Now()) })
+	publisher.OnDelay = func(names []makebeforebreak.Name, delay time.Duration) {
 		log.Info("routing table narrowed to what Envoy has; the whole table follows after the delay", "delay", delay, "new", names)
 	}
-	publisher.Narrow = func(e *plan.Envoys, known map[string]bool) *plan.Envoys { return e.NarrowTo(known) }
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "kube_mvp_xds_connected_nodes", Help: "Envoy nodes with at least one open xDS stream.",
 	}, func() float64 {
@@ -269,7 +267,7 @@ func serve(ctx context.Context, opts serveOptions, log *slog.Logger, ready chan<
 			return
 		}
 		xdsServer.Update(e)
-		publisher.Offer(e, e.Names())
+		publisher.Offer(e)
 	}
 	checks.OnChange = func() {
 		planMu.Lock()

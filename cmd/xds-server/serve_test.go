@@ -402,6 +402,20 @@ current-context: c
 	}
 }
 
+// TestServeLingerOutlivesDelay: a serving set must outlive the routing tables that name it,
+// so --cluster-linger at or below --routing-table-delay is a flag error naming both.
+func TestServeLingerOutlivesDelay(t *testing.T) {
+	_, err := parseServe([]string{"--xds-insecure-plaintext", "--routing-table-delay", "3s", "--cluster-linger", "3s"})
+	if err == nil || !strings.Contains(err.Error(), "--routing-table-delay 3s, --cluster-linger 3s: cluster linger 3s must be longer than routing table delay 3s") {
+		t.Errorf("linger equal to the delay: %v", err)
+	}
+	for _, args := range [][]string{{"--cluster-linger", "0s"}, {"--routing-table-delay", "0s", "--cluster-linger", "1s"}} {
+		if _, err := parseServe(append([]string{"--xds-insecure-plaintext"}, args...)); err != nil && strings.Contains(err.Error(), "linger") {
+			t.Errorf("%v: %v", args, err)
+		}
+	}
+}
+
 func certOf(t *testing.T, path string) *x509.Certificate {
 	t.Helper()
 	b, err := os.ReadFile(path)

@@ -2,26 +2,31 @@ package makebeforebreak
 
 import (
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	"k8s.io/utils/clock"
+
+	"github.com/kube-mvp/kube-mvp/internal/plan"
 )
 
 // Publisher sends routing tables to extproc in order, delaying those that name something
-// new so that Envoy has warmed it (rule 1 of the package doc). Safe for concurrent use.
+// new so that Envoy has warmed it, and sending those narrowed meanwhile (rule 1 of the
+// package doc). Safe for concurrent use. T is *plan.Envoys but for tests.
 type Publisher[T any] struct {
 	delay   time.Duration // <= 0: no delay
 	clock   clock.WithDelayedExecution
 	publish func(T)
+	// names are what t lets extproc route to.
+	names func(t T) Names
+	// narrow, if not nil, makes a table that must wait go out at once in a form that names
+	// only what known holds (the names of the last table published whole); the whole table
+	// follows after TableDelay as without it. Nil: the last published table stays until then.
+	narrow func(t T, known Names) T
 	// OnDelay, if set before the first Offer, is told which names made a table wait (sorted),
 	// for the log: an operator can see why a change took TableDelay to reach extproc.
-	OnDelay func(newNames []string, delay time.Duration)
-	// Narrow, if set before the first Offer, makes a table that must wait go out at once in
-	// a form that names only what known holds (the names of the last table published whole);
-	// the whole table follows after TableDelay as without it. Nil: the last published table
-	// stays until then.
-	Narrow func(t T, known map[string]bool) T
+	OnDelay func(fresh []Name, delay time.Duration)
 
 	mu sync.Mutex
 	// offered numbers the tables in the order Offer saw them. Publishing goes by sequence
@@ -29,23 +34,26 @@ type Publisher[T any] struct {
 	// something newer: published is the last sequence number published (0: none yet), and
 	// known the names of the last table published whole.
 	offered, published uint64
-	known              map[string]bool
+	known              Names
 }
 
-// NewPublisher returns a Publisher that hands each table to publish, in order and never
-// two at once. publish may run on a clock goroutine (under a FakeClock, inside Step: it
-// must not read that clock).
-func NewPublisher[T any](o Options, publish func(T)) *Publisher[T] {
-	return &Publisher[T]{delay: o.TableDelay, clock: o.clock(), publish: publish}
+// NewPublisher returns the Publisher of the routing tables made from plans: it hands each
+// to publish, in order and never two at once. publish may run on a clock goroutine (under a
+// FakeClock, inside Step: it must not read that clock).
+func NewPublisher(o Options, publish func(*plan.Envoys)) *Publisher[*plan.Envoys] {
+	return newPublisher(o, publish, namesOf, narrowTo)
 }
 
-// Offer publishes t now or after TableDelay. names is what t lets extproc route to (cluster
-// and live apiserver names, caller's choice of strings); it is compared with the names of
-// the last published table, not of the last offered one, since extproc only knows the
-// former. Offer keeps names: the caller must not change it afterwards. The first table goes
-// out at once, and a table is never published after a newer one (a delayed table that a
-// later one overtook is dropped).
-func (p *Publisher[T]) Offer(t T, names map[string]bool) {
+func newPublisher[T any](o Options, publish func(T), names func(T) Names, narrow func(T, Names) T) *Publisher[T] {
+	return &Publisher[T]{delay: o.TableDelay, clock: o.clock(), publish: publish, names: names, narrow: narrow}
+}
+
+// Offer publishes t now or after TableDelay. Its names are compared with those of the last
+// published table, not of the last offered one, since extproc only knows the former. The
+// first table goes out at once, and a table is never published after a newer one (a delayed
+// table that a later one overtook is dropped).
+func (p *Publisher[T]) Offer(t T) {
+	names := p.names(t)
 	p.mu.Lock()
 	p.offered++
 	n := p.offered
@@ -54,10 +62,10 @@ func (p *Publisher[T]) Offer(t T, names map[string]bool) {
 		p.mu.Unlock()
 		return
 	}
-	if p.Narrow != nil {
-		p.publishLocked(2*n-1, p.Narrow(t, p.known), nil)
+	if p.narrow != nil {
+		p.publishLocked(2*n-1, p.narrow(t, p.known), nil)
 	}
-	var fresh []string
+	var fresh []Name
 	if p.OnDelay != nil {
 		for name := range names {
 			if !p.known[name] {
@@ -67,7 +75,7 @@ func (p *Publisher[T]) Offer(t T, names map[string]bool) {
 	}
 	p.mu.Unlock()
 	if p.OnDelay != nil {
-		slices.Sort(fresh)
+		slices.SortFunc(fresh, func(a, b Name) int { return strings.Compare(a.String(), b.String()) })
 		p.OnDelay(fresh, p.delay)
 	}
 	// Outside mu: a FakeClock runs due callbacks under its own lock, and they take mu.
@@ -80,7 +88,7 @@ func (p *Publisher[T]) Offer(t T, names map[string]bool) {
 
 // publishLocked publishes t as sequence number seq unless something newer went out; names
 // nil: a narrowed table, which leaves known as it is.
-func (p *Publisher[T]) publishLocked(seq uint64, t T, names map[string]bool) {
+func (p *Publisher[T]) publishLocked(seq uint64, t T, names Names) {
 	if seq <= p.published {
 		return
 	}
@@ -91,7 +99,7 @@ func (p *Publisher[T]) publishLocked(seq uint64, t T, names map[string]bool) {
 	p.publish(t)
 }
 
-func subset(names, of map[string]bool) bool {
+func subset(names, of Names) bool {
 	for name := range names {
 		if !of[name] {
 			return false

@@ -11,7 +11,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 )
 
-// action is one step of a Publisher script: offer table id naming names, or, when id is 0,
+// action is one step of a Publisher script: offer table id naming names (as clusters), or, when id is 0,
 // step the clock by d. want is every table published so far, in order.
 type action struct {
 	id    int
@@ -28,7 +28,7 @@ func TestPublisher(t *testing.T) {
 	tests := []struct {
 		name    string
 		delay   time.Duration
-		narrow  bool // Narrow publishes -id for a table that must wait
+		narrow  bool // narrowing publishes -id for a table that must wait
 		actions []action
 	}{
 		{
@@ -130,22 +130,25 @@ func TestPublisher(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			clk := clocktesting.NewFakeClock(t0)
 			var published []int
-			p := NewPublisher(Options{TableDelay: tc.delay, Clock: clk}, func(id int) { published = append(published, id) })
+			names := map[int]Names{} // by table id
+			var narrow func(int, Names) int
 			if tc.narrow {
-				p.Narrow = func(id int, known map[string]bool) int {
+				narrow = func(id int, known Names) int {
 					if known == nil {
-						t.Error("Narrow without the known names")
+						t.Error("narrow without the known names")
 					}
 					return -id
 				}
 			}
+			p := newPublisher(Options{TableDelay: tc.delay, Clock: clk}, func(id int) { published = append(published, id) },
+				func(id int) Names { return names[id] }, narrow)
 			for i, a := range tc.actions {
 				if a.id != 0 {
-					names := map[string]bool{}
+					names[a.id] = Names{}
 					for _, n := range strings.Fields(a.names) {
-						names[n] = true
+						names[a.id][Name{KindCluster, n}] = true
 					}
-					p.Offer(a.id, names)
+					p.Offer(a.id)
 				} else {
 					clk.Step(a.step)
 				}
@@ -171,21 +174,24 @@ func TestPublisherConcurrent(t *testing.T) {
 		mu        sync.Mutex
 		published []table
 	)
-	p := NewPublisher(Options{TableDelay: d, Clock: clk}, func(tb table) {
+	names := func(tb table) Names {
+		names := Names{{KindCluster, "cluster-default"}: true}
+		if tb.i%3 == 0 {
+			names[Name{KindHost, fmt.Sprintf("apiserver-%d-%d", tb.g, tb.i)}] = true // new: delayed
+		}
+		return names
+	}
+	p := newPublisher(Options{TableDelay: d, Clock: clk}, func(tb table) {
 		mu.Lock()
 		defer mu.Unlock()
 		published = append(published, tb)
-	})
+	}, names, nil)
 	const goroutines, each = 8, 50
 	var wg sync.WaitGroup
 	for g := range goroutines {
 		wg.Go(func() {
 			for i := range each {
-				names := map[string]bool{"cluster-default": true}
-				if i%3 == 0 {
-					names[fmt.Sprintf("apiserver-%d-%d", g, i)] = true // new: delayed
-				}
-				p.Offer(table{g, i}, names)
+				p.Offer(table{g, i})
 			}
 		})
 	}
@@ -216,5 +222,30 @@ func TestPublisherConcurrent(t *testing.T) {
 	}
 	if clk.HasWaiters() {
 		t.Errorf("timers left after every delay passed")
+	}
+}
+
+// TestPublisherOnDelay: OnDelay is told, sorted as the log shows them, the names that made a
+// table wait, and nothing for a table that goes out at once.
+func TestPublisherOnDelay(t *testing.T) {
+	names := map[int]Names{
+		1: {{KindCluster, "default"}: true, {KindHost, "a"}: true},
+		2: {{KindCluster, "default"}: true, {KindHost, "a"}: true, {KindLive, "a"}: true, {KindCluster, "only-a"}: true},
+		3: {{KindCluster, "default"}: true},
+	}
+	p := newPublisher(Options{TableDelay: time.Second, Clock: clocktesting.NewFakeClock(t0)}, func(int) {},
+		func(id int) Names { return names[id] }, nil)
+	var told []string
+	p.OnDelay = func(fresh []Name, delay time.Duration) {
+		if delay != time.Second {
+			t.Errorf("delay %s", delay)
+		}
+		told = append(told, fmt.Sprint(fresh))
+	}
+	for id := 1; id <= 3; id++ {
+		p.Offer(id)
+	}
+	if want := []string{"[cluster only-a live a]"}; !slices.Equal(told, want) {
+		t.Errorf("told %q, want %q", told, want)
 	}
 }

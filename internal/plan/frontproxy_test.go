@@ -95,20 +95,6 @@ func TestFrontProxyDangerous(t *testing.T) {
 		t.Errorf("sidecar: jobs %+v refuses, want not (cp-a and cp-c serve it)", rt)
 	}
 
-	// Narrowed to a known set of only dangerous members, a route refuses too.
-	e, err := plan.ForEveryEnvoy(base.WithDangerous(map[string]string{"id-c": "c"}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	known := map[string]bool{"cluster " + plan.SubsetClusterName(base, topology.ServerSet{"id-c"}): true, "live id-c": true}
-	n := e.NarrowTo(known)
-	if rt := route(n.Front, r("apps", "v1", "widgets", "")); rt.Cluster != "kube-apiservers-only-cp-c" || !slices.Equal(rt.FrontProxyRefused, topology.ServerSet{"id-c"}) {
-		t.Errorf("widgets narrowed to cp-c: %+v, want refused for id-c", rt)
-	}
-	if !slices.Equal(n.Front.Routes.Default.FrontProxyRefused, e.Front.Routes.Default.FrontProxyRefused) {
-		t.Errorf("narrowing changed the default route: %+v", n.Front.Routes.Default)
-	}
-
 	// The view names them by hostname.
 	v := p.View()
 	if !slices.Equal(v.FrontProxyExcluded, []string{"cp-c"}) {

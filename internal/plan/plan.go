@@ -263,57 +263,6 @@ func sortClusters(cs []Cluster) {
 	slices.SortFunc(cs, func(a, b Cluster) int { return strings.Compare(a.Name, b.Name) })
 }
 
-// Hold is what Envoy's configuration keeps besides what the plan names (make before break,
-// internal/makebeforebreak): it changes the clusters, never the routes.
-type Hold struct {
-	// Lingering are serving sets, by name, that routing tables still in use may name.
-	Lingering map[string]topology.ServerSet
-	// Joining are live apiservers, by ID, held out of the default cluster until every
-	// routing table in use knows them.
-	Joining map[string]bool
-}
-
-// WithHold returns a copy of p whose clusters also keep h's lingering clusters (with their
-// members that are still live) and whose default cluster leaves out h's joining apiservers;
-// when every live apiserver is joining, none is held back. Routes are shared with p.
-func (p *Plan) WithHold(h Hold) *Plan {
-	c := *p
-	c.Clusters = slices.Clone(p.Clusters)
-	live := p.Topology.Live()
-	for i, cl := range c.Clusters {
-		if cl.Role != RoleDefault || len(h.Joining) == 0 {
-			continue
-		}
-		var members topology.ServerSet
-		for _, id := range cl.Members {
-			if !h.Joining[id] {
-				members = append(members, id)
-			}
-		}
-		if len(members) > 0 {
-			c.Clusters[i].Members = members
-		}
-	}
-	named := map[string]bool{}
-	for _, cl := range c.Clusters {
-		named[cl.Name] = true
-	}
-	for name, set := range h.Lingering {
-		if named[name] {
-			continue
-		}
-		var members topology.ServerSet
-		for _, id := range set {
-			if slices.Contains(live, id) {
-				members = append(members, id)
-			}
-		}
-		c.Clusters = append(c.Clusters, Cluster{Name: name, Role: RoleLingering, Members: members})
-	}
-	sortClusters(c.Clusters)
-	return &c
-}
-
 // DefaultClusterName is the cluster of outcomes Default and NotServed.
 func (p *Plan) DefaultClusterName() string { return DefaultCluster(p.LocalID) }
 
@@ -353,6 +302,22 @@ func DefaultCluster(local string) string {
 		return contract.ClusterLocal
 	}
 	return contract.ClusterDefault
+}
+
+// SubsetRoute is the route to the serving set of the live apiservers set: its cluster name,
+// and its members when every one is dangerous (Route.FrontProxyRefused). Make before break
+// narrows a route to such a set.
+func (p *Plan) SubsetRoute(set topology.ServerSet) Route {
+	return Route{Outcome: topology.Subset, Cluster: SubsetClusterName(p.Topology, set), Servers: set, FrontProxyRefused: refusedIfAll(set, p.FrontProxyExcluded)}
+}
+
+// WithRoutes returns a copy of p whose per-request Routes are routes, which are p.Routes.All()
+// with some outcomes, clusters and servers changed (make before break narrows them). The rest
+// of p, GroupVersions included, is shared.
+func (p *Plan) WithRoutes(routes []Route) *Plan {
+	c := *p
+	c.Routes = newRoutes(p.LocalID, routes, p.Routes.Default.FrontProxyRefused)
+	return &c
 }
 
 // SubsetClusterName names the cluster that holds exactly the given apiservers: their
@@ -406,29 +371,6 @@ func (e *Envoys) For(local string) *Plan {
 		return e.Front
 	}
 	return e.Local[local]
-}
-
-// Names are what the routing table built from e lets extproc route to: every cluster and
-// serving set of every plan ("cluster NAME"), every host of the serving-sets cluster
-// ("apiserver ID", which covers the live ones, the members of the default cluster) with the
-// serving set of just it, and which apiservers are live ("live ID": NarrowTo prefers them). The make-before-break publisher compares them between tables: a
-// table naming only what the last one did goes out at once. An apiserver that departed and
-// came back is no new name while it is remembered: Envoy kept it as a host.
-func (e *Envoys) Names() map[string]bool {
-	names := map[string]bool{}
-	for _, p := range append([]*Plan{e.Front}, slices.Collect(maps.Values(e.Local))...) {
-		for _, c := range p.Clusters {
-			names["cluster "+c.Name] = true
-		}
-	}
-	for _, id := range e.Front.Hosts {
-		names["apiserver "+id] = true
-		names["cluster "+SubsetClusterName(e.Front.Topology, topology.ServerSet{id})] = true
-	}
-	for _, id := range e.Front.Topology.Live() {
-		names["live "+id] = true
-	}
-	return names
 }
 
 // compareRoutes orders routes by resource.

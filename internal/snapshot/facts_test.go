@@ -24,6 +24,7 @@ import (
 
 	"github.com/kube-mvp/kube-mvp/internal/contract"
 	"github.com/kube-mvp/kube-mvp/internal/fixtures"
+	"github.com/kube-mvp/kube-mvp/internal/makebeforebreak"
 	"github.com/kube-mvp/kube-mvp/internal/plan"
 	"github.com/kube-mvp/kube-mvp/internal/snapshot"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
@@ -560,7 +561,7 @@ func TestLingeringCluster(t *testing.T) {
 		t.Fatal("dead-lease has no dead and live apiserver")
 	}
 	const name = "kube-apiservers-only-old"
-	res, err := snapshot.Build(mustPlan(t, topo).WithHold(plan.Hold{Lingering: map[string]topology.ServerSet{name: {dead, live}}}), testConfig())
+	res, err := snapshot.Build(makebeforebreak.Hold{Lingering: map[string]topology.ServerSet{name: {dead, live}}}.Apply(mustPlan(t, topo)), testConfig())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -577,7 +578,7 @@ func TestLingeringCluster(t *testing.T) {
 	}
 }
 
-// TestJoiningApiserver: an apiserver in the plan's Hold.Joining is out of the default cluster but in
+// TestJoiningApiserver: an apiserver in makebeforebreak.Hold.Joining is out of the default cluster but in
 // the serving sets; when every live one is joining, none is held back.
 func TestJoiningApiserver(t *testing.T) {
 	topo := loadCase(t, "batch-off") // batch/v1 on cp-a and cp-c; cp-b without it
@@ -585,7 +586,7 @@ func TestJoiningApiserver(t *testing.T) {
 	for _, s := range topo.APIServers {
 		ids[s.Hostname] = s.ID
 	}
-	res, err := snapshot.Build(mustPlan(t, topo).WithHold(plan.Hold{Joining: map[string]bool{ids["cp-a"]: true}}), testConfig())
+	res, err := snapshot.Build(makebeforebreak.Hold{Joining: map[string]bool{ids["cp-a"]: true}}.Apply(mustPlan(t, topo)), testConfig())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -600,7 +601,7 @@ func TestJoiningApiserver(t *testing.T) {
 	for _, id := range topo.Live() {
 		all[id] = true
 	}
-	res, err = snapshot.Build(mustPlan(t, topo).WithHold(plan.Hold{Joining: all}), testConfig())
+	res, err = snapshot.Build(makebeforebreak.Hold{Joining: all}.Apply(mustPlan(t, topo)), testConfig())
 	if err != nil {
 		t.Fatal(err)
 	}

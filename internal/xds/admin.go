@@ -58,7 +58,7 @@ func (s *Server) AdminHandler(metrics http.Handler) http.Handler {
 				return
 			}
 		}
-		writeJSON(w, p.WithHold(hold).View())
+		writeJSON(w, hold.Apply(p).View())
 	})
 	mux.HandleFunc("/debug/syncz", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, s.Status()) })
 	mux.HandleFunc("/debug/config_dump", func(w http.ResponseWriter, r *http.Request) {

@@ -4,8 +4,8 @@
 // Every node gets the snapshot of its plan, because a sidecar Envoy (node metadata
 // "kube-mvp.io/local-apiserver") routes differently from a front load balancer. Snapshots are
 // made by a Translator from the current plans (internal/plan), with the clusters that make
-// before break holds (internal/makebeforebreak); a node first seen is given its snapshot
-// before the cache answers its first request.
+// before break holds (internal/makebeforebreak decides which, and when to drop them); a
+// node first seen is given its snapshot before the cache answers its first request.
 package xds
 
 import (
@@ -28,7 +28,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"k8s.io/utils/clock"
 
 	clusterservice "github.com/envoyproxy/go-control-plane/envoy/service/cluster/v3"
 	endpointservice "github.com/envoyproxy/go-control-plane/envoy/service/endpoint/v3"
@@ -40,7 +39,6 @@ import (
 	"github.com/kube-mvp/kube-mvp/internal/cptls"
 	"github.com/kube-mvp/kube-mvp/internal/makebeforebreak"
 	"github.com/kube-mvp/kube-mvp/internal/plan"
-	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 
 // LocalAPIServerMetadataKey is the node metadata field that puts an Envoy in sidecar mode: the
@@ -60,9 +58,8 @@ type Server struct {
 	mu sync.Mutex
 	// envoys are the current plans; hold what make before break keeps besides them.
 	envoys *plan.Envoys
-	hold   plan.Hold
-	mbb    *makebeforebreak.Envoy
-	timer  clock.Timer
+	hold   makebeforebreak.Hold
+	holds  *makebeforebreak.Holds
 	nodes  map[string]*NodeStatus
 	// built are the current snapshots by local apiserver ("" for front proxies): nodes of
 	// one kind share one translation.
@@ -138,8 +135,14 @@ type TypeStatus struct {
 // New returns a server with no plans; nodes wait until the first Update. mbb times the
 // clusters kept for routing tables still in use.
 func New(translate Translator, mbb makebeforebreak.Options, log *slog.Logger) *Server {
-	s := &Server{translate: translate, log: log, mbb: makebeforebreak.NewEnvoy(mbb), nodes: map[string]*NodeStatus{}}
-	s.now = s.mbb.Clock().Now
+	s := &Server{translate: translate, log: log, nodes: map[string]*NodeStatus{}}
+	// When a hold ends, every node gets its snapshot again.
+	s.holds = makebeforebreak.NewHolds(mbb, func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.updateLocked()
+	})
+	s.now = s.holds.Clock().Now
 	s.cache = cachev3.NewSnapshotCache(true, cachev3.IDHash{}, nil)
 	return s
 }
@@ -167,47 +170,30 @@ func (s *Server) Update(e *plan.Envoys) {
 }
 
 func (s *Server) updateLocked() {
-	hold, next := s.mbb.Observe(s.namedLocked(), s.envoys.Front.Topology.Live())
-	s.hold = plan.Hold(hold)
+	s.hold = s.holds.Observe(s.envoys, s.sidecarsLocked())
 	s.built = map[string]*cachev3.Snapshot{}
 	for _, n := range s.nodes {
 		s.setSnapshotLocked(n)
 	}
-	if s.timer != nil {
-		s.timer.Stop()
-		s.timer = nil
-	}
-	if !next.IsZero() {
-		// Translate again when the first lingering cluster expires or joiner joins. In a
-		// goroutine: a clock may call this while holding its own lock (k8s.io/utils'
-		// FakeClock does), and the update reads the clock.
-		s.timer = s.mbb.Clock().AfterFunc(next.Sub(s.now()), func() {
-			go func() {
-				s.mu.Lock()
-				defer s.mu.Unlock()
-				s.updateLocked()
-			}()
-		})
-	}
 }
 
-// namedLocked are the serving sets of the plans in use: the front proxy's, and those of
-// the sidecars connected now, once per local apiserver however many sidecars name it.
-func (s *Server) namedLocked() map[string]topology.ServerSet {
-	named := s.envoys.Front.SubsetClusters()
+// sidecarsLocked are the apiservers beside which sidecars are connected now: their plans are
+// in use, besides the front proxy's.
+func (s *Server) sidecarsLocked() []string {
+	var ids []string
 	for _, n := range s.nodes {
 		if n.LocalAPIServer == "" {
 			continue
 		}
-		if id, err := s.envoys.Front.Topology.ResolveLocal(n.LocalAPIServer); err == nil && s.envoys.For(id) != nil {
-			maps.Copy(named, s.envoys.For(id).SubsetClusters())
+		if id, err := s.envoys.Front.Topology.ResolveLocal(n.LocalAPIServer); err == nil {
+			ids = append(ids, id)
 		}
 	}
-	return named
+	return ids
 }
 
 // Hold is what make before break keeps in the snapshots besides the plans.
-func (s *Server) Hold() plan.Hold {
+func (s *Server) Hold() makebeforebreak.Hold {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.hold
@@ -239,7 +225,7 @@ func (s *Server) Snapshot(nodeID string) (*cachev3.Snapshot, error) {
 	if e == nil {
 		return nil, fmt.Errorf("no topology yet")
 	}
-	return s.translate(e.Front.WithHold(hold))
+	return s.translate(hold.Apply(e.Front))
 }
 
 // Status returns a copy of every node's status, sorted by node ID.
@@ -278,7 +264,7 @@ func (s *Server) setSnapshotLocked(n *NodeStatus) {
 	if !ok {
 		start := s.now()
 		var err error
-		snap, err = s.translate(s.envoys.For(local).WithHold(s.hold))
+		snap, err = s.translate(s.hold.Apply(s.envoys.For(local)))
 		if s.OnBuild != nil {
 			s.OnBuild(s.now().Sub(start), err)
 		}

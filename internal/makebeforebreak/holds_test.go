@@ -9,17 +9,18 @@ import (
 
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/kube-mvp/kube-mvp/internal/plan"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 
 var t0 = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 
-// none is the want.next of an Observe with nothing pending.
+// none is the want.next of an observe with nothing pending.
 const none time.Duration = -1
 
 type sets = map[string]topology.ServerSet
 
-// observation is one Observe at t0+at and what it must return.
+// observation is one observe at t0+at and what it must return.
 type observation struct {
 	at            time.Duration
 	named         sets
@@ -29,7 +30,7 @@ type observation struct {
 	wantNext      time.Duration // since t0, or none
 }
 
-func TestEnvoy(t *testing.T) {
+func TestHolds(t *testing.T) {
 	// TableDelay 1s (JoinDelay 2s), Linger 5s unless a case says otherwise.
 	opts := Options{TableDelay: time.Second, Linger: 5 * time.Second}
 	abc := []string{"a", "b", "c"}
@@ -164,15 +165,15 @@ func TestEnvoy(t *testing.T) {
 			}
 			clk := clocktesting.NewFakeClock(start)
 			o.Clock = clk
-			e := NewEnvoy(o)
-			if e.Clock() != clk {
-				t.Fatalf("Envoy.Clock is not the clock given")
+			h := NewHolds(o, func() {})
+			if h.Clock() != clk {
+				t.Fatalf("Holds.Clock is not the clock given")
 			}
 			for i, s := range tc.steps {
 				clk.SetTime(start.Add(s.at))
 				named := maps.Clone(s.named)
-				hold, next := e.Observe(named, s.live)
-				clear(named) // Observe must not keep the caller's map
+				hold, next := h.observe(named, s.live)
+				clear(named) // observe must not keep the caller's map
 				if !reflect.DeepEqual(hold.Lingering, s.wantLingering) {
 					t.Errorf("step %d (at %s): lingering %v, want %v", i, s.at, hold.Lingering, s.wantLingering)
 				}
@@ -191,13 +192,55 @@ func TestEnvoy(t *testing.T) {
 	}
 }
 
-// TestEnvoyDefaultClock: without a clock, Observe reads the wall clock.
-func TestEnvoyDefaultClock(t *testing.T) {
-	e := NewEnvoy(Options{TableDelay: time.Hour, Linger: 2 * time.Hour})
-	e.Observe(nil, []string{"a"})
+// TestHoldsDefaultClock: without a clock, observe reads the wall clock.
+func TestHoldsDefaultClock(t *testing.T) {
+	h := NewHolds(Options{TableDelay: time.Hour, Linger: 2 * time.Hour}, func() {})
+	h.observe(nil, []string{"a"})
 	before := time.Now()
-	hold, next := e.Observe(nil, []string{"a", "b"})
+	hold, next := h.observe(nil, []string{"a", "b"})
 	if !hold.Joining["b"] || next.Before(before.Add(2*time.Hour)) || next.After(time.Now().Add(2*time.Hour)) {
 		t.Errorf("joining %v until %v, want b until 2h after %v", hold.Joining, next, before)
+	}
+}
+
+// TestHoldsObserve: Observe reads the serving sets from the plans in use and calls expired
+// once the linger is over.
+func TestHoldsObserve(t *testing.T) {
+	pods := topology.Resource{Version: "v1", Resource: "pods"}
+	jobs := topology.Resource{Group: "batch", Version: "v1", Resource: "jobs"}
+	a := topology.APIServer{ID: "id-a", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: true}
+	b := topology.APIServer{ID: "id-b", Hostname: "cp-b", Address: "10.0.0.2:6443", Alive: true}
+	c := topology.APIServer{ID: "id-c", Hostname: "cp-c", Address: "10.0.0.3:6443", Alive: true}
+	envoys := func(jobsOn ...string) *plan.Envoys {
+		t.Helper()
+		return envoysOf(t, []topology.APIServer{a, b, c}, map[topology.Resource][]string{pods: {"id-a", "id-b", "id-c"}, jobs: jobsOn})
+	}
+	clk := clocktesting.NewFakeClock(t0)
+	expired := make(chan struct{}, 1)
+	h := NewHolds(Options{TableDelay: time.Second, Linger: 5 * time.Second, Clock: clk}, func() { expired <- struct{}{} })
+
+	// jobs on a and c, then on b and c, then on a and c again: each set no longer named
+	// lingers. An unknown sidecar is skipped.
+	h.Observe(envoys("id-a", "id-c"), []string{"id-b", "unknown"})
+	if hold := h.Observe(envoys("id-b", "id-c"), []string{"id-b"}); !slices.Equal(slices.Sorted(maps.Keys(hold.Lingering)), []string{"kube-apiservers-only-cp-a+cp-c"}) {
+		t.Fatalf("lingering %v, want a+c", hold.Lingering)
+	}
+	if hold := h.Observe(envoys("id-a", "id-c"), nil); !slices.Equal(slices.Sorted(maps.Keys(hold.Lingering)), []string{"kube-apiservers-only-cp-b+cp-c"}) {
+		t.Fatalf("lingering %v, want b+c", hold.Lingering)
+	}
+	clk.Step(5*time.Second - time.Nanosecond)
+	select {
+	case <-expired:
+		t.Fatal("expired before the linger is over")
+	default:
+	}
+	clk.Step(time.Nanosecond)
+	select {
+	case <-expired:
+	case <-time.After(10 * time.Second):
+		t.Fatal("expired not called when the linger is over")
+	}
+	if hold := h.Observe(envoys("id-a", "id-c"), nil); hold.Lingering != nil || clk.HasWaiters() {
+		t.Errorf("after the linger: lingering %v, timer set %v", hold.Lingering, clk.HasWaiters())
 	}
 }

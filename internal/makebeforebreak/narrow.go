@@ -1,28 +1,28 @@
-package plan
+package makebeforebreak
 
 import (
 	"math/bits"
 	"slices"
 
+	"github.com/kube-mvp/kube-mvp/internal/plan"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 
-// maxNarrowSearch bounds the serving sets whose every subset NarrowTo tries (2^n names);
+// maxNarrowSearch bounds the serving sets whose every subset narrowTo tries (2^n names);
 // a larger one is narrowed to one known member.
 const maxNarrowSearch = 10
 
-// NarrowTo returns e with every route to a serving set that known (the names of the last
-// routing table Envoy has had time to learn, in the form of Names) lacks narrowed to the
-// largest subset of its members that known has — a known host's set of one always is —
-// preferring members that were live then (a returning apiserver may not pass Envoy's health
-// checks yet), or, when none of its members is known, to Unavailable (a 503 with Retry-After, as while nobody
-// can serve it). Every member of the narrowed set serves the resource, so no request reaches
-// an apiserver that would answer 404; the make-before-break publisher sends this table at
-// once while the whole one waits for Envoy (makebeforebreak.Publisher.Narrow). Only the
-// routes change: e's other parts are shared.
-func (e *Envoys) NarrowTo(known map[string]bool) *Envoys {
-	n := &narrower{t: e.Front.Topology, known: known, memo: map[string]Route{}, dangerous: e.Front.FrontProxyExcluded}
-	out := &Envoys{Front: n.plan(e.Front), Local: make(map[string]*Plan, len(e.Local))}
+// narrowTo returns e with every route to a serving set that known (the names of the last
+// routing table Envoy has had time to learn) lacks narrowed to the largest subset of its
+// members that known has — a known host's set of one always is — preferring members that
+// were live then (a returning apiserver may not pass Envoy's health checks yet), or, when
+// none of its members is known, to Unavailable (a 503 with Retry-After, as while nobody can
+// serve it). Every member of the narrowed set serves the resource, so no request reaches an
+// apiserver that would answer 404. A pure function: only the routes change, e's other parts
+// are shared, and a plan with nothing to narrow is returned as it is.
+func narrowTo(e *plan.Envoys, known Names) *plan.Envoys {
+	n := &narrower{front: e.Front, known: known, memo: map[string]plan.Route{}}
+	out := &plan.Envoys{Front: n.plan(e.Front), Local: make(map[string]*plan.Plan, len(e.Local))}
 	for id, p := range e.Local {
 		out.Local[id] = n.plan(p)
 	}
@@ -30,20 +30,19 @@ func (e *Envoys) NarrowTo(known map[string]bool) *Envoys {
 }
 
 type narrower struct {
-	t     *topology.Topology
-	known map[string]bool
+	// front names the serving sets (its topology) and refuses a set of only dangerous
+	// apiservers (plan.Plan.SubsetRoute) for every plan alike.
+	front *plan.Plan
+	known Names
 	// memo holds the narrowed route (cluster, outcome, servers) of each unknown set by name.
-	memo map[string]Route
-	// dangerous are the apiservers requests whose identity kube-mvp sets must not reach: a
-	// narrowed set of only those refuses them (Route.FrontProxyRefused).
-	dangerous topology.ServerSet
+	memo map[string]plan.Route
 }
 
-func (n *narrower) plan(p *Plan) *Plan {
+func (n *narrower) plan(p *plan.Plan) *plan.Plan {
 	all := p.Routes.All()
-	var routes []Route
+	var routes []plan.Route
 	for i, r := range all {
-		if r.Outcome != topology.Subset || n.known["cluster "+r.Cluster] {
+		if r.Outcome != topology.Subset || n.known.Cluster(r.Cluster) {
 			continue
 		}
 		if routes == nil {
@@ -56,27 +55,25 @@ func (n *narrower) plan(p *Plan) *Plan {
 	if routes == nil {
 		return p
 	}
-	c := *p
-	c.Routes = newRoutes(p.LocalID, routes, p.Routes.Default.FrontProxyRefused)
-	return &c
+	return p.WithRoutes(routes)
 }
 
 // narrow is the route to the largest known subset of r's serving set.
-func (n *narrower) narrow(r Route) Route {
+func (n *narrower) narrow(r plan.Route) plan.Route {
 	if got, ok := n.memo[r.Cluster]; ok {
 		return got
 	}
-	best := Route{Outcome: topology.Unavailable, Servers: r.Servers}
+	best := plan.Route{Outcome: topology.Unavailable, Servers: r.Servers}
 	// Members live in the last table first, then all of them.
 	var established topology.ServerSet
 	for _, id := range r.Servers {
-		if n.known["live "+id] {
+		if n.known.Live(id) {
 			established = append(established, id)
 		}
 	}
 	for _, members := range []topology.ServerSet{established, r.Servers} {
 		if set, ok := n.largestKnown(members, len(members) < len(r.Servers)); ok {
-			best = Route{Outcome: topology.Subset, Cluster: SubsetClusterName(n.t, set), Servers: set, FrontProxyRefused: refusedIfAll(set, n.dangerous)}
+			best = n.front.SubsetRoute(set)
 			break
 		}
 	}
@@ -88,7 +85,9 @@ func (n *narrower) narrow(r Route) Route {
 // itself too if whole), the first in bit order among equals; one known member alone for a
 // set too large to search.
 func (n *narrower) largestKnown(members topology.ServerSet, whole bool) (topology.ServerSet, bool) {
-	known := func(set topology.ServerSet) bool { return n.known["cluster "+SubsetClusterName(n.t, set)] }
+	known := func(set topology.ServerSet) bool {
+		return n.known.Cluster(plan.SubsetClusterName(n.front.Topology, set))
+	}
 	if len(members) > maxNarrowSearch {
 		for _, id := range members {
 			if set := (topology.ServerSet{id}); known(set) {
