@@ -326,7 +326,9 @@ func (rb *routeBuilder) expand(routes []*routev3.Route, s routeSpec) []*routev3.
 	// the cluster's every apiserver is dangerous).
 	add := func(suffix string, headers []*routev3.HeaderMatcher, cluster string, timeout *durationpb.Duration, retry *routev3.RetryPolicy) *routev3.Route {
 		if rb.clientCertificates && !s.clusterHeader {
-			fp := route(suffix+RouteSuffixFrontProxy, append(slices.Clip(headers), frontProxyDecision), contract.FrontProxyCluster(cluster), timeout, retry)
+			twin := contract.ParseClusterName(cluster)
+			twin.ProxyCert = true
+			fp := route(suffix+RouteSuffixFrontProxy, append(slices.Clip(headers), frontProxyDecision), twin.String(), timeout, retry)
 			if refused := rb.frontProxyRefused[cluster]; refused != nil {
 				fp = &routev3.Route{Name: fp.Name, Match: fp.Match, Action: refused, TypedPerFilterConfig: rb.extProcOff, ResponseHeadersToAdd: refusalHeaders}
 			}
@@ -337,7 +339,7 @@ func (rb *routeBuilder) expand(routes []*routev3.Route, s routeSpec) []*routev3.
 		return r
 	}
 	if !s.clusterHeader && s.extProc == extProcOff {
-		add(RouteSuffixUpgrade, []*routev3.HeaderMatcher{upgradeRequested}, contract.HTTP1Cluster(s.cluster), rb.noTimeout, rb.retry)
+		add(RouteSuffixUpgrade, []*routev3.HeaderMatcher{upgradeRequested}, contract.ClusterName{Base: s.cluster, HTTP1: true}.String(), rb.noTimeout, rb.retry)
 	}
 	for _, c := range classTwins {
 		timeout := rb.noTimeout
@@ -384,7 +386,7 @@ func (b *builder) frontProxyRefusals() map[string]*routev3.Route_DirectResponse 
 			Status: 503,
 			Body:   &corev3.DataSource{Specifier: &corev3.DataSource_InlineString{InlineString: body}},
 		}}
-		out[c.Name], out[contract.HTTP1Cluster(c.Name)] = direct, direct
+		out[c.Name], out[contract.ClusterName{Base: c.Name, HTTP1: true}.String()] = direct, direct
 	}
 	return out
 }
