@@ -354,14 +354,14 @@ func (rb *routeBuilder) itself(s routeSpec) forward {
 // upgrade is s's upgrade variant (variantUpgrade).
 func (rb *routeBuilder) upgrade(s routeSpec) forward {
 	return forward{
-		suffix: RouteSuffixUpgrade, headers: []*routev3.HeaderMatcher{upgradeRequested},
+		suffix: RouteSuffixUpgrade, headers: upgradeRequested,
 		cluster: contract.ClusterName{Base: s.to.cluster, HTTP1: true}, timeout: rb.noTimeout, retry: rb.retry,
 	}
 }
 
 // class is s's variant for requests of class c.
 func (rb *routeBuilder) class(s routeSpec, c requestClass) forward {
-	f := forward{suffix: c.suffix, headers: []*routev3.HeaderMatcher{classIs[c.value]}, cluster: contract.ClusterName{Base: s.to.cluster}, timeout: rb.noTimeout, retry: rb.writeRetry}
+	f := forward{suffix: c.suffix, headers: classIs[c.value], cluster: contract.ClusterName{Base: s.to.cluster}, timeout: rb.noTimeout, retry: rb.writeRetry}
 	if c.timeout {
 		f.timeout = rb.timeout
 	}
@@ -474,7 +474,8 @@ func exactHeader(name, value string) *routev3.HeaderMatcher {
 		MatchPattern: &matcherv3.StringMatcher_Exact{Exact: value}}}}
 }
 
-// Matchers shared by every route that uses them: never modified.
+// Matchers shared by every route that uses them (the lists too: a route appends them to a
+// copy): never modified.
 var (
 	// frontProxyDecision matches the Lua filter's decision that it set the identity headers.
 	frontProxyDecision = exactHeader(contract.HeaderIdentityDecision, contract.IdentityFrontProxy)
@@ -483,12 +484,12 @@ var (
 	// cluster, since an HTTP/1 upgrade cannot be forwarded over the HTTP/2 the clusters as
 	// named speak (Envoy would need extended CONNECT, which the apiservers do not offer). The
 	// header itself rather than the class: an upgrade works even if the Lua filter failed.
-	upgradeRequested = present("upgrade")
+	upgradeRequested = []*routev3.HeaderMatcher{present("upgrade")}
 	// classIs matches each class of classVariants.
-	classIs = func() map[string]*routev3.HeaderMatcher {
-		m := map[string]*routev3.HeaderMatcher{}
+	classIs = func() map[string][]*routev3.HeaderMatcher {
+		m := map[string][]*routev3.HeaderMatcher{}
 		for _, c := range classVariants {
-			m[c.value] = exactHeader(contract.HeaderRequestClass, c.value)
+			m[c.value] = []*routev3.HeaderMatcher{exactHeader(contract.HeaderRequestClass, c.value)}
 		}
 		return m
 	}()
