@@ -55,7 +55,7 @@ const (
 )
 
 // A routeSpec is one route of the table as the plan asks for it, decided once, up front
-// (routeConfiguration): what it matches, where it goes, what ext_proc does on it and which
+// (routeSpecs): what it matches, where it goes, what ext_proc does on it and which
 // variants it gets. render turns it into Envoy routes, one small constructor per variant;
 // nothing else builds one. testdata/<case>/routespec.yaml shows each case's specs.
 type routeSpec struct {
