@@ -160,7 +160,7 @@ func TestServeAgainstMixedControlPlane(t *testing.T) {
 	// only (health checks keep requests off it), so that its return needs no new host.
 	ads.await(t, "A gone from every cluster and serving set but its own once its Lease is stale", func(s *adsState) error {
 		for name, eps := range s.endpoints {
-			base := strings.TrimSuffix(strings.TrimSuffix(name, contract.ClusterHTTP1Suffix), contract.ClusterFrontProxySuffix)
+			base := contract.ParseClusterName(name).Base
 			if kept := base == contract.ClusterServingSets || name == "kube-apiservers-only-cp-a"; slices.Contains(eps, a) != kept {
 				return fmt.Errorf("cluster or serving set %s: has %s %v, want %v", name, a, !kept, kept)
 			}

@@ -88,19 +88,6 @@ const (
 	// LBSetKey is the subset key under MetadataNamespaceLB: a host's value is the list of
 	// serving sets it is in (list_as_any), a request's the one set extproc chose.
 	LBSetKey = "kube-mvp-set"
-	// ClusterFrontProxySuffix ends the name of the front-proxy twin of every apiserver
-	// cluster (FrontProxyCluster). A plan's cluster names the apiservers; Envoy has each
-	// twice: as named, its connections present no client certificate, so the apiserver
-	// authenticates the caller's own credentials exactly as without a proxy; the twin
-	// presents the front-proxy certificate and carries the identity headers kube-mvp sets for
-	// a client certificate it verified. "/" appears in no hostname or apiserver ID, so a twin
-	// never collides with a plan's name.
-	ClusterFrontProxySuffix = "/front-proxy"
-	// ClusterHTTP1Suffix ends the name of the HTTP/1.1 twin of every apiserver cluster
-	// (HTTP1Cluster), for upgrade requests (SPDY and WebSocket exec, attach, port-forward,
-	// proxy, WebSocket watches), which cannot travel over the HTTP/2 the clusters as named
-	// speak to the apiservers.
-	ClusterHTTP1Suffix = "/http1"
 
 	// MetadataLocalAPIServer is the ext_proc stream's gRPC metadata key with which a
 	// sidecar Envoy's routes name the apiserver it runs beside (its ID, as xds-server
@@ -124,16 +111,48 @@ func ClusterNamePart(hostnameOrID string) string {
 	return strings.ReplaceAll(hostnameOrID, ".", ClusterNameDot)
 }
 
-// FrontProxyCluster is the name of the front-proxy twin of the apiserver cluster named
-// cluster (see ClusterFrontProxySuffix); of an HTTP/1.1 twin, the HTTP/1.1 twin of the
-// front-proxy twin ("kube-apiservers/front-proxy/http1").
-func FrontProxyCluster(cluster string) string {
-	if base, ok := strings.CutSuffix(cluster, ClusterHTTP1Suffix); ok {
-		return base + ClusterFrontProxySuffix + ClusterHTTP1Suffix
-	}
-	return cluster + ClusterFrontProxySuffix
+// A ClusterName is the name Envoy knows an apiserver cluster by: a plan's cluster (Base:
+// ClusterDefault, ClusterLocal, ClusterServingSets) and which of its twins. A plan's cluster
+// names the apiservers; Envoy has each up to four times: as named, HTTP/2, with connections
+// that present no client certificate, so the apiserver authenticates the caller's own
+// credentials exactly as without a proxy; with ProxyCert, presenting the proxy client
+// certificate, for requests carrying the identity headers kube-mvp sets for a client
+// certificate it verified; and with HTTP1, speaking HTTP/1.1 for upgrade requests (SPDY and
+// WebSocket exec, attach, port-forward, proxy, WebSocket watches), which cannot travel over
+// HTTP/2 to the apiservers. snapshot emits the clusters and extproc names them: both spell
+// them with String.
+type ClusterName struct {
+	Base      string
+	ProxyCert bool // "<base>/front-proxy"
+	HTTP1     bool // "<base>/http1", after "/front-proxy"
 }
 
-// HTTP1Cluster is the name of the HTTP/1.1 twin of the apiserver cluster named cluster (see
-// ClusterHTTP1Suffix).
-func HTTP1Cluster(cluster string) string { return cluster + ClusterHTTP1Suffix }
+// The suffixes of a ClusterName's twins. "/" appears in no hostname or apiserver ID, so a
+// twin never collides with a plan's name.
+const (
+	clusterProxyCertSuffix = "/front-proxy"
+	clusterHTTP1Suffix     = "/http1"
+)
+
+// String is the name Envoy sees: "kube-apiservers", "kube-apiservers/front-proxy",
+// "kube-apiservers/http1", "kube-apiservers/front-proxy/http1".
+func (c ClusterName) String() string {
+	switch {
+	case c.ProxyCert && c.HTTP1:
+		return c.Base + clusterProxyCertSuffix + clusterHTTP1Suffix
+	case c.ProxyCert:
+		return c.Base + clusterProxyCertSuffix
+	case c.HTTP1:
+		return c.Base + clusterHTTP1Suffix
+	}
+	return c.Base
+}
+
+// ParseClusterName reverses String: ParseClusterName(c.String()) == c for every c whose Base
+// has no twin's suffix.
+func ParseClusterName(name string) ClusterName {
+	var c ClusterName
+	name, c.HTTP1 = strings.CutSuffix(name, clusterHTTP1Suffix)
+	c.Base, c.ProxyCert = strings.CutSuffix(name, clusterProxyCertSuffix)
+	return c
+}

@@ -146,9 +146,9 @@ func newRoute(d plan.Route, m *metrics, servers []topology.APIServer) *route {
 		return set
 	}
 	r.set = naming(r.cluster)
-	r.frontProxySet = naming(contract.FrontProxyCluster(r.cluster))
-	r.upgrade.set = naming(contract.HTTP1Cluster(r.cluster))
-	r.upgrade.frontProxySet = naming(contract.FrontProxyCluster(contract.HTTP1Cluster(r.cluster)))
+	r.frontProxySet = naming(contract.ClusterName{Base: r.cluster, ProxyCert: true}.String())
+	r.upgrade.set = naming(contract.ClusterName{Base: r.cluster, HTTP1: true}.String())
+	r.upgrade.frontProxySet = naming(contract.ClusterName{Base: r.cluster, ProxyCert: true, HTTP1: true}.String())
 	r.resp = headersResponse(r.set, nil, r.lb)
 	r.frontProxyResp = headersResponse(r.frontProxySet, nil, r.lb)
 	r.upgradeResp.resp = headersResponse(r.upgrade.set, nil, r.lb)

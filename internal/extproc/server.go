@@ -9,7 +9,7 @@
 // Client identity is not decided here: Envoy's Lua filter (internal/snapshot/identity.lua)
 // maps a verified client certificate to front-proxy headers before ext_proc runs, and says so
 // in contract.HeaderIdentityDecision; such a request goes to the front-proxy twin of the
-// cluster we name (contract.FrontProxyCluster), with the identity headers the filter set.
+// cluster we name (contract.ClusterName.ProxyCert), with the identity headers the filter set.
 //
 // The routing table (a plan.Table) is swapped atomically with SetTable by whatever source
 // feeds it: the table stream from xds-server (internal/table.Follow, whose apply callback

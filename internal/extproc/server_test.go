@@ -27,7 +27,9 @@ type want struct {
 
 // asFrontProxy is w for a request whose identity Envoy's Lua filter set: the front-proxy twin.
 func asFrontProxy(w want) want {
-	w.cluster = contract.FrontProxyCluster(w.cluster)
+	c := contract.ParseClusterName(w.cluster)
+	c.ProxyCert = true
+	w.cluster = c.String()
 	w.frontProxy = true
 	return w
 }

@@ -157,7 +157,7 @@ func TestOtherRequestHeaderNames(t *testing.T) {
 	if got := values(hs, "x-groups"); !slices.Equal(got, []string{"team-a"}) {
 		t.Errorf("x-groups %q, want team-a", got)
 	}
-	if got := values(hs, contract.HeaderRoutingCluster); !slices.Equal(got, []string{contract.FrontProxyCluster("kube-apiservers")}) {
+	if got := values(hs, contract.HeaderRoutingCluster); !slices.Equal(got, []string{contract.ClusterName{Base: "kube-apiservers", ProxyCert: true}.String()}) {
 		t.Errorf("routing header %q, want the front-proxy twin", got)
 	}
 }
@@ -178,13 +178,13 @@ func TestUpgradeNamesHTTP1Cluster(t *testing.T) {
 		want       want
 	}{
 		{"SPDY exec, serving set", "/apis/batch/v1/namespaces/x/jobs/j", []string{"upgrade", "SPDY/3.1", "connection", "Upgrade"},
-			want{cluster: contract.HTTP1Cluster(contract.ClusterServingSets), subset: true, set: "kube-apiservers-only-cp-a"}},
+			want{cluster: contract.ClusterName{Base: contract.ClusterServingSets, HTTP1: true}.String(), subset: true, set: "kube-apiservers-only-cp-a"}},
 		{"WebSocket watch, default cluster", "/api/v1/namespaces/x/pods?watch=true", []string{"Upgrade", "websocket"},
-			want{cluster: contract.HTTP1Cluster(contract.ClusterDefault)}},
+			want{cluster: contract.ClusterName{Base: contract.ClusterDefault, HTTP1: true}.String()}},
 		{"WebSocket, client-certificate identity", "/apis/batch/v1/jobs", append([]string{"upgrade", "websocket"}, alice...),
-			want{cluster: contract.FrontProxyCluster(contract.HTTP1Cluster(contract.ClusterServingSets)), subset: true, set: "kube-apiservers-only-cp-a", frontProxy: true}},
+			want{cluster: contract.ClusterName{Base: contract.ClusterServingSets, ProxyCert: true, HTTP1: true}.String(), subset: true, set: "kube-apiservers-only-cp-a", frontProxy: true}},
 		{"WebSocket, client-supplied extra to strip", "/apis/batch/v1/jobs", []string{"upgrade", "websocket", "x-remote-extra-foo", "bar"},
-			want{cluster: contract.HTTP1Cluster(contract.ClusterServingSets), subset: true, set: "kube-apiservers-only-cp-a"}},
+			want{cluster: contract.ClusterName{Base: contract.ClusterServingSets, HTTP1: true}.String(), subset: true, set: "kube-apiservers-only-cp-a"}},
 		{"no upgrade", "/apis/batch/v1/jobs", nil, subset("kube-apiservers-only-cp-a")},
 	} {
 		t.Run(c.name, func(t *testing.T) {

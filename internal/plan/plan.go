@@ -121,7 +121,7 @@ type Plan struct {
 	RequestHeaders topology.RequestHeaders
 	// FrontProxyExcluded are the dangerous apiservers (topology.APIServer.Dangerous), sorted:
 	// they take the proxy certificate for an ordinary client's, so the front-proxy twin of
-	// every cluster (contract.FrontProxyCluster) leaves them out of its endpoints. The
+	// every cluster (contract.ClusterName.ProxyCert) leaves them out of its endpoints. The
 	// clusters as named keep them: a request with the caller's own credentials is
 	// authenticated there as the caller.
 	FrontProxyExcluded topology.ServerSet

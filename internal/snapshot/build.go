@@ -179,10 +179,10 @@ func (b *builder) producible() map[string]string {
 			return
 		}
 		out[cluster] = what
-		out[contract.HTTP1Cluster(cluster)] = what + " as an upgrade"
+		out[contract.ClusterName{Base: cluster, HTTP1: true}.String()] = what + " as an upgrade"
 		if len(b.cfg.Secrets.ProxyClientCert) > 0 {
-			out[contract.FrontProxyCluster(cluster)] = what + " with a client certificate"
-			out[contract.FrontProxyCluster(contract.HTTP1Cluster(cluster))] = what + " as an upgrade with a client certificate"
+			out[contract.ClusterName{Base: cluster, ProxyCert: true}.String()] = what + " with a client certificate"
+			out[contract.ClusterName{Base: cluster, ProxyCert: true, HTTP1: true}.String()] = what + " as an upgrade with a client certificate"
 		}
 	}
 	add(b.p.Routes.Default.Cluster, "non-resource requests")

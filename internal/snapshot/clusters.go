@@ -96,10 +96,10 @@ const healthCheckSocket = "health-check"
 
 // clusters returns every cluster, sorted by name, and the endpoints of the EDS ones. Each
 // apiserver cluster (the plan's default or local one, and the serving-sets cluster) is
-// emitted as named, HTTP/2, and as its HTTP/1.1 twin (contract.HTTP1Cluster) for upgrades;
+// emitted as named, HTTP/2, and as its HTTP/1.1 twin (contract.ClusterName.HTTP1) for upgrades;
 // each of those as named, for requests that carry the caller's own credentials, whose TLS
 // presents no client certificate, and, with a proxy client certificate configured, as its
-// front-proxy twin (contract.FrontProxyCluster), whose TLS presents it, for requests whose
+// front-proxy twin (contract.ClusterName.ProxyCert), whose TLS presents it, for requests whose
 // identity the Lua filter set from a client certificate it verified.
 func (b *builder) clusters() ([]*clusterv3.Cluster, []*endpointv3.ClusterLoadAssignment) {
 	what := "apiserver clusters: "
@@ -179,10 +179,10 @@ func (b *builder) clusters() ([]*clusterv3.Cluster, []*endpointv3.ClusterLoadAss
 			clusters, cla = append(clusters, c), append(cla, assignment)
 		}
 		emit(name, asCaller.http2, protocols.http2, all)
-		emit(contract.HTTP1Cluster(name), asCaller.http1, protocols.http1, all)
+		emit(contract.ClusterName{Base: name, HTTP1: true}.String(), asCaller.http1, protocols.http1, all)
 		if proxyCert {
-			emit(contract.FrontProxyCluster(name), asFrontProxy.http2, protocols.http2, frontProxy)
-			emit(contract.FrontProxyCluster(contract.HTTP1Cluster(name)), asFrontProxy.http1, protocols.http1, frontProxy)
+			emit(contract.ClusterName{Base: name, ProxyCert: true}.String(), asFrontProxy.http2, protocols.http2, frontProxy)
+			emit(contract.ClusterName{Base: name, ProxyCert: true, HTTP1: true}.String(), asFrontProxy.http1, protocols.http1, frontProxy)
 		}
 	}
 	for _, c := range b.p.Clusters {

@@ -46,12 +46,11 @@ func TestClusterResourcesIgnoreMembership(t *testing.T) {
 			type kind struct{ frontProxy, http1 bool }
 			refs := map[kind]*clusterv3.Cluster{}
 			for n, c := range apiserverClusters(res) {
-				base, http1 := strings.CutSuffix(n, contract.ClusterHTTP1Suffix)
-				base, frontProxy := strings.CutSuffix(base, contract.ClusterFrontProxySuffix)
-				if serving := base == contract.ClusterServingSets; serving != (c.GetLbSubsetConfig() != nil) {
+				cn := contract.ParseClusterName(n)
+				if serving := cn.Base == contract.ClusterServingSets; serving != (c.GetLbSubsetConfig() != nil) {
 					t.Errorf("cluster %s: subset load balancing %v", n, c.GetLbSubsetConfig())
 				}
-				k := kind{frontProxy, http1}
+				k := kind{cn.ProxyCert, cn.HTTP1}
 				ref := refs[k]
 				if ref == nil {
 					refs[k] = c
@@ -103,7 +102,7 @@ func TestClusterResourcesIgnoreMembership(t *testing.T) {
 		t.Fatalf("no endpoints of %s", cluster)
 		return nil
 	}
-	for _, n := range []string{plan.DefaultCluster(""), contract.FrontProxyCluster(plan.DefaultCluster(""))} {
+	for _, n := range []string{plan.DefaultCluster(""), contract.ClusterName{Base: plan.DefaultCluster(""), ProxyCert: true}.String()} {
 		b, a := apiserverClusters(before)[n], apiserverClusters(after)[n]
 		if b == nil || a == nil {
 			t.Fatalf("cluster %s missing before (%v) or after (%v) an apiserver left", n, b != nil, a != nil)

@@ -58,7 +58,7 @@ func TestDangerousAPIServers(t *testing.T) {
 	for name, hosts := range endpointsOf(clean) {
 		got := endpointsOf(one)[name]
 		want := hosts
-		if strings.Contains(name, contract.ClusterFrontProxySuffix) {
+		if contract.ParseClusterName(name).ProxyCert {
 			want = slices.DeleteFunc(slices.Clone(hosts), func(h string) bool { return h == "cp-c" })
 		}
 		if !slices.Equal(got, want) {
@@ -75,7 +75,7 @@ func TestDangerousAPIServers(t *testing.T) {
 	all := map[string]string{ids["cp-a"]: strings.Repeat("<a reason & \"quotes\"> ", 300), ids["cp-b"]: "b", ids["cp-c"]: "c"}
 	res := build(base.WithDangerous(all))
 	for name, hosts := range endpointsOf(res) {
-		if strings.Contains(name, contract.ClusterFrontProxySuffix) != (len(hosts) == 0) {
+		if contract.ParseClusterName(name).ProxyCert != (len(hosts) == 0) {
 			t.Errorf("every apiserver dangerous: %s has %v", name, hosts)
 		}
 	}

@@ -128,8 +128,9 @@
 //     know yet) → default cluster; ext_proc off.
 //
 // Routes that forward nothing themselves (2; 4 and 5 with ext_proc on: extproc names the
-// cluster, or answers) are alone. Every other route comes after its twins (routeSpec,
-// expand): "<name>:upgrade" first where ext_proc is off and the cluster is the route's own
+// cluster, or answers) are alone. Every other route comes after its variants (routeSpecs
+// decides them, render draws them; testdata/<case>/routespec.yaml shows them per case):
+// "<name>:upgrade" first where ext_proc is off and the cluster is the route's own
 // (an Upgrade header: to the HTTP/1.1 twin of its cluster, no timeout; on route 1 extproc
 // names that twin), then one per request class with a policy of its own, matching the class
 // header's exact value: "<name>:read" (Config.UpstreamRequestTimeout, and "reset" retried),
@@ -137,12 +138,12 @@
 // itself takes every other request — long-running (exec, attach, port-forward, proxy, log),
 // unclassified (a path the apiserver decodes) — with no timeout and no retry after a reset,
 // safe for any request. With a client CA each of
-// these (not on route 1) comes right after its front-proxy twin "<…>:front-proxy": the same
+// these (not on route 1) comes right after its front-proxy variant "<…>:front-proxy": the same
 // match plus x-kube-mvp-identity = front-proxy, to the front-proxy twin of its cluster. A
 // request the Lua filter decided "own-credentials" (a certificate the apiserver would reject,
 // with a bearer token) takes the ordinary routes. The virtual host removes
 // x-kube-mvp-identity, x-kube-mvp-request-class and x-forwarded-client-cert before any
-// apiserver. Twins carry no metadata: the route whose name they extend does. No regex
+// apiserver. Variants carry no metadata: the route whose name they extend does. No regex
 // depends on a name: routes 3 and 4 have the only two, of fixed size (11 and 34 RE2
 // instructions), and the matchers Envoy evaluates before a route's path (headers, query)
 // are exact values and presence, so a request to the last route costs a string comparison
@@ -227,7 +228,7 @@
 //   - Each of these twice: as named, with upstream TLS that presents no client certificate,
 //     for every request that carries its caller's own credentials (bearer token, Basic,
 //     WebSocket token, none), so that the apiserver authenticates it as it would directly;
-//     and its front-proxy twin (contract.FrontProxyCluster, "<name>/front-proxy", with a
+//     and its front-proxy twin (contract.ClusterName.ProxyCert, "<name>/front-proxy", with a
 //     proxy client certificate configured), which presents the proxy client certificate
 //     kube-mvp-proxy-client-cert, for the requests whose identity extproc set from a
 //     verified client certificate. The proxy certificate never turns a request into anyone.

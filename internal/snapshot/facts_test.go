@@ -243,7 +243,9 @@ func TestRoutingFacts(t *testing.T) {
 				want := next
 				want.name += snapshot.RouteSuffixFrontProxy
 				want.headers = append(slices.Clone(next.headers), contract.HeaderIdentityDecision+"=="+contract.IdentityFrontProxy)
-				want.cluster = contract.FrontProxyCluster(next.cluster)
+				twin := contract.ParseClusterName(next.cluster)
+				twin.ProxyCert = true
+				want.cluster = twin.String()
 				if !equalFacts(r, want) || r.failOpen != next.failOpen {
 					t.Errorf("front-proxy route %+v, want %+v", r, want)
 				}
@@ -332,7 +334,7 @@ func TestRoutingFacts(t *testing.T) {
 					wantSets[c] = m
 					continue
 				}
-				wantMembers[c], wantMembers[contract.FrontProxyCluster(c)] = m, safe(m)
+				wantMembers[c], wantMembers[contract.ClusterName{Base: c, ProxyCert: true}.String()] = m, safe(m)
 			}
 			var live []string
 			for _, id := range topo.Live() {
@@ -346,10 +348,10 @@ func TestRoutingFacts(t *testing.T) {
 			if live == nil {
 				live = []string{}
 			}
-			wantMembers[contract.ClusterServingSets], wantMembers[contract.FrontProxyCluster(contract.ClusterServingSets)] = live, safe(live)
+			wantMembers[contract.ClusterServingSets], wantMembers[contract.ClusterName{Base: contract.ClusterServingSets, ProxyCert: true}.String()] = live, safe(live)
 			// Each with its HTTP/1.1 twin, for upgrades.
 			for c, m := range maps.Clone(wantMembers) {
-				wantMembers[contract.HTTP1Cluster(c)] = m
+				wantMembers[contract.ClusterName{Base: c, HTTP1: true}.String()] = m
 			}
 			if got := readMembers(res); !maps.EqualFunc(got, wantMembers, slices.Equal) {
 				t.Errorf("cluster members = %v, want %v", got, wantMembers)
@@ -363,8 +365,8 @@ func TestRoutingFacts(t *testing.T) {
 					wantSafeSets[set] = m
 				}
 			}
-			if got := readSets(res, contract.FrontProxyCluster(contract.ClusterServingSets)); !maps.EqualFunc(got, wantSafeSets, slices.Equal) {
-				t.Errorf("%s: serving sets = %v, want %v", contract.FrontProxyCluster(contract.ClusterServingSets), got, wantSafeSets)
+			if got := readSets(res, contract.ClusterName{Base: contract.ClusterServingSets, ProxyCert: true}.String()); !maps.EqualFunc(got, wantSafeSets, slices.Equal) {
+				t.Errorf("%s: serving sets = %v, want %v", contract.ClusterName{Base: contract.ClusterServingSets, ProxyCert: true}.String(), got, wantSafeSets)
 			}
 
 			// Whatever extproc may decide for any published resource names a defined
@@ -376,10 +378,10 @@ func TestRoutingFacts(t *testing.T) {
 			for _, r := range mustPlan(t, topo).Routes.All() {
 				switch {
 				case r.Outcome == topology.Subset:
-					if wantSets[r.Cluster] == nil || !clusters[contract.ClusterServingSets] || !clusters[contract.FrontProxyCluster(contract.ClusterServingSets)] {
+					if wantSets[r.Cluster] == nil || !clusters[contract.ClusterServingSets] || !clusters[contract.ClusterName{Base: contract.ClusterServingSets, ProxyCert: true}.String()] {
 						t.Errorf("extproc routes %s to serving set %s, which is not defined", r.Resource, r.Cluster)
 					}
-				case r.Cluster != "" && (!clusters[r.Cluster] || !clusters[contract.FrontProxyCluster(r.Cluster)]):
+				case r.Cluster != "" && (!clusters[r.Cluster] || !clusters[contract.ClusterName{Base: r.Cluster, ProxyCert: true}.String()]):
 					t.Errorf("extproc routes %s to %s, which is not defined with its front-proxy twin", r.Resource, r.Cluster)
 				}
 			}
@@ -507,7 +509,7 @@ func TestProxyCertificateOnlyWithOurIdentity(t *testing.T) {
 				wantCheckCert = snapshot.SecretProxyClientCert
 			}
 			for _, base := range names {
-				for _, name := range []string{base, contract.HTTP1Cluster(base)} {
+				for _, name := range []string{base, contract.ClusterName{Base: base, HTTP1: true}.String()} {
 					alpn := []string{"h2"}
 					if name != base {
 						alpn = []string{"http/1.1"}
@@ -519,7 +521,9 @@ func TestProxyCertificateOnlyWithOurIdentity(t *testing.T) {
 					if got := certOf(c.GetTransportSocket()); got != "" || !slices.Equal(alpnOf(c.GetTransportSocket()), alpn) {
 						t.Errorf("%s presents %q to the apiservers with ALPN %v; want no client certificate, ALPN %v", name, got, alpnOf(c.GetTransportSocket()), alpn)
 					}
-					twin := byName[contract.FrontProxyCluster(name)]
+					twinName := contract.ParseClusterName(name)
+					twinName.ProxyCert = true
+					twin := byName[twinName.String()]
 					if withCert != (twin != nil) {
 						t.Fatalf("with a proxy certificate %v: front-proxy twin of %s %v", withCert, name, twin != nil)
 					}
@@ -713,7 +717,7 @@ func TestClassTwins(t *testing.T) {
 					c.Name, c.Match.Headers, c.Metadata = n, hs[:len(hs)-1], base.GetMetadata()
 					c.GetRoute().Timeout, c.GetRoute().RetryPolicy = base.GetRoute().GetTimeout(), base.GetRoute().GetRetryPolicy()
 					if w.class == "" { // upgrade
-						if last.GetName() != "upgrade" || !last.GetPresentMatch() || tw.GetRoute().GetCluster() != contract.HTTP1Cluster(base.GetRoute().GetCluster()) {
+						if last.GetName() != "upgrade" || !last.GetPresentMatch() || tw.GetRoute().GetCluster() != (contract.ClusterName{Base: base.GetRoute().GetCluster(), HTTP1: true}).String() {
 							t.Errorf("%s: matches %v, goes to %s; want an Upgrade header, the HTTP/1.1 twin", tw.GetName(), last, tw.GetRoute().GetCluster())
 						}
 						c.GetRoute().ClusterSpecifier = base.GetRoute().GetClusterSpecifier()

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoregistry"
 	"google.golang.org/protobuf/types/known/anypb"
+	"sigs.k8s.io/yaml"
 
 	"github.com/kube-mvp/kube-mvp/internal/fixtures"
 	"github.com/kube-mvp/kube-mvp/internal/plan"
@@ -26,6 +27,9 @@ var update = flag.Bool("update", false, "rewrite testdata/<case>/<type>.yaml fro
 // goldenTypes are the golden files of a case, testdata/<case>/<type>.yaml: one per resource
 // type, the keys of the JSON form.
 var goldenTypes = []string{"listeners", "routes", "clusters", "endpoints", "secrets"}
+
+// routeSpecGolden is a case's route table as data (snapshot.RouteSpecYAML), beside its goldens.
+const routeSpecGolden = "routespec.yaml"
 
 func testConfig() snapshot.Config {
 	return snapshot.Config{
@@ -56,14 +60,16 @@ func mustPlan(t testing.TB, topo *topology.Topology) *plan.Plan {
 }
 
 // TestGolden translates the plan of every fixture (internal/fixtures) and compares each resource type with
-// testdata/<case>/<type>.yaml (listeners, routes, clusters, endpoints, secrets); make golden
+// testdata/<case>/<type>.yaml (listeners, routes, clusters, endpoints, secrets), and the
+// route table as data with testdata/<case>/routespec.yaml; make golden
 // (go test ./internal/snapshot -run TestGolden -update) rewrites them. The plan each case is
 // translated from is internal/plan's golden, testdata/<case>.plan.yaml there.
 func TestGolden(t *testing.T) {
 	names := fixtures.Names(t)
 	for _, name := range names {
 		t.Run(name, func(t *testing.T) {
-			res, err := snapshot.Build(mustPlan(t, loadCase(t, name)), testConfig())
+			p := mustPlan(t, loadCase(t, name))
+			res, err := snapshot.Build(p, testConfig())
 			if err != nil {
 				t.Fatalf("Build: %v", err)
 			}
@@ -84,6 +90,15 @@ func TestGolden(t *testing.T) {
 				}
 				fixtures.Golden(t, filepath.Join("testdata", name, typ+".yaml"), got, *update)
 			}
+			spec, err := snapshot.RouteSpecYAML(p, testConfig())
+			if err != nil {
+				t.Fatal(err)
+			}
+			var parsed []map[string]any
+			if err := yaml.UnmarshalStrict(spec, &parsed); err != nil || len(parsed) == 0 {
+				t.Fatalf("RouteSpecYAML is no YAML list (%v):\n%s", err, spec)
+			}
+			fixtures.Golden(t, filepath.Join("testdata", name, routeSpecGolden), spec, *update)
 		})
 	}
 	t.Run("no stale goldens", func(t *testing.T) {
@@ -98,7 +113,7 @@ func checkNoStaleGoldens(t *testing.T, names []string) {
 	for _, n := range names {
 		cases[n] = true
 	}
-	types := map[string]bool{}
+	types := map[string]bool{routeSpecGolden: true}
 	for _, typ := range goldenTypes {
 		types[typ+".yaml"] = true
 	}
@@ -136,7 +151,7 @@ func checkNoStaleGoldens(t *testing.T, names []string) {
 			}
 			for _, f := range files {
 				if !types[f.Name()] {
-					stale(filepath.Join(path, f.Name()), fmt.Sprintf("is no golden file (%s.yaml)", strings.Join(goldenTypes, ".yaml, ")))
+					stale(filepath.Join(path, f.Name()), fmt.Sprintf("is no golden file (%s.yaml, %s)", strings.Join(goldenTypes, ".yaml, "), routeSpecGolden))
 				}
 			}
 		}

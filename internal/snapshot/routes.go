@@ -45,8 +45,8 @@ const escapedPathRegex = `//.*|.*%.*`
 // discoveryRegex is "/apis" and "/apis/", the same document to an apiserver (11 instructions).
 const discoveryRegex = `/apis/?`
 
-// Suffixes of the names of a route's twins, one per request class (classTwins), and of the
-// upgrade twin.
+// Suffixes of the names of a route's variants, one per request class (classVariants), and of
+// the upgrade variant.
 const (
 	RouteSuffixUpgrade = ":upgrade"
 	RouteSuffixRead    = ":read"
@@ -54,24 +54,34 @@ const (
 	RouteSuffixWrite   = ":write"
 )
 
-// A routeSpec is one route as the plan asks for it, before its twins: what it matches, where
-// it goes, whether ext_proc runs on it, and what it says about itself. expand turns it into
-// Envoy routes; nothing else builds one.
+// A routeSpec is one route of the table as the plan asks for it, decided once, up front
+// (routeSpecs): what it matches, where it goes, what ext_proc does on it and which
+// variants it gets. render turns it into Envoy routes, one small constructor per variant;
+// nothing else builds one. testdata/<case>/routespec.yaml shows each case's specs.
 type routeSpec struct {
-	name  string
-	match *routev3.RouteMatch // the path, and any headers of its own
-	// Where it goes: a cluster (cluster), the cluster extproc named in the routing header
-	// (clusterHeader), or an answer of Envoy's own (direct).
-	cluster       string
-	clusterHeader bool
-	direct        *routev3.Route_DirectResponse
-	extProc       extProcUse
-	metadata      *corev3.Metadata
+	name     string
+	match    *routev3.RouteMatch // the path, and any headers of its own
+	to       target
+	extProc  extProcUse
+	variants variants
+	metadata *corev3.Metadata // on the route itself: its variants' names extend its name
 	// proxied: an apiserver may hand the request to a backend of its own and pass the
 	// backend's status and headers back (an aggregated group/version), so no answer proves
 	// that nothing was done: its writes are retried only when they never reached an
 	// apiserver (routeBuilder.retry), whatever the status.
 	proxied bool
+}
+
+// A target is where a route sends what it matches: one of the plan's apiserver clusters
+// (each variant picks its twin, contract.ClusterName), the cluster extproc named in the
+// routing header (clusterHeader), or an answer of Envoy's own (direct).
+type target struct {
+	cluster       string
+	clusterHeader bool
+	direct        *routev3.Route_DirectResponse
+	// proxyCertRefused, where not nil, answers the proxy-cert variants instead: every
+	// apiserver of the cluster is dangerous (plan.Cluster.FrontProxyRefused).
+	proxyCertRefused *routev3.Route_DirectResponse
 }
 
 // extProcUse is what the ext_proc filter does on a route.
@@ -82,21 +92,40 @@ const (
 	extProcOff extProcUse = iota
 	// extProcDecides: extproc names the cluster and the request is matched again (to the
 	// extproc-decided route), or answers itself; without extproc the request fails. The
-	// route forwards nothing itself, so it needs no twins.
+	// route forwards nothing itself, so it needs no variants.
 	extProcDecides
 	// extProcMayDecide: as extProcDecides, but without extproc the request goes on to the
 	// route's own cluster (failure_mode_allow): the discovery route when it merges.
 	extProcMayDecide
 )
 
-// forwards says whether requests can leave Envoy by spec's own action.
-func (s routeSpec) forwards() bool { return s.direct == nil && s.extProc != extProcDecides }
+// variants is the set of a route's variants: routes of their own, named "<name><suffix>",
+// matched before the route itself, which takes what none of them matches.
+type variants uint8
+
+const (
+	// variantUpgrade, "<name>:upgrade": an Upgrade header, to the HTTP/1.1 twin of the
+	// cluster, no timeout. Only where Envoy picks the cluster and ext_proc is off: on the
+	// extproc-decided route extproc names that twin itself.
+	variantUpgrade variants = 1 << iota
+	// The request classes' variants (classVariants).
+	variantRead
+	variantWatch
+	variantWrite
+	// variantProxyCert: before the route and each of its other variants, "<…>:front-proxy",
+	// the same match and the identity decision "front-proxy", to the proxy-cert twin of its
+	// cluster. Only with a client CA, and only where Envoy picks the cluster.
+	variantProxyCert
+
+	variantClasses = variantRead | variantWatch | variantWrite
+)
 
 // A requestClass is a class the Lua filter writes in contract.HeaderRequestClass
-// (request_class.lua) that has twins of its own: the request's timeout and what is retried
-// (see retryPolicy). Every other class, and none, takes the route itself, which has no
+// (request_class.lua) that has a variant of its own: the request's timeout and what is
+// retried (see retryPolicy). Every other class, and none, takes the route itself, which has no
 // timeout and retries only what never reached an apiserver: safe for any request.
 type requestClass struct {
+	variant       variants
 	value, suffix string
 	timeout       bool // the route timeout, Config.UpstreamRequestTimeout; otherwise none
 	// read: a get, list or watch (GET, HEAD), retried as routeBuilder.readRetry; otherwise a
@@ -104,15 +133,39 @@ type requestClass struct {
 	read bool
 }
 
-// classTwins are the classes with twins, in the order they are matched (any order would do:
-// a request has one class).
-var classTwins = []requestClass{
-	{contract.ClassRead, RouteSuffixRead, true, true},
-	{contract.ClassWatch, RouteSuffixWatch, false, true},
-	{contract.ClassWrite, RouteSuffixWrite, true, false},
+// classVariants are the classes with variants, in the order they are matched (any order
+// would do: a request has one class).
+var classVariants = []requestClass{
+	{variantRead, contract.ClassRead, RouteSuffixRead, true, true},
+	{variantWatch, contract.ClassWatch, RouteSuffixWatch, false, true},
+	{variantWrite, contract.ClassWrite, RouteSuffixWrite, true, false},
 }
 
-// routeConfiguration is the one route table. First match wins:
+// routeConfiguration is the one route table: routeSpecs rendered, in one virtual host that
+// gives the Lua filter the header names in its metadata (identityMetadata) and removes
+// kube-mvp's own request headers before any apiserver.
+func (b *builder) routeConfiguration() *routev3.RouteConfiguration {
+	rb := b.newRouteBuilder()
+	var routes []*routev3.Route
+	for _, s := range b.routeSpecs() {
+		routes = rb.render(routes, s)
+	}
+	return &routev3.RouteConfiguration{
+		Name: RouteConfigName,
+		VirtualHosts: []*routev3.VirtualHost{{
+			Name:    VirtualHostName,
+			Domains: []string{"*"},
+			Routes:  routes,
+			// The identity decision and the request class are for Envoy's routes only, and
+			// the XFCC header for the Lua filter and the routes; none is anything an
+			// apiserver should read.
+			RequestHeadersToRemove: []string{contract.HeaderIdentityDecision, contract.HeaderRequestClass, contract.HeaderXFCC},
+			Metadata:               &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{identityFilterName: b.identityMetadata()}},
+		}},
+	}
+}
+
+// routeSpecs is the one route table, as data, decided from the plan. First match wins:
 //
 //  1. the routing header is present: it can only have come from extproc (the early header
 //     mutation strips it from clients), so go to the cluster it names; ext_proc off.
@@ -135,46 +188,48 @@ var classTwins = []requestClass{
 //  6. prefix / (non-resource paths, unpublished group/versions such as CRDs and aggregated
 //     APIs): the default cluster; ext_proc off.
 //
-// expand gives every route that forwards requests its twins: per request class, and with a
-// client CA a front-proxy twin of each for the requests whose identity the Lua filter set.
+// Each route that forwards requests gets the variants of the request classes, and with a
+// client CA a proxy-cert variant of each for the requests whose identity the Lua filter set.
 // So a request that needs no routing decision never opens an ext_proc stream, whoever the
-// client is; the virtual host gives the Lua filter the header names in its metadata
-// (identityMetadata) and removes kube-mvp's own request headers before any apiserver.
-func (b *builder) routeConfiguration() *routev3.RouteConfiguration {
-	def := b.p.DefaultClusterName()
+// client is.
+func (b *builder) routeSpecs() []routeSpec {
+	def := target{cluster: b.p.DefaultClusterName()}
+	def.proxyCertRefused = b.proxyCertRefusal(def.cluster)
 	clientCertificates := len(b.cfg.Secrets.ClientCA) > 0
+	// Where Envoy picks the cluster, with a client CA, the proxy-cert variant; where it
+	// forwards with ext_proc off, the upgrade variant too (ext_proc, where it runs, decides).
+	var proxyCert variants
+	if clientCertificates {
+		proxyCert = variantProxyCert
+	}
+	forwards := variantClasses | proxyCert
+	own := variantUpgrade | forwards
 	specs := []routeSpec{{
 		// The Lua filter sets the class last, after stripping the configured identity
 		// headers and setting the certificate user's: without it, neither is certain.
 		name:  RouteUnclassified,
 		match: prefix("/", []*routev3.HeaderMatcher{absent(contract.HeaderRequestClass)}),
-		direct: &routev3.Route_DirectResponse{DirectResponse: &routev3.DirectResponseAction{
-			Status: 503,
-			Body:   &corev3.DataSource{Specifier: &corev3.DataSource_InlineString{InlineString: statusJSON(unclassifiedMessage, "ServiceUnavailable", 503)}},
-		}},
+		to:    target{direct: directStatus(unclassifiedMessage)},
 	}, {
-		name:          RouteRoutingHeader,
-		match:         prefix("/", []*routev3.HeaderMatcher{present(contract.HeaderRoutingCluster)}),
-		clusterHeader: true,
+		// extproc names the HTTP/1.1 and proxy-cert twins itself.
+		name:     RouteRoutingHeader,
+		match:    prefix("/", []*routev3.HeaderMatcher{present(contract.HeaderRoutingCluster)}),
+		to:       target{clusterHeader: true},
+		variants: variantClasses,
 	}}
 	if clientCertificates {
 		specs = append(specs, routeSpec{
 			name:  RouteIdentityUndecided,
 			match: prefix("/", []*routev3.HeaderMatcher{present(contract.HeaderXFCC), absent(contract.HeaderIdentityDecision)}),
-			direct: &routev3.Route_DirectResponse{DirectResponse: &routev3.DirectResponseAction{
-				Status: 503,
-				Body:   &corev3.DataSource{Specifier: &corev3.DataSource_InlineString{InlineString: statusJSON(identityUndecidedMessage, "ServiceUnavailable", 503)}},
-			}},
+			to:    target{direct: directStatus(identityUndecidedMessage)},
 		})
 	}
-	discovery := extProcOff
+	discovery := routeSpec{name: RouteDiscovery, match: safeRegex(discoveryRegex), to: def, variants: own}
 	if b.p.MergesDiscovery() {
-		discovery = extProcMayDecide
+		discovery.extProc, discovery.variants = extProcMayDecide, forwards
 	}
-	specs = append(specs,
-		routeSpec{name: RouteDiscovery, match: safeRegex(discoveryRegex), cluster: def, extProc: discovery},
-		routeSpec{name: RouteEscapedPath, match: safeRegex(escapedPathRegex), cluster: def, extProc: extProcDecides},
-	)
+	specs = append(specs, discovery,
+		routeSpec{name: RouteEscapedPath, match: safeRegex(escapedPathRegex), to: def, extProc: extProcDecides})
 	// The aggregated group/versions come before the published ones, although no path can be
 	// both (an aggregated group is served everywhere, so it has no published route): were
 	// one ever both, the route that never resends a forwarded request would win.
@@ -182,7 +237,8 @@ func (b *builder) routeConfiguration() *routev3.RouteConfiguration {
 		specs = append(specs, routeSpec{
 			name:     gv.String(),
 			match:    &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_PathSeparatedPrefix{PathSeparatedPrefix: gv.Path()}},
-			cluster:  def,
+			to:       def,
+			variants: own,
 			metadata: aggregatedMetadata(gv),
 			proxied:  true,
 		})
@@ -191,34 +247,24 @@ func (b *builder) routeConfiguration() *routev3.RouteConfiguration {
 		s := routeSpec{
 			name:     gv.GroupVersion.String(),
 			match:    &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_PathSeparatedPrefix{PathSeparatedPrefix: gv.GroupVersion.Path()}},
-			cluster:  def,
+			to:       def,
+			variants: own,
 			metadata: b.groupVersionMetadata(gv),
 		}
 		if gv.ExtProc {
-			s.extProc = extProcDecides
+			s.extProc, s.variants = extProcDecides, 0
 		}
 		specs = append(specs, s)
 	}
-	specs = append(specs, routeSpec{name: RouteFallback, match: prefix("/", nil), cluster: def})
+	return append(specs, routeSpec{name: RouteFallback, match: prefix("/", nil), to: def, variants: own})
+}
 
-	rb := b.newRouteBuilder(clientCertificates)
-	var routes []*routev3.Route
-	for _, s := range specs {
-		routes = rb.expand(routes, s)
-	}
-	return &routev3.RouteConfiguration{
-		Name: RouteConfigName,
-		VirtualHosts: []*routev3.VirtualHost{{
-			Name:    VirtualHostName,
-			Domains: []string{"*"},
-			Routes:  routes,
-			// The identity decision and the request class are for Envoy's routes only, and
-			// the XFCC header for the Lua filter and the routes; none is anything an
-			// apiserver should read.
-			RequestHeadersToRemove: []string{contract.HeaderIdentityDecision, contract.HeaderRequestClass, contract.HeaderXFCC},
-			Metadata:               &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{identityFilterName: b.identityMetadata()}},
-		}},
-	}
+// directStatus is a direct 503 Status with message.
+func directStatus(message string) *routev3.Route_DirectResponse {
+	return &routev3.Route_DirectResponse{DirectResponse: &routev3.DirectResponseAction{
+		Status: 503,
+		Body:   &corev3.DataSource{Specifier: &corev3.DataSource_InlineString{InlineString: statusJSON(message, "ServiceUnavailable", 503)}},
+	}}
 }
 
 // routeBuilder holds what every route shares: per-filter configurations and retry policies
@@ -227,19 +273,13 @@ type routeBuilder struct {
 	timeout   *durationpb.Duration
 	noTimeout *durationpb.Duration
 	// The retry policies (retryPolicy): retry what never reached an apiserver; readRetry
-	// and writeRetry, that and more for the read and write twins.
+	// and writeRetry, that and more for the read and write variants.
 	retry, readRetry, writeRetry *routev3.RetryPolicy
-	extProcOff                   map[string]*anypb.Any
-	extProcOn                    map[string]*anypb.Any // nil: the filter's own configuration
-	extProcFailOpen              map[string]*anypb.Any
-	clientCertificates           bool
-	// frontProxyRefused answers, by the cluster a route forwards to, the requests of its
-	// front-proxy twins when every apiserver of the cluster is dangerous
-	// (plan.Cluster.FrontProxyRefused).
-	frontProxyRefused map[string]*routev3.Route_DirectResponse
+	// extProc is the ext_proc per-route configuration by extProcUse (nil: the filter's own).
+	extProc [3]map[string]*anypb.Any
 }
 
-func (b *builder) newRouteBuilder(clientCertificates bool) *routeBuilder {
+func (b *builder) newRouteBuilder() *routeBuilder {
 	what := "route configuration " + RouteConfigName + ": "
 	perRoute := func(o *extprocv3.ExtProcPerRoute) map[string]*anypb.Any {
 		return map[string]*anypb.Any{extProcFilterName: b.pack(what+"ext_proc per-route config", o)}
@@ -251,127 +291,144 @@ func (b *builder) newRouteBuilder(clientCertificates bool) *routeBuilder {
 		local = []*corev3.HeaderValue{{Key: contract.MetadataLocalAPIServer, Value: b.p.LocalID}}
 	}
 	rb := &routeBuilder{
-		timeout:            durationpb.New(b.cfg.UpstreamRequestTimeout),
-		noTimeout:          durationpb.New(0),
-		retry:              b.retryPolicy(what, retryNeverReached, nil, false),
-		readRetry:          b.retryPolicy(what, retryNeverReached+",retriable-headers,reset", nil, true),
-		writeRetry:         b.retryPolicy(what, retryNeverReached+",retriable-status-codes", apiserverRefusals, false),
-		extProcOff:         perRoute(&extprocv3.ExtProcPerRoute{Override: &extprocv3.ExtProcPerRoute_Disabled{Disabled: true}}),
-		extProcFailOpen:    perRoute(&extprocv3.ExtProcPerRoute{Override: &extprocv3.ExtProcPerRoute_Overrides{Overrides: &extprocv3.ExtProcOverrides{GrpcInitialMetadata: local, FailureModeAllow: wrapperspb.Bool(true)}}}),
-		clientCertificates: clientCertificates,
+		timeout:    durationpb.New(b.cfg.UpstreamRequestTimeout),
+		noTimeout:  durationpb.New(0),
+		retry:      b.retryPolicy(what, retryNeverReached, nil, false),
+		readRetry:  b.retryPolicy(what, retryNeverReached+",retriable-headers,reset", nil, true),
+		writeRetry: b.retryPolicy(what, retryNeverReached+",retriable-status-codes", apiserverRefusals, false),
 	}
-	rb.frontProxyRefused = b.frontProxyRefusals()
+	rb.extProc[extProcOff] = perRoute(&extprocv3.ExtProcPerRoute{Override: &extprocv3.ExtProcPerRoute_Disabled{Disabled: true}})
+	rb.extProc[extProcMayDecide] = perRoute(&extprocv3.ExtProcPerRoute{Override: &extprocv3.ExtProcPerRoute_Overrides{Overrides: &extprocv3.ExtProcOverrides{GrpcInitialMetadata: local, FailureModeAllow: wrapperspb.Bool(true)}}})
 	if len(local) > 0 {
-		rb.extProcOn = perRoute(&extprocv3.ExtProcPerRoute{Override: &extprocv3.ExtProcPerRoute_Overrides{Overrides: &extprocv3.ExtProcOverrides{GrpcInitialMetadata: local}}})
+		rb.extProc[extProcDecides] = perRoute(&extprocv3.ExtProcPerRoute{Override: &extprocv3.ExtProcPerRoute_Overrides{Overrides: &extprocv3.ExtProcOverrides{GrpcInitialMetadata: local}}})
 	}
 	return rb
 }
 
-// expand appends to routes the Envoy routes of s, in the order they must be matched:
-//
-//   - a route that forwards nothing itself (a direct response; one where extproc decides)
-//     is s alone;
-//   - a forwarding route comes after its twins: first "<name>:upgrade" (an Upgrade header:
-//     to the HTTP/1.1 twin of its cluster, no timeout; not on the extproc-decided route,
-//     where extproc names that twin itself, nor where ext_proc runs), then one per class of
-//     classTwins ("<name>:read", ":watch", ":write", the class header's exact value), and
-//     with a client CA each of these and s itself right after its front-proxy twin
-//     "<…>:front-proxy" (the identity decision "front-proxy" too: to the front-proxy twin of
-//     its cluster, which presents the proxy certificate; not on the extproc-decided route,
-//     where extproc names that twin). s itself takes every other request: long-running,
-//     unclassified, or without a class (the Lua filter failed), with no timeout and no retry
-//     after a reset.
-//
-// Twins share s's matchers, retry policies and filter configuration (never modified once
-// built) and carry no metadata: s's, read on the route whose name theirs extends, is enough,
-// and repeating it made marshalling the route configuration cost twice as much.
-func (rb *routeBuilder) expand(routes []*routev3.Route, s routeSpec) []*routev3.Route {
-	perFilter := rb.extProcOff
-	switch s.extProc {
-	case extProcDecides:
-		perFilter = rb.extProcOn
-	case extProcMayDecide:
-		perFilter = rb.extProcFailOpen
+// A forward is one Envoy route that forwards: a spec's own, or one of its variants'.
+type forward struct {
+	suffix  string                   // of the spec's name
+	headers []*routev3.HeaderMatcher // matched besides the spec's own
+	cluster contract.ClusterName
+	timeout *durationpb.Duration
+	retry   *routev3.RetryPolicy
+}
+
+// render appends the Envoy routes of s to routes, in match order: a direct response alone;
+// otherwise the upgrade variant, the class variants and the route itself, each right after
+// its proxy-cert variant when s has it. The route itself takes every other request
+// (long-running, unclassified, or without a class: the Lua filter failed), with no timeout
+// and no retry after a reset; it alone carries s's metadata (repeating it on the variants
+// made marshalling the route configuration cost twice as much).
+func (rb *routeBuilder) render(routes []*routev3.Route, s routeSpec) []*routev3.Route {
+	if s.to.direct != nil {
+		return append(routes, rb.direct(s))
 	}
-	if s.direct != nil {
-		return append(routes, &routev3.Route{
-			Name: s.name, Match: s.match, Action: s.direct, TypedPerFilterConfig: perFilter,
-			// A direct response's headers come from the route (DirectResponseAction.body).
-			ResponseHeadersToAdd: []*corev3.HeaderValueOption{{
-				Header:       &corev3.HeaderValue{Key: "content-type", Value: "application/json"},
-				AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
-			}},
-		})
-	}
-	route := func(suffix string, headers []*routev3.HeaderMatcher, cluster string, timeout *durationpb.Duration, retry *routev3.RetryPolicy) *routev3.Route {
-		a := &routev3.RouteAction{Timeout: timeout, IdleTimeout: rb.noTimeout, RetryPolicy: retry}
-		if s.clusterHeader {
-			a.ClusterSpecifier = &routev3.RouteAction_ClusterHeader{ClusterHeader: contract.HeaderRoutingCluster}
-		} else {
-			a.ClusterSpecifier = &routev3.RouteAction_Cluster{Cluster: cluster}
+	add := func(f forward) *routev3.Route {
+		if s.variants&variantProxyCert != 0 {
+			routes = append(routes, rb.proxyCert(s, f))
 		}
-		m := s.match
-		if len(headers) > 0 {
-			m = &routev3.RouteMatch{PathSpecifier: s.match.GetPathSpecifier(), Headers: append(slices.Clip(s.match.GetHeaders()), headers...)}
-		}
-		return &routev3.Route{Name: s.name + suffix, Match: m, Action: &routev3.Route_Route{Route: a}, TypedPerFilterConfig: perFilter}
-	}
-	if !s.forwards() {
-		// Never forwards, but an action it must have: the safe one.
-		r := route("", nil, s.cluster, rb.noTimeout, rb.retry)
-		r.Metadata = s.metadata
-		return append(routes, r)
-	}
-	// add appends r, after its front-proxy twin where there is one (a 503 of its own where
-	// the cluster's every apiserver is dangerous).
-	add := func(suffix string, headers []*routev3.HeaderMatcher, cluster string, timeout *durationpb.Duration, retry *routev3.RetryPolicy) *routev3.Route {
-		if rb.clientCertificates && !s.clusterHeader {
-			fp := route(suffix+RouteSuffixFrontProxy, append(slices.Clip(headers), frontProxyDecision), contract.FrontProxyCluster(cluster), timeout, retry)
-			if refused := rb.frontProxyRefused[cluster]; refused != nil {
-				fp = &routev3.Route{Name: fp.Name, Match: fp.Match, Action: refused, TypedPerFilterConfig: rb.extProcOff, ResponseHeadersToAdd: refusalHeaders}
-			}
-			routes = append(routes, fp)
-		}
-		r := route(suffix, headers, cluster, timeout, retry)
+		r := rb.route(s, f)
 		routes = append(routes, r)
 		return r
 	}
-	if !s.clusterHeader && s.extProc == extProcOff {
-		add(RouteSuffixUpgrade, []*routev3.HeaderMatcher{upgradeRequested}, contract.HTTP1Cluster(s.cluster), rb.noTimeout, rb.retry)
+	if s.variants&variantUpgrade != 0 {
+		add(rb.upgrade(s))
 	}
-	for _, c := range classTwins {
-		timeout := rb.noTimeout
-		if c.timeout {
-			timeout = rb.timeout
+	for _, c := range classVariants {
+		if s.variants&c.variant != 0 {
+			add(rb.class(s, c))
 		}
-		retry := rb.writeRetry
-		switch {
-		case c.read:
-			retry = rb.readRetry
-		case s.proxied:
-			retry = rb.retry
-		}
-		add(c.suffix, []*routev3.HeaderMatcher{classIs[c.value]}, s.cluster, timeout, retry)
 	}
-	add("", nil, s.cluster, rb.noTimeout, rb.retry).Metadata = s.metadata
+	add(rb.itself(s)).Metadata = s.metadata
 	return routes
 }
 
-// refusalHeaders are the response headers of frontProxyRefusals' 503s: a Status, and
+// itself is the route s itself: no timeout, retried only where the request never reached
+// an apiserver. A route where extproc decides forwards nothing itself, but an action it
+// must have: this, the safe one.
+func (rb *routeBuilder) itself(s routeSpec) forward {
+	return forward{cluster: contract.ClusterName{Base: s.to.cluster}, timeout: rb.noTimeout, retry: rb.retry}
+}
+
+// upgrade is s's upgrade variant (variantUpgrade).
+func (rb *routeBuilder) upgrade(s routeSpec) forward {
+	return forward{
+		suffix: RouteSuffixUpgrade, headers: upgradeRequested,
+		cluster: contract.ClusterName{Base: s.to.cluster, HTTP1: true}, timeout: rb.noTimeout, retry: rb.retry,
+	}
+}
+
+// class is s's variant for requests of class c.
+func (rb *routeBuilder) class(s routeSpec, c requestClass) forward {
+	f := forward{suffix: c.suffix, headers: classIs[c.value], cluster: contract.ClusterName{Base: s.to.cluster}, timeout: rb.noTimeout, retry: rb.writeRetry}
+	if c.timeout {
+		f.timeout = rb.timeout
+	}
+	switch {
+	case c.read:
+		f.retry = rb.readRetry
+	case s.proxied:
+		f.retry = rb.retry
+	}
+	return f
+}
+
+// proxyCert is the proxy-cert variant of f (variantProxyCert): to the twin of f's cluster
+// that presents the proxy certificate, or s's refusal where every apiserver of it is
+// dangerous.
+func (rb *routeBuilder) proxyCert(s routeSpec, f forward) *routev3.Route {
+	f.suffix += RouteSuffixFrontProxy
+	f.headers = append(slices.Clip(f.headers), frontProxyDecision)
+	f.cluster.ProxyCert = true
+	r := rb.route(s, f)
+	if refused := s.to.proxyCertRefused; refused != nil {
+		return &routev3.Route{Name: r.Name, Match: r.Match, Action: refused, TypedPerFilterConfig: rb.extProc[extProcOff], ResponseHeadersToAdd: refusalHeaders}
+	}
+	return r
+}
+
+// route is the Envoy route of f, a forward of s.
+func (rb *routeBuilder) route(s routeSpec, f forward) *routev3.Route {
+	a := &routev3.RouteAction{Timeout: f.timeout, IdleTimeout: rb.noTimeout, RetryPolicy: f.retry}
+	if s.to.clusterHeader {
+		a.ClusterSpecifier = &routev3.RouteAction_ClusterHeader{ClusterHeader: contract.HeaderRoutingCluster}
+	} else {
+		a.ClusterSpecifier = &routev3.RouteAction_Cluster{Cluster: f.cluster.String()}
+	}
+	m := s.match
+	if len(f.headers) > 0 {
+		m = &routev3.RouteMatch{PathSpecifier: s.match.GetPathSpecifier(), Headers: append(slices.Clip(s.match.GetHeaders()), f.headers...)}
+	}
+	return &routev3.Route{Name: s.name + f.suffix, Match: m, Action: &routev3.Route_Route{Route: a}, TypedPerFilterConfig: rb.extProc[s.extProc]}
+}
+
+// direct is s's direct response; its headers come from the route
+// (DirectResponseAction.body).
+func (rb *routeBuilder) direct(s routeSpec) *routev3.Route {
+	return &routev3.Route{
+		Name: s.name, Match: s.match, Action: s.to.direct, TypedPerFilterConfig: rb.extProc[s.extProc],
+		ResponseHeadersToAdd: []*corev3.HeaderValueOption{{
+			Header:       &corev3.HeaderValue{Key: "content-type", Value: "application/json"},
+			AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
+		}},
+	}
+}
+
+// refusalHeaders are the response headers of proxyCertRefusal's 503s: a Status, and
 // Retry-After, as kube-mvp's other 503s for requests no apiserver received.
 var refusalHeaders = []*corev3.HeaderValueOption{
 	{Header: &corev3.HeaderValue{Key: "content-type", Value: "application/json"}, AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD},
 	retryAfter,
 }
 
-// frontProxyRefusals are the direct responses of the front-proxy twins of the routes to the
-// plan's default (or local) cluster when every apiserver of it is dangerous, by that
-// cluster's name and its HTTP/1.1 twin's: a 503 Status naming them (plan.FrontProxyRefusal).
-// Envoy refuses a direct response body over 4 KiB; a message that would make one is cut.
-func (b *builder) frontProxyRefusals() map[string]*routev3.Route_DirectResponse {
-	out := map[string]*routev3.Route_DirectResponse{}
+// proxyCertRefusal is the direct response of the proxy-cert variants of the routes to the
+// plan's default (or local) cluster def when every apiserver of it is dangerous, or nil: a 503
+// Status naming them (plan.FrontProxyRefusal). Envoy refuses a direct response body over
+// 4 KiB; a message that would make one is cut.
+func (b *builder) proxyCertRefusal(def string) *routev3.Route_DirectResponse {
 	for _, c := range b.p.Clusters {
-		if len(c.FrontProxyRefused) == 0 || (c.Role != plan.RoleDefault && c.Role != plan.RoleLocal) {
+		if c.Name != def || len(c.FrontProxyRefused) == 0 || (c.Role != plan.RoleDefault && c.Role != plan.RoleLocal) {
 			continue
 		}
 		msg := plan.FrontProxyRefusal(b.t.APIServers, c.FrontProxyRefused)
@@ -380,13 +437,12 @@ func (b *builder) frontProxyRefusals() map[string]*routev3.Route_DirectResponse 
 			msg = strings.ToValidUTF8(msg[:len(msg)*3/4], "") + "…"
 			body = statusJSONRetry(msg)
 		}
-		direct := &routev3.Route_DirectResponse{DirectResponse: &routev3.DirectResponseAction{
+		return &routev3.Route_DirectResponse{DirectResponse: &routev3.DirectResponseAction{
 			Status: 503,
 			Body:   &corev3.DataSource{Specifier: &corev3.DataSource_InlineString{InlineString: body}},
 		}}
-		out[c.Name], out[contract.HTTP1Cluster(c.Name)] = direct, direct
 	}
-	return out
+	return nil
 }
 
 // maxDirectResponseBody is the largest direct response body Envoy accepts (its route
@@ -418,7 +474,8 @@ func exactHeader(name, value string) *routev3.HeaderMatcher {
 		MatchPattern: &matcherv3.StringMatcher_Exact{Exact: value}}}}
 }
 
-// Matchers shared by every route that uses them: never modified.
+// Matchers shared by every route that uses them (the lists too: a route appends them to a
+// copy): never modified.
 var (
 	// frontProxyDecision matches the Lua filter's decision that it set the identity headers.
 	frontProxyDecision = exactHeader(contract.HeaderIdentityDecision, contract.IdentityFrontProxy)
@@ -427,12 +484,12 @@ var (
 	// cluster, since an HTTP/1 upgrade cannot be forwarded over the HTTP/2 the clusters as
 	// named speak (Envoy would need extended CONNECT, which the apiservers do not offer). The
 	// header itself rather than the class: an upgrade works even if the Lua filter failed.
-	upgradeRequested = present("upgrade")
-	// classIs matches each class of classTwins.
-	classIs = func() map[string]*routev3.HeaderMatcher {
-		m := map[string]*routev3.HeaderMatcher{}
-		for _, c := range classTwins {
-			m[c.value] = exactHeader(contract.HeaderRequestClass, c.value)
+	upgradeRequested = []*routev3.HeaderMatcher{present("upgrade")}
+	// classIs matches each class of classVariants.
+	classIs = func() map[string][]*routev3.HeaderMatcher {
+		m := map[string][]*routev3.HeaderMatcher{}
+		for _, c := range classVariants {
+			m[c.value] = []*routev3.HeaderMatcher{exactHeader(contract.HeaderRequestClass, c.value)}
 		}
 		return m
 	}()
@@ -500,7 +557,7 @@ func (b *builder) identityMetadata() *structpb.Struct {
 const retryNeverReached = "connect-failure,refused-stream,reset-before-request"
 
 // apiserverRefusals are the statuses a write is retried on (retriable-status-codes), on the
-// write twins of every route but the aggregated ones. For a request the apiserver serves
+// write variants of every route but the aggregated ones. For a request the apiserver serves
 // itself (a built-in resource, a CRD, a non-resource path), kube-apiserver answers 429 and
 // 503 only before the request was carried out (k8s.io/apiserver v0.37.1, k8s.io/kubernetes
 // v1.37.1):
@@ -528,7 +585,7 @@ const retryNeverReached = "connect-failure,refused-stream,reset-before-request"
 // backend's answer through (kube-aggregator's handler_proxy.go, also its own 503 when
 // forwarding failed, perhaps after the backend had the request), nor on the route itself
 // (long-running: node, service and pod proxy, the proxy verb, exec, attach, port-forward
-// and log, which reach past the apiserver; unclassified; no class) or its upgrade twin.
+// and log, which reach past the apiserver; unclassified; no class) or its upgrade variant.
 // One 503 of an apiserver's own can follow a write done elsewhere: upstream's peer proxy
 // (pkg/util/peerproxy, only with --peer-ca-file) answers 503 when forwarding to a peer
 // failed, perhaps after the peer had it; kube-mvp routes each request to an apiserver that
@@ -540,9 +597,9 @@ var apiserverRefusals = []uint32{http.StatusTooManyRequests, http.StatusServiceU
 // Retry-After (with retriable-headers). The policies (routeBuilder):
 //
 //   - retry, on the route itself (long-running, unclassified, no class) and its upgrade
-//     twin, and on the write twin of an aggregated group/version: retryNeverReached only.
-//   - writeRetry, on every other write twin: also 429 and 503 (apiserverRefusals).
-//   - readRetry, on the read and watch twins (get, list, watch: GET and HEAD the apiserver
+//     variant, and on the write variant of an aggregated group/version: retryNeverReached only.
+//   - writeRetry, on every other write variant: also 429 and 503 (apiserverRefusals).
+//   - readRetry, on the read and watch variants (get, list, watch: GET and HEAD the apiserver
 //     runs itself, any number of times without effect): also "reset" and any answer with
 //     Retry-After (a 429 or 503 refusal, a 504 "Too large resource version" another
 //     apiserver may not give, a timeout). A reset after the request was sent is what an

@@ -197,7 +197,7 @@ func TestEmptyCluster(t *testing.T) {
 	}
 	want := []string{contract.ClusterDefault, contract.ClusterServingSets}
 	for _, c := range slices.Clone(want) {
-		want = append(want, contract.HTTP1Cluster(c), contract.FrontProxyCluster(c), contract.FrontProxyCluster(contract.HTTP1Cluster(c)))
+		want = append(want, contract.ClusterName{Base: c, HTTP1: true}.String(), contract.ClusterName{Base: c, ProxyCert: true}.String(), contract.ClusterName{Base: c, ProxyCert: true, HTTP1: true}.String())
 	}
 	slices.Sort(want)
 	var got []string
@@ -220,7 +220,7 @@ func TestEmptyCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m := readMembers(res); len(m) != 8 || len(m[contract.ClusterLocal]) != 0 || len(m[contract.FrontProxyCluster(contract.ClusterLocal)]) != 0 {
+	if m := readMembers(res); len(m) != 8 || len(m[contract.ClusterLocal]) != 0 || len(m[contract.ClusterName{Base: contract.ClusterLocal, ProxyCert: true}.String()]) != 0 {
 		t.Errorf("sidecar of an unknown apiserver: members %v", m)
 	}
 }

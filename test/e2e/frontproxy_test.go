@@ -176,7 +176,7 @@ func dangerousAPIServer(t *testing.T, ctx context.Context, e *env, k *harness.Ku
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Errorf("the data plane's %s still has %v, want cp-a and cp-b", contract.FrontProxyCluster(contract.ClusterDefault), hosts)
+			t.Errorf("the data plane's %s still has %v, want cp-a and cp-b", contract.ClusterName{Base: contract.ClusterDefault, ProxyCert: true}.String(), hosts)
 			break
 		}
 		time.Sleep(200 * time.Millisecond)
@@ -305,7 +305,7 @@ func frontProxyHosts(ctx context.Context, k *harness.KubeMVP) []string {
 	}
 	var hosts []string
 	for _, c := range v.ClusterStatuses {
-		if c.Name == contract.FrontProxyCluster(contract.ClusterDefault) {
+		if c.Name == (contract.ClusterName{Base: contract.ClusterDefault, ProxyCert: true}).String() {
 			for _, h := range c.HostStatuses {
 				hosts = append(hosts, h.Hostname)
 			}
