@@ -9,7 +9,7 @@ import (
 )
 
 // TestNoClientGo: extproc links no k8s.io/client-go. It reads fixtures and builds topologies
-// through internal/inventory/objects; the watcher with its informers and REST clients
+// through internal/objects; the watcher with its informers and REST clients
 // (internal/inventory) belongs to xds-server. An import that pulls client-go in again, even
 // indirectly, fails here with the chain of imports that does. (About a second: go list.)
 func TestNoClientGo(t *testing.T) {
@@ -19,7 +19,7 @@ func TestNoClientGo(t *testing.T) {
 	}
 	for _, pkg := range []string{
 		"github.com/kube-mvp/kube-mvp/cmd/extproc",
-		"github.com/kube-mvp/kube-mvp/internal/inventory/objects",
+		"github.com/kube-mvp/kube-mvp/internal/objects",
 	} {
 		out, err := exec.Command(goTool, "list", "-deps", "-f", "{{.ImportPath}}{{range .Imports}} {{.}}{{end}}", pkg).Output()
 		if ee := (*exec.ExitError)(nil); errors.As(err, &ee) {
@@ -34,13 +34,13 @@ func TestNoClientGo(t *testing.T) {
 			}
 		}
 		// Not vacuous: the listing holds the package and the objects → topology path.
-		for _, want := range []string{pkg, "github.com/kube-mvp/kube-mvp/internal/inventory/objects", "k8s.io/apimachinery/pkg/apis/meta/v1"} {
+		for _, want := range []string{pkg, "github.com/kube-mvp/kube-mvp/internal/objects", "k8s.io/apimachinery/pkg/apis/meta/v1"} {
 			if _, ok := imports[want]; !ok {
 				t.Errorf("go list -deps %s: %s missing from %d packages", pkg, want, len(imports))
 			}
 		}
 		if chain := importChain(imports, pkg, isClientGo); chain != nil {
-			t.Errorf("%s links k8s.io/client-go, which it must not (see internal/inventory/objects):\n\t%s",
+			t.Errorf("%s links k8s.io/client-go, which it must not (see internal/objects):\n\t%s",
 				pkg, strings.Join(chain, "\n\timports "))
 		}
 	}

@@ -10,7 +10,7 @@
 //
 // With --proxy-client-cert, --proxy-client-key and --peer-ca (the files Envoy presents and
 // verifies with, in the same pod) extproc asks every live apiserver of its routing table
-// whether it accepts the proxy certificate as a front proxy (internal/frontproxy): /readyz
+// whether it accepts the proxy certificate as a front proxy (internal/proxycert): /readyz
 // fails when every apiserver that answered refuses it, and lists the refusing ones, with what
 // to fix, as warnings when only some do. With an xds source it reports what it found to
 // xds-server (TableService.ReportProxyChecks), which keeps requests whose identity kube-mvp
@@ -67,9 +67,9 @@ import (
 	"github.com/kube-mvp/kube-mvp/internal/cptls"
 	"github.com/kube-mvp/kube-mvp/internal/drain"
 	"github.com/kube-mvp/kube-mvp/internal/extproc"
-	"github.com/kube-mvp/kube-mvp/internal/frontproxy"
 	"github.com/kube-mvp/kube-mvp/internal/plan"
-	"github.com/kube-mvp/kube-mvp/internal/table"
+	"github.com/kube-mvp/kube-mvp/internal/proxycert"
+	"github.com/kube-mvp/kube-mvp/internal/tablestream"
 	"github.com/kube-mvp/kube-mvp/internal/version"
 )
 
@@ -100,12 +100,12 @@ type config struct {
 	xdsTLS       *cptls.Files // xds source: nil with --xds-insecure-plaintext
 	// proxyCheck are the files of the proxy certificate check; nil without
 	// --proxy-client-cert.
-	proxyCheck *frontproxy.Files
+	proxyCheck *proxycert.Files
 
 	// Flags read into the above after parsing.
 	source, tlsDir string
 	plaintext      bool
-	proxy          frontproxy.Files
+	proxy          proxycert.Files
 
 	drainedFile    string
 	drainedMaxWait time.Duration
@@ -130,7 +130,7 @@ func (c *config) flagSet() *pflag.FlagSet {
 		"and lists those that refuse it, with what to fix; with an xds source it reports them to xds-server, which keeps requests whose identity kube-mvp sets away from those that take it for an ordinary client's (needs --proxy-client-key and --peer-ca; re-read for every round)")
 	fs.StringVar(&c.proxy.Key, "proxy-client-key", "", "the key of --proxy-client-cert, a `FILE`")
 	fs.StringVar(&c.proxy.PeerCA, "peer-ca", "", "the CA of the apiservers' serving certificates (xds-server's --peer-ca), a `FILE`: the proxy certificate goes only to apiservers it verifies")
-	fs.StringVar(&c.proxy.ServerName, "upstream-server-name", frontproxy.DefaultServerName, "with --proxy-client-cert: the SNI sent to the apiservers and the DNS SAN required of them (xds-server's --upstream-server-name), a `NAME`")
+	fs.StringVar(&c.proxy.ServerName, "upstream-server-name", proxycert.DefaultServerName, "with --proxy-client-cert: the SNI sent to the apiservers and the DNS SAN required of them (xds-server's --upstream-server-name), a `NAME`")
 	fs.StringVar(&c.drainedFile, "drained-file", drain.DefaultDoneFile, "the `FILE` extproc drain-envoy writes when Envoy is drained (its --done-file): GET /drained on the admin address answers once it exists")
 	fs.Var(cli.NewValue(&c.drainedMaxWait, 2*time.Minute, "DURATION", cli.Duration(0, "a non-negative duration, e.g. 2m")), "drained-max-wait",
 		"GET /drained answers at the latest this long after it was asked, drained or not (longer than drain-envoy's --delay and --drain-time); 0: no /drained (404)")
@@ -229,7 +229,7 @@ func checkProxyFlags(cfg *config, fs *pflag.FlagSet, errs *multierror.Error) *mu
 		return multierror.Append(errs, errors.New("--proxy-client-cert needs --peer-ca, the CA of the apiservers' serving certificates (xds-server's --peer-ca): the proxy certificate goes only to verified apiservers"))
 	}
 	if n := p.ServerName; n == "" || strings.ContainsAny(n, " /:") || n != strings.ToLower(n) {
-		return multierror.Append(errs, fmt.Errorf("--upstream-server-name %q is not a lower-case DNS name, e.g. %s", n, frontproxy.DefaultServerName))
+		return multierror.Append(errs, fmt.Errorf("--upstream-server-name %q is not a lower-case DNS name, e.g. %s", n, proxycert.DefaultServerName))
 	}
 	if _, err := p.Load(); err != nil {
 		return multierror.Append(errs, fmt.Errorf("--proxy-client-cert, --proxy-client-key, --peer-ca: %w", err))
@@ -304,7 +304,7 @@ type app struct {
 	watchDone chan struct{}
 	// proxyCheck checks the apiservers with the proxy certificate; nil without
 	// --proxy-client-cert.
-	proxyCheck *frontproxy.Monitor
+	proxyCheck *proxycert.Monitor
 }
 
 // start opens both listeners and serves. A file source is loaded first, so a bad file stops
@@ -320,8 +320,8 @@ func start(cfg config, log *slog.Logger, reload <-chan os.Signal) (*app, error) 
 	a.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	a.health.SetServingStatus(extprocService, healthpb.HealthCheckResponse_NOT_SERVING)
 	if files := cfg.proxyCheck; files != nil {
-		a.proxyCheck = frontproxy.NewMonitor(frontproxy.MonitorOptions{
-			NewCheck: func() (frontproxy.CheckFunc, error) {
+		a.proxyCheck = proxycert.NewMonitor(proxycert.MonitorOptions{
+			NewCheck: func() (proxycert.CheckFunc, error) {
 				c, err := files.Load()
 				return c.Check, err
 			},
@@ -378,7 +378,7 @@ func start(cfg config, log *slog.Logger, reload <-chan os.Signal) (*app, error) 
 				reported := make(chan struct{})
 				go func() {
 					defer close(reported)
-					table.ReportToReplicas(ctx, cfg.sourceXDS, table.Replicas{
+					tablestream.ReportToReplicas(ctx, cfg.sourceXDS, tablestream.Replicas{
 						Dial: func(addr string) (*grpc.ClientConn, error) {
 							return grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(creds), keepalives)
 						},
@@ -386,7 +386,7 @@ func start(cfg config, log *slog.Logger, reload <-chan os.Signal) (*app, error) 
 				}()
 				defer func() { <-reported }()
 			}
-			table.Follow(ctx, conn, clientID, log, apply, table.OnReject(a.srv.TableUpdateFailed))
+			tablestream.Follow(ctx, conn, clientID, log, apply, tablestream.OnReject(a.srv.TableUpdateFailed))
 		}
 	}
 

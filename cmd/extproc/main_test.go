@@ -29,9 +29,9 @@ import (
 	"github.com/kube-mvp/kube-mvp/internal/cptls"
 	"github.com/kube-mvp/kube-mvp/internal/cptls/cptlstest"
 	"github.com/kube-mvp/kube-mvp/internal/extproc"
-	"github.com/kube-mvp/kube-mvp/internal/frontproxy"
 	"github.com/kube-mvp/kube-mvp/internal/plan"
-	"github.com/kube-mvp/kube-mvp/internal/table"
+	"github.com/kube-mvp/kube-mvp/internal/proxycert"
+	"github.com/kube-mvp/kube-mvp/internal/tablestream"
 	"github.com/kube-mvp/kube-mvp/internal/testutil"
 	tablev1 "github.com/kube-mvp/kube-mvp/proto/kubemvp/table/v1"
 )
@@ -248,7 +248,7 @@ func TestXDSSource(t *testing.T) {
 		}
 		return topo
 	}
-	tables := table.NewServer()
+	tables := tablestream.NewServer()
 	tables.Publish(fileTable(time.Date(2026, 11, 23, 10, 0, 10, 0, time.UTC)), time.Now())
 	stopTables := serveTables(t, tableAddr, tables, pki)
 	testutil.WaitFor(t, t.Context(), 30*time.Second, "batch/v1 jobs decided to kube-apiservers-only-cp-a from the first table", testutil.Cond(func() bool { return cluster(decideJobs(t, conn)) == "kube-apiservers-only-cp-a" }))
@@ -265,7 +265,7 @@ func TestXDSSource(t *testing.T) {
 	}
 
 	// It comes back with a different table (every Lease counts as alive): extproc reconnects.
-	tables = table.NewServer()
+	tables = tablestream.NewServer()
 	tables.Publish(fileTable(time.Time{}), time.Now())
 	defer serveTables(t, tableAddr, tables, pki)()
 	testutil.WaitFor(t, t.Context(), 30*time.Second, "the table after the reconnect", testutil.Cond(func() bool { return a.srv.Version() != first }))
@@ -282,7 +282,7 @@ func freeAddr(t *testing.T) string {
 
 // serveTables serves the table stream on addr until the returned function is called.
 // serveTables serves the table stream as xds-server does: mutual TLS, extproc's role only.
-func serveTables(t *testing.T, addr string, tables *table.Server, pki *cptlstest.PKI) (stop func()) {
+func serveTables(t *testing.T, addr string, tables *tablestream.Server, pki *cptlstest.PKI) (stop func()) {
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
@@ -413,9 +413,9 @@ func newCheckPKI(t *testing.T) *checkPKI {
 	return p
 }
 
-func writeProxyFiles(t *testing.T, dir string, p *checkPKI) frontproxy.Files {
+func writeProxyFiles(t *testing.T, dir string, p *checkPKI) proxycert.Files {
 	t.Helper()
-	f := frontproxy.Files{Cert: filepath.Join(dir, "proxy-client.crt"), Key: filepath.Join(dir, "proxy-client.key"), PeerCA: filepath.Join(dir, "peer-ca.crt"), ServerName: frontproxy.DefaultServerName}
+	f := proxycert.Files{Cert: filepath.Join(dir, "proxy-client.crt"), Key: filepath.Join(dir, "proxy-client.key"), PeerCA: filepath.Join(dir, "peer-ca.crt"), ServerName: proxycert.DefaultServerName}
 	for path, b := range map[string][]byte{f.Cert: p.proxy.CertPEM, f.Key: p.proxy.KeyPEM, f.PeerCA: p.servingCA.CertPEM} {
 		if err := os.WriteFile(path, b, 0o600); err != nil {
 			t.Fatal(err)
@@ -433,7 +433,7 @@ func fakeAPIServer(t *testing.T, p *checkPKI, allowed string) string {
 	roots.AddCert(p.frontProxyCA.Cert)
 	s := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		certs := r.TLS.PeerCertificates
-		if len(certs) == 0 || certs[0].Subject.CommonName != allowed || r.URL.Path != frontproxy.ReviewPath {
+		if len(certs) == 0 || certs[0].Subject.CommonName != allowed || r.URL.Path != proxycert.ReviewPath {
 			w.WriteHeader(http.StatusUnauthorized)
 			return
 		}

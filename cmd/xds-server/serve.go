@@ -29,11 +29,11 @@ import (
 	"github.com/kube-mvp/kube-mvp/internal/cli"
 	"github.com/kube-mvp/kube-mvp/internal/cptls"
 	"github.com/kube-mvp/kube-mvp/internal/inventory"
-	"github.com/kube-mvp/kube-mvp/internal/inventory/objects"
 	"github.com/kube-mvp/kube-mvp/internal/makebeforebreak"
+	"github.com/kube-mvp/kube-mvp/internal/objects"
 	"github.com/kube-mvp/kube-mvp/internal/plan"
 	"github.com/kube-mvp/kube-mvp/internal/snapshot"
-	"github.com/kube-mvp/kube-mvp/internal/table"
+	"github.com/kube-mvp/kube-mvp/internal/tablestream"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 	"github.com/kube-mvp/kube-mvp/internal/xds"
 	tablev1 "github.com/kube-mvp/kube-mvp/proto/kubemvp/table/v1"
@@ -213,8 +213,8 @@ func serve(ctx context.Context, opts serveOptions, log *slog.Logger, ready chan<
 
 	xdsServer := xds.New(translator(opts.cfg, log), opts.mbb, log)
 	xdsServer.OnBuild = m.observeBuild
-	checks := &table.ProxyChecks{Log: log}
-	tables := table.NewServer(table.WithLogger(log), table.WithRegisterer(reg), table.WithProxyChecks(checks))
+	checks := &tablestream.ProxyChecks{Log: log}
+	tables := tablestream.NewServer(tablestream.WithLogger(log), tablestream.WithRegisterer(reg), tablestream.WithProxyChecks(checks))
 	publisher := makebeforebreak.NewPublisher(opts.mbb, func(e *plan.Envoys) { tables.Publish(e.Table(), time.Now()) })
 	publisher.OnDelay = func(names []makebeforebreak.Name, delay time.Duration) {
 		log.Info("routing table narrowed to what Envoy has; the whole table follows after the delay", "delay", delay, "new", names)

@@ -7,7 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kube-mvp/kube-mvp/internal/contract"
-	tablestream "github.com/kube-mvp/kube-mvp/internal/table"
+	"github.com/kube-mvp/kube-mvp/internal/tablestream"
 )
 
 // Outcome label values beyond topology.Outcome's own names.
@@ -74,7 +74,7 @@ type metrics struct {
 	// Routing table updates that failed (TableUpdateFailed), by reason, and the table in use
 	// when the last one failed (failedOn; failed says whether any has).
 	tableFailures *prometheus.CounterVec
-	failedOn      atomic.Pointer[table]
+	failedOn      atomic.Pointer[preparedTable]
 	failed        atomic.Bool
 
 	// Children for the hot path, resolved once.
@@ -166,8 +166,8 @@ func (m *metrics) registerTableUpdates(reg prometheus.Registerer, s *Server) {
 }
 
 // TableUpdateFailed records that a routing table update failed for reason (one of
-// internal/table's Reasons): the table in use stays. Its signature fits table.OnReject; the
-// error is for the log, which table.Follow has written.
+// internal/tablestream's Reasons): the table in use stays. Its signature fits tablestream.OnReject; the
+// error is for the log, which tablestream.Follow has written.
 func (s *Server) TableUpdateFailed(reason string, _ error) {
 	s.m.tableFailures.WithLabelValues(reason).Inc()
 	s.m.failedOn.Store(s.table.Load())

@@ -19,9 +19,9 @@ import (
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 
-// table is one routing table with everything derived from it that requests need, so a
+// preparedTable is one routing table (plan.Table) with everything derived from it that requests need, so a
 // request sees one consistent table and does no work that depends only on the table.
-type table struct {
+type preparedTable struct {
 	plans    *plan.Table
 	version  string
 	loadedAt time.Time
@@ -31,8 +31,8 @@ type table struct {
 	views map[string]*view
 }
 
-func newTable(p *plan.Table, version string, at time.Time, m *metrics) *table {
-	tb := &table{plans: p, version: version, loadedAt: at, m: m, views: make(map[string]*view, len(p.Routes))}
+func newPreparedTable(p *plan.Table, version string, at time.Time, m *metrics) *preparedTable {
+	tb := &preparedTable{plans: p, version: version, loadedAt: at, m: m, views: make(map[string]*view, len(p.Routes))}
 	for local, rs := range p.Routes {
 		tb.views[local] = &view{routes: rs}
 	}
@@ -50,7 +50,7 @@ type view struct {
 
 // view returns the prepared routes of the Envoy beside local ("" for a front proxy), or nil
 // when the table has no plan for it.
-func (tb *table) view(local string) *view {
+func (tb *preparedTable) view(local string) *view {
 	v := tb.views[local]
 	if v == nil {
 		return nil

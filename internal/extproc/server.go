@@ -12,7 +12,7 @@
 // cluster we name (contract.ClusterName.ProxyCert), with the identity headers the filter set.
 //
 // The routing table (a plan.Table) is swapped atomically with SetTable by whatever source
-// feeds it: the table stream from xds-server (internal/table.Follow, whose apply callback
+// feeds it: the table stream from xds-server (internal/tablestream.Follow, whose apply callback
 // has SetTable's signature) or FileSource.
 package extproc
 
@@ -52,7 +52,7 @@ type Options struct {
 type Server struct {
 	extprocv3.UnimplementedExternalProcessorServer
 
-	table atomic.Pointer[table]
+	table atomic.Pointer[preparedTable]
 	setMu sync.Mutex // serialises SetTopology (metrics bookkeeping)
 
 	log        *slog.Logger
@@ -123,7 +123,7 @@ func (s *Server) SetTable(p *plan.Table, version string) {
 	s.setMu.Lock()
 	defer s.setMu.Unlock()
 	old := s.table.Load()
-	tb := newTable(p, version, s.now(), s.m)
+	tb := newPreparedTable(p, version, s.now(), s.m)
 	s.table.Store(tb)
 	oldVersion := ""
 	if old != nil {

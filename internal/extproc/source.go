@@ -11,9 +11,9 @@ import (
 	"github.com/hashicorp/go-multierror"
 
 	"github.com/kube-mvp/kube-mvp/internal/cli"
-	"github.com/kube-mvp/kube-mvp/internal/inventory/objects"
+	"github.com/kube-mvp/kube-mvp/internal/objects"
 	"github.com/kube-mvp/kube-mvp/internal/plan"
-	tablestream "github.com/kube-mvp/kube-mvp/internal/table"
+	"github.com/kube-mvp/kube-mvp/internal/tablestream"
 )
 
 // FileOptions tune a File source.
@@ -31,7 +31,7 @@ type FileOptions struct {
 }
 
 // File is a routing-table source that reads an inventory fixture (the YAML format of
-// internal/inventory/objects: Leases, StorageVersions, APIServices, APIServerDiscovery) and
+// internal/objects: Leases, StorageVersions, APIServices, APIServerDiscovery) and
 // builds the table with objects.Build, without the watcher's client-go. It suits demos,
 // tests and static control planes; a live cluster feeds extproc from xds-server's table
 // stream instead.
@@ -59,7 +59,7 @@ func FileSource(path string, opts FileOptions) *File {
 
 // Load reads and builds the table once: the plans of every kind of Envoy, as xds-server
 // makes them. The version is the table's content hash, the same one xds-server's table
-// stream gives an equal table (internal/table.ToProto). Objects Build skips are logged, not
+// stream gives an equal table (internal/tablestream.ToProto). Objects Build skips are logged, not
 // fatal.
 func (f *File) Load() (*plan.Table, string, error) {
 	raw, err := os.ReadFile(f.path)

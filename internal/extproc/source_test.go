@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/kube-mvp/kube-mvp/internal/plan"
-	tablestream "github.com/kube-mvp/kube-mvp/internal/table"
+	"github.com/kube-mvp/kube-mvp/internal/tablestream"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 

@@ -6,7 +6,7 @@ import (
 	apidiscoveryv2 "k8s.io/api/apidiscovery/v2"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/kube-mvp/kube-mvp/internal/inventory/objects"
+	"github.com/kube-mvp/kube-mvp/internal/objects"
 )
 
 // TestLegacyDiscoveryIsNotMerged: discovery rebuilt from client-go's legacy lists lacks kinds

@@ -6,6 +6,6 @@
 //
 // Everything that needs no connection to a cluster — the objects Build reads, Build itself,
 // the merge of discovery documents and the fixture format — lives in the subpackage
-// internal/inventory/objects, so that extproc and offline tools reach the same
+// internal/objects, so that extproc and offline tools reach the same
 // objects → topology path without linking client-go.
 package inventory

@@ -6,7 +6,7 @@
 //     resource (and subresource) its outcome and cluster;
 //   - the per-request lookup extproc uses (Routes), shipped to it in the routing table.
 //
-// internal/snapshot only translates a Plan into Envoy resources; internal/table ships its
+// internal/snapshot only translates a Plan into Envoy resources; internal/tablestream ships its
 // Routes to extproc; /debug/topology prints it; the make-before-break logic reads its
 // cluster names. topology's rule (Capable, then Capability.Decide) is applied here and
 // nowhere else.

@@ -117,7 +117,7 @@ func (rs *Routes) Len() int {
 }
 
 // Table is what extproc decides from, for every kind of Envoy: each plan's Routes and the
-// merged discovery. xds-server sends it as the routing table (internal/table).
+// merged discovery. xds-server sends it as the routing table (internal/tablestream).
 type Table struct {
 	// APIServers are the apiservers the plans were made for (for logs and metrics).
 	APIServers []topology.APIServer

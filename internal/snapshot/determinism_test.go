@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/kube-mvp/kube-mvp/internal/fixtures"
-	"github.com/kube-mvp/kube-mvp/internal/inventory/objects"
+	"github.com/kube-mvp/kube-mvp/internal/objects"
 	"github.com/kube-mvp/kube-mvp/internal/snapshot"
 )
 

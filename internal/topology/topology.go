@@ -29,7 +29,7 @@ type APIServer struct {
 	// Alive means the Lease was renewed within the liveness window.
 	Alive bool `json:"alive"`
 	// Dangerous, when not empty, says why requests whose identity kube-mvp sets must not go
-	// to this apiserver: extproc's check of the proxy certificate (internal/frontproxy) found
+	// to this apiserver: extproc's check of the proxy certificate (internal/proxycert) found
 	// that it takes the certificate for an ordinary client's, not a front proxy's, so such
 	// a request would run as the certificate's user. It is set from extproc's reports
 	// (xds-server), never from the watched objects; the plan leaves the apiserver out of

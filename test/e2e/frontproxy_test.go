@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/kube-mvp/kube-mvp/internal/contract"
-	"github.com/kube-mvp/kube-mvp/internal/frontproxy"
+	"github.com/kube-mvp/kube-mvp/internal/proxycert"
 	"github.com/kube-mvp/kube-mvp/internal/testutil"
 	"github.com/kube-mvp/kube-mvp/internal/xds"
 	"github.com/kube-mvp/kube-mvp/test/controlplane"
@@ -51,7 +51,7 @@ func TestProxyCertificateCheck(t *testing.T) {
 		ids := apiserverIDs(t, ctx, k)
 		cpA := e.cp.Server("cp-a")
 
-		if r := checkDirectly(t, ctx, e, cpA); r.Verdict != frontproxy.Refused || r.Status != 401 || r.Dangerous {
+		if r := checkDirectly(t, ctx, e, cpA); r.Verdict != proxycert.Refused || r.Status != 401 || r.Dangerous {
 			t.Errorf("cp-a asked directly: %+v, want refused with 401", r)
 		}
 		waited := time.Now()
@@ -99,10 +99,10 @@ func TestProxyCertificateCheck(t *testing.T) {
 		t.Logf("control plane and kube-mvp up in %s", time.Since(start).Round(100*time.Millisecond))
 		ids := apiserverIDs(t, ctx, k)
 
-		for name, want := range map[string]frontproxy.Result{
-			"cp-a": {Verdict: frontproxy.Accepted, Status: 201, User: "kube-mvp:health-check"},
-			"cp-b": {Verdict: frontproxy.Refused, Status: 401},
-			"cp-c": {Verdict: frontproxy.Refused, Status: 201, User: controlplane.ProxyClientCN, Dangerous: true},
+		for name, want := range map[string]proxycert.Result{
+			"cp-a": {Verdict: proxycert.Accepted, Status: 201, User: "kube-mvp:health-check"},
+			"cp-b": {Verdict: proxycert.Refused, Status: 401},
+			"cp-c": {Verdict: proxycert.Refused, Status: 201, User: controlplane.ProxyClientCN, Dangerous: true},
 		} {
 			r := checkDirectly(t, ctx, e, e.cp.Server(name))
 			reason := r.Reason
@@ -316,10 +316,10 @@ func frontProxyHosts(ctx context.Context, k *harness.KubeMVP) []string {
 }
 
 // checkDirectly asks the apiserver as extproc does, with the files the harness gives it.
-func checkDirectly(t *testing.T, ctx context.Context, e *env, s *controlplane.Server) frontproxy.Result {
+func checkDirectly(t *testing.T, ctx context.Context, e *env, s *controlplane.Server) proxycert.Result {
 	t.Helper()
 	p := e.cp.PKI
-	c, err := frontproxy.Files{Cert: p.Path("proxy-client.crt"), Key: p.Path("proxy-client.key"), PeerCA: p.Path("server-ca.crt")}.Load()
+	c, err := proxycert.Files{Cert: p.Path("proxy-client.crt"), Key: p.Path("proxy-client.key"), PeerCA: p.Path("server-ca.crt")}.Load()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-// Package frontproxy asks an apiserver itself whether it accepts kube-mvp's proxy
+// Package proxycert asks an apiserver itself whether it accepts kube-mvp's proxy
 // certificate ("front-proxy client certificate") as a front proxy, and says what to fix when
 // it does not.
 //
@@ -14,7 +14,7 @@
 //
 // The check runs where the key already is: extproc, a container of the Envoy pod
 // (cmd/extproc --proxy-client-cert). xds-server never holds the key.
-package frontproxy
+package proxycert
 
 import (
 	"bytes"

@@ -1,4 +1,4 @@
-package table_test
+package tablestream_test
 
 import (
 	"context"
@@ -17,7 +17,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kube-mvp/kube-mvp/internal/plan"
-	"github.com/kube-mvp/kube-mvp/internal/table"
+	"github.com/kube-mvp/kube-mvp/internal/tablestream"
 	"github.com/kube-mvp/kube-mvp/internal/testutil"
 	tablev1 "github.com/kube-mvp/kube-mvp/proto/kubemvp/table/v1"
 )
@@ -39,7 +39,7 @@ func serve(t *testing.T, addr string, srv tablev1.TableServiceServer) (string, f
 	return lis.Addr().String(), g.Stop
 }
 
-// follower runs table.Follow against addr until the test ends and records what it does.
+// follower runs tablestream.Follow against addr until the test ends and records what it does.
 type follower struct {
 	mu       sync.Mutex
 	versions []string
@@ -49,7 +49,7 @@ type follower struct {
 	log      testutil.SyncBuffer
 }
 
-func follow(t *testing.T, addr string, opts ...table.FollowOption) *follower {
+func follow(t *testing.T, addr string, opts ...tablestream.FollowOption) *follower {
 	t.Helper()
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -58,14 +58,14 @@ func follow(t *testing.T, addr string, opts ...table.FollowOption) *follower {
 	f := &follower{}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	opts = append(opts, table.OnReject(func(reason string, err error) {
+	opts = append(opts, tablestream.OnReject(func(reason string, err error) {
 		f.mu.Lock()
 		f.rejects, f.errs = append(f.rejects, reason), append(f.errs, err)
 		f.mu.Unlock()
 	}))
 	go func() {
 		defer close(done)
-		table.Follow(ctx, conn, "test", slog.New(slog.NewTextHandler(&f.log, nil)), func(tb *plan.Table, v string) {
+		tablestream.Follow(ctx, conn, "test", slog.New(slog.NewTextHandler(&f.log, nil)), func(tb *plan.Table, v string) {
 			f.mu.Lock()
 			f.versions, f.last = append(f.versions, v), tb
 			f.mu.Unlock()
@@ -132,7 +132,7 @@ func metric(t *testing.T, reg *prometheus.Registry, name string, label ...string
 // client keeps its last table, reports the lost stream, and picks up the new server's table
 // after reconnecting.
 func TestFollowSurvivesRestart(t *testing.T) {
-	srv1 := table.NewServer()
+	srv1 := tablestream.NewServer()
 	srv1.Publish(sample(t, true), time.Now())
 	addr, stop1 := serve(t, "127.0.0.1:0", srv1)
 	f := follow(t, addr)
@@ -142,14 +142,14 @@ func TestFollowSurvivesRestart(t *testing.T) {
 	srv1.Publish(sample(t, false), time.Now()) // same content: not sent again
 
 	stop1()
-	f.wait(t, "the lost stream reported", func() bool { return f.rejected(table.ReasonStream) })
+	f.wait(t, "the lost stream reported", func() bool { return f.rejected(tablestream.ReasonStream) })
 	f.mu.Lock()
 	if f.last.Live() != 1 || len(f.versions) != 2 {
 		t.Errorf("after the server went away the client lost its table: versions %v, live %v", f.versions, f.last.Live())
 	}
 	f.mu.Unlock()
 
-	srv2 := table.NewServer()
+	srv2 := tablestream.NewServer()
 	srv2.Publish(sample(t, true), time.Now())
 	serve(t, addr, srv2)
 	f.wait(t, "the new server's table", func() bool { return len(f.versions) == 3 })
@@ -171,7 +171,7 @@ func TestLargeTableStreams(t *testing.T) {
 	}
 	big := big50kTable(t)
 	reg := prometheus.NewRegistry()
-	srv := table.NewServer(table.WithRegisterer(reg))
+	srv := tablestream.NewServer(tablestream.WithRegisterer(reg))
 	srv.Publish(big, time.Now())
 	addr, _ := serve(t, "127.0.0.1:0", srv)
 	f := follow(t, addr)
@@ -189,9 +189,9 @@ func TestLargeTableStreams(t *testing.T) {
 	}
 	size := metric(t, reg, "kube_mvp_xds_table_size_bytes", "protobuf")
 	gz := metric(t, reg, "kube_mvp_xds_table_size_bytes", "gzip")
-	t.Logf("%d resources in %d plans, %d bytes of discovery: table %.0f bytes, %.0f gzipped (limit %d)", big.Routes[""].Len(), len(big.Routes), len(big.Discovery.JSON), size, gz, table.MaxTableSize)
-	if size == 0 || gz == 0 || size > table.MaxTableSize/2 {
-		t.Errorf("table of %.0f bytes, %.0f gzipped: want well within the limit of %d", size, gz, table.MaxTableSize)
+	t.Logf("%d resources in %d plans, %d bytes of discovery: table %.0f bytes, %.0f gzipped (limit %d)", big.Routes[""].Len(), len(big.Routes), len(big.Discovery.JSON), size, gz, tablestream.MaxTableSize)
+	if size == 0 || gz == 0 || size > tablestream.MaxTableSize/2 {
+		t.Errorf("table of %.0f bytes, %.0f gzipped: want well within the limit of %d", size, gz, tablestream.MaxTableSize)
 	}
 }
 
@@ -202,7 +202,7 @@ func TestTooLargeRefused(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	var log testutil.SyncBuffer
 	const limit = 64 << 10
-	srv := table.NewServer(table.WithLogger(slog.New(slog.NewTextHandler(&log, nil))), table.WithRegisterer(reg), table.WithMaxTableSize(limit))
+	srv := tablestream.NewServer(tablestream.WithLogger(slog.New(slog.NewTextHandler(&log, nil))), tablestream.WithRegisterer(reg), tablestream.WithMaxTableSize(limit))
 	small := sample(t, true)
 	srv.Publish(small, time.Now())
 	addr, _ := serve(t, "127.0.0.1:0", srv)
@@ -211,14 +211,14 @@ func TestTooLargeRefused(t *testing.T) {
 
 	big := tableOf(t, bigTopology(t, 20, 3)) // 400 resources, about 320 KB of discovery
 	srv.Publish(big, time.Now())
-	f.wait(t, "the refusal reported", func() bool { return f.rejected(table.ReasonTooLarge) })
+	f.wait(t, "the refusal reported", func() bool { return f.rejected(tablestream.ReasonTooLarge) })
 	if got := metric(t, reg, "kube_mvp_xds_table_refused_total"); got != 1 {
 		t.Errorf("kube_mvp_xds_table_refused_total %v, want 1", got)
 	}
 	if got := metric(t, reg, "kube_mvp_xds_table_size_limit_bytes"); got != limit {
 		t.Errorf("kube_mvp_xds_table_size_limit_bytes %v, want %d", got, limit)
 	}
-	bigVersion := table.ToProto(big, time.Time{}).GetVersion()
+	bigVersion := tablestream.ToProto(big, time.Time{}).GetVersion()
 	size := int(metric(t, reg, "kube_mvp_xds_table_size_bytes", "protobuf"))
 	if l := log.String(); !strings.Contains(l, "level=ERROR") || !strings.Contains(l, "too large") ||
 		!strings.Contains(l, fmt.Sprintf("bytes=%d limit=%d", size, limit)) || !strings.Contains(l, bigVersion) {
@@ -237,7 +237,7 @@ func TestTooLargeRefused(t *testing.T) {
 	}
 
 	fresh := follow(t, addr)
-	fresh.wait(t, "the refusal reported to a new follower", func() bool { return fresh.rejected(table.ReasonTooLarge) })
+	fresh.wait(t, "the refusal reported to a new follower", func() bool { return fresh.rejected(tablestream.ReasonTooLarge) })
 
 	srv.Publish(sample(t, false), time.Now())
 	f.wait(t, "the next table", func() bool { return len(f.versions) == 2 })
@@ -250,18 +250,18 @@ func TestTooLargeRefused(t *testing.T) {
 // TestClientLimit: a table over the follower's own limit (a server with a higher one) is
 // refused by the follower, which keeps its table and takes the next one on the same stream.
 func TestClientLimit(t *testing.T) {
-	srv := table.NewServer()
+	srv := tablestream.NewServer()
 	srv.Publish(sample(t, true), time.Now())
 	addr, _ := serve(t, "127.0.0.1:0", srv)
-	f := follow(t, addr, table.WithClientMaxTableSize(64<<10))
+	f := follow(t, addr, tablestream.WithClientMaxTableSize(64<<10))
 	f.wait(t, "the first table", func() bool { return len(f.versions) == 1 })
 	srv.Publish(tableOf(t, bigTopology(t, 20, 3)), time.Now())
-	f.wait(t, "the refusal", func() bool { return f.rejected(table.ReasonTooLarge) })
+	f.wait(t, "the refusal", func() bool { return f.rejected(tablestream.ReasonTooLarge) })
 	srv.Publish(sample(t, false), time.Now())
 	f.wait(t, "the next table", func() bool { return len(f.versions) == 2 })
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if !slices.Equal(f.rejects, []string{table.ReasonTooLarge}) {
+	if !slices.Equal(f.rejects, []string{tablestream.ReasonTooLarge}) {
 		t.Errorf("rejects %v, want one too_large and no stream error", f.rejects)
 	}
 }
@@ -293,26 +293,26 @@ func TestBadTablesRejected(t *testing.T) {
 	srv := &scripted{chunks: make(chan []*tablev1.TableChunk)}
 	addr, _ := serve(t, "127.0.0.1:0", srv)
 	f := follow(t, addr)
-	good := table.ToProto(sample(t, true), time.Unix(1, 0))
-	srv.chunks <- table.Chunks(good)
+	good := tablestream.ToProto(sample(t, true), time.Unix(1, 0))
+	srv.chunks <- tablestream.Chunks(good)
 	f.wait(t, "the good table", func() bool { return len(f.versions) == 1 })
 
 	badIndex := proto.CloneOf(good)
 	badIndex.Version = "bad-index"
 	badIndex.Plans[0].ResourceRoutes[0] = 99
 	newer := proto.CloneOf(good)
-	newer.Version, newer.Format = "newer", table.Format+1
-	broken := table.Chunks(good)[0]
+	newer.Version, newer.Format = "newer", tablestream.Format+1
+	broken := tablestream.Chunks(good)[0]
 	broken.Data = broken.Data[:len(broken.Data)-5]
 	for _, tc := range []struct {
 		name   string
 		chunks []*tablev1.TableChunk
 		reason string
 	}{
-		{"set index out of range", table.Chunks(badIndex), table.ReasonMalformed},
-		{"unknown format", table.Chunks(newer), table.ReasonUnsupportedFormat},
-		{"truncated gzip", []*tablev1.TableChunk{broken}, table.ReasonMalformed},
-		{"chunk out of sequence", []*tablev1.TableChunk{{Version: "x", Index: 1, Count: 2}}, table.ReasonMalformed},
+		{"set index out of range", tablestream.Chunks(badIndex), tablestream.ReasonMalformed},
+		{"unknown format", tablestream.Chunks(newer), tablestream.ReasonUnsupportedFormat},
+		{"truncated gzip", []*tablev1.TableChunk{broken}, tablestream.ReasonMalformed},
+		{"chunk out of sequence", []*tablev1.TableChunk{{Version: "x", Index: 1, Count: 2}}, tablestream.ReasonMalformed},
 	} {
 		f.mu.Lock()
 		n := len(f.rejects)
@@ -325,8 +325,8 @@ func TestBadTablesRejected(t *testing.T) {
 		}
 		f.mu.Unlock()
 	}
-	next := table.ToProto(sample(t, false), time.Unix(1, 0))
-	srv.chunks <- table.Chunks(next)
+	next := tablestream.ToProto(sample(t, false), time.Unix(1, 0))
+	srv.chunks <- tablestream.Chunks(next)
 	f.wait(t, "the next good table", func() bool { return len(f.versions) == 2 })
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -343,7 +343,7 @@ func TestServerWithoutSubscribe(t *testing.T) {
 	f.wait(t, "the rejection", func() bool { return len(f.rejects) > 0 })
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.rejects[0] != table.ReasonUnsupportedFormat {
-		t.Errorf("reason %q (%v), want %q", f.rejects[0], f.errs[0], table.ReasonUnsupportedFormat)
+	if f.rejects[0] != tablestream.ReasonUnsupportedFormat {
+		t.Errorf("reason %q (%v), want %q", f.rejects[0], f.errs[0], tablestream.ReasonUnsupportedFormat)
 	}
 }

@@ -1,4 +1,4 @@
-// Package table carries xds-server's routing plans (a plan.Table: every kind of Envoy's
+// Package tablestream carries xds-server's routing plans (a plan.Table: every kind of Envoy's
 // Routes and the merged discovery) to extproc over gRPC (proto/kubemvp/table/v1): the server
 // side broadcasts every new table, the client side keeps the last one it could use and
 // reconnects with backoff when the stream drops.
@@ -8,7 +8,7 @@
 // its route by index), serialized
 // deterministically, gzipped once per change and cut into chunks (chunk.go): the size of a
 // table is bounded by MaxTableSize, not by gRPC's message size limit.
-package table
+package tablestream
 
 import (
 	"crypto/sha256"

@@ -1,4 +1,4 @@
-package table_test
+package tablestream_test
 
 import (
 	"crypto/sha256"

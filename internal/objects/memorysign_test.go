@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/kube-mvp/kube-mvp/internal/cptls"
-	"github.com/kube-mvp/kube-mvp/internal/inventory/objects"
+	"github.com/kube-mvp/kube-mvp/internal/objects"
 	"github.com/kube-mvp/kube-mvp/internal/testutil"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )

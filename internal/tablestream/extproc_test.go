@@ -1,4 +1,4 @@
-package table_test
+package tablestream_test
 
 import (
 	"context"
@@ -10,7 +10,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/kube-mvp/kube-mvp/internal/extproc"
-	"github.com/kube-mvp/kube-mvp/internal/table"
+	"github.com/kube-mvp/kube-mvp/internal/tablestream"
 )
 
 // TestExtprocSeesFailedUpdates wires Follow to an extproc.Server as cmd/extproc does: a table
@@ -21,7 +21,7 @@ func TestExtprocSeesFailedUpdates(t *testing.T) {
 	if got := metric(t, reg, "kube_mvp_extproc_table_last_update_timestamp_seconds"); got != 0 {
 		t.Errorf("last update %v before any table, want 0", got)
 	}
-	srv := table.NewServer(table.WithMaxTableSize(64<<10), table.WithLogger(slog.New(slog.DiscardHandler)))
+	srv := tablestream.NewServer(tablestream.WithMaxTableSize(64<<10), tablestream.WithLogger(slog.New(slog.DiscardHandler)))
 	srv.Publish(sample(t, true), time.Now())
 	addr, _ := serve(t, "127.0.0.1:0", srv)
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -33,7 +33,7 @@ func TestExtprocSeesFailedUpdates(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		table.Follow(ctx, conn, "test", slog.New(slog.DiscardHandler), ep.SetTable, table.OnReject(ep.TableUpdateFailed))
+		tablestream.Follow(ctx, conn, "test", slog.New(slog.DiscardHandler), ep.SetTable, tablestream.OnReject(ep.TableUpdateFailed))
 	}()
 	defer func() { cancel(); <-done }()
 
@@ -54,7 +54,7 @@ func TestExtprocSeesFailedUpdates(t *testing.T) {
 	if got := metric(t, reg, "kube_mvp_extproc_table_last_update_timestamp_seconds"); got < float64(time.Now().Add(-time.Minute).Unix()) {
 		t.Errorf("last update %v after a table", got)
 	}
-	for _, r := range table.Reasons {
+	for _, r := range tablestream.Reasons {
 		if got := metric(t, reg, "kube_mvp_extproc_table_update_failures_total", r); got != 0 {
 			t.Errorf("failures{%s} = %v before any", r, got)
 		}
@@ -65,7 +65,7 @@ func TestExtprocSeesFailedUpdates(t *testing.T) {
 
 	srv.Publish(tableOf(t, bigTopology(t, 20, 3)), time.Now()) // over the limit
 	waitMetric("after a table too large", "kube_mvp_extproc_table_update_failing", 1)
-	if got := metric(t, reg, "kube_mvp_extproc_table_update_failures_total", table.ReasonTooLarge); got < 1 {
+	if got := metric(t, reg, "kube_mvp_extproc_table_update_failures_total", tablestream.ReasonTooLarge); got < 1 {
 		t.Errorf("failures{too_large} = %v", got)
 	}
 	if !ep.Ready() || ep.Version() != first {

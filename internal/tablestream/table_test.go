@@ -1,4 +1,4 @@
-package table_test
+package tablestream_test
 
 import (
 	"errors"
@@ -11,7 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kube-mvp/kube-mvp/internal/plan"
-	"github.com/kube-mvp/kube-mvp/internal/table"
+	"github.com/kube-mvp/kube-mvp/internal/tablestream"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 	tablev1 "github.com/kube-mvp/kube-mvp/proto/kubemvp/table/v1"
 )
@@ -93,9 +93,9 @@ func TestRoundTrip(t *testing.T) {
 	in := sample(t, true)
 	in.Discovery = topology.NewDiscovery([]byte(`{"kind":"APIGroupDiscoveryList"}`))
 	in.RequestHeaders = topology.RequestHeaders{User: []string{"x-user", "x-login"}, UID: []string{"x-uid"}, Group: []string{"x-groups"}, ExtraPrefix: []string{"x-extra-"}}
-	tb := table.ToProto(in, time.Unix(1, 0))
-	if tb.GetFormat() != table.Format {
-		t.Errorf("format %d, want %d", tb.GetFormat(), table.Format)
+	tb := tablestream.ToProto(in, time.Unix(1, 0))
+	if tb.GetFormat() != tablestream.Format {
+		t.Errorf("format %d, want %d", tb.GetFormat(), tablestream.Format)
 	}
 	// The front proxy's plan first, then one per apiserver; each lists its distinct routes
 	// once: the front's cp-a subset (jobs, jobs/status, pods/log), default (pods), cp-b
@@ -106,7 +106,7 @@ func TestRoundTrip(t *testing.T) {
 	if front := tb.GetPlans()[0]; len(front.GetResourceRoutes()) != 6 || len(front.GetRoutes()) != 4 {
 		t.Errorf("front plan: %d routes for %d resources, want 4 distinct for 6", len(front.GetRoutes()), len(front.GetResourceRoutes()))
 	}
-	out, err := table.FromProto(tb)
+	out, err := tablestream.FromProto(tb)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,18 +126,18 @@ func TestRoundTrip(t *testing.T) {
 	for _, p := range old.Plans {
 		p.DocumentRoutes = nil
 	}
-	if o, err := table.FromProto(old); err != nil {
+	if o, err := tablestream.FromProto(old); err != nil {
 		t.Errorf("table without documents: %v", err)
 	} else if got := o.Routes[""].Decide(topology.RequestInfo{GroupVersionDocument: true, APIGroup: "batch", APIVersion: "v1"}); got.Cluster != o.Routes[""].Default.Cluster {
 		t.Errorf("without documents, batch/v1's goes to %q, want the default cluster", got.Cluster)
 	}
-	if again := table.ToProto(out, time.Unix(99, 0)); again.Version != tb.Version {
+	if again := tablestream.ToProto(out, time.Unix(99, 0)); again.Version != tb.Version {
 		t.Errorf("version depends on more than content: %s vs %s", again.Version, tb.Version)
 	}
-	if other := table.ToProto(sample(t, false), time.Unix(1, 0)); other.Version == tb.Version {
+	if other := tablestream.ToProto(sample(t, false), time.Unix(1, 0)); other.Version == tb.Version {
 		t.Error("different content, same version")
 	}
-	if other := table.ToProto(sample(t, true), time.Unix(1, 0)); other.Version == tb.Version {
+	if other := tablestream.ToProto(sample(t, true), time.Unix(1, 0)); other.Version == tb.Version {
 		t.Error("different discovery, same version")
 	}
 	// Through the wire form too.
@@ -149,7 +149,7 @@ func TestRoundTrip(t *testing.T) {
 	if err := proto.Unmarshal(b, &back); err != nil {
 		t.Fatal(err)
 	}
-	if out, err := table.FromProto(&back); err != nil || sameTable(in, out) != nil {
+	if out, err := tablestream.FromProto(&back); err != nil || sameTable(in, out) != nil {
 		t.Errorf("after marshalling: %v, %v", err, sameTable(in, out))
 	}
 }
@@ -157,39 +157,39 @@ func TestRoundTrip(t *testing.T) {
 // TestFromProtoRejects: a table that contradicts itself or is of another format is an error
 // of the right kind, never a panic or a partial table.
 func TestFromProtoRejects(t *testing.T) {
-	good := table.ToProto(sample(t, false), time.Unix(1, 0))
+	good := tablestream.ToProto(sample(t, false), time.Unix(1, 0))
 	for _, tc := range []struct {
 		name   string
 		change func(tb *tablev1.Table)
 		want   error
 	}{
-		{"unversioned (the old format)", func(tb *tablev1.Table) { tb.Format = 0 }, table.ErrUnsupportedFormat},
-		{"format 1 (the topology)", func(tb *tablev1.Table) { tb.Format = 1 }, table.ErrUnsupportedFormat},
-		{"newer format", func(tb *tablev1.Table) { tb.Format = table.Format + 1 }, table.ErrUnsupportedFormat},
-		{"route index out of range", func(tb *tablev1.Table) { tb.Plans[0].ResourceRoutes[0] = uint32(len(tb.Plans[0].Routes)) }, table.ErrMalformed},
-		{"huge route index", func(tb *tablev1.Table) { tb.Plans[0].ResourceRoutes[0] = 1<<32 - 1 }, table.ErrMalformed},
-		{"no routes at all", func(tb *tablev1.Table) { tb.Plans[1].Routes = nil }, table.ErrMalformed},
-		{"a resource without a route", func(tb *tablev1.Table) { tb.Plans[0].ResourceRoutes = tb.Plans[0].ResourceRoutes[1:] }, table.ErrMalformed},
-		{"unknown outcome", func(tb *tablev1.Table) { tb.Plans[0].Routes[0].Outcome = 99 }, table.ErrMalformed},
-		{"unspecified outcome", func(tb *tablev1.Table) { tb.Plans[0].Routes[0].Outcome = tablev1.Outcome_OUTCOME_UNSPECIFIED }, table.ErrMalformed},
-		{"a routed outcome without a cluster", func(tb *tablev1.Table) { tb.Plans[0].Routes[0].Cluster = "" }, table.ErrMalformed},
-		{"no front proxy plan", func(tb *tablev1.Table) { tb.Plans = tb.Plans[1:] }, table.ErrMalformed},
-		{"two plans for one apiserver", func(tb *tablev1.Table) { tb.Plans = append(tb.Plans, tb.Plans[1]) }, table.ErrMalformed},
+		{"unversioned (the old format)", func(tb *tablev1.Table) { tb.Format = 0 }, tablestream.ErrUnsupportedFormat},
+		{"format 1 (the topology)", func(tb *tablev1.Table) { tb.Format = 1 }, tablestream.ErrUnsupportedFormat},
+		{"newer format", func(tb *tablev1.Table) { tb.Format = tablestream.Format + 1 }, tablestream.ErrUnsupportedFormat},
+		{"route index out of range", func(tb *tablev1.Table) { tb.Plans[0].ResourceRoutes[0] = uint32(len(tb.Plans[0].Routes)) }, tablestream.ErrMalformed},
+		{"huge route index", func(tb *tablev1.Table) { tb.Plans[0].ResourceRoutes[0] = 1<<32 - 1 }, tablestream.ErrMalformed},
+		{"no routes at all", func(tb *tablev1.Table) { tb.Plans[1].Routes = nil }, tablestream.ErrMalformed},
+		{"a resource without a route", func(tb *tablev1.Table) { tb.Plans[0].ResourceRoutes = tb.Plans[0].ResourceRoutes[1:] }, tablestream.ErrMalformed},
+		{"unknown outcome", func(tb *tablev1.Table) { tb.Plans[0].Routes[0].Outcome = 99 }, tablestream.ErrMalformed},
+		{"unspecified outcome", func(tb *tablev1.Table) { tb.Plans[0].Routes[0].Outcome = tablev1.Outcome_OUTCOME_UNSPECIFIED }, tablestream.ErrMalformed},
+		{"a routed outcome without a cluster", func(tb *tablev1.Table) { tb.Plans[0].Routes[0].Cluster = "" }, tablestream.ErrMalformed},
+		{"no front proxy plan", func(tb *tablev1.Table) { tb.Plans = tb.Plans[1:] }, tablestream.ErrMalformed},
+		{"two plans for one apiserver", func(tb *tablev1.Table) { tb.Plans = append(tb.Plans, tb.Plans[1]) }, tablestream.ErrMalformed},
 		{"resource listed twice", func(tb *tablev1.Table) {
 			tb.GroupVersions[0].Resources = append(tb.GroupVersions[0].Resources, tb.GroupVersions[0].Resources[0])
 			for _, p := range tb.Plans {
 				p.ResourceRoutes = append(p.ResourceRoutes, p.ResourceRoutes[0])
 			}
-		}, table.ErrMalformed},
-		{"resource without name", func(tb *tablev1.Table) { tb.GroupVersions[0].Resources[0].Resource = "" }, table.ErrMalformed},
-		{"documents of fewer group/versions", func(tb *tablev1.Table) { tb.Plans[0].DocumentRoutes = tb.Plans[0].DocumentRoutes[1:] }, table.ErrMalformed},
-		{"document route out of range", func(tb *tablev1.Table) { tb.Plans[0].DocumentRoutes[0] = 99 }, table.ErrMalformed},
-		{"group/version without version", func(tb *tablev1.Table) { tb.GroupVersions[0].Version = "" }, table.ErrMalformed},
+		}, tablestream.ErrMalformed},
+		{"resource without name", func(tb *tablev1.Table) { tb.GroupVersions[0].Resources[0].Resource = "" }, tablestream.ErrMalformed},
+		{"documents of fewer group/versions", func(tb *tablev1.Table) { tb.Plans[0].DocumentRoutes = tb.Plans[0].DocumentRoutes[1:] }, tablestream.ErrMalformed},
+		{"document route out of range", func(tb *tablev1.Table) { tb.Plans[0].DocumentRoutes[0] = 99 }, tablestream.ErrMalformed},
+		{"group/version without version", func(tb *tablev1.Table) { tb.GroupVersions[0].Version = "" }, tablestream.ErrMalformed},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tb := proto.CloneOf(good)
 			tc.change(tb)
-			got, err := table.FromProto(tb)
+			got, err := tablestream.FromProto(tb)
 			if !errors.Is(err, tc.want) {
 				t.Fatalf("got %v, %v; want an error wrapping %q", got, err, tc.want)
 			}
@@ -198,10 +198,10 @@ func TestFromProtoRejects(t *testing.T) {
 			}
 		})
 	}
-	if _, err := table.FromProto(nil); !errors.Is(err, table.ErrMalformed) {
+	if _, err := tablestream.FromProto(nil); !errors.Is(err, tablestream.ErrMalformed) {
 		t.Errorf("nil table: %v", err)
 	}
-	if _, err := table.FromProto(good); err != nil {
+	if _, err := tablestream.FromProto(good); err != nil {
 		t.Errorf("the cases changed the good table: %v", err)
 	}
 }
@@ -209,14 +209,14 @@ func TestFromProtoRejects(t *testing.T) {
 // FuzzFromProto: whatever bytes arrive, parsing and FromProto do not panic, and a table
 // FromProto accepts converts back to a table it accepts again, with the same content.
 func FuzzFromProto(f *testing.F) {
-	good, err := proto.Marshal(table.ToProto(sample(f, true), time.Unix(1, 0)))
+	good, err := proto.Marshal(tablestream.ToProto(sample(f, true), time.Unix(1, 0)))
 	if err != nil {
 		f.Fatal(err)
 	}
 	f.Add(good)
 	f.Add(good[:len(good)/2])
 	f.Add([]byte{})
-	badIndex, err := proto.Marshal(&tablev1.Table{Format: table.Format, GroupVersions: []*tablev1.GroupVersion{{
+	badIndex, err := proto.Marshal(&tablev1.Table{Format: tablestream.Format, GroupVersions: []*tablev1.GroupVersion{{
 		Version: "v1", Resources: []*tablev1.PublishedResource{{Resource: "pods"}},
 	}}, Plans: []*tablev1.Plan{{ResourceRoutes: []uint32{7}}}})
 	if err != nil {
@@ -228,14 +228,14 @@ func FuzzFromProto(f *testing.F) {
 		if proto.Unmarshal(b, &tb) != nil {
 			return
 		}
-		got, err := table.FromProto(&tb)
+		got, err := tablestream.FromProto(&tb)
 		if err != nil {
-			if !errors.Is(err, table.ErrMalformed) && !errors.Is(err, table.ErrUnsupportedFormat) {
+			if !errors.Is(err, tablestream.ErrMalformed) && !errors.Is(err, tablestream.ErrUnsupportedFormat) {
 				t.Fatalf("error of no known kind: %v", err)
 			}
 			return
 		}
-		again, err := table.FromProto(table.ToProto(got, time.Unix(1, 0)))
+		again, err := tablestream.FromProto(tablestream.ToProto(got, time.Unix(1, 0)))
 		if err != nil {
 			t.Fatalf("FromProto refuses what ToProto made of a table it accepted: %v", err)
 		}

@@ -1,4 +1,4 @@
-package table_test
+package tablestream_test
 
 import (
 	"context"
@@ -15,8 +15,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
-	"github.com/kube-mvp/kube-mvp/internal/frontproxy"
-	"github.com/kube-mvp/kube-mvp/internal/table"
+	"github.com/kube-mvp/kube-mvp/internal/proxycert"
+	"github.com/kube-mvp/kube-mvp/internal/tablestream"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 	tablev1 "github.com/kube-mvp/kube-mvp/proto/kubemvp/table/v1"
 )
@@ -30,7 +30,7 @@ func TestRoundTripDangerous(t *testing.T) {
 	if refused := in.Routes[""].Default.FrontProxyRefused; !slices.Equal(refused, topology.ServerSet{"apiserver-a", "apiserver-b"}) {
 		t.Fatalf("front default route refuses %v; the sample's live apiservers are a and b", refused)
 	}
-	out, err := table.FromProto(table.ToProto(in, time.Unix(1, 0)))
+	out, err := tablestream.FromProto(tablestream.ToProto(in, time.Unix(1, 0)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,18 +41,18 @@ func TestRoundTripDangerous(t *testing.T) {
 		t.Errorf("apiserver-a after the round trip: %+v", s)
 	}
 
-	tb := table.ToProto(in, time.Unix(1, 0))
+	tb := tablestream.ToProto(in, time.Unix(1, 0))
 	tb.Plans[0].DefaultFrontProxyRefused = []string{"apiserver-b", "apiserver-a"}
-	if _, err := table.FromProto(tb); !errors.Is(err, table.ErrMalformed) {
+	if _, err := tablestream.FromProto(tb); !errors.Is(err, tablestream.ErrMalformed) {
 		t.Errorf("unsorted default_front_proxy_refused: %v, want malformed", err)
 	}
-	tb = table.ToProto(in, time.Unix(1, 0))
+	tb = tablestream.ToProto(in, time.Unix(1, 0))
 	for _, r := range tb.Plans[0].Routes {
 		if r.GetOutcome() == tablev1.Outcome_OUTCOME_UNAVAILABLE {
 			r.FrontProxyRefused = []string{"apiserver-a"}
 		}
 	}
-	if _, err := table.FromProto(tb); !errors.Is(err, table.ErrMalformed) {
+	if _, err := tablestream.FromProto(tb); !errors.Is(err, tablestream.ErrMalformed) {
 		t.Errorf("an unavailable route refusing front-proxy requests: %v, want malformed", err)
 	}
 }
@@ -76,22 +76,22 @@ func sampleTopology(t *testing.T) *topology.Topology {
 	return topo
 }
 
-// findings is a frontproxy.Monitor's Findings stand-in that the test changes.
+// findings is a proxycert.Monitor's Findings stand-in that the test changes.
 type findings struct {
 	mu      sync.Mutex
-	list    []frontproxy.Finding
+	list    []proxycert.Finding
 	changed chan struct{}
 }
 
 func newFindings() *findings { return &findings{changed: make(chan struct{})} }
 
-func (f *findings) get() ([]frontproxy.Finding, <-chan struct{}) {
+func (f *findings) get() ([]proxycert.Finding, <-chan struct{}) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return slices.Clone(f.list), f.changed
 }
 
-func (f *findings) set(list ...frontproxy.Finding) {
+func (f *findings) set(list ...proxycert.Finding) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.list = list
@@ -99,16 +99,16 @@ func (f *findings) set(list ...frontproxy.Finding) {
 	f.changed = make(chan struct{})
 }
 
-func dangerousAt(id, address, reason string) frontproxy.Finding {
-	return frontproxy.Finding{Target: frontproxy.Target{ID: id, Address: address},
-		Result: frontproxy.Result{Verdict: frontproxy.Refused, Dangerous: true, Reason: reason}}
+func dangerousAt(id, address, reason string) proxycert.Finding {
+	return proxycert.Finding{Target: proxycert.Target{ID: id, Address: address},
+		Result: proxycert.Result{Verdict: proxycert.Refused, Dangerous: true, Reason: reason}}
 }
 
-func acceptedAt(id, address string) frontproxy.Finding {
-	return frontproxy.Finding{Target: frontproxy.Target{ID: id, Address: address}, Result: frontproxy.Result{Verdict: frontproxy.Accepted}}
+func acceptedAt(id, address string) proxycert.Finding {
+	return proxycert.Finding{Target: proxycert.Target{ID: id, Address: address}, Result: proxycert.Result{Verdict: proxycert.Accepted}}
 }
 
-// reporter runs table.ReportProxyChecks against addr as clientID until stop is called.
+// reporter runs tablestream.ReportProxyChecks against addr as clientID until stop is called.
 func reporter(t *testing.T, addr, clientID string, f *findings) (stop func()) {
 	t.Helper()
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -117,7 +117,7 @@ func reporter(t *testing.T, addr, clientID string, f *findings) (stop func()) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { defer close(done); table.ReportProxyChecks(ctx, conn, clientID, nil, f.get) }()
+	go func() { defer close(done); tablestream.ReportProxyChecks(ctx, conn, clientID, nil, f.get) }()
 	var once sync.Once
 	stop = func() { once.Do(func() { cancel(); <-done; conn.Close() }) }
 	t.Cleanup(stop)
@@ -131,8 +131,8 @@ func reporter(t *testing.T, addr, clientID string, f *findings) (stop func()) {
 func TestProxyCheckReports(t *testing.T) {
 	topo := sampleTopology(t)
 	changes := make(chan struct{}, 100)
-	checks := &table.ProxyChecks{Grace: 300 * time.Millisecond, OnChange: func() { changes <- struct{}{} }}
-	addr, _ := serve(t, "127.0.0.1:0", table.NewServer(table.WithProxyChecks(checks)))
+	checks := &tablestream.ProxyChecks{Grace: 300 * time.Millisecond, OnChange: func() { changes <- struct{}{} }}
+	addr, _ := serve(t, "127.0.0.1:0", tablestream.NewServer(tablestream.WithProxyChecks(checks)))
 	waitDangerous := func(what string, want map[string]string) {
 		t.Helper()
 		deadline := time.Now().Add(10 * time.Second)
@@ -201,9 +201,9 @@ func TestProxyCheckReports(t *testing.T) {
 // TestProxyCheckReportLimits: a report over the limits, or from one extproc too many, is
 // refused; an xds-server that keeps no reports answers UNIMPLEMENTED.
 func TestProxyCheckReportLimits(t *testing.T) {
-	checks := &table.ProxyChecks{MaxReporters: 1}
-	addr, _ := serve(t, "127.0.0.1:0", table.NewServer(table.WithProxyChecks(checks)))
-	plain, _ := serve(t, "127.0.0.1:0", table.NewServer())
+	checks := &tablestream.ProxyChecks{MaxReporters: 1}
+	addr, _ := serve(t, "127.0.0.1:0", tablestream.NewServer(tablestream.WithProxyChecks(checks)))
+	plain, _ := serve(t, "127.0.0.1:0", tablestream.NewServer())
 	send := func(addr string, reports ...*tablev1.ProxyCheckReport) error {
 		t.Helper()
 		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -255,15 +255,15 @@ func TestProxyCheckReportLimits(t *testing.T) {
 func TestReportToReplicas(t *testing.T) {
 	first, _ := serve(t, "127.0.0.1:0", nil) // only to pick a port
 	_, port, _ := net.SplitHostPort(first)
-	var checks [2]*table.ProxyChecks
+	var checks [2]*tablestream.ProxyChecks
 	for i, ip := range []string{"127.0.0.2", "127.0.0.3"} {
-		checks[i] = &table.ProxyChecks{Grace: time.Millisecond}
+		checks[i] = &tablestream.ProxyChecks{Grace: time.Millisecond}
 		lis, err := net.Listen("tcp", net.JoinHostPort(ip, port))
 		if err != nil {
 			t.Skipf("cannot listen on %s:%s: %v", ip, port, err)
 		}
 		lis.Close()
-		serve(t, net.JoinHostPort(ip, port), table.NewServer(table.WithProxyChecks(checks[i])))
+		serve(t, net.JoinHostPort(ip, port), tablestream.NewServer(tablestream.WithProxyChecks(checks[i])))
 	}
 	var mu sync.Mutex
 	addrs := []string{"127.0.0.2", "127.0.0.3"}
@@ -273,7 +273,7 @@ func TestReportToReplicas(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		table.ReportToReplicas(ctx, net.JoinHostPort("xds-server.example", port), table.Replicas{
+		tablestream.ReportToReplicas(ctx, net.JoinHostPort("xds-server.example", port), tablestream.Replicas{
 			Dial: func(addr string) (*grpc.ClientConn, error) {
 				return grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 			},

@@ -1,4 +1,4 @@
-package table
+package tablestream
 
 import (
 	"google.golang.org/protobuf/proto"

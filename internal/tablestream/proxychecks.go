@@ -1,4 +1,4 @@
-package table
+package tablestream
 
 import (
 	"context"
@@ -17,13 +17,13 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/kube-mvp/kube-mvp/internal/frontproxy"
+	"github.com/kube-mvp/kube-mvp/internal/proxycert"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 	tablev1 "github.com/kube-mvp/kube-mvp/proto/kubemvp/table/v1"
 )
 
 // The proxy certificate check runs in extproc, beside Envoy, where the proxy key is
-// (internal/frontproxy); xds-server never holds the key. extproc reports what it found over
+// (internal/proxycert); xds-server never holds the key. extproc reports what it found over
 // its table connection (TableService.ReportProxyChecks, ReportProxyChecks below), and
 // xds-server keeps each extproc's latest report (ProxyChecks) and leaves every apiserver
 // one of them calls dangerous out of the front-proxy clusters (topology.APIServer.Dangerous,
@@ -251,10 +251,10 @@ func WithProxyChecks(p *ProxyChecks) ServerOption { return func(s *Server) { s.c
 
 // ReportProxyChecks is the extproc side: until ctx ends it streams findings' report to
 // xds-server over conn, at once and again at every change (findings returns the current
-// findings and a channel closed at their next change, as frontproxy.Monitor.Findings). When
+// findings and a channel closed at their next change, as proxycert.Monitor.Findings). When
 // the stream fails it waits (exponential backoff up to 10 s; a minute for an xds-server
 // that does not take reports) and reconnects.
-func ReportProxyChecks(ctx context.Context, conn grpc.ClientConnInterface, clientID string, log *slog.Logger, findings func() ([]frontproxy.Finding, <-chan struct{})) {
+func ReportProxyChecks(ctx context.Context, conn grpc.ClientConnInterface, clientID string, log *slog.Logger, findings func() ([]proxycert.Finding, <-chan struct{})) {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -293,7 +293,7 @@ func ReportProxyChecks(ctx context.Context, conn grpc.ClientConnInterface, clien
 
 // reportOnce runs one report stream until it fails or ctx ends; sent says whether a report
 // went out on it.
-func reportOnce(ctx context.Context, client tablev1.TableServiceClient, clientID string, findings func() ([]frontproxy.Finding, <-chan struct{})) (sent bool, err error) {
+func reportOnce(ctx context.Context, client tablev1.TableServiceClient, clientID string, findings func() ([]proxycert.Finding, <-chan struct{})) (sent bool, err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stream, err := client.ReportProxyChecks(ctx)
@@ -330,11 +330,11 @@ func reportOnce(ctx context.Context, client tablev1.TableServiceClient, clientID
 }
 
 // reportOf is the report of fs.
-func reportOf(clientID string, fs []frontproxy.Finding) *tablev1.ProxyCheckReport {
+func reportOf(clientID string, fs []proxycert.Finding) *tablev1.ProxyCheckReport {
 	r := &tablev1.ProxyCheckReport{ClientId: clientID}
 	for _, f := range fs {
 		r.Apiservers = append(r.Apiservers, &tablev1.ProxyCheckVerdict{
-			Id: f.ID, Address: f.Address, Accepted: f.Verdict == frontproxy.Accepted, Dangerous: f.Dangerous, Reason: f.Reason,
+			Id: f.ID, Address: f.Address, Accepted: f.Verdict == proxycert.Accepted, Dangerous: f.Dangerous, Reason: f.Reason,
 		})
 	}
 	return r
@@ -357,7 +357,7 @@ type Replicas struct {
 // the reports it received, while an Envoy follows whichever replica it reached: behind a
 // headless Service (the chart's) every replica thus hears from every extproc. An IP literal
 // is its one address.
-func ReportToReplicas(ctx context.Context, hostport string, r Replicas, clientID string, log *slog.Logger, findings func() ([]frontproxy.Finding, <-chan struct{})) {
+func ReportToReplicas(ctx context.Context, hostport string, r Replicas, clientID string, log *slog.Logger, findings func() ([]proxycert.Finding, <-chan struct{})) {
 	if log == nil {
 		log = slog.Default()
 	}

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/kube-mvp/kube-mvp/internal/cptls"
-	"github.com/kube-mvp/kube-mvp/internal/inventory/objects"
+	"github.com/kube-mvp/kube-mvp/internal/objects"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 
