@@ -29,7 +29,7 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-func frontProxyPairs(t *testing.T, n int) []testutil.Leaf {
+func proxyCertPairs(t *testing.T, n int) []testutil.Leaf {
 	t.Helper()
 	ca, err := testutil.NewCA("front-proxy-ca")
 	if err != nil {
@@ -81,7 +81,7 @@ func runCopy(args []string) (code int, stdout, stderr string) {
 // TestCopyFilesOnce: --once publishes a good pair; a mismatched, missing or damaged one
 // fails naming the chart value that put the command there, and publishes nothing.
 func TestCopyFilesOnce(t *testing.T) {
-	ps := frontProxyPairs(t, 2)
+	ps := proxyCertPairs(t, 2)
 	for _, c := range []struct {
 		name     string
 		crt, key []byte
@@ -135,7 +135,7 @@ func TestCopyFilesOnce(t *testing.T) {
 // pair is mismatched, saying why once and naming the chart value, and publishes the pair
 // and exits 0 as soon as the node holds a good one: no crash loop.
 func TestCopyFilesOnceWait(t *testing.T) {
-	ps := frontProxyPairs(t, 2)
+	ps := proxyCertPairs(t, 2)
 	d := newCopyDirs(t, t.TempDir())
 	d.write(t, ps[1].CertPEM, ps[0].KeyPEM)
 	var out, errb lockedBuffer
@@ -238,7 +238,7 @@ func TestCopyFilesAsRootWithoutCapabilities(t *testing.T) {
 	if err := os.Chmod(d.dst, 0o777|os.ModeSetgid); err != nil {
 		t.Fatal(err)
 	}
-	ps := frontProxyPairs(t, 2)
+	ps := proxyCertPairs(t, 2)
 	d.write(t, ps[0].CertPEM, ps[0].KeyPEM)
 
 	self, err := os.Executable()

@@ -29,12 +29,12 @@ const (
 
 	// HeaderIdentityDecision is where Envoy's Lua filter (internal/snapshot/identity.lua)
 	// tells the routes what it decided for a request with a client certificate:
-	// IdentityFrontProxy (identity headers set: the front-proxy twin of the cluster) or
+	// IdentityProxyCert (identity headers set: the front-proxy twin of the cluster) or
 	// IdentityOwnCredentials (the apiserver would reject the certificate but the request has
 	// a bearer token: forwarded with its own credentials). The listener strips it from
 	// clients and the route configuration removes it before any apiserver.
 	HeaderIdentityDecision = "x-kube-mvp-identity"
-	IdentityFrontProxy     = "front-proxy"
+	IdentityProxyCert     = "front-proxy"
 	IdentityOwnCredentials = "own-credentials"
 
 	// HeaderRequestClass is where Envoy's Lua filter (internal/snapshot/request_class.lua)

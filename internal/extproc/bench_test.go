@@ -50,7 +50,7 @@ func benchRequests(withCert bool) []*extprocv3.ProcessingRequest {
 	if withCert {
 		// What Envoy's Lua filter set for a kubelet's certificate.
 		common = append(common, contract.HeaderXFCC, "Hash="+strings.Repeat("5a", 32)+`;Subject="CN=system:node:worker-1,O=system:nodes";URI=`,
-			contract.HeaderIdentityDecision, contract.IdentityFrontProxy,
+			contract.HeaderIdentityDecision, contract.IdentityProxyCert,
 			contract.HeaderRemoteUser, "system:node:worker-1", contract.HeaderRemoteGroup, "system:nodes",
 			contract.HeaderRemoteExtraPrefix+contract.CredentialIDExtraKey, "X509SHA256="+strings.Repeat("5a", 32))
 	}

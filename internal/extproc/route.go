@@ -60,14 +60,14 @@ func (tb *preparedTable) view(local string) *view {
 		v.def = newRoute(v.routes.Default, tb.m, servers)
 		all := v.routes.All()
 		v.byKey = make(map[topology.Resource]*route, len(all))
-		refusals := map[string]*extprocv3.ProcessingResponse{} // by FrontProxyRefused's key
+		refusals := map[string]*extprocv3.ProcessingResponse{} // by ProxyCertRefused's key
 		for _, r := range all {
 			rt := newRoute(r, tb.m, nil)
-			if key := r.FrontProxyRefused.Key(); key != "" {
+			if key := r.ProxyCertRefused.Key(); key != "" {
 				if refusals[key] == nil {
-					refusals[key] = frontProxyRefusal(servers, r.FrontProxyRefused)
+					refusals[key] = proxyCertRefusal(servers, r.ProxyCertRefused)
 				}
-				rt.frontProxyRefused = refusals[key]
+				rt.proxyCertRefused = refusals[key]
 			}
 			v.byKey[r.Resource] = rt
 		}
@@ -94,20 +94,20 @@ type route struct {
 	// router hands the serving-sets cluster's subset load balancer; nil otherwise.
 	lb *structpb.Struct
 	// set holds the routing header naming cluster (and x-kubernetes-peer-proxied for a
-	// subset); frontProxySet the same for the cluster's front-proxy twin, for requests with
+	// subset); proxyCertSet the same for the cluster's front-proxy twin, for requests with
 	// identity headers; upgrade the same two for the clusters' HTTP/1.1 twins, for requests
 	// that ask for a protocol upgrade.
-	set, frontProxySet []*corev3.HeaderValueOption
-	upgrade            struct{ set, frontProxySet []*corev3.HeaderValueOption }
+	set, proxyCertSet []*corev3.HeaderValueOption
+	upgrade            struct{ set, proxyCertSet []*corev3.HeaderValueOption }
 	// resp is the whole answer for a request without client-supplied headers that only
 	// kube-mvp may set; for Unavailable, the immediate 503 for every request.
-	// frontProxyResp is the answer for a request whose identity the Lua filter set.
-	resp, frontProxyResp *extprocv3.ProcessingResponse
-	upgradeResp          struct{ resp, frontProxyResp *extprocv3.ProcessingResponse }
-	// frontProxyRefused, when not nil, answers every request whose identity the Lua filter
-	// set: every apiserver of the cluster is dangerous (plan.Route.FrontProxyRefused), an
+	// proxyCertResp is the answer for a request whose identity the Lua filter set.
+	resp, proxyCertResp *extprocv3.ProcessingResponse
+	upgradeResp          struct{ resp, proxyCertResp *extprocv3.ProcessingResponse }
+	// proxyCertRefused, when not nil, answers every request whose identity the Lua filter
+	// set: every apiserver of the cluster is dangerous (plan.Route.ProxyCertRefused), an
 	// immediate 503 naming them.
-	frontProxyRefused *extprocv3.ProcessingResponse
+	proxyCertRefused *extprocv3.ProcessingResponse
 
 	labels      [4]string
 	counterOnce sync.Once
@@ -116,11 +116,11 @@ type route struct {
 }
 
 // newRoute prepares d's answers; servers, when given, are the table's apiservers, which a
-// refusal of front-proxy requests names (otherwise the caller sets frontProxyRefused).
+// refusal of front-proxy requests names (otherwise the caller sets proxyCertRefused).
 func newRoute(d plan.Route, m *metrics, servers []topology.APIServer) *route {
 	r := &route{outcome: d.Outcome, m: m}
-	if servers != nil && len(d.FrontProxyRefused) > 0 {
-		r.frontProxyRefused = frontProxyRefusal(servers, d.FrontProxyRefused)
+	if servers != nil && len(d.ProxyCertRefused) > 0 {
+		r.proxyCertRefused = proxyCertRefusal(servers, d.ProxyCertRefused)
 	}
 	res := d.Resource.Resource
 	if d.Resource.Subresource != "" {
@@ -129,7 +129,7 @@ func newRoute(d plan.Route, m *metrics, servers []topology.APIServer) *route {
 	r.labels = [4]string{d.Outcome.String(), d.Resource.Group, d.Resource.Version, res}
 	if d.Outcome == topology.Unavailable {
 		r.resp = immediate503("no apiserver that serves "+d.Resource.String()+" is available", "kube_mvp_no_live_apiserver")
-		r.frontProxyResp = r.resp
+		r.proxyCertResp = r.resp
 		return r
 	}
 	r.cluster = d.Cluster
@@ -146,13 +146,13 @@ func newRoute(d plan.Route, m *metrics, servers []topology.APIServer) *route {
 		return set
 	}
 	r.set = naming(r.cluster)
-	r.frontProxySet = naming(contract.ClusterName{Base: r.cluster, ProxyCert: true}.String())
+	r.proxyCertSet = naming(contract.ClusterName{Base: r.cluster, ProxyCert: true}.String())
 	r.upgrade.set = naming(contract.ClusterName{Base: r.cluster, HTTP1: true}.String())
-	r.upgrade.frontProxySet = naming(contract.ClusterName{Base: r.cluster, ProxyCert: true, HTTP1: true}.String())
+	r.upgrade.proxyCertSet = naming(contract.ClusterName{Base: r.cluster, ProxyCert: true, HTTP1: true}.String())
 	r.resp = headersResponse(r.set, nil, r.lb)
-	r.frontProxyResp = headersResponse(r.frontProxySet, nil, r.lb)
+	r.proxyCertResp = headersResponse(r.proxyCertSet, nil, r.lb)
 	r.upgradeResp.resp = headersResponse(r.upgrade.set, nil, r.lb)
-	r.upgradeResp.frontProxyResp = headersResponse(r.upgrade.frontProxySet, nil, r.lb)
+	r.upgradeResp.proxyCertResp = headersResponse(r.upgrade.proxyCertSet, nil, r.lb)
 	return r
 }
 
@@ -167,25 +167,25 @@ func (r *route) count() {
 // request (disallow_is_error: a 503 Status) rather than forward it. That only happens with
 // a listener that does not strip what this table names: one configured by hand, or one of
 // another configuration version than the table. upgrade: it asks for a protocol upgrade;
-// frontProxy: its identity is the Lua filter's.
-func (r *route) response(seen []string, upgrade, frontProxy bool) *extprocv3.ProcessingResponse {
+// proxyCert: its identity is the Lua filter's.
+func (r *route) response(seen []string, upgrade, proxyCert bool) *extprocv3.ProcessingResponse {
 	set := r.set
 	switch {
-	case upgrade && frontProxy:
-		set = r.upgrade.frontProxySet
+	case upgrade && proxyCert:
+		set = r.upgrade.proxyCertSet
 	case upgrade:
 		set = r.upgrade.set
-	case frontProxy:
-		set = r.frontProxySet
+	case proxyCert:
+		set = r.proxyCertSet
 	}
 	return headersResponse(set, seen, r.lb)
 }
 
-// frontProxyRefusal is the immediate 503 for requests whose identity the Lua filter set
+// proxyCertRefusal is the immediate 503 for requests whose identity the Lua filter set
 // when every apiserver that could serve them (ids) takes the proxy certificate for an
 // ordinary client's: the same message as the direct responses of Envoy's routes.
-func frontProxyRefusal(servers []topology.APIServer, ids topology.ServerSet) *extprocv3.ProcessingResponse {
-	return immediate503(plan.FrontProxyRefusal(servers, ids), "kube_mvp_front_proxy_refused")
+func proxyCertRefusal(servers []topology.APIServer, ids topology.ServerSet) *extprocv3.ProcessingResponse {
+	return immediate503(plan.ProxyCertRefusal(servers, ids), "kube_mvp_front_proxy_refused")
 }
 
 // headersResponse answers request_headers by continuing with a header mutation.

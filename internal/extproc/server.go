@@ -267,8 +267,8 @@ func (s *Server) requestHeaders(h *extprocv3.HttpHeaders, local string, disc *di
 	// Identity headers are the Lua filter's when it says it set them (the listener strips
 	// clients' own before any filter runs); otherwise any that arrived are the client's,
 	// which the listener should have stripped (route.response says what happens to them).
-	frontProxy := decision == contract.IdentityFrontProxy
-	if frontProxy {
+	proxyCert := decision == contract.IdentityProxyCert
+	if proxyCert {
 		stripped &^= strippedUser | strippedGroup | strippedUID | strippedExtra
 		identity = nil
 	}
@@ -299,17 +299,17 @@ func (s *Server) requestHeaders(h *extprocv3.HttpHeaders, local string, disc *di
 	if rt.outcome == topology.Unavailable {
 		return rt.resp
 	}
-	if frontProxy && rt.frontProxyRefused != nil {
-		return rt.frontProxyRefused
+	if proxyCert && rt.proxyCertRefused != nil {
+		return rt.proxyCertRefused
 	}
 	resp := rt.resp
 	switch {
 	case len(identity) != 0 || len(owned) != 0:
-		resp = rt.response(append(identity, owned...), upgrade, frontProxy)
-	case frontProxy && upgrade:
-		resp = rt.upgradeResp.frontProxyResp
-	case frontProxy:
-		resp = rt.frontProxyResp
+		resp = rt.response(append(identity, owned...), upgrade, proxyCert)
+	case proxyCert && upgrade:
+		resp = rt.upgradeResp.proxyCertResp
+	case proxyCert:
+		resp = rt.proxyCertResp
 	case upgrade:
 		resp = rt.upgradeResp.resp
 	}

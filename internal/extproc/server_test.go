@@ -22,15 +22,15 @@ type want struct {
 	subset     bool   // x-kubernetes-peer-proxied: true is set
 	set        string // the serving set named in the load balancer's dynamic metadata
 	message    string // the 503 Status message
-	frontProxy bool   // the Lua filter set the identity: its headers are kept
+	proxyCert bool   // the Lua filter set the identity: its headers are kept
 }
 
-// asFrontProxy is w for a request whose identity Envoy's Lua filter set: the front-proxy twin.
-func asFrontProxy(w want) want {
+// withProxyCert is w for a request whose identity Envoy's Lua filter set: the front-proxy twin.
+func withProxyCert(w want) want {
 	c := contract.ParseClusterName(w.cluster)
 	c.ProxyCert = true
 	w.cluster = c.String()
-	w.frontProxy = true
+	w.proxyCert = true
 	return w
 }
 

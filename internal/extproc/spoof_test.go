@@ -39,7 +39,7 @@ func TestSpoofedHeaders(t *testing.T) {
 	credentialID := "X509SHA256=" + strings.Repeat("0f", 32)
 	// What the Lua filter sets for alice's certificate.
 	alice := []string{
-		contract.HeaderIdentityDecision, contract.IdentityFrontProxy,
+		contract.HeaderIdentityDecision, contract.IdentityProxyCert,
 		contract.HeaderRemoteUser, "alice",
 		contract.HeaderRemoteGroup, "team-a",
 		contract.HeaderRemoteGroup, "team-b",
@@ -66,8 +66,8 @@ func TestSpoofedHeaders(t *testing.T) {
 		{"spoofed, no certificate, subset route", "/apis/batch/v1/jobs", spoofed, subset("kube-apiservers-only-cp-a"), nil, nil},
 		{"spoofed in mixed case", "/apis/batch/v1/jobs", mixedCase, subset("kube-apiservers-only-cp-a"), nil, []string{"x-remote-extra-scopes"}},
 		{"spoofed, non-resource", "/healthz", spoofed, routed("kube-apiservers"), nil, nil},
-		{"identity set by the Lua filter", "/api/v1/pods", alice, asFrontProxy(routed("kube-apiservers")), &identityWant{"alice", []string{"team-a", "team-b"}, credentialID}, nil},
-		{"identity set by the Lua filter, subset route", "/apis/batch/v1/namespaces/x/cronjobs", alice, asFrontProxy(subset("kube-apiservers-only-cp-a")), &identityWant{"alice", []string{"team-a", "team-b"}, credentialID}, nil},
+		{"identity set by the Lua filter", "/api/v1/pods", alice, withProxyCert(routed("kube-apiservers")), &identityWant{"alice", []string{"team-a", "team-b"}, credentialID}, nil},
+		{"identity set by the Lua filter, subset route", "/apis/batch/v1/namespaces/x/cronjobs", alice, withProxyCert(subset("kube-apiservers-only-cp-a")), &identityWant{"alice", []string{"team-a", "team-b"}, credentialID}, nil},
 		{"certificate refused, own credentials", "/apis/batch/v1/jobs", append(slices.Clone(ownCredentials), spoofed...), subset("kube-apiservers-only-cp-a"), nil, []string{"x-remote-extra-foo"}},
 		{"identity set, but no live server: 503 all the same", "/apis/storagemigration.k8s.io/v1alpha1/storageversionmigrations", alice,
 			unavailable("storagemigration.k8s.io/v1alpha1/storageversionmigrations"), nil, nil},
@@ -148,7 +148,7 @@ func TestOtherRequestHeaderNames(t *testing.T) {
 		}
 	}
 
-	set := []string{contract.HeaderIdentityDecision, contract.IdentityFrontProxy, "x-user", "alice", "x-groups", "team-a", "x-extra-" + contract.CredentialIDExtraKey, "X509SHA256=00"}
+	set := []string{contract.HeaderIdentityDecision, contract.IdentityProxyCert, "x-user", "alice", "x-groups", "team-a", "x-extra-" + contract.CredentialIDExtraKey, "X509SHA256=00"}
 	req = request("GET", "/api/v1/pods", set...)
 	hs = applyMutation(t, req, call(t, client, req))
 	if got := values(hs, "x-user"); !slices.Equal(got, []string{"alice"}) {
@@ -171,7 +171,7 @@ func TestUpgradeNamesHTTP1Cluster(t *testing.T) {
 	srv := New(Options{})
 	srv.SetTopology(loadFixture(t, "upgrade.yaml", fixtureNow), "v1")
 	client := serve(t, "unix", srv)
-	alice := []string{contract.HeaderIdentityDecision, contract.IdentityFrontProxy, contract.HeaderRemoteUser, "alice"}
+	alice := []string{contract.HeaderIdentityDecision, contract.IdentityProxyCert, contract.HeaderRemoteUser, "alice"}
 	for _, c := range []struct {
 		name, path string
 		extra      []string
@@ -182,7 +182,7 @@ func TestUpgradeNamesHTTP1Cluster(t *testing.T) {
 		{"WebSocket watch, default cluster", "/api/v1/namespaces/x/pods?watch=true", []string{"Upgrade", "websocket"},
 			want{cluster: contract.ClusterName{Base: contract.ClusterDefault, HTTP1: true}.String()}},
 		{"WebSocket, client-certificate identity", "/apis/batch/v1/jobs", append([]string{"upgrade", "websocket"}, alice...),
-			want{cluster: contract.ClusterName{Base: contract.ClusterServingSets, ProxyCert: true, HTTP1: true}.String(), subset: true, set: "kube-apiservers-only-cp-a", frontProxy: true}},
+			want{cluster: contract.ClusterName{Base: contract.ClusterServingSets, ProxyCert: true, HTTP1: true}.String(), subset: true, set: "kube-apiservers-only-cp-a", proxyCert: true}},
 		{"WebSocket, client-supplied extra to strip", "/apis/batch/v1/jobs", []string{"upgrade", "websocket", "x-remote-extra-foo", "bar"},
 			want{cluster: contract.ClusterName{Base: contract.ClusterServingSets, HTTP1: true}.String(), subset: true, set: "kube-apiservers-only-cp-a"}},
 		{"no upgrade", "/apis/batch/v1/jobs", nil, subset("kube-apiservers-only-cp-a")},

@@ -50,7 +50,7 @@ func (n *narrower) plan(p *plan.Plan) *plan.Plan {
 		}
 		narrowed := n.narrow(r)
 		routes[i].Outcome, routes[i].Cluster, routes[i].Servers = narrowed.Outcome, narrowed.Cluster, narrowed.Servers
-		routes[i].FrontProxyRefused = narrowed.FrontProxyRefused
+		routes[i].ProxyCertRefused = narrowed.ProxyCertRefused
 	}
 	if routes == nil {
 		return p

@@ -147,10 +147,10 @@ func TestNarrowToDangerous(t *testing.T) {
 	}
 	known := Names{{KindCluster, plan.SubsetClusterName(topo, topology.ServerSet{"id-c"})}: true, {KindLive, "id-c"}: true}
 	n := narrowTo(e, known)
-	if rt, _ := n.Front.Routes.Route(widgets); rt.Cluster != "kube-apiservers-only-cp-c" || !slices.Equal(rt.FrontProxyRefused, topology.ServerSet{"id-c"}) {
+	if rt, _ := n.Front.Routes.Route(widgets); rt.Cluster != "kube-apiservers-only-cp-c" || !slices.Equal(rt.ProxyCertRefused, topology.ServerSet{"id-c"}) {
 		t.Errorf("widgets narrowed to cp-c: %+v, want refused for id-c", rt)
 	}
-	if !slices.Equal(n.Front.Routes.Default.FrontProxyRefused, e.Front.Routes.Default.FrontProxyRefused) {
+	if !slices.Equal(n.Front.Routes.Default.ProxyCertRefused, e.Front.Routes.Default.ProxyCertRefused) {
 		t.Errorf("narrowing changed the default route: %+v", n.Front.Routes.Default)
 	}
 }

@@ -49,10 +49,10 @@ type Cluster struct {
 	Name    string             `json:"name"`
 	Role    Role               `json:"role"`
 	Members topology.ServerSet `json:"members"`
-	// FrontProxyRefused are its members when every one of them is dangerous
+	// ProxyCertRefused are its members when every one of them is dangerous
 	// (topology.APIServer.Dangerous): its front-proxy twin has no endpoint, and the requests
 	// whose identity kube-mvp sets that would go to it get a 503 naming them instead.
-	FrontProxyRefused topology.ServerSet `json:"frontProxyRefused,omitempty"`
+	ProxyCertRefused topology.ServerSet `json:"frontProxyRefused,omitempty"`
 }
 
 // Route is where the requests for one resource go.
@@ -68,12 +68,12 @@ type Route struct {
 	// Servers are, for Subset, the live apiservers that serve Resource (the cluster's
 	// members); for Unavailable, the known but dead ones that would.
 	Servers topology.ServerSet `json:"-"`
-	// FrontProxyRefused, for a route that forwards, are the members of its cluster (the
+	// ProxyCertRefused, for a route that forwards, are the members of its cluster (the
 	// serving set for Subset, the default cluster otherwise) when every one of them is
 	// dangerous: a request whose identity kube-mvp sets gets a 503 naming them
-	// (FrontProxyRefusal) rather than going to any of them. Empty otherwise: such requests go
+	// (ProxyCertRefusal) rather than going to any of them. Empty otherwise: such requests go
 	// to the cluster's front-proxy twin, whose endpoints leave the dangerous apiservers out.
-	FrontProxyRefused topology.ServerSet `json:"-"`
+	ProxyCertRefused topology.ServerSet `json:"-"`
 }
 
 // GroupVersion is the plan of one published group/version.
@@ -119,12 +119,12 @@ type Plan struct {
 	// RequestHeaders are the identity headers the apiservers read (defaults filled in):
 	// the listener strips them, extproc sets them.
 	RequestHeaders topology.RequestHeaders
-	// FrontProxyExcluded are the dangerous apiservers (topology.APIServer.Dangerous), sorted:
+	// ProxyCertExcluded are the dangerous apiservers (topology.APIServer.Dangerous), sorted:
 	// they take the proxy certificate for an ordinary client's, so the front-proxy twin of
 	// every cluster (contract.ClusterName.ProxyCert) leaves them out of its endpoints. The
 	// clusters as named keep them: a request with the caller's own credentials is
 	// authenticated there as the caller.
-	FrontProxyExcluded topology.ServerSet
+	ProxyCertExcluded topology.ServerSet
 }
 
 // Build makes the plan of t for a front proxy, or, when t.LocalID is set, for a sidecar
@@ -186,7 +186,7 @@ func (s *shared) subsetName(i int) string {
 // plan is the plan for an Envoy beside local ("" for a front proxy).
 func (s *shared) plan(local string) (*Plan, error) {
 	t := s.t.WithLocal(local)
-	p := &Plan{Topology: t, LocalID: local, RequestHeaders: t.RequestHeaders.OrDefault(), Hosts: s.hosts, Aggregated: t.Aggregated, FrontProxyExcluded: s.dangerous}
+	p := &Plan{Topology: t, LocalID: local, RequestHeaders: t.RequestHeaders.OrDefault(), Hosts: s.hosts, Aggregated: t.Aggregated, ProxyCertExcluded: s.dangerous}
 	def := DefaultCluster(local)
 	defMembers := s.live
 	if local != "" {
@@ -207,10 +207,10 @@ func (s *shared) plan(local string) (*Plan, error) {
 				return Route{}, fmt.Errorf("cluster name %s stands for two serving sets, [%s] and [%s] (two apiservers share a hostname?)", route.Cluster, prev.Key(), d.Servers.Key())
 			}
 			subsets[route.Cluster] = d.Servers
-			route.FrontProxyRefused = refusedIfAll(d.Servers, s.dangerous)
+			route.ProxyCertRefused = refusedIfAll(d.Servers, s.dangerous)
 		case topology.Default, topology.NotServed:
 			route.Cluster = def
-			route.FrontProxyRefused = defRefused
+			route.ProxyCertRefused = defRefused
 		}
 		return route, nil
 	}
@@ -251,9 +251,9 @@ func (s *shared) plan(local string) (*Plan, error) {
 	if local != "" {
 		role = RoleLocal
 	}
-	p.Clusters = append(p.Clusters, Cluster{Name: def, Role: role, Members: defMembers, FrontProxyRefused: defRefused})
+	p.Clusters = append(p.Clusters, Cluster{Name: def, Role: role, Members: defMembers, ProxyCertRefused: defRefused})
 	for _, name := range slices.Sorted(maps.Keys(subsets)) {
-		p.Clusters = append(p.Clusters, Cluster{Name: name, Role: RoleSubset, Members: subsets[name], FrontProxyRefused: refusedIfAll(subsets[name], s.dangerous)})
+		p.Clusters = append(p.Clusters, Cluster{Name: name, Role: RoleSubset, Members: subsets[name], ProxyCertRefused: refusedIfAll(subsets[name], s.dangerous)})
 	}
 	sortClusters(p.Clusters)
 	return p, nil
@@ -305,10 +305,10 @@ func DefaultCluster(local string) string {
 }
 
 // SubsetRoute is the route to the serving set of the live apiservers set: its cluster name,
-// and its members when every one is dangerous (Route.FrontProxyRefused). Make before break
+// and its members when every one is dangerous (Route.ProxyCertRefused). Make before break
 // narrows a route to such a set.
 func (p *Plan) SubsetRoute(set topology.ServerSet) Route {
-	return Route{Outcome: topology.Subset, Cluster: SubsetClusterName(p.Topology, set), Servers: set, FrontProxyRefused: refusedIfAll(set, p.FrontProxyExcluded)}
+	return Route{Outcome: topology.Subset, Cluster: SubsetClusterName(p.Topology, set), Servers: set, ProxyCertRefused: refusedIfAll(set, p.ProxyCertExcluded)}
 }
 
 // WithRoutes returns a copy of p whose per-request Routes are routes, which are p.Routes.All()
@@ -316,7 +316,7 @@ func (p *Plan) SubsetRoute(set topology.ServerSet) Route {
 // of p, GroupVersions included, is shared.
 func (p *Plan) WithRoutes(routes []Route) *Plan {
 	c := *p
-	c.Routes = newRoutes(p.LocalID, routes, p.Routes.Default.FrontProxyRefused)
+	c.Routes = newRoutes(p.LocalID, routes, p.Routes.Default.ProxyCertRefused)
 	return &c
 }
 

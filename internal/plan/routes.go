@@ -25,14 +25,14 @@ type Routes struct {
 }
 
 func newRoutes(local string, sorted []Route, defaultRefused topology.ServerSet) *Routes {
-	return &Routes{LocalID: local, Default: Route{Outcome: topology.Default, Cluster: DefaultCluster(local), FrontProxyRefused: defaultRefused}, all: sorted}
+	return &Routes{LocalID: local, Default: Route{Outcome: topology.Default, Cluster: DefaultCluster(local), ProxyCertRefused: defaultRefused}, all: sorted}
 }
 
 // NewRoutes assembles routes received from elsewhere (the routing table). Every route must
 // name a cluster unless it is Unavailable, its key must be a resource or a group/version's
 // document (topology.GroupVersion.Document), and no key may come twice; only a route that
 // names a cluster may refuse requests whose identity kube-mvp sets. defaultRefused is the
-// default route's Route.FrontProxyRefused.
+// default route's Route.ProxyCertRefused.
 func NewRoutes(local string, routes []Route, defaultRefused topology.ServerSet) (*Routes, error) {
 	sorted := slices.Clone(routes)
 	slices.SortFunc(sorted, compareRoutes)
@@ -43,7 +43,7 @@ func NewRoutes(local string, routes []Route, defaultRefused topology.ServerSet) 
 		if (r.Cluster == "") != (r.Outcome == topology.Unavailable) {
 			return nil, fmt.Errorf("route for %s: outcome %s with cluster %q", r.Resource, r.Outcome, r.Cluster)
 		}
-		if r.Cluster == "" && len(r.FrontProxyRefused) > 0 {
+		if r.Cluster == "" && len(r.ProxyCertRefused) > 0 {
 			return nil, fmt.Errorf("route for %s: outcome %s refuses front-proxy requests", r.Resource, r.Outcome)
 		}
 		if i > 0 && sorted[i-1].Resource == r.Resource {

@@ -33,10 +33,10 @@ type View struct {
 	// Refused are the apiserver identities not believed (a Lease that is not an apiserver's,
 	// a second claim on an address) and why.
 	Refused []topology.Refusal `json:"refused,omitempty"`
-	// FrontProxyExcluded are the dangerous apiservers (their reason is under apiservers),
+	// ProxyCertExcluded are the dangerous apiservers (their reason is under apiservers),
 	// by hostname: the front-proxy twins of every cluster leave them out, so requests whose
 	// identity kube-mvp sets never reach them.
-	FrontProxyExcluded []string `json:"frontProxyExcluded,omitempty"`
+	ProxyCertExcluded []string `json:"frontProxyExcluded,omitempty"`
 }
 
 // APIServerView is an apiserver and where what it serves was learnt from.
@@ -64,9 +64,9 @@ type ResourceView struct {
 	Outcome    string   `json:"outcome"`
 	Cluster    string   `json:"cluster,omitempty"`
 	Candidates []string `json:"deadCandidates,omitempty"`
-	// FrontProxyRefused: every apiserver of its cluster is dangerous, by hostname; requests
+	// ProxyCertRefused: every apiserver of its cluster is dangerous, by hostname; requests
 	// whose identity kube-mvp sets get a 503 naming them.
-	FrontProxyRefused []string `json:"frontProxyRefused,omitempty"`
+	ProxyCertRefused []string `json:"frontProxyRefused,omitempty"`
 }
 
 // View is p as xds-server's /debug/topology shows it and the golden files keep it.
@@ -79,7 +79,7 @@ func (p *Plan) View() View {
 	if t.Discovery != nil {
 		v.MergedDiscoveryETag = t.Discovery.ETag
 	}
-	v.FrontProxyExcluded = hostnamesOr(t, p.FrontProxyExcluded)
+	v.ProxyCertExcluded = hostnamesOr(t, p.ProxyCertExcluded)
 	for g := range t.ServedEverywhere {
 		v.ServedEverywhere = append(v.ServedEverywhere, g)
 	}
@@ -90,7 +90,7 @@ func (p *Plan) View() View {
 	for _, gv := range p.GroupVersions {
 		gvv := GroupVersionView{GroupVersion: gv.GroupVersion.String(), PathPrefix: gv.GroupVersion.PathPrefix(), ExtProc: gv.ExtProc}
 		d := gv.Document
-		gvv.Document = ResourceView{Resource: gv.GroupVersion.Path(), Outcome: d.Outcome.String(), Cluster: d.Cluster, FrontProxyRefused: hostnamesOr(t, d.FrontProxyRefused)}
+		gvv.Document = ResourceView{Resource: gv.GroupVersion.Path(), Outcome: d.Outcome.String(), Cluster: d.Cluster, ProxyCertRefused: hostnamesOr(t, d.ProxyCertRefused)}
 		var servedBy []string
 		for _, r := range gv.Routes {
 			servedBy = append(servedBy, t.Served[r.Resource]...)
@@ -108,7 +108,7 @@ func (p *Plan) View() View {
 			if r.Resource.Subresource != "" {
 				name += "/" + r.Resource.Subresource
 			}
-			rv := ResourceView{Resource: name, Outcome: r.Outcome.String(), Cluster: r.Cluster, FrontProxyRefused: hostnamesOr(t, r.FrontProxyRefused)}
+			rv := ResourceView{Resource: name, Outcome: r.Outcome.String(), Cluster: r.Cluster, ProxyCertRefused: hostnamesOr(t, r.ProxyCertRefused)}
 			for _, id := range t.Served[r.Resource] {
 				rv.ServedBy = append(rv.ServedBy, hostnameOr(t, id))
 			}

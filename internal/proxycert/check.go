@@ -77,7 +77,7 @@ type Result struct {
 	// Dangerous: the apiserver authenticated the proxy certificate's requests as User, not
 	// from the user header. Envoy's health checks then pass, and every request kube-mvp
 	// forwarded there for a client certificate would run as User: extproc reports it to
-	// xds-server, which keeps such requests away from it (plan.FrontProxyRefusal).
+	// xds-server, which keeps such requests away from it (plan.ProxyCertRefusal).
 	Dangerous bool
 	// Reason says, unless Accepted, what happened and what to fix.
 	Reason string

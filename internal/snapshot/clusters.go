@@ -104,17 +104,17 @@ const healthCheckSocket = "health-check"
 func (b *builder) clusters() ([]*clusterv3.Cluster, []*endpointv3.ClusterLoadAssignment) {
 	what := "apiserver clusters: "
 	// The typed configs shared by every apiserver cluster are packed (and validated) once.
-	socket := func(label string, asFrontProxy bool, alpn string) *corev3.TransportSocket {
+	socket := func(label string, withProxyCert bool, alpn string) *corev3.TransportSocket {
 		return &corev3.TransportSocket{
 			Name:       tlsTransportSocketName,
-			ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: b.pack(what+label, b.upstreamTLS(asFrontProxy, alpn))},
+			ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: b.pack(what+label, b.upstreamTLS(withProxyCert, alpn))},
 		}
 	}
 	proxyCert := len(b.cfg.Secrets.ProxyClientCert) > 0
 	asCaller := variant[*corev3.TransportSocket]{socket("upstream TLS", false, "h2"), socket("upstream TLS, HTTP/1.1", false, "http/1.1")}
-	var asFrontProxy variant[*corev3.TransportSocket]
+	var withProxyCert variant[*corev3.TransportSocket]
 	if proxyCert {
-		asFrontProxy = variant[*corev3.TransportSocket]{socket("upstream TLS with the proxy certificate", true, "h2"), socket("upstream TLS with the proxy certificate, HTTP/1.1", true, "http/1.1")}
+		withProxyCert = variant[*corev3.TransportSocket]{socket("upstream TLS with the proxy certificate", true, "h2"), socket("upstream TLS with the proxy certificate, HTTP/1.1", true, "http/1.1")}
 	}
 	// Health checks speak HTTP/1.1 (the checker's codec) over a socket of their own: the
 	// proxy certificate where there is one (the check asks as the health-check user), ALPN
@@ -123,7 +123,7 @@ func (b *builder) clusters() ([]*clusterv3.Cluster, []*endpointv3.ClusterLoadAss
 	healthCheckCriteria := &structpb.Struct{Fields: map[string]*structpb.Value{"kube-mvp": structpb.NewStringValue(healthCheckSocket)}}
 	hc := asCaller.http1
 	if proxyCert {
-		hc = asFrontProxy.http1
+		hc = withProxyCert.http1
 	}
 	healthCheckMatch := []*clusterv3.Cluster_TransportSocketMatch{{Name: healthCheckSocket, Match: healthCheckCriteria, TransportSocket: hc}}
 	common := &corev3.HttpProtocolOptions{IdleTimeout: durationpb.New(apiserverIdleTimeout)}
@@ -155,15 +155,15 @@ func (b *builder) clusters() ([]*clusterv3.Cluster, []*endpointv3.ClusterLoadAss
 	var cla []*endpointv3.ClusterLoadAssignment
 	// add emits the cluster named name with endpoints lb (by apiserver ID, in order ids): HTTP/2
 	// as named, its HTTP/1.1 twin, and the front-proxy twins of both, which leave out the
-	// dangerous apiservers (plan.Plan.FrontProxyExcluded): they take the proxy certificate for
+	// dangerous apiservers (plan.Plan.ProxyCertExcluded): they take the proxy certificate for
 	// an ordinary client's.
 	add := func(name string, ids []string, lb map[string]*endpointv3.LbEndpoint, subsets *clusterv3.Cluster_LbSubsetConfig) {
-		var all, frontProxy []*endpointv3.LbEndpoint
+		var all, withCert []*endpointv3.LbEndpoint
 		for _, id := range ids {
 			if e := lb[id]; e != nil {
 				all = append(all, e)
-				if !b.p.FrontProxyExcluded.Contains(id) {
-					frontProxy = append(frontProxy, e)
+				if !b.p.ProxyCertExcluded.Contains(id) {
+					withCert = append(withCert, e)
 				}
 			}
 		}
@@ -181,8 +181,8 @@ func (b *builder) clusters() ([]*clusterv3.Cluster, []*endpointv3.ClusterLoadAss
 		emit(name, asCaller.http2, protocols.http2, all)
 		emit(contract.ClusterName{Base: name, HTTP1: true}.String(), asCaller.http1, protocols.http1, all)
 		if proxyCert {
-			emit(contract.ClusterName{Base: name, ProxyCert: true}.String(), asFrontProxy.http2, protocols.http2, frontProxy)
-			emit(contract.ClusterName{Base: name, ProxyCert: true, HTTP1: true}.String(), asFrontProxy.http1, protocols.http1, frontProxy)
+			emit(contract.ClusterName{Base: name, ProxyCert: true}.String(), withProxyCert.http2, protocols.http2, withCert)
+			emit(contract.ClusterName{Base: name, ProxyCert: true, HTTP1: true}.String(), withProxyCert.http1, protocols.http1, withCert)
 		}
 	}
 	for _, c := range b.p.Clusters {

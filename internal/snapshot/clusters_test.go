@@ -43,7 +43,7 @@ func TestClusterResourcesIgnoreMembership(t *testing.T) {
 				t.Fatal(err)
 			}
 			// One reference per kind: as named or front-proxy twin, HTTP/2 or HTTP/1.1.
-			type kind struct{ frontProxy, http1 bool }
+			type kind struct{ proxyCert, http1 bool }
 			refs := map[kind]*clusterv3.Cluster{}
 			for n, c := range apiserverClusters(res) {
 				cn := contract.ParseClusterName(n)

@@ -90,7 +90,7 @@ func TestDangerousAPIServers(t *testing.T) {
 			t.Errorf("route %s is new", r.GetName())
 			continue
 		}
-		if !strings.HasSuffix(r.GetName(), snapshot.RouteSuffixFrontProxy) || was.GetRoute().GetCluster() == "" {
+		if !strings.HasSuffix(r.GetName(), snapshot.RouteSuffixProxyCert) || was.GetRoute().GetCluster() == "" {
 			if r.GetRoute().GetCluster() != was.GetRoute().GetCluster() || (r.GetDirectResponse() == nil) != (was.GetDirectResponse() == nil) {
 				t.Errorf("route %s changed: %v, was %v", r.GetName(), r.GetAction(), was.GetAction())
 			}

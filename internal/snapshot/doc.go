@@ -233,7 +233,7 @@
 //     kube-mvp-proxy-client-cert, for the requests whose identity extproc set from a
 //     verified client certificate. The proxy certificate never turns a request into anyone.
 //     The front-proxy twins' endpoints leave out the apiservers the plan calls dangerous
-//     (plan.Plan.FrontProxyExcluded: they take the proxy certificate for an ordinary
+//     (plan.Plan.ProxyCertExcluded: they take the proxy certificate for an ordinary
 //     client's); where that leaves the default (or local) cluster without any, the
 //     ":front-proxy" routes to it answer a 503 Status naming them themselves (a direct
 //     response with Retry-After, ext_proc off, its body within Envoy's 4 KiB limit).

@@ -225,8 +225,8 @@ func TestRoutingFacts(t *testing.T) {
 			var routes []routeFacts
 			for i := 0; i < len(all); i++ {
 				r := all[i]
-				if !strings.HasSuffix(r.name, snapshot.RouteSuffixFrontProxy) {
-					twinBefore := i > 0 && all[i-1].name == r.name+snapshot.RouteSuffixFrontProxy
+				if !strings.HasSuffix(r.name, snapshot.RouteSuffixProxyCert) {
+					twinBefore := i > 0 && all[i-1].name == r.name+snapshot.RouteSuffixProxyCert
 					// Routes where extproc decides forward nothing themselves: extproc names
 					// the front-proxy twin of a cluster for such requests.
 					forwards := !r.extProc || r.failOpen
@@ -241,8 +241,8 @@ func TestRoutingFacts(t *testing.T) {
 				}
 				next := all[i+1]
 				want := next
-				want.name += snapshot.RouteSuffixFrontProxy
-				want.headers = append(slices.Clone(next.headers), contract.HeaderIdentityDecision+"=="+contract.IdentityFrontProxy)
+				want.name += snapshot.RouteSuffixProxyCert
+				want.headers = append(slices.Clone(next.headers), contract.HeaderIdentityDecision+"=="+contract.IdentityProxyCert)
 				twin := contract.ParseClusterName(next.cluster)
 				twin.ProxyCert = true
 				want.cluster = twin.String()
@@ -643,7 +643,7 @@ func TestClassTwins(t *testing.T) {
 			}
 			// The front-proxy twins (TestRoutingFacts) aside.
 			routes := slices.DeleteFunc(slices.Clone(res.Routes[0].(*routev3.RouteConfiguration).GetVirtualHosts()[0].GetRoutes()), func(r *routev3.Route) bool {
-				return strings.HasSuffix(r.GetName(), snapshot.RouteSuffixFrontProxy)
+				return strings.HasSuffix(r.GetName(), snapshot.RouteSuffixProxyCert)
 			})
 			type twin struct {
 				suffix, class string

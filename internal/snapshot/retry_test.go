@@ -43,7 +43,7 @@ func TestRetryPolicies(t *testing.T) {
 				if rp.GetNumRetries().GetValue() != 2 || len(rp.GetRetryHostPredicate()) != 1 || rp.GetHostSelectionRetryMaxAttempts() != 20 {
 					t.Errorf("%s: %d retries, host predicates %v, %d host selections; want 2 on other hosts", r.GetName(), rp.GetNumRetries().GetValue(), rp.GetRetryHostPredicate(), rp.GetHostSelectionRetryMaxAttempts())
 				}
-				n := strings.TrimSuffix(r.GetName(), snapshot.RouteSuffixFrontProxy)
+				n := strings.TrimSuffix(r.GetName(), snapshot.RouteSuffixProxyCert)
 				base, class := n, ""
 				for _, s := range []string{snapshot.RouteSuffixUpgrade, snapshot.RouteSuffixRead, snapshot.RouteSuffixWatch, snapshot.RouteSuffixWrite} {
 					if b, ok := strings.CutSuffix(n, s); ok {

@@ -29,7 +29,7 @@ const (
 	RouteDiscovery           = "discovery"
 	RouteEscapedPath         = "escaped-path"
 	RouteFallback            = "default"
-	RouteSuffixFrontProxy    = ":front-proxy"
+	RouteSuffixProxyCert    = ":front-proxy"
 	identityUndecidedMessage = "kube-mvp: the client certificate could not be mapped to a user (see the Envoy log)"
 	unclassifiedMessage      = "kube-mvp: the request filter did not finish with this request (see the Envoy log); refused rather than forwarded unfiltered"
 )
@@ -80,7 +80,7 @@ type target struct {
 	clusterHeader bool
 	direct        *routev3.Route_DirectResponse
 	// proxyCertRefused, where not nil, answers the proxy-cert variants instead: every
-	// apiserver of the cluster is dangerous (plan.Cluster.FrontProxyRefused).
+	// apiserver of the cluster is dangerous (plan.Cluster.ProxyCertRefused).
 	proxyCertRefused *routev3.Route_DirectResponse
 }
 
@@ -378,8 +378,8 @@ func (rb *routeBuilder) class(s routeSpec, c requestClass) forward {
 // that presents the proxy certificate, or s's refusal where every apiserver of it is
 // dangerous.
 func (rb *routeBuilder) proxyCert(s routeSpec, f forward) *routev3.Route {
-	f.suffix += RouteSuffixFrontProxy
-	f.headers = append(slices.Clip(f.headers), frontProxyDecision)
+	f.suffix += RouteSuffixProxyCert
+	f.headers = append(slices.Clip(f.headers), proxyCertDecision)
 	f.cluster.ProxyCert = true
 	r := rb.route(s, f)
 	if refused := s.to.proxyCertRefused; refused != nil {
@@ -424,14 +424,14 @@ var refusalHeaders = []*corev3.HeaderValueOption{
 
 // proxyCertRefusal is the direct response of the proxy-cert variants of the routes to the
 // plan's default (or local) cluster def when every apiserver of it is dangerous, or nil: a 503
-// Status naming them (plan.FrontProxyRefusal). Envoy refuses a direct response body over
+// Status naming them (plan.ProxyCertRefusal). Envoy refuses a direct response body over
 // 4 KiB; a message that would make one is cut.
 func (b *builder) proxyCertRefusal(def string) *routev3.Route_DirectResponse {
 	for _, c := range b.p.Clusters {
-		if c.Name != def || len(c.FrontProxyRefused) == 0 || (c.Role != plan.RoleDefault && c.Role != plan.RoleLocal) {
+		if c.Name != def || len(c.ProxyCertRefused) == 0 || (c.Role != plan.RoleDefault && c.Role != plan.RoleLocal) {
 			continue
 		}
-		msg := plan.FrontProxyRefusal(b.t.APIServers, c.FrontProxyRefused)
+		msg := plan.ProxyCertRefusal(b.t.APIServers, c.ProxyCertRefused)
 		body := statusJSONRetry(msg)
 		for len(body) > maxDirectResponseBody {
 			msg = strings.ToValidUTF8(msg[:len(msg)*3/4], "") + "…"
@@ -477,8 +477,8 @@ func exactHeader(name, value string) *routev3.HeaderMatcher {
 // Matchers shared by every route that uses them (the lists too: a route appends them to a
 // copy): never modified.
 var (
-	// frontProxyDecision matches the Lua filter's decision that it set the identity headers.
-	frontProxyDecision = exactHeader(contract.HeaderIdentityDecision, contract.IdentityFrontProxy)
+	// proxyCertDecision matches the Lua filter's decision that it set the identity headers.
+	proxyCertDecision = exactHeader(contract.HeaderIdentityDecision, contract.IdentityProxyCert)
 	// upgradeRequested matches a request that asks for a protocol upgrade (SPDY or WebSocket
 	// exec, attach, port-forward, proxy, a WebSocket watch): it must reach an HTTP/1.1
 	// cluster, since an HTTP/1 upgrade cannot be forwarded over the HTTP/2 the clusters as

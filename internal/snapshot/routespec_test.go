@@ -40,7 +40,7 @@ func RouteSpecYAML(p *plan.Plan, cfg Config) ([]byte, error) {
 		}
 		fmt.Fprintf(&out, "#   %s: %s=%s, %s, %s\n", v.suffix[1:], contract.HeaderRequestClass, v.value, timeout, retry)
 	}
-	fmt.Fprintf(&out, "#   %s: %s=%s, to the cluster's proxy-certificate twin\n", RouteSuffixFrontProxy[1:], contract.HeaderIdentityDecision, contract.IdentityFrontProxy)
+	fmt.Fprintf(&out, "#   %s: %s=%s, to the cluster's proxy-certificate twin\n", RouteSuffixProxyCert[1:], contract.HeaderIdentityDecision, contract.IdentityProxyCert)
 	for _, s := range b.routeSpecs() {
 		line := func(key, value string) { fmt.Fprintf(&out, "  %s: %s\n", key, yamlScalar(value)) }
 		fmt.Fprintf(&out, "- name: %s\n", yamlScalar(s.name))
@@ -65,7 +65,7 @@ func RouteSpecYAML(p *plan.Plan, cfg Config) ([]byte, error) {
 				}
 			}
 			if s.variants&variantProxyCert != 0 {
-				vs = append(vs, RouteSuffixFrontProxy[1:])
+				vs = append(vs, RouteSuffixProxyCert[1:])
 			}
 			fmt.Fprintf(&out, "  variants: [%s]\n", strings.Join(vs, ", "))
 		}

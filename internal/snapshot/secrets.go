@@ -86,13 +86,13 @@ func (b *builder) downstreamTLS() *tlsv3.DownstreamTlsContext {
 }
 
 // upstreamTLS is the TLS of the apiserver clusters: SNI and a DNS SAN check on
-// UpstreamServerName against the peer CA and, for the front-proxy clusters (asFrontProxy),
+// UpstreamServerName against the peer CA and, for the front-proxy clusters (withProxyCert),
 // the proxy client certificate, which the apiservers trust for front-proxy (X-Remote-*)
 // authentication. ALPN offers exactly the cluster's protocol (alpn: "h2" or "http/1.1"), so
 // the apiserver speaks what the cluster's codec expects.
-func (b *builder) upstreamTLS(asFrontProxy bool, alpn string) *tlsv3.UpstreamTlsContext {
+func (b *builder) upstreamTLS(withProxyCert bool, alpn string) *tlsv3.UpstreamTlsContext {
 	common := &tlsv3.CommonTlsContext{AlpnProtocols: []string{alpn}}
-	if asFrontProxy {
+	if withProxyCert {
 		common.TlsCertificateSdsSecretConfigs = []*tlsv3.SdsSecretConfig{sdsSecret(SecretProxyClientCert)}
 	}
 	if len(b.cfg.Secrets.PeerCA) > 0 {

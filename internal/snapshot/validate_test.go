@@ -138,7 +138,7 @@ func TestNoSecrets(t *testing.T) {
 		t.Errorf("listener has a transport socket without a serving certificate: %v", ts)
 	}
 	for _, r := range readRoutes(t, res) {
-		if r.name == snapshot.RouteIdentityUndecided || strings.HasSuffix(r.name, snapshot.RouteSuffixFrontProxy) {
+		if r.name == snapshot.RouteIdentityUndecided || strings.HasSuffix(r.name, snapshot.RouteSuffixProxyCert) {
 			t.Errorf("client-certificate route %s without a client CA", r.name)
 		}
 	}

@@ -27,7 +27,7 @@ import (
 func TestRoundTripDangerous(t *testing.T) {
 	topo := sampleTopology(t)
 	in := tableOf(t, topo.WithDangerous(map[string]string{"apiserver-a": "takes it for a client's", "apiserver-b": "so does b"}))
-	if refused := in.Routes[""].Default.FrontProxyRefused; !slices.Equal(refused, topology.ServerSet{"apiserver-a", "apiserver-b"}) {
+	if refused := in.Routes[""].Default.ProxyCertRefused; !slices.Equal(refused, topology.ServerSet{"apiserver-a", "apiserver-b"}) {
 		t.Fatalf("front default route refuses %v; the sample's live apiservers are a and b", refused)
 	}
 	out, err := tablestream.FromProto(tablestream.ToProto(in, time.Unix(1, 0)))

@@ -90,20 +90,20 @@ func build(p *plan.Table, now time.Time) (*tablev1.Table, []byte) {
 	locals := slices.Sorted(maps.Keys(p.Routes)) // "" (the front proxy) first
 	for _, local := range locals {
 		rs := p.Routes[local]
-		pp := &tablev1.Plan{LocalApiserver: local, ResourceRoutes: make([]uint32, len(keys)), DefaultFrontProxyRefused: rs.Default.FrontProxyRefused}
+		pp := &tablev1.Plan{LocalApiserver: local, ResourceRoutes: make([]uint32, len(keys)), DefaultFrontProxyRefused: rs.Default.ProxyCertRefused}
 		type wire struct { // what goes on the wire of a route
 			outcome topology.Outcome
 			cluster string
-			refused string // FrontProxyRefused's Key
+			refused string // ProxyCertRefused's Key
 		}
 		index := map[wire]uint32{}
 		add := func(route plan.Route) uint32 { // route's index in pp.Routes
-			r := wire{route.Outcome, route.Cluster, route.FrontProxyRefused.Key()}
+			r := wire{route.Outcome, route.Cluster, route.ProxyCertRefused.Key()}
 			n, ok := index[r]
 			if !ok {
 				n = uint32(len(pp.Routes))
 				index[r] = n
-				pp.Routes = append(pp.Routes, &tablev1.Route{Outcome: outcomes[r.outcome], Cluster: r.cluster, FrontProxyRefused: route.FrontProxyRefused})
+				pp.Routes = append(pp.Routes, &tablev1.Route{Outcome: outcomes[r.outcome], Cluster: r.cluster, FrontProxyRefused: route.ProxyCertRefused})
 			}
 			return n
 		}
@@ -202,7 +202,7 @@ func FromProto(tb *tablev1.Table) (*plan.Table, error) {
 			if err != nil {
 				return nil, malformed("plan %q: route %d: front_proxy_refused: %v", local, i, err)
 			}
-			routes[i] = plan.Route{Outcome: o, Cluster: r.GetCluster(), FrontProxyRefused: refused}
+			routes[i] = plan.Route{Outcome: o, Cluster: r.GetCluster(), ProxyCertRefused: refused}
 		}
 		byKey := make([]plan.Route, len(keys), len(keys)+len(pp.GetDocumentRoutes()))
 		for i, n := range pp.GetResourceRoutes() {

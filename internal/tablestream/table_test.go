@@ -70,7 +70,7 @@ func sameTable(want, got *plan.Table) error {
 		if g == nil {
 			return fmt.Errorf("no plan for %q", local)
 		}
-		if g.Default.Outcome != w.Default.Outcome || g.Default.Cluster != w.Default.Cluster || !slices.Equal(g.Default.FrontProxyRefused, w.Default.FrontProxyRefused) {
+		if g.Default.Outcome != w.Default.Outcome || g.Default.Cluster != w.Default.Cluster || !slices.Equal(g.Default.ProxyCertRefused, w.Default.ProxyCertRefused) {
 			return fmt.Errorf("plan %q: default route %+v, want %+v", local, g.Default, w.Default)
 		}
 		wr, gr := w.All(), g.All()
@@ -81,8 +81,8 @@ func sameTable(want, got *plan.Table) error {
 			if wr[i].Resource != gr[i].Resource || wr[i].Outcome != gr[i].Outcome || wr[i].Cluster != gr[i].Cluster {
 				return fmt.Errorf("plan %q: %s goes %v to %q, want %v to %q", local, wr[i].Resource, gr[i].Outcome, gr[i].Cluster, wr[i].Outcome, wr[i].Cluster)
 			}
-			if !slices.Equal(wr[i].FrontProxyRefused, gr[i].FrontProxyRefused) {
-				return fmt.Errorf("plan %q: %s refuses front-proxy requests for %v, want %v", local, wr[i].Resource, gr[i].FrontProxyRefused, wr[i].FrontProxyRefused)
+			if !slices.Equal(wr[i].ProxyCertRefused, gr[i].ProxyCertRefused) {
+				return fmt.Errorf("plan %q: %s refuses front-proxy requests for %v, want %v", local, wr[i].Resource, gr[i].ProxyCertRefused, wr[i].ProxyCertRefused)
 			}
 		}
 	}

@@ -158,8 +158,8 @@ func dangerousAPIServer(t *testing.T, ctx context.Context, e *env, k *harness.Ku
 				return fmt.Errorf("%s dangerous %q", s.Hostname, s.Dangerous)
 			}
 		}
-		if !slices.Equal(v.FrontProxyExcluded, []string{"cp-c"}) {
-			return fmt.Errorf("frontProxyExcluded %v", v.FrontProxyExcluded)
+		if !slices.Equal(v.ProxyCertExcluded, []string{"cp-c"}) {
+			return fmt.Errorf("frontProxyExcluded %v", v.ProxyCertExcluded)
 		}
 		return nil
 	})
@@ -170,7 +170,7 @@ func dangerousAPIServer(t *testing.T, ctx context.Context, e *env, k *harness.Ku
 	// bounded wait that does not stop the test, so that the requests below show what
 	// happens when it does not).
 	deadline := time.Now().Add(time.Minute)
-	for hosts := frontProxyHosts(ctx, k); ; hosts = frontProxyHosts(ctx, k) {
+	for hosts := proxyCertHosts(ctx, k); ; hosts = proxyCertHosts(ctx, k) {
 		if slices.Equal(hosts, []string{"cp-a", "cp-b"}) {
 			t.Logf("cp-c left out of the front-proxy clusters %s after extproc's /readyz named it", time.Since(start).Round(100*time.Millisecond))
 			break
@@ -288,9 +288,9 @@ func checkRefusal(t *testing.T, res *http.Response, ids map[string]string, fix s
 // proxyClientUserJSON is how a SelfSubjectReview names the proxy certificate's user.
 var proxyClientUserJSON = fmt.Sprintf(`"username":%q`, controlplane.ProxyClientCN)
 
-// frontProxyHosts are the hostnames of the data plane's front-proxy twin of the default
+// proxyCertHosts are the hostnames of the data plane's front-proxy twin of the default
 // cluster (its /clusters), sorted.
-func frontProxyHosts(ctx context.Context, k *harness.KubeMVP) []string {
+func proxyCertHosts(ctx context.Context, k *harness.KubeMVP) []string {
 	_, body := getURL(ctx, k.DataPlane.AdminURL()+"/clusters?format=json")
 	var v struct {
 		ClusterStatuses []struct {

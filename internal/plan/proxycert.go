@@ -15,10 +15,10 @@ import (
 // is, and its /readyz health checks pass. So the plan keeps those requests away from it:
 //
 //   - the front-proxy twin of every cluster leaves it out of its endpoints
-//     (Plan.FrontProxyExcluded): while another member of the cluster or serving set is
+//     (Plan.ProxyCertExcluded): while another member of the cluster or serving set is
 //     there, the request goes to that one;
-//   - where every member is dangerous (Route.FrontProxyRefused, Cluster.FrontProxyRefused)
-//     the request gets a 503 with Retry-After whose message (FrontProxyRefusal) names them
+//   - where every member is dangerous (Route.ProxyCertRefused, Cluster.ProxyCertRefused)
+//     the request gets a 503 with Retry-After whose message (ProxyCertRefusal) names them
 //     and what to fix.
 //
 // Requests with the caller's own credentials are not affected: those apiservers
@@ -38,18 +38,18 @@ func refusedIfAll(members, dangerous topology.ServerSet) topology.ServerSet {
 	return members
 }
 
-// Bounds of FrontProxyRefusal's message: it is the body of a direct response in Envoy's
+// Bounds of ProxyCertRefusal's message: it is the body of a direct response in Envoy's
 // route configuration, which Envoy refuses above 4 KiB (max_direct_response_body_size_bytes).
 const (
 	refusalMaxNamed  = 3
 	refusalMaxReason = 600
 )
 
-// FrontProxyRefusal is the message of the 503 that a request whose identity kube-mvp sets
+// ProxyCertRefusal is the message of the 503 that a request whose identity kube-mvp sets
 // gets when the apiservers ids, every one that could serve it, are all dangerous: each
 // (at most three, then how many more) by hostname and ID with the reason extproc's check
 // gave, which says what to fix. servers are the apiservers of the topology or routing table.
-func FrontProxyRefusal(servers []topology.APIServer, ids topology.ServerSet) string {
+func ProxyCertRefusal(servers []topology.APIServer, ids topology.ServerSet) string {
 	var b strings.Builder
 	b.WriteString("kube-mvp: every apiserver that could serve this request takes kube-mvp's proxy certificate for an ordinary client's, so the request would run as the certificate's user, not as you; kube-mvp sends it to none of them until that is fixed: ")
 	for i, id := range ids {
