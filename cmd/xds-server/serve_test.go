@@ -130,9 +130,12 @@ func TestServeAgainstMixedControlPlane(t *testing.T) {
 			t.Errorf("/metrics lacks the live apiserver count or the skipped objects (none on real apiservers)")
 		}
 		if path == "/metrics" {
-			want := fmt.Sprintf("kube_mvp_xds_control_plane_certificate_expiry_timestamp_seconds %s", strconv.FormatFloat(float64(certNotAfter(t, cpTLS.Files(cptls.RoleXDSServer).Cert).Unix()), 'g', -1, 64))
-			if !strings.Contains(string(body), want+"\n") {
-				t.Errorf("/metrics lacks %q", want)
+			// Its own certificate, and the connected Envoy's.
+			for _, role := range []cptls.Role{cptls.RoleXDSServer, cptls.RoleEnvoyFront} {
+				want := fmt.Sprintf(`kube_mvp_certificate_expiry_timestamp_seconds{certificate="control-plane",role="%s"} %s`, role, strconv.FormatFloat(float64(certNotAfter(t, cpTLS.Files(role).Cert).Unix()), 'g', -1, 64))
+				if !strings.Contains(string(body), want+"\n") {
+					t.Errorf("/metrics lacks %q", want)
+				}
 			}
 		}
 		if path == "/debug/syncz" {
