@@ -5,7 +5,10 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/http"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -25,6 +28,7 @@ import (
 func TestMetricsLint(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
+	documented := documentedMetrics(t)
 	e := newEnv(t, ctx, controlplane.MixedServers()...)
 	for _, d := range []struct{ name, local, role string }{{"front", "", "envoy-front"}, {"sidecar-b", "cp-b", "envoy-sidecar"}} {
 		k := e.startKubeMVP(ctx, d.name, d.local)
@@ -66,6 +70,11 @@ func TestMetricsLint(t *testing.T) {
 			for _, p := range problems {
 				t.Errorf("%s %s: %s: %s", d.name, c.process, p.Metric, p.Text)
 			}
+			for _, m := range typeLine.FindAllSubmatch(body, -1) {
+				if name, typ := string(m[1]), string(m[2]); documented[name] != typ {
+					t.Errorf("%s %s: %s is a %s; docs/operating.md's table says %q", d.name, c.process, name, typ, documented[name])
+				}
+			}
 			for _, w := range c.want {
 				if !regexp.MustCompile(`(?m)^` + w + `$`).Match(body) {
 					t.Errorf("%s %s: no line matches %s", d.name, c.process, w)
@@ -105,4 +114,47 @@ func grepKubeMVP(body []byte) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+var typeLine = regexp.MustCompile(`(?m)^# TYPE (kube_mvp_\w+) (\w+)$`)
+
+// documentedMetrics are the rows of docs/operating.md's metrics table: name to type.
+func documentedMetrics(t *testing.T) map[string]string {
+	t.Helper()
+	root, err := controlplane.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(root, "docs", "operating.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, m := range regexp.MustCompile("(?m)^\\| `(kube_mvp_\\w+)` \\| (\\w+) \\|").FindAllSubmatch(b, -1) {
+		out[string(m[1])] = string(m[2])
+	}
+	if len(out) == 0 {
+		t.Fatal("docs/operating.md has no metrics table")
+	}
+	// A metric that went stays in no table: each row's name is in the code.
+	var code strings.Builder
+	for _, dir := range []string{"cmd", "internal"} {
+		err := filepath.WalkDir(filepath.Join(root, dir), func(path string, _ fs.DirEntry, err error) error {
+			if err != nil || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+				return err
+			}
+			b, err := os.ReadFile(path)
+			code.Write(b)
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	for name := range out {
+		if !strings.Contains(code.String(), `"`+name+`"`) {
+			t.Errorf("docs/operating.md documents %s, which no code exports", name)
+		}
+	}
+	return out
 }
