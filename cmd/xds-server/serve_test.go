@@ -170,6 +170,20 @@ func TestServeAgainstMixedControlPlane(t *testing.T) {
 		}
 		return s.routeUsesExtProc("batch/v1", true) // batch/v1 now answers 503 from extproc
 	})
+	testutil.WaitFor(t, ctx, 30*time.Second, "cp-a departed in /metrics", func() error {
+		resp, err := http.Get("http://" + addrs[1] + "/metrics")
+		if err != nil {
+			return err
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		for _, want := range []string{`hostname="cp-a",state="departed"} 1`, `hostname="cp-b",state="live"} 1`} {
+			if !strings.Contains(string(body), want) {
+				return fmt.Errorf("no kube_mvp_xds_apiserver_state line ends %s", want)
+			}
+		}
+		return nil
+	})
 	if err := cp.Restart(ctx, "cp-a", ""); err != nil {
 		t.Fatal(err)
 	}
