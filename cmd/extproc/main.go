@@ -52,7 +52,6 @@ import (
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/hashicorp/go-multierror"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/pflag"
@@ -319,7 +318,9 @@ func start(cfg config, log *slog.Logger, reload <-chan os.Signal) (*app, error) 
 	a.health = health.NewServer()
 	a.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	a.health.SetServingStatus(extprocService, healthpb.HealthCheckResponse_NOT_SERVING)
+	var expiries []cptls.Expiry // certificates held, for kube_mvp_certificate_expiry_timestamp_seconds
 	if files := cfg.proxyCheck; files != nil {
+		expiries = append(expiries, cptls.Expiry{Certificate: cptls.CertificateProxyClient, Role: cptls.RoleExtproc, NotAfter: cptls.FileNotAfter(files.Cert)})
 		a.proxyCheck = proxycert.NewMonitor(proxycert.MonitorOptions{
 			NewCheck: func() (proxycert.CheckFunc, error) {
 				c, err := files.Load()
@@ -356,10 +357,7 @@ func start(cfg config, log *slog.Logger, reload <-chan os.Signal) (*app, error) 
 			if err != nil {
 				return nil, fmt.Errorf("--xds-tls-dir: %w", err)
 			}
-			reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-				Name: "kube_mvp_extproc_control_plane_certificate_expiry_timestamp_seconds",
-				Help: "Unix time at which extproc's control-plane certificate (--xds-tls-dir) expires: the one its next connection to xds-server presents, the files re-read when they changed.",
-			}, func() float64 { return float64(c.CurrentNotAfter().Unix()) }))
+			expiries = append(expiries, cptls.Expiry{Certificate: cptls.CertificateControlPlane, Role: cptls.RoleExtproc, NotAfter: c.NotAfterOf()})
 			creds = credentials.NewTLS(c.ClientConfig())
 		}
 		// The table stream is idle between changes; keepalives notice a dead xds-server.
@@ -389,6 +387,7 @@ func start(cfg config, log *slog.Logger, reload <-chan os.Signal) (*app, error) 
 			tablestream.Follow(ctx, conn, clientID, log, apply, tablestream.OnReject(a.srv.TableUpdateFailed))
 		}
 	}
+	reg.MustRegister(cptls.NewExpiryCollector(expiries...))
 
 	var err error
 	a.grpcLis, err = listen(cfg.listen)

@@ -14,6 +14,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -497,7 +498,8 @@ func TestProxyCertificateCheck(t *testing.T) {
 		t.Errorf("/readyz: %d\n%s", code, body)
 	}
 	if _, metrics := get("/metrics"); !strings.Contains(metrics, `kube_mvp_extproc_proxy_certificate_accepted{apiserver="apiserver-tqsyvnc7rs47fayzipsuqpfg4m"} 1`) ||
-		!strings.Contains(metrics, `kube_mvp_extproc_proxy_certificate_accepted{apiserver="apiserver-imkgstwjs6opnbwk2ixluu6fiq"} 0`) {
+		!strings.Contains(metrics, `kube_mvp_extproc_proxy_certificate_accepted{apiserver="apiserver-imkgstwjs6opnbwk2ixluu6fiq"} 0`) ||
+		!strings.Contains(metrics, fmt.Sprintf(`kube_mvp_certificate_expiry_timestamp_seconds{certificate="proxy-client",role="extproc"} %s`+"\n", strconv.FormatFloat(float64(p.proxy.Cert.NotAfter.Unix()), 'g', -1, 64))) {
 		t.Errorf("/metrics lacks the gauges:\n%s", metrics)
 	}
 

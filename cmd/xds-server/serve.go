@@ -237,11 +237,14 @@ func serve(ctx context.Context, opts serveOptions, log *slog.Logger, ready chan<
 		if creds, err = cptls.Load(*opts.xdsTLS, cptls.RoleXDSServer, log); err != nil {
 			return fmt.Errorf("--xds-tls-dir: %w", err)
 		}
-		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "kube_mvp_xds_control_plane_certificate_expiry_timestamp_seconds",
-			Help: "Unix time at which xds-server's control-plane certificate (--xds-tls-dir) expires: the one its next TLS handshake presents, the files re-read when they changed.",
-		}, func() float64 { return float64(creds.CurrentNotAfter().Unix()) }))
+		// Its own certificate, and each Envoy role's as the connected Envoys present it.
+		reg.MustRegister(cptls.NewExpiryCollector(
+			cptls.Expiry{Certificate: cptls.CertificateControlPlane, Role: cptls.RoleXDSServer, NotAfter: creds.NotAfterOf()},
+			cptls.Expiry{Certificate: cptls.CertificateControlPlane, Role: cptls.RoleEnvoyFront, NotAfter: envoyNotAfter(xdsServer, cptls.RoleEnvoyFront)},
+			cptls.Expiry{Certificate: cptls.CertificateControlPlane, Role: cptls.RoleEnvoySidecar, NotAfter: envoyNotAfter(xdsServer, cptls.RoleEnvoySidecar)},
+		))
 	}
+	reg.MustRegister(newNACKCollector(xdsServer))
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "kube_mvp_xds_proxy_check_reports",
 		Help: "extprocs whose proxy certificate report xds-server keeps (connected now, or whose stream ended within the grace period).",
@@ -409,6 +412,7 @@ type serveMetrics struct {
 	builds       *prometheus.CounterVec
 	buildSeconds prometheus.Histogram
 	updates      prometheus.Counter
+	states       *apiserverStateCollector
 	refused      *prometheus.CounterVec
 	skipped      prometheus.Gauge
 	dangerous    prometheus.Gauge
@@ -454,7 +458,8 @@ func newServeMetrics(reg prometheus.Registerer) *serveMetrics {
 		Name: "kube_mvp_xds_memory_rejected_total",
 		Help: "Versions of the memory ConfigMap (--memory-configmap) ignored as a whole and replaced, by reason (malformed; bounds: too many entries, group/versions, resources or bytes; future: a time in the future; unsigned: an entry without a signature where none may be; signer: a signer certificate not of the control plane's CA or not xds-server's; signature: a signature that does not match its entry and key).",
 	}, []string{"reason"})
-	reg.MustRegister(m.apiservers, m.builds, m.buildSeconds, m.updates, m.refused, m.skipped, m.headerConfigBad, m.dangerous, m.memoryRejected)
+	m.states = newAPIServerStateCollector()
+	reg.MustRegister(m.states, m.apiservers, m.builds, m.buildSeconds, m.updates, m.refused, m.skipped, m.headerConfigBad, m.dangerous, m.memoryRejected)
 	return m
 }
 
@@ -469,6 +474,7 @@ func (m *serveMetrics) observeBuild(d time.Duration, err error) {
 
 func (m *serveMetrics) observeTopology(t *topology.Topology) {
 	m.updates.Inc()
+	m.states.t.Store(t)
 	live := len(t.Live())
 	m.apiservers.WithLabelValues("live").Set(float64(live))
 	m.apiservers.WithLabelValues("dead").Set(float64(len(t.APIServers) - live))

@@ -130,9 +130,12 @@ func TestServeAgainstMixedControlPlane(t *testing.T) {
 			t.Errorf("/metrics lacks the live apiserver count or the skipped objects (none on real apiservers)")
 		}
 		if path == "/metrics" {
-			want := fmt.Sprintf("kube_mvp_xds_control_plane_certificate_expiry_timestamp_seconds %s", strconv.FormatFloat(float64(certNotAfter(t, cpTLS.Files(cptls.RoleXDSServer).Cert).Unix()), 'g', -1, 64))
-			if !strings.Contains(string(body), want+"\n") {
-				t.Errorf("/metrics lacks %q", want)
+			// Its own certificate, and the connected Envoy's.
+			for _, role := range []cptls.Role{cptls.RoleXDSServer, cptls.RoleEnvoyFront} {
+				want := fmt.Sprintf(`kube_mvp_certificate_expiry_timestamp_seconds{certificate="control-plane",role="%s"} %s`, role, strconv.FormatFloat(float64(certNotAfter(t, cpTLS.Files(role).Cert).Unix()), 'g', -1, 64))
+				if !strings.Contains(string(body), want+"\n") {
+					t.Errorf("/metrics lacks %q", want)
+				}
 			}
 		}
 		if path == "/debug/syncz" {
@@ -166,6 +169,20 @@ func TestServeAgainstMixedControlPlane(t *testing.T) {
 			}
 		}
 		return s.routeUsesExtProc("batch/v1", true) // batch/v1 now answers 503 from extproc
+	})
+	testutil.WaitFor(t, ctx, 30*time.Second, "cp-a departed in /metrics", func() error {
+		resp, err := http.Get("http://" + addrs[1] + "/metrics")
+		if err != nil {
+			return err
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		for _, want := range []string{`hostname="cp-a",state="departed"} 1`, `hostname="cp-b",state="live"} 1`} {
+			if !strings.Contains(string(body), want) {
+				return fmt.Errorf("no kube_mvp_xds_apiserver_state line ends %s", want)
+			}
+		}
+		return nil
 	})
 	if err := cp.Restart(ctx, "cp-a", ""); err != nil {
 		t.Fatal(err)

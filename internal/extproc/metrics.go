@@ -79,7 +79,14 @@ type metrics struct {
 
 	// Children for the hot path, resolved once.
 	noTable, noPlan, internalError prometheus.Counter
+
+	// decisionSeconds: from a request's headers received to its answer sent.
+	decisionSeconds prometheus.Histogram
 }
+
+// decisionBuckets span what a decision takes: microseconds in memory, milliseconds when the
+// process or the machine is starved; Envoy's message timeout (200 ms by default) ends it.
+var decisionBuckets = []float64{5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25}
 
 func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 	m := &metrics{
@@ -128,7 +135,17 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 	m.internalError = m.decisions.WithLabelValues(outcomeInternalError, "", "", "")
 	reg.MustRegister(m.decisions, m.version, unexpected, stripped, discovery, age)
 	m.registerTableUpdates(reg, s)
+	m.registerDecisionLatency(reg)
 	return m
+}
+
+func (m *metrics) registerDecisionLatency(reg prometheus.Registerer) {
+	m.decisionSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "kube_mvp_extproc_decision_duration_seconds",
+		Help:    "Time from receiving a request's headers to sending its routing answer (every request_headers message, whatever the outcome).",
+		Buckets: decisionBuckets,
+	})
+	reg.MustRegister(m.decisionSeconds)
 }
 
 // registerTableUpdates adds the metrics that say whether the routing table can be updated:

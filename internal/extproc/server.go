@@ -167,8 +167,12 @@ func (s *Server) Process(stream grpc.BidiStreamingServer[extprocv3.ProcessingReq
 			}
 			return err
 		}
+		start := time.Now()
 		if err := stream.Send(s.respond(req, local, &disc)); err != nil {
 			return err
+		}
+		if req.GetRequestHeaders() != nil {
+			s.m.decisionSeconds.Observe(time.Since(start).Seconds())
 		}
 	}
 }

@@ -108,6 +108,8 @@ type NodeStatus struct {
 	Snapshot      string                 `json:"snapshotVersion,omitempty"`
 	SnapshotError string                 `json:"snapshotError,omitempty"`
 	Types         map[string]*TypeStatus `json:"types"`
+	// Nacks counts the configurations the node rejected since its state was made.
+	Nacks uint64 `json:"nacks"`
 }
 
 // PeerCertificate identifies a client certificate: its serial number (hex) and expiry.
@@ -436,6 +438,9 @@ func (s *Server) request(node *core.Node, typeURL, version, nonce string, errDet
 	switch {
 	case errDetail != "":
 		ts.NackedAt, ts.NackError, ts.NackedNext, ts.Acked = s.now(), errDetail, ts.Sent, version
+		if n := s.nodeLocked(node); n != nil {
+			n.Nacks++
+		}
 		s.log.Warn("Envoy rejected config", "node", node.GetId(), "type", typeURL, "error", errDetail)
 	case nonce != "":
 		ts.Acked = version

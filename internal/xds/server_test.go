@@ -153,7 +153,7 @@ func TestADSPerNodeSnapshotsAndAcks(t *testing.T) {
 			t.Fatalf("status never showed the ACK and the NACK: %+v", status)
 		}
 	}
-	if status[0].NodeID != "front-1" || status[0].Streams != 1 || status[1].LocalAPIServer != "cp-b" {
+	if status[0].NodeID != "front-1" || status[0].Streams != 1 || status[1].LocalAPIServer != "cp-b" || status[0].Nacks != 0 || status[1].Nacks != 1 {
 		t.Errorf("status: %+v", status)
 	}
 
