@@ -384,7 +384,7 @@ func start(cfg config, log *slog.Logger, reload <-chan os.Signal) (*app, error) 
 				}()
 				defer func() { <-reported }()
 			}
-			tablestream.Follow(ctx, conn, clientID, log, apply, tablestream.OnReject(a.srv.TableUpdateFailed))
+			tablestream.Follow(ctx, conn, clientID, apply, tablestream.FollowOptions{Log: log, OnReject: a.srv.TableUpdateFailed})
 		}
 	}
 	reg.MustRegister(cptls.NewExpiryCollector(expiries...))

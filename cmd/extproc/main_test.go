@@ -249,7 +249,7 @@ func TestXDSSource(t *testing.T) {
 		}
 		return topo
 	}
-	tables := tablestream.NewServer()
+	tables := tablestream.NewServer(tablestream.ServerOptions{})
 	tables.Publish(fileTable(time.Date(2026, 11, 23, 10, 0, 10, 0, time.UTC)), time.Now())
 	stopTables := serveTables(t, tableAddr, tables, pki)
 	testutil.WaitFor(t, t.Context(), 30*time.Second, "batch/v1 jobs decided to kube-apiservers-only-cp-a from the first table", testutil.Cond(func() bool { return cluster(decideJobs(t, conn)) == "kube-apiservers-only-cp-a" }))
@@ -266,7 +266,7 @@ func TestXDSSource(t *testing.T) {
 	}
 
 	// It comes back with a different table (every Lease counts as alive): extproc reconnects.
-	tables = tablestream.NewServer()
+	tables = tablestream.NewServer(tablestream.ServerOptions{})
 	tables.Publish(fileTable(time.Time{}), time.Now())
 	defer serveTables(t, tableAddr, tables, pki)()
 	testutil.WaitFor(t, t.Context(), 30*time.Second, "the table after the reconnect", testutil.Cond(func() bool { return a.srv.Version() != first }))

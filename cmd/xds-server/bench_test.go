@@ -19,7 +19,6 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/kube-mvp/kube-mvp/internal/makebeforebreak"
 	"github.com/kube-mvp/kube-mvp/internal/objects"
 	"github.com/kube-mvp/kube-mvp/internal/plan"
 	"github.com/kube-mvp/kube-mvp/internal/snapshot"
@@ -89,7 +88,7 @@ func BenchmarkConvergence(b *testing.B) {
 		srv.Update(e)
 	}
 
-	srv = xds.New(translator(snapshot.Config{ListenPort: 6443}, slog.New(slog.DiscardHandler)), makebeforebreak.Options{}, slog.New(slog.DiscardHandler))
+	srv = xds.New(xds.Options{Translate: translator(snapshot.Config{ListenPort: 6443}, slog.New(slog.DiscardHandler)), Log: slog.New(slog.DiscardHandler)})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	g := grpc.NewServer()

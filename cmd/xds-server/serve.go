@@ -211,14 +211,41 @@ func serve(ctx context.Context, opts serveOptions, log *slog.Logger, ready chan<
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m := newServeMetrics(reg)
 
-	xdsServer := xds.New(translator(opts.cfg, log), opts.mbb, log)
-	xdsServer.OnBuild = m.observeBuild
-	checks := &tablestream.ProxyChecks{Log: log}
-	tables := tablestream.NewServer(tablestream.WithLogger(log), tablestream.WithRegisterer(reg), tablestream.WithProxyChecks(checks))
-	publisher := makebeforebreak.NewPublisher(opts.mbb, func(e *plan.Envoys) { tables.Publish(e.Table(), time.Now()) })
-	publisher.OnDelay = func(names []makebeforebreak.Name, delay time.Duration) {
+	// Every decision is made in replan, once per topology change and once per change of the
+	// apiservers extproc's proxy certificate check calls dangerous; Envoy's snapshots and
+	// extproc's table are both translations of these plans.
+	var (
+		planMu    sync.Mutex
+		lastTopo  *topology.Topology
+		dangerous = map[string]string{}
+		replan    func(*topology.Topology) // with planMu held
+		checks    *tablestream.ProxyChecks
+	)
+	checks = &tablestream.ProxyChecks{Log: log, OnChange: func() {
+		planMu.Lock()
+		defer planMu.Unlock()
+		if lastTopo != nil && !maps.Equal(checks.Dangerous(lastTopo), dangerous) {
+			replan(lastTopo)
+		}
+	}}
+	var creds *cptls.Credentials
+	if opts.xdsTLS != nil {
+		var err error
+		if creds, err = cptls.Load(*opts.xdsTLS, cptls.RoleXDSServer, log); err != nil {
+			return fmt.Errorf("--xds-tls-dir: %w", err)
+		}
+	}
+	xdsServer := xds.New(xds.Options{
+		Translate: translator(opts.cfg, log), MakeBeforeBreak: opts.mbb, Log: log, OnBuild: m.observeBuild,
+		Limits: opts.limits, RequireRole: creds != nil,
+		OnRefused: func(reason string, _ error) { m.refused.WithLabelValues(reason).Inc() },
+	})
+	tables := tablestream.NewServer(tablestream.ServerOptions{Log: log, Registerer: reg, ProxyChecks: checks})
+	mbb := opts.mbb
+	mbb.OnDelay = func(names []makebeforebreak.Name, delay time.Duration) {
 		log.Info("routing table narrowed to what Envoy has; the whole table follows after the delay", "delay", delay, "new", names)
 	}
+	publisher := makebeforebreak.NewPublisher(mbb, func(e *plan.Envoys) { tables.Publish(e.Table(), time.Now()) })
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "kube_mvp_xds_connected_nodes", Help: "Envoy nodes with at least one open xDS stream.",
 	}, func() float64 {
@@ -231,12 +258,7 @@ func serve(ctx context.Context, opts serveOptions, log *slog.Logger, ready chan<
 		return float64(n)
 	}))
 
-	var creds *cptls.Credentials
-	if opts.xdsTLS != nil {
-		var err error
-		if creds, err = cptls.Load(*opts.xdsTLS, cptls.RoleXDSServer, log); err != nil {
-			return fmt.Errorf("--xds-tls-dir: %w", err)
-		}
+	if creds != nil {
 		// Its own certificate, and each Envoy role's as the connected Envoys present it.
 		reg.MustRegister(cptls.NewExpiryCollector(
 			cptls.Expiry{Certificate: cptls.CertificateControlPlane, Role: cptls.RoleXDSServer, NotAfter: creds.NotAfterOf()},
@@ -250,15 +272,7 @@ func serve(ctx context.Context, opts serveOptions, log *slog.Logger, ready chan<
 		Help: "extprocs whose proxy certificate report xds-server keeps (connected now, or whose stream ended within the grace period).",
 	}, func() float64 { c, e := checks.Reporters(); return float64(c + e) }))
 
-	// Every decision is made in replan, once per topology change and once per change of the
-	// apiservers extproc's proxy certificate check calls dangerous; Envoy's snapshots and
-	// extproc's table are both translations of these plans.
-	var (
-		planMu    sync.Mutex
-		lastTopo  *topology.Topology
-		dangerous = map[string]string{}
-	)
-	replan := func(t *topology.Topology) { // with planMu held
+	replan = func(t *topology.Topology) {
 		d := checks.Dangerous(t)
 		logDangerChanges(log, t, dangerous, d)
 		dangerous = d
@@ -271,13 +285,6 @@ func serve(ctx context.Context, opts serveOptions, log *slog.Logger, ready chan<
 		}
 		xdsServer.Update(e)
 		publisher.Offer(e)
-	}
-	checks.OnChange = func() {
-		planMu.Lock()
-		defer planMu.Unlock()
-		if lastTopo != nil && !maps.Equal(checks.Dangerous(lastTopo), dangerous) {
-			replan(lastTopo)
-		}
 	}
 	opts.watch.Log = log
 	opts.watch.OnSkipped = func(n int) { m.skipped.Set(float64(n)) }
@@ -328,12 +335,9 @@ func serve(ctx context.Context, opts serveOptions, log *slog.Logger, ready chan<
 		grpcOpts = append(grpcOpts, grpcPolicy.ServerOptions(func(method string, role cptls.Role, err error) {
 			xdsServer.Refused("role", fmt.Errorf("%s: %w", method, err))
 		})...)
-		xdsServer.RequireRole = true
 	} else {
 		log.Warn("--xds-insecure-plaintext: anyone who reaches the gRPC port gets Envoy's configuration and the routing table, and may join as any Envoy node")
 	}
-	xdsServer.Limits = opts.limits
-	xdsServer.OnRefused = func(reason string, _ error) { m.refused.WithLabelValues(reason).Inc() }
 	// The streams and the watch outlive the signal by --shutdown-delay.
 	runCtx, stopRun := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopRun()

@@ -34,7 +34,7 @@ const (
 	// a bearer token: forwarded with its own credentials). The listener strips it from
 	// clients and the route configuration removes it before any apiserver.
 	HeaderIdentityDecision = "x-kube-mvp-identity"
-	IdentityProxyCert     = "front-proxy"
+	IdentityProxyCert      = "front-proxy"
 	IdentityOwnCredentials = "own-credentials"
 
 	// HeaderRequestClass is where Envoy's Lua filter (internal/snapshot/request_class.lua)

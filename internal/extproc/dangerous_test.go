@@ -37,7 +37,7 @@ func TestProxyCertRefused(t *testing.T) {
 		name         string
 		topo         *topology.Topology
 		method, path string
-		proxyCert   bool
+		proxyCert    bool
 		want         want
 	}{
 		{"another capable apiserver: the twin of the set", one, "GET", "/apis/apps/v1/widgets", true, withProxyCert(subset("kube-apiservers-only-node-1+node-3"))},

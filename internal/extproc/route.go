@@ -98,12 +98,12 @@ type route struct {
 	// identity headers; upgrade the same two for the clusters' HTTP/1.1 twins, for requests
 	// that ask for a protocol upgrade.
 	set, proxyCertSet []*corev3.HeaderValueOption
-	upgrade            struct{ set, proxyCertSet []*corev3.HeaderValueOption }
+	upgrade           struct{ set, proxyCertSet []*corev3.HeaderValueOption }
 	// resp is the whole answer for a request without client-supplied headers that only
 	// kube-mvp may set; for Unavailable, the immediate 503 for every request.
 	// proxyCertResp is the answer for a request whose identity the Lua filter set.
 	resp, proxyCertResp *extprocv3.ProcessingResponse
-	upgradeResp          struct{ resp, proxyCertResp *extprocv3.ProcessingResponse }
+	upgradeResp         struct{ resp, proxyCertResp *extprocv3.ProcessingResponse }
 	// proxyCertRefused, when not nil, answers every request whose identity the Lua filter
 	// set: every apiserver of the cluster is dangerous (plan.Route.ProxyCertRefused), an
 	// immediate 503 naming them.

@@ -18,10 +18,10 @@ import (
 
 // want is what a request should turn into.
 type want struct {
-	cluster    string // x-kube-mvp-cluster; empty means an immediate 503
-	subset     bool   // x-kubernetes-peer-proxied: true is set
-	set        string // the serving set named in the load balancer's dynamic metadata
-	message    string // the 503 Status message
+	cluster   string // x-kube-mvp-cluster; empty means an immediate 503
+	subset    bool   // x-kubernetes-peer-proxied: true is set
+	set       string // the serving set named in the load balancer's dynamic metadata
+	message   string // the 503 Status message
 	proxyCert bool   // the Lua filter set the identity: its headers are kept
 }
 

@@ -62,6 +62,9 @@ type Options struct {
 	Linger time.Duration
 	// Clock; nil means clock.RealClock{}.
 	Clock clock.WithDelayedExecution
+	// OnDelay, when set, is told which names made a routing table wait (sorted), for the
+	// log: an operator can see why a change took TableDelay to reach extproc.
+	OnDelay func(fresh []Name, delay time.Duration)
 }
 
 // Validate reports durations that would break a request in flight: a negative one, or a

@@ -23,10 +23,8 @@ type Publisher[T any] struct {
 	// narrow, if not nil, makes a table that must wait go out at once in a form that names
 	// only what known holds (the names of the last table published whole); the whole table
 	// follows after TableDelay as without it. Nil: the last published table stays until then.
-	narrow func(t T, known Names) T
-	// OnDelay, if set before the first Offer, is told which names made a table wait (sorted),
-	// for the log: an operator can see why a change took TableDelay to reach extproc.
-	OnDelay func(fresh []Name, delay time.Duration)
+	narrow  func(t T, known Names) T
+	onDelay func(fresh []Name, delay time.Duration) // Options.OnDelay
 
 	mu sync.Mutex
 	// offered numbers the tables in the order Offer saw them. Publishing goes by sequence
@@ -45,7 +43,7 @@ func NewPublisher(o Options, publish func(*plan.Envoys)) *Publisher[*plan.Envoys
 }
 
 func newPublisher[T any](o Options, publish func(T), names func(T) Names, narrow func(T, Names) T) *Publisher[T] {
-	return &Publisher[T]{delay: o.TableDelay, clock: o.clock(), publish: publish, names: names, narrow: narrow}
+	return &Publisher[T]{delay: o.TableDelay, clock: o.clock(), publish: publish, names: names, narrow: narrow, onDelay: o.OnDelay}
 }
 
 // Offer publishes t now or after TableDelay. Its names are compared with those of the last
@@ -66,7 +64,7 @@ func (p *Publisher[T]) Offer(t T) {
 		p.publishLocked(2*n-1, p.narrow(t, p.known), nil)
 	}
 	var fresh []Name
-	if p.OnDelay != nil {
+	if p.onDelay != nil {
 		for name := range names {
 			if !p.known[name] {
 				fresh = append(fresh, name)
@@ -74,9 +72,9 @@ func (p *Publisher[T]) Offer(t T) {
 		}
 	}
 	p.mu.Unlock()
-	if p.OnDelay != nil {
+	if p.onDelay != nil {
 		slices.SortFunc(fresh, func(a, b Name) int { return strings.Compare(a.String(), b.String()) })
-		p.OnDelay(fresh, p.delay)
+		p.onDelay(fresh, p.delay)
 	}
 	// Outside mu: a FakeClock runs due callbacks under its own lock, and they take mu.
 	p.clock.AfterFunc(p.delay, func() {

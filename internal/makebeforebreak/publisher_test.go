@@ -233,15 +233,15 @@ func TestPublisherOnDelay(t *testing.T) {
 		2: {{KindCluster, "default"}: true, {KindHost, "a"}: true, {KindLive, "a"}: true, {KindCluster, "only-a"}: true},
 		3: {{KindCluster, "default"}: true},
 	}
-	p := newPublisher(Options{TableDelay: time.Second, Clock: clocktesting.NewFakeClock(t0)}, func(int) {},
-		func(id int) Names { return names[id] }, nil)
 	var told []string
-	p.OnDelay = func(fresh []Name, delay time.Duration) {
+	onDelay := func(fresh []Name, delay time.Duration) {
 		if delay != time.Second {
 			t.Errorf("delay %s", delay)
 		}
 		told = append(told, fmt.Sprint(fresh))
 	}
+	p := newPublisher(Options{TableDelay: time.Second, Clock: clocktesting.NewFakeClock(t0), OnDelay: onDelay}, func(int) {},
+		func(id int) Names { return names[id] }, nil)
 	for id := 1; id <= 3; id++ {
 		p.Offer(id)
 	}

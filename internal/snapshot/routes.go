@@ -29,7 +29,7 @@ const (
 	RouteDiscovery           = "discovery"
 	RouteEscapedPath         = "escaped-path"
 	RouteFallback            = "default"
-	RouteSuffixProxyCert    = ":front-proxy"
+	RouteSuffixProxyCert     = ":front-proxy"
 	identityUndecidedMessage = "kube-mvp: the client certificate could not be mapped to a user (see the Envoy log)"
 	unclassifiedMessage      = "kube-mvp: the request filter did not finish with this request (see the Envoy log); refused rather than forwarded unfiltered"
 )

@@ -21,7 +21,7 @@ func TestExtprocSeesFailedUpdates(t *testing.T) {
 	if got := metric(t, reg, "kube_mvp_extproc_table_last_update_timestamp_seconds"); got != 0 {
 		t.Errorf("last update %v before any table, want 0", got)
 	}
-	srv := tablestream.NewServer(tablestream.WithMaxTableSize(64<<10), tablestream.WithLogger(slog.New(slog.DiscardHandler)))
+	srv := tablestream.NewServer(tablestream.ServerOptions{MaxTableSize: 64 << 10, Log: slog.New(slog.DiscardHandler)})
 	srv.Publish(sample(t, true), time.Now())
 	addr, _ := serve(t, "127.0.0.1:0", srv)
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -33,7 +33,7 @@ func TestExtprocSeesFailedUpdates(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		tablestream.Follow(ctx, conn, "test", slog.New(slog.DiscardHandler), ep.SetTable, tablestream.OnReject(ep.TableUpdateFailed))
+		tablestream.Follow(ctx, conn, "test", ep.SetTable, tablestream.FollowOptions{Log: slog.New(slog.DiscardHandler), OnReject: ep.TableUpdateFailed})
 	}()
 	defer func() { cancel(); <-done }()
 

@@ -33,19 +33,17 @@ const (
 // Reasons lists every reason OnReject is given.
 var Reasons = []string{ReasonTooLarge, ReasonMalformed, ReasonUnsupportedFormat, ReasonStream}
 
-// FollowOption configures Follow.
-type FollowOption func(*follower)
-
-// OnReject makes Follow call f whenever a table update fails: a table arrived that cannot be
-// used, or the stream failed. The caller keeps the last table it was given; Follow has
-// logged why and what to do. reason is one of Reasons.
-func OnReject(f func(reason string, err error)) FollowOption {
-	return func(fl *follower) { fl.onReject = f }
+// FollowOptions configure Follow; the zero value has the defaults.
+type FollowOptions struct {
+	// Log receives why updates failed and what to do; nil means slog.Default().
+	Log *slog.Logger
+	// OnReject, when set, is called whenever a table update fails: a table arrived that
+	// cannot be used, or the stream failed. The caller keeps the last table it was given;
+	// Follow has logged why. reason is one of Reasons.
+	OnReject func(reason string, err error)
+	// MaxTableSize is the largest table Follow accepts; 0 means MaxTableSize (tests lower it).
+	MaxTableSize int
 }
-
-// WithClientMaxTableSize sets the largest table Follow accepts (default MaxTableSize); tests
-// lower it.
-func WithClientMaxTableSize(n int) FollowOption { return func(fl *follower) { fl.maxSize = n } }
 
 type follower struct {
 	log      *slog.Logger
@@ -55,16 +53,19 @@ type follower struct {
 
 // Follow is the extproc side: it subscribes to the table over conn until ctx ends, calling
 // apply with every table received. A table it cannot use (too large, malformed, of an
-// unknown format) is not applied: Follow logs why, calls the OnReject callback and waits for
+// unknown format) is not applied: Follow logs why, calls OnReject and waits for
 // the next. When the stream fails it does the same, waits (exponential backoff up to 10 s)
 // and reconnects; in between, the caller keeps using the last table it was given.
-func Follow(ctx context.Context, conn grpc.ClientConnInterface, clientID string, log *slog.Logger, apply func(*plan.Table, string), opts ...FollowOption) {
-	fl := &follower{log: log, maxSize: MaxTableSize, onReject: func(string, error) {}}
+func Follow(ctx context.Context, conn grpc.ClientConnInterface, clientID string, apply func(*plan.Table, string), opts FollowOptions) {
+	fl := &follower{log: opts.Log, maxSize: opts.MaxTableSize, onReject: opts.OnReject}
 	if fl.log == nil {
 		fl.log = slog.Default()
 	}
-	for _, o := range opts {
-		o(fl)
+	if fl.maxSize <= 0 {
+		fl.maxSize = MaxTableSize
+	}
+	if fl.onReject == nil {
+		fl.onReject = func(string, error) {}
 	}
 	client := tablev1.NewTableServiceClient(conn)
 	const initialBackoff = 100 * time.Millisecond

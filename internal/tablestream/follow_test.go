@@ -49,7 +49,7 @@ type follower struct {
 	log      testutil.SyncBuffer
 }
 
-func follow(t *testing.T, addr string, opts ...tablestream.FollowOption) *follower {
+func follow(t *testing.T, addr string, maxTableSize int) *follower {
 	t.Helper()
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -58,18 +58,18 @@ func follow(t *testing.T, addr string, opts ...tablestream.FollowOption) *follow
 	f := &follower{}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	opts = append(opts, tablestream.OnReject(func(reason string, err error) {
+	opts := tablestream.FollowOptions{Log: slog.New(slog.NewTextHandler(&f.log, nil)), MaxTableSize: maxTableSize, OnReject: func(reason string, err error) {
 		f.mu.Lock()
 		f.rejects, f.errs = append(f.rejects, reason), append(f.errs, err)
 		f.mu.Unlock()
-	}))
+	}}
 	go func() {
 		defer close(done)
-		tablestream.Follow(ctx, conn, "test", slog.New(slog.NewTextHandler(&f.log, nil)), func(tb *plan.Table, v string) {
+		tablestream.Follow(ctx, conn, "test", func(tb *plan.Table, v string) {
 			f.mu.Lock()
 			f.versions, f.last = append(f.versions, v), tb
 			f.mu.Unlock()
-		}, opts...)
+		}, opts)
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -132,10 +132,10 @@ func metric(t *testing.T, reg *prometheus.Registry, name string, label ...string
 // client keeps its last table, reports the lost stream, and picks up the new server's table
 // after reconnecting.
 func TestFollowSurvivesRestart(t *testing.T) {
-	srv1 := tablestream.NewServer()
+	srv1 := tablestream.NewServer(tablestream.ServerOptions{})
 	srv1.Publish(sample(t, true), time.Now())
 	addr, stop1 := serve(t, "127.0.0.1:0", srv1)
-	f := follow(t, addr)
+	f := follow(t, addr, 0)
 	f.wait(t, "the first table", func() bool { return len(f.versions) == 1 })
 	srv1.Publish(sample(t, false), time.Now())
 	f.wait(t, "the second table", func() bool { return len(f.versions) == 2 })
@@ -149,7 +149,7 @@ func TestFollowSurvivesRestart(t *testing.T) {
 	}
 	f.mu.Unlock()
 
-	srv2 := tablestream.NewServer()
+	srv2 := tablestream.NewServer(tablestream.ServerOptions{})
 	srv2.Publish(sample(t, true), time.Now())
 	serve(t, addr, srv2)
 	f.wait(t, "the new server's table", func() bool { return len(f.versions) == 3 })
@@ -171,10 +171,10 @@ func TestLargeTableStreams(t *testing.T) {
 	}
 	big := big50kTable(t)
 	reg := prometheus.NewRegistry()
-	srv := tablestream.NewServer(tablestream.WithRegisterer(reg))
+	srv := tablestream.NewServer(tablestream.ServerOptions{Registerer: reg})
 	srv.Publish(big, time.Now())
 	addr, _ := serve(t, "127.0.0.1:0", srv)
-	f := follow(t, addr)
+	f := follow(t, addr, 0)
 	// Tens of MB to encode, chunk, send and decode under -race: on a busy 2-core machine
 	// that took more than 20 s.
 	f.waitUpTo(t, 3*time.Minute, "the table", func() bool { return len(f.versions) == 1 || len(f.rejects) > 0 })
@@ -202,11 +202,11 @@ func TestTooLargeRefused(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	var log testutil.SyncBuffer
 	const limit = 64 << 10
-	srv := tablestream.NewServer(tablestream.WithLogger(slog.New(slog.NewTextHandler(&log, nil))), tablestream.WithRegisterer(reg), tablestream.WithMaxTableSize(limit))
+	srv := tablestream.NewServer(tablestream.ServerOptions{Log: slog.New(slog.NewTextHandler(&log, nil)), Registerer: reg, MaxTableSize: limit})
 	small := sample(t, true)
 	srv.Publish(small, time.Now())
 	addr, _ := serve(t, "127.0.0.1:0", srv)
-	f := follow(t, addr)
+	f := follow(t, addr, 0)
 	f.wait(t, "the first table", func() bool { return len(f.versions) == 1 })
 
 	big := tableOf(t, bigTopology(t, 20, 3)) // 400 resources, about 320 KB of discovery
@@ -236,7 +236,7 @@ func TestTooLargeRefused(t *testing.T) {
 		t.Errorf("the follower's log does not say what happened and what to do:\n%s", l)
 	}
 
-	fresh := follow(t, addr)
+	fresh := follow(t, addr, 0)
 	fresh.wait(t, "the refusal reported to a new follower", func() bool { return fresh.rejected(tablestream.ReasonTooLarge) })
 
 	srv.Publish(sample(t, false), time.Now())
@@ -250,10 +250,10 @@ func TestTooLargeRefused(t *testing.T) {
 // TestClientLimit: a table over the follower's own limit (a server with a higher one) is
 // refused by the follower, which keeps its table and takes the next one on the same stream.
 func TestClientLimit(t *testing.T) {
-	srv := tablestream.NewServer()
+	srv := tablestream.NewServer(tablestream.ServerOptions{})
 	srv.Publish(sample(t, true), time.Now())
 	addr, _ := serve(t, "127.0.0.1:0", srv)
-	f := follow(t, addr, tablestream.WithClientMaxTableSize(64<<10))
+	f := follow(t, addr, 64<<10)
 	f.wait(t, "the first table", func() bool { return len(f.versions) == 1 })
 	srv.Publish(tableOf(t, bigTopology(t, 20, 3)), time.Now())
 	f.wait(t, "the refusal", func() bool { return f.rejected(tablestream.ReasonTooLarge) })
@@ -292,7 +292,7 @@ func (s *scripted) Subscribe(_ *tablev1.SubscribeRequest, stream grpc.ServerStre
 func TestBadTablesRejected(t *testing.T) {
 	srv := &scripted{chunks: make(chan []*tablev1.TableChunk)}
 	addr, _ := serve(t, "127.0.0.1:0", srv)
-	f := follow(t, addr)
+	f := follow(t, addr, 0)
 	good := tablestream.ToProto(sample(t, true), time.Unix(1, 0))
 	srv.chunks <- tablestream.Chunks(good)
 	f.wait(t, "the good table", func() bool { return len(f.versions) == 1 })
@@ -339,7 +339,7 @@ func TestBadTablesRejected(t *testing.T) {
 // one) is reported as an unsupported format, not as a mere lost stream.
 func TestServerWithoutSubscribe(t *testing.T) {
 	addr, _ := serve(t, "127.0.0.1:0", nil)
-	f := follow(t, addr)
+	f := follow(t, addr, 0)
 	f.wait(t, "the rejection", func() bool { return len(f.rejects) > 0 })
 	f.mu.Lock()
 	defer f.mu.Unlock()

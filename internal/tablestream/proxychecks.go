@@ -48,8 +48,8 @@ const (
 // ProxyChecks keeps, on xds-server, the latest proxy certificate report of every extproc:
 // while its stream is open, and for Grace after it ended. It is safe for concurrent use.
 type ProxyChecks struct {
-	// OnChange, when set before the first report, is called (outside ProxyChecks' lock,
-	// possibly concurrently) after every change of the reports kept.
+	// OnChange, when set, is called (outside ProxyChecks' lock, possibly concurrently) after
+	// every change of the reports kept.
 	OnChange func()
 	// Grace and MaxReporters: DefaultReportGrace and DefaultMaxReporters when zero.
 	Grace        time.Duration
@@ -238,16 +238,13 @@ func sameVerdicts(a, b []*tablev1.ProxyCheckVerdict) bool {
 }
 
 // ReportProxyChecks implements TableService: it keeps the stream's reports in the
-// ProxyChecks given to NewServer (WithProxyChecks); without one it is unimplemented.
+// ProxyChecks given to NewServer (ServerOptions.ProxyChecks); without one it is unimplemented.
 func (s *Server) ReportProxyChecks(stream grpc.ClientStreamingServer[tablev1.ProxyCheckReport, tablev1.ProxyCheckReportAck]) error {
 	if s.checks == nil {
 		return status.Error(codes.Unimplemented, "this xds-server keeps no proxy certificate reports")
 	}
 	return s.checks.receive(stream)
 }
-
-// WithProxyChecks makes the Server keep extprocs' proxy certificate reports in p.
-func WithProxyChecks(p *ProxyChecks) ServerOption { return func(s *Server) { s.checks = p } }
 
 // ReportProxyChecks is the extproc side: until ctx ends it streams findings' report to
 // xds-server over conn, at once and again at every change (findings returns the current

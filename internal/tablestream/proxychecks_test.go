@@ -132,7 +132,7 @@ func TestProxyCheckReports(t *testing.T) {
 	topo := sampleTopology(t)
 	changes := make(chan struct{}, 100)
 	checks := &tablestream.ProxyChecks{Grace: 300 * time.Millisecond, OnChange: func() { changes <- struct{}{} }}
-	addr, _ := serve(t, "127.0.0.1:0", tablestream.NewServer(tablestream.WithProxyChecks(checks)))
+	addr, _ := serve(t, "127.0.0.1:0", tablestream.NewServer(tablestream.ServerOptions{ProxyChecks: checks}))
 	waitDangerous := func(what string, want map[string]string) {
 		t.Helper()
 		deadline := time.Now().Add(10 * time.Second)
@@ -202,8 +202,8 @@ func TestProxyCheckReports(t *testing.T) {
 // refused; an xds-server that keeps no reports answers UNIMPLEMENTED.
 func TestProxyCheckReportLimits(t *testing.T) {
 	checks := &tablestream.ProxyChecks{MaxReporters: 1}
-	addr, _ := serve(t, "127.0.0.1:0", tablestream.NewServer(tablestream.WithProxyChecks(checks)))
-	plain, _ := serve(t, "127.0.0.1:0", tablestream.NewServer())
+	addr, _ := serve(t, "127.0.0.1:0", tablestream.NewServer(tablestream.ServerOptions{ProxyChecks: checks}))
+	plain, _ := serve(t, "127.0.0.1:0", tablestream.NewServer(tablestream.ServerOptions{}))
 	send := func(addr string, reports ...*tablev1.ProxyCheckReport) error {
 		t.Helper()
 		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -263,7 +263,7 @@ func TestReportToReplicas(t *testing.T) {
 			t.Skipf("cannot listen on %s:%s: %v", ip, port, err)
 		}
 		lis.Close()
-		serve(t, net.JoinHostPort(ip, port), tablestream.NewServer(tablestream.WithProxyChecks(checks[i])))
+		serve(t, net.JoinHostPort(ip, port), tablestream.NewServer(tablestream.ServerOptions{ProxyChecks: checks[i]}))
 	}
 	var mu sync.Mutex
 	addrs := []string{"127.0.0.2", "127.0.0.3"}

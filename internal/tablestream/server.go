@@ -27,7 +27,7 @@ type Server struct {
 	mu      sync.Mutex
 	current *published
 	changed chan struct{} // closed and replaced on every change of current
-	// checks keeps extprocs' proxy certificate reports (WithProxyChecks); nil: not taken.
+	// checks keeps extprocs' proxy certificate reports (ServerOptions.ProxyChecks); nil: not taken.
 	checks *ProxyChecks
 }
 
@@ -38,28 +38,25 @@ type published struct {
 	err     error
 }
 
-// ServerOption configures NewServer.
-type ServerOption func(*Server)
-
-// WithLogger makes the Server log refused tables to log (default slog.Default()).
-func WithLogger(log *slog.Logger) ServerOption { return func(s *Server) { s.log = log } }
-
-// WithRegisterer registers the Server's metrics with reg:
-//
-//	kube_mvp_xds_table_refused_total        tables not sent because they exceed the limit
-//	kube_mvp_xds_table_size_bytes{encoding} the last table's size, "protobuf" (what the limit
-//	                                        applies to) and "gzip" (what goes on the wire)
-//	kube_mvp_xds_table_size_limit_bytes     the limit
-func WithRegisterer(reg prometheus.Registerer) ServerOption {
-	return func(s *Server) { reg.MustRegister(s.refused, s.sizes, s.limit) }
+// ServerOptions configure NewServer; the zero value is a Server with the defaults.
+type ServerOptions struct {
+	// Log receives refused tables; nil means slog.Default().
+	Log *slog.Logger
+	// Registerer, when set, gets the Server's metrics:
+	//
+	//	kube_mvp_xds_table_refused_total        tables not sent because they exceed the limit
+	//	kube_mvp_xds_table_size_bytes{encoding} the last table's size, "protobuf" (what the limit
+	//	                                        applies to) and "gzip" (what goes on the wire)
+	//	kube_mvp_xds_table_size_limit_bytes     the limit
+	Registerer prometheus.Registerer
+	// MaxTableSize is the largest table the Server sends; 0 means MaxTableSize (tests lower it).
+	MaxTableSize int
+	// ProxyChecks, when set, keeps extprocs' proxy certificate reports; nil: not taken.
+	ProxyChecks *ProxyChecks
 }
 
-// WithMaxTableSize sets the largest table the Server sends (default MaxTableSize); tests
-// lower it.
-func WithMaxTableSize(n int) ServerOption { return func(s *Server) { s.maxSize = n } }
-
 // NewServer returns a Server with no table yet; subscribers wait for the first Publish.
-func NewServer(opts ...ServerOption) *Server {
+func NewServer(opts ServerOptions) *Server {
 	s := &Server{
 		log: slog.Default(), maxSize: MaxTableSize, changed: make(chan struct{}),
 		refused: prometheus.NewCounter(prometheus.CounterOpts{
@@ -75,8 +72,15 @@ func NewServer(opts ...ServerOption) *Server {
 			Help: "The largest routing table xds-server sends and extproc accepts, serialized.",
 		}),
 	}
-	for _, o := range opts {
-		o(s)
+	if opts.Log != nil {
+		s.log = opts.Log
+	}
+	if opts.MaxTableSize > 0 {
+		s.maxSize = opts.MaxTableSize
+	}
+	s.checks = opts.ProxyChecks
+	if opts.Registerer != nil {
+		opts.Registerer.MustRegister(s.refused, s.sizes, s.limit)
 	}
 	s.limit.Set(float64(s.maxSize))
 	return s

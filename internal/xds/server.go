@@ -65,19 +65,8 @@ type Server struct {
 	// one kind share one translation.
 	built map[string]*cachev3.Snapshot
 	// streams counts open xDS streams (both protocols).
-	streams int
-	// OnBuild, if set, is told how every translation went (for metrics).
-	OnBuild func(d time.Duration, err error)
-
-	// Limits bound what clients can make the server hold. Set before Register.
-	Limits Limits
-	// RequireRole makes every stream prove an Envoy role (cptls) with its client certificate
-	// and present a node that fits it. Only a server started with plaintext gRPC turns it
-	// off. Set before Register.
-	RequireRole bool
-	// OnRefused, if set, is told about every stream refused (reason: a short label for a
-	// metric, such as "role", "node", "max-nodes", "max-streams", "fetch").
-	OnRefused  func(reason string, err error)
+	streams    int
+	opts       Options
 	refusedLog rateLimitedLog
 
 	stopping atomic.Bool
@@ -134,12 +123,34 @@ type TypeStatus struct {
 	NackedNext string    `json:"nackedVersion,omitempty"`
 }
 
-// New returns a server with no plans; nodes wait until the first Update. mbb times the
-// clusters kept for routing tables still in use.
-func New(translate Translator, mbb makebeforebreak.Options, log *slog.Logger) *Server {
-	s := &Server{translate: translate, log: log, nodes: map[string]*NodeStatus{}}
+// Options configure New.
+type Options struct {
+	// Translate makes a plan's Envoy resources.
+	Translate Translator
+	// MakeBeforeBreak times the clusters kept for routing tables still in use.
+	MakeBeforeBreak makebeforebreak.Options
+	// Log; nil means slog.Default().
+	Log *slog.Logger
+	// OnBuild, if set, is told how every translation went (for metrics).
+	OnBuild func(d time.Duration, err error)
+	// Limits bound what clients can make the server hold.
+	Limits Limits
+	// RequireRole makes every stream prove an Envoy role (cptls) with its client certificate
+	// and present a node that fits it. Only a server started with plaintext gRPC turns it off.
+	RequireRole bool
+	// OnRefused, if set, is told about every stream refused (reason: a short label for a
+	// metric, such as "role", "node", "max-nodes", "max-streams", "fetch").
+	OnRefused func(reason string, err error)
+}
+
+// New returns a server with no plans; nodes wait until the first Update.
+func New(opts Options) *Server {
+	if opts.Log == nil {
+		opts.Log = slog.Default()
+	}
+	s := &Server{translate: opts.Translate, log: opts.Log, nodes: map[string]*NodeStatus{}, opts: opts}
 	// When a hold ends, every node gets its snapshot again.
-	s.holds = makebeforebreak.NewHolds(mbb, func() {
+	s.holds = makebeforebreak.NewHolds(opts.MakeBeforeBreak, func() {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		s.updateLocked()
@@ -267,8 +278,8 @@ func (s *Server) setSnapshotLocked(n *NodeStatus) {
 		start := s.now()
 		var err error
 		snap, err = s.translate(s.hold.Apply(s.envoys.For(local)))
-		if s.OnBuild != nil {
-			s.OnBuild(s.now().Sub(start), err)
+		if s.opts.OnBuild != nil {
+			s.opts.OnBuild(s.now().Sub(start), err)
 		}
 		if err != nil {
 			// Keep serving the last good snapshot: Envoy is better off with slightly stale
@@ -347,7 +358,7 @@ func (s *Server) join(role cptls.Role, cert *PeerCertificate, node *core.Node) e
 		return s.refuse("envoy-version", codes.FailedPrecondition, err)
 	}
 	local := localAPIServer(node)
-	if s.RequireRole {
+	if s.opts.RequireRole {
 		var err error
 		switch {
 		case role == cptls.RoleEnvoyFront && local != "":
@@ -372,7 +383,7 @@ func (s *Server) join(role cptls.Role, cert *PeerCertificate, node *core.Node) e
 		n.Certificate = cert
 		return nil
 	}
-	if s.Limits.MaxNodes > 0 && len(s.nodes) >= s.Limits.MaxNodes {
+	if s.opts.Limits.MaxNodes > 0 && len(s.nodes) >= s.opts.Limits.MaxNodes {
 		return s.refuse("max-nodes", codes.ResourceExhausted, fmt.Errorf("node %q refused: %d nodes are connected (the limit)", node.GetId(), len(s.nodes)))
 	}
 	n = &NodeStatus{NodeID: node.GetId(), Role: role, Cluster: node.GetCluster(), LocalAPIServer: local, Streams: 1, Certificate: cert, Types: map[string]*TypeStatus{}}
@@ -407,8 +418,8 @@ func (s *Server) Refused(reason string, err error) { _ = s.refuse(reason, codes.
 // error the client gets.
 func (s *Server) refuse(reason string, code codes.Code, err error) error {
 	s.refusedLog.warn(s.log, "xDS stream refused", "reason", reason, "error", err)
-	if s.OnRefused != nil {
-		s.OnRefused(reason, err)
+	if s.opts.OnRefused != nil {
+		s.opts.OnRefused(reason, err)
 	}
 	return status.Error(code, err.Error())
 }
@@ -476,11 +487,11 @@ type trackedStream struct {
 
 func (t *streamTracker) open(ctx context.Context, id int64) error {
 	role, err := cptls.PeerRole(ctx)
-	if t.s.RequireRole && err != nil {
+	if t.s.opts.RequireRole && err != nil {
 		return t.s.refuse("role", codes.PermissionDenied, err)
 	}
 	t.s.mu.Lock()
-	full := t.s.Limits.MaxStreams > 0 && t.s.streams >= t.s.Limits.MaxStreams
+	full := t.s.opts.Limits.MaxStreams > 0 && t.s.streams >= t.s.opts.Limits.MaxStreams
 	if !full {
 		t.s.streams++
 	}

@@ -114,7 +114,7 @@ func (c *adsClient) recvCluster() (*discovery.DiscoveryResponse, string) {
 func TestADSPerNodeSnapshotsAndAcks(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	srv := xds.New(clustersOnly, noMBB, slog.Default())
+	srv := xds.New(xds.Options{Translate: clustersOnly, MakeBeforeBreak: noMBB})
 	addr := serveADS(t, ctx, srv)
 	srv.Update(plans(t, topo(t, true)))
 
@@ -176,7 +176,7 @@ func TestADSPerNodeSnapshotsAndAcks(t *testing.T) {
 }
 
 func TestReadyzWaitsForTopology(t *testing.T) {
-	srv := xds.New(clustersOnly, noMBB, slog.Default())
+	srv := xds.New(xds.Options{Translate: clustersOnly, MakeBeforeBreak: noMBB})
 	h := srv.AdminHandler(http.NotFoundHandler())
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, httptest.NewRequest("GET", "/readyz", nil))
@@ -228,7 +228,7 @@ func TestLingeringClusters(t *testing.T) {
 		return slices.Clone(lastClusters)
 	}
 	clock := clocktesting.NewFakeClock(time.Unix(1000, 0))
-	srv := xds.New(clusters, makebeforebreak.Options{TableDelay: time.Second, Linger: 30 * time.Second, Clock: clock}, slog.New(slog.DiscardHandler))
+	srv := xds.New(xds.Options{Translate: clusters, MakeBeforeBreak: makebeforebreak.Options{TableDelay: time.Second, Linger: 30 * time.Second, Clock: clock}, Log: slog.New(slog.DiscardHandler)})
 	srv.Update(plans(t, three(true))) // batch → only-cp-a+cp-c
 	// A connected node, so that every update is translated.
 	c := dial(t, t.Context(), serveADS(t, t.Context(), srv), &core.Node{Id: "front"})
@@ -265,7 +265,7 @@ func TestLingeringClusters(t *testing.T) {
 // JoinDelay; those live in the first topology never wait.
 func TestJoiningApiserver(t *testing.T) {
 	clock := clocktesting.NewFakeClock(time.Unix(1000, 0))
-	srv := xds.New(clustersOnly, makebeforebreak.Options{TableDelay: time.Second, Clock: clock}, slog.New(slog.DiscardHandler))
+	srv := xds.New(xds.Options{Translate: clustersOnly, MakeBeforeBreak: makebeforebreak.Options{TableDelay: time.Second, Clock: clock}, Log: slog.New(slog.DiscardHandler)})
 	srv.Update(plans(t, topo(t, true)))
 	if got := srv.Joining(); len(got) != 0 {
 		t.Fatalf("joining %v in the first topology", got)
@@ -298,14 +298,17 @@ func TestLimitsAndNodeLifetime(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	translations := 0
-	srv := xds.New(func(p *plan.Plan) (*cachev3.Snapshot, error) {
-		translations++
-		return clustersOnly(p)
-	}, noMBB, slog.Default())
-	srv.Limits = xds.Limits{MaxNodes: 2}
 	refused := map[string]int{}
 	var mu sync.Mutex
-	srv.OnRefused = func(reason string, _ error) { mu.Lock(); refused[reason]++; mu.Unlock() }
+	srv := xds.New(xds.Options{
+		Translate: func(p *plan.Plan) (*cachev3.Snapshot, error) {
+			translations++
+			return clustersOnly(p)
+		},
+		MakeBeforeBreak: noMBB,
+		Limits:          xds.Limits{MaxNodes: 2},
+		OnRefused:       func(reason string, _ error) { mu.Lock(); refused[reason]++; mu.Unlock() },
+	})
 	addr := serveADS(t, ctx, srv)
 	srv.Update(plans(t, topo(t, true)))
 	base := translations
@@ -388,10 +391,10 @@ func serveADS(t *testing.T, ctx context.Context, srv *xds.Server) string {
 func TestEnvoyVersion(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	srv := xds.New(clustersOnly, noMBB, slog.New(slog.DiscardHandler))
 	refused := map[string]int{}
 	var mu sync.Mutex
-	srv.OnRefused = func(reason string, _ error) { mu.Lock(); refused[reason]++; mu.Unlock() }
+	srv := xds.New(xds.Options{Translate: clustersOnly, MakeBeforeBreak: noMBB, Log: slog.New(slog.DiscardHandler),
+		OnRefused: func(reason string, _ error) { mu.Lock(); refused[reason]++; mu.Unlock() }})
 	addr := serveADS(t, ctx, srv)
 	srv.Update(plans(t, topo(t, true)))
 	envoy := func(id string, major, minor, patch uint32) *core.Node {

@@ -33,7 +33,6 @@ import (
 
 	"github.com/kube-mvp/kube-mvp/internal/extproc"
 	"github.com/kube-mvp/kube-mvp/internal/fixtures"
-	"github.com/kube-mvp/kube-mvp/internal/makebeforebreak"
 	"github.com/kube-mvp/kube-mvp/internal/objects"
 	"github.com/kube-mvp/kube-mvp/internal/plan"
 	"github.com/kube-mvp/kube-mvp/internal/snapshot"
@@ -477,7 +476,7 @@ func newEnv(t testing.TB, o envOptions) *env {
 		// dial, which under -race on a busy machine can take longer (e2e uses 2 s too).
 		ExtProcMessageTimeout: testExtProcMessageTimeout,
 	}
-	e.xds = xds.New(func(p *plan.Plan) (*cachev3.Snapshot, error) {
+	e.xds = xds.New(xds.Options{Log: testLogger(t), Translate: func(p *plan.Plan) (*cachev3.Snapshot, error) {
 		res, err := snapshot.Build(p, cfg)
 		if res == nil {
 			return nil, err
@@ -493,7 +492,7 @@ func newEnv(t testing.TB, o envOptions) *env {
 			}
 		}
 		return res.Snapshot()
-	}, makebeforebreak.Options{}, testLogger(t))
+	}})
 	plans, err := plan.ForEveryEnvoy(topo)
 	if err != nil {
 		t.Fatal(err)
