@@ -179,8 +179,8 @@ func translator(cfg snapshot.Config, log *slog.Logger) xds.Translator {
 		if res == nil {
 			return nil, err
 		}
-		if merr, ok := err.(*multierror.Error); ok { // Resources despite problems: each an *AddressError
-			for _, e := range merr.Errors {
+		if merr, ok := err.(interface{ Unwrap() []error }); ok { // Resources despite problems: each an *AddressError
+			for _, e := range merr.Unwrap() {
 				log.Warn("apiserver left out of the endpoints", "error", e)
 			}
 		}

@@ -162,8 +162,8 @@ func runTranslate(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "xds-server translate: %v\n", err)
 		return 1
 	}
-	if merr, ok := err.(*multierror.Error); ok { // Resources despite problems: warn of each
-		for _, e := range merr.Errors {
+	if merr, ok := err.(interface{ Unwrap() []error }); ok { // Resources despite problems: warn of each
+		for _, e := range merr.Unwrap() {
 			fmt.Fprintf(stderr, "warning: %v\n", e)
 		}
 	}

@@ -10,9 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/hashicorp/go-multierror"
-
-	"github.com/kube-mvp/kube-mvp/internal/cli"
 	"github.com/kube-mvp/kube-mvp/internal/cptls"
 )
 
@@ -161,10 +158,10 @@ func Renew(now time.Time, cur State, want []Spec, p Policy) (State, []Change, er
 		return State{}, nil, errors.New("certgen: Renew needs the current time")
 	}
 	if errs := p.Validate(); len(errs) > 0 {
-		return State{}, nil, fmt.Errorf("certgen: policy: %w", multierror.Append(&multierror.Error{ErrorFormat: cli.Lines}, errs...).ErrorOrNil())
+		return State{}, nil, fmt.Errorf("certgen: policy: %w", errors.Join(errs...))
 	}
 	if errs := ValidateSpecs(want); len(errs) > 0 {
-		return State{}, nil, fmt.Errorf("certgen: %w", multierror.Append(&multierror.Error{ErrorFormat: cli.Lines}, errs...).ErrorOrNil())
+		return State{}, nil, fmt.Errorf("certgen: %w", errors.Join(errs...))
 	}
 	r := &renewal{now: now, p: p, renewAll: cur.RenewAllRequest}
 	out, err := r.run(cur, want)

@@ -10,10 +10,6 @@ import (
 	"os"
 	"sync"
 	"time"
-
-	"github.com/hashicorp/go-multierror"
-
-	"github.com/kube-mvp/kube-mvp/internal/cli"
 )
 
 // Files name a holder's certificate, its key and the control plane's CA bundle: the three
@@ -76,7 +72,7 @@ func (c *Credentials) read() ([3][]byte, error) {
 		}
 		raw[i] = b
 	}
-	return raw, multierror.Append(&multierror.Error{ErrorFormat: cli.Lines}, errs...).ErrorOrNil()
+	return raw, errors.Join(errs...)
 }
 
 // apply parses raw and makes it current.

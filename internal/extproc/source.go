@@ -3,14 +3,12 @@ package extproc
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"time"
 
-	"github.com/hashicorp/go-multierror"
-
-	"github.com/kube-mvp/kube-mvp/internal/cli"
 	"github.com/kube-mvp/kube-mvp/internal/objects"
 	"github.com/kube-mvp/kube-mvp/internal/plan"
 	"github.com/kube-mvp/kube-mvp/internal/tablestream"
@@ -84,7 +82,7 @@ func (f *File) build(raw []byte) (*plan.Table, string, error) {
 		f.log.Warn("routing table source: object skipped", "file", f.path, "error", e)
 	}
 	if t == nil {
-		return nil, "", fmt.Errorf("%s: no routing table could be built: %w", f.path, multierror.Append(&multierror.Error{ErrorFormat: cli.Lines}, errs...).ErrorOrNil())
+		return nil, "", fmt.Errorf("%s: no routing table could be built: %w", f.path, errors.Join(errs...))
 	}
 	for _, n := range t.NotRoutable() {
 		f.log.Warn("routing table source: apiserver not routable", "file", f.path, "apiserver", n.ID, "hostname", n.Hostname, "reason", n.Reason)

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/go-multierror"
 	apidiscoveryv2 "k8s.io/api/apidiscovery/v2"
 	coordinationv1 "k8s.io/api/coordination/v1"
 
@@ -236,8 +235,8 @@ spec: {holderIdentity: 7, bogus: true}
 			t.Errorf("error %q does not contain %q", err, want)
 		}
 	}
-	var joined *multierror.Error
-	if !errors.As(err, &joined) || len(joined.Errors) != 2 {
+	var joined interface{ Unwrap() []error }
+	if !errors.As(err, &joined) || len(joined.Unwrap()) != 2 {
 		t.Errorf("want both documents reported, got %v", err)
 	}
 }

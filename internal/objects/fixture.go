@@ -8,7 +8,6 @@ import (
 	"io"
 	"os"
 
-	"github.com/hashicorp/go-multierror"
 	apidiscoveryv2 "k8s.io/api/apidiscovery/v2"
 	apiserverinternalv1alpha1 "k8s.io/api/apiserverinternal/v1alpha1"
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -16,8 +15,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
-
-	"github.com/kube-mvp/kube-mvp/internal/cli"
 )
 
 // A fixture is a YAML stream of ordinary Kubernetes objects, the offline twin of what the
@@ -86,7 +83,7 @@ func DecodeFixture(r io.Reader) (Objects, error) {
 			errs = append(errs, fmt.Errorf("document %d: %w", doc, err))
 		}
 	}
-	return objs, multierror.Append(&multierror.Error{ErrorFormat: cli.Lines}, errs...).ErrorOrNil()
+	return objs, errors.Join(errs...)
 }
 
 func isOnlyComments(raw []byte) bool {
@@ -164,7 +161,7 @@ func decodeDocument(raw []byte, objs *Objects) error {
 				errs = append(errs, fmt.Errorf("item %d: %w", i, err))
 			}
 		}
-		return multierror.Append(&multierror.Error{ErrorFormat: cli.Lines}, errs...).ErrorOrNil()
+		return errors.Join(errs...)
 	}
 	return nil
 }

@@ -13,11 +13,9 @@ import (
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	"github.com/hashicorp/go-multierror"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
-	"github.com/kube-mvp/kube-mvp/internal/cli"
 	"github.com/kube-mvp/kube-mvp/internal/contract"
 	"github.com/kube-mvp/kube-mvp/internal/plan"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
@@ -88,8 +86,8 @@ func (e *AddressError) Error() string {
 // Build translates a plan into Envoy resources. It is pure: the output depends only on p
 // and cfg, byte for byte. It decides nothing: every cluster, route and outcome is p's.
 //
-// Every problem is reported, not only the first: the error is then a *multierror.Error
-// (github.com/hashicorp/go-multierror) whose Errors are the problems, printed one per line.
+// Every problem is reported, not only the first: the error is then an errors.Join of the
+// problems (Unwrap() []error), printed one per line.
 // When every problem is an *AddressError (an apiserver whose endpoint had to be left out),
 // Build returns the Resources without those endpoints together with that error, so a caller
 // can choose degraded service over none; any other error means no Resources.
@@ -150,9 +148,9 @@ func envoyCluster(r plan.Route) string {
 // to show what the checks refuse.
 var changeForTest func(*Resources)
 
-// joined is errs as one *multierror.Error printed one per line, or nil if there are none.
+// joined is errs as one error printed one per line, or nil if there are none.
 func joined(errs []error) error {
-	return multierror.Append(&multierror.Error{ErrorFormat: cli.Lines}, errs...).ErrorOrNil()
+	return errors.Join(errs...)
 }
 
 // builder carries one translation.
