@@ -1,0 +1,211 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/kube-mvp/kube-mvp/internal/cli"
+	"github.com/kube-mvp/kube-mvp/internal/explain"
+	"github.com/kube-mvp/kube-mvp/internal/inventory/objects"
+	"github.com/kube-mvp/kube-mvp/internal/plan"
+	"github.com/kube-mvp/kube-mvp/internal/snapshot"
+)
+
+var explainCommand = &command{
+	name:    "explain",
+	summary: "where a request goes, and why (offline, from a fixture)",
+	usage:   explainUsage,
+	run:     runExplain,
+}
+
+func explainUsage() string {
+	return cli.Usage(explainIntro, new(explainOptions).flagSet(), explainOutro)
+}
+
+const explainIntro = `usage: kubectl mvp explain [METHOD] PATH -f FIXTURE [flags]
+
+Says where Envoy sends a request and why, in the words of the plan: the Envoy route it
+matches, whether ext_proc runs, the outcome (default set, serving set, 404 from the default
+set, 503), the cluster or serving set, the apiservers it may reach, the route timeout and
+retries. METHOD defaults to GET; PATH is the request target as sent (percent-encoded, with
+any query), e.g. /apis/batch/v1/jobs?watch=true.
+
+The answer comes from the same code as the data plane's: the plan's per-request routes
+(what extproc looks up), the Lua filter's request_class script, and the route table that
+xds-server translate prints for the fixture.
+`
+
+const explainOutro = `-o json prints one object (docs/operating.md, "kubectl mvp explain -o json").
+Exit codes: 0 explained, 1 the configuration could not be built, 2 bad command line or fixture.
+`
+
+type explainOptions struct {
+	file        string
+	output      string
+	nodeID      string
+	class       string
+	certificate bool
+	token       bool
+	build       objects.Options
+}
+
+func (o *explainOptions) flagSet() *pflag.FlagSet {
+	fs := cli.NewFlagSet("explain")
+	fs.StringVarP(&o.file, "file", "f", "", "the inventory fixture `FILE` (as xds-server translate -f)")
+	fs.VarP(cli.NewValue(&o.output, "text", "text|json", func(s string) (string, error) {
+		if s != "text" && s != "json" {
+			return "", errors.New("is not text or json")
+		}
+		return s, nil
+	}), "output", "o", "output format")
+	fs.StringVar(&o.nodeID, "node-id", "", "explain for the sidecar Envoy beside the apiserver `ID`")
+	fs.StringVar(&o.class, "class", "", "the request `CLASS` instead of the Lua filter's (read, watch, write, long-running, upgrade)")
+	fs.BoolVar(&o.certificate, "as-certificate", false, "the client presents a certificate Envoy verifies (its identity is set by Envoy: the front-proxy clusters)")
+	fs.BoolVar(&o.token, "as-token", false, "the client sends a bearer token (the default)")
+	fs.Var(cli.NewValue(&o.build.Now, time.Time{}, "RFC3339", cli.Time), "now", "judge Lease liveness at this time (default: every Lease is live)")
+	fs.Var(cli.NewValue(&o.build.LivenessWindow, objects.DefaultLivenessWindow, "DURATION", cli.Duration(1, "a positive duration, e.g. 30s")),
+		"liveness-window", "how recent a live Lease's renewal is")
+	return fs
+}
+
+func runExplain(args []string, stdout, stderr io.Writer) int {
+	var o explainOptions
+	fs := cli.WithHelp(o.flagSet())
+	var req explain.Request
+	err := fs.Parse(args)
+	if err == nil {
+		switch pos := fs.Args(); len(pos) {
+		case 1:
+			req.Method, req.Target = "GET", pos[0]
+		case 2:
+			req.Method, req.Target = strings.ToUpper(pos[0]), pos[1]
+		default:
+			err = errors.New("want [METHOD] PATH, e.g. GET /apis/batch/v1/jobs")
+		}
+	}
+	switch {
+	case err != nil:
+	case o.file == "":
+		err = errors.New("-f FIXTURE is required: explain works offline on an inventory fixture (against a running kube-mvp: not yet)")
+	case o.certificate && o.token:
+		err = errors.New("--as-certificate and --as-token exclude each other")
+	case !strings.HasPrefix(req.Target, "/"):
+		err = fmt.Errorf("PATH %q must start with /", req.Target)
+	}
+	if code, ok := cli.Done("kubectl mvp explain", err, explainUsage, stdout, stderr); !ok {
+		return code
+	}
+	req.Certificate, req.Class = o.certificate, o.class
+
+	objs, err := objects.LoadFixture(o.file)
+	if err != nil {
+		fmt.Fprintf(stderr, "kubectl mvp explain: %v\n", err)
+		return 2
+	}
+	topo, warnings := objects.Build(objs, o.build)
+	for _, w := range warnings {
+		fmt.Fprintf(stderr, "warning: %s: %v\n", o.file, w)
+	}
+	if topo == nil {
+		fmt.Fprintf(stderr, "kubectl mvp explain: %s describes no usable topology\n", o.file)
+		return 2
+	}
+	if o.nodeID != "" {
+		if _, ok := topo.Server(o.nodeID); !ok {
+			fmt.Fprintf(stderr, "warning: --node-id %s: no identity Lease in %s names this apiserver\n", o.nodeID, o.file)
+		}
+		topo = topo.WithLocal(o.nodeID)
+	}
+	p, err := plan.Build(topo)
+	if err != nil {
+		fmt.Fprintf(stderr, "kubectl mvp explain: %v\n", err)
+		return 1
+	}
+	e, err := explain.New(p, snapshot.Config{Secrets: explain.SecretsAssumed})
+	if err != nil {
+		fmt.Fprintf(stderr, "kubectl mvp explain: %v\n", err)
+		return 1
+	}
+	x, err := e.Explain(req)
+	if err != nil {
+		fmt.Fprintf(stderr, "kubectl mvp explain: %v\n", err)
+		return 1
+	}
+	if o.output == "json" {
+		out, _ := json.MarshalIndent(x, "", "  ")
+		fmt.Fprintf(stdout, "%s\n", out)
+		return 0
+	}
+	writeExplanation(stdout, x)
+	return 0
+}
+
+// writeExplanation prints x as a table of fields.
+func writeExplanation(w io.Writer, x *explain.Explanation) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	row := func(k, v string) {
+		if v != "" {
+			fmt.Fprintf(tw, "%s\t%s\n", k, v)
+		}
+	}
+	row("REQUEST", fmt.Sprintf("%s %s (%s, class %s)", x.Method, x.Path, x.Identity, x.Class))
+	row("ENVOY", x.Envoy)
+	route := x.Route
+	if x.FinalRoute != "" {
+		route += " → " + x.FinalRoute
+	}
+	row("ROUTE", route)
+	row("EXT_PROC", x.ExtProc)
+	outcome := x.Outcome
+	if x.Status != 0 {
+		outcome += fmt.Sprintf(" (%d)", x.Status)
+	}
+	row("OUTCOME", outcome)
+	row("RESOURCE", x.Resource)
+	row("CLUSTER", x.Cluster)
+	row("SERVING SET", x.ServingSet)
+	for i, s := range x.APIServers {
+		k := ""
+		if i == 0 {
+			k = "APISERVERS"
+		}
+		state := "live"
+		if !s.Live {
+			state = "not live"
+		}
+		fmt.Fprintf(tw, "%s\t%s  %s  %s\n", k, s.ID, orDash(s.Hostname), state)
+	}
+	if len(x.APIServers) == 0 {
+		row("APISERVERS", "none")
+	}
+	row("TIMEOUT", x.Timeout)
+	if x.Retry != nil {
+		r := fmt.Sprintf("up to %d on %s", x.Retry.NumRetries, x.Retry.On)
+		if len(x.Retry.StatusCodes) > 0 {
+			r += fmt.Sprintf(" (status %v)", x.Retry.StatusCodes)
+		}
+		row("RETRY", r)
+	}
+	for i, why := range x.Why {
+		k := ""
+		if i == 0 {
+			k = "WHY"
+		}
+		fmt.Fprintf(tw, "%s\t%s\n", k, why)
+	}
+	tw.Flush()
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
