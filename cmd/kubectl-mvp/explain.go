@@ -53,6 +53,7 @@ type explainOptions struct {
 	class       string
 	certificate bool
 	token       bool
+	dangerous   []string
 	build       objects.Options
 }
 
@@ -69,6 +70,7 @@ func (o *explainOptions) flagSet() *pflag.FlagSet {
 	fs.StringVar(&o.class, "class", "", "the request `CLASS` instead of the Lua filter's (read, watch, write, long-running, upgrade)")
 	fs.BoolVar(&o.certificate, "as-certificate", false, "the client presents a certificate Envoy verifies (its identity is set by Envoy: the front-proxy clusters)")
 	fs.BoolVar(&o.token, "as-token", false, "the client sends a bearer token (the default)")
+	fs.StringArrayVar(&o.dangerous, "dangerous-apiserver", nil, "explain as if extproc had found the apiserver `ID=REASON` taking the proxy certificate for an ordinary client's (as xds-server translate); repeatable")
 	fs.Var(cli.NewValue(&o.build.Now, time.Time{}, "RFC3339", cli.Time), "now", "judge Lease liveness at this time (default: every Lease is live)")
 	fs.Var(cli.NewValue(&o.build.LivenessWindow, objects.DefaultLivenessWindow, "DURATION", cli.Duration(1, "a positive duration, e.g. 30s")),
 		"liveness-window", "how recent a live Lease's renewal is")
@@ -122,6 +124,18 @@ func runExplain(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "warning: --node-id %s: no identity Lease in %s names this apiserver\n", o.nodeID, o.file)
 		}
 		topo = topo.WithLocal(o.nodeID)
+	}
+	if len(o.dangerous) > 0 {
+		d := map[string]string{}
+		for _, f := range o.dangerous {
+			id, reason, ok := strings.Cut(f, "=")
+			if !ok || id == "" || reason == "" {
+				fmt.Fprintf(stderr, "kubectl mvp explain: --dangerous-apiserver %q: want ID=REASON\n", f)
+				return 2
+			}
+			d[id] = reason
+		}
+		topo = topo.WithDangerous(d)
 	}
 	p, err := plan.Build(topo)
 	if err != nil {
