@@ -1,10 +1,93 @@
 package main
 
-import "io"
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/hashicorp/go-multierror"
+	"github.com/spf13/pflag"
+
+	"github.com/kube-mvp/kube-mvp/internal/cli"
+	"github.com/kube-mvp/kube-mvp/internal/opstatus"
+)
 
 var statusCommand = &command{
 	name:    "status",
 	summary: "what the running xds-server and extproc see",
-	usage:   func() string { return "usage: kubectl mvp status --xds-admin URL [--extproc-admin URL]\n" },
-	run:     func(args []string, stdout, stderr io.Writer) int { return 2 },
+	usage:   statusUsage,
+	run:     runStatus,
+}
+
+func statusUsage() string {
+	return cli.Usage(statusIntro, new(statusOptions).flagSet(), statusOutro)
+}
+
+const statusIntro = `usage: kubectl mvp status --xds-admin URL [--extproc-admin URL] [flags]
+
+Prints each apiserver as xds-server sees it (hostname, ID, live / unverified / departed /
+stale, where its capabilities came from and since when, whether it accepts the proxy
+certificate), the resources not every live apiserver serves and who serves them, each Envoy
+connected to xds-server (node, role, configuration version, ACK or NACK with Envoy's reason)
+and, with --extproc-admin, extproc's routing table (version, age, update failures).
+`
+
+const statusOutro = `Reads xds-server's /debug/topology and /debug/syncz and extproc's /readyz and /metrics.
+In a cluster, port-forward them first (kubectl -n NAMESPACE port-forward ...); going through
+the Kubernetes API is not implemented yet.
+Exit codes: 0 printed, 1 xds-server's admin did not answer, 2 bad command line.
+`
+
+type statusOptions struct {
+	xdsAdmin, extprocAdmin string
+	output                 string
+	timeout                time.Duration
+}
+
+func (o *statusOptions) flagSet() *pflag.FlagSet {
+	fs := cli.NewFlagSet("status")
+	fs.StringVar(&o.xdsAdmin, "xds-admin", "", "xds-server's admin `URL`, e.g. http://127.0.0.1:9100")
+	fs.StringVar(&o.extprocAdmin, "extproc-admin", "", "extproc's admin `URL`, e.g. http://127.0.0.1:9002")
+	fs.VarP(cli.NewValue(&o.output, "text", "text|json", func(s string) (string, error) {
+		if s != "text" && s != "json" {
+			return "", errors.New("is not text or json")
+		}
+		return s, nil
+	}), "output", "o", "output format")
+	fs.Var(cli.NewValue(&o.timeout, 10*time.Second, "DURATION", cli.Duration(1, "a positive duration, e.g. 10s")), "timeout", "how long to wait for the admin pages")
+	return fs
+}
+
+func runStatus(args []string, stdout, stderr io.Writer) int {
+	var o statusOptions
+	errs, stop := cli.Parse(o.flagSet(), args)
+	err := stop
+	if err == nil {
+		if o.xdsAdmin == "" {
+			errs = multierror.Append(errs, opstatus.ErrNoAdmin)
+		}
+		err = cli.Err(errs)
+	}
+	if code, ok := cli.Done("kubectl mvp status", err, statusUsage, stdout, stderr); !ok {
+		return code
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), o.timeout)
+	defer cancel()
+	pages, err := opstatus.Fetch(ctx, &http.Client{}, o.xdsAdmin, o.extprocAdmin)
+	if err != nil {
+		fmt.Fprintf(stderr, "kubectl mvp status: %v\n", err)
+		return 1
+	}
+	r := opstatus.Summarize(pages)
+	if o.output == "json" {
+		out, _ := json.MarshalIndent(r, "", "  ")
+		fmt.Fprintf(stdout, "%s\n", out)
+		return 0
+	}
+	opstatus.Write(stdout, r, time.Now())
+	return 0
 }

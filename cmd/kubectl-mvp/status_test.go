@@ -1,0 +1,91 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kube-mvp/kube-mvp/internal/opstatus"
+	"github.com/kube-mvp/kube-mvp/test/controlplane"
+	"github.com/kube-mvp/kube-mvp/test/harness"
+)
+
+// TestStatusAgainstRunningKubeMVP runs status against a real xds-server, extproc and data
+// plane in front of the usual mixed control plane (cp-a serves batch/v1, cp-b does not).
+func TestStatusAgainstRunningKubeMVP(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cp := controlplane.ForTest(t, ctx, controlplane.Options{Servers: controlplane.MixedServers()})
+	bin := t.TempDir()
+	if err := harness.BuildBinaries(ctx, bin); err != nil {
+		t.Fatal(err)
+	}
+	dir, err := os.MkdirTemp("/tmp", "kmvp-status-") // short: unix socket paths
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	k, err := harness.Start(ctx, harness.Options{ControlPlane: cp, BinDir: bin, Dir: dir, Name: "front"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { k.Close() })
+
+	var out, errOut bytes.Buffer
+	if code := run([]string{"status", "--xds-admin", k.XDSAdmin, "--extproc-admin", k.ExtprocAdmin, "-o", "json"}, &out, &errOut); code != 0 {
+		t.Fatalf("status: exit %d: %s", code, errOut.String())
+	}
+	var r opstatus.Report
+	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	var hosts []string
+	for _, a := range r.APIServers {
+		hosts = append(hosts, a.Hostname)
+		if a.State != "live" || a.CapabilitiesFrom != "discovery" || a.Since.IsZero() || a.ProxyCertificate != "accepted" {
+			t.Errorf("apiserver %+v: want live, capabilities from discovery with a time, proxy certificate accepted", a)
+		}
+	}
+	if slices.Sort(hosts); !slices.Equal(hosts, []string{"cp-a", "cp-b"}) {
+		t.Errorf("apiservers %v, want cp-a and cp-b", hosts)
+	}
+	jobs := slices.IndexFunc(r.PartiallyServed, func(p opstatus.Partial) bool { return p.Resource == "batch/v1/jobs" })
+	if jobs < 0 || r.PartiallyServed[jobs].Outcome != "subset" || !slices.Equal(r.PartiallyServed[jobs].ServedBy, []string{"cp-a"}) {
+		t.Errorf("partially served: %+v; want batch/v1/jobs a subset served by cp-a", r.PartiallyServed)
+	}
+	if len(r.Envoys) != 1 || r.Envoys[0].Node != "front" || r.Envoys[0].State != "ACK" || r.Envoys[0].Version == "" {
+		t.Errorf("envoys %+v, want node front, ACK, with a version", r.Envoys)
+	}
+	if x := r.ExtProc; x == nil || !x.Ready || x.TableVersion == "" || x.TableAgeSeconds == nil || x.UpdateFailing {
+		t.Errorf("extproc %+v, want ready with a table", x)
+	}
+	if len(r.Problems) > 0 {
+		t.Errorf("problems: %q", r.Problems)
+	}
+
+	out.Reset()
+	if code := run([]string{"status", "--xds-admin", k.XDSAdmin, "--extproc-admin", k.ExtprocAdmin}, &out, &errOut); code != 0 {
+		t.Fatalf("status: exit %d: %s", code, errOut.String())
+	}
+	for _, want := range []string{"APISERVERS", "cp-a", "batch/v1/jobs", "front", "ACK", "EXTPROC"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("status lacks %q:\n%s", want, out.String())
+		}
+	}
+	t.Logf("kubectl mvp status:\n%s", out.String())
+
+	// extproc gone: said, and the rest still printed.
+	k.StopExtproc()
+	out.Reset()
+	if code := run([]string{"status", "--xds-admin", k.XDSAdmin, "--extproc-admin", k.ExtprocAdmin}, &out, &errOut); code != 0 {
+		t.Fatalf("status: exit %d: %s", code, errOut.String())
+	}
+	if !strings.Contains(out.String(), "extproc's admin at "+k.ExtprocAdmin+" does not answer") {
+		t.Errorf("status without extproc:\n%s", out.String())
+	}
+}
