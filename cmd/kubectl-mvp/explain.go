@@ -179,7 +179,7 @@ func writeExplanation(w io.Writer, x *explain.Explanation) {
 	row("EXT_PROC", x.ExtProc)
 	outcome := x.Outcome
 	if x.Status != 0 {
-		outcome += fmt.Sprintf(" (%d)", x.Status)
+		outcome += fmt.Sprintf(" (kube-mvp answers %d)", x.Status)
 	}
 	row("OUTCOME", outcome)
 	row("RESOURCE", x.Resource)

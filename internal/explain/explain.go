@@ -52,10 +52,12 @@ type Explanation struct {
 	// ExtProc is "off", "decides" (extproc names the cluster or answers) or "merges" (the
 	// discovery route: extproc merges the answer, and Envoy goes on without it).
 	ExtProc string `json:"extProc"`
-	// Outcome is the plan's outcome (default, subset, not_served, unavailable), or "refused"
-	// for an answer of Envoy's or extproc's own.
+	// Outcome is the plan's outcome: default, subset, not_served (the default set answers
+	// 404) or unavailable.
 	Outcome string `json:"outcome"`
-	// Status is the answer kube-mvp gives itself (503), 0 when the request is forwarded.
+	// Status is the status kube-mvp answers with itself (503: unavailable, or every
+	// apiserver that could serve a certificate's request takes the proxy certificate for an
+	// ordinary client's); 0 when the request is forwarded.
 	Status int `json:"status,omitempty"`
 	// Resource is the serving-table key decided on ("" for non-resource requests).
 	Resource string `json:"resource,omitempty"`
@@ -179,17 +181,21 @@ func (e *Explainer) Explain(req Request) (*Explanation, error) {
 	x.Outcome = d.Outcome.String()
 
 	if dr := first.GetDirectResponse(); dr != nil {
-		x.Outcome, x.Status = "refused", int(dr.GetStatus())
+		x.Status = int(dr.GetStatus())
 		x.Why = append(x.Why, fmt.Sprintf("Envoy answers %d itself: %s", dr.GetStatus(), strings.TrimSpace(dr.GetBody().GetInlineString())))
 		return x, nil
 	}
 	final := first
 	switch x.ExtProc {
 	case "decides":
-		x.Why = append(x.Why, fmt.Sprintf("route %s needs a decision per request: extproc decides on the path as the apiserver reads it", x.Route))
+		if x.Route == snapshot.RouteEscapedPath {
+			x.Why = append(x.Why, "the path has a %-escape or starts with //: Envoy cannot tell its group/version, so extproc decides on the path as the apiserver decodes it")
+		} else {
+			x.Why = append(x.Why, fmt.Sprintf("some resource of route %s does not go to the default cluster, so extproc decides each request", x.Route))
+		}
 		cluster, set, refusal := extprocCluster(d, req.Certificate, x.Class == contract.ClassUpgrade, e.p)
 		if refusal != "" {
-			x.Outcome, x.Status = "refused", 503
+			x.Status = 503
 			x.Why = append(x.Why, refusal)
 			x.APIServers = e.servers(d.Servers)
 			return x, nil
@@ -223,7 +229,7 @@ func (e *Explainer) Explain(req Request) (*Explanation, error) {
 func extprocCluster(d plan.Route, certificate, upgrade bool, p *plan.Plan) (cluster, set, refusal string) {
 	switch {
 	case d.Outcome == topology.Unavailable:
-		return "", "", "extproc answers 503: " + "no apiserver that serves " + d.Resource.String() + " is available"
+		return "", "", "extproc answers 503: no apiserver that serves " + d.Resource.String() + " is available (those that would are not live: a stale Lease, no address, or no verified discovery of their own)"
 	case certificate && len(d.FrontProxyRefused) > 0:
 		return "", "", "extproc answers 503: " + plan.FrontProxyRefusal(p.Topology.APIServers, d.FrontProxyRefused)
 	}
@@ -277,7 +283,9 @@ func (e *Explainer) why(d plan.Route, x *Explanation) []string {
 	var out []string
 	switch d.Outcome {
 	case topology.Default:
-		if d.Resource == (topology.Resource{}) {
+		if x.Route == snapshot.RouteDiscovery || strings.HasPrefix(x.Route, snapshot.RouteDiscovery+":") {
+			out = append(out, "the aggregated discovery (/apis): any apiserver of the default set answers it")
+		} else if d.Resource == (topology.Resource{}) {
 			out = append(out, "no published resource: the default set serves it (non-resource path, a group served everywhere, a CRD or an aggregated API)")
 		} else if e.p.LocalID != "" {
 			out = append(out, fmt.Sprintf("the local apiserver serves %s", x.Resource))
