@@ -27,7 +27,8 @@ func statusUsage() string {
 	return cli.Usage(statusIntro, new(statusOptions).flagSet(), statusOutro)
 }
 
-const statusIntro = `usage: kubectl mvp status --xds-admin URL [--extproc-admin URL] [flags]
+const statusIntro = `usage: kubectl mvp status [-n NAMESPACE] [flags]
+       kubectl mvp status --xds-admin URL [--extproc-admin URL] [flags]
 
 Prints each apiserver as xds-server sees it (hostname, ID, live / unverified / departed /
 stale, where its capabilities came from and since when, whether it accepts the proxy
@@ -36,14 +37,17 @@ connected to xds-server (node, role, configuration version, ACK or NACK with Env
 and, with --extproc-admin, extproc's routing table (version, age, update failures).
 `
 
-const statusOutro = `Reads xds-server's /debug/topology and /debug/syncz and extproc's /readyz and /metrics.
-In a cluster, port-forward them first (kubectl -n NAMESPACE port-forward ...); going through
-the Kubernetes API is not implemented yet.
+const statusOutro = `Reads xds-server's /debug/topology and /debug/syncz and extproc's /readyz and /metrics:
+with --xds-admin at the URLs given (processes outside a cluster, as make demo runs them);
+otherwise through the Kubernetes API's pod proxy, from one running xds-server pod and every
+Envoy pod's extproc in the namespace, which needs list on pods and get on pods/proxy there
+(and, with the chart's NetworkPolicy, networkPolicy.adminFrom admitting the apiservers).
 Exit codes: 0 printed, 1 xds-server's admin did not answer, 2 bad command line.
 `
 
 type statusOptions struct {
 	xdsAdmin, extprocAdmin string
+	cluster                clusterAccess
 	output                 string
 	timeout                time.Duration
 }
@@ -52,6 +56,9 @@ func (o *statusOptions) flagSet() *pflag.FlagSet {
 	fs := cli.NewFlagSet("status")
 	fs.StringVar(&o.xdsAdmin, "xds-admin", "", "xds-server's admin `URL`, e.g. http://127.0.0.1:9100")
 	fs.StringVar(&o.extprocAdmin, "extproc-admin", "", "extproc's admin `URL`, e.g. http://127.0.0.1:9002")
+	fs.StringVar(&o.cluster.kubeconfig, "kubeconfig", "", "without --xds-admin: the kubeconfig `FILE` (default as kubectl: $KUBECONFIG, ~/.kube/config)")
+	fs.StringVar(&o.cluster.context, "context", "", "without --xds-admin: the kubeconfig `CONTEXT`")
+	fs.StringVarP(&o.cluster.namespace, "namespace", "n", "", "without --xds-admin: the `NAMESPACE` kube-mvp is installed in (default: the context's, else kube-mvp)")
 	fs.VarP(cli.NewValue(&o.output, "text", "text|json", func(s string) (string, error) {
 		if s != "text" && s != "json" {
 			return "", errors.New("is not text or json")
@@ -67,8 +74,8 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 	errs, stop := cli.Parse(o.flagSet(), args)
 	err := stop
 	if err == nil {
-		if o.xdsAdmin == "" {
-			errs = multierror.Append(errs, opstatus.ErrNoAdmin)
+		if o.xdsAdmin == "" && o.extprocAdmin != "" {
+			errs = multierror.Append(errs, errors.New("--extproc-admin needs --xds-admin (without both, status finds the pods through the Kubernetes API)"))
 		}
 		err = cli.Err(errs)
 	}
@@ -77,7 +84,25 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), o.timeout)
 	defer cancel()
-	pages, err := opstatus.Fetch(ctx, &http.Client{}, o.xdsAdmin, o.extprocAdmin)
+	client, xdsAdmin, extprocs := &http.Client{}, o.xdsAdmin, []opstatus.Target(nil)
+	var problems []string
+	if o.extprocAdmin != "" {
+		extprocs = append(extprocs, opstatus.Target{Name: o.extprocAdmin, URL: o.extprocAdmin})
+	}
+	if xdsAdmin == "" {
+		cfg, ns, err := o.cluster.restConfig()
+		if err == nil {
+			client, xdsAdmin, extprocs, problems, err = targets(ctx, cfg, ns)
+		}
+		if err != nil {
+			fmt.Fprintf(stderr, "kubectl mvp status: %v\n", err)
+			return 1
+		}
+	}
+	pages, err := opstatus.Fetch(ctx, client, xdsAdmin, extprocs)
+	if err == nil {
+		pages.Problems = append(problems, pages.Problems...)
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "kubectl mvp status: %v\n", err)
 		return 1

@@ -61,8 +61,8 @@ func TestStatusAgainstRunningKubeMVP(t *testing.T) {
 	if len(r.Envoys) != 1 || r.Envoys[0].Node != "front" || r.Envoys[0].State != "ACK" || r.Envoys[0].Version == "" {
 		t.Errorf("envoys %+v, want node front, ACK, with a version", r.Envoys)
 	}
-	if x := r.ExtProc; x == nil || !x.Ready || x.TableVersion == "" || x.TableAgeSeconds == nil || x.UpdateFailing {
-		t.Errorf("extproc %+v, want ready with a table", x)
+	if len(r.ExtProcs) != 1 || !r.ExtProcs[0].Ready || r.ExtProcs[0].TableVersion == "" || r.ExtProcs[0].TableAgeSeconds == nil || r.ExtProcs[0].UpdateFailing {
+		t.Errorf("extprocs %+v, want one ready with a table", r.ExtProcs)
 	}
 	if len(r.Problems) > 0 {
 		t.Errorf("problems: %q", r.Problems)
@@ -72,7 +72,7 @@ func TestStatusAgainstRunningKubeMVP(t *testing.T) {
 	if code := run([]string{"status", "--xds-admin", k.XDSAdmin, "--extproc-admin", k.ExtprocAdmin}, &out, &errOut); code != 0 {
 		t.Fatalf("status: exit %d: %s", code, errOut.String())
 	}
-	for _, want := range []string{"APISERVERS", "cp-a", "batch/v1/jobs", "front", "ACK", "EXTPROC"} {
+	for _, want := range []string{"APISERVERS", "cp-a", "batch/v1/jobs", "front", "ACK", "EXTPROCS"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("status lacks %q:\n%s", want, out.String())
 		}

@@ -7,7 +7,6 @@ package opstatus
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -34,8 +33,8 @@ type Report struct {
 	// apiserver serves, with who does.
 	PartiallyServed []Partial `json:"partiallyServed"`
 	Envoys          []Envoy   `json:"envoys"`
-	// ExtProc is nil when no --extproc-admin was given.
-	ExtProc *ExtProc `json:"extproc,omitempty"`
+	// ExtProcs are the extprocs asked (none without --extproc-admin), those that answered.
+	ExtProcs []ExtProc `json:"extprocs"`
 	// Problems are what the pages could not tell, one sentence each.
 	Problems []string `json:"problems,omitempty"`
 }
@@ -107,7 +106,8 @@ type NACK struct {
 
 // ExtProc is one extproc's routing table.
 type ExtProc struct {
-	Admin string `json:"admin"`
+	// Name is its pod (in a cluster) or admin URL.
+	Name string `json:"name"`
 	// Ready is its /readyz; Readyz its text.
 	Ready        bool   `json:"ready"`
 	Readyz       string `json:"readyz,omitempty"`
@@ -124,23 +124,26 @@ type Pages struct {
 	XDSAdmin string
 	Topology *plan.View
 	Syncz    []xds.NodeStatus
-	ExtProc  *ExtProcPages
+	ExtProcs []*ExtProcPages
 	Problems []string
 }
 
 // ExtProcPages are an extproc's admin answers.
 type ExtProcPages struct {
-	Admin     string
+	Name      string
 	Ready     bool
 	Readyz    string
 	Metrics   map[string]*dto.MetricFamily
 	Reachable bool
 }
 
+// Target is an admin port to ask: its base URL, and the name to show for it.
+type Target struct{ Name, URL string }
+
 // Fetch reads the pages; a page that does not answer becomes a Problem (with what to check),
 // and an xds-server admin that answers nothing at all is the error.
-func Fetch(ctx context.Context, c *http.Client, xdsAdmin, extprocAdmin string) (*Pages, error) {
-	xdsAdmin, extprocAdmin = strings.TrimSuffix(xdsAdmin, "/"), strings.TrimSuffix(extprocAdmin, "/")
+func Fetch(ctx context.Context, c *http.Client, xdsAdmin string, extprocs []Target) (*Pages, error) {
+	xdsAdmin = strings.TrimSuffix(xdsAdmin, "/")
 	p := &Pages{XDSAdmin: xdsAdmin}
 	var view plan.View
 	code, body, err := get(ctx, c, xdsAdmin+"/debug/topology")
@@ -149,6 +152,8 @@ func Fetch(ctx context.Context, c *http.Client, xdsAdmin, extprocAdmin string) (
 		return nil, fmt.Errorf("xds-server's admin at %s does not answer: %w (is xds-server running, and is this its --admin-address?)", xdsAdmin, err)
 	case code == http.StatusServiceUnavailable:
 		p.Problems = append(p.Problems, "xds-server has no topology yet: "+strings.TrimSpace(string(body)))
+	case code == http.StatusUnauthorized || code == http.StatusForbidden:
+		return nil, fmt.Errorf("xds-server's admin at %s: /debug/topology answered %d: %s (through the Kubernetes API: you need get on pods/proxy in its namespace)", xdsAdmin, code, firstLine(body))
 	case code != http.StatusOK:
 		return nil, fmt.Errorf("xds-server's admin at %s: /debug/topology answered %d: %s (is this xds-server's --admin-address?)", xdsAdmin, code, firstLine(body))
 	default:
@@ -166,13 +171,14 @@ func Fetch(ctx context.Context, c *http.Client, xdsAdmin, extprocAdmin string) (
 			p.Problems = append(p.Problems, fmt.Sprintf("xds-server's /debug/syncz: %v", err))
 		}
 	}
-	if extprocAdmin != "" {
-		e := &ExtProcPages{Admin: extprocAdmin}
-		p.ExtProc = e
+	for _, tg := range extprocs {
+		extprocAdmin := strings.TrimSuffix(tg.URL, "/")
+		e := &ExtProcPages{Name: tg.Name}
+		p.ExtProcs = append(p.ExtProcs, e)
 		code, body, err = get(ctx, c, extprocAdmin+"/readyz")
 		if err != nil {
-			p.Problems = append(p.Problems, fmt.Sprintf("extproc's admin at %s does not answer: %v (is extproc running, and is this its --admin-address?)", extprocAdmin, err))
-			return p, nil
+			p.Problems = append(p.Problems, fmt.Sprintf("extproc's admin at %s does not answer: %v (is extproc running, and is this its --admin-address?)", tg.Name, err))
+			continue
 		}
 		e.Reachable, e.Ready, e.Readyz = true, code == http.StatusOK, strings.TrimSpace(string(body))
 		code, body, err = get(ctx, c, extprocAdmin+"/metrics")
@@ -181,7 +187,7 @@ func Fetch(ctx context.Context, c *http.Client, xdsAdmin, extprocAdmin string) (
 			e.Metrics, err = parser.TextToMetricFamilies(strings.NewReader(string(body)))
 		}
 		if err != nil || code != http.StatusOK {
-			p.Problems = append(p.Problems, fmt.Sprintf("extproc's /metrics at %s (%d): %v", extprocAdmin, code, err))
+			p.Problems = append(p.Problems, fmt.Sprintf("extproc's /metrics at %s (%d): %v", tg.Name, code, err))
 		}
 	}
 	return p, nil
@@ -208,7 +214,7 @@ func firstLine(b []byte) string {
 
 // Summarize turns the pages into the report.
 func Summarize(p *Pages) *Report {
-	r := &Report{XDSAdmin: p.XDSAdmin, APIServers: []APIServer{}, PartiallyServed: []Partial{}, Envoys: []Envoy{}, Problems: slices.Clone(p.Problems)}
+	r := &Report{XDSAdmin: p.XDSAdmin, APIServers: []APIServer{}, PartiallyServed: []Partial{}, Envoys: []Envoy{}, ExtProcs: []ExtProc{}, Problems: slices.Clone(p.Problems)}
 	if v := p.Topology; v != nil {
 		for _, a := range v.APIServers {
 			s := APIServer{ID: a.ID, Hostname: a.Hostname, Address: a.Address, CapabilitiesFrom: a.From, Since: a.Since, ProxyCertificate: "accepted"}
@@ -256,8 +262,8 @@ func Summarize(p *Pages) *Report {
 		}
 		r.Envoys = append(r.Envoys, e)
 	}
-	if ep := p.ExtProc; ep != nil {
-		x := &ExtProc{Admin: ep.Admin, Ready: ep.Ready, Readyz: ep.Readyz}
+	for _, ep := range p.ExtProcs {
+		x := ExtProc{Name: ep.Name, Ready: ep.Ready, Readyz: ep.Readyz}
 		if fam := ep.Metrics["kube_mvp_extproc_table_version_info"]; fam != nil {
 			for _, m := range fam.GetMetric() {
 				for _, l := range m.GetLabel() {
@@ -284,7 +290,7 @@ func Summarize(p *Pages) *Report {
 			}
 		}
 		if ep.Reachable {
-			r.ExtProc = x
+			r.ExtProcs = append(r.ExtProcs, x)
 		}
 	}
 	return r
@@ -311,6 +317,3 @@ func labelValue(m *dto.Metric, name string) string {
 func shortType(typeURL string) string {
 	return typeURL[strings.LastIndexByte(typeURL, '.')+1:]
 }
-
-// ErrNoAdmin is returned for a status without any address to ask.
-var ErrNoAdmin = errors.New("--xds-admin URL is required (in a cluster: kubectl -n NAMESPACE port-forward deploy/RELEASE-kube-mvp-xds-server 9100, then --xds-admin http://127.0.0.1:9100)")

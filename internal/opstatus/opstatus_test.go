@@ -83,7 +83,7 @@ func TestSummarize(t *testing.T) {
 func TestFetchSaysWhatDoesNotAnswer(t *testing.T) {
 	notXDS := httptest.NewServer(http.NotFoundHandler())
 	defer notXDS.Close()
-	if _, err := Fetch(context.Background(), http.DefaultClient, notXDS.URL, ""); err == nil || !strings.Contains(err.Error(), "answered 404") {
+	if _, err := Fetch(context.Background(), http.DefaultClient, notXDS.URL, nil); err == nil || !strings.Contains(err.Error(), "answered 404") {
 		t.Errorf("not xds-server: %v", err)
 	}
 	xdsAdmin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -95,12 +95,12 @@ func TestFetchSaysWhatDoesNotAnswer(t *testing.T) {
 		}
 	}))
 	defer xdsAdmin.Close()
-	p, err := Fetch(context.Background(), http.DefaultClient, xdsAdmin.URL, "http://127.0.0.1:1")
+	p, err := Fetch(context.Background(), http.DefaultClient, xdsAdmin.URL, []Target{{Name: "http://127.0.0.1:1", URL: "http://127.0.0.1:1"}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	r := Summarize(p)
-	if len(r.Problems) != 2 || !strings.Contains(r.Problems[0], "no topology yet") || !strings.Contains(r.Problems[1], "extproc's admin at http://127.0.0.1:1 does not answer") || r.ExtProc != nil {
-		t.Errorf("problems %q, extproc %+v", r.Problems, r.ExtProc)
+	if len(r.Problems) != 2 || !strings.Contains(r.Problems[0], "no topology yet") || !strings.Contains(r.Problems[1], "extproc's admin at http://127.0.0.1:1 does not answer") || len(r.ExtProcs) != 0 {
+		t.Errorf("problems %q, extprocs %+v", r.Problems, r.ExtProcs)
 	}
 }

@@ -51,10 +51,12 @@ func Write(w io.Writer, r *Report, now time.Time) {
 			}
 		}
 	}
-	if x := r.ExtProc; x != nil {
+	if len(r.ExtProcs) > 0 {
 		fmt.Fprintln(tw)
-		fmt.Fprintf(tw, "EXTPROC (%s)\n", x.Admin)
-		fmt.Fprintln(tw, "READY\tTABLE VERSION\tTABLE AGE\tUPDATE FAILING\tFAILURES")
+		fmt.Fprintln(tw, "EXTPROCS")
+		fmt.Fprintln(tw, "NAME\tREADY\tTABLE VERSION\tTABLE AGE\tUPDATE FAILING\tFAILURES")
+	}
+	for _, x := range r.ExtProcs {
 		age := "-"
 		if x.TableAgeSeconds != nil {
 			age = (time.Duration(*x.TableAgeSeconds * float64(time.Second))).Round(time.Second).String()
@@ -63,9 +65,9 @@ func Write(w io.Writer, r *Report, now time.Time) {
 		for _, k := range slices.Sorted(maps.Keys(x.Failures)) {
 			fails = append(fails, fmt.Sprintf("%s=%d", k, x.Failures[k]))
 		}
-		fmt.Fprintf(tw, "%t\t%s\t%s\t%t\t%s\n", x.Ready, dash(x.TableVersion), age, x.UpdateFailing, dash(strings.Join(fails, ",")))
+		fmt.Fprintf(tw, "%s\t%t\t%s\t%s\t%t\t%s\n", x.Name, x.Ready, dash(x.TableVersion), age, x.UpdateFailing, dash(strings.Join(fails, ",")))
 		if !x.Ready && x.Readyz != "" {
-			fmt.Fprintf(tw, "not ready: %s\n", x.Readyz)
+			fmt.Fprintf(tw, "\tnot ready: %s\n", firstLine([]byte(x.Readyz)))
 		}
 	}
 	if len(r.Problems) > 0 {
