@@ -53,7 +53,8 @@ func TestExplainCommandLine(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"/apis"}, "-f FIXTURE is required"},
+		{[]string{"/apis", "-f", "x.yaml", "--xds-admin", "http://x"}, "exclude each other"},
+		{[]string{"/apis", "--now", "2026-11-23T10:00:10Z"}, "go with -f FIXTURE"},
 		{[]string{"-f", "x.yaml"}, "want [METHOD] PATH"},
 		{[]string{"-f", "x.yaml", "GET", "/a", "/b"}, "want [METHOD] PATH"},
 		{[]string{"-f", "x.yaml", "apis"}, "must start with /"},

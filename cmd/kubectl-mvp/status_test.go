@@ -3,21 +3,25 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
+	"net/http"
 	"os"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/kube-mvp/kube-mvp/internal/explain"
 	"github.com/kube-mvp/kube-mvp/internal/opstatus"
 	"github.com/kube-mvp/kube-mvp/test/controlplane"
 	"github.com/kube-mvp/kube-mvp/test/harness"
 )
 
-// TestStatusAgainstRunningKubeMVP runs status against a real xds-server, extproc and data
+// TestAgainstRunningKubeMVP runs status and explain against a real xds-server, extproc and data
 // plane in front of the usual mixed control plane (cp-a serves batch/v1, cp-b does not).
-func TestStatusAgainstRunningKubeMVP(t *testing.T) {
+func TestAgainstRunningKubeMVP(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	cp := controlplane.ForTest(t, ctx, controlplane.Options{Servers: controlplane.MixedServers()})
@@ -79,6 +83,43 @@ func TestStatusAgainstRunningKubeMVP(t *testing.T) {
 	}
 	t.Logf("kubectl mvp status:\n%s", out.String())
 
+	// explain against the running xds-server names the apiservers the data plane uses.
+	explainLive := func(args ...string) explain.Explanation {
+		t.Helper()
+		var out, errOut bytes.Buffer
+		if code := run(append([]string{"explain", "--xds-admin", k.XDSAdmin, "-o", "json"}, args...), &out, &errOut); code != 0 {
+			t.Fatalf("explain %v: exit %d: %s", args, code, errOut.String())
+		}
+		var x explain.Explanation
+		if err := json.Unmarshal(out.Bytes(), &x); err != nil {
+			t.Fatalf("%v\n%s", err, out.String())
+		}
+		return x
+	}
+	ids := map[string]string{}
+	for _, a := range r.APIServers {
+		ids[a.Hostname] = a.ID
+	}
+	cpA, cpB := ids["cp-a"], ids["cp-b"]
+	jx := explainLive("GET", "/apis/batch/v1/jobs", "--as-certificate")
+	if jx.Route != "batch/v1" || jx.FinalRoute != "extproc-decided:read" || jx.Outcome != "subset" || jx.Cluster != "kube-apiservers-serving/front-proxy" ||
+		jx.ServingSet != "kube-apiservers-only-cp-a" || len(jx.APIServers) != 1 || jx.APIServers[0].ID != cpA {
+		t.Errorf("explain GET /apis/batch/v1/jobs: %+v; want cp-a alone, through extproc", jx)
+	}
+	px := explainLive("GET", "/api/v1/pods")
+	if ids := []string{px.APIServers[0].ID, px.APIServers[len(px.APIServers)-1].ID}; px.Route != "core/v1:read" || px.Outcome != "default" || len(px.APIServers) != 2 || !slices.Contains(ids, cpA) || !slices.Contains(ids, cpB) {
+		t.Errorf("explain GET /api/v1/pods: %+v; want both, at line rate", px)
+	}
+	// The data plane agrees: cp-b does not serve batch/v1, so a 200 came from cp-a, through
+	// the serving set.
+	before := k.DataPlane.Stat("cluster.kube-apiservers-serving/front-proxy.upstream_rq_total")
+	if code := getThrough(t, k.Endpoint()+"/apis/batch/v1/jobs", cp); code != http.StatusOK {
+		t.Errorf("GET /apis/batch/v1/jobs through kube-mvp: %d", code)
+	}
+	if after := k.DataPlane.Stat("cluster.kube-apiservers-serving/front-proxy.upstream_rq_total"); after != before+1 {
+		t.Errorf("the serving-sets cluster's front-proxy twin counted %d requests, want %d", after, before+1)
+	}
+
 	// extproc gone: said, and the rest still printed.
 	k.StopExtproc()
 	out.Reset()
@@ -88,4 +129,22 @@ func TestStatusAgainstRunningKubeMVP(t *testing.T) {
 	if !strings.Contains(out.String(), "extproc's admin at "+k.ExtprocAdmin+" does not answer") {
 		t.Errorf("status without extproc:\n%s", out.String())
 	}
+}
+
+// getThrough GETs url with the control plane's admin certificate and returns the status.
+func getThrough(t *testing.T, url string, cp *controlplane.ControlPlane) int {
+	t.Helper()
+	cert, err := cp.PKI.Admin.TLS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(cp.PKI.ServerCA.CertPEM)
+	c := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: roots, ServerName: "kubernetes.default.svc"}}}
+	resp, err := c.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
 }

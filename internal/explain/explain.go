@@ -15,6 +15,7 @@ import (
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	lua "github.com/yuin/gopher-lua"
 
 	"github.com/kube-mvp/kube-mvp/internal/contract"
@@ -113,10 +114,16 @@ func New(p *plan.Plan, cfg snapshot.Config) (*Explainer, error) {
 	if res == nil {
 		return nil, err
 	}
-	if len(res.Routes) != 1 {
-		return nil, fmt.Errorf("explain: %d route configurations, want 1", len(res.Routes))
+	return WithRoutes(p, res.Routes)
+}
+
+// WithRoutes explains by p and the route configuration an Envoy was given for it (the one
+// resource of routes): xds-server's /debug/explain reads the snapshot it serves.
+func WithRoutes(p *plan.Plan, routes []types.Resource) (*Explainer, error) {
+	if len(routes) != 1 {
+		return nil, fmt.Errorf("explain: %d route configurations, want 1", len(routes))
 	}
-	rc, ok := res.Routes[0].(*routev3.RouteConfiguration)
+	rc, ok := routes[0].(*routev3.RouteConfiguration)
 	if !ok || len(rc.GetVirtualHosts()) != 1 {
 		return nil, fmt.Errorf("explain: the route configuration has no single virtual host")
 	}
