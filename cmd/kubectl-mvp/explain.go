@@ -67,12 +67,7 @@ type explainOptions struct {
 func (o *explainOptions) flagSet() *pflag.FlagSet {
 	fs := cli.NewFlagSet("explain")
 	fs.StringVarP(&o.file, "file", "f", "", "the inventory fixture `FILE` (as xds-server translate -f)")
-	fs.VarP(cli.NewValue(&o.output, "text", "text|json", func(s string) (string, error) {
-		if s != "text" && s != "json" {
-			return "", errors.New("is not text or json")
-		}
-		return s, nil
-	}), "output", "o", "output format")
+	fs.VarP(outputValue(&o.output), "output", "o", "output format")
 	fs.StringVar(&o.nodeID, "node-id", "", "explain for the sidecar Envoy beside the apiserver `ID`")
 	fs.StringVar(&o.class, "class", "", "the request `CLASS` instead of the Lua filter's (read, watch, write, long-running, upgrade)")
 	fs.BoolVar(&o.certificate, "as-certificate", false, "the client presents a certificate Envoy verifies (its identity is set by Envoy: the front-proxy clusters)")
@@ -177,12 +172,9 @@ func runExplain(args []string, stdout, stderr io.Writer) int {
 }
 
 func printExplanation(x *explain.Explanation, output string, stdout io.Writer) int {
-	if output == "json" {
-		out, _ := json.MarshalIndent(x, "", "  ")
-		fmt.Fprintf(stdout, "%s\n", out)
-		return 0
+	if !printStructured(stdout, x, output) {
+		explain.Write(stdout, x)
 	}
-	explain.Write(stdout, x)
 	return 0
 }
 

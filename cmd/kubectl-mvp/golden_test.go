@@ -59,7 +59,7 @@ func TestExplainCommandLine(t *testing.T) {
 		{[]string{"-f", "x.yaml", "GET", "/a", "/b"}, "want [METHOD] PATH"},
 		{[]string{"-f", "x.yaml", "apis"}, "must start with /"},
 		{[]string{"-f", "x.yaml", "/apis", "--as-token", "--as-certificate"}, "exclude each other"},
-		{[]string{"-f", "x.yaml", "/apis", "-o", "yaml"}, "is not text or json"},
+		{[]string{"-f", "x.yaml", "/apis", "-o", "table"}, "is not text, json or yaml"},
 		{[]string{"-f", "/nonexistent.yaml", "/apis"}, "no such file"},
 	} {
 		var out, errOut bytes.Buffer

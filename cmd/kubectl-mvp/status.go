@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -59,12 +58,7 @@ func (o *statusOptions) flagSet() *pflag.FlagSet {
 	fs.StringVar(&o.cluster.kubeconfig, "kubeconfig", "", "without --xds-admin: the kubeconfig `FILE` (default as kubectl: $KUBECONFIG, ~/.kube/config)")
 	fs.StringVar(&o.cluster.context, "context", "", "without --xds-admin: the kubeconfig `CONTEXT`")
 	fs.StringVarP(&o.cluster.namespace, "namespace", "n", "", "without --xds-admin: the `NAMESPACE` kube-mvp is installed in (default: the context's, else kube-mvp)")
-	fs.VarP(cli.NewValue(&o.output, "text", "text|json", func(s string) (string, error) {
-		if s != "text" && s != "json" {
-			return "", errors.New("is not text or json")
-		}
-		return s, nil
-	}), "output", "o", "output format")
+	fs.VarP(outputValue(&o.output), "output", "o", "output format")
 	fs.Var(cli.NewValue(&o.timeout, 10*time.Second, "DURATION", cli.Duration(1, "a positive duration, e.g. 10s")), "timeout", "how long to wait for the admin pages")
 	return fs
 }
@@ -108,11 +102,8 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	r := opstatus.Summarize(pages)
-	if o.output == "json" {
-		out, _ := json.MarshalIndent(r, "", "  ")
-		fmt.Fprintf(stdout, "%s\n", out)
-		return 0
+	if !printStructured(stdout, r, o.output) {
+		opstatus.Write(stdout, r, time.Now())
 	}
-	opstatus.Write(stdout, r, time.Now())
 	return 0
 }
