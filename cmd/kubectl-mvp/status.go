@@ -40,7 +40,8 @@ const statusOutro = `Reads xds-server's /debug/topology and /debug/syncz and ext
 with --xds-admin at the URLs given (processes outside a cluster, as make demo runs them);
 otherwise through the Kubernetes API's pod proxy, from one running xds-server pod and every
 Envoy pod's extproc in the namespace, which needs list on pods and get on pods/proxy there
-(and, with the chart's NetworkPolicy, networkPolicy.adminFrom admitting the apiservers).
+(the chart's rbac.operators; with its NetworkPolicy, networkPolicy.adminFrom admitting the
+apiservers).
 Exit codes: 0 printed, 1 xds-server's admin did not answer, 2 bad command line.
 `
 
