@@ -88,6 +88,9 @@ func runExplain(args []string, stdout, stderr io.Writer) int {
 	fs := cli.WithHelp(o.flagSet())
 	var req explain.Request
 	err := fs.Parse(args)
+	if help, _ := fs.GetBool("help"); help {
+		err = pflag.ErrHelp
+	}
 	if err == nil {
 		switch pos := fs.Args(); len(pos) {
 		case 1:

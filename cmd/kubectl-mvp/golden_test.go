@@ -49,6 +49,12 @@ func TestGoldenExplain(t *testing.T) {
 
 // TestExplainCommandLine: bad command lines are refused with what to fix.
 func TestExplainCommandLine(t *testing.T) {
+	for _, help := range [][]string{{"explain", "--help"}, {"explain", "-h", "/apis"}, {"status", "--help"}, {"help", "explain"}} {
+		var out, errOut bytes.Buffer
+		if code := run(help, &out, &errOut); code != 0 || !strings.Contains(out.String(), "usage: kubectl mvp") {
+			t.Errorf("%v: exit %d, %q %q", help, code, out.String(), errOut.String())
+		}
+	}
 	for _, tc := range []struct {
 		args []string
 		want string
