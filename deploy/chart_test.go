@@ -599,6 +599,28 @@ var chartCases = []chartCase{
 		},
 	},
 	{
+		name: "operators",
+		values: func(*controlplane.PKI) map[string]any {
+			return map[string]any{"rbac": map[string]any{"operators": []any{map[string]any{"kind": "Group", "name": "sre", "apiGroup": "rbac.authorization.k8s.io"}}}}
+		},
+		check: func(t *testing.T, r *rendered, ns string) {
+			// kubectl mvp reads the admin ports through the pod proxy: list pods, get
+			// pods/proxy, in the release namespace only.
+			role := r.mustFind(t, "Role", fullname+"-operators").typed.(*rbacv1.Role)
+			wantRules := []rbacv1.PolicyRule{
+				{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list"}},
+				{APIGroups: []string{""}, Resources: []string{"pods/proxy"}, Verbs: []string{"get"}},
+			}
+			if role.Namespace != ns || !reflect.DeepEqual(role.Rules, wantRules) {
+				t.Errorf("operators' Role in %s: %+v, want %+v in %s", role.Namespace, role.Rules, wantRules, ns)
+			}
+			b := r.mustFind(t, "RoleBinding", fullname+"-operators").typed.(*rbacv1.RoleBinding)
+			if want := []rbacv1.Subject{{Kind: "Group", Name: "sre", APIGroup: "rbac.authorization.k8s.io"}}; !reflect.DeepEqual(b.Subjects, want) || b.RoleRef.Name != role.Name {
+				t.Errorf("operators' RoleBinding: %+v to %s, want %+v to %s", b.Subjects, b.RoleRef.Name, want, role.Name)
+			}
+		},
+	},
+	{
 		name: "minimal-objects",
 		values: func(*controlplane.PKI) map[string]any {
 			return map[string]any{"rbac": map[string]any{"create": false}, "networkPolicy": map[string]any{"enabled": false},
@@ -1062,6 +1084,7 @@ func TestSchemaRejects(t *testing.T) {
 		{map[string]any{"envoy": map[string]any{"shutdown": map[string]any{"delaySeconds": "5s"}}}, "delaySeconds"},
 		{map[string]any{"envoy": map[string]any{"shutdown": map[string]any{"drain": 30}}}, "drain"},
 		{map[string]any{"envoy": map[string]any{"terminationGracePeriodSeconds": 0}}, "terminationGracePeriodSeconds"},
+		{map[string]any{"rbac": map[string]any{"operators": []any{map[string]any{"kind": "Group"}}}}, "name"},
 	} {
 		t.Run(fmt.Sprint(c.vals), func(t *testing.T) {
 			_, err := render(c.vals, "kube-mvp")

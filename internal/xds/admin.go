@@ -29,6 +29,7 @@ import (
 //	                      sidecar's plan)
 //	/debug/syncz          per Envoy node: snapshot version, sent and acknowledged versions, NACKs
 //	/debug/config_dump    the Envoy resources of a node (?node=ID), or of a front proxy
+//	/debug/explain        where a request goes and why (?method=M&path=P, kubectl mvp explain)
 func (s *Server) AdminHandler(metrics http.Handler) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
@@ -61,6 +62,7 @@ func (s *Server) AdminHandler(metrics http.Handler) http.Handler {
 		writeJSON(w, hold.Apply(p).View())
 	})
 	mux.HandleFunc("/debug/syncz", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, s.Status()) })
+	mux.HandleFunc("/debug/explain", s.explainHandler)
 	mux.HandleFunc("/debug/config_dump", func(w http.ResponseWriter, r *http.Request) {
 		snap, err := s.Snapshot(r.URL.Query().Get("node"))
 		if err != nil {

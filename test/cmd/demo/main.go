@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -34,7 +35,8 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/kube-mvp/kube-mvp/internal/cptls"
-	"github.com/kube-mvp/kube-mvp/internal/xds"
+	"github.com/kube-mvp/kube-mvp/internal/explain"
+	"github.com/kube-mvp/kube-mvp/internal/opstatus"
 	"github.com/kube-mvp/kube-mvp/test/controlplane"
 	"github.com/kube-mvp/kube-mvp/test/harness"
 )
@@ -148,9 +150,13 @@ func run(ctx context.Context, out io.Writer, exit bool) error {
 	show("--context", "kube-mvp", "auth", "whoami")
 	show("--context", "kube-mvp", "version")
 
-	step("what kube-mvp decided (xds-server %s/debug/topology)", k.XDSAdmin)
-	if err := printTopology(out, k.XDSAdmin+"/debug/topology"); err != nil {
-		fmt.Fprintf(out, "  (topology unavailable: %v)\n", err)
+	step("what kube-mvp sees (kubectl mvp status --xds-admin %s --extproc-admin %s)", k.XDSAdmin, k.ExtprocAdmin)
+	if err := printStatus(ctx, out, k.XDSAdmin, k.ExtprocAdmin); err != nil {
+		fmt.Fprintf(out, "  (status unavailable: %v)\n", err)
+	}
+	step("where a request goes, and why (kubectl mvp explain GET /apis/batch/v1/jobs --xds-admin %s)", k.XDSAdmin)
+	if err := printExplain(out, k.XDSAdmin, "GET", "/apis/batch/v1/jobs"); err != nil {
+		fmt.Fprintf(out, "  (explain unavailable: %v)\n", err)
 	}
 	step("where the requests went (data plane admin %s/clusters)", k.DataPlane.AdminURL())
 	if err := printClusters(out, k.DataPlane.AdminURL()+"/clusters"); err != nil {
@@ -172,8 +178,8 @@ func run(ctx context.Context, out io.Writer, exit bool) error {
 	if exit {
 		return nil
 	}
-	step("kube-mvp is up. In another shell:\n\n    export KUBECONFIG=%s\n    kubectl --context kube-mvp get jobs\n    kubectl --context round-robin get jobs\n\n    xds-server admin: %s/debug/topology  %s/debug/config_dump\n    data plane admin: %s/clusters  %s/config_dump\n    extproc metrics:  %s/metrics\n\nCtrl-C stops everything.",
-		kubeconfig, k.XDSAdmin, k.XDSAdmin, k.DataPlane.AdminURL(), k.DataPlane.AdminURL(), k.ExtprocAdmin)
+	step("kube-mvp is up. In another shell:\n\n    export KUBECONFIG=%s\n    kubectl --context kube-mvp get jobs\n    kubectl --context round-robin get jobs\n\n    make build && export PATH=$PWD/bin:$PATH   # kubectl mvp\n    kubectl mvp status --xds-admin %s --extproc-admin %s\n    kubectl mvp explain GET /apis/batch/v1/jobs --xds-admin %s\n\n    xds-server admin: %s/debug/topology  %s/debug/config_dump\n    data plane admin: %s/clusters  %s/config_dump\n    extproc metrics:  %s/metrics\n\nCtrl-C stops everything.",
+		kubeconfig, k.XDSAdmin, k.ExtprocAdmin, k.XDSAdmin, k.XDSAdmin, k.XDSAdmin, k.DataPlane.AdminURL(), k.DataPlane.AdminURL(), k.ExtprocAdmin)
 	<-ctx.Done()
 	return nil
 }
@@ -189,25 +195,36 @@ func writeKubeconfig(path string, cp *controlplane.ControlPlane, servers map[str
 	return clientcmd.WriteToFile(*cfg, path)
 }
 
-// printTopology shows the apiservers and every group/version/resource that kube-mvp does not
-// simply send to all of them.
-func printTopology(out io.Writer, url string) error {
-	var topo xds.TopologyView
-	if err := getJSON(url, &topo); err != nil {
+// printStatus prints what kubectl mvp status prints, indented.
+func printStatus(ctx context.Context, out io.Writer, xdsAdmin, extprocAdmin string) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	pages, err := opstatus.Fetch(ctx, &http.Client{}, xdsAdmin, []opstatus.Target{{Name: extprocAdmin, URL: extprocAdmin}})
+	if err != nil {
 		return err
 	}
-	for _, s := range topo.APIServers {
-		fmt.Fprintf(out, "  apiserver %-5s %s  %-16s alive=%v\n", s.Hostname, s.ID, s.Address, s.Alive)
-	}
-	for _, gv := range topo.GroupVersions {
-		for _, r := range gv.Resources {
-			if r.Outcome != "default" {
-				fmt.Fprintf(out, "  %-40s %-8s -> %s\n", gv.PathPrefix+r.Resource, r.Outcome, r.Cluster)
-			}
-		}
-	}
-	fmt.Fprintf(out, "  everything else                          default  -> %s (every live apiserver), at line rate\n", topo.DefaultCluster)
+	var b bytes.Buffer
+	opstatus.Write(&b, opstatus.Summarize(pages), time.Now())
+	indent(out, b.String())
 	return nil
+}
+
+// printExplain prints what kubectl mvp explain prints for one request, indented.
+func printExplain(out io.Writer, xdsAdmin, method, path string) error {
+	var x explain.Explanation
+	if err := getJSON(xdsAdmin+"/debug/explain?"+url.Values{"method": {method}, "path": {path}}.Encode(), &x); err != nil {
+		return err
+	}
+	var b bytes.Buffer
+	explain.Write(&b, &x)
+	indent(out, b.String())
+	return nil
+}
+
+func indent(out io.Writer, s string) {
+	for _, line := range strings.Split(strings.TrimRight(s, "\n"), "\n") {
+		fmt.Fprintf(out, "  %s\n", line)
+	}
 }
 
 // printClusters shows, per cluster of the data plane's /clusters (Envoy's JSON shape), each

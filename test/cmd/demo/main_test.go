@@ -33,6 +33,8 @@ func TestDemo(t *testing.T) {
 		t.Errorf("through round-robin %d of 6 succeeded (found: %v); the contrast is gone", rr, ok)
 	}
 	for _, want := range []string{"/apis/batch/v1/jobs", "kube-apiservers-only-cp-a", "  FAIL  ",
+		// kubectl mvp's status and explain: the serving set inside the cluster Envoy has.
+		"batch/v1/jobs", "kube-apiservers-serving", "ROUTE        batch/v1 → extproc-decided:read", "demo  envoy-front",
 		// The control plane's channel: no certificate or the wrong role gets nothing.
 		"a client without a certificate                     refused: Unavailable",
 		"extproc's certificate asking for Envoy's secrets   refused: PermissionDenied",

@@ -1,0 +1,149 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/kube-mvp/kube-mvp/internal/opstatus"
+)
+
+// The chart's labels and container port names (deploy/kube-mvp) that status looks for.
+const (
+	componentLabel   = "app.kubernetes.io/component"
+	xdsComponent     = "xds-server"
+	envoyComponent   = "envoy"
+	xdsAdminPort     = "admin"
+	extprocAdminPort = "extproc-admin"
+	defaultNamespace = "kube-mvp"
+)
+
+// clusterAccess is how status reaches kube-mvp through the Kubernetes API: the kubeconfig
+// and the namespace the chart was installed in.
+type clusterAccess struct {
+	kubeconfig, context, namespace string
+}
+
+// restConfig loads the kubeconfig as kubectl does, and the namespace: the flag's, the
+// context's, or the chart's usual one.
+func (a clusterAccess) restConfig() (*rest.Config, string, error) {
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	rules.ExplicitPath = a.kubeconfig
+	cc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: a.context})
+	cfg, err := cc.ClientConfig()
+	if err != nil {
+		return nil, "", fmt.Errorf("no kubeconfig to reach kube-mvp through (%v): give --kubeconfig, or --xds-admin URL for processes outside a cluster", err)
+	}
+	ns := a.namespace
+	if ns == "" {
+		if n, overridden, err := cc.Namespace(); err == nil && overridden {
+			ns = n
+		} else {
+			ns = defaultNamespace
+		}
+	}
+	return cfg, ns, nil
+}
+
+// targets finds kube-mvp's pods and returns the client and URLs that reach their admin ports
+// through the apiserver's pod proxy (GET pods/proxy), one xds-server and every extproc.
+func targets(ctx context.Context, cfg *rest.Config, ns string) (*http.Client, string, []opstatus.Target, []string, error) {
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, "", nil, nil, err
+	}
+	list := func(component string) ([]corev1.Pod, error) {
+		pods, err := cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: componentLabel + "=" + component})
+		switch {
+		case apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err):
+			return nil, fmt.Errorf("you may not list pods in namespace %s (%v); status needs list on pods and get on pods/proxy there", ns, err)
+		case err != nil:
+			return nil, fmt.Errorf("the Kubernetes API at %s: %w", cfg.Host, err)
+		}
+		return pods.Items, nil
+	}
+	xdsPods, err := list(xdsComponent)
+	if err != nil {
+		return nil, "", nil, nil, err
+	}
+	if len(xdsPods) == 0 {
+		return nil, "", nil, nil, fmt.Errorf("no xds-server pod in namespace %s (label %s=%s): is kube-mvp installed there? (--namespace names another)", ns, componentLabel, xdsComponent)
+	}
+	var problems []string
+	base := strings.TrimSuffix(cfg.Host, "/") + "/api/v1/namespaces/" + ns + "/pods/"
+	xdsURL := ""
+	for _, p := range xdsPods {
+		port, ok := containerPort(p, xdsAdminPort)
+		if !ok {
+			continue
+		}
+		if !running(p) {
+			problems = append(problems, fmt.Sprintf("xds-server pod %s is not running: %s", p.Name, podState(p)))
+			continue
+		}
+		if xdsURL == "" {
+			xdsURL = fmt.Sprintf("%s%s:%d/proxy", base, p.Name, port)
+		}
+	}
+	if xdsURL == "" {
+		return nil, "", nil, nil, fmt.Errorf("no running xds-server pod in namespace %s: kube-mvp is down (%s)", ns, strings.Join(problems, "; "))
+	}
+	envoyPods, err := list(envoyComponent)
+	if err != nil {
+		return nil, "", nil, nil, err
+	}
+	var extprocs []opstatus.Target
+	for _, p := range envoyPods {
+		port, ok := containerPort(p, extprocAdminPort)
+		if !ok {
+			continue
+		}
+		if !running(p) {
+			problems = append(problems, fmt.Sprintf("Envoy pod %s is not running: %s", p.Name, podState(p)))
+			continue
+		}
+		extprocs = append(extprocs, opstatus.Target{Name: p.Name, URL: fmt.Sprintf("%s%s:%d/proxy", base, p.Name, port)})
+	}
+	c, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		return nil, "", nil, nil, err
+	}
+	return c, xdsURL, extprocs, problems, nil
+}
+
+func containerPort(p corev1.Pod, name string) (int32, bool) {
+	for _, c := range p.Spec.Containers {
+		for _, cp := range c.Ports {
+			if cp.Name == name {
+				return cp.ContainerPort, true
+			}
+		}
+	}
+	return 0, false
+}
+
+func running(p corev1.Pod) bool {
+	return p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil
+}
+
+// podState says why a pod is not running: its phase and its containers' waiting reasons.
+func podState(p corev1.Pod) string {
+	s := string(p.Status.Phase)
+	if p.DeletionTimestamp != nil {
+		s += ", terminating"
+	}
+	for _, c := range p.Status.ContainerStatuses {
+		if w := c.State.Waiting; w != nil {
+			s += fmt.Sprintf(", %s %s", c.Name, w.Reason)
+		}
+	}
+	return s
+}

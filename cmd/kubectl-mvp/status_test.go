@@ -1,0 +1,150 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kube-mvp/kube-mvp/internal/explain"
+	"github.com/kube-mvp/kube-mvp/internal/opstatus"
+	"github.com/kube-mvp/kube-mvp/test/controlplane"
+	"github.com/kube-mvp/kube-mvp/test/harness"
+)
+
+// TestAgainstRunningKubeMVP runs status and explain against a real xds-server, extproc and data
+// plane in front of the usual mixed control plane (cp-a serves batch/v1, cp-b does not).
+func TestAgainstRunningKubeMVP(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cp := controlplane.ForTest(t, ctx, controlplane.Options{Servers: controlplane.MixedServers()})
+	bin := t.TempDir()
+	if err := harness.BuildBinaries(ctx, bin); err != nil {
+		t.Fatal(err)
+	}
+	dir, err := os.MkdirTemp("/tmp", "kmvp-status-") // short: unix socket paths
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	k, err := harness.Start(ctx, harness.Options{ControlPlane: cp, BinDir: bin, Dir: dir, Name: "front"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { k.Close() })
+
+	var out, errOut bytes.Buffer
+	if code := run([]string{"status", "--xds-admin", k.XDSAdmin, "--extproc-admin", k.ExtprocAdmin, "-o", "json"}, &out, &errOut); code != 0 {
+		t.Fatalf("status: exit %d: %s", code, errOut.String())
+	}
+	var r opstatus.Report
+	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	var hosts []string
+	for _, a := range r.APIServers {
+		hosts = append(hosts, a.Hostname)
+		if a.State != "live" || a.CapabilitiesFrom != "discovery" || a.Since.IsZero() || a.ProxyCertificate != "accepted" {
+			t.Errorf("apiserver %+v: want live, capabilities from discovery with a time, proxy certificate accepted", a)
+		}
+	}
+	if slices.Sort(hosts); !slices.Equal(hosts, []string{"cp-a", "cp-b"}) {
+		t.Errorf("apiservers %v, want cp-a and cp-b", hosts)
+	}
+	jobs := slices.IndexFunc(r.PartiallyServed, func(p opstatus.Partial) bool { return p.Resource == "batch/v1/jobs" })
+	if jobs < 0 || r.PartiallyServed[jobs].Outcome != "subset" || !slices.Equal(r.PartiallyServed[jobs].ServedBy, []string{"cp-a"}) {
+		t.Errorf("partially served: %+v; want batch/v1/jobs a subset served by cp-a", r.PartiallyServed)
+	}
+	if len(r.Envoys) != 1 || r.Envoys[0].Node != "front" || r.Envoys[0].State != "ACK" || r.Envoys[0].Version == "" {
+		t.Errorf("envoys %+v, want node front, ACK, with a version", r.Envoys)
+	}
+	if len(r.ExtProcs) != 1 || !r.ExtProcs[0].Ready || r.ExtProcs[0].TableVersion == "" || r.ExtProcs[0].TableAgeSeconds == nil || r.ExtProcs[0].UpdateFailing {
+		t.Errorf("extprocs %+v, want one ready with a table", r.ExtProcs)
+	}
+	if len(r.Problems) > 0 {
+		t.Errorf("problems: %q", r.Problems)
+	}
+
+	out.Reset()
+	if code := run([]string{"status", "--xds-admin", k.XDSAdmin, "--extproc-admin", k.ExtprocAdmin}, &out, &errOut); code != 0 {
+		t.Fatalf("status: exit %d: %s", code, errOut.String())
+	}
+	for _, want := range []string{"APISERVERS", "cp-a", "batch/v1/jobs", "front", "ACK", "EXTPROCS"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("status lacks %q:\n%s", want, out.String())
+		}
+	}
+	t.Logf("kubectl mvp status:\n%s", out.String())
+
+	// explain against the running xds-server names the apiservers the data plane uses.
+	explainLive := func(args ...string) explain.Explanation {
+		t.Helper()
+		var out, errOut bytes.Buffer
+		if code := run(append([]string{"explain", "--xds-admin", k.XDSAdmin, "-o", "json"}, args...), &out, &errOut); code != 0 {
+			t.Fatalf("explain %v: exit %d: %s", args, code, errOut.String())
+		}
+		var x explain.Explanation
+		if err := json.Unmarshal(out.Bytes(), &x); err != nil {
+			t.Fatalf("%v\n%s", err, out.String())
+		}
+		return x
+	}
+	ids := map[string]string{}
+	for _, a := range r.APIServers {
+		ids[a.Hostname] = a.ID
+	}
+	cpA, cpB := ids["cp-a"], ids["cp-b"]
+	jx := explainLive("GET", "/apis/batch/v1/jobs", "--as-certificate")
+	if jx.Route != "batch/v1" || jx.FinalRoute != "extproc-decided:read" || jx.Outcome != "subset" || jx.Cluster != "kube-apiservers-serving/front-proxy" ||
+		jx.ServingSet != "kube-apiservers-only-cp-a" || len(jx.APIServers) != 1 || jx.APIServers[0].ID != cpA {
+		t.Errorf("explain GET /apis/batch/v1/jobs: %+v; want cp-a alone, through extproc", jx)
+	}
+	px := explainLive("GET", "/api/v1/pods")
+	if ids := []string{px.APIServers[0].ID, px.APIServers[len(px.APIServers)-1].ID}; px.Route != "core/v1:read" || px.Outcome != "default" || len(px.APIServers) != 2 || !slices.Contains(ids, cpA) || !slices.Contains(ids, cpB) {
+		t.Errorf("explain GET /api/v1/pods: %+v; want both, at line rate", px)
+	}
+	// The data plane agrees: cp-b does not serve batch/v1, so a 200 came from cp-a, through
+	// the serving set.
+	before := k.DataPlane.Stat("cluster.kube-apiservers-serving/front-proxy.upstream_rq_total")
+	if code := getThrough(t, k.Endpoint()+"/apis/batch/v1/jobs", cp); code != http.StatusOK {
+		t.Errorf("GET /apis/batch/v1/jobs through kube-mvp: %d", code)
+	}
+	if after := k.DataPlane.Stat("cluster.kube-apiservers-serving/front-proxy.upstream_rq_total"); after != before+1 {
+		t.Errorf("the serving-sets cluster's front-proxy twin counted %d requests, want %d", after, before+1)
+	}
+
+	// extproc gone: said, and the rest still printed.
+	k.StopExtproc()
+	out.Reset()
+	if code := run([]string{"status", "--xds-admin", k.XDSAdmin, "--extproc-admin", k.ExtprocAdmin}, &out, &errOut); code != 0 {
+		t.Fatalf("status: exit %d: %s", code, errOut.String())
+	}
+	if !strings.Contains(out.String(), "extproc's admin at "+k.ExtprocAdmin+" does not answer") {
+		t.Errorf("status without extproc:\n%s", out.String())
+	}
+}
+
+// getThrough GETs url with the control plane's admin certificate and returns the status.
+func getThrough(t *testing.T, url string, cp *controlplane.ControlPlane) int {
+	t.Helper()
+	cert, err := cp.PKI.Admin.TLS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(cp.PKI.ServerCA.CertPEM)
+	c := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: roots, ServerName: "kubernetes.default.svc"}}}
+	resp, err := c.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}

@@ -1,0 +1,319 @@
+// Package opstatus is `kubectl mvp status`: what a running xds-server and extproc say about
+// themselves, read from their admin ports (xds-server's /debug/topology and /debug/syncz,
+// extproc's /readyz and /metrics) and summarised for a person. Summarize and Write are pure;
+// Fetch only reads the pages.
+package opstatus
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/kube-mvp/kube-mvp/internal/contract"
+	"github.com/kube-mvp/kube-mvp/internal/plan"
+	"github.com/kube-mvp/kube-mvp/internal/topology"
+	"github.com/kube-mvp/kube-mvp/internal/xds"
+)
+
+// Report is the answer; its JSON is `kubectl mvp status -o json` (docs/operating.md).
+type Report struct {
+	XDSAdmin   string      `json:"xdsAdmin"`
+	APIServers []APIServer `json:"apiservers"`
+	// PartiallyServed are the resources (and group/version documents) that not every live
+	// apiserver serves, with who does.
+	PartiallyServed []Partial `json:"partiallyServed"`
+	Envoys          []Envoy   `json:"envoys"`
+	// ExtProcs are the extprocs asked (none without --extproc-admin), those that answered.
+	ExtProcs []ExtProc `json:"extprocs"`
+	// Problems are what the pages could not tell, one sentence each.
+	Problems []string `json:"problems,omitempty"`
+}
+
+// APIServer is one apiserver as xds-server sees it.
+type APIServer struct {
+	ID       string `json:"id"`
+	Hostname string `json:"hostname,omitempty"`
+	Address  string `json:"address,omitempty"`
+	// Version is the apiserver's version when known; xds-server does not report it yet.
+	Version string `json:"version,omitempty"`
+	// State is live, unverified (Lease fresh, its own discovery not fetched over verified
+	// TLS yet), departed (remembered after its Lease went stale or was deleted) or stale
+	// (Lease not renewed, nothing remembered).
+	State string `json:"state"`
+	// CapabilitiesFrom is where what it serves was learnt (discovery, remembered,
+	// storageVersions, none), and Since when.
+	CapabilitiesFrom string    `json:"capabilitiesFrom,omitempty"`
+	Since            time.Time `json:"since,omitzero"`
+	// ProxyCertificate is "refused: REASON" when extproc found it taking the proxy
+	// certificate for an ordinary client's, "accepted" otherwise (as far as xds-server knows).
+	ProxyCertificate string `json:"proxyCertificate"`
+}
+
+// Partial is one resource not every live apiserver serves.
+type Partial struct {
+	// Resource is group/version/resource[/subresource], or a group/version's document path.
+	Resource string   `json:"resource"`
+	Outcome  string   `json:"outcome"`
+	ServedBy []string `json:"servedBy"`
+	// Cluster is the Envoy cluster; ServingSet, for a subset, the serving set inside it.
+	Cluster    string `json:"cluster,omitempty"`
+	ServingSet string `json:"servingSet,omitempty"`
+}
+
+// partial is a resource view as a Partial: a subset's plan cluster is a serving set inside
+// the serving-sets cluster, which is what Envoy's /clusters lists.
+func partial(resource string, v plan.ResourceView) Partial {
+	p := Partial{Resource: resource, Outcome: v.Outcome, ServedBy: v.ServedBy, Cluster: v.Cluster}
+	if v.Outcome == topology.Subset.String() {
+		p.Cluster, p.ServingSet = contract.ClusterServingSets, v.Cluster
+	}
+	return p
+}
+
+// Envoy is one Envoy node connected to xds-server.
+type Envoy struct {
+	Node           string `json:"node"`
+	Role           string `json:"role,omitempty"`
+	LocalAPIServer string `json:"localAPIServer,omitempty"`
+	Streams        int    `json:"openStreams"`
+	Version        string `json:"configVersion,omitempty"`
+	// State is ACK (every type it was sent is acknowledged), NACK (some type refused: see
+	// NACKs), pending (sent, not answered yet) or disconnected (no open stream).
+	State string `json:"state"`
+	// NACKs are the refused types with Envoy's reason.
+	NACKs []NACK `json:"nacks,omitempty"`
+	// SnapshotError is xds-server's own problem with this node's configuration.
+	SnapshotError string `json:"snapshotError,omitempty"`
+}
+
+// NACK is one refused type.
+type NACK struct {
+	Type    string    `json:"type"`
+	Version string    `json:"version,omitempty"`
+	At      time.Time `json:"at,omitzero"`
+	Reason  string    `json:"reason"`
+}
+
+// ExtProc is one extproc's routing table.
+type ExtProc struct {
+	// Name is its pod (in a cluster) or admin URL.
+	Name string `json:"name"`
+	// Ready is its /readyz; Readyz its text.
+	Ready        bool   `json:"ready"`
+	Readyz       string `json:"readyz,omitempty"`
+	TableVersion string `json:"tableVersion,omitempty"`
+	// TableAgeSeconds is how long ago the table in use was loaded; nil before the first.
+	TableAgeSeconds *float64 `json:"tableAgeSeconds,omitempty"`
+	// UpdateFailing: the last table update failed; Failures counts them by reason.
+	UpdateFailing bool              `json:"updateFailing"`
+	Failures      map[string]uint64 `json:"failures,omitempty"`
+}
+
+// Pages are the raw answers Summarize reads.
+type Pages struct {
+	XDSAdmin string
+	Topology *plan.View
+	Syncz    []xds.NodeStatus
+	ExtProcs []*ExtProcPages
+	Problems []string
+}
+
+// ExtProcPages are an extproc's admin answers.
+type ExtProcPages struct {
+	Name      string
+	Ready     bool
+	Readyz    string
+	Metrics   map[string]*dto.MetricFamily
+	Reachable bool
+}
+
+// Target is an admin port to ask: its base URL, and the name to show for it.
+type Target struct{ Name, URL string }
+
+// Fetch reads the pages; a page that does not answer becomes a Problem (with what to check),
+// and an xds-server admin that answers nothing at all is the error.
+func Fetch(ctx context.Context, c *http.Client, xdsAdmin string, extprocs []Target) (*Pages, error) {
+	xdsAdmin = strings.TrimSuffix(xdsAdmin, "/")
+	p := &Pages{XDSAdmin: xdsAdmin}
+	var view plan.View
+	code, body, err := get(ctx, c, xdsAdmin+"/debug/topology")
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("xds-server's admin at %s does not answer: %w (is xds-server running, and is this its --admin-address?)", xdsAdmin, err)
+	case code == http.StatusServiceUnavailable:
+		p.Problems = append(p.Problems, "xds-server has no topology yet: "+strings.TrimSpace(string(body)))
+	case code == http.StatusUnauthorized || code == http.StatusForbidden:
+		return nil, fmt.Errorf("xds-server's admin at %s: /debug/topology answered %d: %s (through the Kubernetes API: you need get on pods/proxy in its namespace)", xdsAdmin, code, firstLine(body))
+	case code != http.StatusOK:
+		return nil, fmt.Errorf("xds-server's admin at %s: /debug/topology answered %d: %s (is this xds-server's --admin-address?)", xdsAdmin, code, firstLine(body))
+	default:
+		if err := json.Unmarshal(body, &view); err != nil {
+			return nil, fmt.Errorf("xds-server's /debug/topology at %s: %w (another version of xds-server?)", xdsAdmin, err)
+		}
+		p.Topology = &view
+	}
+	code, body, err = get(ctx, c, xdsAdmin+"/debug/syncz")
+	switch {
+	case err != nil || code != http.StatusOK:
+		p.Problems = append(p.Problems, fmt.Sprintf("xds-server's /debug/syncz did not answer (%d %v): the Envoys are unknown", code, err))
+	default:
+		if err := json.Unmarshal(body, &p.Syncz); err != nil {
+			p.Problems = append(p.Problems, fmt.Sprintf("xds-server's /debug/syncz: %v", err))
+		}
+	}
+	for _, tg := range extprocs {
+		extprocAdmin := strings.TrimSuffix(tg.URL, "/")
+		e := &ExtProcPages{Name: tg.Name}
+		p.ExtProcs = append(p.ExtProcs, e)
+		code, body, err = get(ctx, c, extprocAdmin+"/readyz")
+		if err != nil {
+			p.Problems = append(p.Problems, fmt.Sprintf("extproc's admin at %s does not answer: %v (is extproc running, and is this its --admin-address?)", tg.Name, err))
+			continue
+		}
+		e.Reachable, e.Ready, e.Readyz = true, code == http.StatusOK, strings.TrimSpace(string(body))
+		code, body, err = get(ctx, c, extprocAdmin+"/metrics")
+		if err == nil && code == http.StatusOK {
+			parser := expfmt.NewTextParser(model.UTF8Validation)
+			e.Metrics, err = parser.TextToMetricFamilies(strings.NewReader(string(body)))
+		}
+		if err != nil || code != http.StatusOK {
+			p.Problems = append(p.Problems, fmt.Sprintf("extproc's /metrics at %s (%d): %v", tg.Name, code, err))
+		}
+	}
+	return p, nil
+}
+
+func get(ctx context.Context, c *http.Client, url string) (int, []byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return 0, nil, err
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	return resp.StatusCode, body, err
+}
+
+func firstLine(b []byte) string {
+	s, _, _ := strings.Cut(strings.TrimSpace(string(b)), "\n")
+	return s
+}
+
+// Summarize turns the pages into the report.
+func Summarize(p *Pages) *Report {
+	r := &Report{XDSAdmin: p.XDSAdmin, APIServers: []APIServer{}, PartiallyServed: []Partial{}, Envoys: []Envoy{}, ExtProcs: []ExtProc{}, Problems: slices.Clone(p.Problems)}
+	if v := p.Topology; v != nil {
+		for _, a := range v.APIServers {
+			s := APIServer{ID: a.ID, Hostname: a.Hostname, Address: a.Address, CapabilitiesFrom: a.From, Since: a.Since, ProxyCertificate: "accepted"}
+			switch {
+			case a.Unverified:
+				s.State = "unverified"
+			case a.Routable():
+				s.State = "live"
+			case a.From == "remembered":
+				s.State = "departed"
+			default:
+				s.State = "stale"
+			}
+			if a.Dangerous != "" {
+				s.ProxyCertificate = "refused: " + a.Dangerous
+			}
+			r.APIServers = append(r.APIServers, s)
+		}
+		for _, gv := range v.GroupVersions {
+			if d := gv.Document; d.Outcome != "default" {
+				r.PartiallyServed = append(r.PartiallyServed, partial(d.Resource, d))
+			}
+			for _, res := range gv.Resources {
+				if res.Outcome != "default" {
+					r.PartiallyServed = append(r.PartiallyServed, partial(gv.GroupVersion+"/"+res.Resource, res))
+				}
+			}
+		}
+	}
+	for _, n := range p.Syncz {
+		e := Envoy{Node: n.NodeID, Role: string(n.Role), LocalAPIServer: n.LocalAPIServer, Streams: n.Streams, Version: n.Snapshot, SnapshotError: n.SnapshotError, State: "ACK"}
+		for _, typ := range slices.Sorted(maps.Keys(n.Types)) {
+			ts := n.Types[typ]
+			if ts.NackError != "" {
+				e.NACKs = append(e.NACKs, NACK{Type: shortType(typ), Version: ts.NackedNext, At: ts.NackedAt, Reason: ts.NackError})
+			} else if ts.Sent != ts.Acked && e.State == "ACK" {
+				e.State = "pending"
+			}
+		}
+		if len(e.NACKs) > 0 {
+			e.State = "NACK"
+		}
+		if n.Streams == 0 {
+			e.State = "disconnected"
+		}
+		r.Envoys = append(r.Envoys, e)
+	}
+	for _, ep := range p.ExtProcs {
+		x := ExtProc{Name: ep.Name, Ready: ep.Ready, Readyz: ep.Readyz}
+		if fam := ep.Metrics["kube_mvp_extproc_table_version_info"]; fam != nil {
+			for _, m := range fam.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "version" && m.GetGauge().GetValue() == 1 {
+						x.TableVersion = l.GetValue()
+					}
+				}
+			}
+		}
+		if v, ok := gauge(ep.Metrics, "kube_mvp_extproc_table_age_seconds"); ok && v == v { // NaN: no table yet
+			x.TableAgeSeconds = &v
+		}
+		if v, ok := gauge(ep.Metrics, "kube_mvp_extproc_table_update_failing"); ok {
+			x.UpdateFailing = v == 1
+		}
+		if fam := ep.Metrics["kube_mvp_extproc_table_update_failures_total"]; fam != nil {
+			for _, m := range fam.GetMetric() {
+				if n := uint64(m.GetCounter().GetValue()); n > 0 {
+					if x.Failures == nil {
+						x.Failures = map[string]uint64{}
+					}
+					x.Failures[labelValue(m, "reason")] = n
+				}
+			}
+		}
+		if ep.Reachable {
+			r.ExtProcs = append(r.ExtProcs, x)
+		}
+	}
+	return r
+}
+
+func gauge(fams map[string]*dto.MetricFamily, name string) (float64, bool) {
+	fam := fams[name]
+	if fam == nil || len(fam.GetMetric()) == 0 {
+		return 0, false
+	}
+	return fam.GetMetric()[0].GetGauge().GetValue(), true
+}
+
+func labelValue(m *dto.Metric, name string) string {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == name {
+			return l.GetValue()
+		}
+	}
+	return ""
+}
+
+// shortType is a type URL's last part: "type.googleapis.com/envoy.config.route.v3.RouteConfiguration" → "RouteConfiguration".
+func shortType(typeURL string) string {
+	return typeURL[strings.LastIndexByte(typeURL, '.')+1:]
+}

@@ -1,0 +1,106 @@
+package opstatus
+
+import (
+	"bytes"
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kube-mvp/kube-mvp/internal/plan"
+	"github.com/kube-mvp/kube-mvp/internal/topology"
+	"github.com/kube-mvp/kube-mvp/internal/xds"
+)
+
+func TestSummarize(t *testing.T) {
+	since := time.Date(2026, 11, 23, 10, 0, 0, 0, time.UTC)
+	view := &plan.View{
+		APIServers: []plan.APIServerView{
+			{APIServer: topology.APIServer{ID: "a", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: true}, Source: topology.Source{From: "discovery", Since: since}},
+			{APIServer: topology.APIServer{ID: "b", Hostname: "cp-b", Address: "10.0.0.2:6443", Alive: true, Dangerous: "takes it for a client"}, Source: topology.Source{From: "discovery", Since: since}},
+			{APIServer: topology.APIServer{ID: "c", Hostname: "cp-c", Address: "10.0.0.3:6443"}, Source: topology.Source{From: "storageVersions", Unverified: true}},
+			{APIServer: topology.APIServer{ID: "d", Hostname: "cp-d", Address: "10.0.0.4:6443"}, Source: topology.Source{From: "remembered", Since: since}},
+			{APIServer: topology.APIServer{ID: "e", Hostname: "cp-e"}, Source: topology.Source{From: "none"}},
+		},
+		GroupVersions: []plan.GroupVersionView{{
+			GroupVersion: "batch/v1",
+			Document:     plan.ResourceView{Resource: "/apis/batch/v1", Outcome: "subset", ServedBy: []string{"cp-a"}, Cluster: "kube-apiservers-only-cp-a"},
+			Resources: []plan.ResourceView{
+				{Resource: "jobs", Outcome: "subset", ServedBy: []string{"cp-a"}, Cluster: "kube-apiservers-only-cp-a"},
+				{Resource: "cronjobs", Outcome: "unavailable", ServedBy: []string{"cp-d"}},
+				{Resource: "widgets", Outcome: "default", ServedBy: []string{"cp-a", "cp-b"}, Cluster: "kube-apiservers"},
+			},
+		}},
+	}
+	syncz := []xds.NodeStatus{
+		{NodeID: "ok", Role: "envoy-front", Streams: 1, Snapshot: "v1", Types: map[string]*xds.TypeStatus{"type.googleapis.com/envoy.config.route.v3.RouteConfiguration": {Sent: "1", Acked: "1"}}},
+		{NodeID: "bad", Streams: 1, Snapshot: "v2", Types: map[string]*xds.TypeStatus{
+			"type.googleapis.com/envoy.config.route.v3.RouteConfiguration":       {Sent: "2", Acked: "1", NackError: "bad regex", NackedNext: "2"},
+			"type.googleapis.com/envoy.config.cluster.v3.Cluster":                {Sent: "2", Acked: "2"},
+			"type.googleapis.com/envoy.config.listener.v3.Listener":              {Sent: "2", Acked: "2"},
+			"type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment": {Sent: "2", Acked: "1"},
+		}},
+		{NodeID: "waiting", Streams: 1, Types: map[string]*xds.TypeStatus{"x.Cluster": {Sent: "3", Acked: "2"}}},
+		{NodeID: "gone", Types: map[string]*xds.TypeStatus{}},
+	}
+	r := Summarize(&Pages{XDSAdmin: "http://x", Topology: view, Syncz: syncz})
+
+	states := map[string]string{}
+	for _, a := range r.APIServers {
+		states[a.Hostname] = a.State + " " + a.ProxyCertificate
+	}
+	for host, want := range map[string]string{"cp-a": "live accepted", "cp-b": "live refused: takes it for a client", "cp-c": "unverified accepted", "cp-d": "departed accepted", "cp-e": "stale accepted"} {
+		if states[host] != want {
+			t.Errorf("%s: %q, want %q", host, states[host], want)
+		}
+	}
+	if len(r.PartiallyServed) != 3 || r.PartiallyServed[1].Cluster != "kube-apiservers-serving" || r.PartiallyServed[1].ServingSet != "kube-apiservers-only-cp-a" || r.PartiallyServed[2].Resource != "batch/v1/cronjobs" {
+		t.Errorf("partially served: %+v", r.PartiallyServed)
+	}
+	envoys := map[string]Envoy{}
+	for _, e := range r.Envoys {
+		envoys[e.Node] = e
+	}
+	if envoys["ok"].State != "ACK" || envoys["waiting"].State != "pending" || envoys["gone"].State != "disconnected" {
+		t.Errorf("envoys: %+v", r.Envoys)
+	}
+	if b := envoys["bad"]; b.State != "NACK" || len(b.NACKs) != 1 || b.NACKs[0].Type != "RouteConfiguration" || b.NACKs[0].Reason != "bad regex" {
+		t.Errorf("NACKing envoy: %+v", b)
+	}
+	var out bytes.Buffer
+	Write(&out, r, since.Add(time.Minute))
+	for _, want := range []string{"NACK RouteConfiguration 2: bad regex", "cp-d", "departed", "1m0s ago", "kube-apiservers-only-cp-a"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("text lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+// TestFetchSaysWhatDoesNotAnswer: an admin that is not xds-server's, and an extproc that
+// does not answer, are named.
+func TestFetchSaysWhatDoesNotAnswer(t *testing.T) {
+	notXDS := httptest.NewServer(http.NotFoundHandler())
+	defer notXDS.Close()
+	if _, err := Fetch(context.Background(), http.DefaultClient, notXDS.URL, nil); err == nil || !strings.Contains(err.Error(), "answered 404") {
+		t.Errorf("not xds-server: %v", err)
+	}
+	xdsAdmin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/debug/topology":
+			http.Error(w, "no topology yet", http.StatusServiceUnavailable)
+		case "/debug/syncz":
+			w.Write([]byte("[]"))
+		}
+	}))
+	defer xdsAdmin.Close()
+	p, err := Fetch(context.Background(), http.DefaultClient, xdsAdmin.URL, []Target{{Name: "http://127.0.0.1:1", URL: "http://127.0.0.1:1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := Summarize(p)
+	if len(r.Problems) != 2 || !strings.Contains(r.Problems[0], "no topology yet") || !strings.Contains(r.Problems[1], "extproc's admin at http://127.0.0.1:1 does not answer") || len(r.ExtProcs) != 0 {
+		t.Errorf("problems %q, extprocs %+v", r.Problems, r.ExtProcs)
+	}
+}
