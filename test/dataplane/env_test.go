@@ -203,17 +203,6 @@ func (f *fakeAPIServer) readyzChecks() []seenRequest {
 	return append([]seenRequest(nil), f.checks...)
 }
 
-// newFakeAPIServer is an HTTPS server on ip that asks for (but does not require) a client
-// certificate and verifies one of the front-proxy CA, like an apiserver with
-// --requestheader-client-ca-file (the data plane's proxy client certificate), and records
-// which one each request's connection presented. It serves /readyz as an apiserver with
-// anonymous requests off: 200 only to a request that presents the proxy client certificate
-// (the health checks' identity header comes with it), else 401. It serves a streaming
-// /watch, upgrades (echo) and everything else as a JSON echo of the request.
-func newFakeAPIServer(t testing.TB, p *pki, name, ip string, tick time.Duration, ticks int) *fakeAPIServer {
-	return newFakeAPIServerOpts(t, p, name, ip, tick, ticks, fakeOptions{})
-}
-
 // fakeOptions vary a fake apiserver's HTTP.
 type fakeOptions struct {
 	// http1Only: the fake speaks HTTP/1.1 only (httptest's default); without, ALPN offers h2
@@ -225,6 +214,14 @@ type fakeOptions struct {
 	watchStep chan struct{}
 }
 
+// newFakeAPIServerOpts is an HTTPS server on ip that asks for (but does not require) a client
+// certificate and verifies one of the front-proxy CA, like an apiserver with
+// --requestheader-client-ca-file (the data plane's proxy client certificate), and records
+// which one each request's connection presented. It serves /readyz as an apiserver with
+// anonymous requests off: 200 only to a request that presents the proxy client certificate
+// (the health checks' identity header comes with it), else 401. It serves a streaming
+// /watch, upgrades (echo) and everything else as a JSON echo of the request; fo varies its
+// HTTP.
 func newFakeAPIServerOpts(t testing.TB, p *pki, name, ip string, tick time.Duration, ticks int, fo fakeOptions) *fakeAPIServer {
 	f := &fakeAPIServer{name: name, served: map[string]bool{}, closed: map[string]bool{}, conns: map[string]net.Conn{}}
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

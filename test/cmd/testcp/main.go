@@ -32,7 +32,7 @@ func main() {
 
 func run(ctx context.Context, args []string) error {
 	if len(args) == 0 {
-		return errors.New("usage: testcp build [VERSION...] | testcp up --server NAME=VERSION[:RUNTIME-CONFIG,...] ...")
+		return errors.New("usage: testcp build [VERSION...] | testcp up --server NAME=VERSION[:RUNTIME-CONFIG,...] [FLAGS]")
 	}
 	switch args[0] {
 	case "build":
