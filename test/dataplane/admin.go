@@ -21,6 +21,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/structpb"
 )
 
 // adminHandler serves a subset of Envoy's admin interface:
@@ -367,4 +368,12 @@ func promName(stat string) string {
 		}
 	}
 	return string(b)
+}
+
+// structJSON is a helper for metadata rendering.
+func structJSON(s *structpb.Struct) any {
+	if s == nil {
+		return nil
+	}
+	return s.AsMap()
 }
