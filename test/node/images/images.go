@@ -225,19 +225,10 @@ func CoreDNS(ctx context.Context, log io.Writer) (Image, error) {
 	}
 	version := ref[strings.LastIndex(ref, ":")+1:]
 	ldflags := "-s -w"
-	dir, err := controlplane.CachedBuild(ctx, log, controlplane.BuildSpec{
-		Label:     "coredns " + version,
-		What:      "coredns",
-		Key:       fmt.Sprintf("coredns-%s-%s-%s", version, runtime.Version(), hash(runtime.GOARCH, ldflags, inputs)),
-		Outputs:   []string{"coredns"},
-		ModuleDir: mod,
-		LDFlags:   ldflags,
-		Packages:  []string{"."},
-	})
+	binPath, err := buildTool(ctx, log, "coredns", version, mod, ldflags, inputs, ".")
 	if err != nil {
 		return Image{}, err
 	}
-	binPath := filepath.Join(dir, "coredns")
 	return cachedImage(ctx, log, "coredns", ref, func() (v1.Image, error) {
 		b, err := os.ReadFile(binPath)
 		if err != nil {
@@ -261,7 +252,7 @@ func CoreDNS(ctx context.Context, log io.Writer) (Image, error) {
 			ociimage.Dir("home/nonroot", 0o700, CoreDNSUID),
 			ociimage.Dir("tmp", 0o1777, 0),
 		})
-	}, bin(dir, "coredns"))
+	}, []byte(binPath))
 }
 
 // netBindServiceCap is the security.capability extended attribute `setcap
@@ -305,19 +296,26 @@ func Helm(ctx context.Context, log io.Writer) (string, error) {
 		return "", err
 	}
 	ldflags := helmLDFlags(want, clientGo)
+	return buildTool(ctx, log, "helm", want, mod, ldflags, inputs, module+"/cmd/helm")
+}
+
+// buildTool builds the binary name at version from the package pkg of the wrapper module in
+// mod (whose go.mod and go.sum make inputs) with ldflags, or finds it cached; it returns the
+// binary's path.
+func buildTool(ctx context.Context, log io.Writer, name, version, mod, ldflags, inputs, pkg string) (string, error) {
 	dir, err := controlplane.CachedBuild(ctx, log, controlplane.BuildSpec{
-		Label:     "helm " + want,
-		What:      "helm",
-		Key:       fmt.Sprintf("helm-%s-%s-%s", want, runtime.Version(), hash(runtime.GOARCH, ldflags, inputs)),
-		Outputs:   []string{"helm"},
+		Label:     name + " " + version,
+		What:      name,
+		Key:       fmt.Sprintf("%s-%s-%s-%s", name, version, runtime.Version(), hash(runtime.GOARCH, ldflags, inputs)),
+		Outputs:   []string{name},
 		ModuleDir: mod,
 		LDFlags:   ldflags,
-		Packages:  []string{module + "/cmd/helm"},
+		Packages:  []string{pkg},
 	})
 	if err != nil {
 		return "", err
 	}
-	return filepath.Join(dir, "helm"), nil
+	return filepath.Join(dir, name), nil
 }
 
 // helmLDFlags stamp a helm release build as helm's Makefile does: the version `helm version`
