@@ -196,6 +196,30 @@ func (f *fakeAPIServer) requests() []seenRequest {
 	return append([]seenRequest(nil), f.seen...)
 }
 
+// servedConns is the connections (their remote addresses) f served requests on.
+func (f *fakeAPIServer) servedConns() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var conns []string
+	for a := range f.served {
+		conns = append(conns, a)
+	}
+	return conns
+}
+
+// waitClosed waits until the connection from addr to f closed; what names it.
+func (f *fakeAPIServer) waitClosed(t *testing.T, addr, what string) {
+	t.Helper()
+	testutil.WaitFor(t, t.Context(), 10*time.Second, what+" closed", func() error {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if !f.closed[addr] {
+			return fmt.Errorf("connection from %s still open", addr)
+		}
+		return nil
+	})
+}
+
 // readyzChecks returns the /readyz requests f has seen.
 func (f *fakeAPIServer) readyzChecks() []seenRequest {
 	f.mu.Lock()
@@ -674,9 +698,15 @@ func (e *env) do(c *http.Client, method, path string, hdr map[string]string) rep
 // answered them and the routing header (X-Kube-Mvp-Cluster, "" when absent) they came with.
 func (e *env) spread(c *http.Client, path string, n int) (servers, clusters map[string]int) {
 	e.t.Helper()
+	return e.spreadWith(c, path, n, nil)
+}
+
+// spreadWith is spread with request headers.
+func (e *env) spreadWith(c *http.Client, path string, n int, hdr map[string]string) (servers, clusters map[string]int) {
+	e.t.Helper()
 	servers, clusters = map[string]int{}, map[string]int{}
 	for range n {
-		r := e.do(c, "GET", path, nil)
+		r := e.do(c, "GET", path, hdr)
 		if r.status != 200 {
 			e.t.Fatalf("GET %s: status %d: %s", path, r.status, r.body)
 		}
