@@ -12,30 +12,98 @@ REGISTRY ?= ghcr.io/kube-mvp
 ARCHS ?= amd64 arm64
 PUSH ?=
 
-.PHONY: all build images test unit bench kube-binaries vet demo clean proto golden golden-dirs envoy-protos deps node test-node node-deps
+# RE2_HEADER: the test data plane measures regexes with libre2 through cgo (C++).
+RE2_HEADER ?= /usr/include/re2/re2.h
 
+# The packages with golden files: those whose tests define an -update flag (their golden
+# tests are named TestGolden...).
+GOLDEN_PKGS ?= $(sort $(dir $(shell grep -rl --include='*_test.go' 'flag\.Bool."update"' internal cmd test tools)))
+
+# NODE_PACKAGES: what a real node (test/node) needs from Debian besides Go.
+NODE_PACKAGES ?= containerd runc containernetworking-plugins iptables conntrack iproute2 util-linux busybox-static libre2-dev g++
+
+# STATICCHECK: make lint's linter, pinned; go run builds it from its module (cached after the
+# first run), so a machine with Go needs nothing else. -tags node is the only build tag in
+# the tree and no file is built without it only, so one run sees every file.
+STATICCHECK_VERSION ?= v0.8.2
+STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+
+.PHONY: all help demo test unit lint vet build images bench golden golden-dirs envoy-protos kube-binaries deps node test-node node-deps proto clean
+
+## all: the default: build
 all: build
+
+## help: this list (the `## target:` comments in the Makefile)
+help:
+	@echo 'kube-mvp: `make demo` shows it working, `make test` tests it. Targets:'
+	@awk '/^## [a-z-]+:/ { t = $$2; sub(/:$$/, "", t); sub(/^## [a-z-]+: */, ""); printf "  %-14s %s\n", t, $$0; next } \
+		/^##( |$$)/ { sub(/^## ?/, ""); printf "  %-14s %s\n", "", $$0 }' $(firstword $(MAKEFILE_LIST))
+
+## demo: kube-mvp in front of a two-version control plane (cp-b has batch/v1 off),
+## kubectl through it and through a plain balancer, then up until Ctrl-C
+## (DEMO_FLAGS=--exit to stop)
+demo: deps
+	$(GO) run ./test/cmd/demo $(DEMO_FLAGS)
+
+## test: every test, unit and end to end, against real apiservers of three versions
+test: deps vet kube-binaries
+	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+	# every benchmark once, so none of them rots (the numbers come from `make bench`)
+	$(GO) test -run '^$$' -bench . -benchtime 1x ./...
+
+## unit: the tests that need no control plane (fast)
+unit:
+	$(GO) test -race -short ./...
+
+## lint: staticcheck (STATICCHECK_VERSION, built from Go modules on first use) over
+## every package, the node tests included; the checks a directory turns off are in its
+## staticcheck.conf, with why
+lint:
+	$(STATICCHECK) -tags node ./...
+
+## vet: go vet ./... (make test runs it; make test-node vets the node tests)
+vet:
+	$(GO) vet ./...
 
 ## build: compile the product binaries into bin/ (stamped: bin/xds-server --version)
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o bin/ ./cmd/...
 
-## images: the container images, without Docker: bin/images/<name>-<arch>.tar for `docker load`
-## or `kind load image-archive`, and bin/images/oci/<name>/ (multi-arch); PUSH=1 pushes them to
-## REGISTRY (docs/images.md)
+## images: the container images, without Docker: bin/images/<name>-<arch>.tar for `docker
+## load` or `kind load image-archive`, and bin/images/oci/<name>/ (multi-arch);
+## PUSH=1 pushes them to REGISTRY (docs/images.md)
 images:
 	$(GO) run ./tools/images -registry "$(REGISTRY)" -version "$(VERSION)" -commit "$(COMMIT)" \
 		-arch "$(ARCHS)" -out bin/images $(if $(filter 1 true yes,$(PUSH)),-push)
 
-## kube-binaries: build (or reuse from ~/.cache/kube-mvp) the kube-apiservers and etcd the tests run
+## bench: the benchmarks behind the README's performance numbers
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem -count 3 ./...
+
+## golden: regenerate every golden file (internal/plan/testdata/<case>.plan.yaml: fixture
+## -> plan; internal/snapshot/testdata/<case>/<type>.yaml: plan -> Envoy
+## resources) from the current code, removing stale ones; review with git diff
+## and commit (CI checks they are current)
+golden:
+	$(GO) test -count=1 -run '^TestGolden' $(addprefix ./,$(GOLDEN_PKGS)) -args -update
+
+## golden-dirs: print the directories make golden writes (.ci/run checks them)
+golden-dirs:
+	@echo $(addsuffix testdata,$(GOLDEN_PKGS))
+
+## envoy-protos: regenerate internal/snapshot/oldest-envoy-protos.txt, every message, field and
+## enum value of the oldest supported Envoy's protos, which snapshot.Build checks
+## the configuration against (tools/envoyprotos, its own module). Run it when
+## raising the minimum Envoy: `make envoy-protos ENVOY=v1.38.0` (the
+## go-control-plane/envoy release of that Envoy), then set
+## internal/xds.MinEnvoyVersion to match (a test checks), and commit both
+envoy-protos:
+	GO="$(GO)" tools/envoyprotos/gen.sh $(ENVOY)
+
+## kube-binaries: build (or reuse from ~/.cache/kube-mvp) the kube-apiservers and etcd the tests
+## run
 kube-binaries:
 	$(GO) run ./test/cmd/testcp build $(KUBE_VERSIONS)
-
-vet:
-	$(GO) vet ./...
-
-# RE2_HEADER: the test data plane measures regexes with libre2 through cgo (C++).
-RE2_HEADER ?= /usr/include/re2/re2.h
 
 ## deps: what building the test data plane needs besides Go, libre2's headers and g++:
 ## installed with apt-get when missing (as root, or with sudo), as .ci/run does
@@ -46,49 +114,17 @@ deps:
 		command -v apt-get >/dev/null && $$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-install-recommends libre2-dev g++ \
 			|| { echo "kube-mvp: could not install them; install libre2-dev and g++ (or your system's RE2 headers and a C++ compiler)" >&2; exit 1; }; }
 
-## test: every test, unit and end to end, against real apiservers of three versions
-test: deps vet kube-binaries
-	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
-	# every benchmark once, so none of them rots (the numbers come from `make bench`)
-	$(GO) test -run '^$$' -bench . -benchtime 1x ./...
+## node: a real one-node cluster (containerd, kubelet, kube-proxy, CoreDNS) with
+## kube-mvp installed by Helm, up until Ctrl-C; root. NODE_FLAGS=--mode=sidecar
+## for sidecar mode, --exit to stop after its checks
+node: node-deps kube-binaries
+	$(GO) run ./test/cmd/node $(NODE_FLAGS)
 
-## bench: the benchmarks behind the README's performance numbers
-bench:
-	$(GO) test -run '^$$' -bench . -benchmem -count 3 ./...
-
-## unit: the tests that need no control plane (fast)
-unit:
-	$(GO) test -race -short ./...
-
-# The packages with golden files: those whose tests define an -update flag (their golden
-# tests are named TestGolden...).
-GOLDEN_PKGS ?= $(sort $(dir $(shell grep -rl --include='*_test.go' 'flag\.Bool."update"' internal cmd test tools)))
-
-## golden: regenerate every golden file (internal/plan/testdata/<case>.plan.yaml: fixture ->
-## plan; internal/snapshot/testdata/<case>/<type>.yaml: plan -> Envoy resources) from the
-## current code, removing stale ones; review with git diff and commit (CI checks they are current)
-golden:
-	$(GO) test -count=1 -run '^TestGolden' $(addprefix ./,$(GOLDEN_PKGS)) -args -update
-
-# golden-dirs: the directories make golden writes (.ci/run checks them)
-golden-dirs:
-	@echo $(addsuffix testdata,$(GOLDEN_PKGS))
-
-## envoy-protos: regenerate internal/snapshot/oldest-envoy-protos.txt, every message, field
-## and enum value of the oldest supported Envoy's protos, which snapshot.Build checks the
-## configuration against (tools/envoyprotos, its own module). Run it when raising the minimum
-## Envoy: `make envoy-protos ENVOY=v1.38.0` (the go-control-plane/envoy release of that Envoy),
-## then set internal/xds.MinEnvoyVersion to match (a test checks), and commit both
-envoy-protos:
-	GO="$(GO)" tools/envoyprotos/gen.sh $(ENVOY)
-
-## demo: kube-mvp in front of a two-version control plane (cp-b has batch/v1 off), kubectl
-## through it and through a plain balancer, then up until Ctrl-C (DEMO_FLAGS=--exit to stop)
-demo: deps
-	$(GO) run ./test/cmd/demo $(DEMO_FLAGS)
-
-# NODE_PACKAGES: what a real node (test/node) needs from Debian besides Go.
-NODE_PACKAGES ?= containerd runc containernetworking-plugins iptables conntrack iproute2 util-linux busybox-static libre2-dev g++
+## test-node: the tests that install the chart on a real node (root; see README for the
+## cost)
+test-node: node-deps kube-binaries
+	$(GO) vet -tags node ./test/node/...
+	$(GO) test -tags node -race -count=1 -timeout 45m ./test/node/...
 
 ## node-deps: install what a real one-node cluster needs (root; Debian's packages)
 node-deps:
@@ -101,21 +137,12 @@ node-deps:
 			|| { echo "kube-mvp: could not install$$missing" >&2; exit 1; }; \
 	fi
 
-## node: a real one-node cluster (containerd, kubelet, kube-proxy, CoreDNS) with kube-mvp
-## installed by Helm, up until Ctrl-C; root. NODE_FLAGS=--mode=sidecar for sidecar mode,
-## --exit to stop after its checks
-node: node-deps kube-binaries
-	$(GO) run ./test/cmd/node $(NODE_FLAGS)
-
-## test-node: the tests that install the chart on a real node (root; see README for the cost)
-test-node: node-deps kube-binaries
-	$(GO) vet -tags node ./test/node/...
-	$(GO) test -tags node -race -count=1 -timeout 45m ./test/node/...
-
-clean:
-	rm -rf bin/
-
-## proto: regenerate Go code from proto/ (needs protoc, protoc-gen-go, protoc-gen-go-grpc)
+## proto: regenerate Go code from proto/ (needs protoc, protoc-gen-go,
+## protoc-gen-go-grpc)
 proto:
 	protoc -I proto --go_out=proto --go_opt=paths=source_relative \
 		--go-grpc_out=proto --go-grpc_opt=paths=source_relative proto/kubemvp/table/v1/table.proto
+
+## clean: remove bin/
+clean:
+	rm -rf bin/

@@ -72,12 +72,11 @@ func (c *copyFilesConfig) flagSet() *pflag.FlagSet {
 }
 
 func parseCopyFilesArgs(args []string) (copyFilesConfig, error) {
-	var c copyFilesConfig
-	fs := c.flagSet()
-	errs, stop := cli.Parse(fs, args)
-	if stop != nil {
-		return c, stop
-	}
+	return parseConfig(args, (*copyFilesConfig).validate)
+}
+
+// validate adds to errs what is wrong with the flags' values, and sets gid.
+func (c *copyFilesConfig) validate(fs *pflag.FlagSet, errs *multierror.Error) *multierror.Error {
 	if len(c.files) != 2 {
 		errs = multierror.Append(errs, fmt.Errorf("--file: give it twice, the certificate and its key (got %d)", len(c.files)))
 	} else if err := nodepki.CheckFiles(c.files); err != nil {
@@ -102,7 +101,7 @@ func parseCopyFilesArgs(args []string) (copyFilesConfig, error) {
 		}
 		c.gid = n
 	}
-	return c, cli.Err(errs)
+	return errs
 }
 
 // kubeadmHint is the end of every error about the source files: in kube-mvp's chart they

@@ -63,19 +63,18 @@ func (c *drainEnvoyConfig) flagSet() *pflag.FlagSet {
 }
 
 func parseDrainEnvoyArgs(args []string) (drainEnvoyConfig, error) {
-	var c drainEnvoyConfig
-	fs := c.flagSet()
-	errs, stop := cli.Parse(fs, args)
-	if stop != nil {
-		return c, stop
-	}
+	return parseConfig(args, (*drainEnvoyConfig).validate)
+}
+
+// validate adds to errs what is wrong with the flags' values.
+func (c *drainEnvoyConfig) validate(_ *pflag.FlagSet, errs *multierror.Error) *multierror.Error {
 	if err := checkHostPort(c.admin); err != nil {
 		errs = multierror.Append(errs, fmt.Errorf("--envoy-admin %q: %v; want host:port, e.g. 127.0.0.1:9901", c.admin, err))
 	}
 	if c.doneFile == "" {
 		errs = multierror.Append(errs, errors.New("--done-file must name a file, e.g. "+drain.DefaultDoneFile))
 	}
-	return c, cli.Err(errs)
+	return errs
 }
 
 // runDrainEnvoy is `extproc drain-envoy`; it returns the exit code.

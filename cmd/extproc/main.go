@@ -237,6 +237,22 @@ func checkProxyFlags(cfg *config, fs *pflag.FlagSet, errs *multierror.Error) *mu
 	return errs
 }
 
+// parseConfig parses args into a subcommand's configuration C, whose flagSet declares its
+// flags; unless that stops the command (--help, a flag error), validate adds what is wrong with
+// the values, and every problem is reported at once.
+func parseConfig[C any, P interface {
+	*C
+	flagSet() *pflag.FlagSet
+}](args []string, validate func(c P, fs *pflag.FlagSet, errs *multierror.Error) *multierror.Error) (C, error) {
+	var c C
+	fs := P(&c).flagSet()
+	errs, stop := cli.Parse(fs, args)
+	if stop != nil {
+		return c, stop
+	}
+	return c, cli.Err(validate(&c, fs, errs))
+}
+
 func checkHostPort(a string) error {
 	_, port, err := net.SplitHostPort(a)
 	if err != nil {

@@ -475,7 +475,7 @@ func certgenSecrets(ctx context.Context, opts certgenOptions, now time.Time, log
 			stored, err := secrets.Update(ctx, s, metav1.UpdateOptions{FieldManager: managedByValue})
 			if err != nil {
 				if apierrors.IsConflict(err) {
-					return nil, fmt.Errorf("Secret %s/%s changed since it was read (another certgen run?): nothing more was written; run again: %w", opts.namespace, name, err)
+					return nil, fmt.Errorf("the Secret %s/%s changed since it was read (another certgen run?): nothing more was written; run again: %w", opts.namespace, name, err)
 				}
 				return nil, fmt.Errorf("updating Secret %s/%s: %w%s", opts.namespace, name, err, rbacHint(err, "update"))
 			}

@@ -179,6 +179,7 @@ func applyMutation(t testing.TB, req *extprocv3.HttpHeaders, resp *extprocv3.Pro
 			t.Errorf("header %s set in value, not raw_value", o.GetHeader().GetKey())
 		}
 		name := strings.ToLower(o.GetHeader().GetKey())
+		//lint:ignore SA1019 ext_proc honours only the deprecated append flag (see setHeader)
 		if !o.GetAppend().GetValue() {
 			del(name)
 		}

@@ -99,27 +99,15 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 			Help: "The version of the routing table in use (value 1).",
 		}, []string{"version"}),
 	}
-	unexpected := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "kube_mvp_extproc_unexpected_messages_total",
-		Help: "ext_proc messages that the processing mode should never send (bodies, trailers, response headers extproc did not ask for), by type; each got an empty response of its type.",
-	}, []string{"type"})
-	for i, t := range unexpectedTypes {
-		m.unexpected[i] = unexpected.WithLabelValues(t)
-	}
-	stripped := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "kube_mvp_extproc_stripped_headers_total",
-		Help: "Requests that arrived carrying a client-supplied identity or routing header, which was removed (Envoy's listener should already have removed them).",
-	}, []string{"header"})
-	for i, h := range strippedNames {
-		m.stripped[i] = stripped.WithLabelValues(h)
-	}
-	discovery := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "kube_mvp_extproc_merged_discovery_total",
-		Help: "GET /apis requests for aggregated discovery: served (the merged document replaced the apiserver's 200), not_modified (304 to the merged ETag), passed (the apiserver's answer went on: not a 200 aggregated document, e.g. 401/403).",
-	}, []string{"result"})
-	for i, r := range discoveryResults {
-		m.discovery[i] = discovery.WithLabelValues(r)
-	}
+	unexpected := counterChildren(m.unexpected[:], "kube_mvp_extproc_unexpected_messages_total",
+		"ext_proc messages that the processing mode should never send (bodies, trailers, response headers extproc did not ask for), by type; each got an empty response of its type.",
+		"type", unexpectedTypes[:])
+	stripped := counterChildren(m.stripped[:], "kube_mvp_extproc_stripped_headers_total",
+		"Requests that arrived carrying a client-supplied identity or routing header, which was removed (Envoy's listener should already have removed them).",
+		"header", strippedNames[:])
+	discovery := counterChildren(m.discovery[:], "kube_mvp_extproc_merged_discovery_total",
+		"GET /apis requests for aggregated discovery: served (the merged document replaced the apiserver's 200), not_modified (304 to the merged ETag), passed (the apiserver's answer went on: not a 200 aggregated document, e.g. 401/403).",
+		"result", discoveryResults[:])
 	age := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "kube_mvp_extproc_table_age_seconds",
 		Help: "Seconds since the routing table in use was loaded; NaN before the first.",
@@ -146,6 +134,16 @@ func (m *metrics) registerDecisionLatency(reg prometheus.Registerer) {
 		Buckets: decisionBuckets,
 	})
 	reg.MustRegister(m.decisionSeconds)
+}
+
+// counterChildren is the counter vector name of one label, with its child for each of
+// values resolved into children, in order.
+func counterChildren(children []prometheus.Counter, name, help, label string, values []string) *prometheus.CounterVec {
+	v := prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, []string{label})
+	for i, x := range values {
+		children[i] = v.WithLabelValues(x)
+	}
+	return v
 }
 
 // registerTableUpdates adds the metrics that say whether the routing table can be updated:

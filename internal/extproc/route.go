@@ -229,6 +229,7 @@ func servingSetMetadata(name string) *structpb.Struct {
 func setHeader(key, value string, appendValue bool) *corev3.HeaderValueOption {
 	o := &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: key, RawValue: []byte(value)}}
 	if appendValue {
+		//lint:ignore SA1019 ext_proc honours only the deprecated append flag (see above)
 		o.Append = wrapperspb.Bool(true)
 	}
 	return o

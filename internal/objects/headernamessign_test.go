@@ -265,7 +265,7 @@ func TestMergeRequestHeaderNames(t *testing.T) {
 	}
 	// ... then the ConfigMap lost its group key (an attacker deleted it): x-custom-group
 	// stays in use, and stripped.
-	next, use, usable, _ := merged.Observe(authCM(map[string]string{"requestheader-username-headers": `["X-Remote-User"]`}))
+	_, use, usable, _ := merged.Observe(authCM(map[string]string{"requestheader-username-headers": `["X-Remote-User"]`}))
 	if !usable || !slices.Equal(use.Group, []string{"x-custom-group"}) || !slices.Contains(use.StripNames(), "x-custom-group") {
 		t.Errorf("after a restart and a deleted key: usable %v, %+v", usable, use)
 	}
@@ -275,7 +275,7 @@ func TestMergeRequestHeaderNames(t *testing.T) {
 		t.Errorf("after a restart and a malformed ConfigMap: usable %v, %v, %+v", usable, err, use)
 	}
 	// ... or renamed: the old name stays stripped.
-	next, use, _, _ = merged.Observe(authCM(map[string]string{"requestheader-group-headers": `["X-Evil-Group"]`}))
+	next, use, _, _ := merged.Observe(authCM(map[string]string{"requestheader-group-headers": `["X-Evil-Group"]`}))
 	if !slices.Contains(use.StripNames(), "x-custom-group") || !slices.Contains(use.StripNames(), "x-evil-group") {
 		t.Errorf("after a restart and a renamed group header, stripped %v", use.StripNames())
 	}

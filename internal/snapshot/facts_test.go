@@ -758,9 +758,3 @@ func names(rs []*routev3.Route) []string {
 	}
 	return n
 }
-
-func stripQuery(m *routev3.RouteMatch) *routev3.RouteMatch {
-	c := proto.Clone(m).(*routev3.RouteMatch)
-	c.QueryParameters = nil
-	return c
-}

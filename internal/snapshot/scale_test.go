@@ -44,9 +44,9 @@ func scaleTopology(t testing.TB, gvs int) *topology.Topology {
 // query parameter matchers, then the path): routes tried, header matchers evaluated (of
 // them regexes), query strings parsed, path checks (of them regexes).
 type matchWork struct {
-	route                                  string
-	routes, headers, headerRegexes, query  int
-	paths, pathRegexes, regexProgramsTried int
+	route                                 string
+	routes, headers, headerRegexes, query int
+	paths, pathRegexes                    int
 }
 
 func (w matchWork) String() string {

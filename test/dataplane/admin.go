@@ -21,6 +21,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/structpb"
 )
 
 // adminHandler serves a subset of Envoy's admin interface:
@@ -94,11 +95,7 @@ func postOnly(h http.HandlerFunc) http.HandlerFunc {
 // of them, which a test could mistake for a drain; drain directions are not modelled.
 func (d *DataPlane) serveDrainListeners(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	text := func(status int, body string) {
-		w.Header().Set("Content-Type", "text/plain; charset=UTF-8")
-		w.WriteHeader(status)
-		_, _ = w.Write([]byte(body))
-	}
+	text := func(status int, body string) { writeText(w, status, body) }
 	if q.Has("inboundonly") {
 		text(http.StatusBadRequest, "inboundonly is not implemented by the test stand-in (no listener has a traffic_direction)\n")
 		return
@@ -136,11 +133,7 @@ func (d *DataPlane) serveDrainListeners(w http.ResponseWriter, r *http.Request) 
 // implement them, and has no histograms or text readouts.
 func (d *DataPlane) serveStats(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	text := func(status int, body string) {
-		w.Header().Set("Content-Type", "text/plain; charset=UTF-8")
-		w.WriteHeader(status)
-		_, _ = w.Write([]byte(body))
-	}
+	text := func(status int, body string) { writeText(w, status, body) }
 	for k := range q {
 		if k != "filter" && k != "format" {
 			text(http.StatusBadRequest, fmt.Sprintf("/stats parameter %q is not implemented by the test stand-in\n", k))
@@ -367,4 +360,19 @@ func promName(stat string) string {
 		}
 	}
 	return string(b)
+}
+
+// structJSON is a helper for metadata rendering.
+func structJSON(s *structpb.Struct) any {
+	if s == nil {
+		return nil
+	}
+	return s.AsMap()
+}
+
+// writeText answers with status and body as Envoy's admin answers in plain text.
+func writeText(w http.ResponseWriter, status int, body string) {
+	w.Header().Set("Content-Type", "text/plain; charset=UTF-8")
+	w.WriteHeader(status)
+	_, _ = w.Write([]byte(body))
 }

@@ -77,18 +77,28 @@ func (d *DataPlane) startADS(_ context.Context) error {
 	if err != nil {
 		return fmt.Errorf("dataplane: ADS client: %w", err)
 	}
+	client := discovery.NewAggregatedDiscoveryServiceClient(conn)
+	d.keepADS(func() error { return d.adsSession(d.ctx, client) }, conn.Close)
+	return nil
+}
+
+// keepADS runs session, an ADS stream, again and again until the data plane stops, waiting
+// between two a backoff that doubles from 100ms up to 2s, then calls closeFn; logArgs go with
+// the warning that a stream ended.
+func (d *DataPlane) keepADS(session func() error, closeFn func() error, logArgs ...any) {
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()
-		defer conn.Close()
-		client := discovery.NewAggregatedDiscoveryServiceClient(conn)
+		if closeFn != nil {
+			defer closeFn()
+		}
 		backoff := 100 * time.Millisecond
 		for d.ctx.Err() == nil {
-			err := d.adsSession(d.ctx, client)
+			err := session()
 			if d.ctx.Err() != nil {
 				return
 			}
-			d.log.Warn("ADS stream ended; reconnecting", "error", err, "backoff", backoff)
+			d.log.Warn("ADS stream ended; reconnecting", append(logArgs, "error", err, "backoff", backoff)...)
 			select {
 			case <-d.ctx.Done():
 				return
@@ -97,7 +107,6 @@ func (d *DataPlane) startADS(_ context.Context) error {
 			backoff = min(2*backoff, 2*time.Second)
 		}
 	}()
-	return nil
 }
 
 // adsSession runs one ADS stream. Like Envoy, it subscribes to listeners and clusters

@@ -195,22 +195,35 @@ func (f *fakeAPIServer) requests() []seenRequest {
 	return append([]seenRequest(nil), f.seen...)
 }
 
+// servedConns is the connections (their remote addresses) f served requests on.
+func (f *fakeAPIServer) servedConns() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var conns []string
+	for a := range f.served {
+		conns = append(conns, a)
+	}
+	return conns
+}
+
+// waitClosed waits until the connection from addr to f closed; what names it.
+func (f *fakeAPIServer) waitClosed(t *testing.T, addr, what string) {
+	t.Helper()
+	testutil.WaitFor(t, t.Context(), 10*time.Second, what+" closed", func() error {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if !f.closed[addr] {
+			return fmt.Errorf("connection from %s still open", addr)
+		}
+		return nil
+	})
+}
+
 // readyzChecks returns the /readyz requests f has seen.
 func (f *fakeAPIServer) readyzChecks() []seenRequest {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return append([]seenRequest(nil), f.checks...)
-}
-
-// newFakeAPIServer is an HTTPS server on ip that asks for (but does not require) a client
-// certificate and verifies one of the front-proxy CA, like an apiserver with
-// --requestheader-client-ca-file (the data plane's proxy client certificate), and records
-// which one each request's connection presented. It serves /readyz as an apiserver with
-// anonymous requests off: 200 only to a request that presents the proxy client certificate
-// (the health checks' identity header comes with it), else 401. It serves a streaming
-// /watch, upgrades (echo) and everything else as a JSON echo of the request.
-func newFakeAPIServer(t testing.TB, p *pki, name, ip string, tick time.Duration, ticks int) *fakeAPIServer {
-	return newFakeAPIServerOpts(t, p, name, ip, tick, ticks, fakeOptions{})
 }
 
 // fakeOptions vary a fake apiserver's HTTP.
@@ -224,6 +237,14 @@ type fakeOptions struct {
 	watchStep chan struct{}
 }
 
+// newFakeAPIServerOpts is an HTTPS server on ip that asks for (but does not require) a client
+// certificate and verifies one of the front-proxy CA, like an apiserver with
+// --requestheader-client-ca-file (the data plane's proxy client certificate), and records
+// which one each request's connection presented. It serves /readyz as an apiserver with
+// anonymous requests off: 200 only to a request that presents the proxy client certificate
+// (the health checks' identity header comes with it), else 401. It serves a streaming
+// /watch, upgrades (echo) and everything else as a JSON echo of the request; fo varies its
+// HTTP.
 func newFakeAPIServerOpts(t testing.TB, p *pki, name, ip string, tick time.Duration, ticks int, fo fakeOptions) *fakeAPIServer {
 	f := &fakeAPIServer{name: name, served: map[string]bool{}, closed: map[string]bool{}, conns: map[string]net.Conn{}}
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -676,9 +697,15 @@ func (e *env) do(c *http.Client, method, path string, hdr map[string]string) rep
 // answered them and the routing header (X-Kube-Mvp-Cluster, "" when absent) they came with.
 func (e *env) spread(c *http.Client, path string, n int) (servers, clusters map[string]int) {
 	e.t.Helper()
+	return e.spreadWith(c, path, n, nil)
+}
+
+// spreadWith is spread with request headers.
+func (e *env) spreadWith(c *http.Client, path string, n int, hdr map[string]string) (servers, clusters map[string]int) {
+	e.t.Helper()
 	servers, clusters = map[string]int{}, map[string]int{}
 	for range n {
-		r := e.do(c, "GET", path, nil)
+		r := e.do(c, "GET", path, hdr)
 		if r.status != 200 {
 			e.t.Fatalf("GET %s: status %d: %s", path, r.status, r.body)
 		}

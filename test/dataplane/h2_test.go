@@ -278,23 +278,11 @@ func TestH2IdleTimeout(t *testing.T) {
 		t.Fatalf("status %d over %q: %s", r.status, r.seen.Proto, r.body)
 	}
 	f := e.apiservers[r.seen.Server]
-	f.mu.Lock()
-	var conns []string
-	for a := range f.served {
-		conns = append(conns, a)
-	}
-	f.mu.Unlock()
+	conns := f.servedConns()
 	if len(conns) != 1 {
 		t.Fatalf("%d connections, want 1", len(conns))
 	}
-	testutil.WaitFor(t, t.Context(), 10*time.Second, "the idle HTTP/2 connection closed", func() error {
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		if !f.closed[conns[0]] {
-			return fmt.Errorf("connection from %s still open", conns[0])
-		}
-		return nil
-	})
+	f.waitClosed(t, conns[0], "the idle HTTP/2 connection")
 	before := e.stat("cluster.kube-apiservers.upstream_cx_total")
 	if r := e.do(c, "GET", path, nil); r.status != 200 {
 		t.Fatalf("after the idle close: status %d: %s", r.status, r.body)

@@ -25,6 +25,11 @@ func (e *env) hostState(cluster, address string) (present, pendingRemoval, healt
 		return false, false, false
 	}
 	_, hosts, _ := c.snapshot()
+	return findHostState(hosts, address)
+}
+
+// findHostState is hostState of the host at address among hosts.
+func findHostState(hosts []*liveHost, address string) (present, pendingRemoval, healthy bool) {
 	for _, h := range hosts {
 		if h.address == address {
 			h.mu.Lock()

@@ -11,7 +11,6 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/kube-mvp/kube-mvp/internal/snapshot"
-	"github.com/kube-mvp/kube-mvp/internal/testutil"
 )
 
 // TestUpstreamIdleTimeout: the data plane closes an upstream connection that carried no
@@ -57,23 +56,11 @@ func TestUpstreamIdleTimeout(t *testing.T) {
 		t.Fatalf("status %d: %s", r.status, r.body)
 	}
 	f := e.apiservers[r.seen.Server]
-	f.mu.Lock()
-	var conns []string
-	for a := range f.served {
-		conns = append(conns, a)
-	}
-	f.mu.Unlock()
+	conns := f.servedConns()
 	if len(conns) != 1 {
 		t.Fatalf("%s served requests on %d connections, want 1", r.seen.Server, len(conns))
 	}
-	testutil.WaitFor(t, t.Context(), 10*time.Second, "the idle upstream connection closed", func() error {
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		if !f.closed[conns[0]] {
-			return fmt.Errorf("connection from %s still open", conns[0])
-		}
-		return nil
-	})
+	f.waitClosed(t, conns[0], "the idle upstream connection")
 	before := e.stat("cluster.kube-apiservers.upstream_cx_total")
 	for range 3 {
 		if r := e.do(c, "GET", path, nil); r.status != 200 {

@@ -314,12 +314,6 @@ func (st *stream) retriable(rt *route, kind failureKind, started bool) bool {
 // headers, the host and path unchanged (no rewrites configured); the router adds no
 // x-envoy-* headers with suppress_envoy_headers.
 func (st *stream) attempt(ctx context.Context, c *liveCluster, cc *clusterCfg, pool *upstreamPool, h *liveHost, body io.Reader, n int64) (*http.Response, failureKind, error) {
-	d := st.d
-	cp := c.statPrefix()
-	scheme := "http"
-	if cc.tls != nil {
-		scheme = "https"
-	}
 	if strings.HasPrefix(h.address, "unix:") {
 		return nil, connectFailure, &connectError{errors.New("unix socket hosts are not implemented for HTTP routing")}
 	}
@@ -342,33 +336,26 @@ func (st *stream) attempt(ctx context.Context, c *liveCluster, cc *clusterCfg, p
 	// idle connection dead before using it) is let through: Envoy's pool never hands out a
 	// connection it has seen closed, and that request goes on a new connection in Envoy too.
 	actx, cancelAttempt := context.WithCancelCause(ctx)
-	var wrote bool
+	var wrote writtenFlag
 	var conns int
-	var wroteMu sync.Mutex
 	trace := &httptrace.ClientTrace{
 		GetConn: func(string) {
-			wroteMu.Lock()
-			defer wroteMu.Unlock()
+			wrote.mu.Lock()
+			defer wrote.mu.Unlock()
 			conns++
-			if conns > 1 && wrote {
+			if conns > 1 && wrote.wrote {
 				cancelAttempt(errHiddenRetry)
 			}
 		},
-		WroteHeaders: func() { wroteMu.Lock(); wrote = true; wroteMu.Unlock() },
+		WroteHeaders: wrote.set,
 	}
-	req, err := st.upstreamRequest(httptrace.WithClientTrace(actx, trace), scheme, h, body, n)
+	req, err := st.upstreamRequest(httptrace.WithClientTrace(actx, trace), cc, h, body, n)
 	if err != nil {
 		return nil, connectFailure, err
 	}
-	d.stats.inc(cp + "upstream_rq_total")
-	h.active.Add(1)
-	h.mu.Lock()
-	h.rqTotal++
-	h.mu.Unlock()
-	start := time.Now()
+	done := st.startAttempt(c, h)
 	resp, err := tr.RoundTrip(req)
-	d.stats.timing("dataplane.timing.upstream_rq_headers", start)
-	h.active.Add(-1)
+	done()
 	if err == nil {
 		// actx is not cancelled here: the response body is read under it. It ends with
 		// the downstream request's context.
@@ -379,13 +366,10 @@ func (st *stream) attempt(ctx context.Context, c *liveCluster, cc *clusterCfg, p
 	if kind, ok := attemptFailed(ctx, h, err); ok {
 		return nil, kind, err
 	}
-	wroteMu.Lock()
-	w := wrote
-	wroteMu.Unlock()
 	switch {
 	case hidden:
 		return nil, resetAfterRequest, errHiddenRetry
-	case !w:
+	case !wrote.get():
 		return nil, resetBeforeRequest, err
 	default:
 		return nil, resetAfterRequest, err
@@ -411,7 +395,11 @@ func attemptFailed(ctx context.Context, h *liveHost, err error) (kind failureKin
 
 // upstreamRequest is the request to send to host h: the (mutated) request headers, the
 // :path as received.
-func (st *stream) upstreamRequest(ctx context.Context, scheme string, h *liveHost, body io.Reader, n int64) (*http.Request, error) {
+func (st *stream) upstreamRequest(ctx context.Context, cc *clusterCfg, h *liveHost, body io.Reader, n int64) (*http.Request, error) {
+	scheme := "http"
+	if cc.tls != nil {
+		scheme = "https"
+	}
 	req, err := http.NewRequestWithContext(ctx, st.method, scheme+"://"+h.address+"/", body)
 	if err != nil {
 		return nil, err
@@ -453,15 +441,9 @@ func (st *stream) upstreamRequest(ctx context.Context, scheme string, h *liveHos
 // not tunnelled here; the downstream stream is reset instead.
 func (st *stream) attemptH2(ctx context.Context, c *liveCluster, cc *clusterCfg, p *h2Pool, h *liveHost, body io.Reader, n int64) (*http.Response, failureKind, error) {
 	d := st.d
-	cp := c.statPrefix()
-	scheme := "http"
-	if cc.tls != nil {
-		scheme = "https"
-	}
-	var wrote bool
-	var wroteMu sync.Mutex
-	trace := &httptrace.ClientTrace{WroteHeaders: func() { wroteMu.Lock(); wrote = true; wroteMu.Unlock() }}
-	req, err := st.upstreamRequest(httptrace.WithClientTrace(ctx, trace), scheme, h, body, n)
+	var wrote writtenFlag
+	trace := &httptrace.ClientTrace{WroteHeaders: wrote.set}
+	req, err := st.upstreamRequest(httptrace.WithClientTrace(ctx, trace), cc, h, body, n)
 	if err != nil {
 		return nil, connectFailure, err
 	}
@@ -478,12 +460,7 @@ func (st *stream) attemptH2(ctx context.Context, c *liveCluster, cc *clusterCfg,
 			req.ContentLength = -1
 		}
 	}
-	d.stats.inc(cp + "upstream_rq_total")
-	h.active.Add(1)
-	h.mu.Lock()
-	h.rqTotal++
-	h.mu.Unlock()
-	start := time.Now()
+	done := st.startAttempt(c, h)
 	var resp *http.Response
 	for {
 		var conn *h2Conn
@@ -495,16 +472,12 @@ func (st *stream) attemptH2(ctx context.Context, c *liveCluster, cc *clusterCfg,
 		// A connection that could not take the stream (it closed or got a GOAWAY after
 		// the pool reserved it) sent nothing: Envoy's pool would not have handed it out;
 		// another connection takes the stream. Not a retry.
-		wroteMu.Lock()
-		w := wrote
-		wroteMu.Unlock()
-		if err != nil && strings.Contains(err.Error(), h2Unusable) && !w {
+		if err != nil && strings.Contains(err.Error(), h2Unusable) && !wrote.get() {
 			continue
 		}
 		break
 	}
-	d.stats.timing("dataplane.timing.upstream_rq_headers", start)
-	h.active.Add(-1)
+	done()
 	if err == nil {
 		if st.upgrade != "" && resp.StatusCode/100 == 2 {
 			resp.Body.Close()
@@ -516,9 +489,6 @@ func (st *stream) attemptH2(ctx context.Context, c *liveCluster, cc *clusterCfg,
 	if kind, ok := attemptFailed(ctx, h, err); ok {
 		return nil, kind, err
 	}
-	wroteMu.Lock()
-	w := wrote
-	wroteMu.Unlock()
 	switch {
 	case ctx.Err() != nil:
 		return nil, resetBeforeRequest, err
@@ -526,11 +496,41 @@ func (st *stream) attemptH2(ctx context.Context, c *liveCluster, cc *clusterCfg,
 		return nil, refusedStream, err
 	case h2RemoteReset(err):
 		return nil, remoteReset, err
-	case !w:
+	case !wrote.get():
 		return nil, resetBeforeRequest, err
 	default:
 		return nil, resetAfterRequest, err
 	}
+}
+
+// startAttempt counts an attempt on c's host h as started and in flight until done, which
+// also times the wait for the response's headers.
+func (st *stream) startAttempt(c *liveCluster, h *liveHost) (done func()) {
+	st.d.stats.inc(c.statPrefix() + "upstream_rq_total")
+	h.active.Add(1)
+	h.mu.Lock()
+	h.rqTotal++
+	h.mu.Unlock()
+	start := time.Now()
+	return func() {
+		st.d.stats.timing("dataplane.timing.upstream_rq_headers", start)
+		h.active.Add(-1)
+	}
+}
+
+// writtenFlag says whether an attempt's request headers went out (httptrace's WroteHeaders),
+// which decides between Envoy's reset-before-request and a reset after it.
+type writtenFlag struct {
+	mu    sync.Mutex
+	wrote bool
+}
+
+func (f *writtenFlag) set() { f.mu.Lock(); f.wrote = true; f.mu.Unlock() }
+
+func (f *writtenFlag) get() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.wrote
 }
 
 // setRequestTarget makes u's request-target (what Go's client writes in the request line,

@@ -89,17 +89,6 @@ type statValue struct {
 	Value uint64 `json:"value"`
 }
 
-func (s *stats) snapshot() []statValue {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	out := make([]statValue, 0, len(s.c))
-	for k, v := range s.c {
-		out = append(out, statValue{k, v.Load()})
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
-	return out
-}
-
 // typedStat is a counter or a gauge, for the admin's /stats.
 type typedStat struct {
 	statValue

@@ -94,70 +94,32 @@ func (s *subsetEnv) edit(res *snapshot.Resources) error {
 	if s.stage == 0 {
 		return nil
 	}
-	var base *clusterv3.Cluster
-	for _, r := range res.Clusters {
-		if c := r.(*clusterv3.Cluster); c.GetName() == "kube-apiservers" {
-			base = c
-		}
+	tc := testCluster{name: subsetCluster, probePath: "/subset-probe", header: "x-subset-test", version: fmt.Sprintf("-subset%d", s.stage),
+		keep: func(addr string, ep *endpointv3.LbEndpoint) bool {
+			for name, f := range s.apiservers {
+				if f.addr() != addr || s.meta[name] == nil {
+					continue
+				}
+				if ep.Metadata == nil {
+					ep.Metadata = &corev3.Metadata{}
+				}
+				if ep.Metadata.FilterMetadata == nil {
+					ep.Metadata.FilterMetadata = map[string]*structpb.Struct{}
+				}
+				ep.Metadata.FilterMetadata[envoyLB] = s.meta[name]
+			}
+			return true
+		}}
+	if s.match != nil {
+		tc.metadataMatch = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{envoyLB: s.match}}
 	}
-	if base == nil || len(base.GetHealthChecks()) == 0 {
-		return fmt.Errorf("no kube-apiservers cluster with health checks")
+	nc, err := tc.add(res)
+	if err != nil {
+		return err
 	}
-	nc := proto.Clone(base).(*clusterv3.Cluster)
-	nc.Name = subsetCluster
-	nc.EdsClusterConfig.ServiceName = ""
 	nc.LbSubsetConfig = s.lb
-	nc.HealthChecks[0].GetHttpHealthCheck().Path = "/subset-probe"
 	if s.hc != nil {
 		s.hc(nc.HealthChecks[0])
-	}
-	res.Clusters = append(res.Clusters, nc)
-	for _, r := range res.Endpoints {
-		cla := r.(*endpointv3.ClusterLoadAssignment)
-		if cla.GetClusterName() != "kube-apiservers" {
-			continue
-		}
-		ncla := proto.Clone(cla).(*endpointv3.ClusterLoadAssignment)
-		ncla.ClusterName = subsetCluster
-		for _, l := range ncla.GetEndpoints() {
-			for _, ep := range l.GetLbEndpoints() {
-				sa := ep.GetEndpoint().GetAddress().GetSocketAddress()
-				addr := fmt.Sprintf("%s:%d", sa.GetAddress(), sa.GetPortValue())
-				for name, f := range s.apiservers {
-					if f.addr() != addr || s.meta[name] == nil {
-						continue
-					}
-					if ep.Metadata == nil {
-						ep.Metadata = &corev3.Metadata{}
-					}
-					if ep.Metadata.FilterMetadata == nil {
-						ep.Metadata.FilterMetadata = map[string]*structpb.Struct{}
-					}
-					ep.Metadata.FilterMetadata[envoyLB] = s.meta[name]
-				}
-			}
-		}
-		res.Endpoints = append(res.Endpoints, ncla)
-		break
-	}
-	for _, r := range res.Routes {
-		for _, vh := range r.(*routev3.RouteConfiguration).GetVirtualHosts() {
-			ra := &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: subsetCluster}}
-			if s.match != nil {
-				ra.MetadataMatch = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{envoyLB: s.match}}
-			}
-			rt := &routev3.Route{
-				Match: &routev3.RouteMatch{
-					PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"},
-					Headers:       []*routev3.HeaderMatcher{{Name: "x-subset-test", HeaderMatchSpecifier: &routev3.HeaderMatcher_PresentMatch{PresentMatch: true}}},
-				},
-				Action: &routev3.Route_Route{Route: ra},
-			}
-			vh.Routes = append([]*routev3.Route{rt}, vh.Routes...)
-		}
-	}
-	for _, typ := range []string{resource.ClusterType, resource.EndpointType, resource.RouteType} {
-		res.TypeVersions[typ] += fmt.Sprintf("-subset%d", s.stage)
 	}
 	return nil
 }
@@ -599,4 +561,76 @@ func TestHealthCheckTransitions(t *testing.T) {
 			t.Errorf("step %d: interval without traffic %v, want %ds", i, d, st.noTraffic)
 		}
 	}
+}
+
+// testCluster is a cluster a test adds beside the snapshot's: a copy of kube-apiservers
+// named name, its health check probing probePath, with a copy of its load assignment, and a
+// route to it first in every virtual host for the requests that carry the header header.
+type testCluster struct {
+	name, probePath, header string
+	// version is appended to the versions of the clusters, endpoints and routes.
+	version string
+	// keep, if set, says which endpoints stay, by address (host:port), and may change them.
+	keep func(addr string, ep *endpointv3.LbEndpoint) bool
+	// metadataMatch, if set, is the route's metadata_match.
+	metadataMatch *corev3.Metadata
+}
+
+// add adds the cluster, its endpoints and its routes to res, and returns the cluster for the
+// caller to change further.
+func (tc testCluster) add(res *snapshot.Resources) (*clusterv3.Cluster, error) {
+	var base *clusterv3.Cluster
+	for _, r := range res.Clusters {
+		if c := r.(*clusterv3.Cluster); c.GetName() == "kube-apiservers" {
+			base = c
+		}
+	}
+	if base == nil || len(base.GetHealthChecks()) == 0 {
+		return nil, fmt.Errorf("no kube-apiservers cluster with health checks")
+	}
+	nc := proto.Clone(base).(*clusterv3.Cluster)
+	nc.Name = tc.name
+	nc.EdsClusterConfig.ServiceName = ""
+	nc.HealthChecks[0].GetHttpHealthCheck().Path = tc.probePath
+	res.Clusters = append(res.Clusters, nc)
+	for _, r := range res.Endpoints {
+		cla := r.(*endpointv3.ClusterLoadAssignment)
+		if cla.GetClusterName() != "kube-apiservers" {
+			continue
+		}
+		ncla := proto.Clone(cla).(*endpointv3.ClusterLoadAssignment)
+		ncla.ClusterName = tc.name
+		for _, l := range ncla.GetEndpoints() {
+			var kept []*endpointv3.LbEndpoint
+			for _, ep := range l.GetLbEndpoints() {
+				sa := ep.GetEndpoint().GetAddress().GetSocketAddress()
+				if tc.keep == nil || tc.keep(fmt.Sprintf("%s:%d", sa.GetAddress(), sa.GetPortValue()), ep) {
+					kept = append(kept, ep)
+				}
+			}
+			l.LbEndpoints = kept
+		}
+		res.Endpoints = append(res.Endpoints, ncla)
+		break
+	}
+	for _, r := range res.Routes {
+		for _, vh := range r.(*routev3.RouteConfiguration).GetVirtualHosts() {
+			ra := &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: tc.name}}
+			if tc.metadataMatch != nil {
+				ra.MetadataMatch = proto.Clone(tc.metadataMatch).(*corev3.Metadata)
+			}
+			rt := &routev3.Route{
+				Match: &routev3.RouteMatch{
+					PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"},
+					Headers:       []*routev3.HeaderMatcher{{Name: tc.header, HeaderMatchSpecifier: &routev3.HeaderMatcher_PresentMatch{PresentMatch: true}}},
+				},
+				Action: &routev3.Route_Route{Route: ra},
+			}
+			vh.Routes = append([]*routev3.Route{rt}, vh.Routes...)
+		}
+	}
+	for _, typ := range []string{resource.ClusterType, resource.EndpointType, resource.RouteType} {
+		res.TypeVersions[typ] += tc.version
+	}
+	return nc, nil
 }

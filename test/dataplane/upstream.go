@@ -488,19 +488,14 @@ func (d *DataPlane) upstreamTLSConfig(t *upstreamTLS) (*tls.Config, error) {
 	return tc, nil
 }
 
-// pick chooses a host as Envoy's load balancer does: among the healthy hosts (active health
+// pickFrom chooses a host as Envoy's load balancer does: among the healthy hosts (active health
 // check passed or pending, not ejected by outlier detection), unless their share is below
 // healthy_panic_threshold, when all hosts are used (panic mode; a threshold of 0 disables
 // it). LEAST_REQUEST with equal weights is "power of two choices": two random hosts, the one
 // with fewer active requests. ROUND_ROBIN goes in order. With the previous_hosts retry
 // predicate, a host already tried is rejected and another selection made, up to
 // host_selection_retry_max_attempts times; the last selection is used even if rejected.
-func (c *liveCluster) pick(cc *clusterCfg, hosts []*liveHost, tried map[*liveHost]bool, maxSelections int) *liveHost {
-	return c.pickFrom(cc, hosts, &c.rr, tried, maxSelections)
-}
-
-// pickFrom is pick with the round-robin position rr: each load balancer has its own (a
-// subset's is the subset's: SubsetLoadBalancer gives every subset a load balancer of the
+// rr is the round-robin position: each load balancer has its own (a subset's is the subset's: SubsetLoadBalancer gives every subset a load balancer of the
 // cluster's lb_policy over the subset's hosts).
 func (c *liveCluster) pickFrom(cc *clusterCfg, hosts []*liveHost, rr *atomic.Uint64, tried map[*liveHost]bool, maxSelections int) *liveHost {
 	if len(hosts) == 0 {

@@ -8,11 +8,8 @@ import (
 	"testing"
 	"time"
 
-	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
-	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	resource "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/kube-mvp/kube-mvp/internal/plan"
@@ -44,59 +41,16 @@ func newWarmingEnv(t *testing.T) *warmingEnv {
 		if stage == 0 {
 			return nil
 		}
-		var base *clusterv3.Cluster
-		for _, r := range res.Clusters {
-			if c := r.(*clusterv3.Cluster); c.GetName() == "kube-apiservers" {
-				base = c
-			}
+		nc, err := testCluster{name: warmingCluster, probePath: "/warming-probe", header: "x-warming-test", version: fmt.Sprintf("-warming%d", stage),
+			keep: func(addr string, _ *endpointv3.LbEndpoint) bool {
+				return stage == 2 || stage == 3 || addr != w.apiservers["cp-c"].addr()
+			}}.add(res)
+		if err != nil {
+			return err
 		}
-		if base == nil || len(base.GetHealthChecks()) == 0 {
-			return fmt.Errorf("no kube-apiservers cluster with health checks")
-		}
-		nc := proto.Clone(base).(*clusterv3.Cluster)
-		nc.Name = warmingCluster
-		nc.EdsClusterConfig.ServiceName = ""
 		nc.HealthChecks[0].Timeout = durationpb.New(time.Hour)
-		nc.HealthChecks[0].GetHttpHealthCheck().Path = "/warming-probe"
 		if stage >= 3 {
 			nc.HealthChecks[0].GetHttpHealthCheck().Path = "/warming-probe-v2"
-		}
-		res.Clusters = append(res.Clusters, nc)
-		for _, r := range res.Endpoints {
-			cla := r.(*endpointv3.ClusterLoadAssignment)
-			if cla.GetClusterName() != "kube-apiservers" {
-				continue
-			}
-			ncla := proto.Clone(cla).(*endpointv3.ClusterLoadAssignment)
-			ncla.ClusterName = warmingCluster
-			for _, l := range ncla.GetEndpoints() {
-				var keep []*endpointv3.LbEndpoint
-				for _, ep := range l.GetLbEndpoints() {
-					sa := ep.GetEndpoint().GetAddress().GetSocketAddress()
-					addr := fmt.Sprintf("%s:%d", sa.GetAddress(), sa.GetPortValue())
-					if stage == 2 || stage == 3 || addr != w.apiservers["cp-c"].addr() {
-						keep = append(keep, ep)
-					}
-				}
-				l.LbEndpoints = keep
-			}
-			res.Endpoints = append(res.Endpoints, ncla)
-			break
-		}
-		for _, r := range res.Routes {
-			for _, vh := range r.(*routev3.RouteConfiguration).GetVirtualHosts() {
-				rt := &routev3.Route{
-					Match: &routev3.RouteMatch{
-						PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"},
-						Headers:       []*routev3.HeaderMatcher{{Name: "x-warming-test", HeaderMatchSpecifier: &routev3.HeaderMatcher_PresentMatch{PresentMatch: true}}},
-					},
-					Action: &routev3.Route_Route{Route: &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: warmingCluster}}},
-				}
-				vh.Routes = append([]*routev3.Route{rt}, vh.Routes...)
-			}
-		}
-		for _, typ := range []string{resource.ClusterType, resource.EndpointType, resource.RouteType} {
-			res.TypeVersions[typ] += fmt.Sprintf("-warming%d", stage)
 		}
 		return nil
 	}})
@@ -274,29 +228,7 @@ func (e *env) hostStateAny(cluster, address string) (present, pendingRemoval, he
 	if c == nil {
 		return false, false, false
 	}
-	for _, h := range c.current() {
-		if h.address == address {
-			h.mu.Lock()
-			defer h.mu.Unlock()
-			return true, h.pendingRemoval, !h.failedHC && !h.hcPending
-		}
-	}
-	return false, false, false
-}
-
-// spreadWith is spread with request headers.
-func (e *env) spreadWith(c *http.Client, path string, n int, hdr map[string]string) (servers, clusters map[string]int) {
-	e.t.Helper()
-	servers, clusters = map[string]int{}, map[string]int{}
-	for range n {
-		r := e.do(c, "GET", path, hdr)
-		if r.status != 200 {
-			e.t.Fatalf("GET %s: status %d: %s", path, r.status, r.body)
-		}
-		servers[r.seen.Server]++
-		clusters[r.seen.Header.Get("X-Kube-Mvp-Cluster")]++
-	}
-	return servers, clusters
+	return findHostState(c.current(), address)
 }
 
 // TestChangedClusterWarming: a cluster changed by CDS is a new cluster that warms up like an

@@ -65,25 +65,8 @@ func (d *DataPlane) startClusterADS() error {
 			return fmt.Errorf("dataplane: %w", err)
 		}
 	}
-	d.wg.Add(1)
-	go func() {
-		defer d.wg.Done()
-		backoff := 100 * time.Millisecond
-		turn := 0
-		for d.ctx.Err() == nil {
-			err := d.clusterSession(c, src, &turn)
-			if d.ctx.Err() != nil {
-				return
-			}
-			d.log.Warn("ADS stream ended; reconnecting", "cluster", c.Name, "error", err, "backoff", backoff)
-			select {
-			case <-d.ctx.Done():
-				return
-			case <-time.After(backoff):
-			}
-			backoff = min(2*backoff, 2*time.Second)
-		}
-	}()
+	turn := 0
+	d.keepADS(func() error { return d.clusterSession(c, src, &turn) }, nil, "cluster", c.Name)
 	return nil
 }
 

@@ -21,9 +21,6 @@
 package main
 
 import (
-	"archive/tar"
-	"bytes"
-	"compress/gzip"
 	"context"
 	"errors"
 	"flag"
@@ -48,6 +45,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+
+	"github.com/kube-mvp/kube-mvp/internal/ociimage"
 	"sigs.k8s.io/yaml"
 
 	"github.com/kube-mvp/kube-mvp/internal/version"
@@ -405,94 +404,16 @@ func NewImage(s Spec) (v1.Image, error) {
 	if len(s.Binary) == 0 {
 		return nil, errors.New("empty binary")
 	}
-	layer, err := newLayer(s)
-	if err != nil {
-		return nil, err
-	}
-	created := v1.Time{Time: s.Created.UTC()}
-	base := mutate.ConfigMediaType(mutate.MediaType(empty.Image, types.OCIManifestSchema1), types.OCIConfigJSON)
-	img, err := mutate.ConfigFile(base, &v1.ConfigFile{
-		Architecture: s.Arch,
-		OS:           "linux",
-		Created:      created,
-		Config: v1.Config{
-			User:       fmt.Sprintf("%d:%d", UID, GID),
-			Entrypoint: []string{BinaryPath(s.Program)},
-			WorkingDir: "/",
-			Env:        []string{"PATH=/usr/local/bin"},
-			Labels:     Labels(s.Program, s.Version, s.Commit),
-		},
-		RootFS: v1.RootFS{Type: "layers"},
-	})
-	if err != nil {
-		return nil, err
-	}
-	return mutate.Append(img, mutate.Addendum{
-		Layer: layer,
-		History: v1.History{
-			Created:   created,
-			CreatedBy: fmt.Sprintf("tools/images: %s (linux/%s), /etc/passwd, /etc/group", BinaryPath(s.Program), s.Arch),
-			Comment:   "kube-mvp " + s.Version,
-		},
-		MediaType: types.OCILayer,
-	})
-}
-
-// Passwd and Group name root and the nonroot user the images run as.
-var (
-	Passwd = fmt.Sprintf("root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:%d:%d:nonroot:/home/nonroot:/sbin/nologin\n", UID, GID)
-	Group  = fmt.Sprintf("root:x:0:\nnonroot:x:%d:\n", GID)
-)
-
-// newLayer is the image's only layer, gzipped once here (go-containerregistry would compress
-// again on every read).
-func newLayer(s Spec) (v1.Layer, error) {
-	var raw bytes.Buffer
-	tw := tar.NewWriter(&raw)
-	mod := s.Created.UTC()
-	dir := func(name string, mode int64, uid int) error {
-		return tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: name + "/", Mode: mode, Uid: uid, Gid: uid, ModTime: mod, Format: tar.FormatPAX})
-	}
-	file := func(name string, mode int64, b []byte) error {
-		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: mode, Size: int64(len(b)), ModTime: mod, Format: tar.FormatPAX}); err != nil {
-			return err
-		}
-		_, err := tw.Write(b)
-		return err
-	}
-	bin := strings.TrimPrefix(BinaryPath(s.Program), "/")
-	for _, step := range []func() error{
-		func() error { return dir("etc", 0o755, 0) },
-		func() error { return file("etc/group", 0o644, []byte(Group)) },
-		func() error { return file("etc/passwd", 0o644, []byte(Passwd)) },
-		func() error { return dir("home", 0o755, 0) },
-		func() error { return dir("home/nonroot", 0o700, UID) },
-		func() error { return dir("tmp", 0o1777, 0) },
-		func() error { return dir("usr", 0o755, 0) },
-		func() error { return dir("usr/local", 0o755, 0) },
-		func() error { return dir("usr/local/bin", 0o755, 0) },
-		func() error { return file(bin, 0o755, s.Binary) },
-		tw.Close,
-	} {
-		if err := step(); err != nil {
-			return nil, err
-		}
-	}
-	var gz bytes.Buffer
-	zw, err := gzip.NewWriterLevel(&gz, gzip.DefaultCompression)
-	if err != nil {
-		return nil, err
-	}
-	if _, err := zw.Write(raw.Bytes()); err != nil {
-		return nil, err
-	}
-	if err := zw.Close(); err != nil {
-		return nil, err
-	}
-	compressed := gz.Bytes()
-	return tarball.LayerFromOpener(func() (io.ReadCloser, error) {
-		return io.NopCloser(bytes.NewReader(compressed)), nil
-	}, tarball.WithMediaType(types.OCILayer))
+	return ociimage.New(s.Arch, s.Created, v1.Config{
+		User:       fmt.Sprintf("%d:%d", UID, GID),
+		Entrypoint: []string{BinaryPath(s.Program)},
+		WorkingDir: "/",
+		Env:        []string{"PATH=/usr/local/bin"},
+		Labels:     Labels(s.Program, s.Version, s.Commit),
+	}, v1.History{
+		CreatedBy: fmt.Sprintf("tools/images: %s (linux/%s), /etc/passwd, /etc/group", BinaryPath(s.Program), s.Arch),
+		Comment:   "kube-mvp " + s.Version,
+	}, ociimage.Nonroot(UID, GID, BinaryPath(s.Program), s.Binary))
 }
 
 // NewIndex is the multi-arch index of a program's images, in the order of archs.

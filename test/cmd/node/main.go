@@ -14,25 +14,17 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/signal"
 	"path/filepath"
-	"syscall"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/kube-mvp/kube-mvp/test/cmd/internal/cmdmain"
 	"github.com/kube-mvp/kube-mvp/test/node"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, os.Args[1:]); err != nil {
-		fmt.Fprintln(os.Stderr, "node:", err)
-		os.Exit(1)
-	}
-}
+func main() { cmdmain.Main("node", 1, run) }
 
 func run(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("node", flag.ContinueOnError)

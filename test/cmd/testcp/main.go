@@ -12,27 +12,19 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 
 	"github.com/hashicorp/go-multierror"
 
+	"github.com/kube-mvp/kube-mvp/test/cmd/internal/cmdmain"
 	"github.com/kube-mvp/kube-mvp/test/controlplane"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, os.Args[1:]); err != nil {
-		fmt.Fprintln(os.Stderr, "testcp:", err)
-		os.Exit(2)
-	}
-}
+func main() { cmdmain.Main("testcp", 2, run) }
 
 func run(ctx context.Context, args []string) error {
 	if len(args) == 0 {
-		return errors.New("usage: testcp build [VERSION...] | testcp up --server NAME=VERSION[:RUNTIME-CONFIG,...] ...")
+		return errors.New("usage: testcp build [VERSION...] | testcp up --server NAME=VERSION[:RUNTIME-CONFIG,...] [FLAGS]")
 	}
 	switch args[0] {
 	case "build":

@@ -13,10 +13,8 @@
 package images
 
 import (
-	"archive/tar"
 	"bufio"
 	"bytes"
-	"compress/gzip"
 	"context"
 	"crypto/sha256"
 	"debug/elf"
@@ -34,11 +32,9 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
-	"github.com/google/go-containerregistry/pkg/v1/types"
 
+	"github.com/kube-mvp/kube-mvp/internal/ociimage"
 	"github.com/kube-mvp/kube-mvp/test/controlplane"
 )
 
@@ -105,7 +101,7 @@ func Pause(ctx context.Context, log io.Writer) (Image, error) {
 			Entrypoint: []string{"/pause"},
 			User:       fmt.Sprintf("%d:%d", PauseUID, PauseUID),
 			WorkingDir: "/",
-		}, "pause: /pause", []entry{fileEntry("pause", 0o755, bin)})
+		}, "pause: /pause", []ociimage.Entry{ociimage.File("pause", 0o755, bin)})
 	}, bin(dir, "pause"))
 }
 
@@ -129,23 +125,23 @@ func Busybox(ctx context.Context, log io.Writer) (Image, error) {
 		if err != nil {
 			return nil, err
 		}
-		entries := []entry{
-			dirEntry("bin", 0o755, 0),
-			fileEntry("bin/busybox", 0o755, b),
+		entries := []ociimage.Entry{
+			ociimage.Dir("bin", 0o755, 0),
+			ociimage.File("bin/busybox", 0o755, b),
 		}
 		for _, a := range applets {
-			entries = append(entries, linkEntry("bin/"+a, "busybox"))
+			entries = append(entries, ociimage.Link("bin/"+a, "busybox"))
 		}
 		entries = append(entries,
-			dirEntry("etc", 0o755, 0),
-			fileEntry("etc/group", 0o644, []byte("root:x:0:\nnobody:x:65534:\n")),
-			fileEntry("etc/nsswitch.conf", 0o644, []byte("hosts: files dns\n")),
-			fileEntry("etc/passwd", 0o644, []byte("root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n")),
-			dirEntry("root", 0o700, 0),
-			dirEntry("tmp", 0o1777, 0),
-			dirEntry("usr", 0o755, 0),
-			dirEntry("usr/bin", 0o755, 0),
-			linkEntry("usr/bin/env", "../../bin/busybox"),
+			ociimage.Dir("etc", 0o755, 0),
+			ociimage.File("etc/group", 0o644, []byte("root:x:0:\nnobody:x:65534:\n")),
+			ociimage.File("etc/nsswitch.conf", 0o644, []byte("hosts: files dns\n")),
+			ociimage.File("etc/passwd", 0o644, []byte("root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n")),
+			ociimage.Dir("root", 0o700, 0),
+			ociimage.Dir("tmp", 0o1777, 0),
+			ociimage.Dir("usr", 0o755, 0),
+			ociimage.Dir("usr/bin", 0o755, 0),
+			ociimage.Link("usr/bin/env", "../../bin/busybox"),
 		)
 		return newImage(v1.Config{
 			Cmd:        []string{"sh"},
@@ -229,26 +225,17 @@ func CoreDNS(ctx context.Context, log io.Writer) (Image, error) {
 	}
 	version := ref[strings.LastIndex(ref, ":")+1:]
 	ldflags := "-s -w"
-	dir, err := controlplane.CachedBuild(ctx, log, controlplane.BuildSpec{
-		Label:     "coredns " + version,
-		What:      "coredns",
-		Key:       fmt.Sprintf("coredns-%s-%s-%s", version, runtime.Version(), hash(runtime.GOARCH, ldflags, inputs)),
-		Outputs:   []string{"coredns"},
-		ModuleDir: mod,
-		LDFlags:   ldflags,
-		Packages:  []string{"."},
-	})
+	binPath, err := buildTool(ctx, log, "coredns", version, mod, ldflags, inputs, ".")
 	if err != nil {
 		return Image{}, err
 	}
-	binPath := filepath.Join(dir, "coredns")
 	return cachedImage(ctx, log, "coredns", ref, func() (v1.Image, error) {
 		b, err := os.ReadFile(binPath)
 		if err != nil {
 			return nil, err
 		}
-		coredns := fileEntry("coredns", 0o755, b)
-		coredns.pax = map[string]string{"SCHILY.xattr.security.capability": string(netBindServiceCap)}
+		coredns := ociimage.File("coredns", 0o755, b)
+		coredns.PAX = map[string]string{"SCHILY.xattr.security.capability": string(netBindServiceCap)}
 		id := fmt.Sprint(CoreDNSUID)
 		return newImage(v1.Config{
 			Entrypoint:   []string{"/coredns"},
@@ -256,16 +243,16 @@ func CoreDNS(ctx context.Context, log io.Writer) (Image, error) {
 			User:         id + ":" + id,
 			WorkingDir:   "/",
 			ExposedPorts: map[string]struct{}{"53/tcp": {}, "53/udp": {}, "9153/tcp": {}},
-		}, "coredns "+version+": /coredns", []entry{
+		}, "coredns "+version+": /coredns", []ociimage.Entry{
 			coredns,
-			dirEntry("etc", 0o755, 0),
-			fileEntry("etc/group", 0o644, []byte("root:x:0:\nnonroot:x:"+id+":\n")),
-			fileEntry("etc/passwd", 0o644, []byte("root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:"+id+":"+id+":nonroot:/home/nonroot:/sbin/nologin\n")),
-			dirEntry("home", 0o755, 0),
-			dirEntry("home/nonroot", 0o700, CoreDNSUID),
-			dirEntry("tmp", 0o1777, 0),
+			ociimage.Dir("etc", 0o755, 0),
+			ociimage.File("etc/group", 0o644, []byte("root:x:0:\nnonroot:x:"+id+":\n")),
+			ociimage.File("etc/passwd", 0o644, []byte("root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:"+id+":"+id+":nonroot:/home/nonroot:/sbin/nologin\n")),
+			ociimage.Dir("home", 0o755, 0),
+			ociimage.Dir("home/nonroot", 0o700, CoreDNSUID),
+			ociimage.Dir("tmp", 0o1777, 0),
 		})
-	}, bin(dir, "coredns"))
+	}, []byte(binPath))
 }
 
 // netBindServiceCap is the security.capability extended attribute `setcap
@@ -309,19 +296,26 @@ func Helm(ctx context.Context, log io.Writer) (string, error) {
 		return "", err
 	}
 	ldflags := helmLDFlags(want, clientGo)
+	return buildTool(ctx, log, "helm", want, mod, ldflags, inputs, module+"/cmd/helm")
+}
+
+// buildTool builds the binary name at version from the package pkg of the wrapper module in
+// mod (whose go.mod and go.sum make inputs) with ldflags, or finds it cached; it returns the
+// binary's path.
+func buildTool(ctx context.Context, log io.Writer, name, version, mod, ldflags, inputs, pkg string) (string, error) {
 	dir, err := controlplane.CachedBuild(ctx, log, controlplane.BuildSpec{
-		Label:     "helm " + want,
-		What:      "helm",
-		Key:       fmt.Sprintf("helm-%s-%s-%s", want, runtime.Version(), hash(runtime.GOARCH, ldflags, inputs)),
-		Outputs:   []string{"helm"},
+		Label:     name + " " + version,
+		What:      name,
+		Key:       fmt.Sprintf("%s-%s-%s-%s", name, version, runtime.Version(), hash(runtime.GOARCH, ldflags, inputs)),
+		Outputs:   []string{name},
 		ModuleDir: mod,
 		LDFlags:   ldflags,
-		Packages:  []string{module + "/cmd/helm"},
+		Packages:  []string{pkg},
 	})
 	if err != nil {
 		return "", err
 	}
-	return filepath.Join(dir, "helm"), nil
+	return filepath.Join(dir, name), nil
 }
 
 // helmLDFlags stamp a helm release build as helm's Makefile does: the version `helm version`
@@ -440,93 +434,8 @@ func cachedImage(ctx context.Context, log io.Writer, short, ref string, build fu
 	return Image{Ref: ref, Tarball: path}, nil
 }
 
-// entry is one file, directory or symlink of a layer, owned by root unless uid says otherwise.
-type entry struct {
-	name string
-	typ  byte
-	mode int64
-	uid  int
-	data []byte
-	link string
-	pax  map[string]string
-}
-
-func fileEntry(name string, mode int64, data []byte) entry {
-	return entry{name: name, typ: tar.TypeReg, mode: mode, data: data}
-}
-
-func dirEntry(name string, mode int64, uid int) entry {
-	return entry{name: name + "/", typ: tar.TypeDir, mode: mode, uid: uid}
-}
-
-func linkEntry(name, target string) entry {
-	return entry{name: name, typ: tar.TypeSymlink, mode: 0o777, link: target}
-}
-
 // newImage is an image for this machine's platform with cfg and one layer of entries.
-func newImage(cfg v1.Config, createdBy string, entries []entry) (v1.Image, error) {
-	layer, err := newLayer(entries)
-	if err != nil {
-		return nil, err
-	}
+func newImage(cfg v1.Config, createdBy string, entries []ociimage.Entry) (v1.Image, error) {
 	cfg.Labels = map[string]string{"org.opencontainers.image.description": "kube-mvp test image, built by test/node/images"}
-	t := v1.Time{Time: created}
-	base := mutate.ConfigMediaType(mutate.MediaType(empty.Image, types.OCIManifestSchema1), types.OCIConfigJSON)
-	img, err := mutate.ConfigFile(base, &v1.ConfigFile{
-		Architecture: runtime.GOARCH,
-		OS:           "linux",
-		Created:      t,
-		Config:       cfg,
-		RootFS:       v1.RootFS{Type: "layers"},
-	})
-	if err != nil {
-		return nil, err
-	}
-	return mutate.Append(img, mutate.Addendum{
-		Layer:     layer,
-		History:   v1.History{Created: t, CreatedBy: "test/node/images: " + createdBy},
-		MediaType: types.OCILayer,
-	})
-}
-
-// newLayer is a gzipped tar of entries, compressed once here (go-containerregistry would
-// compress again on every read).
-func newLayer(entries []entry) (v1.Layer, error) {
-	var raw bytes.Buffer
-	tw := tar.NewWriter(&raw)
-	for _, e := range entries {
-		h := &tar.Header{
-			Typeflag:   e.typ,
-			Name:       e.name,
-			Linkname:   e.link,
-			Mode:       e.mode,
-			Uid:        e.uid,
-			Gid:        e.uid,
-			Size:       int64(len(e.data)),
-			ModTime:    created,
-			PAXRecords: e.pax,
-			Format:     tar.FormatPAX,
-		}
-		if err := tw.WriteHeader(h); err != nil {
-			return nil, fmt.Errorf("%s: %w", e.name, err)
-		}
-		if _, err := tw.Write(e.data); err != nil {
-			return nil, err
-		}
-	}
-	if err := tw.Close(); err != nil {
-		return nil, err
-	}
-	var gz bytes.Buffer
-	zw := gzip.NewWriter(&gz)
-	if _, err := zw.Write(raw.Bytes()); err != nil {
-		return nil, err
-	}
-	if err := zw.Close(); err != nil {
-		return nil, err
-	}
-	compressed := gz.Bytes()
-	return tarball.LayerFromOpener(func() (io.ReadCloser, error) {
-		return io.NopCloser(bytes.NewReader(compressed)), nil
-	}, tarball.WithMediaType(types.OCILayer))
+	return ociimage.New(runtime.GOARCH, created, cfg, v1.History{CreatedBy: "test/node/images: " + createdBy}, entries)
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
+	"github.com/kube-mvp/kube-mvp/internal/ociimage"
 	"github.com/kube-mvp/kube-mvp/internal/testutil"
 )
 
@@ -353,12 +354,12 @@ func TestHelmLDFlags(t *testing.T) {
 // TestLayer checks an image made by newImage reads back as written, and that the same
 // entries give the same digest (reproducible).
 func TestLayer(t *testing.T) {
-	entries := []entry{
-		dirEntry("d", 0o755, 7),
-		fileEntry("d/f", 0o640, []byte("hello")),
-		linkEntry("d/l", "f"),
+	entries := []ociimage.Entry{
+		ociimage.Dir("d", 0o755, 7),
+		ociimage.File("d/f", 0o640, []byte("hello")),
+		ociimage.Link("d/l", "f"),
 	}
-	entries[1].pax = map[string]string{"SCHILY.xattr.user.x": "\x00\x01"}
+	entries[1].PAX = map[string]string{"SCHILY.xattr.user.x": "\x00\x01"}
 	a, err := newImage(v1.Config{Cmd: []string{"x"}}, "test", entries)
 	if err != nil {
 		t.Fatal(err)

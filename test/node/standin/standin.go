@@ -13,9 +13,7 @@
 package standin
 
 import (
-	"archive/tar"
 	"bytes"
-	"compress/gzip"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -31,11 +29,9 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
-	"github.com/google/go-containerregistry/pkg/v1/types"
 
+	"github.com/kube-mvp/kube-mvp/internal/ociimage"
 	"github.com/kube-mvp/kube-mvp/test/controlplane"
 )
 
@@ -173,86 +169,17 @@ func inputsKey(ctx context.Context, root string) (string, error) {
 	return hex.EncodeToString(h.Sum(nil))[:16], nil
 }
 
-var (
-	passwd = fmt.Sprintf("root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:%d:%d:nonroot:/home/nonroot:/sbin/nologin\n", uid, uid)
-	group  = fmt.Sprintf("root:x:0:\nnonroot:x:%d:\n", uid)
-)
-
 // NewImage is the image of a stand-in binary for arch: no base, one layer.
 func NewImage(binary []byte, arch string) (v1.Image, error) {
-	layer, err := newLayer(binary)
-	if err != nil {
-		return nil, err
-	}
-	created := v1.Time{Time: time.Unix(0, 0).UTC()}
-	base := mutate.ConfigMediaType(mutate.MediaType(empty.Image, types.OCIManifestSchema1), types.OCIConfigJSON)
-	img, err := mutate.ConfigFile(base, &v1.ConfigFile{
-		Architecture: arch,
-		OS:           "linux",
-		Created:      created,
-		Config: v1.Config{
-			User:       fmt.Sprintf("%d:%d", uid, uid),
-			Entrypoint: []string{BinaryPath},
-			WorkingDir: "/",
-			Env:        []string{"PATH=/usr/local/bin"},
-			Labels: map[string]string{
-				"org.opencontainers.image.title":       "envoy-stand-in",
-				"org.opencontainers.image.description": "kube-mvp's test stand-in for Envoy (test/dataplane); for tests only, not Envoy",
-			},
+	return ociimage.New(arch, time.Unix(0, 0), v1.Config{
+		User:       fmt.Sprintf("%d:%d", uid, uid),
+		Entrypoint: []string{BinaryPath},
+		WorkingDir: "/",
+		Env:        []string{"PATH=/usr/local/bin"},
+		Labels: map[string]string{
+			"org.opencontainers.image.title":       "envoy-stand-in",
+			"org.opencontainers.image.description": "kube-mvp's test stand-in for Envoy (test/dataplane); for tests only, not Envoy",
 		},
-		RootFS: v1.RootFS{Type: "layers"},
-	})
-	if err != nil {
-		return nil, err
-	}
-	return mutate.Append(img, mutate.Addendum{
-		Layer:     layer,
-		History:   v1.History{Created: created, CreatedBy: "test/node/standin: " + BinaryPath + " (test stand-in for Envoy), /etc/passwd, /etc/group"},
-		MediaType: types.OCILayer,
-	})
-}
-
-func newLayer(binary []byte) (v1.Layer, error) {
-	var raw bytes.Buffer
-	tw := tar.NewWriter(&raw)
-	mod := time.Unix(0, 0).UTC()
-	dir := func(name string, mode int64, owner int) error {
-		return tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: name + "/", Mode: mode, Uid: owner, Gid: owner, ModTime: mod, Format: tar.FormatPAX})
-	}
-	file := func(name string, mode int64, b []byte) error {
-		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: mode, Size: int64(len(b)), ModTime: mod, Format: tar.FormatPAX}); err != nil {
-			return err
-		}
-		_, err := tw.Write(b)
-		return err
-	}
-	for _, step := range []func() error{
-		func() error { return dir("etc", 0o755, 0) },
-		func() error { return file("etc/group", 0o644, []byte(group)) },
-		func() error { return file("etc/passwd", 0o644, []byte(passwd)) },
-		func() error { return dir("home", 0o755, 0) },
-		func() error { return dir("home/nonroot", 0o700, uid) },
-		func() error { return dir("tmp", 0o1777, 0) },
-		func() error { return dir("usr", 0o755, 0) },
-		func() error { return dir("usr/local", 0o755, 0) },
-		func() error { return dir("usr/local/bin", 0o755, 0) },
-		func() error { return file(strings.TrimPrefix(BinaryPath, "/"), 0o755, binary) },
-		tw.Close,
-	} {
-		if err := step(); err != nil {
-			return nil, err
-		}
-	}
-	var gz bytes.Buffer
-	zw := gzip.NewWriter(&gz)
-	if _, err := zw.Write(raw.Bytes()); err != nil {
-		return nil, err
-	}
-	if err := zw.Close(); err != nil {
-		return nil, err
-	}
-	compressed := gz.Bytes()
-	return tarball.LayerFromOpener(func() (io.ReadCloser, error) {
-		return io.NopCloser(bytes.NewReader(compressed)), nil
-	}, tarball.WithMediaType(types.OCILayer))
+	}, v1.History{CreatedBy: "test/node/standin: " + BinaryPath + " (test stand-in for Envoy), /etc/passwd, /etc/group"},
+		ociimage.Nonroot(uid, uid, BinaryPath, binary))
 }
