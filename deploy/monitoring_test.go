@@ -419,12 +419,36 @@ func TestAlertRules(t *testing.T) {
 			if !regexp.MustCompile(`(?m)^#### ` + rl.Alert + `$`).MatchString(docs) {
 				t.Errorf("docs/operating.md has no runbook section #### %s", rl.Alert)
 			}
+			checkAlertRow(t, docs, rl)
 			delete(fires, rl.Alert)
 			delete(quiet, rl.Alert)
 		}
 	}
 	if len(fires)+len(quiet) > 0 {
 		t.Errorf("alerts_test.yaml tests alerts the chart does not have: %v %v", slices.Sorted(maps.Keys(fires)), slices.Sorted(maps.Keys(quiet)))
+	}
+}
+
+// checkAlertRow: docs/operating.md's table of alerts has the alert's severity, expression
+// (without the release's selector) and for; "the same `< N`" stands for the row above's
+// expression with another threshold.
+func checkAlertRow(t *testing.T, docs string, rl rule) {
+	t.Helper()
+	m := regexp.MustCompile("(?m)^\\| `" + rl.Alert + "` \\| (\\w+) \\| (.*) \\|\\s*(\\w*)\\s*\\|$").FindStringSubmatch(docs)
+	if m == nil {
+		t.Errorf("docs/operating.md's table of alerts has no row for %s", rl.Alert)
+		return
+	}
+	expr := strings.NewReplacer(`{namespace="kube-mvp"}`, "", `namespace="kube-mvp",`, "").Replace(rl.Expr)
+	expr = strings.Join(strings.Fields(expr), " ")
+	var ok bool
+	if same, found := strings.CutPrefix(m[2], "the same `"); found {
+		ok = strings.HasSuffix(expr, " "+strings.TrimSuffix(same, "`"))
+	} else {
+		ok = m[2] == "`"+expr+"`"
+	}
+	if !ok || m[1] != rl.Labels["severity"] || m[3] != rl.For {
+		t.Errorf("docs/operating.md's row for %s: %s, %s, for %q; the rule: %s, `%s`, for %q", rl.Alert, m[1], m[2], m[3], rl.Labels["severity"], expr, rl.For)
 	}
 }
 
