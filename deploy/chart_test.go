@@ -64,8 +64,8 @@ var strict = serializer.NewCodecFactory(scheme.Scheme, serializer.EnableStrict).
 
 // render renders the chart as `helm template --namespace ns kmvp deploy/kube-mvp -f vals`
 // would (the values checked against values.schema.json) and decodes every manifest.
-func render(vals map[string]any, ns string) (*rendered, error) {
-	out, err := RenderChart(chartDir, release, ns, vals)
+func render(vals map[string]any, ns string, apiVersions ...string) (*rendered, error) {
+	out, err := RenderChartFor(chartDir, release, ns, vals, apiVersions...)
 	if err != nil {
 		return nil, err
 	}
@@ -91,7 +91,12 @@ func render(vals map[string]any, ns string) (*rendered, error) {
 			if err := u.UnmarshalJSON(js); err != nil {
 				return nil, fmt.Errorf("%s: %w\n%s", name, err, doc)
 			}
-			typed, _, err := strict.Decode(doc, nil, nil)
+			var typed runtime.Object
+			if u.GroupVersionKind().Group == monitoringGroup {
+				err = decodeMonitoring(u.GetKind(), js) // prometheus-operator's kinds: not in client-go's scheme
+			} else {
+				typed, _, err = strict.Decode(doc, nil, nil)
+			}
 			if err != nil {
 				return nil, fmt.Errorf("%s: %s %s: %w", name, u.GetKind(), u.GetName(), err)
 			}
@@ -1085,6 +1090,9 @@ func TestSchemaRejects(t *testing.T) {
 		{map[string]any{"envoy": map[string]any{"shutdown": map[string]any{"drain": 30}}}, "drain"},
 		{map[string]any{"envoy": map[string]any{"terminationGracePeriodSeconds": 0}}, "terminationGracePeriodSeconds"},
 		{map[string]any{"rbac": map[string]any{"operators": []any{map[string]any{"kind": "Group"}}}}, "name"},
+		{map[string]any{"monitoring": map[string]any{"prometheusRule": map[string]any{"enabled": "yes"}}}, "enabled"},
+		{map[string]any{"monitoring": map[string]any{"podMonitor": map[string]any{"interval": "30 seconds"}}}, "interval"},
+		{map[string]any{"monitoring": map[string]any{"dashboards": map[string]any{"label": map[string]any{}}}}, "label"},
 	} {
 		t.Run(fmt.Sprint(c.vals), func(t *testing.T) {
 			_, err := render(c.vals, "kube-mvp")
@@ -1123,6 +1131,8 @@ func TestTemplateRejects(t *testing.T) {
 			"envoy.terminationGracePeriodSeconds (60) must be at least envoy.shutdown.delaySeconds (5) + envoy.shutdown.drainSeconds (60) + 10 (for Envoy and extproc to exit): raise it to 75, or shorten the delay or the drain"},
 		{"sidecar-grace", map[string]any{"mode": "sidecar", "networkPolicy": map[string]any{"enabled": false}, "envoy": map[string]any{"terminationGracePeriodSeconds": 30}},
 			"envoy.terminationGracePeriodSeconds (30) must be at least"},
+		{"pod-monitor-without-scraper", map[string]any{"monitoring": map[string]any{"podMonitor": map[string]any{"enabled": true}}},
+			"name Prometheus' pods in monitoring.podMonitor.scraperFrom"},
 		{"xds-server-grace", map[string]any{"xdsServer": map[string]any{"shutdownDelaySeconds": 60}},
 			"xdsServer.terminationGracePeriodSeconds (45) must be at least xdsServer.shutdownDelaySeconds (60) + 5 (to close its streams and exit): raise it to 65, or shorten the delay"},
 	} {
@@ -1138,7 +1148,8 @@ func TestTemplateRejects(t *testing.T) {
 // TestRenderWithAnOlderChartsDefaults: `helm upgrade --reuse-values` renders the new templates
 // with the values of the release being upgraded, the old chart's defaults included, so values
 // the old chart did not have are absent (not at their new defaults). The stop-time values
-// came with the drain; without them the templates use the same defaults as values.yaml.
+// came with the drain, the monitoring values with the alerts; without them the templates use
+// the same defaults as values.yaml.
 func TestRenderWithAnOlderChartsDefaults(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "kube-mvp")
 	if err := os.CopyFS(dir, os.DirFS(chartDir)); err != nil {
@@ -1157,15 +1168,16 @@ func TestRenderWithAnOlderChartsDefaults(t *testing.T) {
 	delete(x, "terminationGracePeriodSeconds")
 	delete(e, "shutdown")
 	delete(e, "terminationGracePeriodSeconds")
+	delete(vals, "monitoring")
 	if raw, err = yaml.Marshal(vals); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(dir, "values.yaml"), raw, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	out, err := RenderChart(dir, release, "kube-mvp", certificateValues(testPKI(t)))
+	out, err := RenderChartFor(dir, release, "kube-mvp", certificateValues(testPKI(t)), MonitoringAPIs...)
 	if err != nil {
-		t.Fatalf("the chart does not render without the stop-time values: %v", err)
+		t.Fatalf("the chart does not render without the stop-time and monitoring values: %v", err)
 	}
 	var all string
 	for _, m := range out {
@@ -1174,6 +1186,8 @@ func TestRenderWithAnOlderChartsDefaults(t *testing.T) {
 	for _, want := range []string{
 		"terminationGracePeriodSeconds: 45", `- "--shutdown-delay=35s"`,
 		"terminationGracePeriodSeconds: 60", "- --drain-time-s\n            - \"45\"", `- "--delay=5s"`,
+		// monitoring.prometheusRule.enabled: auto, with its default thresholds.
+		"kind: PrometheusRule", "86400 < 14\n", "86400 < 3\n", "> 0.05\n",
 	} {
 		if !strings.Contains(all, want) {
 			t.Errorf("rendered without the stop-time values, the manifests lack %q", want)

@@ -19,11 +19,20 @@ import (
 // by template name. Other packages use it to see what the chart deploys (tools/images checks
 // that the chart's images are the ones it builds).
 func RenderChart(dir, release, namespace string, vals map[string]any) (map[string]string, error) {
+	return RenderChartFor(dir, release, namespace, vals)
+}
+
+// RenderChartFor is RenderChart for a cluster that also serves apiVersions (as `helm template
+// --api-versions`: "monitoring.coreos.com/v1/PrometheusRule" or "monitoring.coreos.com/v1"),
+// which the chart's "auto" values look for.
+func RenderChartFor(dir, release, namespace string, vals map[string]any, apiVersions ...string) (map[string]string, error) {
 	ch, err := loader.Load(dir)
 	if err != nil {
 		return nil, err
 	}
-	rv, err := chartutil.ToRenderValues(ch, vals, chartutil.ReleaseOptions{Name: release, Namespace: namespace, Revision: 1, IsInstall: true}, chartutil.DefaultCapabilities.Copy())
+	caps := chartutil.DefaultCapabilities.Copy()
+	caps.APIVersions = append(caps.APIVersions, apiVersions...)
+	rv, err := chartutil.ToRenderValues(ch, vals, chartutil.ReleaseOptions{Name: release, Namespace: namespace, Revision: 1, IsInstall: true}, caps)
 	if err != nil {
 		return nil, err
 	}

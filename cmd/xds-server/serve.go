@@ -446,6 +446,11 @@ func newServeMetrics(reg prometheus.Registerer) *serveMetrics {
 		Name: "kube_mvp_xds_refused_total",
 		Help: "gRPC calls and xDS streams refused, by reason (role: no or wrong control-plane certificate role; node: a node that does not fit its certificate; envoy-version: an Envoy older than kube-mvp needs; max-nodes, max-streams: a limit reached; fetch: unary xDS fetch).",
 	}, []string{"reason"})
+	// Every reason internal/xds refuses for starts at 0, so that increase() sees the first
+	// refusal (the chart's KubeMVPXDSStreamsRefused alert).
+	for _, reason := range []string{"role", "node", "envoy-version", "max-nodes", "max-streams", "fetch"} {
+		m.refused.WithLabelValues(reason)
+	}
 	m.skipped = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "kube_mvp_xds_objects_skipped",
 		Help: "Watched objects the last topology build skipped or only partly used (each is logged once when it appears), such as identity Leases that are not believable: a holderIdentity that is not <name>_<uid>, a renewTime in the future, an address that is not an IP and port.",

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -18,17 +19,21 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/kube-mvp/kube-mvp/deploy"
 	"github.com/kube-mvp/kube-mvp/test/controlplane"
 )
 
 // TestMetricsLint scrapes /metrics of xds-server and extproc as they run in front of real
 // apiservers (a front proxy and a sidecar beside cp-b, each with requests through it) and
 // fails on every problem Prometheus' linter (promlint) finds, and on the series operators
-// alert on that are missing.
+// alert on that are missing, and on any kube_mvp_ metric that the chart's alerts or dashboard
+// name and no scrape has.
 func TestMetricsLint(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	documented := documentedMetrics(t)
+	monitored := monitoredMetrics(t)
+	scraped := map[string]bool{} // every series name in any scrape
 	e := newEnv(t, ctx, controlplane.MixedServers()...)
 	for _, d := range []struct{ name, local, role string }{{"front", "", "envoy-front"}, {"sidecar-b", "cp-b", "envoy-sidecar"}} {
 		k := e.startKubeMVP(ctx, d.name, d.local)
@@ -62,6 +67,9 @@ func TestMetricsLint(t *testing.T) {
 			}},
 		} {
 			body := scrape(t, ctx, c.url+"/metrics")
+			for _, m := range sampleName.FindAllSubmatch(body, -1) {
+				scraped[string(m[1])] = true
+			}
 			problems, err := promlint.New(bytes.NewReader(body)).Lint()
 			if err != nil {
 				t.Fatalf("%s %s: %v", d.name, c.process, err)
@@ -85,6 +93,43 @@ func TestMetricsLint(t *testing.T) {
 			}
 		}
 	}
+	// The chart's alerts and dashboard name only series the processes export (a histogram's
+	// by its _bucket, _sum or _count series, as queries name them).
+	t.Logf("the chart's alerts and dashboard name %d kube_mvp_ metrics", len(monitored))
+	for name, sources := range monitored {
+		if !scraped[name] {
+			t.Errorf("%s names %s, which no scrape has", strings.Join(sources, ", "), name)
+		}
+	}
+}
+
+var sampleName = regexp.MustCompile(`(?m)^(kube_mvp_\w+)[{ ]`)
+
+// monitoredMetrics are the kube_mvp_ metrics the chart's PrometheusRule and Grafana dashboard
+// name, each with the alerts and panels that do.
+func monitoredMetrics(t *testing.T) map[string][]string {
+	t.Helper()
+	root, err := controlplane.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	qs, err := deploy.MonitoringQueries(filepath.Join(root, "deploy", "kube-mvp"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string][]string{}
+	for _, q := range qs {
+		metrics, _ := deploy.PromQLNames(q.Expr)
+		for _, m := range metrics {
+			if strings.HasPrefix(m, "kube_mvp_") && !slices.Contains(out[m], q.Source) {
+				out[m] = append(out[m], q.Source)
+			}
+		}
+	}
+	if len(out) == 0 {
+		t.Fatal("the chart's rules and dashboard name no kube_mvp_ metric")
+	}
+	return out
 }
 
 func scrape(t *testing.T, ctx context.Context, url string) []byte {

@@ -170,3 +170,26 @@ volumeMounts:
   - name: node-pki
     mountPath: {{ include "kube-mvp.nodePKI.dir" . }}
 {{- end }}
+
+{{/*
+Whether an optional monitoring object renders: include "kube-mvp.monitoring.on" (list . value
+"monitoring.coreos.com/v1/PrometheusRule") is "true" for value true, or for "auto" when the
+cluster serves that API (Helm's .Capabilities: `helm template` needs --api-versions).
+*/}}
+{{- define "kube-mvp.monitoring.on" -}}
+{{- $ := index . 0 }}{{ $v := index . 1 }}{{ $api := index . 2 -}}
+{{- if eq (toString $v) "true" }}true
+{{- else if and (eq (toString $v) "auto") ($.Capabilities.APIVersions.Has $api) }}true
+{{- end }}
+{{- end }}
+
+{{/*
+A PromQL vector selector for one metric of this release: include "kube-mvp.series" (list .
+"kube_mvp_xds_nacks_total" `reason="role"`) is kube_mvp_xds_nacks_total{namespace="NS",reason="role"}
+(monitoring.prometheusRule.selector instead of namespace="NS" when set).
+*/}}
+{{- define "kube-mvp.series" -}}
+{{- $ := index . 0 }}{{ $name := index . 1 }}{{ $more := index . 2 -}}
+{{- $sel := (($.Values.monitoring | default dict).prometheusRule | default dict).selector | default (printf "namespace=%q" $.Release.Namespace) -}}
+{{ $name }}{{ "{" }}{{ $sel }}{{ if $more }},{{ $more }}{{ end }}{{ "}" }}
+{{- end }}
