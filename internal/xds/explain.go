@@ -11,10 +11,20 @@ import (
 	"github.com/kube-mvp/kube-mvp/internal/explain"
 )
 
+// maxExplaining is how many /debug/explain requests are answered at once.
+const maxExplaining = 2
+
 // explainHandler is /debug/explain?method=M&path=P[&certificate=true][&class=C][&local=ID|HOSTNAME]:
 // `kubectl mvp explain` against this xds-server, by its current plan (holds applied) and the
 // route configuration it serves for that kind of Envoy; JSON, explain.Explanation.
 func (s *Server) explainHandler(w http.ResponseWriter, r *http.Request) {
+	select {
+	case s.explaining <- struct{}{}:
+		defer func() { <-s.explaining }()
+	default: // each answer costs a translation (milliseconds): a flood gets 429s, not a busy xds-server
+		http.Error(w, "busy: too many explain requests at once; try again", http.StatusTooManyRequests)
+		return
+	}
 	q := r.URL.Query()
 	e, hold := s.Plans(), s.Hold()
 	if e == nil {

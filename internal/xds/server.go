@@ -68,6 +68,8 @@ type Server struct {
 	streams    int
 	opts       Options
 	refusedLog rateLimitedLog
+	// explaining bounds /debug/explain, which translates a plan per request.
+	explaining chan struct{}
 
 	stopping atomic.Bool
 }
@@ -148,7 +150,7 @@ func New(opts Options) *Server {
 	if opts.Log == nil {
 		opts.Log = slog.Default()
 	}
-	s := &Server{translate: opts.Translate, log: opts.Log, nodes: map[string]*NodeStatus{}, opts: opts}
+	s := &Server{translate: opts.Translate, log: opts.Log, nodes: map[string]*NodeStatus{}, opts: opts, explaining: make(chan struct{}, maxExplaining)}
 	// When a hold ends, every node gets its snapshot again.
 	s.holds = makebeforebreak.NewHolds(opts.MakeBeforeBreak, func() {
 		s.mu.Lock()
