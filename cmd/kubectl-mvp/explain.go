@@ -125,36 +125,22 @@ func runExplain(args []string, stdout, stderr io.Writer) int {
 		return printExplanation(x, o.output, stdout)
 	}
 
-	objs, err := objects.LoadFixture(o.file)
+	d := map[string]string{}
+	for _, f := range o.dangerous {
+		id, reason, ok := strings.Cut(f, "=")
+		if !ok || id == "" || reason == "" {
+			fmt.Fprintf(stderr, "kubectl mvp explain: --dangerous-apiserver %q: want ID=REASON\n", f)
+			return 2
+		}
+		d[id] = reason
+	}
+	topo, warnings, err := objects.LoadFixtureTopology(o.file, objects.FixtureView{Build: o.build, LocalID: o.nodeID, Dangerous: d})
+	for _, w := range warnings {
+		fmt.Fprintln(stderr, "warning: "+w)
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "kubectl mvp explain: %v\n", err)
 		return 2
-	}
-	topo, warnings := objects.Build(objs, o.build)
-	for _, w := range warnings {
-		fmt.Fprintf(stderr, "warning: %s: %v\n", o.file, w)
-	}
-	if topo == nil {
-		fmt.Fprintf(stderr, "kubectl mvp explain: %s describes no usable topology\n", o.file)
-		return 2
-	}
-	if o.nodeID != "" {
-		if _, ok := topo.Server(o.nodeID); !ok {
-			fmt.Fprintf(stderr, "warning: --node-id %s: no identity Lease in %s names this apiserver\n", o.nodeID, o.file)
-		}
-		topo = topo.WithLocal(o.nodeID)
-	}
-	if len(o.dangerous) > 0 {
-		d := map[string]string{}
-		for _, f := range o.dangerous {
-			id, reason, ok := strings.Cut(f, "=")
-			if !ok || id == "" || reason == "" {
-				fmt.Fprintf(stderr, "kubectl mvp explain: --dangerous-apiserver %q: want ID=REASON\n", f)
-				return 2
-			}
-			d[id] = reason
-		}
-		topo = topo.WithDangerous(d)
 	}
 	p, err := plan.Build(topo)
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kube-mvp/kube-mvp/internal/fixtures"
 )
@@ -71,6 +72,21 @@ func TestExplainCommandLine(t *testing.T) {
 		var out, errOut bytes.Buffer
 		if code := run(append([]string{"explain"}, tc.args...), &out, &errOut); code != 2 || !bytes.Contains(errOut.Bytes(), []byte(tc.want)) {
 			t.Errorf("%v: exit %d, %q; want 2 and %q", tc.args, code, errOut.String(), tc.want)
+		}
+	}
+}
+
+// Offline, explain warns as translate does (they share objects.LoadFixtureTopology): a
+// fixture whose apiservers have no discovery of their own routes nothing.
+func TestExplainWarnsWhenNothingIsRoutable(t *testing.T) {
+	var out, errOut bytes.Buffer
+	args := []string{"explain", "-f", fixtures.Path("storageversion-only"), "--now", fixtures.Now.Format(time.RFC3339), "GET", "/apis/batch/v1/jobs"}
+	if code := run(args, &out, &errOut); code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut.String())
+	}
+	for _, want := range []string{`(hostname "cp-a") is not routable: its own discovery was never read`, "no apiserver is routable"} {
+		if !strings.Contains(errOut.String(), want) {
+			t.Errorf("stderr does not say %q:\n%s", want, errOut.String())
 		}
 	}
 }

@@ -4,8 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"maps"
-	"slices"
 	"strings"
 	"time"
 
@@ -16,7 +14,6 @@ import (
 	"github.com/kube-mvp/kube-mvp/internal/objects"
 	"github.com/kube-mvp/kube-mvp/internal/plan"
 	"github.com/kube-mvp/kube-mvp/internal/snapshot"
-	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 
 var translateCommand = &command{
@@ -121,35 +118,13 @@ func runTranslate(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "xds-server translate: warning: "+w)
 	}
 
-	objs, err := objects.LoadFixture(opts.file)
+	topo, warnings, err := objects.LoadFixtureTopology(opts.file, objects.FixtureView{Build: opts.build, LocalID: opts.nodeID, Dangerous: opts.dangerous})
+	for _, w := range warnings {
+		fmt.Fprintln(stderr, "warning: "+w)
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "xds-server translate: %v\n", err)
 		return 2
-	}
-	topo, warnings := objects.Build(objs, opts.build)
-	for _, w := range warnings {
-		fmt.Fprintf(stderr, "warning: %s: %v\n", opts.file, w)
-	}
-	if topo == nil {
-		fmt.Fprintf(stderr, "xds-server translate: %s describes no usable topology\n", opts.file)
-		return 2
-	}
-	for _, w := range unroutableWarnings(topo) {
-		fmt.Fprintf(stderr, "warning: %s: %s\n", opts.file, w)
-	}
-	if opts.nodeID != "" {
-		if _, ok := topo.Server(opts.nodeID); !ok {
-			fmt.Fprintf(stderr, "warning: --node-id %s: no identity Lease in %s names this apiserver; its local cluster is empty\n", opts.nodeID, opts.file)
-		}
-		topo = topo.WithLocal(opts.nodeID)
-	}
-	if len(opts.dangerous) > 0 {
-		for _, id := range slices.Sorted(maps.Keys(opts.dangerous)) {
-			if _, ok := topo.Server(id); !ok {
-				fmt.Fprintf(stderr, "warning: --dangerous-apiserver %s: no identity Lease in %s names this apiserver\n", id, opts.file)
-			}
-		}
-		topo = topo.WithDangerous(opts.dangerous)
 	}
 
 	p, err := plan.Build(topo)
@@ -182,18 +157,4 @@ func runTranslate(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
-}
-
-// unroutableWarnings says, per apiserver that takes part in no routing, why, and when none
-// does, that every request would be refused: a configuration without a single endpoint is
-// valid Envoy configuration, so nothing else would say so.
-func unroutableWarnings(t *topology.Topology) []string {
-	var out []string
-	for _, n := range t.NotRoutable() {
-		out = append(out, fmt.Sprintf("apiserver %s (hostname %q) is not routable: %s", n.ID, n.Hostname, n.Reason))
-	}
-	if len(t.Live()) == 0 {
-		out = append(out, "no apiserver is routable: every request would be answered 503")
-	}
-	return out
 }
