@@ -273,12 +273,8 @@ func TestXDSSource(t *testing.T) {
 }
 
 func freeAddr(t *testing.T) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
+	t.Helper()
+	return testutil.FreeAddr(t)
 }
 
 // serveTables serves the table stream on addr until the returned function is called.

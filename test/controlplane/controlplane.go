@@ -26,6 +26,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/kube-mvp/kube-mvp/internal/testutil"
 )
 
 // ServerSpec describes one kube-apiserver.
@@ -603,13 +605,14 @@ func Poll(ctx context.Context, timeout time.Duration, p *Process, check func() e
 	}
 }
 
+// freePort is a port for etcd or an apiserver, reserved for the test process's lifetime
+// (testutil.FreePort says why); 0 when there is none.
 func freePort() int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := testutil.FreePort()
 	if err != nil {
 		return 0
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return port
 }
 
 func firstLine(b []byte) string {

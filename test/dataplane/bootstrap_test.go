@@ -32,6 +32,7 @@ import (
 	"github.com/kube-mvp/kube-mvp/internal/certgen"
 	"github.com/kube-mvp/kube-mvp/internal/cptls"
 	"github.com/kube-mvp/kube-mvp/internal/cptls/cptlstest"
+	"github.com/kube-mvp/kube-mvp/internal/testutil"
 )
 
 // chartEnvoy is what the chart gives the Envoy container: its arguments (with the kubelet's
@@ -366,10 +367,7 @@ func swapData(t *testing.T, dir, from, ts string) {
 
 func freePort(t *testing.T) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	must(t, err)
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return testutil.MustFreePort(t)
 }
 
 // TestChartBootstrapRealTLS: a stand-in started from the chart's rendered bootstrap and

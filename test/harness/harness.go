@@ -16,6 +16,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -25,6 +26,7 @@ import (
 
 	"github.com/kube-mvp/kube-mvp/internal/cli"
 	"github.com/kube-mvp/kube-mvp/internal/cptls"
+	"github.com/kube-mvp/kube-mvp/internal/testutil"
 	"github.com/kube-mvp/kube-mvp/internal/xds"
 	"github.com/kube-mvp/kube-mvp/test/controlplane"
 	"github.com/kube-mvp/kube-mvp/test/dataplane"
@@ -460,23 +462,16 @@ func waitOK(ctx context.Context, url string, timeout time.Duration) error {
 	}
 }
 
-// freeAddrs returns n distinct free loopback addresses (the ports may be taken again before
-// use; unlikely on a test machine).
+// freeAddrs returns n distinct loopback addresses for the processes this harness starts,
+// reserved for the test process's lifetime (testutil.FreePort says why).
 func freeAddrs(n int) ([]string, error) {
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
 	var out []string
 	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+		port, err := testutil.FreePort()
 		if err != nil {
 			return nil, err
 		}
-		ls = append(ls, l)
-		out = append(out, l.Addr().String())
+		out = append(out, net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
 	}
 	return out, nil
 }
