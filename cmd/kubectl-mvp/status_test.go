@@ -49,10 +49,17 @@ func TestAgainstRunningKubeMVP(t *testing.T) {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
 	var hosts []string
+	versions := map[string]string{}
+	for _, s := range controlplane.MixedServers() {
+		versions[s.Name] = s.Version
+	}
 	for _, a := range r.APIServers {
 		hosts = append(hosts, a.Hostname)
-		if a.State != "live" || a.CapabilitiesFrom != "discovery" || a.Since.IsZero() || a.ProxyCertificate != "accepted" {
-			t.Errorf("apiserver %+v: want live, capabilities from discovery with a time, proxy certificate accepted", a)
+		if a.State != "live" || a.CapabilitiesFrom != "discovery" || a.Since.IsZero() || a.ProxyCertificate != "accepted" || a.NotRoutable != "" {
+			t.Errorf("apiserver %+v: want live, capabilities from discovery with a time, proxy certificate accepted, routable", a)
+		}
+		if a.Version != versions[a.Hostname] {
+			t.Errorf("apiserver %s: version %q, want its own %q", a.Hostname, a.Version, versions[a.Hostname])
 		}
 	}
 	if slices.Sort(hosts); !slices.Equal(hosts, []string{"cp-a", "cp-b"}) {

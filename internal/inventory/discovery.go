@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"strings"
 
 	apidiscoveryv2 "k8s.io/api/apidiscovery/v2"
@@ -14,6 +15,30 @@ import (
 )
 
 // Fetching discovery. The merge of what was fetched is objects.MergeDiscovery.
+
+// maxVersionBody bounds /version's answer: a real one is about 300 bytes.
+const maxVersionBody = 4 << 10
+
+// fetchVersion returns the apiserver's gitVersion, or "" when it cannot be read or does not
+// look like a Kubernetes version (it is shown to people, so nothing else gets through).
+func fetchVersion(ctx context.Context, c rest.Interface) string {
+	body, err := c.Get().AbsPath("/version").Stream(ctx)
+	if err != nil {
+		return ""
+	}
+	defer body.Close()
+	b, err := io.ReadAll(io.LimitReader(body, maxVersionBody+1))
+	if err != nil || len(b) > maxVersionBody {
+		return ""
+	}
+	var info struct {
+		GitVersion string `json:"gitVersion"`
+	}
+	if json.Unmarshal(b, &info) != nil || !objects.PlausibleVersion(info.GitVersion) {
+		return ""
+	}
+	return info.GitVersion
+}
 
 // fetchAggregated reads /api and /apis as aggregated discovery, without peers, into one list.
 func fetchAggregated(ctx context.Context, c rest.Interface) (*apidiscoveryv2.APIGroupDiscoveryList, error) {

@@ -148,6 +148,8 @@ type discovered struct {
 	rounds int // fetches started for this instance
 	list   *apidiscoveryv2.APIGroupDiscoveryList
 	listAt time.Time // when list arrived
+	// version is its /version gitVersion, read with list (for people: routing never reads it).
+	version string
 }
 
 // settleRefetch: an apiserver that has just started may publish its discovery piecemeal
@@ -338,7 +340,7 @@ func (w *Watcher) rebuild(ctx context.Context) {
 
 	opts := w.opts.Options
 	opts.Now = w.opts.Clock()
-	objs.Discovery, objs.DiscoveredAt = w.discoveryFor(ctx, objs.Leases, opts)
+	objs.Discovery, objs.DiscoveredAt, objs.Versions = w.discoveryFor(ctx, objs.Leases, opts)
 	var headerErr error
 	objs.HeaderNames, headerErr = w.learnHeaderNames(objs.Authentication, opts.Now)
 	objs.Remembered = w.remember(ctx, objs, opts)
@@ -388,12 +390,13 @@ func newlyReported(prev map[string]bool, errs []error) ([]error, map[string]bool
 
 // discoveryFor returns the discovery to use per live apiserver and starts fetches for those
 // whose copy is missing, stale, or from before a restart.
-func (w *Watcher) discoveryFor(ctx context.Context, leases []coordinationv1.Lease, opts objects.Options) (map[string]*apidiscoveryv2.APIGroupDiscoveryList, map[string]time.Time) {
+func (w *Watcher) discoveryFor(ctx context.Context, leases []coordinationv1.Lease, opts objects.Options) (map[string]*apidiscoveryv2.APIGroupDiscoveryList, map[string]time.Time, map[string]string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.pendingFirst = false
 	out := map[string]*apidiscoveryv2.APIGroupDiscoveryList{}
 	at := map[string]time.Time{}
+	versions := map[string]string{}
 	live := map[string]bool{}
 	servers, _ := objects.APIServers(leases, opts)
 	holders := map[string]string{}
@@ -411,6 +414,9 @@ func (w *Watcher) discoveryFor(ctx context.Context, leases []coordinationv1.Leas
 		d, have := w.discovery[s.ID]
 		if have && d.instance == instance && d.list != nil {
 			out[s.ID], at[s.ID] = d.list, d.listAt
+			if d.version != "" {
+				versions[s.ID] = d.version
+			}
 		}
 		if have && d.instance == instance && d.list == nil && !d.failed {
 			w.pendingFirst = true // fetching: not known yet whether it is routable
@@ -433,7 +439,7 @@ func (w *Watcher) discoveryFor(ctx context.Context, leases []coordinationv1.Leas
 			if d.instance == instance {
 				listAt = d.listAt
 			}
-			w.discovery[s.ID] = discovered{instance: instance, fetched: opts.Now, rounds: rounds, list: keepIf(d.instance == instance, d.list), listAt: listAt}
+			w.discovery[s.ID] = discovered{instance: instance, fetched: opts.Now, rounds: rounds, list: keepIf(d.instance == instance, d.list), listAt: listAt, version: d.version}
 			if !have || d.instance != instance {
 				w.pendingFirst = true
 			}
@@ -445,7 +451,7 @@ func (w *Watcher) discoveryFor(ctx context.Context, leases []coordinationv1.Leas
 			delete(w.discovery, id)
 		}
 	}
-	return out, at
+	return out, at, versions
 }
 
 func keepIf(ok bool, l *apidiscoveryv2.APIGroupDiscoveryList) *apidiscoveryv2.APIGroupDiscoveryList {
@@ -456,7 +462,7 @@ func keepIf(ok bool, l *apidiscoveryv2.APIGroupDiscoveryList) *apidiscoveryv2.AP
 }
 
 func (w *Watcher) fetchDiscovery(ctx context.Context, s topology.APIServer, instance string) {
-	list, err := FetchDiscovery(ctx, w.cfg, s.Address, w.opts.ServerName)
+	list, version, err := FetchDiscovery(ctx, w.cfg, s.Address, w.opts.ServerName)
 	w.mu.Lock()
 	d, ok := w.discovery[s.ID]
 	if ok && d.instance == instance {
@@ -472,6 +478,9 @@ func (w *Watcher) fetchDiscovery(ctx context.Context, s topology.APIServer, inst
 				w.opts.Log.Info("apiserver discovery fetched", "apiserver", s.ID, "hostname", s.Hostname, "address", s.Address, "groups", len(list.Items), "took", w.opts.Clock().Sub(d.fetched).Round(time.Millisecond))
 			}
 			d.list, d.listAt, d.failed = list, w.opts.Clock(), false
+			if version != "" || d.instance != instance {
+				d.version = version
+			}
 		}
 		w.discovery[s.ID] = d
 	}
@@ -483,8 +492,9 @@ func (w *Watcher) fetchDiscovery(ctx context.Context, s topology.APIServer, inst
 // aggregated discovery documents of /api and /apis with profile=nopeer (so a peer-aware
 // apiserver does not add its peers' APIs), kept whole for the merged discovery (see
 // objects.MergeDiscovery); failing that, whatever client-go negotiates (plain v2, then v1), reduced
-// to resources and verbs.
-func FetchDiscovery(ctx context.Context, base *rest.Config, address, serverName string) (*apidiscoveryv2.APIGroupDiscoveryList, error) {
+// to resources and verbs. It also reads the apiserver's version for people (kubectl mvp
+// status): "" when /version fails or is not a plausible version, which fails nothing.
+func FetchDiscovery(ctx context.Context, base *rest.Config, address, serverName string) (*apidiscoveryv2.APIGroupDiscoveryList, string, error) {
 	cfg := rest.CopyConfig(base)
 	cfg.Host = "https://" + address
 	cfg.APIPath = ""
@@ -494,17 +504,17 @@ func FetchDiscovery(ctx context.Context, base *rest.Config, address, serverName 
 	cfg.Timeout = 10 * time.Second
 	dc, err := discovery.NewDiscoveryClientForConfig(cfg)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	if list, err := fetchAggregated(ctx, dc.RESTClient()); err == nil {
-		return list, nil
+		return list, fetchVersion(ctx, dc.RESTClient()), nil
 	}
 	dc.NoPeerDiscovery = true
 	_, lists, err := dc.ServerGroupsAndResources()
 	if err != nil && len(lists) == 0 {
-		return nil, fmt.Errorf("discovery of %s: %w", address, err)
+		return nil, "", fmt.Errorf("discovery of %s: %w", address, err)
 	}
-	return fromResourceLists(lists), nil
+	return fromResourceLists(lists), fetchVersion(ctx, dc.RESTClient()), nil
 }
 
 // fromResourceLists regroups client-go's per-group/version lists ("jobs" and "jobs/status"

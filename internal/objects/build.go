@@ -64,6 +64,9 @@ type Objects struct {
 	// DiscoveredAt is when each apiserver's Discovery was fetched, by ID (optional: for
 	// /debug/topology).
 	DiscoveredAt map[string]time.Time
+	// Versions are the apiservers' versions (gitVersion), read with their Discovery, by ID
+	// (optional: for /debug/topology and kubectl mvp status; routing never reads them).
+	Versions map[string]string
 	// Remembered is what departed apiservers served (see Memory): used for every apiserver
 	// without Discovery, as StorageVersions are, so that what only they served is
 	// Unavailable (503) rather than not served (404). One whose Lease is gone is listed as
@@ -236,7 +239,7 @@ func Build(objs Objects, opts Options) (*topology.Topology, []error) {
 	for _, s := range t.APIServers {
 		switch {
 		case objs.Discovery[s.ID] != nil:
-			t.Sources[s.ID] = topology.Source{From: topology.SourceDiscovery, Since: objs.DiscoveredAt[s.ID]}
+			t.Sources[s.ID] = topology.Source{From: topology.SourceDiscovery, Since: objs.DiscoveredAt[s.ID], Version: objs.Versions[s.ID]}
 		case remembered[s.ID]:
 			r := objs.Remembered[s.ID]
 			t.Sources[s.ID] = topology.Source{From: topology.SourceRemembered, Since: r.LastSeen, LeaseDeleted: r.LeaseGone, Unverified: unverified[s.ID]}

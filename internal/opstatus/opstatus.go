@@ -44,7 +44,8 @@ type APIServer struct {
 	ID       string `json:"id"`
 	Hostname string `json:"hostname,omitempty"`
 	Address  string `json:"address,omitempty"`
-	// Version is the apiserver's version when known; xds-server does not report it yet.
+	// Version is the apiserver's own /version, read by xds-server with its discovery; empty
+	// until then (and for apiservers known only from StorageVersions or memory).
 	Version string `json:"version,omitempty"`
 	// State is live, unverified (Lease fresh, its own discovery not fetched over verified
 	// TLS yet), departed (remembered after its Lease went stale or was deleted) or stale
@@ -57,6 +58,8 @@ type APIServer struct {
 	// ProxyCertificate is "refused: REASON" when extproc found it taking the proxy
 	// certificate for an ordinary client's, "accepted" otherwise (as far as xds-server knows).
 	ProxyCertificate string `json:"proxyCertificate"`
+	// NotRoutable, when set, says why it takes part in no routing.
+	NotRoutable string `json:"notRoutable,omitempty"`
 }
 
 // Partial is one resource not every live apiserver serves.
@@ -217,7 +220,7 @@ func Summarize(p *Pages) *Report {
 	r := &Report{XDSAdmin: p.XDSAdmin, APIServers: []APIServer{}, PartiallyServed: []Partial{}, Envoys: []Envoy{}, ExtProcs: []ExtProc{}, Problems: slices.Clone(p.Problems)}
 	if v := p.Topology; v != nil {
 		for _, a := range v.APIServers {
-			s := APIServer{ID: a.ID, Hostname: a.Hostname, Address: a.Address, CapabilitiesFrom: a.From, Since: a.Since, ProxyCertificate: "accepted"}
+			s := APIServer{ID: a.ID, Hostname: a.Hostname, Address: a.Address, Version: a.Version, CapabilitiesFrom: a.From, Since: a.Since, ProxyCertificate: "accepted", NotRoutable: a.NotRoutable}
 			switch {
 			case a.Unverified:
 				s.State = "unverified"
@@ -232,6 +235,9 @@ func Summarize(p *Pages) *Report {
 				s.ProxyCertificate = "refused: " + a.Dangerous
 			}
 			r.APIServers = append(r.APIServers, s)
+		}
+		if len(v.APIServers) > 0 && !slices.ContainsFunc(v.APIServers, func(a plan.APIServerView) bool { return a.NotRoutable == "" }) {
+			r.Problems = append(r.Problems, "no apiserver is routable: every request would be answered 503 (each apiserver's reason is under APISERVERS)")
 		}
 		for _, gv := range v.GroupVersions {
 			if d := gv.Document; d.Outcome != "default" {

@@ -18,9 +18,9 @@ func TestSummarize(t *testing.T) {
 	since := time.Date(2026, 11, 23, 10, 0, 0, 0, time.UTC)
 	view := &plan.View{
 		APIServers: []plan.APIServerView{
-			{APIServer: topology.APIServer{ID: "a", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: true}, Source: topology.Source{From: "discovery", Since: since}},
+			{APIServer: topology.APIServer{ID: "a", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: true}, Source: topology.Source{From: "discovery", Since: since, Version: "v1.37.1"}},
 			{APIServer: topology.APIServer{ID: "b", Hostname: "cp-b", Address: "10.0.0.2:6443", Alive: true, Dangerous: "takes it for a client"}, Source: topology.Source{From: "discovery", Since: since}},
-			{APIServer: topology.APIServer{ID: "c", Hostname: "cp-c", Address: "10.0.0.3:6443"}, Source: topology.Source{From: "storageVersions", Unverified: true}},
+			{APIServer: topology.APIServer{ID: "c", Hostname: "cp-c", Address: "10.0.0.3:6443"}, Source: topology.Source{From: "storageVersions", Unverified: true}, NotRoutable: "its own discovery was never read"},
 			{APIServer: topology.APIServer{ID: "d", Hostname: "cp-d", Address: "10.0.0.4:6443"}, Source: topology.Source{From: "remembered", Since: since}},
 			{APIServer: topology.APIServer{ID: "e", Hostname: "cp-e"}, Source: topology.Source{From: "none"}},
 		},
@@ -71,10 +71,22 @@ func TestSummarize(t *testing.T) {
 	}
 	var out bytes.Buffer
 	Write(&out, r, since.Add(time.Minute))
-	for _, want := range []string{"NACK RouteConfiguration 2: bad regex", "cp-d", "departed", "1m0s ago", "kube-apiservers-only-cp-a"} {
+	for _, want := range []string{"NACK RouteConfiguration 2: bad regex", "cp-d", "departed", "1m0s ago", "kube-apiservers-only-cp-a", "v1.37.1", "not routable: its own discovery was never read"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("text lacks %q:\n%s", want, out.String())
 		}
+	}
+	if len(r.Problems) > 0 {
+		t.Errorf("problems with routable apiservers: %q", r.Problems)
+	}
+
+	// Nothing routable is said once, as a problem, besides each apiserver's reason.
+	none := &plan.View{APIServers: []plan.APIServerView{
+		{APIServer: topology.APIServer{ID: "c", Hostname: "cp-c"}, Source: topology.Source{From: "storageVersions", Unverified: true}, NotRoutable: "its own discovery was never read"},
+	}}
+	r = Summarize(&Pages{XDSAdmin: "http://x", Topology: none})
+	if len(r.Problems) != 1 || !strings.Contains(r.Problems[0], "no apiserver is routable") || r.APIServers[0].NotRoutable == "" {
+		t.Errorf("nothing routable: problems %q, apiservers %+v", r.Problems, r.APIServers)
 	}
 }
 

@@ -21,6 +21,9 @@ func Write(w io.Writer, r *Report, now time.Time) {
 			since = now.Sub(a.Since).Round(time.Second).String() + " ago"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", dash(a.Hostname), a.ID, dash(a.Version), a.State, dash(a.CapabilitiesFrom), since, a.ProxyCertificate)
+		if a.NotRoutable != "" {
+			fmt.Fprintf(tw, "\t\tnot routable: %s\n", a.NotRoutable)
+		}
 	}
 	if len(r.APIServers) == 0 {
 		fmt.Fprintln(tw, "(none)")

@@ -43,6 +43,8 @@ type View struct {
 type APIServerView struct {
 	topology.APIServer
 	topology.Source
+	// NotRoutable, when set, says why it takes part in no routing (topology.NotRoutable).
+	NotRoutable string `json:"notRoutable,omitempty"`
 }
 
 // GroupVersionView lists a group/version's resources and where each is routed.
@@ -73,8 +75,12 @@ type ResourceView struct {
 func (p *Plan) View() View {
 	t := p.Topology
 	v := View{LocalAPIServer: p.LocalID, DefaultCluster: p.DefaultClusterName(), Clusters: p.Clusters, ServingSetsHosts: p.Hosts, RequestHeaders: p.RequestHeaders, Refused: t.Refused}
+	why := map[string]string{}
+	for _, n := range t.NotRoutable() {
+		why[n.ID] = n.Reason
+	}
 	for _, a := range t.APIServers {
-		v.APIServers = append(v.APIServers, APIServerView{APIServer: a, Source: t.Sources[a.ID]})
+		v.APIServers = append(v.APIServers, APIServerView{APIServer: a, Source: t.Sources[a.ID], NotRoutable: why[a.ID]})
 	}
 	if t.Discovery != nil {
 		v.MergedDiscoveryETag = t.Discovery.ETag

@@ -185,6 +185,8 @@ type Source struct {
 	// Unverified: its Lease is fresh, but its own discovery has not (yet) been fetched at
 	// its address over verified TLS, so it counts as not alive: it takes no part in routing.
 	Unverified bool `json:"awaitingVerifiedDiscovery,omitempty"`
+	// Version is its own /version (gitVersion), read with its discovery; for people only.
+	Version string `json:"version,omitempty"`
 }
 
 // Refusal is an apiserver identity kube-mvp does not route to, and why.

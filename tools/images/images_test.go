@@ -176,8 +176,9 @@ type want struct {
 	created                        time.Time
 }
 
-// checkImage checks img's configuration and filesystem against w and returns its binary.
-func checkImage(t *testing.T, img v1.Image, w want) []byte {
+// checkImage checks img's configuration and filesystem against w and returns its binaries
+// by name: its program's and its companions'.
+func checkImage(t *testing.T, img v1.Image, w want) map[string][]byte {
 	t.Helper()
 	cf, err := img.ConfigFile()
 	if err != nil {
@@ -217,6 +218,9 @@ func checkImage(t *testing.T, img v1.Image, w want) []byte {
 		"/usr": fs.ModeDir | 0o755, "/usr/local": fs.ModeDir | 0o755, "/usr/local/bin": fs.ModeDir | 0o755,
 		bin: 0o755,
 	}
+	for _, c := range Companions[w.program] {
+		wantFiles["/usr/local/bin/"+c] = 0o755
+	}
 	got := map[string]fs.FileMode{}
 	for p, e := range fsys {
 		got[p] = e.mode
@@ -245,16 +249,21 @@ func checkImage(t *testing.T, img v1.Image, w want) []byte {
 	if g := string(fsys["/etc/group"].data); !strings.Contains(g, "\nnonroot:x:65532:") {
 		t.Errorf("%s/%s: /etc/group has no nonroot group 65532:\n%s", w.program, w.arch, g)
 	}
-	return fsys[bin].data
+	bins := map[string][]byte{w.program: fsys[bin].data}
+	for _, c := range Companions[w.program] {
+		bins[c] = fsys["/usr/local/bin/"+c].data
+	}
+	return bins
 }
 
 func TestNewImage(t *testing.T) {
-	s := Spec{Program: "xds-server", Arch: "arm64", Version: "0.1.0", Commit: "abc1234", Created: epoch1700, Binary: []byte("not really a program")}
+	s := Spec{Program: "xds-server", Arch: "arm64", Version: "0.1.0", Commit: "abc1234", Created: epoch1700, Binary: []byte("not really a program"),
+		Companions: map[string][]byte{"kubectl-mvp": []byte("not really a plugin")}}
 	img, err := NewImage(s)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if bin := checkImage(t, img, want{"xds-server", "arm64", "0.1.0", "abc1234", epoch1700}); !bytes.Equal(bin, s.Binary) {
+	if bin := checkImage(t, img, want{"xds-server", "arm64", "0.1.0", "abc1234", epoch1700})["xds-server"]; !bytes.Equal(bin, s.Binary) {
 		t.Errorf("the image's binary is %q, want %q", bin, s.Binary)
 	}
 	if mt, _ := img.MediaType(); mt != "application/vnd.oci.image.manifest.v1+json" {
@@ -281,6 +290,7 @@ func TestNewImage(t *testing.T) {
 		func(s *Spec) { s.Created = s.Created.Add(time.Second) },
 		func(s *Spec) { s.Commit = "abc1235" },
 		func(s *Spec) { s.Binary = []byte("another program") },
+		func(s *Spec) { s.Companions = map[string][]byte{"kubectl-mvp": []byte("another plugin")} },
 		func(s *Spec) { s.Arch = "amd64" },
 	} {
 		s2 := s
@@ -300,7 +310,7 @@ func fakeBuild(_ context.Context, o *Options, arch, dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	for _, p := range Programs {
+	for _, p := range built() {
 		if err := os.WriteFile(filepath.Join(dir, p), fakeBinary(p, arch, o.Commit), 0o755); err != nil {
 			return err
 		}
@@ -331,9 +341,11 @@ func checkOutputs(t *testing.T, out, registry, ver, commit string, archs []strin
 	}
 
 	bins := map[string]map[string][]byte{}
+	for _, p := range built() {
+		bins[p] = map[string][]byte{}
+	}
 	for _, p := range Programs {
 		imgs := map[string]v1.Image{}
-		bins[p] = map[string][]byte{}
 		tag, err := name.NewTag(registry + "/" + p + ":" + ver)
 		if err != nil {
 			t.Fatal(err)
@@ -351,7 +363,9 @@ func checkOutputs(t *testing.T, out, registry, ver, commit string, archs []strin
 			if err != nil {
 				t.Fatal(err)
 			}
-			bins[p][a] = checkImage(t, img, want{p, a, ver, commit, created})
+			for name, bin := range checkImage(t, img, want{p, a, ver, commit, created}) {
+				bins[name][a] = bin
+			}
 			imgs[a] = img
 		}
 
@@ -481,8 +495,10 @@ func TestRun(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if bin := checkImage(t, img, want{r.Program, d.Platform.Architecture, o.Version, commit, epoch1700}); !bytes.Equal(bin, fakeBinary(r.Program, d.Platform.Architecture, commit)) {
-					t.Errorf("%s %s: pushed binary %q", r.Tag, d.Platform, bin)
+				for name, bin := range checkImage(t, img, want{r.Program, d.Platform.Architecture, o.Version, commit, epoch1700}) {
+					if !bytes.Equal(bin, fakeBinary(name, d.Platform.Architecture, commit)) {
+						t.Errorf("%s %s: pushed %s %q", r.Tag, d.Platform, name, bin)
+					}
 				}
 			}
 		}
@@ -532,7 +548,8 @@ func TestBuild(t *testing.T) {
 
 	ver := chartAppVersion(t)
 	bins := checkOutputs(t, out, DefaultRegistry, ver, commit, archs, epoch1700)
-	for _, p := range Programs {
+	// The programs and their companions (kubectl-mvp, from the xds-server image).
+	for _, p := range built() {
 		for _, a := range archs {
 			bin := bins[p][a]
 			checkBinary(t, p, a, commit, bin)
@@ -545,7 +562,7 @@ func TestBuild(t *testing.T) {
 			}
 			wantOut := fmt.Sprintf("%s %s (commit %s)\n", p, ver, commit)
 			runs := [][]string{{"--version"}}
-			if p == "xds-server" {
+			if p == "xds-server" || p == "kubectl-mvp" {
 				runs = append(runs, []string{"version"})
 			}
 			for _, args := range runs {

@@ -26,6 +26,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -72,6 +73,20 @@ const (
 
 // Programs are the commands of this module that become images, by name (./cmd/<name>).
 var Programs = []string{"xds-server", "extproc"}
+
+// Companions are commands an image holds beside its own program, at BinaryPath: the
+// xds-server image carries the kubectl plugin of the same build, so the plugin that matches a
+// running control plane can always be taken from its image (docs/images.md).
+var Companions = map[string][]string{"xds-server": {"kubectl-mvp"}}
+
+// built is every command BuildBinaries compiles: the programs and their companions.
+func built() []string {
+	out := slices.Clone(Programs)
+	for _, p := range Programs {
+		out = append(out, Companions[p]...)
+	}
+	return out
+}
 
 // DefaultArchs are the architectures `make images` builds.
 var DefaultArchs = []string{"amd64", "arm64"}
@@ -292,7 +307,7 @@ func LDFlags(ver, commit string) string {
 // into dir.
 func BuildBinaries(ctx context.Context, o *Options, arch, dir string) error {
 	args := []string{"build", "-trimpath", "-ldflags", LDFlags(o.Version, o.Commit), "-o", dir + string(filepath.Separator)}
-	for _, p := range Programs {
+	for _, p := range built() {
 		args = append(args, "./cmd/"+p)
 	}
 	cmd := exec.CommandContext(ctx, o.Go, args...)
@@ -336,7 +351,7 @@ func Run(ctx context.Context, o *Options) ([]Result, error) {
 	}
 	for _, arch := range o.Archs {
 		dir := filepath.Join(tmp, arch)
-		fmt.Fprintf(o.Log, "images: building %s for linux/%s (version %s, commit %s)\n", strings.Join(Programs, ", "), arch, o.Version, o.Commit)
+		fmt.Fprintf(o.Log, "images: building %s for linux/%s (version %s, commit %s)\n", strings.Join(built(), ", "), arch, o.Version, o.Commit)
 		if err := build(ctx, o, arch, dir); err != nil {
 			return nil, err
 		}
@@ -346,7 +361,13 @@ func Run(ctx context.Context, o *Options) ([]Result, error) {
 			if err != nil {
 				return nil, fmt.Errorf("the build left no %s: %w", r.Program, err)
 			}
-			img, err := NewImage(Spec{Program: r.Program, Arch: arch, Version: o.Version, Commit: o.Commit, Created: o.Created, Binary: bin})
+			companions := map[string][]byte{}
+			for _, c := range Companions[r.Program] {
+				if companions[c], err = os.ReadFile(filepath.Join(dir, c)); err != nil {
+					return nil, fmt.Errorf("the build left no %s: %w", c, err)
+				}
+			}
+			img, err := NewImage(Spec{Program: r.Program, Arch: arch, Version: o.Version, Commit: o.Commit, Created: o.Created, Binary: bin, Companions: companions})
 			if err != nil {
 				return nil, fmt.Errorf("%s for %s: %w", r.Program, arch, err)
 			}
@@ -386,6 +407,8 @@ type Spec struct {
 	Version, Commit string
 	Created         time.Time
 	Binary          []byte
+	// Companions are other commands the image holds, by name, each at BinaryPath(name).
+	Companions map[string][]byte
 }
 
 // Labels are the image's OCI labels (and its index's annotations).
@@ -404,6 +427,15 @@ func NewImage(s Spec) (v1.Image, error) {
 	if len(s.Binary) == 0 {
 		return nil, errors.New("empty binary")
 	}
+	entries := ociimage.Nonroot(UID, GID, BinaryPath(s.Program), s.Binary)
+	paths := []string{BinaryPath(s.Program)}
+	for _, name := range slices.Sorted(maps.Keys(s.Companions)) {
+		if len(s.Companions[name]) == 0 || name == s.Program {
+			return nil, fmt.Errorf("companion %q: empty, or the program itself", name)
+		}
+		entries = append(entries, ociimage.File(strings.TrimPrefix(BinaryPath(name), "/"), 0o755, s.Companions[name]))
+		paths = append(paths, BinaryPath(name))
+	}
 	return ociimage.New(s.Arch, s.Created, v1.Config{
 		User:       fmt.Sprintf("%d:%d", UID, GID),
 		Entrypoint: []string{BinaryPath(s.Program)},
@@ -411,9 +443,9 @@ func NewImage(s Spec) (v1.Image, error) {
 		Env:        []string{"PATH=/usr/local/bin"},
 		Labels:     Labels(s.Program, s.Version, s.Commit),
 	}, v1.History{
-		CreatedBy: fmt.Sprintf("tools/images: %s (linux/%s), /etc/passwd, /etc/group", BinaryPath(s.Program), s.Arch),
+		CreatedBy: fmt.Sprintf("tools/images: %s (linux/%s), /etc/passwd, /etc/group", strings.Join(paths, ", "), s.Arch),
 		Comment:   "kube-mvp " + s.Version,
-	}, ociimage.Nonroot(UID, GID, BinaryPath(s.Program), s.Binary))
+	}, entries)
 }
 
 // NewIndex is the multi-arch index of a program's images, in the order of archs.
