@@ -213,3 +213,18 @@ func PromQLNames(expr string) (metrics, labels []string) {
 	}
 	return slices.Sorted(maps.Keys(ms)), slices.Sorted(maps.Keys(ls))
 }
+
+// EnvoyMetrics are the Envoy metrics the chart's rules and dashboard use, with their type, and
+// EnvoyLabels their tags. Envoy's HTTP connection manager counts
+// http.<stat_prefix>.downstream_rq_total and downstream_rq_<class>xx (Envoy's docs, "HTTP
+// connection manager statistics"); its default tag extraction (envoyproxy/envoy
+// source/common/config/well_known_names.cc) takes <stat_prefix> out as
+// envoy.http_conn_manager_prefix and <class> as envoy.response_code_class; /stats/prometheus
+// (source/server/admin/prometheus_stats.cc) prefixes "envoy_" and turns every other character
+// than [a-zA-Z0-9_] into "_" in names and tag names (not in tag values). The stand-in Envoy
+// does the same (test/dataplane/tags.go), and test/e2e's TestMetricsLint finds these in its
+// scrape.
+var (
+	EnvoyMetrics = map[string]string{"envoy_http_downstream_rq_total": "counter", "envoy_http_downstream_rq_xx": "counter"}
+	EnvoyLabels  = []string{"envoy_http_conn_manager_prefix", "envoy_response_code_class"}
+)

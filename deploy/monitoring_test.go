@@ -452,17 +452,7 @@ func checkAlertRow(t *testing.T, docs string, rl rule) {
 	}
 }
 
-// envoyMetrics are the Envoy metrics the rules and the dashboard use, with their type, and
-// envoyLabels the tags. Envoy's HTTP connection manager counts http.<stat_prefix>.downstream_rq_total
-// and downstream_rq_<class>xx (Envoy's docs, "HTTP connection manager statistics"); its
-// default tag extraction (envoyproxy/envoy source/common/config/well_known_names.cc) takes
-// <stat_prefix> out as envoy.http_conn_manager_prefix and <class> as
-// envoy.response_code_class; /stats/prometheus (source/server/admin/prometheus_stats.cc)
-// prefixes "envoy_" and turns every other character than [a-zA-Z0-9_] into "_", in names
-// and tags alike. No test here runs Envoy, so this list is the check.
 var (
-	envoyMetrics = map[string]string{"envoy_http_downstream_rq_total": "counter", "envoy_http_downstream_rq_xx": "counter"}
-	envoyLabels  = []string{"envoy_http_conn_manager_prefix", "envoy_response_code_class"}
 	// targetLabels are the labels Prometheus (prometheus-operator's PodMonitor) gives every
 	// series of a target; le is a histogram bucket's.
 	targetLabels = []string{"namespace", "pod", "container", "endpoint", "instance", "job", "le"}
@@ -497,12 +487,12 @@ func TestMonitoringQueries(t *testing.T) {
 			t.Errorf("%s: no metric in %s", q.Source, q.Expr)
 		}
 		for _, m := range metrics {
-			if documented[m] == "" && envoyMetrics[m] == "" {
-				t.Errorf("%s: %s is no metric kube-mvp or Envoy exports (docs/operating.md's table, envoyMetrics)", q.Source, m)
+			if documented[m] == "" && EnvoyMetrics[m] == "" {
+				t.Errorf("%s: %s is no metric kube-mvp or Envoy exports (docs/operating.md's table, EnvoyMetrics)", q.Source, m)
 			}
 		}
 		for _, l := range labels {
-			if !docLabels[l] && !slices.Contains(envoyLabels, l) && !slices.Contains(targetLabels, l) {
+			if !docLabels[l] && !slices.Contains(EnvoyLabels, l) && !slices.Contains(targetLabels, l) {
 				t.Errorf("%s: label %s is in no metric's labels (docs/operating.md's table) nor a target's", q.Source, l)
 			}
 		}

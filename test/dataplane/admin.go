@@ -3,9 +3,11 @@ package dataplane
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"time"
@@ -326,34 +328,51 @@ func (d *DataPlane) serveClusters(w http.ResponseWriter, _ *http.Request) {
 }
 
 // servePrometheus writes every counter and gauge in Prometheus' text format as Envoy's
-// /stats/prometheus does (source/server/admin/prometheus_stats.cc): "envoy_" and the name
-// with every character other than [a-zA-Z0-9_] replaced by "_", a TYPE line (counter or
-// gauge), and the value with empty labels. Envoy also moves tags (a cluster's name, a
-// listener's stat prefix) into labels by its default tag extractors; this data plane keeps
-// them in the name.
+// /stats/prometheus does (source/server/admin/prometheus_stats.cc): stats grouped into
+// families by their tag-extracted name (Envoy's default tag extractors, tags.go), one TYPE
+// line (counter or gauge) per family, then each stat of the family with its tags as labels
+// ("{}" when it has none).
 func (d *DataPlane) servePrometheus(w http.ResponseWriter, _ *http.Request) {
 	writePrometheus(w, d.stats.all())
 }
 
 func writePrometheus(w http.ResponseWriter, all []typedStat) {
 	w.Header().Set("Content-Type", "text/plain; charset=UTF-8")
-	seen := map[string]bool{}
+	type family struct {
+		typ    string
+		series map[string]uint64 // labels -> value
+	}
+	families := map[string]*family{}
 	for _, s := range all {
-		n := promName(s.Name)
-		if seen[n] {
-			continue
-		}
-		seen[n] = true
+		ps := prometheusSeries(s.Name)
 		typ := "counter"
 		if s.gauge {
 			typ = "gauge"
 		}
-		fmt.Fprintf(w, "# TYPE %s %s\n%s{} %d\n", n, typ, n, s.Value)
+		f := families[ps.family]
+		if f == nil {
+			f = &family{typ: typ, series: map[string]uint64{}}
+			families[ps.family] = f
+		}
+		if f.typ != typ {
+			continue // Envoy keeps counters and gauges of one name apart; none here collide
+		}
+		if _, dup := f.series[ps.labels]; !dup {
+			f.series[ps.labels] = s.Value
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(families)) {
+		f := families[name]
+		fmt.Fprintf(w, "# TYPE %s %s\n", name, f.typ)
+		for _, labels := range slices.Sorted(maps.Keys(f.series)) {
+			fmt.Fprintf(w, "%s%s %d\n", name, labels, f.series[labels])
+		}
 	}
 }
 
-func promName(stat string) string {
-	b := []byte("envoy_" + stat)
+// promName is prefix and name with every character other than [a-zA-Z0-9_] made "_".
+func promName(name, prefix string) string {
+	b := []byte(prefix + name)
 	for i, c := range b {
 		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_') {
 			b[i] = '_'

@@ -461,8 +461,8 @@ func TestChartBootstrapRealTLS(t *testing.T) {
 	if code, body := get(t, health+"/ready"); code != http.StatusOK || body != "LIVE\n" {
 		t.Errorf("/ready: %d %q, want 200 LIVE", code, body)
 	}
-	if code, body := get(t, health+"/stats/prometheus"); code != http.StatusOK || !strings.Contains(body, "# TYPE envoy_") ||
-		!strings.Contains(body, "# TYPE envoy_http_envoy_health_downstream_rq_active gauge\nenvoy_http_envoy_health_downstream_rq_active{} 1\n") {
+	if code, body := get(t, health+"/stats/prometheus"); code != http.StatusOK || !strings.Contains(body, "# TYPE envoy_http_downstream_rq_active gauge\n") ||
+		!strings.Contains(body, "\nenvoy_http_downstream_rq_active{envoy_http_conn_manager_prefix=\"envoy-health\"} 1\n") {
 		t.Errorf("/stats/prometheus: %d %q", code, body)
 	}
 	// The admin's /drain_listeners is not routed by the health listener (exact paths, GET).

@@ -101,8 +101,9 @@
 //     STRICT_DNS cluster (the chart's Service name resolves only in a cluster).
 //   - Bootstrap: an SDS path_config_source file is read once (Envoy also watches it for
 //     moves); the static health listener speaks HTTP/1.1 only (codec AUTO also takes
-//     HTTP/2 with prior knowledge); /stats/prometheus keeps tags in the metric names
-//     (Envoy's default tag extractors turn a cluster's name into a label).
+//     HTTP/2 with prior knowledge); /stats/prometheus has counters and gauges only (no
+//     histograms: the stand-in keeps none of Envoy's), named with Envoy's default tag
+//     extractors (tags.go).
 //   - Listeners accept connections before the initial configuration's clusters warmed (a
 //     request then gets "cluster not found"); Envoy starts its workers only once the
 //     cluster manager initialized. WaitReady waits for the warm-up.

@@ -92,8 +92,8 @@ func TestAdminStats(t *testing.T) {
 		t.Errorf("usedonly (not implemented): %d", code)
 	}
 	code, body = adminDo(t, e, "GET", "/stats/prometheus")
-	if code != 200 || !strings.Contains(body, "# TYPE envoy_http_kube_apiserver_downstream_rq_active gauge\n") ||
-		!strings.Contains(body, "# TYPE envoy_http_kube_apiserver_downstream_rq_total counter\n") {
+	if code != 200 || !strings.Contains(body, "# TYPE envoy_http_downstream_rq_active gauge\n") ||
+		!strings.Contains(body, "\nenvoy_http_downstream_rq_total{envoy_http_conn_manager_prefix=\"kube_apiserver\"} ") {
 		t.Errorf("/stats/prometheus: %d %q", code, body)
 	}
 }

@@ -183,7 +183,7 @@ func (sc *subsetCfg) buildSubsets(d *DataPlane, hosts []*liveHost, prev *subsetL
 				}
 			}
 		}
-		d.stats.counter(statPrefix + "lb_subsets_active").Store(uint64(len(out.subsets)))
+		d.stats.gauge(statPrefix + "lb_subsets_active").Store(int64(len(out.subsets)))
 	}
 	return out
 }

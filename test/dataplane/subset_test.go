@@ -364,7 +364,7 @@ func TestSubsetHealthAndEDS(t *testing.T) {
 	if got := s.spreadSubset(t, 20, roleB); got["cp-a"] != 20 {
 		t.Errorf("subset b after the EDS update (cp-a joined, cp-c left): %v, want every request to cp-a", got)
 	}
-	if got := s.stat("cluster." + subsetCluster + ".lb_subsets_active"); got != 3 {
+	if got := s.dp.Gauge("cluster." + subsetCluster + ".lb_subsets_active"); got != 3 {
 		t.Errorf("lb_subsets_active %d, want 3 (role a, b, c)", got)
 	}
 

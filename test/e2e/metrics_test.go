@@ -27,7 +27,8 @@ import (
 // apiservers (a front proxy and a sidecar beside cp-b, each with requests through it) and
 // fails on every problem Prometheus' linter (promlint) finds, and on the series operators
 // alert on that are missing, and on any kube_mvp_ metric that the chart's alerts or dashboard
-// name and no scrape has.
+// name and no scrape has; and it finds the Envoy series they name in the data plane's
+// /stats/prometheus.
 func TestMetricsLint(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -90,6 +91,23 @@ func TestMetricsLint(t *testing.T) {
 			}
 			if t.Failed() {
 				t.Logf("%s %s /metrics:\n%s", d.name, c.process, grepKubeMVP(body))
+			}
+		}
+		// The Envoy series the alerts and the dashboard read, as the data plane exports them
+		// (the stand-in names its stats as Envoy's /stats/prometheus does): the listener's
+		// connection manager is kube_apiserver, and the requests above were answered 2xx.
+		body := scrape(t, ctx, k.DataPlane.AdminURL()+"/stats/prometheus")
+		for name, typ := range deploy.EnvoyMetrics {
+			if !strings.Contains(string(body), "# TYPE "+name+" "+typ+"\n") {
+				t.Errorf("%s Envoy: no %s %s", d.name, typ, name)
+			}
+		}
+		for _, w := range []string{
+			`envoy_http_downstream_rq_total\{envoy_http_conn_manager_prefix="kube_apiserver"\} [1-9]\d*`,
+			`envoy_http_downstream_rq_xx\{envoy_http_conn_manager_prefix="kube_apiserver",envoy_response_code_class="2"\} [1-9]\d*`,
+		} {
+			if !regexp.MustCompile(`(?m)^` + w + `$`).Match(body) {
+				t.Errorf("%s Envoy: no line matches %s in\n%s", d.name, w, body)
 			}
 		}
 	}
