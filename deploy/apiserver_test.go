@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -20,10 +22,13 @@ import (
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/restmapper"
+	"sigs.k8s.io/yaml"
 
 	"github.com/kube-mvp/kube-mvp/internal/contract"
 	"github.com/kube-mvp/kube-mvp/internal/testutil"
@@ -95,6 +100,55 @@ func TestChartOnRealAPIServer(t *testing.T) {
 				}
 				for _, m := range r.objs {
 					apply(t, m, true)
+				}
+			})
+		}
+	})
+
+	// The monitoring objects against prometheus-operator's own CRDs (their OpenAPI schemas,
+	// strict field validation), with the chart deciding "auto" from the API versions the
+	// cluster then serves, as helm install does.
+	t.Run("monitoring", func(t *testing.T) {
+		for _, crd := range prometheusOperatorCRDs(t) {
+			apply(t, crd, false)
+		}
+		if t.Failed() {
+			t.FailNow()
+		}
+		err := testutil.Until(ctx, time.Minute, "the monitoring CRDs served", func() error {
+			mapper.Reset()
+			for _, api := range MonitoringAPIs {
+				gv, kind := path.Split(api)
+				if _, err := mapper.RESTMapping(schema.ParseGroupKind(kind+"."+strings.Split(gv, "/")[0]), strings.Split(gv, "/")[1]); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		scraper := []any{map[string]any{"namespaceSelector": map[string]any{"matchLabels": map[string]any{"kubernetes.io/metadata.name": "monitoring"}}}}
+		for name, vals := range map[string]map[string]any{
+			"front": {"monitoring": map[string]any{"podMonitor": map[string]any{"enabled": true, "interval": "30s", "labels": map[string]any{"release": "kps"}, "scraperFrom": scraper},
+				"dashboards": map[string]any{"enabled": true}}},
+			"sidecar": {"mode": "sidecar", "networkPolicy": map[string]any{"enabled": false}, "monitoring": map[string]any{"podMonitor": map[string]any{"enabled": true}}},
+		} {
+			t.Run(name, func(t *testing.T) {
+				ns := "kube-mvp-monitoring-" + name
+				createNamespace(t, ns)
+				maps.Copy(vals, certificateValues(cp.PKI))
+				r, err := render(vals, ns, MonitoringAPIs...)
+				if err != nil {
+					t.Fatal(err)
+				}
+				kinds := map[string]bool{}
+				for _, m := range r.objs {
+					kinds[m.obj.GetKind()] = true
+					apply(t, m, true)
+				}
+				if !kinds["PrometheusRule"] || !kinds["PodMonitor"] {
+					t.Errorf("rendered kinds %v: want a PrometheusRule (auto) and a PodMonitor", slices.Sorted(maps.Keys(kinds)))
 				}
 			})
 		}
@@ -503,6 +557,43 @@ func startProcess(t *testing.T, path string, args ...string) (stop func()) {
 			t.Logf("%s %s:\n%s", filepath.Base(path), strings.Join(args, " "), out.String())
 		}
 	}
+}
+
+// prometheusOperatorVersion is the prometheus-operator release whose CRDs the chart's
+// PrometheusRule and PodMonitor are checked against (its Go module carries them).
+const prometheusOperatorVersion = "v0.85.0"
+
+// prometheusOperatorCRDs are the PrometheusRule and PodMonitor CRDs of
+// prometheusOperatorVersion, read from its module (downloaded through the Go module proxy).
+func prometheusOperatorCRDs(t *testing.T) []manifest {
+	t.Helper()
+	const module = "github.com/prometheus-operator/prometheus-operator"
+	out, err := exec.Command("go", "mod", "download", "-json", module+"@"+prometheusOperatorVersion).Output()
+	if err != nil {
+		t.Fatalf("go mod download %s@%s: %v", module, prometheusOperatorVersion, err)
+	}
+	var dl struct{ Dir, Error string }
+	if err := json.Unmarshal(out, &dl); err != nil || dl.Dir == "" {
+		t.Fatalf("go mod download %s@%s: %v %s", module, prometheusOperatorVersion, err, dl.Error)
+	}
+	var crds []manifest
+	for _, kind := range []string{"prometheusrules", "podmonitors"} {
+		file := filepath.Join(dl.Dir, "example", "prometheus-operator-crd", "monitoring.coreos.com_"+kind+".yaml")
+		raw, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		js, err := yaml.YAMLToJSON(raw)
+		if err != nil {
+			t.Fatalf("%s: %v", file, err)
+		}
+		u := &unstructured.Unstructured{}
+		if err := u.UnmarshalJSON(js); err != nil {
+			t.Fatalf("%s: %v", file, err)
+		}
+		crds = append(crds, manifest{source: file, raw: raw, obj: u})
+	}
+	return crds
 }
 
 func freePort(t *testing.T) string {
