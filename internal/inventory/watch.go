@@ -436,10 +436,11 @@ func (w *Watcher) discoveryFor(ctx context.Context, leases []coordinationv1.Leas
 			}
 			// Mark as fetched now so one slow server is not asked again on every rebuild.
 			var listAt time.Time
+			var version string // a restart may be an upgrade: its version is read again
 			if d.instance == instance {
-				listAt = d.listAt
+				listAt, version = d.listAt, d.version
 			}
-			w.discovery[s.ID] = discovered{instance: instance, fetched: opts.Now, rounds: rounds, list: keepIf(d.instance == instance, d.list), listAt: listAt, version: d.version}
+			w.discovery[s.ID] = discovered{instance: instance, fetched: opts.Now, rounds: rounds, list: keepIf(d.instance == instance, d.list), listAt: listAt, version: version}
 			if !have || d.instance != instance {
 				w.pendingFirst = true
 			}
@@ -478,7 +479,7 @@ func (w *Watcher) fetchDiscovery(ctx context.Context, s topology.APIServer, inst
 				w.opts.Log.Info("apiserver discovery fetched", "apiserver", s.ID, "hostname", s.Hostname, "address", s.Address, "groups", len(list.Items), "took", w.opts.Clock().Sub(d.fetched).Round(time.Millisecond))
 			}
 			d.list, d.listAt, d.failed = list, w.opts.Clock(), false
-			if version != "" || d.instance != instance {
+			if version != "" { // a failed /version keeps what this instance said before
 				d.version = version
 			}
 		}
