@@ -131,8 +131,8 @@ func (d *Dump) Len() int {
 	return n
 }
 
-// types are the compared types, in the table's order.
-var types = []string{resourcev3.ListenerType, resourcev3.RouteType, resourcev3.ClusterType, resourcev3.EndpointType, resourcev3.SecretType}
+// typeOrder are the compared types, in the table's order.
+var typeOrder = []string{resourcev3.ListenerType, resourcev3.RouteType, resourcev3.ClusterType, resourcev3.EndpointType, resourcev3.SecretType}
 
 // ParseXDSServer reads xds-server's /debug/config_dump: {"listeners":[Any…],"routes":…,
 // "clusters":…,"endpoints":…,"secrets":…}.
@@ -384,14 +384,18 @@ func normalize(m proto.Message) proto.Message {
 		}
 		var groups []*group
 		for _, l := range r.GetEndpoints() {
+			locality := l.GetLocality()
+			if proto.Size(locality) == 0 { // Envoy shows the default locality as {}
+				locality = nil
+			}
 			var g *group
 			for _, x := range groups {
-				if x.priority == l.GetPriority() && proto.Equal(x.locality, l.GetLocality()) {
+				if x.priority == l.GetPriority() && proto.Equal(x.locality, locality) {
 					g = x
 				}
 			}
 			if g == nil {
-				g = &group{priority: l.GetPriority(), locality: l.GetLocality()}
+				g = &group{priority: l.GetPriority(), locality: locality}
 				groups = append(groups, g)
 			}
 			for _, e := range l.GetLbEndpoints() {
@@ -434,7 +438,7 @@ func normalize(m proto.Message) proto.Message {
 // status of the node (nil: syncz does not list it).
 func Compare(node string, xdsServer, envoy *Dump, sync *xds.NodeStatus) Node {
 	n := Node{Node: node, Sync: syncState(sync), Resources: []Resource{}, Summary: map[string]int{}}
-	for _, typeURL := range types {
+	for _, typeURL := range typeOrder {
 		ours, theirs := xdsServer.res[typeURL], envoy.res[typeURL]
 		names := slices.Sorted(maps.Keys(ours))
 		for name := range theirs {
