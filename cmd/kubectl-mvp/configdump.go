@@ -163,6 +163,9 @@ func configDump(ctx context.Context, o *configDumpOptions) (*configdiff.Report, 
 			for _, n := range syncz {
 				ids = append(ids, n.NodeID)
 			}
+			if len(ids) == 0 {
+				return nil, errors.New("xds-server's /debug/syncz lists no Envoy node (none connected?): give --node ID, the one at --envoy-admin")
+			}
 			if len(ids) != 1 {
 				return nil, fmt.Errorf("xds-server's /debug/syncz lists %d Envoy nodes (%s): give --node ID, the one at --envoy-admin", len(ids), strings.Join(ids, ", "))
 			}

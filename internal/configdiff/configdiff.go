@@ -102,6 +102,8 @@ type entry struct {
 	version string // Envoy's version_info
 	warming bool   // Envoy: warming, not active
 	err     string // Envoy: its last error for this resource
+	// next is, beside an active version, the one warming to replace it.
+	next *entry
 }
 
 func newDump() *Dump {
@@ -112,11 +114,14 @@ func (d *Dump) put(typeURL, name string, e *entry) {
 	if d.res[typeURL] == nil {
 		d.res[typeURL] = map[string]*entry{}
 	}
-	// An active version wins over a warming one of the same name.
-	if old := d.res[typeURL][name]; old != nil && !old.warming && e.warming {
-		if e.err != "" {
-			old.err = e.err
+	// An active version is shown; a warming one of the same name is what replaces it.
+	if old := d.res[typeURL][name]; old != nil && old.warming != e.warming {
+		active, next := old, e
+		if old.warming {
+			active, next = e, old
 		}
+		active.next, active.err = next, cmp.Or(active.err, next.err)
+		d.res[typeURL][name] = active
 		return
 	}
 	d.res[typeURL][name] = e
@@ -471,6 +476,9 @@ func Compare(node string, xdsServer, envoy *Dump, sync *xds.NodeStatus) Node {
 				}
 			case proto.Equal(x.msg, e.msg) && e.warming:
 				r.State = Warming
+			case e.next != nil && proto.Equal(x.msg, e.next.msg):
+				// The active version is older; xds-server's is warming up to replace it.
+				r.State, r.Envoy, r.EnvoyVersion = Warming, "warming", e.next.version
 			case proto.Equal(x.msg, e.msg):
 				r.State = Equal
 			default:

@@ -260,10 +260,14 @@ func TestDifferences(t *testing.T) {
 	cla.GetEndpoints()[0].LbEndpoints = append(cla.GetEndpoints()[0].LbEndpoints, extra)
 	warming := &clusterv3.Cluster{Name: "warming-up", ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_STATIC}}
 	ours[resourcev3.ClusterType] = append(ours[resourcev3.ClusterType], warming)
+	// Envoy warms xds-server's new version of a cluster while the old one serves.
+	replaced := ours[resourcev3.ClusterType][1].(*clusterv3.Cluster)
+	replacement := proto.Clone(replaced).(*clusterv3.Cluster)
+	theirs[resourcev3.ClusterType][1].(*clusterv3.Cluster).ConnectTimeout = durationpb.New(7 * time.Second)
 
 	sync := acked("v2")
 	sync.Types[resourcev3.RouteType] = &xds.TypeStatus{Sent: "v2", Acked: "v1", NackedNext: "v2", NackError: "route: invalid regex", NackedAt: time.Now()}
-	n, problems := compare(t, ours, envoyJSON(t, theirs, "v1", envoyOptions{warmingClusters: []*clusterv3.Cluster{warming}}), sync)
+	n, problems := compare(t, ours, envoyJSON(t, theirs, "v1", envoyOptions{warmingClusters: []*clusterv3.Cluster{warming, replacement}}), sync)
 	if len(problems) > 0 {
 		t.Errorf("problems %q", problems)
 	}
@@ -279,10 +283,13 @@ func TestDifferences(t *testing.T) {
 	if r := row(t, n, "Cluster", "warming-up"); r.State != Warming || r.Envoy != "warming" {
 		t.Errorf("warming cluster: %+v", r)
 	}
+	if r := row(t, n, "Cluster", replaced.GetName()); r.State != Warming || r.Envoy != "warming" {
+		t.Errorf("cluster warming to replace an older version: %+v", r)
+	}
 	if r := row(t, n, "ClusterLoadAssignment", cla.GetClusterName()); r.State != Differs || !slices.Equal(r.Fields, []string{"endpoints"}) {
 		t.Errorf("endpoints with an extra host: %+v", r)
 	}
-	if n.Sync != "NACK" || n.Summary[Differs] != 2 || n.Summary[OnlyXDSServer] != 1 || n.Summary[OnlyEnvoy] != 1 || n.Summary[Warming] != 1 {
+	if n.Sync != "NACK" || n.Summary[Differs] != 2 || n.Summary[OnlyXDSServer] != 1 || n.Summary[OnlyEnvoy] != 1 || n.Summary[Warming] != 2 {
 		t.Errorf("sync %s, summary %v", n.Sync, n.Summary)
 	}
 	var text bytes.Buffer
