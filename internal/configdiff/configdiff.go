@@ -225,7 +225,7 @@ func ParseEnvoy(b []byte) (*Dump, []string, error) {
 		if err == nil {
 			err = errors.New(`no "configs"`)
 		}
-		return nil, nil, fmt.Errorf("Envoy's /config_dump is not an envoy.admin.v3.ConfigDump: %w", err)
+		return nil, nil, fmt.Errorf("the /config_dump read is not an envoy.admin.v3.ConfigDump (is this Envoy's admin?): %w", err)
 	}
 	d := newDump()
 	var problems []string
