@@ -610,11 +610,13 @@ var chartCases = []chartCase{
 		},
 		check: func(t *testing.T, r *rendered, ns string) {
 			// kubectl mvp reads the admin ports through the pod proxy: list pods, get
-			// pods/proxy, in the release namespace only.
+			// pods/proxy, and (config-dump: Envoy's admin is on the pod's loopback) create
+			// pods/portforward, in the release namespace only.
 			role := r.mustFind(t, "Role", fullname+"-operators").typed.(*rbacv1.Role)
 			wantRules := []rbacv1.PolicyRule{
 				{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list"}},
 				{APIGroups: []string{""}, Resources: []string{"pods/proxy"}, Verbs: []string{"get"}},
+				{APIGroups: []string{""}, Resources: []string{"pods/portforward"}, Verbs: []string{"create"}},
 			}
 			if role.Namespace != ns || !reflect.DeepEqual(role.Rules, wantRules) {
 				t.Errorf("operators' Role in %s: %+v, want %+v in %s", role.Namespace, role.Rules, wantRules, ns)

@@ -64,7 +64,7 @@ func targets(ctx context.Context, cfg *rest.Config, ns string) (*http.Client, st
 		pods, err := cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: componentLabel + "=" + component})
 		switch {
 		case apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err):
-			return nil, fmt.Errorf("you may not list pods in namespace %s (%v); status needs list on pods and get on pods/proxy there", ns, err)
+			return nil, fmt.Errorf("you may not list pods in namespace %s (%v); kubectl mvp needs list on pods and get on pods/proxy there (config-dump: create on pods/portforward too)", ns, err)
 		case err != nil:
 			return nil, fmt.Errorf("the Kubernetes API at %s: %w", cfg.Host, err)
 		}

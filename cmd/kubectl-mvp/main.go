@@ -2,6 +2,8 @@
 //
 //	kubectl mvp explain [METHOD] PATH -f FIXTURE [flags]   where a request goes, and why
 //	kubectl mvp status --xds-admin URL [--extproc-admin URL] what the running processes see
+//	kubectl mvp config-dump [--xds-admin URL --envoy-admin URL] each Envoy's applied
+//	                                                         configuration against xds-server's
 //	kubectl mvp help [COMMAND]
 //	kubectl mvp version
 //
@@ -24,7 +26,7 @@ type command struct {
 	run     func(args []string, stdout, stderr io.Writer) int
 }
 
-var commands = []*command{explainCommand, statusCommand, versionCommand}
+var commands = []*command{explainCommand, statusCommand, configDumpCommand, versionCommand}
 
 var versionCommand = &command{
 	name:    "version",
@@ -40,9 +42,9 @@ func usage() string {
 	var b strings.Builder
 	b.WriteString("usage: kubectl mvp COMMAND [flags]\n\nThe operator's view of kube-mvp.\n\ncommands:\n")
 	for _, c := range commands {
-		fmt.Fprintf(&b, "  %-10s %s\n", c.name, c.summary)
+		fmt.Fprintf(&b, "  %-11s %s\n", c.name, c.summary)
 	}
-	b.WriteString("  help       this text, or help COMMAND for a command's flags\n")
+	b.WriteString("  help        this text, or help COMMAND for a command's flags\n")
 	return b.String()
 }
 

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kube-mvp/kube-mvp/internal/configdiff"
 	"github.com/kube-mvp/kube-mvp/internal/explain"
 	"github.com/kube-mvp/kube-mvp/internal/opstatus"
 	"github.com/kube-mvp/kube-mvp/test/controlplane"
@@ -127,6 +128,8 @@ func TestAgainstRunningKubeMVP(t *testing.T) {
 		t.Errorf("the serving-sets cluster's front-proxy twin counted %d requests, want %d", after, before+1)
 	}
 
+	checkConfigDump(t, k)
+
 	// extproc gone: said, and the rest still printed.
 	k.StopExtproc()
 	out.Reset()
@@ -135,6 +138,71 @@ func TestAgainstRunningKubeMVP(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "extproc's admin at "+k.ExtprocAdmin+" does not answer") {
 		t.Errorf("status without extproc:\n%s", out.String())
+	}
+}
+
+// checkConfigDump: once the data plane acknowledged everything, config-dump finds every
+// resource of xds-server's equal to the data plane's (endpoints, rebuilt by the data plane
+// as Envoy does, included), and says what is wrong with its command line or an admin.
+func checkConfigDump(t *testing.T, k *harness.KubeMVP) {
+	t.Helper()
+	configDump := func(args ...string) (int, string, string) {
+		var out, errOut bytes.Buffer
+		code := run(append([]string{"config-dump"}, args...), &out, &errOut)
+		return code, out.String(), errOut.String()
+	}
+	live := []string{"--xds-admin", k.XDSAdmin, "--envoy-admin", k.DataPlane.AdminURL()}
+	var r configdiff.Report
+	// A new apiserver Lease or discovery can change the configuration between the two
+	// reads; what matters is that a settled one compares equal.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		code, out, errOut := configDump(append(live, "-o", "json")...)
+		if code != 0 {
+			t.Fatalf("config-dump: exit %d: %s", code, errOut)
+		}
+		r = configdiff.Report{}
+		if err := json.Unmarshal([]byte(out), &r); err != nil {
+			t.Fatalf("%v\n%s", err, out)
+		}
+		if len(r.Nodes) == 1 && r.Nodes[0].Sync == "ACK" && len(r.Nodes[0].Resources) > 0 && r.Nodes[0].Summary[configdiff.Equal] == len(r.Nodes[0].Resources) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("config-dump: not every resource equal after the data plane acknowledged:\n%s", out)
+		}
+		time.Sleep(time.Second)
+	}
+	n := r.Nodes[0]
+	seen := map[string]int{}
+	for _, res := range n.Resources {
+		seen[res.Type]++
+		if !strings.HasPrefix(res.XDSServer, "acked ") || res.Envoy != "active" || (res.EnvoyVersion == "") != (res.Type == "ClusterLoadAssignment") {
+			t.Errorf("%+v: want acked by the data plane, active, with Envoy's version_info (none for endpoints)", res)
+		}
+	}
+	for _, typ := range []string{"Listener", "RouteConfiguration", "Cluster", "ClusterLoadAssignment", "Secret"} {
+		if seen[typ] == 0 {
+			t.Errorf("no %s compared: %v", typ, seen)
+		}
+	}
+	if n.Node != "front" || len(r.Problems) > 0 {
+		t.Errorf("node %s, problems %q", n.Node, r.Problems)
+	}
+	code, out, errOut := configDump(append(live, "--node", "front")...)
+	if code != 0 || !strings.Contains(out, "NODE front at "+k.DataPlane.AdminURL()+" (xds-server: ACK; ") || !strings.Contains(out, "TYPE  ") || strings.Contains(out, "PRIVATE KEY") {
+		t.Errorf("config-dump table: exit %d: %s\n%s", code, errOut, out)
+	}
+	t.Logf("kubectl mvp config-dump:\n%s", out)
+
+	if code, _, errOut := configDump("--xds-admin", k.XDSAdmin); code != 2 || !strings.Contains(errOut, "--xds-admin and --envoy-admin go together") {
+		t.Errorf("--xds-admin alone: exit %d, %q", code, errOut)
+	}
+	if code, _, errOut := configDump(append(live, "--node", "nobody")...); code != 1 || !strings.Contains(errOut, "node nobody: xds-server's admin") || !strings.Contains(errOut, "answered 404") {
+		t.Errorf("unknown node: exit %d, %q", code, errOut)
+	}
+	if code, _, errOut := configDump("--xds-admin", k.XDSAdmin, "--envoy-admin", k.XDSAdmin); code != 1 || !strings.Contains(errOut, "answered 404") {
+		t.Errorf("--envoy-admin not Envoy's: exit %d, %q", code, errOut)
 	}
 }
 

@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -10,7 +11,10 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
+
+	udpaannotations "github.com/cncf/xds/go/udpa/annotations"
 
 	adminv3 "github.com/envoyproxy/go-control-plane/envoy/admin/v3"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
@@ -22,14 +26,17 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
 // adminHandler serves a subset of Envoy's admin interface:
 //
 //	/config_dump  the applied resources as an envoy.admin.v3.ConfigDump (protojson; secrets
-//	              redacted as Envoy does)
+//	              redacted as Envoy does; endpoints only with ?include_eds, rebuilt from the
+//	              hosts as Envoy does: serveConfigDump)
 //	/clusters     every cluster with its metadata and hosts (address, hostname, health,
 //	              request counters), shaped like Envoy's /clusters?format=json
 //	/stats        counters and gauges, in name order: Envoy's text ("name: value") by
@@ -193,7 +200,21 @@ func sortedNames[T any](m map[string]T) []string {
 	return out
 }
 
-func (d *DataPlane) serveConfigDump(w http.ResponseWriter, _ *http.Request) {
+// serveConfigDump is Envoy's /config_dump (source/server/admin/config_dump_handler.cc,
+// ConfigDumpHandler::handlerConfigDump): the dynamic listeners, clusters, routes and secrets
+// as they were received, secrets redacted (redact), and an EndpointsConfigDump only with
+// ?include_eds. Envoy does not keep the ClusterLoadAssignments it receives: with
+// include_eds it rebuilds one per active cluster from the cluster's hosts
+// (dumpEndpointConfigs, endpointConfigOf). Other parameters (resource, mask, name_regex)
+// are refused: the stand-in does not implement them.
+func (d *DataPlane) serveConfigDump(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	for k := range q {
+		if k != "include_eds" {
+			writeText(w, http.StatusBadRequest, fmt.Sprintf("/config_dump parameter %q is not implemented by the test stand-in\n", k))
+			return
+		}
+	}
 	cfg := d.config()
 	dump := &adminv3.ConfigDump{}
 	add := func(m proto.Message) {
@@ -225,15 +246,25 @@ func (d *DataPlane) serveConfigDump(w http.ResponseWriter, _ *http.Request) {
 	sd := &adminv3.SecretsConfigDump{}
 	for _, n := range sortedNames(cfg.raw[resource.SecretType]) {
 		s := proto.Clone(cfg.raw[resource.SecretType][n]).(*tlsv3.Secret)
-		redact(s)
+		redact(s.ProtoReflect(), false)
 		sd.DynamicActiveSecrets = append(sd.DynamicActiveSecrets, &adminv3.SecretsConfigDump_DynamicSecret{Name: n, VersionInfo: cfg.version[resource.SecretType], Secret: pack(s)})
 	}
 	add(sd)
-	ed := &adminv3.EndpointsConfigDump{}
-	for _, n := range sortedNames(cfg.raw[resource.EndpointType]) {
-		ed.DynamicEndpointConfigs = append(ed.DynamicEndpointConfigs, &adminv3.EndpointsConfigDump_DynamicEndpointConfig{VersionInfo: cfg.version[resource.EndpointType], EndpointConfig: pack(cfg.raw[resource.EndpointType][n].(*endpointv3.ClusterLoadAssignment))})
+	if q.Has("include_eds") {
+		ed := &adminv3.EndpointsConfigDump{}
+		d.mu.RLock()
+		clusters := make(map[string]*liveCluster, len(d.clusters))
+		for k, v := range d.clusters {
+			clusters[k] = v
+		}
+		d.mu.RUnlock()
+		for _, n := range sortedNames(clusters) {
+			if cla := endpointConfigOf(clusters[n]); cla != nil {
+				ed.DynamicEndpointConfigs = append(ed.DynamicEndpointConfigs, &adminv3.EndpointsConfigDump_DynamicEndpointConfig{EndpointConfig: pack(cla)})
+			}
+		}
+		add(ed)
 	}
-	add(ed)
 	b, err := protojson.MarshalOptions{UseProtoNames: true, Indent: "  "}.Marshal(dump)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
@@ -243,10 +274,128 @@ func (d *DataPlane) serveConfigDump(w http.ResponseWriter, _ *http.Request) {
 	_, _ = w.Write(b)
 }
 
-// redact hides private keys as Envoy's config dump does.
-func redact(s *tlsv3.Secret) {
-	if tc := s.GetTlsCertificate(); tc != nil && tc.GetPrivateKey() != nil {
-		tc.PrivateKey.Specifier = &corev3.DataSource_InlineString{InlineString: "[redacted]"}
+// endpointConfigOf is an active cluster's ClusterLoadAssignment as Envoy's
+// ConfigDumpHandler::dumpEndpointConfigs and addLbEndpoint rebuild it from the cluster's
+// hosts: named by the EDS service name or else the cluster's, the policy's overprovisioning
+// factor (Envoy's default 140: the stand-in takes no other), every host in one locality
+// (the stand-in has no localities or priorities) with its metadata, its weight (1: the
+// stand-in takes no other), its coarse health, its hostname, its address and an empty
+// health_check_config (no health check hostname or port of its own), and no version_info.
+// A warming cluster has none (Envoy lists the active clusters only). EDS hosts whose
+// health_status is neither UNKNOWN nor HEALTHY are missing (the stand-in drops them on
+// receipt, configendpoint.go; Envoy keeps and lists them, unhealthy or degraded).
+func endpointConfigOf(c *liveCluster) *endpointv3.ClusterLoadAssignment {
+	cc, hosts, _ := c.snapshot()
+	if cc == nil {
+		return nil
+	}
+	cla := &endpointv3.ClusterLoadAssignment{ClusterName: cmp.Or(cc.edsName, cc.name),
+		Policy: &endpointv3.ClusterLoadAssignment_Policy{OverprovisioningFactor: wrapperspb.UInt32(140)}}
+	if len(hosts) == 0 {
+		return cla
+	}
+	group := &endpointv3.LocalityLbEndpoints{Locality: &corev3.Locality{}}
+	now := time.Now()
+	for _, h := range hosts {
+		health := corev3.HealthStatus_HEALTHY
+		h.mu.Lock()
+		if h.failedHC || now.Before(h.ejectedUntil) {
+			health = corev3.HealthStatus_UNHEALTHY
+		}
+		h.mu.Unlock()
+		addr := &corev3.Address{}
+		if host, port, err := net.SplitHostPort(h.address); err == nil {
+			p, _ := strconv.Atoi(port)
+			addr.Address = &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{Address: host, PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: uint32(p)}}}
+		} else {
+			addr.Address = &corev3.Address_Pipe{Pipe: &corev3.Pipe{Path: strings.TrimPrefix(h.address, "unix:")}}
+		}
+		e := &endpointv3.LbEndpoint{
+			HostIdentifier:      &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{Hostname: h.hostname(), Address: addr, HealthCheckConfig: &endpointv3.Endpoint_HealthCheckConfig{}}},
+			HealthStatus:        health,
+			LoadBalancingWeight: wrapperspb.UInt32(1),
+		}
+		if md := h.metadata(); md != nil {
+			e.Metadata = proto.Clone(md).(*corev3.Metadata)
+		}
+		group.LbEndpoints = append(group.LbEndpoints, e)
+	}
+	cla.Endpoints = []*endpointv3.LocalityLbEndpoints{group}
+	return cla
+}
+
+// redact hides sensitive fields as Envoy's MessageUtil::redact does
+// (source/common/protobuf/utility.cc), which /config_dump applies to the whole dump: under
+// a field annotated udpa.annotations.sensitive (a TlsCertificate's private_key and password,
+// a GenericSecret's secret, session ticket keys), every set string or bytes field becomes
+// "[redacted]" (so a DataSource stays a filename, inline_bytes or inline_string), every other
+// scalar is cleared, and messages (an Any's content too) are redacted in turn.
+func redact(m protoreflect.Message, sensitive bool) {
+	if a, ok := m.Interface().(*anypb.Any); ok {
+		inner, err := a.UnmarshalNew()
+		if err != nil {
+			return // Envoy leaves an Any of an unknown type as it is
+		}
+		redact(inner.ProtoReflect(), sensitive)
+		if b, err := proto.Marshal(inner); err == nil {
+			a.Value = b
+		}
+		return
+	}
+	type field struct {
+		fd protoreflect.FieldDescriptor
+		v  protoreflect.Value
+	}
+	var fields []field
+	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		fields = append(fields, field{fd, v})
+		return true
+	})
+	const hidden = "[redacted]"
+	for _, f := range fields {
+		fd, v := f.fd, f.v
+		s := sensitive || proto.GetExtension(fd.Options(), udpaannotations.E_Sensitive).(bool)
+		text := fd.Kind() == protoreflect.StringKind || fd.Kind() == protoreflect.BytesKind
+		switch {
+		case fd.IsMap():
+			vd := fd.MapValue()
+			mp := m.Mutable(fd).Map()
+			mp.Range(func(k protoreflect.MapKey, mv protoreflect.Value) bool {
+				switch {
+				case vd.Kind() == protoreflect.MessageKind:
+					redact(mv.Message(), s)
+				case s && vd.Kind() == protoreflect.StringKind:
+					mp.Set(k, protoreflect.ValueOfString(hidden))
+				case s && vd.Kind() == protoreflect.BytesKind:
+					mp.Set(k, protoreflect.ValueOfBytes([]byte(hidden)))
+				case s:
+					mp.Set(k, vd.Default())
+				}
+				return true
+			})
+		case fd.Kind() == protoreflect.MessageKind || fd.Kind() == protoreflect.GroupKind:
+			if fd.IsList() {
+				for i := range v.List().Len() {
+					redact(v.List().Get(i).Message(), s)
+				}
+			} else {
+				redact(m.Mutable(fd).Message(), s)
+			}
+		case s && text:
+			hv := protoreflect.ValueOfString(hidden)
+			if fd.Kind() == protoreflect.BytesKind {
+				hv = protoreflect.ValueOfBytes([]byte(hidden))
+			}
+			if fd.IsList() {
+				for i := range v.List().Len() {
+					m.Mutable(fd).List().Set(i, hv)
+				}
+			} else {
+				m.Set(fd, hv)
+			}
+		case s:
+			m.Clear(fd)
+		}
 	}
 }
 

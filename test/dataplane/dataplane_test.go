@@ -101,6 +101,7 @@ func TestRoutesToRightCluster(t *testing.T) {
 	if b, _ := json.Marshal(dump); !strings.Contains(string(b), contract.ClusterServingSets) || strings.Contains(string(b), "PRIVATE KEY") {
 		t.Errorf("config_dump lacks the serving-sets cluster or shows a private key")
 	}
+	checkConfigDumpAsEnvoys(t, e.dp.AdminURL())
 	var st struct{ Stats []statValue }
 	getJSON(t, e.dp.AdminURL()+"/stats?format=json", &st)
 	if len(st.Stats) == 0 {
@@ -161,6 +162,96 @@ func TestGroupVersionDocumentAndEscapedPaths(t *testing.T) {
 		if got := r.seen.Header.Get("X-Kube-Mvp-Cluster"); (got != "") != wantExtProc || (got != "" && got != "kube-apiservers") {
 			t.Errorf("GET %s: routing header %q, want the default cluster (through extproc: %v)", path, got, wantExtProc)
 		}
+	}
+}
+
+// checkConfigDumpAsEnvoys: /config_dump is shaped as Envoy's (ConfigDumpHandler): no
+// endpoints without ?include_eds; with it, each cluster's endpoints as Envoy rebuilds them
+// (no version_info, the default overprovisioning factor, weight 1, health, an empty
+// health_check_config); a private key redacted in place (the file name hidden, the kind
+// kept); a parameter the stand-in does not implement refused.
+func checkConfigDumpAsEnvoys(t *testing.T, admin string) {
+	t.Helper()
+	type endpoints struct {
+		DynamicEndpointConfigs []struct {
+			VersionInfo    string `json:"version_info"`
+			EndpointConfig struct {
+				ClusterName string `json:"cluster_name"`
+				Policy      struct {
+					OverprovisioningFactor int `json:"overprovisioning_factor"`
+				} `json:"policy"`
+				Endpoints []struct {
+					LbEndpoints []struct {
+						Endpoint struct {
+							HealthCheckConfig json.RawMessage `json:"health_check_config"`
+						} `json:"endpoint"`
+						HealthStatus        string `json:"health_status"`
+						LoadBalancingWeight int    `json:"load_balancing_weight"`
+					} `json:"lb_endpoints"`
+				} `json:"endpoints"`
+			} `json:"endpoint_config"`
+		} `json:"dynamic_endpoint_configs"`
+	}
+	var dump struct {
+		Configs []struct {
+			Type string `json:"@type"`
+			endpoints
+			DynamicActiveSecrets []struct {
+				Secret struct {
+					TLSCertificate *struct {
+						PrivateKey map[string]string `json:"private_key"`
+					} `json:"tls_certificate"`
+				} `json:"secret"`
+			} `json:"dynamic_active_secrets"`
+		} `json:"configs"`
+	}
+	getJSON(t, admin+"/config_dump", &dump)
+	keys := 0
+	for _, c := range dump.Configs {
+		if strings.HasSuffix(c.Type, "EndpointsConfigDump") {
+			t.Errorf("/config_dump without include_eds has endpoints")
+		}
+		for _, s := range c.DynamicActiveSecrets {
+			if tc := s.Secret.TLSCertificate; tc != nil {
+				keys++
+				if len(tc.PrivateKey) != 1 || tc.PrivateKey["filename"] != "[redacted]" {
+					t.Errorf("private key %v, want {filename: [redacted]}", tc.PrivateKey)
+				}
+			}
+		}
+	}
+	if keys == 0 {
+		t.Errorf("no tls_certificate secret in /config_dump")
+	}
+	dump.Configs = nil
+	getJSON(t, admin+"/config_dump?include_eds", &dump)
+	hosts := 0
+	for _, c := range dump.Configs {
+		for _, ec := range c.DynamicEndpointConfigs {
+			cla := ec.EndpointConfig
+			if ec.VersionInfo != "" || cla.ClusterName == "" || cla.Policy.OverprovisioningFactor != 140 {
+				t.Errorf("endpoints of %s: version %q, overprovisioning factor %d", cla.ClusterName, ec.VersionInfo, cla.Policy.OverprovisioningFactor)
+			}
+			for _, l := range cla.Endpoints {
+				for _, h := range l.LbEndpoints {
+					hosts++
+					if h.HealthStatus != "HEALTHY" || h.LoadBalancingWeight != 1 || string(h.Endpoint.HealthCheckConfig) != "{}" {
+						t.Errorf("endpoints of %s: host %+v", cla.ClusterName, h)
+					}
+				}
+			}
+		}
+	}
+	if hosts == 0 {
+		t.Errorf("/config_dump?include_eds lists no host")
+	}
+	resp, err := http.Get(admin + "/config_dump?resource=dynamic_listeners")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Errorf("/config_dump?resource=: %d, want 400 (not implemented)", resp.StatusCode)
 	}
 }
 
