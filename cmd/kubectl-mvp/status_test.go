@@ -125,7 +125,7 @@ func TestAgainstRunningKubeMVP(t *testing.T) {
 		t.Errorf("GET /apis/batch/v1/jobs through kube-mvp: %d", code)
 	}
 	if after := k.DataPlane.Stat("cluster.kube-apiservers-serving/front-proxy.upstream_rq_total"); after != before+1 {
-		t.Errorf("the serving-sets cluster's front-proxy twin counted %d requests, want %d", after, before+1)
+		t.Errorf("the serving-sets cluster's front-proxy variant counted %d requests, want %d", after, before+1)
 	}
 
 	checkConfigDump(t, k)

@@ -29,7 +29,7 @@ const (
 
 	// HeaderIdentityDecision is where Envoy's Lua filter (internal/snapshot/identity.lua)
 	// tells the routes what it decided for a request with a client certificate:
-	// IdentityProxyCert (identity headers set: the front-proxy twin of the cluster) or
+	// IdentityProxyCert (identity headers set: the front-proxy variant of the cluster) or
 	// IdentityOwnCredentials (the apiserver would reject the certificate but the request has
 	// a bearer token: forwarded with its own credentials). The listener strips it from
 	// clients and the route configuration removes it before any apiserver.
@@ -112,7 +112,7 @@ func ClusterNamePart(hostnameOrID string) string {
 }
 
 // A ClusterName is the name Envoy knows an apiserver cluster by: a plan's cluster (Base:
-// ClusterDefault, ClusterLocal, ClusterServingSets) and which of its twins. A plan's cluster
+// ClusterDefault, ClusterLocal, ClusterServingSets) and which of its variants. A plan's cluster
 // names the apiservers; Envoy has each up to four times: as named, HTTP/2, with connections
 // that present no client certificate, so the apiserver authenticates the caller's own
 // credentials exactly as without a proxy; with ProxyCert, presenting the proxy client
@@ -127,8 +127,8 @@ type ClusterName struct {
 	HTTP1     bool // "<base>/http1", after "/front-proxy"
 }
 
-// The suffixes of a ClusterName's twins. "/" appears in no hostname or apiserver ID, so a
-// twin never collides with a plan's name.
+// The suffixes of a ClusterName's variants. "/" appears in no hostname or apiserver ID, so a
+// variant never collides with a plan's name.
 const (
 	clusterProxyCertSuffix = "/front-proxy"
 	clusterHTTP1Suffix     = "/http1"
@@ -149,7 +149,7 @@ func (c ClusterName) String() string {
 }
 
 // ParseClusterName reverses String: ParseClusterName(c.String()) == c for every c whose Base
-// has no twin's suffix.
+// has no variant's suffix.
 func ParseClusterName(name string) ClusterName {
 	var c ClusterName
 	name, c.HTTP1 = strings.CutSuffix(name, clusterHTTP1Suffix)

@@ -30,7 +30,7 @@ type Request struct {
 	// Target is the :path as sent: percent-encoded, with an optional query.
 	Target string
 	// Certificate: the client authenticates with a certificate that Envoy verifies, so the
-	// Lua filter sets its identity headers (the front-proxy twins); otherwise a bearer token.
+	// Lua filter sets its identity headers (the front-proxy variants); otherwise a bearer token.
 	Certificate bool
 	// Class overrides the request class; "" runs the Lua filter's script.
 	Class string
@@ -42,7 +42,7 @@ type Explanation struct {
 	Path     string `json:"path"`
 	Identity string `json:"identity"` // "certificate" or "token"
 	// Class is the request class the Lua filter writes (read, watch, write, long-running,
-	// upgrade, unclassified); its twin of a route has the timeout and retries.
+	// upgrade, unclassified); its variant of a route has the timeout and retries.
 	Class string `json:"class"`
 	// Envoy is "front" or "sidecar:<apiserver ID>".
 	Envoy string `json:"envoy"`
@@ -91,7 +91,7 @@ type Retry struct {
 }
 
 // SecretsAssumed are the certificate files explain builds the configuration with: the
-// chart's deployment has them all, so the routes have their front-proxy twins. The paths
+// chart's deployment has them all, so the routes have their front-proxy variants. The paths
 // are only names: nothing opens them.
 var SecretsAssumed = snapshot.SecretFiles{
 	ServingCert: "/explain/serving.crt", ServingKey: "/explain/serving.key",
@@ -247,8 +247,8 @@ func extprocCluster(d plan.Route, certificate, upgrade bool, p *plan.Plan) (clus
 	return contract.ClusterName{Base: cluster, ProxyCert: certificate, HTTP1: upgrade}.String(), set, ""
 }
 
-// members are the apiservers of an Envoy cluster (a twin's: the plan cluster's, less the
-// dangerous ones for a front-proxy twin), or of serving set set inside the serving-sets one.
+// members are the apiservers of an Envoy cluster (a variant's: the plan cluster's, less the
+// dangerous ones for a front-proxy variant), or of serving set set inside the serving-sets one.
 func (e *Explainer) members(cluster, set string) topology.ServerSet {
 	parsed := contract.ParseClusterName(cluster)
 	name := parsed.Base

@@ -10,7 +10,7 @@ import (
 
 // TestProxyCertRefused: a request whose identity the Lua filter set gets a 503 naming the
 // dangerous apiservers (with Retry-After) where every apiserver of its cluster or serving set
-// is dangerous, and its front-proxy twin otherwise; a request with the caller's own
+// is dangerous, and its front-proxy variant otherwise; a request with the caller's own
 // credentials is routed as without danger.
 func TestProxyCertRefused(t *testing.T) {
 	base, err := topology.New(
@@ -40,7 +40,7 @@ func TestProxyCertRefused(t *testing.T) {
 		proxyCert    bool
 		want         want
 	}{
-		{"another capable apiserver: the twin of the set", one, "GET", "/apis/apps/v1/widgets", true, withProxyCert(subset("kube-apiservers-only-node-1+node-3"))},
+		{"another capable apiserver: the variant of the set", one, "GET", "/apis/apps/v1/widgets", true, withProxyCert(subset("kube-apiservers-only-node-1+node-3"))},
 		{"only the dangerous one serves it", one, "GET", "/apis/apps/v1/widgets/w/x", true, refused(one, "id-3")},
 		{"only the dangerous one, own credentials", one, "GET", "/apis/apps/v1/widgets/w/x", false, subset("kube-apiservers-only-node-3")},
 		{"served by all", one, "GET", "/api/v1/services", true, withProxyCert(routed("kube-apiservers"))},

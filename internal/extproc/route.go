@@ -94,8 +94,8 @@ type route struct {
 	// router hands the serving-sets cluster's subset load balancer; nil otherwise.
 	lb *structpb.Struct
 	// set holds the routing header naming cluster (and x-kubernetes-peer-proxied for a
-	// subset); proxyCertSet the same for the cluster's front-proxy twin, for requests with
-	// identity headers; upgrade the same two for the clusters' HTTP/1.1 twins, for requests
+	// subset); proxyCertSet the same for the cluster's front-proxy variant, for requests with
+	// identity headers; upgrade the same two for the clusters' HTTP/1.1 variants, for requests
 	// that ask for a protocol upgrade.
 	set, proxyCertSet []*corev3.HeaderValueOption
 	upgrade           struct{ set, proxyCertSet []*corev3.HeaderValueOption }

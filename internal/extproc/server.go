@@ -8,7 +8,7 @@
 //
 // Client identity is not decided here: Envoy's Lua filter (internal/snapshot/identity.lua)
 // maps a verified client certificate to front-proxy headers before ext_proc runs, and says so
-// in contract.HeaderIdentityDecision; such a request goes to the front-proxy twin of the
+// in contract.HeaderIdentityDecision; such a request goes to the front-proxy variant of the
 // cluster we name (contract.ClusterName.ProxyCert), with the identity headers the filter set.
 //
 // The routing table (a plan.Table) is swapped atomically with SetTable by whatever source
@@ -246,7 +246,7 @@ func (s *Server) requestHeaders(h *extprocv3.HttpHeaders, local string, disc *di
 		case equalFold(k, contract.HeaderIdentityDecision):
 			decision = headerValue(hv)
 		case (k[0] == 'u' || k[0] == 'U') && equalFold(k, "upgrade"):
-			// Envoy's routes send it to an HTTP/1.1 cluster (snapshot: the ":upgrade" twins).
+			// Envoy's routes send it to an HTTP/1.1 cluster (snapshot: the ":upgrade" variants).
 			upgrade = true
 		case anyEqualFold(names.User, k):
 			stripped |= strippedUser

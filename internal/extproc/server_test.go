@@ -25,7 +25,7 @@ type want struct {
 	proxyCert bool   // the Lua filter set the identity: its headers are kept
 }
 
-// withProxyCert is w for a request whose identity Envoy's Lua filter set: the front-proxy twin.
+// withProxyCert is w for a request whose identity Envoy's Lua filter set: the front-proxy variant.
 func withProxyCert(w want) want {
 	c := contract.ParseClusterName(w.cluster)
 	c.ProxyCert = true

@@ -12,7 +12,7 @@ import (
 // TestSpoofedHeaders: whatever identity or routing headers a client sends, none reaches an
 // apiserver; identity headers go on only when Envoy's Lua filter says it set them (the
 // listener strips the decision header, like every identity header, from clients, before any
-// filter runs), and then to the front-proxy twin of the cluster.
+// filter runs), and then to the front-proxy variant of the cluster.
 func TestSpoofedHeaders(t *testing.T) {
 	srv := New(Options{})
 	srv.SetTopology(loadFixture(t, "upgrade.yaml", fixtureNow), "v1")
@@ -158,12 +158,12 @@ func TestOtherRequestHeaderNames(t *testing.T) {
 		t.Errorf("x-groups %q, want team-a", got)
 	}
 	if got := values(hs, contract.HeaderRoutingCluster); !slices.Equal(got, []string{contract.ClusterName{Base: "kube-apiservers", ProxyCert: true}.String()}) {
-		t.Errorf("routing header %q, want the front-proxy twin", got)
+		t.Errorf("routing header %q, want the front-proxy variant", got)
 	}
 }
 
 // TestUpgradeNamesHTTP1Cluster: a request that asks for a protocol upgrade (SPDY or
-// WebSocket: exec, attach, port-forward, a WebSocket watch) is routed to the HTTP/1.1 twin of
+// WebSocket: exec, attach, port-forward, a WebSocket watch) is routed to the HTTP/1.1 variant of
 // the cluster decided on (Envoy cannot forward an upgrade over HTTP/2), the front-proxy one
 // for an identity the Lua filter set, with the same serving set and removals as without the
 // upgrade; every other request to the cluster itself.

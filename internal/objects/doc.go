@@ -1,7 +1,7 @@
 // Package objects is kube-mvp's one path from Kubernetes objects to a topology.Topology:
 // Objects (identity Leases, StorageVersions, APIServices and each apiserver's discovery),
 // Build, which turns them into a Topology, MergeDiscovery, and the fixture format
-// (LoadFixture, DecodeFixture, APIServerDiscovery), the offline twin of a cluster. When an
+// (LoadFixture, DecodeFixture, APIServerDiscovery), the offline variant of a cluster. When an
 // apiserver counts as live is decided in liveness.go alone.
 //
 // It is separate from internal/inventory, the live watcher, because extproc

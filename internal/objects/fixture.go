@@ -17,7 +17,7 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// A fixture is a YAML stream of ordinary Kubernetes objects, the offline twin of what the
+// A fixture is a YAML stream of ordinary Kubernetes objects, the offline variant of what the
 // inventory watches:
 //
 //   - coordination.k8s.io/v1 Lease: apiserver identity Leases;

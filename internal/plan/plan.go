@@ -50,7 +50,7 @@ type Cluster struct {
 	Role    Role               `json:"role"`
 	Members topology.ServerSet `json:"members"`
 	// ProxyCertRefused are its members when every one of them is dangerous
-	// (topology.APIServer.Dangerous): its front-proxy twin has no endpoint, and the requests
+	// (topology.APIServer.Dangerous): its front-proxy variant has no endpoint, and the requests
 	// whose identity kube-mvp sets that would go to it get a 503 naming them instead.
 	ProxyCertRefused topology.ServerSet `json:"frontProxyRefused,omitempty"`
 }
@@ -72,7 +72,7 @@ type Route struct {
 	// serving set for Subset, the default cluster otherwise) when every one of them is
 	// dangerous: a request whose identity kube-mvp sets gets a 503 naming them
 	// (ProxyCertRefusal) rather than going to any of them. Empty otherwise: such requests go
-	// to the cluster's front-proxy twin, whose endpoints leave the dangerous apiservers out.
+	// to the cluster's front-proxy variant, whose endpoints leave the dangerous apiservers out.
 	ProxyCertRefused topology.ServerSet `json:"-"`
 }
 
@@ -120,7 +120,7 @@ type Plan struct {
 	// the listener strips them, extproc sets them.
 	RequestHeaders topology.RequestHeaders
 	// ProxyCertExcluded are the dangerous apiservers (topology.APIServer.Dangerous), sorted:
-	// they take the proxy certificate for an ordinary client's, so the front-proxy twin of
+	// they take the proxy certificate for an ordinary client's, so the front-proxy variant of
 	// every cluster (contract.ClusterName.ProxyCert) leaves them out of its endpoints. The
 	// clusters as named keep them: a request with the caller's own credentials is
 	// authenticated there as the caller.

@@ -9,12 +9,12 @@ import (
 )
 
 // Requests whose identity kube-mvp sets (the Lua filter's decision "front-proxy") go to the
-// front-proxy twins of the clusters, which present the proxy certificate. An apiserver that
+// front-proxy variants of the clusters, which present the proxy certificate. An apiserver that
 // takes that certificate for an ordinary client's (topology.APIServer.Dangerous, from
 // extproc's check) would run such a request as the certificate's user, whoever the caller
 // is, and its /readyz health checks pass. So the plan keeps those requests away from it:
 //
-//   - the front-proxy twin of every cluster leaves it out of its endpoints
+//   - the front-proxy variant of every cluster leaves it out of its endpoints
 //     (Plan.ProxyCertExcluded): while another member of the cluster or serving set is
 //     there, the request goes to that one;
 //   - where every member is dangerous (Route.ProxyCertRefused, Cluster.ProxyCertRefused)

@@ -11,7 +11,7 @@ import (
 )
 
 // TestProxyCertDangerous: an apiserver that takes the proxy certificate for an ordinary
-// client's is left out of every front-proxy twin (ProxyCertExcluded); a route whose cluster
+// client's is left out of every front-proxy variant (ProxyCertExcluded); a route whose cluster
 // or serving set has no other member refuses front-proxy requests (ProxyCertRefused), the
 // others do not; the plan without dangerous apiservers is unchanged.
 func TestProxyCertDangerous(t *testing.T) {

@@ -34,7 +34,7 @@ type View struct {
 	// a second claim on an address) and why.
 	Refused []topology.Refusal `json:"refused,omitempty"`
 	// ProxyCertExcluded are the dangerous apiservers (their reason is under apiservers),
-	// by hostname: the front-proxy twins of every cluster leave them out, so requests whose
+	// by hostname: the front-proxy variants of every cluster leave them out, so requests whose
 	// identity kube-mvp sets never reach them.
 	ProxyCertExcluded []string `json:"frontProxyExcluded,omitempty"`
 }

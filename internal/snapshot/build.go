@@ -168,7 +168,7 @@ func (b *builder) errorf(format string, args ...any) {
 }
 
 // producible maps every cluster that extproc may name by the plan's routes (and, with a
-// proxy client certificate, their front-proxy twins) to one resource that leads there, for
+// proxy client certificate, their front-proxy variants) to one resource that leads there, for
 // checkReferences' error messages.
 func (b *builder) producible() map[string]string {
 	out := map[string]string{}

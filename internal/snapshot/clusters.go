@@ -45,7 +45,7 @@ const (
 	// (Envoy's connection_keepalive). A frozen (SIGSTOP) or cut-off apiserver keeps its TCP
 	// connections open, the kernel acknowledging them; without pings a watch on it would
 	// never end and a request would wait for the route timeout. Closed, its streams are
-	// reset: reads retry on another apiserver (the read twins retry resets), watches end
+	// reset: reads retry on another apiserver (the read variants retry resets), watches end
 	// and client-go resumes them, meanwhile the health checks take it out.
 	apiserverKeepaliveInterval = 10 * time.Second
 	apiserverKeepaliveTimeout  = 5 * time.Second
@@ -96,10 +96,10 @@ const healthCheckSocket = "health-check"
 
 // clusters returns every cluster, sorted by name, and the endpoints of the EDS ones. Each
 // apiserver cluster (the plan's default or local one, and the serving-sets cluster) is
-// emitted as named, HTTP/2, and as its HTTP/1.1 twin (contract.ClusterName.HTTP1) for upgrades;
+// emitted as named, HTTP/2, and as its HTTP/1.1 variant (contract.ClusterName.HTTP1) for upgrades;
 // each of those as named, for requests that carry the caller's own credentials, whose TLS
 // presents no client certificate, and, with a proxy client certificate configured, as its
-// front-proxy twin (contract.ClusterName.ProxyCert), whose TLS presents it, for requests whose
+// front-proxy variant (contract.ClusterName.ProxyCert), whose TLS presents it, for requests whose
 // identity the Lua filter set from a client certificate it verified.
 func (b *builder) clusters() ([]*clusterv3.Cluster, []*endpointv3.ClusterLoadAssignment) {
 	what := "apiserver clusters: "
@@ -154,7 +154,7 @@ func (b *builder) clusters() ([]*clusterv3.Cluster, []*endpointv3.ClusterLoadAss
 	var clusters []*clusterv3.Cluster
 	var cla []*endpointv3.ClusterLoadAssignment
 	// add emits the cluster named name with endpoints lb (by apiserver ID, in order ids): HTTP/2
-	// as named, its HTTP/1.1 twin, and the front-proxy twins of both, which leave out the
+	// as named, its HTTP/1.1 variant, and the front-proxy variants of both, which leave out the
 	// dangerous apiservers (plan.Plan.ProxyCertExcluded): they take the proxy certificate for
 	// an ordinary client's.
 	add := func(name string, ids []string, lb map[string]*endpointv3.LbEndpoint, subsets *clusterv3.Cluster_LbSubsetConfig) {

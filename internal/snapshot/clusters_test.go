@@ -24,7 +24,7 @@ import (
 // changes with who is inside it or what role it plays, because Envoy rebuilds a cluster
 // whose resource changed (warm-up again, health and outlier state lost, connection pools
 // drained). Every fixture: all caller clusters are the same resource but for their name,
-// and so are all front-proxy twins. And an apiserver leaving (its Lease gone) changes the
+// and so are all front-proxy variants. And an apiserver leaving (its Lease gone) changes the
 // default cluster's endpoints, not the cluster.
 func TestClusterResourcesIgnoreMembership(t *testing.T) {
 	apiserverClusters := func(res *snapshot.Resources) map[string]*clusterv3.Cluster {
@@ -42,7 +42,7 @@ func TestClusterResourcesIgnoreMembership(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			// One reference per kind: as named or front-proxy twin, HTTP/2 or HTTP/1.1.
+			// One reference per kind: as named or front-proxy variant, HTTP/2 or HTTP/1.1.
 			type kind struct{ proxyCert, http1 bool }
 			refs := map[kind]*clusterv3.Cluster{}
 			for n, c := range apiserverClusters(res) {
@@ -56,7 +56,7 @@ func TestClusterResourcesIgnoreMembership(t *testing.T) {
 					refs[k] = c
 					continue
 				}
-				// The serving-sets cluster and its twin differ from the others in their
+				// The serving-sets cluster and its variant differ from the others in their
 				// subset load balancing only.
 				x, y := proto.Clone(c).(*clusterv3.Cluster), proto.Clone(ref).(*clusterv3.Cluster)
 				x.Name, x.LbSubsetConfig, y.LbSubsetConfig = y.GetName(), nil, nil

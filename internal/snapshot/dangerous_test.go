@@ -16,7 +16,7 @@ import (
 )
 
 // TestDangerousAPIServers: an apiserver that takes the proxy certificate for an ordinary
-// client's is in no front-proxy twin's endpoints and in every other cluster's; while another
+// client's is in no front-proxy variant's endpoints and in every other cluster's; while another
 // live apiserver is there, every route stays what it was; when every live apiserver is
 // dangerous, each ":front-proxy" route that forwards to the default cluster answers a 503
 // Status itself, with Retry-After and ext_proc off, naming them, within Envoy's 4 KiB limit
@@ -53,7 +53,7 @@ func TestDangerousAPIServers(t *testing.T) {
 	}
 	clean := build(base)
 
-	// cp-c dangerous: only the front-proxy twins lose it; the routes are the same.
+	// cp-c dangerous: only the front-proxy variants lose it; the routes are the same.
 	one := build(base.WithDangerous(map[string]string{ids["cp-c"]: "takes it as a client's"}))
 	for name, hosts := range endpointsOf(clean) {
 		got := endpointsOf(one)[name]

@@ -122,7 +122,7 @@
 //     with ext_proc off (line rate); otherwise ext_proc decides. Before them, one route per
 //     aggregated group/version (plan.Plan.Aggregated: its APIService names a service),
 //     named the same way, metadata groupVersion, extProc false and aggregated true: to the
-//     default cluster with ext_proc off, as route 6 would send it, but its write twin
+//     default cluster with ext_proc off, as route 6 would send it, but its write variant
 //     retries only what never reached an apiserver (see Retries).
 //  6. "default": prefix "/" (non-resource paths, CRDs, aggregated APIs xds-server does not
 //     know yet) → default cluster; ext_proc off.
@@ -131,15 +131,15 @@
 // cluster, or answers) are alone. Every other route comes after its variants (routeSpecs
 // decides them, render draws them; testdata/<case>/routespec.yaml shows them per case):
 // "<name>:upgrade" first where ext_proc is off and the cluster is the route's own
-// (an Upgrade header: to the HTTP/1.1 twin of its cluster, no timeout; on route 1 extproc
-// names that twin), then one per request class with a policy of its own, matching the class
+// (an Upgrade header: to the HTTP/1.1 variant of its cluster, no timeout; on route 1 extproc
+// names that variant), then one per request class with a policy of its own, matching the class
 // header's exact value: "<name>:read" (Config.UpstreamRequestTimeout, and "reset" retried),
 // "<name>:watch" (no timeout, "reset" retried), "<name>:write" (the timeout). The route
 // itself takes every other request — long-running (exec, attach, port-forward, proxy, log),
 // unclassified (a path the apiserver decodes) — with no timeout and no retry after a reset,
 // safe for any request. With a client CA each of
 // these (not on route 1) comes right after its front-proxy variant "<…>:front-proxy": the same
-// match plus x-kube-mvp-identity = front-proxy, to the front-proxy twin of its cluster. A
+// match plus x-kube-mvp-identity = front-proxy, to the front-proxy variant of its cluster. A
 // request the Lua filter decided "own-credentials" (a certificate the apiserver would reject,
 // with a bearer token) takes the ordinary routes. The virtual host removes
 // x-kube-mvp-identity, x-kube-mvp-request-class and x-forwarded-client-cert before any
@@ -184,7 +184,7 @@
 // only one that stopped answering (frozen, partitioned) meets the route timeout, Envoy's 504
 // UT, which the local reply config keeps a 504 as a Timeout Status (the request may have
 // been processed; a 503 would say it was not). extproc-decided requests are matched again
-// after extproc set the routing header, so the routing-header route's twins choose their
+// after extproc set the routing header, so the routing-header route's variants choose their
 // timeout the same way. idle_timeout is 0 everywhere.
 //
 // Retries: nothing that may have reached a backend is sent twice. 2 retries on other hosts
@@ -196,12 +196,12 @@
 //   - every route: what cannot have reached an apiserver (connect-failure, refused-stream,
 //     reset-before-request). The route itself (long-running: exec, attach, port-forward,
 //     log, and node, service and pod proxy and the proxy verb, which pass a backend's answer
-//     through; unclassified; no class) and its upgrade twin retry nothing more;
-//   - the read and watch twins (GET and HEAD the apiserver reads as get, list or watch):
+//     through; unclassified; no class) and its upgrade variant retry nothing more;
+//   - the read and watch variants (GET and HEAD the apiserver reads as get, list or watch):
 //     also "reset" (a connection that ends under a request Envoy just wrote: an apiserver
 //     closing a kept-alive connection, the keepalive pings closing one to a frozen
 //     apiserver) and any answer with Retry-After, which may run twice;
-//   - the write twins: also 429 and 503 (retriable-status-codes), which kube-apiserver
+//   - the write variants: also 429 and 503 (retriable-status-codes), which kube-apiserver
 //     answers itself only before it carries a request out (shutting down, max-in-flight,
 //     priority and fairness, storage version or CRD not ready, admission) — not the other
 //     answers with Retry-After (a storage ServerTimeout, a 504, after which the write may
@@ -228,11 +228,11 @@
 //   - Each of these twice: as named, with upstream TLS that presents no client certificate,
 //     for every request that carries its caller's own credentials (bearer token, Basic,
 //     WebSocket token, none), so that the apiserver authenticates it as it would directly;
-//     and its front-proxy twin (contract.ClusterName.ProxyCert, "<name>/front-proxy", with a
+//     and its front-proxy variant (contract.ClusterName.ProxyCert, "<name>/front-proxy", with a
 //     proxy client certificate configured), which presents the proxy client certificate
 //     kube-mvp-proxy-client-cert, for the requests whose identity extproc set from a
 //     verified client certificate. The proxy certificate never turns a request into anyone.
-//     The front-proxy twins' endpoints leave out the apiservers the plan calls dangerous
+//     The front-proxy variants' endpoints leave out the apiservers the plan calls dangerous
 //     (plan.Plan.ProxyCertExcluded: they take the proxy certificate for an ordinary
 //     client's); where that leaves the default (or local) cluster without any, the
 //     ":front-proxy" routes to it answer a 503 Status naming them themselves (a direct
@@ -247,9 +247,9 @@
 //     reader stalled holds up to its stream window of the connection window, and with
 //     Envoy's defaults (16 MiB, 24 MiB, 1024 streams) two of them stall every request on the
 //     connection; here no set of stalled streams can (see the constants in clusters.go),
-//     ALPN h2, and an HTTP/1.1 twin of each cluster
+//     ALPN h2, and an HTTP/1.1 variant of each cluster
 //     ("<name>/http1", ALPN http/1.1) for upgrades (SPDY and WebSocket cannot be forwarded over
-//     HTTP/2 without extended CONNECT), which each route's ":upgrade" twin and extproc name;
+//     HTTP/2 without extended CONNECT), which each route's ":upgrade" variant and extproc name;
 //     health checks speak HTTP/1.1 over a socket of their own (transport_socket_matches);
 //     an upstream idle_timeout of 50s, below
 //     the apiservers' own 90s, so an idle connection is closed by Envoy, never by the

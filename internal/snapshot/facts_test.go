@@ -170,7 +170,7 @@ func TestRoutingFacts(t *testing.T) {
 		},
 		"dangerous": {
 			// new-resource with cp-a dangerous: the routes are new-resource's; the
-			// front-proxy twins leave cp-a out (below).
+			// front-proxy variants leave cp-a out (below).
 			extProcGVs:      []string{"core/v1", "storage.k8s.io/v1"},
 			directGVs:       []string{"apps/v1", "batch/v1", "rbac.authorization.k8s.io/v1"},
 			mergedDiscovery: true,
@@ -219,19 +219,19 @@ func TestRoutingFacts(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			// Every forwarding route is right after its front-proxy twin: the same match for
-			// requests whose identity the Lua filter set, to the twin of its cluster.
+			// Every forwarding route is right after its front-proxy variant: the same match for
+			// requests whose identity the Lua filter set, to the variant of its cluster.
 			all := readRoutes(t, res)
 			var routes []routeFacts
 			for i := 0; i < len(all); i++ {
 				r := all[i]
 				if !strings.HasSuffix(r.name, snapshot.RouteSuffixProxyCert) {
-					twinBefore := i > 0 && all[i-1].name == r.name+snapshot.RouteSuffixProxyCert
+					variantBefore := i > 0 && all[i-1].name == r.name+snapshot.RouteSuffixProxyCert
 					// Routes where extproc decides forward nothing themselves: extproc names
-					// the front-proxy twin of a cluster for such requests.
+					// the front-proxy variant of a cluster for such requests.
 					forwards := !r.extProc || r.failOpen
-					if twinBefore != (forwards && !strings.HasPrefix(r.name, snapshot.RouteRoutingHeader) && r.name != snapshot.RouteIdentityUndecided && r.name != snapshot.RouteUnclassified) {
-						t.Errorf("route %s: front-proxy twin before it %v", r.name, twinBefore)
+					if variantBefore != (forwards && !strings.HasPrefix(r.name, snapshot.RouteRoutingHeader) && r.name != snapshot.RouteIdentityUndecided && r.name != snapshot.RouteUnclassified) {
+						t.Errorf("route %s: front-proxy variant before it %v", r.name, variantBefore)
 					}
 					routes = append(routes, r)
 					continue
@@ -243,16 +243,16 @@ func TestRoutingFacts(t *testing.T) {
 				want := next
 				want.name += snapshot.RouteSuffixProxyCert
 				want.headers = append(slices.Clone(next.headers), contract.HeaderIdentityDecision+"=="+contract.IdentityProxyCert)
-				twin := contract.ParseClusterName(next.cluster)
-				twin.ProxyCert = true
-				want.cluster = twin.String()
+				variant := contract.ParseClusterName(next.cluster)
+				variant.ProxyCert = true
+				want.cluster = variant.String()
 				if !equalFacts(r, want) || r.failOpen != next.failOpen {
 					t.Errorf("front-proxy route %+v, want %+v", r, want)
 				}
 			}
-			// The class and upgrade twins (TestClassTwins) aside.
+			// The class and upgrade variants (TestClassVariants) aside.
 			routes = slices.DeleteFunc(routes, func(r routeFacts) bool {
-				return isTwinName(r.name)
+				return isVariantName(r.name)
 			})
 			def := plan.DefaultCluster(topo.LocalID)
 
@@ -317,7 +317,7 @@ func TestRoutingFacts(t *testing.T) {
 			if n := len(w.extProcGVs) + len(w.directGVs) + len(w.aggregatedGVs); n != len(gvRoutes) {
 				t.Errorf("%d group/version routes %v, want %d", len(gvRoutes), slices.Sorted(maps.Keys(gvRoutes)), n)
 			}
-			// Every cluster has its front-proxy twin, with the same apiservers but the
+			// Every cluster has its front-proxy variant, with the same apiservers but the
 			// dangerous ones; the serving-sets cluster holds every live apiserver, and its
 			// endpoints list the serving sets (plus a set of one for each of them).
 			var dangerous []string
@@ -349,7 +349,7 @@ func TestRoutingFacts(t *testing.T) {
 				live = []string{}
 			}
 			wantMembers[contract.ClusterServingSets], wantMembers[contract.ClusterName{Base: contract.ClusterServingSets, ProxyCert: true}.String()] = live, safe(live)
-			// Each with its HTTP/1.1 twin, for upgrades.
+			// Each with its HTTP/1.1 variant, for upgrades.
 			for c, m := range maps.Clone(wantMembers) {
 				wantMembers[contract.ClusterName{Base: c, HTTP1: true}.String()] = m
 			}
@@ -370,7 +370,7 @@ func TestRoutingFacts(t *testing.T) {
 			}
 
 			// Whatever extproc may decide for any published resource names a defined
-			// cluster, or a serving set the serving-sets cluster and its twin have.
+			// cluster, or a serving set the serving-sets cluster and its variant have.
 			clusters := map[string]bool{}
 			for _, c := range res.Clusters {
 				clusters[c.(*clusterv3.Cluster).GetName()] = true
@@ -382,7 +382,7 @@ func TestRoutingFacts(t *testing.T) {
 						t.Errorf("extproc routes %s to serving set %s, which is not defined", r.Resource, r.Cluster)
 					}
 				case r.Cluster != "" && (!clusters[r.Cluster] || !clusters[contract.ClusterName{Base: r.Cluster, ProxyCert: true}.String()]):
-					t.Errorf("extproc routes %s to %s, which is not defined with its front-proxy twin", r.Resource, r.Cluster)
+					t.Errorf("extproc routes %s to %s, which is not defined with its front-proxy variant", r.Resource, r.Cluster)
 				}
 			}
 		})
@@ -441,10 +441,10 @@ func equalFacts(a, b routeFacts) bool {
 }
 
 // TestProxyCertificateOnlyWithOurIdentity: the proxy client certificate is presented only by
-// the front-proxy twins (where extproc sends the requests whose identity it set) and by the
+// the front-proxy variants (where extproc sends the requests whose identity it set) and by the
 // health checks; a plan's own cluster, where every other request goes, presents none, so the
 // apiserver authenticates those requests' own credentials. Without a proxy certificate there
-// are no twins.
+// are no variants.
 func TestProxyCertificateOnlyWithOurIdentity(t *testing.T) {
 	noProxyCert := testConfig()
 	noProxyCert.Secrets.ClientCA, noProxyCert.Secrets.ProxyClientCert, noProxyCert.Secrets.ProxyClientKey = "", "", ""
@@ -521,18 +521,18 @@ func TestProxyCertificateOnlyWithOurIdentity(t *testing.T) {
 					if got := certOf(c.GetTransportSocket()); got != "" || !slices.Equal(alpnOf(c.GetTransportSocket()), alpn) {
 						t.Errorf("%s presents %q to the apiservers with ALPN %v; want no client certificate, ALPN %v", name, got, alpnOf(c.GetTransportSocket()), alpn)
 					}
-					twinName := contract.ParseClusterName(name)
-					twinName.ProxyCert = true
-					twin := byName[twinName.String()]
-					if withCert != (twin != nil) {
-						t.Fatalf("with a proxy certificate %v: front-proxy twin of %s %v", withCert, name, twin != nil)
+					variantName := contract.ParseClusterName(name)
+					variantName.ProxyCert = true
+					variant := byName[variantName.String()]
+					if withCert != (variant != nil) {
+						t.Fatalf("with a proxy certificate %v: front-proxy variant of %s %v", withCert, name, variant != nil)
 					}
 					check := []*clusterv3.Cluster{c}
-					if twin != nil {
-						if certOf(twin.GetTransportSocket()) != snapshot.SecretProxyClientCert || !slices.Equal(alpnOf(twin.GetTransportSocket()), alpn) {
-							t.Errorf("front-proxy twin of %s: want one presenting %s with ALPN %v", name, snapshot.SecretProxyClientCert, alpn)
+					if variant != nil {
+						if certOf(variant.GetTransportSocket()) != snapshot.SecretProxyClientCert || !slices.Equal(alpnOf(variant.GetTransportSocket()), alpn) {
+							t.Errorf("front-proxy variant of %s: want one presenting %s with ALPN %v", name, snapshot.SecretProxyClientCert, alpn)
 						}
-						check = append(check, twin)
+						check = append(check, variant)
 					}
 					// Health checks speak HTTP/1.1 whatever the cluster speaks, with the proxy
 					// certificate when there is one (they ask as the health-check user).
@@ -622,17 +622,17 @@ func localMetadata(topo *topology.Topology) []string {
 	return []string{contract.MetadataLocalAPIServer + "=" + topo.LocalID}
 }
 
-// TestClassTwins: every route that forwards requests itself comes after its twins, one per
+// TestClassVariants: every route that forwards requests itself comes after its variants, one per
 // request class the Lua filter writes that has a policy of its own — ":read" (timeout,
 // "reset" retried too), ":watch" (no timeout, "reset" retried too), ":write" (timeout) — and,
 // where ext_proc is off and the cluster is the route's own, ":upgrade" first (an Upgrade
-// header: the HTTP/1.1 twin of its cluster, no timeout). Each twin is the route with one
+// header: the HTTP/1.1 variant of its cluster, no timeout). Each variant is the route with one
 // header matcher more (the class's exact value; the Upgrade header's presence), the same
 // filter configuration and cluster, no metadata. The route itself takes every other request
 // (long-running, unclassified, no class): no timeout, no retry after a reset. Routes that
-// forward nothing themselves (extproc decides, a direct response) have no twins. No route
+// forward nothing themselves (extproc decides, a direct response) have no variants. No route
 // matches a regex but the fixed discovery and escaped-path ones.
-func TestClassTwins(t *testing.T) {
+func TestClassVariants(t *testing.T) {
 	cfg := testConfig()
 	cfg.UpstreamRequestTimeout = 70 * time.Second
 	for _, name := range fixtures.Names(t) {
@@ -641,16 +641,16 @@ func TestClassTwins(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			// The front-proxy twins (TestRoutingFacts) aside.
+			// The front-proxy variants (TestRoutingFacts) aside.
 			routes := slices.DeleteFunc(slices.Clone(res.Routes[0].(*routev3.RouteConfiguration).GetVirtualHosts()[0].GetRoutes()), func(r *routev3.Route) bool {
 				return strings.HasSuffix(r.GetName(), snapshot.RouteSuffixProxyCert)
 			})
-			type twin struct {
+			type variant struct {
 				suffix, class string
 				timeout       bool
 				reset         bool
 			}
-			classes := []twin{
+			classes := []variant{
 				{snapshot.RouteSuffixRead, contract.ClassRead, true, true},
 				{snapshot.RouteSuffixWatch, contract.ClassWatch, false, true},
 				{snapshot.RouteSuffixWrite, contract.ClassWrite, true, false},
@@ -660,17 +660,17 @@ func TestClassTwins(t *testing.T) {
 			}
 			i := 0
 			for i < len(routes) {
-				// Collect the twins before the route they belong to.
+				// Collect the variants before the route they belong to.
 				j := i
-				for j < len(routes) && isTwinName(routes[j].GetName()) {
+				for j < len(routes) && isVariantName(routes[j].GetName()) {
 					j++
 				}
 				if j == len(routes) {
-					t.Fatalf("twins %s… at the end", routes[i].GetName())
+					t.Fatalf("variants %s… at the end", routes[i].GetName())
 				}
 				base := routes[j]
 				n := base.GetName()
-				twins := routes[i:j]
+				variants := routes[i:j]
 				i = j + 1
 				if base.GetMatch().GetSafeRegex() != nil && n != snapshot.RouteDiscovery && n != snapshot.RouteEscapedPath {
 					t.Errorf("route %s matches a regex", n)
@@ -685,8 +685,8 @@ func TestClassTwins(t *testing.T) {
 				extProc := a == nil || a.UnmarshalTo(&pr) != nil || !pr.GetDisabled()
 				failOpen := pr.GetOverrides().GetFailureModeAllow().GetValue()
 				if base.GetDirectResponse() != nil || (extProc && !failOpen) {
-					if len(twins) != 0 {
-						t.Errorf("route %s forwards nothing itself but has twins %v", n, names(twins))
+					if len(variants) != 0 {
+						t.Errorf("route %s forwards nothing itself but has variants %v", n, names(variants))
 					}
 					continue
 				}
@@ -695,16 +695,16 @@ func TestClassTwins(t *testing.T) {
 				}
 				want := slices.Clone(classes)
 				if !extProc && base.GetRoute().GetCluster() != "" {
-					want = append([]twin{{suffix: snapshot.RouteSuffixUpgrade}}, want...)
+					want = append([]variant{{suffix: snapshot.RouteSuffixUpgrade}}, want...)
 				}
-				if len(twins) != len(want) {
-					t.Errorf("route %s: twins %v, want %d", n, names(twins), len(want))
+				if len(variants) != len(want) {
+					t.Errorf("route %s: variants %v, want %d", n, names(variants), len(want))
 					continue
 				}
 				for k, w := range want {
-					tw := twins[k]
+					tw := variants[k]
 					if tw.GetName() != n+w.suffix {
-						t.Errorf("route %s: twin %s, want %s", n, tw.GetName(), n+w.suffix)
+						t.Errorf("route %s: variant %s, want %s", n, tw.GetName(), n+w.suffix)
 						continue
 					}
 					hs := tw.GetMatch().GetHeaders()
@@ -718,7 +718,7 @@ func TestClassTwins(t *testing.T) {
 					c.GetRoute().Timeout, c.GetRoute().RetryPolicy = base.GetRoute().GetTimeout(), base.GetRoute().GetRetryPolicy()
 					if w.class == "" { // upgrade
 						if last.GetName() != "upgrade" || !last.GetPresentMatch() || tw.GetRoute().GetCluster() != (contract.ClusterName{Base: base.GetRoute().GetCluster(), HTTP1: true}).String() {
-							t.Errorf("%s: matches %v, goes to %s; want an Upgrade header, the HTTP/1.1 twin", tw.GetName(), last, tw.GetRoute().GetCluster())
+							t.Errorf("%s: matches %v, goes to %s; want an Upgrade header, the HTTP/1.1 variant", tw.GetName(), last, tw.GetRoute().GetCluster())
 						}
 						c.GetRoute().ClusterSpecifier = base.GetRoute().GetClusterSpecifier()
 					} else if last.GetName() != contract.HeaderRequestClass || last.GetStringMatch().GetExact() != w.class || last.GetInvertMatch() {
@@ -734,7 +734,7 @@ func TestClassTwins(t *testing.T) {
 						t.Errorf("%s: retries resets %v, want %v", tw.GetName(), resets(tw), w.reset)
 					}
 					if tw.GetMetadata() != nil {
-						t.Errorf("%s has metadata: only the route it is a twin of carries it", tw.GetName())
+						t.Errorf("%s has metadata: only the route it is a variant of carries it", tw.GetName())
 					}
 				}
 			}
@@ -742,7 +742,7 @@ func TestClassTwins(t *testing.T) {
 	}
 }
 
-func isTwinName(name string) bool {
+func isVariantName(name string) bool {
 	for _, s := range []string{snapshot.RouteSuffixUpgrade, snapshot.RouteSuffixRead, snapshot.RouteSuffixWatch, snapshot.RouteSuffixWrite} {
 		if strings.HasSuffix(name, s) {
 			return true

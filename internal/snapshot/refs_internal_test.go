@@ -26,7 +26,7 @@ func testResources(t *testing.T) (*Resources, map[string]string) {
 		ServingKey:  "/etc/kube-mvp/serving/tls.key",
 		ClientCA:    "/etc/kube-mvp/client-ca/ca.crt",
 		PeerCA:      "/etc/kube-mvp/peer-ca/ca.crt",
-		// The front-proxy twins are clusters extproc can name too.
+		// The front-proxy variants are clusters extproc can name too.
 		ProxyClientCert: "/etc/kube-mvp/proxy-client/tls.crt",
 		ProxyClientKey:  "/etc/kube-mvp/proxy-client/tls.key",
 	}}

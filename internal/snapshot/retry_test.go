@@ -13,13 +13,13 @@ import (
 
 // TestRetryPolicies: nothing that may have reached a backend is sent twice. Every route
 // retries what never reached an apiserver (connect-failure, refused-stream,
-// reset-before-request), and only the class twins retry more: the read and watch twins a
-// reset and any answer with Retry-After (reads run any number of times); the write twins the
+// reset-before-request), and only the class variants retry more: the read and watch variants a
+// reset and any answer with Retry-After (reads run any number of times); the write variants the
 // apiserver's own refusals, 429 and 503, never another status (a 500 ServerTimeout or 504
 // with Retry-After may follow a write that reached etcd), and not at all on an aggregated
 // group/version, whose apiservers pass the backend's answers through. The route itself
 // (long-running: every proxy, exec, attach, port-forward and log; unclassified; no class)
-// and its upgrade twin retry nothing more.
+// and its upgrade variant retry nothing more.
 func TestRetryPolicies(t *testing.T) {
 	const neverReached = "connect-failure,refused-stream,reset-before-request"
 	for _, name := range fixtures.Names(t) {
@@ -69,10 +69,10 @@ func TestRetryPolicies(t *testing.T) {
 				}
 			}
 			if writes == 0 {
-				t.Error("no write twin retries the apiservers' refusals")
+				t.Error("no write variant retries the apiservers' refusals")
 			}
 			if (proxiedWrites == 0) != (len(aggregated) == 0) {
-				t.Errorf("%d write twins of aggregated group/versions, %d aggregated group/versions", proxiedWrites, len(aggregated))
+				t.Errorf("%d write variants of aggregated group/versions, %d aggregated group/versions", proxiedWrites, len(aggregated))
 			}
 		})
 	}

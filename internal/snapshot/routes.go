@@ -73,7 +73,7 @@ type routeSpec struct {
 }
 
 // A target is where a route sends what it matches: one of the plan's apiserver clusters
-// (each variant picks its twin, contract.ClusterName), the cluster extproc named in the
+// (each variant picks its variant, contract.ClusterName), the cluster extproc named in the
 // routing header (clusterHeader), or an answer of Envoy's own (direct).
 type target struct {
 	cluster       string
@@ -104,16 +104,16 @@ const (
 type variants uint8
 
 const (
-	// variantUpgrade, "<name>:upgrade": an Upgrade header, to the HTTP/1.1 twin of the
+	// variantUpgrade, "<name>:upgrade": an Upgrade header, to the HTTP/1.1 variant of the
 	// cluster, no timeout. Only where Envoy picks the cluster and ext_proc is off: on the
-	// extproc-decided route extproc names that twin itself.
+	// extproc-decided route extproc names that variant itself.
 	variantUpgrade variants = 1 << iota
 	// The request classes' variants (classVariants).
 	variantRead
 	variantWatch
 	variantWrite
 	// variantProxyCert: before the route and each of its other variants, "<…>:front-proxy",
-	// the same match and the identity decision "front-proxy", to the proxy-cert twin of its
+	// the same match and the identity decision "front-proxy", to the proxy-cert variant of its
 	// cluster. Only with a client CA, and only where Envoy picks the cluster.
 	variantProxyCert
 
@@ -211,7 +211,7 @@ func (b *builder) routeSpecs() []routeSpec {
 		match: prefix("/", []*routev3.HeaderMatcher{absent(contract.HeaderRequestClass)}),
 		to:    target{direct: directStatus(unclassifiedMessage)},
 	}, {
-		// extproc names the HTTP/1.1 and proxy-cert twins itself.
+		// extproc names the HTTP/1.1 and proxy-cert variants itself.
 		name:     RouteRoutingHeader,
 		match:    prefix("/", []*routev3.HeaderMatcher{present(contract.HeaderRoutingCluster)}),
 		to:       target{clusterHeader: true},
@@ -374,7 +374,7 @@ func (rb *routeBuilder) class(s routeSpec, c requestClass) forward {
 	return f
 }
 
-// proxyCert is the proxy-cert variant of f (variantProxyCert): to the twin of f's cluster
+// proxyCert is the proxy-cert variant of f (variantProxyCert): to the variant of f's cluster
 // that presents the proxy certificate, or s's refusal where every apiserver of it is
 // dangerous.
 func (rb *routeBuilder) proxyCert(s routeSpec, f forward) *routev3.Route {

@@ -27,7 +27,7 @@ func RouteSpecYAML(p *plan.Plan, cfg Config) ([]byte, error) {
 # routes.yaml is what Envoy gets. Each variant is a route of its own, "<name>:<variant>",
 # matched before the route itself, which takes every other request (no timeout, retried
 # only where it never reached an apiserver); front-proxy comes before each of them.
-#   upgrade: an Upgrade header, to the cluster's HTTP/1.1 twin, no timeout
+#   upgrade: an Upgrade header, to the cluster's HTTP/1.1 variant, no timeout
 `)
 	for _, v := range classVariants {
 		timeout := "no timeout"
@@ -40,7 +40,7 @@ func RouteSpecYAML(p *plan.Plan, cfg Config) ([]byte, error) {
 		}
 		fmt.Fprintf(&out, "#   %s: %s=%s, %s, %s\n", v.suffix[1:], contract.HeaderRequestClass, v.value, timeout, retry)
 	}
-	fmt.Fprintf(&out, "#   %s: %s=%s, to the cluster's proxy-certificate twin\n", RouteSuffixProxyCert[1:], contract.HeaderIdentityDecision, contract.IdentityProxyCert)
+	fmt.Fprintf(&out, "#   %s: %s=%s, to the cluster's proxy-certificate variant\n", RouteSuffixProxyCert[1:], contract.HeaderIdentityDecision, contract.IdentityProxyCert)
 	for _, s := range b.routeSpecs() {
 		line := func(key, value string) { fmt.Fprintf(&out, "  %s: %s\n", key, yamlScalar(value)) }
 		fmt.Fprintf(&out, "- name: %s\n", yamlScalar(s.name))

@@ -124,7 +124,7 @@ func TestClusterNameCollision(t *testing.T) {
 
 // TestNoSecrets: with no certificates at all the configuration is still valid: a plain-HTTP
 // listener, no client-certificate routes (neither the undecided-identity route nor
-// front-proxy twins), upstream TLS without a client certificate or verification.
+// front-proxy variants), upstream TLS without a client certificate or verification.
 func TestNoSecrets(t *testing.T) {
 	res, err := snapshot.Build(mustPlan(t, loadCase(t, "batch-off")), snapshot.Config{})
 	if err != nil {
@@ -209,7 +209,7 @@ func TestEmptyCluster(t *testing.T) {
 		}
 	}
 	if !slices.Equal(got, want) {
-		t.Errorf("endpoint resources %v, want %v (each apiserver cluster, HTTP/2 and HTTP/1.1, and their front-proxy twins)", got, want)
+		t.Errorf("endpoint resources %v, want %v (each apiserver cluster, HTTP/2 and HTTP/1.1, and their front-proxy variants)", got, want)
 	}
 	if _, err := res.Snapshot(); err != nil {
 		t.Error(err)

@@ -33,7 +33,7 @@ type APIServer struct {
 	// that it takes the certificate for an ordinary client's, not a front proxy's, so such
 	// a request would run as the certificate's user. It is set from extproc's reports
 	// (xds-server), never from the watched objects; the plan leaves the apiserver out of
-	// the front-proxy cluster twins.
+	// the front-proxy cluster variants.
 	Dangerous string `json:"dangerous,omitempty"`
 }
 

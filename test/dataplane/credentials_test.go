@@ -51,7 +51,7 @@ func (e *env) seenCount() int {
 
 // TestClientCertificateOutcomes: what each kind of client certificate request becomes, with
 // the real extproc: the apiserver sees the proxy client certificate and identity headers only
-// for a certificate user (over the front-proxy twin cluster); a certificate the apiserver
+// for a certificate user (over the front-proxy variant cluster); a certificate the apiserver
 // would reject is answered 401 unless a bearer token (Authorization, or a WebSocket
 // upgrade's Sec-WebSocket-Protocol) decides, which then reaches the apiserver without
 // certificate and identity headers, as it would directly; a certificate without CommonName is
@@ -205,7 +205,7 @@ func TestRefusedCertificateWebSocket(t *testing.T) {
 		t.Errorf("Sec-WebSocket-Protocol %q reached the apiserver, want %q", got, protocols)
 	}
 	if got := e.stat("cluster.kube-apiservers/http1.upstream_rq_total"); got != 1 {
-		t.Errorf("caller cluster's HTTP/1.1 twin (upgrades) upstream_rq_total %d, want 1", got)
+		t.Errorf("caller cluster's HTTP/1.1 variant (upgrades) upstream_rq_total %d, want 1", got)
 	}
 
 	// The apiserver reads a token only from an entry that starts with the prefix (after

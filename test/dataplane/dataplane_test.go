@@ -270,7 +270,7 @@ func getJSON(t *testing.T, url string, v any) {
 // TestClientCertificateIdentity: for a verified client certificate the Lua filter
 // (identity.lua) sets X-Remote-User/-Group and the credential ID, and the request goes, at
 // line rate (no ext_proc) on the group/version's front-proxy route, or through extproc where
-// the group/version needs a decision, to the front-proxy twin cluster, whose connections
+// the group/version needs a decision, to the front-proxy variant cluster, whose connections
 // present the proxy client certificate. A bearer token and a request without credentials
 // reach the apiserver as they came: no client certificate, no identity headers. Spoofed
 // identity and decision headers never arrive.
@@ -774,7 +774,7 @@ func TestRouteTimeout(t *testing.T) {
 // transport would, for a GET, on a new connection to the same apiserver; Envoy does not):
 // what happens is the route's retry policy. A POST gets Envoy's 503 UC (connection
 // termination), mapped to our Status: reset-before-request covers only requests not yet
-// sent, and the apiserver may have executed it. A GET takes the read twin, whose policy
+// sent, and the apiserver may have executed it. A GET takes the read variant, whose policy
 // retries a reset, so it is answered by another apiserver (previous_hosts) with one counted
 // retry.
 func TestConnectionClosedAfterRequest(t *testing.T) {

@@ -45,13 +45,13 @@ type h2Config struct {
 	// http/1.1): their connections then offer the cluster's ALPN (h2) while the HTTP health
 	// checker speaks HTTP/1.1 (TestH2HealthCheckALPN).
 	plainHealthChecks bool
-	// noUpgradeRoutes removes the routes' upgrade twins, so that an upgrade reaches an
+	// noUpgradeRoutes removes the routes' upgrade variants, so that an upgrade reaches an
 	// HTTP/2 cluster (TestH2Upgrade).
 	noUpgradeRoutes bool
 }
 
 // edit applies c to every EDS cluster with explicit HTTP/2 options (the product's apiserver
-// clusters; their HTTP/1.1 twins stay as they are) and, with noUpgradeRoutes, to the routes.
+// clusters; their HTTP/1.1 variants stay as they are) and, with noUpgradeRoutes, to the routes.
 func (c h2Config) edit(res *snapshot.Resources) error {
 	if c.noUpgradeRoutes {
 		rc := proto.Clone(res.Routes[0].(*routev3.RouteConfiguration)).(*routev3.RouteConfiguration)
@@ -334,7 +334,7 @@ func TestH2Upgrade(t *testing.T) {
 		}
 	})
 	t.Run("http1-cluster", func(t *testing.T) {
-		e := newEnv(t, envOptions{}) // the product's: upgrade twins to the HTTP/1.1 clusters
+		e := newEnv(t, envOptions{}) // the product's: upgrade variants to the HTTP/1.1 clusters
 		for _, typ := range []string{"SPDY/3.1", "websocket"} {
 			resp, conn, br := upgrade(t, e, typ)
 			if resp.StatusCode != 101 {
@@ -446,7 +446,7 @@ func (p *freezeProxy) freeze() {
 // the freeze the data plane closes each frozen connection (http2.keepalive_timeout): a watch
 // streaming on it is cut off (the client sees a broken stream, Envoy resets the downstream
 // stream), a GET waiting on it is reset (UC) and retried by its route (retry_on reset, the
-// read twin) on a new connection, a POST waiting on it is not retried (no reset in its
+// read variant) on a new connection, a POST waiting on it is not retried (no reset in its
 // retry_on): 503 UC. While the apiservers answer, PINGs are ACKed and nothing closes.
 // Without the keepalive all three would wait for the apiserver indefinitely.
 func TestH2KeepaliveFrozenUpstream(t *testing.T) {

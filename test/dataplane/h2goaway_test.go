@@ -160,7 +160,7 @@ func (s *rawH2) serve(c net.Conn) {
 // Envoy's codec resets it as a refused stream (RemoteRefusedStreamReset), which every route's
 // retry_on (refused-stream) retries, a POST too, on another apiserver. A stream at or below
 // it was (or may have been) processed: when the connection then closes under it, it is a
-// connection termination (UC), retried only by the read twins' reset, so a POST gets a 503
+// connection termination (UC), retried only by the read variants' reset, so a POST gets a 503
 // and reaches the apiservers once.
 func TestH2GoAway(t *testing.T) {
 	raws := map[string]*rawH2{}
@@ -227,7 +227,7 @@ func TestH2GoAway(t *testing.T) {
 	if n := count("processed-post"); n != 1 {
 		t.Errorf("processed POST: sent %d times, want once", n)
 	}
-	// ... a GET is, by its read twin's reset.
+	// ... a GET is, by its read variant's reset.
 	before = e.stat(retry)
 	r = e.do(c, "GET", path+"?fieldSelector=processed-get", nil)
 	if r.status != 200 {

@@ -43,7 +43,7 @@ func attempts(t *testing.T, e *env, c *http.Client, method, path string) (int, i
 
 // TestNoRetryOfForwardedRequests: nothing that may have reached a backend is sent twice
 // (snapshot's retryPolicy), checked end to end on the generated configuration: the Lua
-// filter's class, the route twins, the retry policy and Envoy's retry decision.
+// filter's class, the route variants, the retry policy and Envoy's retry decision.
 //
 // With every apiserver answering 503 and Retry-After — an apiserver's own refusal, or a
 // backend's answer that it passed through — a POST to a node, service or pod proxy, the

@@ -72,7 +72,7 @@ func TestCallerClusterHealthChecksPresentProxyCertificate(t *testing.T) {
 // when every one of its labels is in the criteria with an equal value. With one label the
 // health check's criteria lack, the caller cluster's health checks take the cluster's own
 // transport socket (no client certificate), which the fake apiservers answer with 401, while
-// the front-proxy twin's checks, on its own transport socket, still succeed.
+// the front-proxy variant's checks, on its own transport socket, still succeed.
 func TestTransportSocketMatchNeedsEveryLabel(t *testing.T) {
 	e := newEnv(t, envOptions{editResources: func(res *snapshot.Resources) error {
 		for _, r := range res.Clusters {

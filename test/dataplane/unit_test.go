@@ -281,12 +281,12 @@ func TestRouteMatching(t *testing.T) {
 		{"/apis/batch/v1/jobs", nil, "batch/v1"},
 		{"/api/v1/pods", headerList{{"sec-websocket-protocol", "base64url.bearer.authorization.k8s.io.dA"}}, "core/v1"},
 		{"/apis", class("read", token...), "discovery:read"},
-		// The Lua filter's decisions: its identity goes to the front-proxy twin of the route
+		// The Lua filter's decisions: its identity goes to the front-proxy variant of the route
 		// the request would take anyway; own credentials take that route itself.
 		{"/api/v1/pods", decided("front-proxy"), "core/v1:front-proxy"},
 		{"/api/v1/pods?watch=1", decided("front-proxy", class("watch")...), "core/v1:watch:front-proxy"},
 		{"/api/v1/pods", decided("front-proxy", class("read")...), "core/v1:read:front-proxy"},
-		{"/apis/batch/v1/jobs", decided("front-proxy"), "batch/v1"}, // extproc decides, and names the twin
+		{"/apis/batch/v1/jobs", decided("front-proxy"), "batch/v1"}, // extproc decides, and names the variant
 		{"/apis", decided("front-proxy"), "discovery:front-proxy"},
 		{"/apis/batch%2Fv1/jobs", decided("front-proxy"), "escaped-path"},
 		{"/healthz", decided("front-proxy"), "default:front-proxy"},

@@ -78,13 +78,13 @@ func TestForgedMemory(t *testing.T) {
 		codes[res.StatusCode]++
 	}
 	now := time.Now().UTC().Truncate(time.Second)
-	twinID, wideID, movedID := "apiserver-forged-twin", objects.APIServerIDFor("evil"), objects.APIServerIDFor("cp-c")
+	variantID, wideID, movedID := "apiserver-forged-variant", objects.APIServerIDFor("evil"), objects.APIServerIDFor("cp-c")
 	var wide []topology.Resource
 	for i := range 1000 {
 		wide = append(wide, topology.Resource{Group: fmt.Sprintf("g%d.evil.example", i), Version: "v1", Resource: "things"})
 	}
 	forged := objects.EncodeMemory(objects.Memory{
-		twinID: {Hostname: "cp-a", Address: "192.0.2.1:6443", Served: []topology.Resource{{Group: "batch", Version: "v1", Resource: "jobs"}},
+		variantID: {Hostname: "cp-a", Address: "192.0.2.1:6443", Served: []topology.Resource{{Group: "batch", Version: "v1", Resource: "jobs"}},
 			LastSeen: now, LeaseGone: time.Date(2099, 1, 1, 0, 0, 0, 0, time.UTC)},
 		wideID: {Hostname: "evil", Address: "192.0.2.2:6443", Served: wide, LastSeen: now},
 	})
@@ -93,7 +93,7 @@ func TestForgedMemory(t *testing.T) {
 		data[movedID] = data[idA]
 		return data
 	})
-	forgedIDs := []string{twinID, wideID, movedID}
+	forgedIDs := []string{variantID, wideID, movedID}
 	cleaned := func() error {
 		cm, err := configMaps.Get(ctx, "kube-mvp-memory", metav1.GetOptions{})
 		if err != nil {

@@ -166,7 +166,7 @@ func dangerousAPIServer(t *testing.T, ctx context.Context, e *env, k *harness.Ku
 	if _, m := getURL(ctx, k.XDSAdmin+"/metrics"); !strings.Contains(m, "kube_mvp_xds_dangerous_apiservers 1\n") {
 		t.Errorf("xds-server's /metrics lacks kube_mvp_xds_dangerous_apiservers 1:\n%s", grepLines(m, "dangerous"))
 	}
-	// Then the data plane: its front-proxy twin of the default cluster leaves cp-c out (a
+	// Then the data plane: its front-proxy variant of the default cluster leaves cp-c out (a
 	// bounded wait that does not stop the test, so that the requests below show what
 	// happens when it does not).
 	deadline := time.Now().Add(time.Minute)
@@ -288,7 +288,7 @@ func checkRefusal(t *testing.T, res *http.Response, ids map[string]string, fix s
 // proxyClientUserJSON is how a SelfSubjectReview names the proxy certificate's user.
 var proxyClientUserJSON = fmt.Sprintf(`"username":%q`, controlplane.ProxyClientCN)
 
-// proxyCertHosts are the hostnames of the data plane's front-proxy twin of the default
+// proxyCertHosts are the hostnames of the data plane's front-proxy variant of the default
 // cluster (its /clusters), sorted.
 func proxyCertHosts(ctx context.Context, k *harness.KubeMVP) []string {
 	_, body := getURL(ctx, k.DataPlane.AdminURL()+"/clusters?format=json")

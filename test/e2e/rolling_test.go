@@ -554,7 +554,7 @@ func (l *load) String() string {
 // logUpstreamResets logs, summed over the data plane's clusters, how many upstream
 // connections closed under a request already sent (Envoy's
 // upstream_cx_destroy_remote_with_active_rq) and how many retries the routes made: whether
-// the run met the race the GET/HEAD read twins retry (a stopping apiserver closing a
+// the run met the race the GET/HEAD read variants retry (a stopping apiserver closing a
 // kept-alive connection as a request is written on it). Information only: the race is rare.
 func logUpstreamResets(t *testing.T, admin string) {
 	res, err := http.Get(admin + "/stats?format=json")
