@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -138,7 +137,7 @@ func TestCopyFilesOnceWait(t *testing.T) {
 	ps := proxyCertPairs(t, 2)
 	d := newCopyDirs(t, t.TempDir())
 	d.write(t, ps[1].CertPEM, ps[0].KeyPEM)
-	var out, errb lockedBuffer
+	var out, errb testutil.SyncBuffer
 	done := make(chan int, 1)
 	go func() { done <- run(d.args("--once", "--wait", "--interval=1s"), &out, &errb) }()
 	testutil.WaitFor(t, t.Context(), 10*time.Second, "a waiting message naming the chart value", func() error {
@@ -167,24 +166,6 @@ func TestCopyFilesOnceWait(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(d.dst, "front-proxy-client.key")); err != nil || !bytes.Equal(b, ps[0].KeyPEM) {
 		t.Errorf("the key is not published: %v", err)
 	}
-}
-
-// lockedBuffer is a bytes.Buffer safe to read while another goroutine writes.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 func TestCopyFilesFlags(t *testing.T) {

@@ -20,9 +20,8 @@ import (
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
-	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
-	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
@@ -154,7 +153,7 @@ func ParseXDSServer(b []byte) (*Dump, error) {
 			if err != nil {
 				return nil, fmt.Errorf("xds-server's /debug/config_dump: %s[%d]: %w", key, i, err)
 			}
-			d.put(typeURL, nameOf(m), &entry{msg: normalize(m)})
+			d.put(typeURL, cachev3.GetResourceName(m), &entry{msg: normalize(m)})
 		}
 	}
 	return d, nil
@@ -239,7 +238,7 @@ func ParseEnvoy(b []byte) (*Dump, []string, error) {
 			return
 		}
 		e.msg = normalize(m)
-		d.put(typeURL, nameOf(m), e)
+		d.put(typeURL, cachev3.GetResourceName(m), e)
 	}
 	sawEndpoints := false
 	// Which clusters take their endpoints over EDS: Envoy lists every active cluster's
@@ -316,7 +315,7 @@ func ParseEnvoy(b []byte) (*Dump, []string, error) {
 			problems = append(problems, fmt.Sprintf("Envoy's /config_dump: a ClusterLoadAssignment: %v", err))
 			continue
 		}
-		if name := nameOf(m); edsNames[name] {
+		if name := cachev3.GetResourceName(m); edsNames[name] {
 			d.put(resourcev3.EndpointType, name, &entry{msg: normalize(m)})
 		}
 	}
@@ -340,22 +339,6 @@ func readAny(raw json.RawMessage, typeURL string) (proto.Message, error) {
 		return nil, err
 	}
 	return m, nil
-}
-
-func nameOf(m proto.Message) string {
-	switch r := m.(type) {
-	case *listenerv3.Listener:
-		return r.GetName()
-	case *routev3.RouteConfiguration:
-		return r.GetName()
-	case *clusterv3.Cluster:
-		return r.GetName()
-	case *endpointv3.ClusterLoadAssignment:
-		return r.GetClusterName()
-	case *tlsv3.Secret:
-		return r.GetName()
-	}
-	return ""
 }
 
 // normalize reduces a resource to what both sides must agree on.

@@ -12,6 +12,7 @@ import (
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -233,11 +234,11 @@ func (b *builder) validateTop(res *Resources) {
 				continue
 			}
 			if err := v.ValidateAll(); err != nil {
-				b.errorf("%s %q: %w", kindOf(r), nameOf(r), err)
+				b.errorf("%s %q: %w", kindOf(r), cachev3.GetResourceName(r), err)
 			}
 			wire, err := deterministic.Marshal(v)
 			if err != nil {
-				b.errorf("%s %q: %w", kindOf(r), nameOf(r), err)
+				b.errorf("%s %q: %w", kindOf(r), cachev3.GetResourceName(r), err)
 				continue
 			}
 			b.wire[r] = wire
@@ -245,7 +246,7 @@ func (b *builder) validateTop(res *Resources) {
 				continue
 			}
 			for _, err := range oldest.checkWire(v, wire) {
-				b.errorf("%s %q: %w", kindOf(r), nameOf(r), err)
+				b.errorf("%s %q: %w", kindOf(r), cachev3.GetResourceName(r), err)
 			}
 		}
 	}
@@ -265,22 +266,6 @@ func kindOf(r types.Resource) string {
 		return "secret"
 	}
 	return fmt.Sprintf("%T", r)
-}
-
-func nameOf(r types.Resource) string {
-	switch r := r.(type) {
-	case *listenerv3.Listener:
-		return r.GetName()
-	case *routev3.RouteConfiguration:
-		return r.GetName()
-	case *clusterv3.Cluster:
-		return r.GetName()
-	case *endpointv3.ClusterLoadAssignment:
-		return r.GetClusterName()
-	case *tlsv3.Secret:
-		return r.GetName()
-	}
-	return ""
 }
 
 // ads is the config source of every dynamic resource: the ADS stream Envoy's bootstrap opens.

@@ -9,6 +9,7 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	dynamicmodulesv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/dynamic_modules/v3"
+	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -105,7 +106,7 @@ func TestOldestCheckWireAndReflection(t *testing.T) {
 		wireOK := c.wireOK(c.rule(m.ProtoReflect().Descriptor()), wire)
 		errs := c.check(m)
 		if wireOK != (len(errs) == 0) || wireOK != wantOK {
-			t.Errorf("%s: wire form fine %v, reflective walk %v, want fine %v", nameOf(m), wireOK, errs, wantOK)
+			t.Errorf("%s: wire form fine %v, reflective walk %v, want fine %v", cachev3.GetResourceName(m), wireOK, errs, wantOK)
 		}
 	}
 	for _, list := range [][]proto.Message{asMessages(res.Listeners), asMessages(res.Routes), asMessages(res.Clusters), asMessages(res.Endpoints), asMessages(res.Secrets)} {

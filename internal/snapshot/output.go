@@ -48,10 +48,10 @@ func (r *Resources) computeVersions(wire map[types.Resource][]byte) error {
 			if !ok {
 				var err error
 				if b, err = deterministic.Marshal(res); err != nil {
-					return fmt.Errorf("hashing %s %q: %w", kindOf(res), nameOf(res), err)
+					return fmt.Errorf("hashing %s %q: %w", kindOf(res), cachev3.GetResourceName(res), err)
 				}
 			}
-			fmt.Fprintf(h, "%s\x00%d\x00", nameOf(res), len(b))
+			fmt.Fprintf(h, "%s\x00%d\x00", cachev3.GetResourceName(res), len(b))
 			h.Write(b)
 		}
 		v := hex.EncodeToString(h.Sum(nil))[:16]
@@ -104,7 +104,7 @@ func writeListJSON(buf *bytes.Buffer, resources []types.Resource) error {
 		}
 		b, err := resourceJSON(res)
 		if err != nil {
-			return fmt.Errorf("%s %q: %w", kindOf(res), nameOf(res), err)
+			return fmt.Errorf("%s %q: %w", kindOf(res), cachev3.GetResourceName(res), err)
 		}
 		buf.Write(b)
 	}

@@ -13,6 +13,7 @@ import (
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 )
 
 // checkReferences checks, on the finished resources (decoding the typed configs again rather
@@ -31,7 +32,7 @@ func checkReferences(res *Resources, producible map[string]string) []error {
 	names := func(kind string, list []types.Resource) map[string]bool {
 		set := map[string]bool{}
 		for _, r := range list {
-			n := nameOf(r)
+			n := cachev3.GetResourceName(r)
 			if set[n] {
 				errorf("%s %q is defined twice", kind, n)
 			}

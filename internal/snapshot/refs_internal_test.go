@@ -6,6 +6,7 @@ import (
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 
 	"github.com/kube-mvp/kube-mvp/internal/contract"
 	"github.com/kube-mvp/kube-mvp/internal/plan"
@@ -44,7 +45,7 @@ func testResources(t *testing.T) (*Resources, map[string]string) {
 func without(list []types.Resource, name string) []types.Resource {
 	var out []types.Resource
 	for _, r := range list {
-		if nameOf(r) != name {
+		if cachev3.GetResourceName(r) != name {
 			out = append(out, r)
 		}
 	}
