@@ -27,11 +27,11 @@ import (
 	"github.com/kube-mvp/kube-mvp/internal/xds"
 )
 
-var configDumpCommand = &command{
-	name:    "config-dump",
-	summary: "each Envoy's applied configuration against xds-server's, resource by resource",
-	usage:   configDumpUsage,
-	run:     runConfigDump,
+var configDumpCommand = &cli.Command{
+	Name:    "config-dump",
+	Summary: "each Envoy's applied configuration against xds-server's, resource by resource",
+	Usage:   configDumpUsage,
+	Run:     runConfigDump,
 }
 
 func configDumpUsage() string {

@@ -20,11 +20,11 @@ import (
 	"github.com/kube-mvp/kube-mvp/internal/snapshot"
 )
 
-var explainCommand = &command{
-	name:    "explain",
-	summary: "where a request goes, and why (offline, from a fixture)",
-	usage:   explainUsage,
-	run:     runExplain,
+var explainCommand = &cli.Command{
+	Name:    "explain",
+	Summary: "where a request goes, and why (offline, from a fixture)",
+	Usage:   explainUsage,
+	Run:     runExplain,
 }
 
 func explainUsage() string {

@@ -14,73 +14,30 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strings"
 
+	"github.com/kube-mvp/kube-mvp/internal/cli"
 	"github.com/kube-mvp/kube-mvp/internal/version"
 )
 
-type command struct {
-	name    string
-	summary string
-	usage   func() string
-	run     func(args []string, stdout, stderr io.Writer) int
+// program is the plugin's subcommands, in the order its usage lists them.
+var program = cli.Program{
+	Name:     "kubectl mvp",
+	About:    "The operator's view of kube-mvp.",
+	Commands: []*cli.Command{explainCommand, statusCommand, configDumpCommand, versionCommand},
+	Version:  versionCommand,
 }
 
-var commands = []*command{explainCommand, statusCommand, configDumpCommand, versionCommand}
-
-var versionCommand = &command{
-	name:    "version",
-	summary: "print the version",
-	usage:   func() string { return "usage: kubectl mvp version\n" },
-	run: func(_ []string, stdout, _ io.Writer) int {
+var versionCommand = &cli.Command{
+	Name:    "version",
+	Summary: "print the version",
+	Usage:   func() string { return "usage: kubectl mvp version\n" },
+	Run: func(_ []string, stdout, _ io.Writer) int {
 		fmt.Fprintln(stdout, version.String("kubectl-mvp"))
 		return 0
 	},
 }
 
-func usage() string {
-	var b strings.Builder
-	b.WriteString("usage: kubectl mvp COMMAND [flags]\n\nThe operator's view of kube-mvp.\n\ncommands:\n")
-	for _, c := range commands {
-		fmt.Fprintf(&b, "  %-11s %s\n", c.name, c.summary)
-	}
-	b.WriteString("  help        this text, or help COMMAND for a command's flags\n")
-	return b.String()
-}
-
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 
-func run(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 {
-		fmt.Fprint(stderr, usage())
-		return 2
-	}
-	find := func(name string) *command {
-		for _, c := range commands {
-			if c.name == name {
-				return c
-			}
-		}
-		return nil
-	}
-	switch name := args[0]; name {
-	case "help", "-h", "--help":
-		if len(args) > 1 {
-			if c := find(args[1]); c != nil {
-				fmt.Fprint(stdout, c.usage())
-				return 0
-			}
-		}
-		fmt.Fprint(stdout, usage())
-		return 0
-	case "--version":
-		return versionCommand.run(nil, stdout, stderr)
-	default:
-		c := find(name)
-		if c == nil {
-			fmt.Fprintf(stderr, "kubectl mvp: unknown command %q\n\n%s", name, usage())
-			return 2
-		}
-		return c.run(args[1:], stdout, stderr)
-	}
-}
+// run is main with its inputs and outputs made explicit; it returns the exit code.
+func run(args []string, stdout, stderr io.Writer) int { return program.Run(args, stdout, stderr) }

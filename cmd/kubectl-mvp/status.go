@@ -15,11 +15,11 @@ import (
 	"github.com/kube-mvp/kube-mvp/internal/opstatus"
 )
 
-var statusCommand = &command{
-	name:    "status",
-	summary: "what the running xds-server and extproc see",
-	usage:   statusUsage,
-	run:     runStatus,
+var statusCommand = &cli.Command{
+	Name:    "status",
+	Summary: "what the running xds-server and extproc see",
+	Usage:   statusUsage,
+	Run:     runStatus,
 }
 
 func statusUsage() string {

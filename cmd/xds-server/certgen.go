@@ -29,11 +29,11 @@ import (
 	"github.com/kube-mvp/kube-mvp/internal/cptls"
 )
 
-var certgenCommand = &command{
-	name:    "certgen",
-	summary: "make and renew the control plane's CA and role certificates (Secrets or files)",
-	usage:   certgenUsage,
-	run: untilSignal(func(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+var certgenCommand = &cli.Command{
+	Name:    "certgen",
+	Summary: "make and renew the control plane's CA and role certificates (Secrets or files)",
+	Usage:   certgenUsage,
+	Run: untilSignal(func(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return runCertgen(ctx, args, stdout, stderr, time.Now)
 	}),
 }

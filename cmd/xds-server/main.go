@@ -16,24 +16,15 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 
 	"k8s.io/client-go/rest"
 
+	"github.com/kube-mvp/kube-mvp/internal/cli"
 	"github.com/kube-mvp/kube-mvp/internal/inventory"
 	"github.com/kube-mvp/kube-mvp/internal/objects"
 	"github.com/kube-mvp/kube-mvp/internal/version"
 )
-
-// command is one subcommand. run gets the arguments after the subcommand's name and returns
-// the exit code.
-type command struct {
-	name    string
-	summary string
-	usage   func() string
-	run     func(args []string, stdout, stderr io.Writer) int
-}
 
 // untilSignal runs a long-running command with a context that SIGINT and SIGTERM end.
 func untilSignal(run func(ctx context.Context, args []string, stdout, stderr io.Writer) int) func([]string, io.Writer, io.Writer) int {
@@ -54,44 +45,25 @@ func clusterConfig(kubeconfig string) (*rest.Config, error) {
 	})
 }
 
-// commands lists the subcommands in the order usage shows them.
-var commands = []*command{
-	serveCommand,
-	translateCommand,
-	certgenCommand,
-	versionCommand,
+// program is xds-server's subcommands, in the order its usage lists them.
+var program = cli.Program{
+	Name:     "xds-server",
+	About:    "kube-mvp's Envoy control plane.",
+	Commands: []*cli.Command{serveCommand, translateCommand, certgenCommand, versionCommand},
+	Version:  versionCommand,
 }
 
 // versionCommand prints the build's version stamp (internal/version); also xds-server --version.
-var versionCommand = &command{
-	name:    "version",
-	summary: "print the version (also --version)",
-	usage: func() string {
+var versionCommand = &cli.Command{
+	Name:    "version",
+	Summary: "print the version (also --version)",
+	Usage: func() string {
 		return "usage: xds-server version\n\nPrints the version and the commit xds-server was built from.\n"
 	},
-	run: func(_ []string, stdout, _ io.Writer) int {
+	Run: func(_ []string, stdout, _ io.Writer) int {
 		fmt.Fprintln(stdout, version.String("xds-server"))
 		return 0
 	},
-}
-
-func findCommand(name string) *command {
-	for _, c := range commands {
-		if c.name == name {
-			return c
-		}
-	}
-	return nil
-}
-
-func usage() string {
-	var b strings.Builder
-	b.WriteString("usage: xds-server COMMAND [flags]\n\nkube-mvp's Envoy control plane.\n\ncommands:\n")
-	for _, c := range commands {
-		fmt.Fprintf(&b, "  %-10s %s\n", c.name, c.summary)
-	}
-	b.WriteString("  help       this text, or help COMMAND for a command's flags\n\nRun xds-server COMMAND --help for a command's flags.\n")
-	return b.String()
 }
 
 func main() {
@@ -99,31 +71,4 @@ func main() {
 }
 
 // run is main with its inputs and outputs made explicit; it returns the exit code.
-func run(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 {
-		fmt.Fprint(stderr, usage())
-		return 2
-	}
-	switch name := args[0]; name {
-	case "help", "-h", "-help", "--help":
-		if len(args) > 1 {
-			if c := findCommand(args[1]); c != nil {
-				fmt.Fprint(stdout, c.usage())
-				return 0
-			}
-			fmt.Fprintf(stderr, "xds-server: unknown command %q\n\n%s", args[1], usage())
-			return 2
-		}
-		fmt.Fprint(stdout, usage())
-		return 0
-	case "-version", "--version":
-		return versionCommand.run(args[1:], stdout, stderr)
-	default:
-		c := findCommand(name)
-		if c == nil {
-			fmt.Fprintf(stderr, "xds-server: unknown command %q\n\n%s", name, usage())
-			return 2
-		}
-		return c.run(args[1:], stdout, stderr)
-	}
-}
+func run(args []string, stdout, stderr io.Writer) int { return program.Run(args, stdout, stderr) }

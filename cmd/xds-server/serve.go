@@ -39,11 +39,11 @@ import (
 	tablev1 "github.com/kube-mvp/kube-mvp/proto/kubemvp/table/v1"
 )
 
-var serveCommand = &command{
-	name:    "serve",
-	summary: "watch a cluster's apiservers and serve Envoy (ADS) and extproc (routing table)",
-	usage:   serveUsage,
-	run: untilSignal(func(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+var serveCommand = &cli.Command{
+	Name:    "serve",
+	Summary: "watch a cluster's apiservers and serve Envoy (ADS) and extproc (routing table)",
+	Usage:   serveUsage,
+	Run: untilSignal(func(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return runServe(ctx, args, stdout, stderr, nil)
 	}),
 }

@@ -16,11 +16,11 @@ import (
 	"github.com/kube-mvp/kube-mvp/internal/snapshot"
 )
 
-var translateCommand = &command{
-	name:    "translate",
-	summary: "print the Envoy configuration for an inventory fixture, offline",
-	usage:   translateUsage,
-	run:     runTranslate,
+var translateCommand = &cli.Command{
+	Name:    "translate",
+	Summary: "print the Envoy configuration for an inventory fixture, offline",
+	Usage:   translateUsage,
+	Run:     runTranslate,
 }
 
 func translateUsage() string {
