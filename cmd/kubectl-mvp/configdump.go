@@ -83,9 +83,7 @@ func (o *configDumpOptions) flagSet() *pflag.FlagSet {
 		}
 		return p, nil
 	}), "envoy-admin-port", "without --envoy-admin: Envoy's admin port in its pods (the chart's envoy.adminPort)")
-	fs.StringVar(&o.cluster.kubeconfig, "kubeconfig", "", "without --xds-admin: the kubeconfig `FILE` (default as kubectl: $KUBECONFIG, ~/.kube/config)")
-	fs.StringVar(&o.cluster.context, "context", "", "without --xds-admin: the kubeconfig `CONTEXT`")
-	fs.StringVarP(&o.cluster.namespace, "namespace", "n", "", "without --xds-admin: the `NAMESPACE` kube-mvp is installed in (default: the context's, else kube-mvp)")
+	o.cluster.addFlags(fs, "without --xds-admin")
 	fs.VarP(outputValue(&o.output), "output", "o", "output format")
 	fs.Var(cli.NewValue(&o.timeout, 30*time.Second, "DURATION", cli.Duration(1, "a positive duration, e.g. 30s")), "timeout", "how long to wait for everything")
 	return fs

@@ -74,9 +74,7 @@ func (o *explainOptions) flagSet() *pflag.FlagSet {
 	fs.BoolVar(&o.token, "as-token", false, "the client sends a bearer token (the default)")
 	fs.StringArrayVar(&o.dangerous, "dangerous-apiserver", nil, "explain as if extproc had found the apiserver `ID=REASON` taking the proxy certificate for an ordinary client's (as xds-server translate); repeatable")
 	fs.StringVar(&o.xdsAdmin, "xds-admin", "", "without -f: xds-server's admin `URL`, e.g. http://127.0.0.1:9100")
-	fs.StringVar(&o.cluster.kubeconfig, "kubeconfig", "", "without -f and --xds-admin: the kubeconfig `FILE` (default as kubectl's)")
-	fs.StringVar(&o.cluster.context, "context", "", "without -f and --xds-admin: the kubeconfig `CONTEXT`")
-	fs.StringVarP(&o.cluster.namespace, "namespace", "n", "", "without -f and --xds-admin: the `NAMESPACE` kube-mvp is installed in (default: the context's, else kube-mvp)")
+	o.cluster.addFlags(fs, "without -f and --xds-admin")
 	fs.Var(cli.NewValue(&o.build.Now, time.Time{}, "RFC3339", cli.Time), "now", "judge Lease liveness at this time (default: every Lease is live)")
 	fs.Var(cli.NewValue(&o.build.LivenessWindow, objects.DefaultLivenessWindow, "DURATION", cli.Duration(1, "a positive duration, e.g. 30s")),
 		"liveness-window", "how recent a live Lease's renewal is")

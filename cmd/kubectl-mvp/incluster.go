@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/spf13/pflag"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -30,6 +31,14 @@ const (
 // and the namespace the chart was installed in.
 type clusterAccess struct {
 	kubeconfig, context, namespace string
+}
+
+// addFlags defines --kubeconfig, --context and -n, each used only when (e.g. "without
+// --xds-admin").
+func (a *clusterAccess) addFlags(fs *pflag.FlagSet, when string) {
+	fs.StringVar(&a.kubeconfig, "kubeconfig", "", when+": the kubeconfig `FILE` (default as kubectl: $KUBECONFIG, ~/.kube/config)")
+	fs.StringVar(&a.context, "context", "", when+": the kubeconfig `CONTEXT`")
+	fs.StringVarP(&a.namespace, "namespace", "n", "", when+": the `NAMESPACE` kube-mvp is installed in (default: the context's, else kube-mvp)")
 }
 
 // restConfig loads the kubeconfig as kubectl does, and the namespace: the flag's, the

@@ -56,9 +56,7 @@ func (o *statusOptions) flagSet() *pflag.FlagSet {
 	fs := cli.NewFlagSet("status")
 	fs.StringVar(&o.xdsAdmin, "xds-admin", "", "xds-server's admin `URL`, e.g. http://127.0.0.1:9100")
 	fs.StringVar(&o.extprocAdmin, "extproc-admin", "", "extproc's admin `URL`, e.g. http://127.0.0.1:9002")
-	fs.StringVar(&o.cluster.kubeconfig, "kubeconfig", "", "without --xds-admin: the kubeconfig `FILE` (default as kubectl: $KUBECONFIG, ~/.kube/config)")
-	fs.StringVar(&o.cluster.context, "context", "", "without --xds-admin: the kubeconfig `CONTEXT`")
-	fs.StringVarP(&o.cluster.namespace, "namespace", "n", "", "without --xds-admin: the `NAMESPACE` kube-mvp is installed in (default: the context's, else kube-mvp)")
+	o.cluster.addFlags(fs, "without --xds-admin")
 	fs.VarP(outputValue(&o.output), "output", "o", "output format")
 	fs.Var(cli.NewValue(&o.timeout, 10*time.Second, "DURATION", cli.Duration(1, "a positive duration, e.g. 10s")), "timeout", "how long to wait for the admin pages")
 	return fs
