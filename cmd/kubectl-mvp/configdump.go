@@ -25,6 +25,8 @@ import (
 	"github.com/kube-mvp/kube-mvp/internal/cli"
 	"github.com/kube-mvp/kube-mvp/internal/configdiff"
 	"github.com/kube-mvp/kube-mvp/internal/xds"
+
+	"github.com/kube-mvp/kube-mvp/internal/adminhttp"
 )
 
 var configDumpCommand = &cli.Command{
@@ -57,10 +59,6 @@ Envoy pod's admin, which listens on the pod's loopback only, through a port-forw
 pods/portforward in the namespace (the chart's rbac.operators).
 Exit codes: 0 printed, 1 an admin did not answer (or you may not reach it), 2 bad command line.
 `
-
-// adminPageLimit bounds an admin answer read into memory: a config dump of thousands of
-// resources is a few MiB; more is not an admin page of ours.
-const adminPageLimit = 64 << 20
 
 type configDumpOptions struct {
 	xdsAdmin, envoyAdmin string
@@ -259,34 +257,24 @@ func readSyncz(ctx context.Context, client *http.Client, xdsAdmin string) ([]xds
 	return out, nil
 }
 
-// adminGet reads an admin page, at most adminPageLimit bytes of it; who names the process.
+// adminGet reads an admin page, at most adminhttp.MaxPage bytes of it; who names the process.
 func adminGet(ctx context.Context, c *http.Client, u, who string) ([]byte, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
-	if err != nil {
-		return nil, fmt.Errorf("%s's admin: %w", who, err)
+	status, body, err := adminhttp.Do(ctx, c, http.MethodGet, u, adminhttp.MaxPage)
+	page := u
+	if parsed, perr := url.Parse(u); perr == nil {
+		page = parsed.Redacted()
 	}
-	resp, err := c.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("%s's admin does not answer: %w", who, err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, adminPageLimit+1))
 	switch {
+	case err != nil && status == 0:
+		return nil, fmt.Errorf("%s's admin does not answer: %w", who, err)
 	case err != nil:
-		return nil, fmt.Errorf("%s's admin at %s: %w", who, req.URL.Redacted(), err)
-	case len(body) > adminPageLimit:
-		return nil, fmt.Errorf("%s's admin at %s: the answer is over %d MiB", who, req.URL.Redacted(), adminPageLimit>>20)
-	case resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden:
-		return nil, fmt.Errorf("%s's admin at %s answered %d: %s (through the Kubernetes API: you need get on pods/proxy in its namespace)", who, req.URL.Redacted(), resp.StatusCode, firstLine(body))
-	case resp.StatusCode != http.StatusOK:
-		return nil, fmt.Errorf("%s's admin at %s answered %d: %s", who, req.URL.Redacted(), resp.StatusCode, firstLine(body))
+		return nil, fmt.Errorf("%s's admin at %s: %w", who, page, err)
+	case status == http.StatusUnauthorized || status == http.StatusForbidden:
+		return nil, fmt.Errorf("%s's admin at %s answered %d: %s (through the Kubernetes API: you need get on pods/proxy in its namespace)", who, page, status, adminhttp.FirstLine(body))
+	case status != http.StatusOK:
+		return nil, fmt.Errorf("%s's admin at %s answered %d: %s", who, page, status, adminhttp.FirstLine(body))
 	}
 	return body, nil
-}
-
-func firstLine(b []byte) string {
-	s, _, _ := strings.Cut(strings.TrimSpace(string(b)), "\n")
-	return s
 }
 
 // forbiddenError is a port-forward the Kubernetes API refused: the same for every pod.

@@ -14,7 +14,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"math"
 	"net"
@@ -26,6 +25,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/kube-mvp/kube-mvp/internal/adminhttp"
 )
 
 // DefaultDoneFile is where drain-envoy says Envoy is drained and /drained looks: in the
@@ -189,7 +190,7 @@ func drainListeners(ctx context.Context, c *http.Client, o Options, log *slog.Lo
 	giveUp := time.Now().Add(o.retryFor)
 	for {
 		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		status, body, err := do(rctx, c, http.MethodPost, "http://"+o.Admin+"/drain_listeners?graceful", 512)
+		status, body, err := adminhttp.Do(rctx, c, http.MethodPost, "http://"+o.Admin+"/drain_listeners?graceful", 512)
 		cancel()
 		switch {
 		case err == nil && status == http.StatusOK:
@@ -211,7 +212,7 @@ func drainListeners(ctx context.Context, c *http.Client, o Options, log *slog.Lo
 // ActiveRequests counts the requests Envoy at admin is serving: the sum of its
 // http.*.downstream_rq_active gauges but the admin's own.
 func ActiveRequests(ctx context.Context, c *http.Client, admin string) (int, error) {
-	status, body, err := do(ctx, c, http.MethodGet, "http://"+admin+"/stats?format=json&filter=downstream_rq_active", MaxBody)
+	status, body, err := adminhttp.Do(ctx, c, http.MethodGet, "http://"+admin+"/stats?format=json&filter=downstream_rq_active", MaxBody)
 	if err != nil {
 		return 0, err
 	}
@@ -219,27 +220,6 @@ func ActiveRequests(ctx context.Context, c *http.Client, admin string) (int, err
 		return 0, fmt.Errorf("stats: status %d", status)
 	}
 	return ParseActive(body)
-}
-
-// do sends one request and reads at most limit bytes of the answer (more is an error).
-func do(ctx context.Context, c *http.Client, method, url string, limit int64) (int, []byte, error) {
-	req, err := http.NewRequestWithContext(ctx, method, url, nil)
-	if err != nil {
-		return 0, nil, err
-	}
-	resp, err := c.Do(req)
-	if err != nil {
-		return 0, nil, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
-	if err != nil {
-		return resp.StatusCode, nil, err
-	}
-	if int64(len(body)) > limit {
-		return resp.StatusCode, nil, fmt.Errorf("%s %s: the answer is longer than %d bytes", method, req.URL.Path, limit)
-	}
-	return resp.StatusCode, body, nil
 }
 
 // ParseActive reads Envoy's /stats?format=json answer, {"stats":[{"name":…,"value":…},…]},

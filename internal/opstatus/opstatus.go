@@ -8,7 +8,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"maps"
 	"net/http"
 	"slices"
@@ -23,6 +22,8 @@ import (
 	"github.com/kube-mvp/kube-mvp/internal/plan"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 	"github.com/kube-mvp/kube-mvp/internal/xds"
+
+	"github.com/kube-mvp/kube-mvp/internal/adminhttp"
 )
 
 // Report is the answer; its JSON is `kubectl mvp status -o json` (docs/operating.md).
@@ -156,9 +157,9 @@ func Fetch(ctx context.Context, c *http.Client, xdsAdmin string, extprocs []Targ
 	case code == http.StatusServiceUnavailable:
 		p.Problems = append(p.Problems, "xds-server has no topology yet: "+strings.TrimSpace(string(body)))
 	case code == http.StatusUnauthorized || code == http.StatusForbidden:
-		return nil, fmt.Errorf("xds-server's admin at %s: /debug/topology answered %d: %s (through the Kubernetes API: you need get on pods/proxy in its namespace)", xdsAdmin, code, firstLine(body))
+		return nil, fmt.Errorf("xds-server's admin at %s: /debug/topology answered %d: %s (through the Kubernetes API: you need get on pods/proxy in its namespace)", xdsAdmin, code, adminhttp.FirstLine(body))
 	case code != http.StatusOK:
-		return nil, fmt.Errorf("xds-server's admin at %s: /debug/topology answered %d: %s (is this xds-server's --admin-address?)", xdsAdmin, code, firstLine(body))
+		return nil, fmt.Errorf("xds-server's admin at %s: /debug/topology answered %d: %s (is this xds-server's --admin-address?)", xdsAdmin, code, adminhttp.FirstLine(body))
 	default:
 		if err := json.Unmarshal(body, &view); err != nil {
 			return nil, fmt.Errorf("xds-server's /debug/topology at %s: %w (another version of xds-server?)", xdsAdmin, err)
@@ -197,22 +198,7 @@ func Fetch(ctx context.Context, c *http.Client, xdsAdmin string, extprocs []Targ
 }
 
 func get(ctx context.Context, c *http.Client, url string) (int, []byte, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return 0, nil, err
-	}
-	resp, err := c.Do(req)
-	if err != nil {
-		return 0, nil, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
-	return resp.StatusCode, body, err
-}
-
-func firstLine(b []byte) string {
-	s, _, _ := strings.Cut(strings.TrimSpace(string(b)), "\n")
-	return s
+	return adminhttp.Do(ctx, c, http.MethodGet, url, adminhttp.MaxPage)
 }
 
 // Summarize turns the pages into the report.

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/kube-mvp/kube-mvp/internal/adminhttp"
 )
 
 // Write prints r as tables, one per section; now dates the "since" column.
@@ -70,7 +72,7 @@ func Write(w io.Writer, r *Report, now time.Time) {
 		}
 		fmt.Fprintf(tw, "%s\t%t\t%s\t%s\t%t\t%s\n", x.Name, x.Ready, dash(x.TableVersion), age, x.UpdateFailing, dash(strings.Join(fails, ",")))
 		if !x.Ready && x.Readyz != "" {
-			fmt.Fprintf(tw, "\tnot ready: %s\n", firstLine([]byte(x.Readyz)))
+			fmt.Fprintf(tw, "\tnot ready: %s\n", adminhttp.FirstLine([]byte(x.Readyz)))
 		}
 	}
 	if len(r.Problems) > 0 {
