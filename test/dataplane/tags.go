@@ -98,7 +98,7 @@ func extractTags(name string) (string, []statTag) {
 		var span [2]int
 		if e.re != nil {
 			m := e.re.FindStringSubmatchIndex(name)
-			if m == nil || len(m) < 4 || m[2] < 0 || m[2] == m[3] {
+			if len(m) < 4 || m[2] < 0 || m[2] == m[3] {
 				continue
 			}
 			span = [2]int{m[2], m[3]}
