@@ -33,6 +33,7 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/yaml"
 
+	"github.com/kube-mvp/kube-mvp/internal/contract"
 	"github.com/kube-mvp/kube-mvp/internal/snapshot"
 	"github.com/kube-mvp/kube-mvp/internal/xds"
 	"github.com/kube-mvp/kube-mvp/test/controlplane"
@@ -594,6 +595,9 @@ var chartCases = []chartCase{
 			wantHook := []string{"/usr/local/bin/extproc", "drain-envoy", "--envoy-admin=127.0.0.1:19901", "--delay=10s", "--drain-time=100s", "--done-file=/var/run/kube-mvp/envoy-drained"}
 			if got := extproc.Lifecycle.PreStop.Exec.Command; !slices.Equal(got, wantHook) {
 				t.Errorf("extproc preStop %q, want %q", got, wantHook)
+			}
+			if a := r.mustFind(t, "Deployment", fullname+"-envoy").typed.(*appsv1.Deployment).Spec.Template.Annotations[contract.AnnotationEnvoyAdminPort]; a != "19901" {
+				t.Errorf("Envoy pods' %s %q, want the admin port 19901 (kubectl mvp config-dump reads it)", contract.AnnotationEnvoyAdminPort, a)
 			}
 			if p := envoy.Lifecycle.PreStop.HTTPGet.Port; p.IntVal != 9003 {
 				t.Errorf("envoy preStop port %s, want 9003", p.String())

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/hashicorp/go-multierror"
 	"github.com/spf13/pflag"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/portforward"
@@ -24,6 +26,7 @@ import (
 
 	"github.com/kube-mvp/kube-mvp/internal/cli"
 	"github.com/kube-mvp/kube-mvp/internal/configdiff"
+	"github.com/kube-mvp/kube-mvp/internal/contract"
 	"github.com/kube-mvp/kube-mvp/internal/xds"
 
 	"github.com/kube-mvp/kube-mvp/internal/adminhttp"
@@ -64,6 +67,7 @@ type configDumpOptions struct {
 	xdsAdmin, envoyAdmin string
 	node                 string
 	envoyAdminPort       int
+	envoyAdminPortSet    bool // given: it wins over the pods' annotation
 	cluster              clusterAccess
 	output               string
 	timeout              time.Duration
@@ -80,7 +84,7 @@ func (o *configDumpOptions) flagSet() *pflag.FlagSet {
 			return 0, errors.New("is not a port number")
 		}
 		return p, nil
-	}), "envoy-admin-port", "without --envoy-admin: Envoy's admin port in its pods (the chart's envoy.adminPort)")
+	}), "envoy-admin-port", "without --envoy-admin: Envoy's admin port in its pods (default: what each pod's "+contract.AnnotationEnvoyAdminPort+" annotation says, else 9901)")
 	o.cluster.addFlags(fs, "without --xds-admin")
 	fs.VarP(outputValue(&o.output), "output", "o", "output format")
 	fs.Var(cli.NewValue(&o.timeout, 30*time.Second, "DURATION", cli.Duration(1, "a positive duration, e.g. 30s")), "timeout", "how long to wait for everything")
@@ -97,7 +101,9 @@ type envoyTarget struct {
 
 func runConfigDump(args []string, stdout, stderr io.Writer) int {
 	var o configDumpOptions
-	errs, stop := cli.Parse(o.flagSet(), args)
+	fs := o.flagSet()
+	errs, stop := cli.Parse(fs, args)
+	o.envoyAdminPortSet = fs.Changed("envoy-admin-port")
 	err := stop
 	if err == nil {
 		if (o.xdsAdmin == "") != (o.envoyAdmin == "") {
@@ -132,7 +138,8 @@ func configDump(ctx context.Context, o *configDumpOptions) (*configdiff.Report, 
 			return nil, err
 		}
 		var pods []string
-		client, xdsAdmin, pods, r.Problems, err = configDumpTargets(ctx, cfg, ns)
+		var ports map[string]int
+		client, xdsAdmin, pods, ports, r.Problems, err = configDumpTargets(ctx, cfg, ns)
 		if err != nil {
 			return nil, err
 		}
@@ -140,8 +147,12 @@ func configDump(ctx context.Context, o *configDumpOptions) (*configdiff.Report, 
 			if o.node != "" && pod != o.node {
 				continue
 			}
+			port := o.envoyAdminPort
+			if p, ok := ports[pod]; ok && !o.envoyAdminPortSet {
+				port = p
+			}
 			envoys = append(envoys, envoyTarget{node: pod, label: "pod " + pod, forward: func(ctx context.Context) (string, func(), error) {
-				return forwardToPod(ctx, cfg, ns, pod, o.envoyAdminPort)
+				return forwardToPod(ctx, cfg, ns, pod, port)
 			}})
 		}
 		if o.node != "" && len(envoys) == 0 {
@@ -191,16 +202,40 @@ func configDump(ctx context.Context, o *configDumpOptions) (*configdiff.Report, 
 
 // configDumpTargets is status's targets: the client and URL of one running xds-server's admin
 // through the pod proxy, and the running Envoy pods (those with extproc beside them).
-func configDumpTargets(ctx context.Context, cfg *rest.Config, ns string) (*http.Client, string, []string, []string, error) {
+func configDumpTargets(ctx context.Context, cfg *rest.Config, ns string) (*http.Client, string, []string, map[string]int, []string, error) {
 	client, xdsURL, extprocs, problems, err := targets(ctx, cfg, ns)
 	if err != nil {
-		return nil, "", nil, nil, err
+		return nil, "", nil, nil, nil, err
 	}
 	var pods []string
 	for _, e := range extprocs {
 		pods = append(pods, e.Name)
 	}
-	return client, xdsURL, pods, problems, nil
+	ports, err := envoyAdminPorts(ctx, cfg, ns)
+	if err != nil {
+		return nil, "", nil, nil, nil, err
+	}
+	return client, xdsURL, pods, ports, problems, nil
+}
+
+// envoyAdminPorts are the Envoy pods' admin ports, by pod, as their annotation
+// contract.AnnotationEnvoyAdminPort says (pods without a valid one are left out).
+func envoyAdminPorts(ctx context.Context, cfg *rest.Config, ns string) (map[string]int, error) {
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	pods, err := cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: componentLabel + "=" + envoyComponent})
+	if err != nil {
+		return nil, fmt.Errorf("listing the Envoy pods in namespace %s: %w", ns, err)
+	}
+	out := map[string]int{}
+	for _, p := range pods.Items {
+		if n, err := strconv.ParseUint(p.Annotations[contract.AnnotationEnvoyAdminPort], 10, 16); err == nil && n > 0 {
+			out[p.Name] = int(n)
+		}
+	}
+	return out, nil
 }
 
 // compareNode reads one node's two dumps and compares them; the problems are Envoy's

@@ -18,6 +18,7 @@ import (
 	"k8s.io/streaming/pkg/httpstream/spdy"
 
 	"github.com/kube-mvp/kube-mvp/internal/configdiff"
+	"github.com/kube-mvp/kube-mvp/internal/contract"
 )
 
 // portForwardAPI is fakeAPI with pods/portforward (SPDY, as the apiserver and kubelet
@@ -158,6 +159,17 @@ func TestConfigDumpThroughTheKubernetesAPI(t *testing.T) {
 	if api.forwards.Load() != 1 || api.requests.Load() != 1 {
 		t.Errorf("%d port-forwards, %d connections to the Envoy admin; want one of each", api.forwards.Load(), api.requests.Load())
 	}
+
+	// The chart's annotation names the pod's admin port; --envoy-admin-port wins over it.
+	api.envoyPort = "19901"
+	api.envoys[0].Annotations = map[string]string{contract.AnnotationEnvoyAdminPort: "19901"}
+	if code, _, errOut := configDump(); code != 0 {
+		t.Errorf("admin port from the annotation: exit %d, %q", code, errOut)
+	}
+	if code, _, errOut := configDump("--envoy-admin-port", "9901"); code != 1 || !strings.Contains(errOut, "--envoy-admin-port") {
+		t.Errorf("--envoy-admin-port over the annotation: exit %d, %q", code, errOut)
+	}
+	api.envoyPort, api.envoys[0].Annotations = "9901", nil
 
 	if code, _, errOut := configDump("--envoy-admin-port", "9999"); code != 1 || !strings.Contains(errOut, "no Envoy's admin could be read: ") || !strings.Contains(errOut, "pod envoy-a: Envoy's admin does not answer") || !strings.Contains(errOut, "--envoy-admin-port") {
 		t.Errorf("another admin port: exit %d, %q", code, errOut)

@@ -61,6 +61,10 @@ const (
 	// sidecar mode: the ID or hostname of the apiserver it runs beside.
 	NodeMetadataLocalAPIServer = "kube-mvp.io/local-apiserver"
 
+	// AnnotationEnvoyAdminPort, on the chart's Envoy pods, is the port of Envoy's admin on
+	// the pod's loopback (the chart's envoy.adminPort): kubectl mvp config-dump forwards to it.
+	AnnotationEnvoyAdminPort = "kube-mvp.io/envoy-admin-port"
+
 	// HealthCheckUser is who Envoy's /readyz health checks ask as (with the front-proxy
 	// certificate): a user of its own, which the chart allows GET /readyz and nothing else,
 	// so the checks work whatever the cluster's anonymous policy.
