@@ -96,11 +96,11 @@ func TestForgedLeases(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	fresh, variant, impostor := objects.APIServerIDFor("evil"), "apiserver-evil2", objects.APIServerIDFor(first)
+	fresh, lookalike, impostor := objects.APIServerIDFor("evil"), "apiserver-evil2", objects.APIServerIDFor(first)
 	renewFresh := func() {
 		forge(fresh, "evil", attacker, time.Now())
-		forge(variant, "cp-a", forwarder, time.Now()) // cp-a's hostname, a genuine apiserver's address
-		forge(impostor, first, cpB, time.Now())    // cp-b's own address, under an ID sorting first
+		forge(lookalike, "cp-a", forwarder, time.Now()) // cp-a's hostname, a genuine apiserver's address
+		forge(impostor, first, cpB, time.Now())         // cp-b's own address, under an ID sorting first
 	}
 	renewFresh()
 	forge(objects.APIServerIDFor("evil-2"), "evil-2", attacker, time.Date(2099, 1, 1, 0, 0, 0, 0, time.UTC))
@@ -169,8 +169,8 @@ func TestForgedLeases(t *testing.T) {
 	for _, r := range view.Refused {
 		refused[r.ID] = r.Reason
 	}
-	if !strings.Contains(refused[variant], "names its Lease "+objects.APIServerIDFor("cp-a")) {
-		t.Errorf("/debug/topology refusals %+v: want %s refused for claiming cp-a's host", view.Refused, variant)
+	if !strings.Contains(refused[lookalike], "names its Lease "+objects.APIServerIDFor("cp-a")) {
+		t.Errorf("/debug/topology refusals %+v: want %s refused for claiming cp-a's host", view.Refused, lookalike)
 	}
 	if !strings.Contains(refused[impostor], "its address is also claimed by apiserver "+objects.APIServerIDFor("cp-b")) {
 		t.Errorf("/debug/topology refusals %+v: want %s refused for claiming cp-b's address", view.Refused, impostor)
