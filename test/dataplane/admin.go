@@ -2,8 +2,10 @@ package dataplane
 
 import (
 	"cmp"
+	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"maps"
 	"net"
 	"net/http"
@@ -28,7 +30,6 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/anypb"
-	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
@@ -37,8 +38,9 @@ import (
 //	/config_dump  the applied resources as an envoy.admin.v3.ConfigDump (protojson; secrets
 //	              redacted as Envoy does; endpoints only with ?include_eds, rebuilt from the
 //	              hosts as Envoy does: serveConfigDump)
-//	/clusters     every cluster with its metadata and hosts (address, hostname, health,
-//	              request counters), shaped like Envoy's /clusters?format=json
+//	/clusters     every cluster with its hosts (address, hostname, health, request
+//	              counters): Envoy's text by default, envoy.admin.v3.Clusters with
+//	              format=json (serveClusters)
 //	/stats        counters and gauges, in name order: Envoy's text ("name: value") by
 //	              default, {"stats":[{"name","value"}]} with format=json, Prometheus' text
 //	              with format=prometheus; filter=<RE2> keeps the names it matches anywhere
@@ -303,13 +305,7 @@ func endpointConfigOf(c *liveCluster) *endpointv3.ClusterLoadAssignment {
 			health = corev3.HealthStatus_UNHEALTHY
 		}
 		h.mu.Unlock()
-		addr := &corev3.Address{}
-		if host, port, err := net.SplitHostPort(h.address); err == nil {
-			p, _ := strconv.Atoi(port)
-			addr.Address = &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{Address: host, PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: uint32(p)}}}
-		} else {
-			addr.Address = &corev3.Address_Pipe{Pipe: &corev3.Pipe{Path: strings.TrimPrefix(h.address, "unix:")}}
-		}
+		addr := addressProto(h.address)
 		e := &endpointv3.LbEndpoint{
 			HostIdentifier:      &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{Hostname: h.hostname(), Address: addr, HealthCheckConfig: &endpointv3.Endpoint_HealthCheckConfig{}}},
 			HealthStatus:        health,
@@ -399,81 +395,142 @@ func redact(m protoreflect.Message, sensitive bool) {
 	}
 }
 
-type clusterStatus struct {
-	Name         string       `json:"name"`
-	AddedViaAPI  bool         `json:"added_via_api"`
-	Metadata     any          `json:"metadata,omitempty"`
-	HostStatuses []hostStatus `json:"host_statuses"`
+// serveClusters is Envoy's /clusters (source/server/admin/clusters_handler.cc): with
+// format=json an envoy.admin.v3.Clusters in protojson with the proto's field names
+// (buildClusterStatus: name, observability_name, eds_service_name, added_via_api, each host's
+// address, hostname, counters and gauges as SimpleMetric, health flags, weight, an empty
+// locality), else Envoy's text ("cluster::host::stat::value" lines, writeClusterAsText).
+// Warming clusters are not listed (Envoy lists the active ones). Clusters and hosts carry no
+// metadata there (it is in /config_dump); circuit breakers and success rates are left out.
+// Envoy's filter parameter is refused with 400: the stand-in does not implement it.
+func (d *DataPlane) serveClusters(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	for k := range q {
+		if k != "format" {
+			writeText(w, http.StatusBadRequest, fmt.Sprintf("/clusters parameter %q is not implemented by the test stand-in\n", k))
+			return
+		}
+	}
+	clusters := d.clustersStatus()
+	if q.Get("format") == "json" {
+		b, err := protojson.MarshalOptions{UseProtoNames: true, Indent: "  "}.Marshal(clusters)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(b)
+		return
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=UTF-8")
+	for _, c := range clusters.GetClusterStatuses() {
+		name := c.GetName()
+		fmt.Fprintf(w, "%s::observability_name::%s\n", name, c.GetObservabilityName())
+		fmt.Fprintf(w, "%s::added_via_api::%t\n", name, c.GetAddedViaApi())
+		if eds := c.GetEdsServiceName(); eds != "" {
+			fmt.Fprintf(w, "%s::eds_service_name::%s\n", name, eds)
+		}
+		for _, h := range c.GetHostStatuses() {
+			addr := addressString(h.GetAddress())
+			stats := h.GetStats()
+			slices.SortFunc(stats, func(a, b *adminv3.SimpleMetric) int { return strings.Compare(a.GetName(), b.GetName()) })
+			for _, st := range stats {
+				fmt.Fprintf(w, "%s::%s::%s::%d\n", name, addr, st.GetName(), st.GetValue())
+			}
+			fmt.Fprintf(w, "%s::%s::hostname::%s\n", name, addr, h.GetHostname())
+			fmt.Fprintf(w, "%s::%s::health_flags::%s\n", name, addr, healthFlags(h.GetHealthStatus()))
+			fmt.Fprintf(w, "%s::%s::weight::%d\n", name, addr, h.GetWeight())
+			fmt.Fprintf(w, "%s::%s::priority::%d\n", name, addr, h.GetPriority())
+		}
+	}
 }
 
-type hostStatus struct {
-	Address      map[string]any `json:"address"`
-	Hostname     string         `json:"hostname,omitempty"`
-	Metadata     any            `json:"metadata,omitempty"`
-	Stats        []statValue    `json:"stats"`
-	HealthStatus map[string]any `json:"health_status"`
-}
-
-func (d *DataPlane) serveClusters(w http.ResponseWriter, _ *http.Request) {
+// clustersStatus is /clusters' content: every active cluster, by name, with its hosts.
+func (d *DataPlane) clustersStatus() *adminv3.Clusters {
 	d.mu.RLock()
 	clusters := make(map[string]*liveCluster, len(d.clusters))
 	for k, v := range d.clusters {
 		clusters[k] = v
 	}
 	d.mu.RUnlock()
-	var out []clusterStatus
+	out := &adminv3.Clusters{}
 	now := time.Now()
 	for _, n := range sortedNames(clusters) {
 		cc, hosts, _ := clusters[n].snapshot()
 		if cc == nil {
-			// Warming: Envoy's /clusters lists the active clusters only.
-			continue
+			continue // warming
 		}
-		cs := clusterStatus{Name: n, AddedViaAPI: true, HostStatuses: []hostStatus{}}
-		if md := cc.raw.GetMetadata().GetFilterMetadata(); len(md) > 0 {
-			m := map[string]any{}
-			for k, v := range md {
-				m[k] = structJSON(v)
-			}
-			cs.Metadata = map[string]any{"filter_metadata": m}
+		cs := &adminv3.ClusterStatus{Name: n, ObservabilityName: cmp.Or(cc.raw.GetAltStatName(), n), AddedViaApi: true}
+		if cc.kind == clusterv3.Cluster_EDS {
+			cs.EdsServiceName = cc.edsName
 		}
 		for _, h := range hosts {
-			hs := hostStatus{Hostname: h.hostname()}
-			if host, port, err := net.SplitHostPort(h.address); err == nil {
-				p, _ := strconv.Atoi(port)
-				hs.Address = map[string]any{"socket_address": map[string]any{"address": host, "port_value": p}}
-			} else {
-				hs.Address = map[string]any{"pipe": map[string]any{"path": h.address}}
-			}
-			if md := h.metadata().GetFilterMetadata(); len(md) > 0 {
-				m := map[string]any{}
-				for k, v := range md {
-					m[k] = structJSON(v)
-				}
-				hs.Metadata = map[string]any{"filter_metadata": m}
-			}
+			hs := &adminv3.HostStatus{Address: addressProto(h.address), Hostname: h.hostname(), Weight: 1, Locality: &corev3.Locality{}}
 			h.mu.Lock()
-			ejected := now.Before(h.ejectedUntil)
-			hs.Stats = []statValue{{"rq_total", h.rqTotal}, {"rq_success", h.rqSuccess}, {"rq_error", h.rqErrs}, {"rq_active", uint64(max(0, h.active.Load()))}}
-			hs.HealthStatus = map[string]any{"eds_health_status": "HEALTHY"}
-			if h.failedHC {
-				hs.HealthStatus["failed_active_health_check"] = true
+			for _, st := range []struct {
+				name  string
+				value uint64
+				typ   adminv3.SimpleMetric_Type
+			}{
+				{"rq_total", h.rqTotal, adminv3.SimpleMetric_COUNTER},
+				{"rq_success", h.rqSuccess, adminv3.SimpleMetric_COUNTER},
+				{"rq_error", h.rqErrs, adminv3.SimpleMetric_COUNTER},
+				{"rq_active", uint64(max(0, h.active.Load())), adminv3.SimpleMetric_GAUGE},
+			} {
+				hs.Stats = append(hs.Stats, &adminv3.SimpleMetric{Name: st.name, Value: st.value, Type: st.typ})
 			}
-			if h.hcPending {
-				hs.HealthStatus["pending_active_hc"] = true
-			}
-			if ejected {
-				hs.HealthStatus["failed_outlier_check"] = true
-			}
-			if h.pendingRemoval {
-				hs.HealthStatus["pending_dynamic_removal"] = true
+			hs.HealthStatus = &adminv3.HostHealthStatus{
+				EdsHealthStatus:         corev3.HealthStatus_HEALTHY,
+				FailedActiveHealthCheck: h.failedHC,
+				PendingActiveHc:         h.hcPending,
+				FailedOutlierCheck:      now.Before(h.ejectedUntil),
+				PendingDynamicRemoval:   h.pendingRemoval,
 			}
 			h.mu.Unlock()
 			cs.HostStatuses = append(cs.HostStatuses, hs)
 		}
-		out = append(out, cs)
+		out.ClusterStatuses = append(out.ClusterStatuses, cs)
 	}
-	writeJSON(w, map[string]any{"cluster_statuses": out})
+	return out
+}
+
+// healthFlags is Envoy's HostUtility::healthFlagsToString (source/common/upstream/
+// host_utility.cc) for the flags the stand-in sets: "healthy" with none, else each as
+// "/name" in the order of Host::HealthFlag.
+func healthFlags(h *adminv3.HostHealthStatus) string {
+	var s string
+	for _, f := range []struct {
+		set  bool
+		name string
+	}{
+		{h.GetFailedActiveHealthCheck(), "failed_active_hc"},
+		{h.GetFailedOutlierCheck(), "failed_outlier_check"},
+		{h.GetPendingDynamicRemoval(), "pending_dynamic_removal"},
+		{h.GetPendingActiveHc(), "pending_active_hc"},
+	} {
+		if f.set {
+			s += "/" + f.name
+		}
+	}
+	return cmp.Or(s, "healthy")
+}
+
+// addressProto is a host's address as Envoy reports it: a socket address, or a pipe for a
+// unix socket ("unix:" prefix or a path).
+func addressProto(address string) *corev3.Address {
+	if host, port, err := net.SplitHostPort(address); err == nil {
+		p, _ := strconv.Atoi(port)
+		return &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{Address: host, PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: uint32(p)}}}}
+	}
+	return &corev3.Address{Address: &corev3.Address_Pipe{Pipe: &corev3.Pipe{Path: strings.TrimPrefix(address, "unix:")}}}
+}
+
+// addressString is Envoy's Address::asString: "host:port", or a pipe's path.
+func addressString(a *corev3.Address) string {
+	if sa := a.GetSocketAddress(); sa != nil {
+		return net.JoinHostPort(sa.GetAddress(), strconv.Itoa(int(sa.GetPortValue())))
+	}
+	return a.GetPipe().GetPath()
 }
 
 // servePrometheus writes every counter and gauge in Prometheus' text format as Envoy's
@@ -530,17 +587,35 @@ func promName(name, prefix string) string {
 	return string(b)
 }
 
-// structJSON is a helper for metadata rendering.
-func structJSON(s *structpb.Struct) any {
-	if s == nil {
-		return nil
-	}
-	return s.AsMap()
-}
-
 // writeText answers with status and body as Envoy's admin answers in plain text.
 func writeText(w http.ResponseWriter, status int, body string) {
 	w.Header().Set("Content-Type", "text/plain; charset=UTF-8")
 	w.WriteHeader(status)
 	_, _ = w.Write([]byte(body))
+}
+
+// ReadClusters reads an Envoy admin's /clusters?format=json (this stand-in's or a real
+// Envoy's) as the envoy.admin.v3.Clusters it is.
+func ReadClusters(ctx context.Context, adminURL string) (*adminv3.Clusters, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, adminURL+"/clusters?format=json", nil)
+	if err != nil {
+		return nil, err
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(res.Body, 64<<20))
+	if err != nil {
+		return nil, err
+	}
+	if res.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s/clusters?format=json: %s: %s", adminURL, res.Status, b)
+	}
+	out := &adminv3.Clusters{}
+	if err := protojson.Unmarshal(b, out); err != nil {
+		return nil, fmt.Errorf("GET %s/clusters?format=json: %w", adminURL, err)
+	}
+	return out, nil
 }

@@ -11,13 +11,17 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	adminv3 "github.com/envoyproxy/go-control-plane/envoy/admin/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/kube-mvp/kube-mvp/internal/contract"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
@@ -63,38 +67,46 @@ func TestRoutesToRightCluster(t *testing.T) {
 		t.Errorf("default cluster upstream_rq_200 = %d, want 30", got)
 	}
 
-	// Admin: /clusters shows the serving-sets cluster with every host, each with its
-	// metadata listing the serving sets it is in (the cluster has none: nothing in CDS
-	// changes with membership).
-	var cl struct {
-		ClusterStatuses []struct {
-			Name         string         `json:"name"`
-			Metadata     map[string]any `json:"metadata"`
-			HostStatuses []struct {
-				Hostname string         `json:"hostname"`
-				Metadata map[string]any `json:"metadata"`
-				Stats    []statValue
-			} `json:"host_statuses"`
-		} `json:"cluster_statuses"`
+	// Admin: /clusters shows the serving-sets cluster with every host; /config_dump's
+	// endpoints show each host's metadata listing the serving sets it is in (Envoy's
+	// /clusters has no metadata).
+	status, err := ReadClusters(t.Context(), e.dp.AdminURL())
+	if err != nil {
+		t.Fatal(err)
 	}
-	getJSON(t, e.dp.AdminURL()+"/clusters", &cl)
 	found := false
-	for _, cs := range cl.ClusterStatuses {
-		if cs.Name == contract.ClusterServingSets {
+	for _, cs := range status.GetClusterStatuses() {
+		if cs.GetName() == contract.ClusterServingSets {
 			found = true
-			if len(cs.HostStatuses) != 3 || cs.Metadata != nil {
-				t.Errorf("serving-sets cluster status: %+v", cs)
-			}
-			for _, h := range cs.HostStatuses {
-				b, _ := json.Marshal(h.Metadata)
-				if in := strings.Contains(string(b), `"kube-apiservers-only-cp-a+cp-c"`); in == (h.Hostname == "cp-b") {
-					t.Errorf("host %s: metadata %s: in the serving set of batch/v1 %v", h.Hostname, b, in)
-				}
+			if len(cs.GetHostStatuses()) != 3 {
+				t.Errorf("serving-sets cluster status: %v", cs)
 			}
 		}
 	}
 	if !found {
-		t.Errorf("/clusters: no serving-sets cluster in %+v", cl)
+		t.Errorf("/clusters: no serving-sets cluster in %v", status)
+	}
+	// Without format=json, /clusters is Envoy's text; a parameter the stand-in does not
+	// implement is refused rather than ignored.
+	if code, body := get(t, e.dp.AdminURL()+"/clusters"); code != http.StatusOK ||
+		!regexp.MustCompile(`(?m)^`+contract.ClusterServingSets+`::[0-9.]+:[0-9]+::hostname::cp-b$`).MatchString(body) ||
+		!strings.Contains(body, "::health_flags::healthy\n") {
+		t.Errorf("/clusters as text: %d\n%s", code, body)
+	}
+	if code, _ := get(t, e.dp.AdminURL()+"/clusters?filter=serving"); code != http.StatusBadRequest {
+		t.Errorf("/clusters?filter: %d, want 400", code)
+	}
+	endpoints := 0
+	for _, ep := range configDumpEndpoints(t, e.dp.AdminURL(), contract.ClusterServingSets) {
+		endpoints++
+		b, _ := protojson.Marshal(ep.GetMetadata())
+		host := ep.GetEndpoint().GetHostname()
+		if in := strings.Contains(string(b), `"kube-apiservers-only-cp-a+cp-c"`); in == (host == "cp-b") {
+			t.Errorf("host %s: metadata %s: in the serving set of batch/v1 %v", host, b, in)
+		}
+	}
+	if endpoints != 3 {
+		t.Errorf("/config_dump?include_eds: %d endpoints of the serving-sets cluster, want 3", endpoints)
 	}
 	var dump map[string]any
 	getJSON(t, e.dp.AdminURL()+"/config_dump", &dump)
@@ -253,6 +265,44 @@ func checkConfigDumpAsEnvoys(t *testing.T, admin string) {
 	if resp.StatusCode != http.StatusBadRequest {
 		t.Errorf("/config_dump?resource=: %d, want 400 (not implemented)", resp.StatusCode)
 	}
+}
+
+// configDumpEndpoints are the endpoints of one cluster in /config_dump?include_eds, read as
+// the envoy.admin.v3.ConfigDump it is.
+func configDumpEndpoints(t *testing.T, adminURL, cluster string) []*endpointv3.LbEndpoint {
+	t.Helper()
+	resp, err := http.Get(adminURL + "/config_dump?include_eds")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dump := &adminv3.ConfigDump{}
+	if err := protojson.Unmarshal(b, dump); err != nil {
+		t.Fatalf("/config_dump?include_eds: %v", err)
+	}
+	var out []*endpointv3.LbEndpoint
+	for _, c := range dump.GetConfigs() {
+		eds := &adminv3.EndpointsConfigDump{}
+		if c.UnmarshalTo(eds) != nil {
+			continue
+		}
+		for _, d := range eds.GetDynamicEndpointConfigs() {
+			cla := &endpointv3.ClusterLoadAssignment{}
+			if err := d.GetEndpointConfig().UnmarshalTo(cla); err != nil {
+				t.Fatal(err)
+			}
+			if cla.GetClusterName() == cluster {
+				for _, l := range cla.GetEndpoints() {
+					out = append(out, l.GetLbEndpoints()...)
+				}
+			}
+		}
+	}
+	return out
 }
 
 func getJSON(t *testing.T, url string, v any) {

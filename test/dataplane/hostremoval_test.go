@@ -127,14 +127,14 @@ func TestHostRemovalWithHealthChecks(t *testing.T) {
 			if servers, _ := e.spread(c, "/api/v1/namespaces/default/configmaps", 60); servers["cp-b"] == 0 {
 				t.Errorf("cp-b, pending removal, took no requests: %v", servers)
 			}
-			var clusters struct {
-				ClusterStatuses []clusterStatus `json:"cluster_statuses"`
+			clusters, err := ReadClusters(t.Context(), e.dp.AdminURL())
+			if err != nil {
+				t.Fatal(err)
 			}
-			getJSON(t, e.dp.AdminURL()+"/clusters", &clusters)
 			flagged := false
-			for _, cs := range clusters.ClusterStatuses {
-				for _, hs := range cs.HostStatuses {
-					if cs.Name == cluster && hs.Hostname == "cp-b" && hs.HealthStatus["pending_dynamic_removal"] == true {
+			for _, cs := range clusters.GetClusterStatuses() {
+				for _, hs := range cs.GetHostStatuses() {
+					if cs.GetName() == cluster && hs.GetHostname() == "cp-b" && hs.GetHealthStatus().GetPendingDynamicRemoval() {
 						flagged = true
 					}
 				}

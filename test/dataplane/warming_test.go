@@ -154,12 +154,12 @@ func TestNewClusterWarming(t *testing.T) {
 	if r.status != http.StatusServiceUnavailable || r.seen.Server != "" {
 		t.Fatalf("while the new cluster warms: status %d from %q, want a local 503 (cluster not found)", r.status, r.seen.Server)
 	}
-	var clusters struct {
-		ClusterStatuses []clusterStatus `json:"cluster_statuses"`
+	clusters, err := ReadClusters(t.Context(), w.dp.AdminURL())
+	if err != nil {
+		t.Fatal(err)
 	}
-	getJSON(t, w.dp.AdminURL()+"/clusters", &clusters)
-	for _, cs := range clusters.ClusterStatuses {
-		if cs.Name == warmingCluster {
+	for _, cs := range clusters.GetClusterStatuses() {
+		if cs.GetName() == warmingCluster {
 			t.Errorf("/clusters lists %s while it warms", warmingCluster)
 		}
 	}

@@ -25,6 +25,7 @@ import (
 
 	"github.com/kube-mvp/kube-mvp/internal/testutil"
 	"github.com/kube-mvp/kube-mvp/test/controlplane"
+	"github.com/kube-mvp/kube-mvp/test/dataplane"
 	"github.com/kube-mvp/kube-mvp/test/harness"
 )
 
@@ -405,29 +406,19 @@ func allHostsHealthy(ctx context.Context, k *harness.KubeMVP) error {
 	if len(checked) == 0 {
 		return errors.New("no cluster with an active health check")
 	}
-	var v struct {
-		ClusterStatuses []struct {
-			Name         string `json:"name"`
-			HostStatuses []struct {
-				Hostname     string         `json:"hostname"`
-				HealthStatus map[string]any `json:"health_status"`
-			} `json:"host_statuses"`
-		} `json:"cluster_statuses"`
-	}
-	if err := get("/clusters", &v); err != nil {
+	clusters, err := dataplane.ReadClusters(ctx, k.DataPlane.AdminURL())
+	if err != nil {
 		return err
 	}
 	hosts := 0
-	for _, c := range v.ClusterStatuses {
-		if !checked[c.Name] {
+	for _, c := range clusters.GetClusterStatuses() {
+		if !checked[c.GetName()] {
 			continue
 		}
-		for _, h := range c.HostStatuses {
+		for _, h := range c.GetHostStatuses() {
 			hosts++
-			for _, flag := range []string{"failed_active_health_check", "pending_active_hc"} {
-				if h.HealthStatus[flag] == true {
-					return fmt.Errorf("cluster %s host %s: %s", c.Name, h.Hostname, flag)
-				}
+			if hs := h.GetHealthStatus(); hs.GetFailedActiveHealthCheck() || hs.GetPendingActiveHc() {
+				return fmt.Errorf("cluster %s host %s: health %v", c.GetName(), h.GetHostname(), hs)
 			}
 		}
 	}

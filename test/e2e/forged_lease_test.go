@@ -23,6 +23,7 @@ import (
 	"github.com/kube-mvp/kube-mvp/internal/objects"
 	"github.com/kube-mvp/kube-mvp/internal/testutil"
 	"github.com/kube-mvp/kube-mvp/test/controlplane"
+	"github.com/kube-mvp/kube-mvp/test/dataplane"
 	"github.com/kube-mvp/kube-mvp/test/harness"
 )
 
@@ -256,34 +257,16 @@ func newAttackerServer(t *testing.T, h http.HandlerFunc) string {
 // clusterHosts maps each cluster of k's data plane to its hosts' addresses (admin /clusters).
 func clusterHosts(t *testing.T, ctx context.Context, k *harness.KubeMVP) map[string][]string {
 	t.Helper()
-	req, _ := http.NewRequestWithContext(ctx, "GET", k.DataPlane.AdminURL()+"/clusters", nil)
-	res, err := http.DefaultClient.Do(req)
+	clusters, err := dataplane.ReadClusters(ctx, k.DataPlane.AdminURL())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer res.Body.Close()
-	var v struct {
-		ClusterStatuses []struct {
-			Name         string `json:"name"`
-			HostStatuses []struct {
-				Address struct {
-					SocketAddress struct {
-						Address   string `json:"address"`
-						PortValue int    `json:"port_value"`
-					} `json:"socket_address"`
-				} `json:"address"`
-			} `json:"host_statuses"`
-		} `json:"cluster_statuses"`
-	}
-	if err := json.NewDecoder(res.Body).Decode(&v); err != nil {
-		t.Fatal(err)
-	}
 	out := map[string][]string{}
-	for _, c := range v.ClusterStatuses {
-		out[c.Name] = []string{}
-		for _, h := range c.HostStatuses {
-			a := h.Address.SocketAddress
-			out[c.Name] = append(out[c.Name], net.JoinHostPort(a.Address, fmt.Sprint(a.PortValue)))
+	for _, c := range clusters.GetClusterStatuses() {
+		out[c.GetName()] = []string{}
+		for _, h := range c.GetHostStatuses() {
+			a := h.GetAddress().GetSocketAddress()
+			out[c.GetName()] = append(out[c.GetName()], net.JoinHostPort(a.GetAddress(), fmt.Sprint(a.GetPortValue())))
 		}
 	}
 	return out

@@ -19,6 +19,7 @@ import (
 	"github.com/kube-mvp/kube-mvp/internal/testutil"
 	"github.com/kube-mvp/kube-mvp/internal/xds"
 	"github.com/kube-mvp/kube-mvp/test/controlplane"
+	"github.com/kube-mvp/kube-mvp/test/dataplane"
 	"github.com/kube-mvp/kube-mvp/test/harness"
 )
 
@@ -291,23 +292,15 @@ var proxyClientUserJSON = fmt.Sprintf(`"username":%q`, controlplane.ProxyClientC
 // proxyCertHosts are the hostnames of the data plane's front-proxy variant of the default
 // cluster (its /clusters), sorted.
 func proxyCertHosts(ctx context.Context, k *harness.KubeMVP) []string {
-	_, body := getURL(ctx, k.DataPlane.AdminURL()+"/clusters?format=json")
-	var v struct {
-		ClusterStatuses []struct {
-			Name         string `json:"name"`
-			HostStatuses []struct {
-				Hostname string `json:"hostname"`
-			} `json:"host_statuses"`
-		} `json:"cluster_statuses"`
-	}
-	if json.Unmarshal([]byte(body), &v) != nil {
+	clusters, err := dataplane.ReadClusters(ctx, k.DataPlane.AdminURL())
+	if err != nil {
 		return nil
 	}
 	var hosts []string
-	for _, c := range v.ClusterStatuses {
-		if c.Name == (contract.ClusterName{Base: contract.ClusterDefault, ProxyCert: true}).String() {
-			for _, h := range c.HostStatuses {
-				hosts = append(hosts, h.Hostname)
+	for _, c := range clusters.GetClusterStatuses() {
+		if c.GetName() == (contract.ClusterName{Base: contract.ClusterDefault, ProxyCert: true}).String() {
+			for _, h := range c.GetHostStatuses() {
+				hosts = append(hosts, h.GetHostname())
 			}
 		}
 	}

@@ -38,6 +38,7 @@ import (
 	"github.com/kube-mvp/kube-mvp/internal/explain"
 	"github.com/kube-mvp/kube-mvp/internal/opstatus"
 	"github.com/kube-mvp/kube-mvp/test/controlplane"
+	"github.com/kube-mvp/kube-mvp/test/dataplane"
 	"github.com/kube-mvp/kube-mvp/test/harness"
 )
 
@@ -159,7 +160,7 @@ func run(ctx context.Context, out io.Writer, exit bool) error {
 		fmt.Fprintf(out, "  (explain unavailable: %v)\n", err)
 	}
 	step("where the requests went (data plane admin %s/clusters)", k.DataPlane.AdminURL())
-	if err := printClusters(out, k.DataPlane.AdminURL()+"/clusters"); err != nil {
+	if err := printClusters(ctx, out, k.DataPlane.AdminURL()); err != nil {
 		fmt.Fprintf(out, "  (clusters unavailable: %v)\n", err)
 	}
 
@@ -227,42 +228,32 @@ func indent(out io.Writer, s string) {
 	}
 }
 
-// printClusters shows, per cluster of the data plane's /clusters (Envoy's JSON shape), each
-// apiserver with its health and the requests it answered.
-func printClusters(out io.Writer, url string) error {
-	var v struct {
-		ClusterStatuses []struct {
-			Name         string `json:"name"`
-			HostStatuses []struct {
-				Hostname     string         `json:"hostname"`
-				HealthStatus map[string]any `json:"health_status"`
-				Stats        []struct {
-					Name  string `json:"name"`
-					Value uint64 `json:"value"`
-				} `json:"stats"`
-			} `json:"host_statuses"`
-		} `json:"cluster_statuses"`
-	}
-	if err := getJSON(url, &v); err != nil {
+// printClusters shows, per cluster of the data plane's /clusters, each apiserver with its
+// health and the requests it answered.
+func printClusters(ctx context.Context, out io.Writer, adminURL string) error {
+	clusters, err := dataplane.ReadClusters(ctx, adminURL)
+	if err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "  %-34s %-6s %-9s %s\n", "cluster", "host", "health", "requests")
-	for _, c := range v.ClusterStatuses {
-		for _, h := range c.HostStatuses {
+	for _, c := range clusters.GetClusterStatuses() {
+		for _, h := range c.GetHostStatuses() {
 			health := "healthy"
-			for _, f := range [][2]string{{"failed_active_health_check", "unhealthy"}, {"failed_outlier_check", "ejected"}, {"pending_active_hc", "pending"}} {
-				if h.HealthStatus[f[0]] == true {
-					health = f[1]
-					break
-				}
+			switch hs := h.GetHealthStatus(); {
+			case hs.GetFailedActiveHealthCheck():
+				health = "unhealthy"
+			case hs.GetFailedOutlierCheck():
+				health = "ejected"
+			case hs.GetPendingActiveHc():
+				health = "pending"
 			}
 			var total uint64
-			for _, st := range h.Stats {
-				if st.Name == "rq_total" {
-					total = st.Value
+			for _, st := range h.GetStats() {
+				if st.GetName() == "rq_total" {
+					total = st.GetValue()
 				}
 			}
-			fmt.Fprintf(out, "  %-34s %-6s %-9s %d\n", c.Name, h.Hostname, health, total)
+			fmt.Fprintf(out, "  %-34s %-6s %-9s %d\n", c.GetName(), h.GetHostname(), health, total)
 		}
 	}
 	return nil
