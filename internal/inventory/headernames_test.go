@@ -3,7 +3,6 @@ package inventory
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
@@ -15,7 +14,6 @@ import (
 
 	"github.com/kube-mvp/kube-mvp/internal/cptls"
 	"github.com/kube-mvp/kube-mvp/internal/objects"
-	"github.com/kube-mvp/kube-mvp/internal/testutil"
 )
 
 func authentication(data map[string]string) *corev1.ConfigMap {
@@ -31,14 +29,7 @@ func (r *replica) lookNames(c cluster, auth *corev1.ConfigMap) (usable bool, str
 	opts := r.w.opts.Options
 	opts.Now = c.now
 	r.w.remember(context.Background(), c.objects(), opts)
-	testutil.WaitFor(r.t, context.Background(), 10*time.Second, "the write", func() error {
-		r.w.persist.mu.Lock()
-		defer r.w.persist.mu.Unlock()
-		if r.w.persist.writing {
-			return fmt.Errorf("still writing")
-		}
-		return nil
-	})
+	r.waitForWrite()
 	_, use, usable, _ := before.Observe(auth) // as objects.Build reads it
 	return usable, use.StripNames(), err
 }

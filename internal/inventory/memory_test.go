@@ -177,6 +177,19 @@ func (c cluster) objects() objects.Objects {
 	return objs
 }
 
+// waitForWrite waits until the memory write a rebuild started, if any, has ended.
+func (r *replica) waitForWrite() {
+	r.t.Helper()
+	testutil.WaitFor(r.t, context.Background(), 10*time.Second, "the write", func() error {
+		r.w.persist.mu.Lock()
+		defer r.w.persist.mu.Unlock()
+		if r.w.persist.writing {
+			return fmt.Errorf("still writing")
+		}
+		return nil
+	})
+}
+
 // look is one rebuild after the informer caught up (sync) or not; it waits for the write
 // it starts, if any.
 func (r *replica) look(c cluster, sync bool) objects.Memory {
@@ -187,14 +200,7 @@ func (r *replica) look(c cluster, sync bool) objects.Memory {
 	opts := r.w.opts.Options
 	opts.Now = c.now
 	mem := r.w.remember(context.Background(), c.objects(), opts)
-	testutil.WaitFor(r.t, context.Background(), 10*time.Second, "the write", func() error {
-		r.w.persist.mu.Lock()
-		defer r.w.persist.mu.Unlock()
-		if r.w.persist.writing {
-			return fmt.Errorf("still writing")
-		}
-		return nil
-	})
+	r.waitForWrite()
 	return mem
 }
 

@@ -63,7 +63,7 @@ func TestBuildRefusesNewerThanOldestEnvoy(t *testing.T) {
 		}, `cluster "kube-apiservers": typed_extension_protocol_options["envoy.upstreams.http.dynamic_modules"]: typed config type envoy.extensions.upstreams.http.dynamic_modules.v3.Config is not in Envoy 1.36.0`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p, cfg := oldestTestInput(t)
+			_, p, cfg := testInput(t)
 			changeForTest = func(r *Resources) { tc.change(t, r) }
 			t.Cleanup(func() { changeForTest = nil })
 			res, err := Build(p, cfg)
@@ -88,7 +88,7 @@ func TestBuildRefusesNewerThanOldestEnvoy(t *testing.T) {
 // lacks in each kind of place (a field, an enum value, a map value, a list element, a typed
 // config's type and content).
 func TestOldestCheckWireAndReflection(t *testing.T) {
-	p, cfg := oldestTestInput(t)
+	_, p, cfg := testInput(t)
 	res, err := Build(p, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -136,7 +136,10 @@ func TestOldestCheckWireAndReflection(t *testing.T) {
 	}
 }
 
-func oldestTestInput(t *testing.T) (*plan.Plan, Config) {
+// testInput is the small input both internal tests build on: cp-a and cp-b alive, batch/v1
+// jobs served by cp-a alone, every secret file set (the proxy certificate's variants are
+// clusters extproc can name too).
+func testInput(t *testing.T) (*topology.Topology, *plan.Plan, Config) {
 	t.Helper()
 	topo, err := topology.New([]topology.APIServer{
 		{ID: "apiserver-tqsyvnc7rs47fayzipsuqpfg4m", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: true},
@@ -149,7 +152,7 @@ func oldestTestInput(t *testing.T) (*plan.Plan, Config) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return p, Config{Secrets: SecretFiles{
+	return topo, p, Config{Secrets: SecretFiles{
 		ServingCert:     "/etc/kube-mvp/serving/tls.crt",
 		ServingKey:      "/etc/kube-mvp/serving/tls.key",
 		ClientCA:        "/etc/kube-mvp/client-ca/ca.crt",

@@ -9,32 +9,11 @@ import (
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 
 	"github.com/kube-mvp/kube-mvp/internal/contract"
-	"github.com/kube-mvp/kube-mvp/internal/plan"
-	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 
 func testResources(t *testing.T) (*Resources, map[string]string) {
 	t.Helper()
-	topo, err := topology.New([]topology.APIServer{
-		{ID: "apiserver-tqsyvnc7rs47fayzipsuqpfg4m", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: true},
-		{ID: "apiserver-imkgstwjs6opnbwk2ixluu6fiq", Hostname: "cp-b", Address: "10.0.0.2:6443", Alive: true},
-	}, map[topology.Resource][]string{{Group: "batch", Version: "v1", Resource: "jobs"}: {"apiserver-tqsyvnc7rs47fayzipsuqpfg4m"}}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := Config{Secrets: SecretFiles{
-		ServingCert: "/etc/kube-mvp/serving/tls.crt",
-		ServingKey:  "/etc/kube-mvp/serving/tls.key",
-		ClientCA:    "/etc/kube-mvp/client-ca/ca.crt",
-		PeerCA:      "/etc/kube-mvp/peer-ca/ca.crt",
-		// The front-proxy variants are clusters extproc can name too.
-		ProxyClientCert: "/etc/kube-mvp/proxy-client/tls.crt",
-		ProxyClientKey:  "/etc/kube-mvp/proxy-client/tls.key",
-	}}
-	p, err := plan.Build(topo)
-	if err != nil {
-		t.Fatal(err)
-	}
+	topo, p, cfg := testInput(t)
 	res, err := Build(p, cfg)
 	if err != nil {
 		t.Fatal(err)

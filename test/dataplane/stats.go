@@ -21,21 +21,7 @@ type stats struct {
 
 func newStats() *stats { return &stats{c: map[string]*atomic.Uint64{}, g: map[string]*atomic.Int64{}} }
 
-func (s *stats) gauge(name string) *atomic.Int64 {
-	s.mu.RLock()
-	g := s.g[name]
-	s.mu.RUnlock()
-	if g != nil {
-		return g
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if g = s.g[name]; g == nil {
-		g = &atomic.Int64{}
-		s.g[name] = g
-	}
-	return g
-}
+func (s *stats) gauge(name string) *atomic.Int64 { return lookOrAdd(&s.mu, s.g, name) }
 
 // gaugeAdd adds delta to a gauge.
 func (s *stats) gaugeAdd(name string, delta int64) { s.gauge(name).Add(delta) }
@@ -50,20 +36,24 @@ func (s *stats) getGauge(name string) int64 {
 	return 0
 }
 
-func (s *stats) counter(name string) *atomic.Uint64 {
-	s.mu.RLock()
-	c := s.c[name]
-	s.mu.RUnlock()
-	if c != nil {
-		return c
+func (s *stats) counter(name string) *atomic.Uint64 { return lookOrAdd(&s.mu, s.c, name) }
+
+// lookOrAdd is m[name], added as a zero value the first time: under the read lock on the hot
+// path, where the stat exists.
+func lookOrAdd[T any](mu *sync.RWMutex, m map[string]*T, name string) *T {
+	mu.RLock()
+	v := m[name]
+	mu.RUnlock()
+	if v != nil {
+		return v
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if c = s.c[name]; c == nil {
-		c = &atomic.Uint64{}
-		s.c[name] = c
+	mu.Lock()
+	defer mu.Unlock()
+	if v = m[name]; v == nil {
+		v = new(T)
+		m[name] = v
 	}
-	return c
+	return v
 }
 
 func (s *stats) inc(name string) { s.counter(name).Add(1) }

@@ -141,6 +141,12 @@ func (e *env) through(k *harness.KubeMVP, cert *controlplane.KeyPair, token stri
 // rawClient is an http.Client for the data plane's listener (for requests client-go does not
 // make: spoofed headers, upgrades, raw bodies).
 func (e *env) rawClient(cert *controlplane.KeyPair) *http.Client {
+	return &http.Client{Transport: &http.Transport{TLSClientConfig: e.tlsConfig(cert)}, Timeout: 30 * time.Second}
+}
+
+// tlsConfig trusts the apiservers' serving CA (which also serves the data plane's listener)
+// and presents cert, if any.
+func (e *env) tlsConfig(cert *controlplane.KeyPair) *tls.Config {
 	roots := x509.NewCertPool()
 	roots.AppendCertsFromPEM(e.cp.PKI.ServerCA.CertPEM)
 	tc := &tls.Config{RootCAs: roots}
@@ -151,7 +157,7 @@ func (e *env) rawClient(cert *controlplane.KeyPair) *http.Client {
 		}
 		tc.Certificates = []tls.Certificate{c}
 	}
-	return &http.Client{Transport: &http.Transport{TLSClientConfig: tc}, Timeout: 30 * time.Second}
+	return tc
 }
 
 // status is the part of a Kubernetes Status the tests look at.

@@ -3,8 +3,6 @@ package e2e
 import (
 	"bufio"
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -46,13 +44,8 @@ func TestFrozenAPIServer(t *testing.T) {
 		}
 	}
 
-	roots := x509.NewCertPool()
-	roots.AppendCertsFromPEM(e.cp.PKI.ServerCA.CertPEM)
-	cert, err := e.cp.PKI.Admin.TLS()
-	if err != nil {
-		t.Fatal(err)
-	}
-	tc := &tls.Config{RootCAs: roots, Certificates: []tls.Certificate{cert}, NextProtos: []string{"http/1.1"}}
+	tc := e.tlsConfig(&e.cp.PKI.Admin)
+	tc.NextProtos = []string{"http/1.1"}
 	watchClient := &http.Client{Transport: &http.Transport{TLSClientConfig: tc}}
 	readClient := &http.Client{Timeout: 2 * time.Minute, Transport: &http.Transport{TLSClientConfig: tc, DisableKeepAlives: true}}
 	base := front.Endpoint() + "/api/v1/namespaces/default/configmaps"

@@ -3,8 +3,6 @@ package e2e
 import (
 	"bufio"
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -306,13 +304,8 @@ func (k reqKey) codeString() string {
 }
 
 func newLoad(t *testing.T, e *env, name, base string, newAPI *request) *load {
-	roots := x509.NewCertPool()
-	roots.AppendCertsFromPEM(e.cp.PKI.ServerCA.CertPEM)
-	cert, err := e.cp.PKI.Admin.TLS()
-	if err != nil {
-		t.Fatal(err)
-	}
-	tc := &tls.Config{RootCAs: roots, Certificates: []tls.Certificate{cert}, NextProtos: []string{"http/1.1"}}
+	tc := e.tlsConfig(&e.cp.PKI.Admin)
+	tc.NextProtos = []string{"http/1.1"}
 	return &load{
 		t: t, name: name, base: base, codes: map[reqKey]int{}, when: map[reqKey][2]time.Time{}, newAPI: newAPI,
 		client:      &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{TLSClientConfig: tc, DisableKeepAlives: true}},
