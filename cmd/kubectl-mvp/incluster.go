@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/spf13/pflag"
 	corev1 "k8s.io/api/core/v1"
@@ -14,6 +15,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/kube-mvp/kube-mvp/internal/cli"
 	"github.com/kube-mvp/kube-mvp/internal/opstatus"
 )
 
@@ -39,6 +41,21 @@ func (a *clusterAccess) addFlags(fs *pflag.FlagSet, when string) {
 	fs.StringVar(&a.kubeconfig, "kubeconfig", "", when+": the kubeconfig `FILE` (default as kubectl: $KUBECONFIG, ~/.kube/config)")
 	fs.StringVar(&a.context, "context", "", when+": the kubeconfig `CONTEXT`")
 	fs.StringVarP(&a.namespace, "namespace", "n", "", when+": the `NAMESPACE` kube-mvp is installed in (default: the context's, else kube-mvp)")
+}
+
+// adminFlags are the flags status and config-dump end with, after their own (--xds-admin
+// among them: its help differs): the cluster access without --xds-admin, -o and --timeout.
+type adminFlags struct {
+	cluster clusterAccess
+	output  string
+	timeout time.Duration
+}
+
+// addFlags defines them, with each command's own --timeout default and help.
+func (f *adminFlags) addFlags(fs *pflag.FlagSet, timeout time.Duration, timeoutHelp string) {
+	f.cluster.addFlags(fs, "without --xds-admin")
+	fs.VarP(outputValue(&f.output), "output", "o", "output format")
+	fs.Var(cli.NewValue(&f.timeout, timeout, "DURATION", cli.Duration(1, "a positive duration, e.g. "+timeout.String())), "timeout", timeoutHelp)
 }
 
 // restConfig loads the kubeconfig as kubectl does, and the namespace: the flag's, the
