@@ -103,46 +103,43 @@ func targets(ctx context.Context, cfg *rest.Config, ns string) (*http.Client, st
 	if len(xdsPods) == 0 {
 		return nil, "", nil, nil, fmt.Errorf("no xds-server pod in namespace %s (label %s=%s): is kube-mvp installed there? (--namespace names another)", ns, componentLabel, xdsComponent)
 	}
-	var problems []string
 	base := strings.TrimSuffix(cfg.Host, "/") + "/api/v1/namespaces/" + ns + "/pods/"
-	xdsURL := ""
-	for _, p := range xdsPods {
-		port, ok := containerPort(p, xdsAdminPort)
-		if !ok {
-			continue
-		}
-		if !running(p) {
-			problems = append(problems, fmt.Sprintf("xds-server pod %s is not running: %s", p.Name, podState(p)))
-			continue
-		}
-		if xdsURL == "" {
-			xdsURL = fmt.Sprintf("%s%s:%d/proxy", base, p.Name, port)
-		}
-	}
-	if xdsURL == "" {
+	xdsServers, problems := proxied(xdsPods, xdsAdminPort, "xds-server", base)
+	if len(xdsServers) == 0 {
 		return nil, "", nil, nil, fmt.Errorf("no running xds-server pod in namespace %s: kube-mvp is down (%s)", ns, strings.Join(problems, "; "))
 	}
 	envoyPods, err := list(envoyComponent)
 	if err != nil {
 		return nil, "", nil, nil, err
 	}
-	var extprocs []opstatus.Target
-	for _, p := range envoyPods {
-		port, ok := containerPort(p, extprocAdminPort)
-		if !ok {
-			continue
-		}
-		if !running(p) {
-			problems = append(problems, fmt.Sprintf("Envoy pod %s is not running: %s", p.Name, podState(p)))
-			continue
-		}
-		extprocs = append(extprocs, opstatus.Target{Name: p.Name, URL: fmt.Sprintf("%s%s:%d/proxy", base, p.Name, port)})
-	}
+	extprocs, envoyProblems := proxied(envoyPods, extprocAdminPort, "Envoy", base)
+	problems = append(problems, envoyProblems...)
 	c, err := rest.HTTPClientFor(cfg)
 	if err != nil {
 		return nil, "", nil, nil, err
 	}
-	return c, xdsURL, extprocs, problems, nil
+	// One xds-server is read: the first running one.
+	return c, xdsServers[0].URL, extprocs, problems, nil
+}
+
+// proxied are the admin URLs, through the pod proxy under base, of the pods running with the
+// container port portName, in the pods' order; a pod with the port but not running is a
+// problem (role names the pod's kind in it), one without the port is skipped.
+func proxied(pods []corev1.Pod, portName, role, base string) ([]opstatus.Target, []string) {
+	var out []opstatus.Target
+	var problems []string
+	for _, p := range pods {
+		port, ok := containerPort(p, portName)
+		if !ok {
+			continue
+		}
+		if !running(p) {
+			problems = append(problems, fmt.Sprintf("%s pod %s is not running: %s", role, p.Name, podState(p)))
+			continue
+		}
+		out = append(out, opstatus.Target{Name: p.Name, URL: fmt.Sprintf("%s%s:%d/proxy", base, p.Name, port)})
+	}
+	return out, problems
 }
 
 func containerPort(p corev1.Pod, name string) (int32, bool) {
