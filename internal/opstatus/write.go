@@ -15,6 +15,7 @@ import (
 // Write prints r as tables, one per section; now dates the "since" column.
 func Write(w io.Writer, r *Report, now time.Time) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	// Not a section: it comes first, without a blank line, and keeps its header when empty.
 	fmt.Fprintf(tw, "APISERVERS (xds-server %s)\n", r.XDSAdmin)
 	fmt.Fprintln(tw, "HOSTNAME\tID\tVERSION\tSTATE\tCAPABILITIES\tSINCE\tPROXY CERTIFICATE")
 	for _, a := range r.APIServers {
