@@ -68,9 +68,7 @@ type configDumpOptions struct {
 	node                 string
 	envoyAdminPort       int
 	envoyAdminPortSet    bool // given: it wins over the pods' annotation
-	cluster              clusterAccess
-	output               string
-	timeout              time.Duration
+	adminFlags
 }
 
 func (o *configDumpOptions) flagSet() *pflag.FlagSet {
@@ -85,9 +83,7 @@ func (o *configDumpOptions) flagSet() *pflag.FlagSet {
 		}
 		return p, nil
 	}), "envoy-admin-port", "without --envoy-admin: Envoy's admin port in its pods (default: what each pod's "+contract.AnnotationEnvoyAdminPort+" annotation says, else 9901)")
-	o.cluster.addFlags(fs, "without --xds-admin")
-	fs.VarP(outputValue(&o.output), "output", "o", "output format")
-	fs.Var(cli.NewValue(&o.timeout, 30*time.Second, "DURATION", cli.Duration(1, "a positive duration, e.g. 30s")), "timeout", "how long to wait for everything")
+	o.adminFlags.addFlags(fs, 30*time.Second, "how long to wait for everything")
 	return fs
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/spf13/pflag"
 	corev1 "k8s.io/api/core/v1"
@@ -14,6 +15,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/kube-mvp/kube-mvp/internal/cli"
 	"github.com/kube-mvp/kube-mvp/internal/opstatus"
 )
 
@@ -39,6 +41,21 @@ func (a *clusterAccess) addFlags(fs *pflag.FlagSet, when string) {
 	fs.StringVar(&a.kubeconfig, "kubeconfig", "", when+": the kubeconfig `FILE` (default as kubectl: $KUBECONFIG, ~/.kube/config)")
 	fs.StringVar(&a.context, "context", "", when+": the kubeconfig `CONTEXT`")
 	fs.StringVarP(&a.namespace, "namespace", "n", "", when+": the `NAMESPACE` kube-mvp is installed in (default: the context's, else kube-mvp)")
+}
+
+// adminFlags are the flags status and config-dump end with, after their own (--xds-admin
+// among them: its help differs): the cluster access without --xds-admin, -o and --timeout.
+type adminFlags struct {
+	cluster clusterAccess
+	output  string
+	timeout time.Duration
+}
+
+// addFlags defines them, with each command's own --timeout default and help.
+func (f *adminFlags) addFlags(fs *pflag.FlagSet, timeout time.Duration, timeoutHelp string) {
+	f.cluster.addFlags(fs, "without --xds-admin")
+	fs.VarP(outputValue(&f.output), "output", "o", "output format")
+	fs.Var(cli.NewValue(&f.timeout, timeout, "DURATION", cli.Duration(1, "a positive duration, e.g. "+timeout.String())), "timeout", timeoutHelp)
 }
 
 // restConfig loads the kubeconfig as kubectl does, and the namespace: the flag's, the
@@ -86,46 +103,43 @@ func targets(ctx context.Context, cfg *rest.Config, ns string) (*http.Client, st
 	if len(xdsPods) == 0 {
 		return nil, "", nil, nil, fmt.Errorf("no xds-server pod in namespace %s (label %s=%s): is kube-mvp installed there? (--namespace names another)", ns, componentLabel, xdsComponent)
 	}
-	var problems []string
 	base := strings.TrimSuffix(cfg.Host, "/") + "/api/v1/namespaces/" + ns + "/pods/"
-	xdsURL := ""
-	for _, p := range xdsPods {
-		port, ok := containerPort(p, xdsAdminPort)
-		if !ok {
-			continue
-		}
-		if !running(p) {
-			problems = append(problems, fmt.Sprintf("xds-server pod %s is not running: %s", p.Name, podState(p)))
-			continue
-		}
-		if xdsURL == "" {
-			xdsURL = fmt.Sprintf("%s%s:%d/proxy", base, p.Name, port)
-		}
-	}
-	if xdsURL == "" {
+	xdsServers, problems := proxied(xdsPods, xdsAdminPort, "xds-server", base)
+	if len(xdsServers) == 0 {
 		return nil, "", nil, nil, fmt.Errorf("no running xds-server pod in namespace %s: kube-mvp is down (%s)", ns, strings.Join(problems, "; "))
 	}
 	envoyPods, err := list(envoyComponent)
 	if err != nil {
 		return nil, "", nil, nil, err
 	}
-	var extprocs []opstatus.Target
-	for _, p := range envoyPods {
-		port, ok := containerPort(p, extprocAdminPort)
-		if !ok {
-			continue
-		}
-		if !running(p) {
-			problems = append(problems, fmt.Sprintf("Envoy pod %s is not running: %s", p.Name, podState(p)))
-			continue
-		}
-		extprocs = append(extprocs, opstatus.Target{Name: p.Name, URL: fmt.Sprintf("%s%s:%d/proxy", base, p.Name, port)})
-	}
+	extprocs, envoyProblems := proxied(envoyPods, extprocAdminPort, "Envoy", base)
+	problems = append(problems, envoyProblems...)
 	c, err := rest.HTTPClientFor(cfg)
 	if err != nil {
 		return nil, "", nil, nil, err
 	}
-	return c, xdsURL, extprocs, problems, nil
+	// One xds-server is read: the first running one.
+	return c, xdsServers[0].URL, extprocs, problems, nil
+}
+
+// proxied are the admin URLs, through the pod proxy under base, of the pods running with the
+// container port portName, in the pods' order; a pod with the port but not running is a
+// problem (role names the pod's kind in it), one without the port is skipped.
+func proxied(pods []corev1.Pod, portName, role, base string) ([]opstatus.Target, []string) {
+	var out []opstatus.Target
+	var problems []string
+	for _, p := range pods {
+		port, ok := containerPort(p, portName)
+		if !ok {
+			continue
+		}
+		if !running(p) {
+			problems = append(problems, fmt.Sprintf("%s pod %s is not running: %s", role, p.Name, podState(p)))
+			continue
+		}
+		out = append(out, opstatus.Target{Name: p.Name, URL: fmt.Sprintf("%s%s:%d/proxy", base, p.Name, port)})
+	}
+	return out, problems
 }
 
 func containerPort(p corev1.Pod, name string) (int32, bool) {

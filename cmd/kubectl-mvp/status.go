@@ -47,18 +47,14 @@ Exit codes: 0 printed, 1 xds-server's admin did not answer, 2 bad command line.
 
 type statusOptions struct {
 	xdsAdmin, extprocAdmin string
-	cluster                clusterAccess
-	output                 string
-	timeout                time.Duration
+	adminFlags
 }
 
 func (o *statusOptions) flagSet() *pflag.FlagSet {
 	fs := cli.NewFlagSet("status")
 	fs.StringVar(&o.xdsAdmin, "xds-admin", "", "xds-server's admin `URL`, e.g. http://127.0.0.1:9100")
 	fs.StringVar(&o.extprocAdmin, "extproc-admin", "", "extproc's admin `URL`, e.g. http://127.0.0.1:9002")
-	o.cluster.addFlags(fs, "without --xds-admin")
-	fs.VarP(outputValue(&o.output), "output", "o", "output format")
-	fs.Var(cli.NewValue(&o.timeout, 10*time.Second, "DURATION", cli.Duration(1, "a positive duration, e.g. 10s")), "timeout", "how long to wait for the admin pages")
+	o.adminFlags.addFlags(fs, 10*time.Second, "how long to wait for the admin pages")
 	return fs
 }
 

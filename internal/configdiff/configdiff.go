@@ -175,6 +175,14 @@ type envoyError struct {
 	Details string `json:"details"`
 }
 
+// text is the error's details, "" when there is none (a nil error_state).
+func (e *envoyError) text() string {
+	if e == nil {
+		return ""
+	}
+	return e.Details
+}
+
 type envoyConfigs struct {
 	Type string `json:"@type"`
 	// ListenersConfigDump
@@ -254,10 +262,7 @@ func ParseEnvoy(b []byte) (*Dump, []string, error) {
 		switch cfg.Type {
 		case "type.googleapis.com/envoy.admin.v3.ListenersConfigDump":
 			for _, l := range cfg.DynamicListeners {
-				errText := ""
-				if l.ErrorState != nil {
-					errText = l.ErrorState.Details
-				}
+				errText := l.ErrorState.text()
 				if s := l.ActiveState; s != nil {
 					add(resourcev3.ListenerType, s.Listener, &entry{version: s.VersionInfo, err: errText})
 				}
@@ -271,29 +276,17 @@ func ParseEnvoy(b []byte) (*Dump, []string, error) {
 		case "type.googleapis.com/envoy.admin.v3.ClustersConfigDump":
 			for i, cs := range [][]envoyCluster{cfg.DynamicActiveClusters, cfg.DynamicWarmingClusters} {
 				for _, c := range cs {
-					e := &entry{version: c.VersionInfo, warming: i == 1}
-					if c.ErrorState != nil {
-						e.err = c.ErrorState.Details
-					}
-					add(resourcev3.ClusterType, c.Cluster, e)
+					add(resourcev3.ClusterType, c.Cluster, &entry{version: c.VersionInfo, warming: i == 1, err: c.ErrorState.text()})
 				}
 			}
 		case "type.googleapis.com/envoy.admin.v3.RoutesConfigDump":
 			for _, r := range cfg.DynamicRouteConfigs {
-				e := &entry{version: r.VersionInfo}
-				if r.ErrorState != nil {
-					e.err = r.ErrorState.Details
-				}
-				add(resourcev3.RouteType, r.RouteConfig, e)
+				add(resourcev3.RouteType, r.RouteConfig, &entry{version: r.VersionInfo, err: r.ErrorState.text()})
 			}
 		case "type.googleapis.com/envoy.admin.v3.SecretsConfigDump":
 			for i, ss := range [][]envoySecret{cfg.DynamicActiveSecrets, cfg.DynamicWarmingSecrets} {
 				for _, s := range ss {
-					e := &entry{version: s.VersionInfo, warming: i == 1}
-					if s.ErrorState != nil {
-						e.err = s.ErrorState.Details
-					}
-					add(resourcev3.SecretType, s.Secret, e)
+					add(resourcev3.SecretType, s.Secret, &entry{version: s.VersionInfo, warming: i == 1, err: s.ErrorState.text()})
 				}
 			}
 		case "type.googleapis.com/envoy.admin.v3.EndpointsConfigDump":

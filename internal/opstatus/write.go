@@ -15,6 +15,7 @@ import (
 // Write prints r as tables, one per section; now dates the "since" column.
 func Write(w io.Writer, r *Report, now time.Time) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	// Not a section: it comes first, without a blank line, and keeps its header when empty.
 	fmt.Fprintf(tw, "APISERVERS (xds-server %s)\n", r.XDSAdmin)
 	fmt.Fprintln(tw, "HOSTNAME\tID\tVERSION\tSTATE\tCAPABILITIES\tSINCE\tPROXY CERTIFICATE")
 	for _, a := range r.APIServers {
@@ -30,38 +31,20 @@ func Write(w io.Writer, r *Report, now time.Time) {
 	if len(r.APIServers) == 0 {
 		fmt.Fprintln(tw, "(none)")
 	}
-	fmt.Fprintln(tw)
-	fmt.Fprintln(tw, "NOT SERVED BY EVERY LIVE APISERVER")
-	if len(r.PartiallyServed) == 0 {
-		fmt.Fprintln(tw, "(none: every live apiserver serves every published resource)")
-	} else {
-		fmt.Fprintln(tw, "RESOURCE\tOUTCOME\tSERVED BY\tCLUSTER\tSERVING SET")
-		for _, p := range r.PartiallyServed {
+	section(tw, "NOT SERVED BY EVERY LIVE APISERVER", "(none: every live apiserver serves every published resource)",
+		"RESOURCE\tOUTCOME\tSERVED BY\tCLUSTER\tSERVING SET", r.PartiallyServed, func(p Partial) {
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", p.Resource, p.Outcome, dash(strings.Join(p.ServedBy, ",")), dash(p.Cluster), dash(p.ServingSet))
+		})
+	section(tw, "ENVOYS", "(none connected)", "NODE\tROLE\tLOCAL APISERVER\tSTREAMS\tCONFIG VERSION\tSTATE", r.Envoys, func(e Envoy) {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", e.Node, dash(e.Role), dash(e.LocalAPIServer), e.Streams, dash(e.Version), e.State)
+		for _, n := range e.NACKs {
+			fmt.Fprintf(tw, "\t\t\t\t\tNACK %s %s: %s\n", n.Type, n.Version, n.Reason)
 		}
-	}
-	fmt.Fprintln(tw)
-	fmt.Fprintln(tw, "ENVOYS")
-	if len(r.Envoys) == 0 {
-		fmt.Fprintln(tw, "(none connected)")
-	} else {
-		fmt.Fprintln(tw, "NODE\tROLE\tLOCAL APISERVER\tSTREAMS\tCONFIG VERSION\tSTATE")
-		for _, e := range r.Envoys {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", e.Node, dash(e.Role), dash(e.LocalAPIServer), e.Streams, dash(e.Version), e.State)
-			for _, n := range e.NACKs {
-				fmt.Fprintf(tw, "\t\t\t\t\tNACK %s %s: %s\n", n.Type, n.Version, n.Reason)
-			}
-			if e.SnapshotError != "" {
-				fmt.Fprintf(tw, "\t\t\t\t\txds-server: %s\n", e.SnapshotError)
-			}
+		if e.SnapshotError != "" {
+			fmt.Fprintf(tw, "\t\t\t\t\txds-server: %s\n", e.SnapshotError)
 		}
-	}
-	if len(r.ExtProcs) > 0 {
-		fmt.Fprintln(tw)
-		fmt.Fprintln(tw, "EXTPROCS")
-		fmt.Fprintln(tw, "NAME\tREADY\tTABLE VERSION\tTABLE AGE\tUPDATE FAILING\tFAILURES")
-	}
-	for _, x := range r.ExtProcs {
+	})
+	section(tw, "EXTPROCS", "", "NAME\tREADY\tTABLE VERSION\tTABLE AGE\tUPDATE FAILING\tFAILURES", r.ExtProcs, func(x ExtProc) {
 		age := "-"
 		if x.TableAgeSeconds != nil {
 			age = (time.Duration(*x.TableAgeSeconds * float64(time.Second))).Round(time.Second).String()
@@ -74,15 +57,32 @@ func Write(w io.Writer, r *Report, now time.Time) {
 		if !x.Ready && x.Readyz != "" {
 			fmt.Fprintf(tw, "\tnot ready: %s\n", adminhttp.FirstLine([]byte(x.Readyz)))
 		}
-	}
-	if len(r.Problems) > 0 {
-		fmt.Fprintln(tw)
-		fmt.Fprintln(tw, "PROBLEMS")
-		for _, p := range r.Problems {
-			fmt.Fprintln(tw, "- "+p)
-		}
-	}
+	})
+	section(tw, "PROBLEMS", "", "", r.Problems, func(p string) {
+		fmt.Fprintln(tw, "- "+p)
+	})
 	tw.Flush()
+}
+
+// section prints one table after a blank line: its title, then its header (none when header
+// is "") and each row's lines. Without rows it prints none instead, or, when none is "",
+// nothing at all: not even the title.
+func section[T any](w io.Writer, title, none, header string, rows []T, row func(T)) {
+	if len(rows) == 0 && none == "" {
+		return
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, title)
+	if len(rows) == 0 {
+		fmt.Fprintln(w, none)
+		return
+	}
+	if header != "" {
+		fmt.Fprintln(w, header)
+	}
+	for _, x := range rows {
+		row(x)
+	}
 }
 
 func dash(s string) string {
