@@ -338,8 +338,7 @@ func TestReadersSeeMatchingPairs(t *testing.T) {
 		known[string(p.CertPEM)], known[string(p.KeyPEM)] = true, true
 	}
 
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
+	ctx := testutil.Context(t, 2*time.Second)
 	var wg sync.WaitGroup
 	var published, renewals atomic.Int64
 	var results [4]atomic.Int64

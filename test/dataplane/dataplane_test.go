@@ -20,6 +20,7 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 
 	"github.com/kube-mvp/kube-mvp/internal/contract"
+	"github.com/kube-mvp/kube-mvp/internal/testutil"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 
@@ -712,8 +713,7 @@ func TestWaitReadyTimeout(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer dp.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-	defer cancel()
+	ctx := testutil.Context(t, 200*time.Millisecond)
 	if err := dp.WaitReady(ctx); err == nil {
 		t.Fatal("ready without a control plane")
 	}
