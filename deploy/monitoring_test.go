@@ -2,7 +2,6 @@ package deploy
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -22,6 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/kube-mvp/kube-mvp/internal/testutil"
 	"github.com/kube-mvp/kube-mvp/test/controlplane"
 )
 
@@ -284,8 +284,7 @@ func promtool(t *testing.T) string {
 	if d, ok := t.Deadline(); ok && time.Until(d)-30*time.Second < limit {
 		limit = time.Until(d) - 30*time.Second
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), limit)
-	defer cancel()
+	ctx := testutil.Context(t, limit)
 	if err := os.MkdirAll(bin, 0o755); err != nil {
 		t.Fatal(err)
 	}

@@ -3,8 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"errors"
 	"os"
 	"os/exec"
@@ -26,21 +24,6 @@ func TestMain(m *testing.M) {
 		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 	}
 	os.Exit(m.Run())
-}
-
-func proxyCertPairs(t *testing.T, n int) []testutil.Leaf {
-	t.Helper()
-	ca, err := testutil.NewCA("front-proxy-ca")
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := make([]testutil.Leaf, n)
-	for i := range out {
-		if out[i], err = ca.Issue(&x509.Certificate{Subject: pkix.Name{CommonName: "front-proxy-client"}, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return out
 }
 
 // copyDirs is a node's pki directory holding kubeadm's two file names, and a destination.
@@ -80,7 +63,7 @@ func runCopy(args []string) (code int, stdout, stderr string) {
 // TestCopyFilesOnce: --once publishes a good pair; a mismatched, missing or damaged one
 // fails naming the chart value that put the command there, and publishes nothing.
 func TestCopyFilesOnce(t *testing.T) {
-	ps := proxyCertPairs(t, 2)
+	ps := testutil.ProxyClientPairs(t, 2)
 	for _, c := range []struct {
 		name     string
 		crt, key []byte
@@ -134,7 +117,7 @@ func TestCopyFilesOnce(t *testing.T) {
 // pair is mismatched, saying why once and naming the chart value, and publishes the pair
 // and exits 0 as soon as the node holds a good one: no crash loop.
 func TestCopyFilesOnceWait(t *testing.T) {
-	ps := proxyCertPairs(t, 2)
+	ps := testutil.ProxyClientPairs(t, 2)
 	d := newCopyDirs(t, t.TempDir())
 	d.write(t, ps[1].CertPEM, ps[0].KeyPEM)
 	var out, errb testutil.SyncBuffer
@@ -219,7 +202,7 @@ func TestCopyFilesAsRootWithoutCapabilities(t *testing.T) {
 	if err := os.Chmod(d.dst, 0o777|os.ModeSetgid); err != nil {
 		t.Fatal(err)
 	}
-	ps := proxyCertPairs(t, 2)
+	ps := testutil.ProxyClientPairs(t, 2)
 	d.write(t, ps[0].CertPEM, ps[0].KeyPEM)
 
 	self, err := os.Executable()

@@ -156,8 +156,7 @@ func TestServe(t *testing.T) {
 	if cluster(resp) != "kube-apiservers-only-cp-a" {
 		t.Errorf("response %v", resp)
 	}
-	rpcCtx, rpcCancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer rpcCancel()
+	rpcCtx := testutil.Context(t, 10*time.Second)
 	hc, err := healthpb.NewHealthClient(conn).Check(rpcCtx, &healthpb.HealthCheckRequest{Service: "envoy.service.ext_proc.v3.ExternalProcessor"})
 	if err != nil || hc.GetStatus() != healthpb.HealthCheckResponse_SERVING {
 		t.Errorf("health %v %v", hc, err)

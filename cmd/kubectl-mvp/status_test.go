@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
@@ -16,6 +15,7 @@ import (
 	"github.com/kube-mvp/kube-mvp/internal/configdiff"
 	"github.com/kube-mvp/kube-mvp/internal/explain"
 	"github.com/kube-mvp/kube-mvp/internal/opstatus"
+	"github.com/kube-mvp/kube-mvp/internal/testutil"
 	"github.com/kube-mvp/kube-mvp/test/controlplane"
 	"github.com/kube-mvp/kube-mvp/test/harness"
 )
@@ -23,8 +23,7 @@ import (
 // TestAgainstRunningKubeMVP runs status and explain against a real xds-server, extproc and data
 // plane in front of the usual mixed control plane (cp-a serves batch/v1, cp-b does not).
 func TestAgainstRunningKubeMVP(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
+	ctx := testutil.Context(t, 5*time.Minute)
 	cp := controlplane.ForTest(t, ctx, controlplane.Options{Servers: controlplane.MixedServers()})
 	bin := t.TempDir()
 	if err := harness.BuildBinaries(ctx, bin); err != nil {

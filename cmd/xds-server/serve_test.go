@@ -40,8 +40,7 @@ import (
 // /apis/batch/v1/ goes through extproc to a cluster holding only A, /apis/apps/v1/ straight to
 // both; when A dies it leaves every cluster, and it returns after a restart.
 func TestServeAgainstMixedControlPlane(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
+	ctx := testutil.Context(t, 10*time.Minute)
 	cp := controlplane.ForTest(t, ctx, controlplane.Options{Servers: controlplane.MixedServers()})
 	// xds-server watches through B: A is the one that dies below, and a watch through a dead
 	// server would (rightly) make every Lease look stale rather than A's alone.

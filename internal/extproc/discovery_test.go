@@ -1,7 +1,6 @@
 package extproc
 
 import (
-	"context"
 	"errors"
 	"io"
 	"testing"
@@ -10,6 +9,7 @@ import (
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 
+	"github.com/kube-mvp/kube-mvp/internal/testutil"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 
@@ -46,8 +46,7 @@ func TestMergedDiscovery(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
+			ctx := testutil.Context(t, 10*time.Second)
 			stream, err := client.Process(ctx)
 			if err != nil {
 				t.Fatal(err)

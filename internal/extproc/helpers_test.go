@@ -20,6 +20,7 @@ import (
 
 	"github.com/kube-mvp/kube-mvp/internal/contract"
 	"github.com/kube-mvp/kube-mvp/internal/objects"
+	"github.com/kube-mvp/kube-mvp/internal/testutil"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 
@@ -129,8 +130,7 @@ func call(t testing.TB, c extprocv3.ExternalProcessorClient, h *extprocv3.HttpHe
 // names it in the stream's gRPC metadata as the sidecar's routes do.
 func callBeside(t testing.TB, c extprocv3.ExternalProcessorClient, local string, h *extprocv3.HttpHeaders) *extprocv3.ProcessingResponse {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
+	ctx := testutil.Context(t, 10*time.Second)
 	if local != "" {
 		ctx = metadata.AppendToOutgoingContext(ctx, contract.MetadataLocalAPIServer, local)
 	}

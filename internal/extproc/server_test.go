@@ -1,7 +1,6 @@
 package extproc
 
 import (
-	"context"
 	"encoding/json"
 	"slices"
 	"strings"
@@ -13,6 +12,7 @@ import (
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 
 	"github.com/kube-mvp/kube-mvp/internal/contract"
+	"github.com/kube-mvp/kube-mvp/internal/testutil"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 
@@ -359,8 +359,7 @@ func TestUnexpectedMessages(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.typ, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
+			ctx := testutil.Context(t, 10*time.Second)
 			resp, err := exchange(ctx, client, c.req)
 			if err != nil {
 				t.Fatal(err)
@@ -377,8 +376,7 @@ func TestUnexpectedMessages(t *testing.T) {
 	}
 
 	// A stream that carries request headers and then an unexpected message gets both answered.
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
+	ctx := testutil.Context(t, 10*time.Second)
 	stream, err := client.Process(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -1,7 +1,6 @@
 package inventory_test
 
 import (
-	"context"
 	"encoding/pem"
 	"fmt"
 	"net"
@@ -17,6 +16,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kube-mvp/kube-mvp/internal/inventory"
+	"github.com/kube-mvp/kube-mvp/internal/testutil"
 )
 
 // TestRESTConfigHTTP2HealthCheck: a watch whose apiserver stops answering with the connection
@@ -62,8 +62,7 @@ current-context: c
 			if err != nil {
 				t.Fatal(err)
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
+			ctx := testutil.Context(t, time.Minute)
 			w, err := client.CoreV1().ConfigMaps("default").Watch(ctx, metav1.ListOptions{})
 			if err != nil {
 				t.Fatal(err)

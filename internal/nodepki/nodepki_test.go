@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"errors"
 	"io/fs"
 	"log/slog"
@@ -20,22 +18,6 @@ import (
 
 	"github.com/kube-mvp/kube-mvp/internal/testutil"
 )
-
-// pairs issues n front-proxy-client pairs of one CA, as kubeadm's renewals make them.
-func pairs(t *testing.T, n int) []testutil.Leaf {
-	t.Helper()
-	ca, err := testutil.NewCA("front-proxy-ca")
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := make([]testutil.Leaf, n)
-	for i := range out {
-		if out[i], err = ca.Issue(&x509.Certificate{Subject: pkix.Name{CommonName: "front-proxy-client"}, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return out
-}
 
 // node is a node's pki directory and a copier from it into a pod's directory.
 type node struct {
@@ -123,7 +105,7 @@ func generations(t *testing.T, dir string) []string {
 // TestLayout: the Secret-volume layout, the modes, and nothing republished without a change.
 func TestLayout(t *testing.T) {
 	n := newNode(t)
-	p := pairs(t, 1)[0]
+	p := testutil.ProxyClientPairs(t, 1)[0]
 	n.writePair(p)
 	n.sync(Published)
 	gen := n.published(p)
@@ -164,7 +146,7 @@ func TestLayout(t *testing.T) {
 // (a reader may be opening a file through it) and older ones are removed.
 func TestRenewal(t *testing.T) {
 	n := newNode(t)
-	ps := pairs(t, 3)
+	ps := testutil.ProxyClientPairs(t, 3)
 	var gens []string
 	for _, p := range ps {
 		n.writePair(p)
@@ -190,7 +172,7 @@ func contains(s []string, v string) bool {
 // key not yet, a file being written), nothing is published; the last good pair stays.
 func TestTornReads(t *testing.T) {
 	n := newNode(t)
-	ps := pairs(t, 2)
+	ps := testutil.ProxyClientPairs(t, 2)
 	n.writePair(ps[0])
 	n.sync(Published)
 	gen := n.published(ps[0])
@@ -237,7 +219,7 @@ func TestTornReads(t *testing.T) {
 
 // TestSourceChecks: what is refused before anything is published.
 func TestSourceChecks(t *testing.T) {
-	ps := pairs(t, 2)
+	ps := testutil.ProxyClientPairs(t, 2)
 	for _, c := range []struct {
 		name  string
 		setup func(n *node)
@@ -308,7 +290,7 @@ func TestGroup(t *testing.T) {
 		gid = 65532 // root may give any group; a container's copier is a member of it
 	}
 	n.c.Group = gid
-	p := pairs(t, 1)[0]
+	p := testutil.ProxyClientPairs(t, 1)[0]
 	n.writePair(p)
 	n.sync(Published)
 	gen := n.published(p)
@@ -330,7 +312,7 @@ func TestGroup(t *testing.T) {
 // (with no switch in between) matches.
 func TestReadersSeeMatchingPairs(t *testing.T) {
 	n := newNode(t)
-	ps := pairs(t, 4)
+	ps := testutil.ProxyClientPairs(t, 4)
 	n.writePair(ps[0])
 	n.sync(Published)
 	known := map[string]bool{}
@@ -338,8 +320,7 @@ func TestReadersSeeMatchingPairs(t *testing.T) {
 		known[string(p.CertPEM)], known[string(p.KeyPEM)] = true, true
 	}
 
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
+	ctx := testutil.Context(t, 2*time.Second)
 	var wg sync.WaitGroup
 	var published, renewals atomic.Int64
 	var results [4]atomic.Int64
@@ -419,7 +400,7 @@ func TestReadersSeeMatchingPairs(t *testing.T) {
 // and each publication are logged.
 func TestRunLogsOnce(t *testing.T) {
 	n := newNode(t)
-	ps := pairs(t, 2)
+	ps := testutil.ProxyClientPairs(t, 2)
 	n.writePair(ps[0])
 	var buf testutil.SyncBuffer
 	log := slog.New(slog.NewTextHandler(&buf, nil))

@@ -17,6 +17,7 @@ import (
 
 	"github.com/kube-mvp/kube-mvp/internal/proxycert"
 	"github.com/kube-mvp/kube-mvp/internal/tablestream"
+	"github.com/kube-mvp/kube-mvp/internal/testutil"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 	tablev1 "github.com/kube-mvp/kube-mvp/proto/kubemvp/table/v1"
 )
@@ -211,8 +212,7 @@ func TestProxyCheckReportLimits(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer conn.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
+		ctx := testutil.Context(t, 5*time.Second)
 		stream, err := tablev1.NewTableServiceClient(conn).ReportProxyChecks(ctx)
 		if err != nil {
 			return err

@@ -10,6 +10,7 @@ import (
 	"encoding/pem"
 	"fmt"
 	"math/big"
+	"testing"
 	"time"
 )
 
@@ -63,6 +64,23 @@ func (ca *CA) Issue(tmpl *x509.Certificate) (Leaf, error) {
 		return Leaf{}, err
 	}
 	return Leaf{Cert: cert, CertPEM: certPEM, KeyPEM: pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})}, nil
+}
+
+// ProxyClientPairs issues n front-proxy-client certificate pairs (client authentication) of
+// one new CA, front-proxy-ca, as kubeadm's renewals make them.
+func ProxyClientPairs(t testing.TB, n int) []Leaf {
+	t.Helper()
+	ca, err := NewCA("front-proxy-ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([]Leaf, n)
+	for i := range out {
+		if out[i], err = ca.Issue(&x509.Certificate{Subject: pkix.Name{CommonName: "front-proxy-client"}, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return out
 }
 
 // sign makes the certificate of key described by tmpl, signed by parent's signer, with a

@@ -1,6 +1,7 @@
 package testutil
 
 import (
+	"bytes"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
@@ -32,5 +33,21 @@ func TestCAIssues(t *testing.T) {
 	}
 	if _, err := tls.X509KeyPair(leaf.CertPEM, leaf.KeyPEM); err != nil {
 		t.Errorf("PEM pair: %v", err)
+	}
+}
+
+func TestProxyClientPairs(t *testing.T) {
+	ps := ProxyClientPairs(t, 2)
+	if len(ps) != 2 || bytes.Equal(ps[0].CertPEM, ps[1].CertPEM) || bytes.Equal(ps[0].KeyPEM, ps[1].KeyPEM) {
+		t.Fatalf("want two different pairs, got %d", len(ps))
+	}
+	for _, p := range ps {
+		if p.Cert.Subject.CommonName != "front-proxy-client" || p.Cert.Issuer.CommonName != "front-proxy-ca" ||
+			len(p.Cert.ExtKeyUsage) != 1 || p.Cert.ExtKeyUsage[0] != x509.ExtKeyUsageClientAuth {
+			t.Errorf("subject %v, issuer %v, extended key usages %v", p.Cert.Subject, p.Cert.Issuer, p.Cert.ExtKeyUsage)
+		}
+		if _, err := tls.X509KeyPair(p.CertPEM, p.KeyPEM); err != nil {
+			t.Errorf("PEM pair: %v", err)
+		}
 	}
 }

@@ -1,6 +1,6 @@
 // Package testutil holds the small helpers the tests share: a bounded wait for a condition,
-// a writer into the test log, a buffer safe for concurrent writers, a certificate authority,
-// and ports for the processes tests start that no other test takes. It imports nothing but the standard library, so any package's tests may use it.
+// a writer into the test log, a buffer safe for concurrent writers, a temporary directory
+// kept when the test fails, a certificate authority, and ports for the processes tests start that no other test takes. It imports nothing but the standard library, so any package's tests may use it.
 package testutil
 
 import (
@@ -54,6 +54,27 @@ func Context(t testing.TB, timeout time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(t.Context(), timeout)
 	t.Cleanup(cancel)
 	return ctx
+}
+
+// TempDirKeptOnFailure makes a new directory under /tmp whose name begins with prefix, and
+// removes it when the test ends, unless the test failed: then it is kept, and its path logged,
+// for the logs of a failed run are what one reads to find out why. It is under /tmp and not
+// t.TempDir() because such directories hold unix sockets, whose paths must stay short (at
+// most 108 bytes).
+func TempDirKeptOnFailure(t testing.TB, prefix string) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("/tmp", prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("logs kept in %s", dir)
+			return
+		}
+		os.RemoveAll(dir)
+	})
+	return dir
 }
 
 // errNotYet is what Cond's check returns while the condition does not hold.

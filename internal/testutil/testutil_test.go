@@ -3,6 +3,8 @@ package testutil
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -38,4 +40,47 @@ func TestContextEndsWithTheTest(t *testing.T) {
 	if ctx.Err() == nil {
 		t.Error("the context outlived its test")
 	}
+}
+
+func TestTempDirKeptOnFailure(t *testing.T) {
+	var dir string
+	t.Run("passes", func(t *testing.T) {
+		dir = TempDirKeptOnFailure(t, "testutil-")
+		if !strings.HasPrefix(dir, "/tmp/testutil-") {
+			t.Errorf("dir %s, want one under /tmp", dir)
+		}
+		if _, err := os.Stat(dir); err != nil {
+			t.Error(err)
+		}
+	})
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("after a passed test: %v, want it removed", err)
+	}
+
+	failed := &failedTB{TB: t}
+	dir = TempDirKeptOnFailure(failed, "testutil-")
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	for _, f := range failed.cleanups {
+		f()
+	}
+	if _, err := os.Stat(dir); err != nil {
+		t.Errorf("after a failed test: %v, want it kept", err)
+	}
+	if len(failed.logs) != 1 || !strings.Contains(failed.logs[0], dir) {
+		t.Errorf("logged %q, want the kept directory", failed.logs)
+	}
+}
+
+// failedTB is a test that has failed, whose Cleanup functions the caller runs.
+type failedTB struct {
+	testing.TB
+	cleanups []func()
+	logs     []string
+}
+
+func (f *failedTB) Helper()           {}
+func (f *failedTB) Failed() bool      { return true }
+func (f *failedTB) Cleanup(fn func()) { f.cleanups = append(f.cleanups, fn) }
+func (f *failedTB) Logf(format string, args ...any) {
+	f.logs = append(f.logs, fmt.Sprintf(format, args...))
 }

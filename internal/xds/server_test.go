@@ -112,8 +112,7 @@ func (c *adsClient) recvCluster() (*discovery.DiscoveryResponse, string) {
 }
 
 func TestADSPerNodeSnapshotsAndAcks(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	ctx := testutil.Context(t, 30*time.Second)
 	srv := xds.New(xds.Options{Translate: clustersOnly, MakeBeforeBreak: noMBB})
 	addr := serveADS(t, ctx, srv)
 	srv.Update(plans(t, topo(t, true)))
@@ -295,8 +294,7 @@ func TestJoiningApiserver(t *testing.T) {
 // node is refused (and counted), a known node's second stream is not; a stream may not
 // switch to another node; equal nodes share one translation.
 func TestLimitsAndNodeLifetime(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	ctx := testutil.Context(t, 30*time.Second)
 	translations := 0
 	refused := map[string]int{}
 	var mu sync.Mutex
@@ -389,8 +387,7 @@ func serveADS(t *testing.T, ctx context.Context, srv *xds.Server) string {
 // but a refusal saying what to upgrade; 1.36.0 and newer, and clients that are not Envoy or
 // send no build version, are served.
 func TestEnvoyVersion(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	ctx := testutil.Context(t, 30*time.Second)
 	refused := map[string]int{}
 	var mu sync.Mutex
 	srv := xds.New(xds.Options{Translate: clustersOnly, MakeBeforeBreak: noMBB, Log: slog.New(slog.DiscardHandler),

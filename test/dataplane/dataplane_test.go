@@ -24,6 +24,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/kube-mvp/kube-mvp/internal/contract"
+	"github.com/kube-mvp/kube-mvp/internal/testutil"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 
@@ -762,8 +763,7 @@ func TestWaitReadyTimeout(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer dp.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-	defer cancel()
+	ctx := testutil.Context(t, 200*time.Millisecond)
 	if err := dp.WaitReady(ctx); err == nil {
 		t.Fatal("ready without a control plane")
 	}

@@ -36,6 +36,7 @@ import (
 	"github.com/kube-mvp/kube-mvp/internal/objects"
 	"github.com/kube-mvp/kube-mvp/internal/plan"
 	"github.com/kube-mvp/kube-mvp/internal/snapshot"
+	"github.com/kube-mvp/kube-mvp/internal/testutil"
 )
 
 // buildResources translates a fixture with test secrets and an extproc on a unix socket.
@@ -319,8 +320,7 @@ func TestGoldenConfigsAccepted(t *testing.T) {
 			if n := dp.NACKs(); len(n) > 0 {
 				t.Fatalf("NACKs: %q", n)
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
+			ctx := testutil.Context(t, 5*time.Second)
 			if err := dp.WaitReady(ctx); err != nil {
 				t.Fatal(err)
 			}

@@ -17,6 +17,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/kube-mvp/kube-mvp/internal/testutil"
 	"github.com/kube-mvp/kube-mvp/test/controlplane"
 )
 
@@ -32,8 +33,7 @@ import (
 // external name and the APIService's port, the test's own TLS server; endpoints on a loopback
 // address would be refused.
 func TestAggregatedWriteSentOnce(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
+	ctx := testutil.Context(t, 3*time.Minute)
 	const group, version = "retrytest.kube-mvp.io", "v1"
 	gvPath := "/apis/" + group + "/" + version
 	createPath := gvPath + "/namespaces/default/widgets"

@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kube-mvp/kube-mvp/internal/objects"
+	"github.com/kube-mvp/kube-mvp/internal/testutil"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 	"github.com/kube-mvp/kube-mvp/internal/xds"
 	"github.com/kube-mvp/kube-mvp/test/controlplane"
@@ -30,8 +31,7 @@ import (
 // after its Lease is deleted (stopped gracefully); then 404. The memory survives an
 // xds-server restart (it lives in a ConfigMap).
 func TestDepartedAPIServerMemory(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
-	defer cancel()
+	ctx := testutil.Context(t, 20*time.Minute)
 	// Cluster defaults: no StorageVersionAPI gate, no internal.apiserver.k8s.io/v1alpha1.
 	servers := []controlplane.ServerSpec{
 		{Name: "cp-a", Version: "v1.37.1", Args: []string{"--feature-gates=APIServerIdentity=true", "--runtime-config=batch/v1=true"}},

@@ -69,18 +69,7 @@ func newEnv(t testing.TB, ctx context.Context, servers ...controlplane.ServerSpe
 func newEnvOptions(t testing.TB, ctx context.Context, opts controlplane.Options) *env {
 	t.Helper()
 	cp := controlplane.ForTest(t, ctx, opts)
-	dir, err := os.MkdirTemp("/tmp", "kmvp-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("logs kept in %s", dir)
-			return
-		}
-		os.RemoveAll(dir)
-	})
-	return &env{t: t, cp: cp, dir: dir}
+	return &env{t: t, cp: cp, dir: testutil.TempDirKeptOnFailure(t, "kmvp-")}
 }
 
 // startKubeMVP starts a deployment of kube-mvp (see harness.Start); local names the

@@ -39,8 +39,7 @@ import (
 // discovery and the two claims on real apiservers as refused, and every cluster of the data
 // plane holds only the real apiservers' addresses, each once.
 func TestForgedLeases(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
-	defer cancel()
+	ctx := testutil.Context(t, 6*time.Minute)
 	e := newEnv(t, ctx, controlplane.MixedServers()...)
 	k := e.startKubeMVP(ctx, "forged", "")
 	admin, err := e.cp.PKI.ClientCert("forged-admin", "system:masters")

@@ -16,6 +16,7 @@ import (
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 
 	"github.com/kube-mvp/kube-mvp/internal/objects"
+	"github.com/kube-mvp/kube-mvp/internal/testutil"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 	"github.com/kube-mvp/kube-mvp/test/controlplane"
 	"github.com/kube-mvp/kube-mvp/test/harness"
@@ -31,8 +32,7 @@ import (
 // operator deletes the entry of a departed apiserver, then the whole ConfigMap: it stays
 // deleted (xds-server does not write it back), and the live apiserver is recorded again.
 func TestForgedMemory(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
-	defer cancel()
+	ctx := testutil.Context(t, 8*time.Minute)
 	e := newEnv(t, ctx,
 		controlplane.ServerSpec{Name: "cp-a", Version: "v1.37.1"},
 		controlplane.ServerSpec{Name: "cp-b", Version: "v1.37.1"})

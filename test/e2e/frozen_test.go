@@ -28,8 +28,7 @@ import (
 // every read is answered 200 (one in flight on it is retried after the reset). Without the
 // pings a watch on it would wait for it for ever.
 func TestFrozenAPIServer(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
-	defer cancel()
+	ctx := testutil.Context(t, 6*time.Minute)
 	e := newEnv(t, ctx,
 		controlplane.ServerSpec{Name: "cp-a", Version: "v1.37.1"},
 		controlplane.ServerSpec{Name: "cp-b", Version: "v1.37.1"},

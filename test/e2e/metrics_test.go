@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kube-mvp/kube-mvp/deploy"
+	"github.com/kube-mvp/kube-mvp/internal/testutil"
 	"github.com/kube-mvp/kube-mvp/test/controlplane"
 )
 
@@ -30,8 +31,7 @@ import (
 // name and no scrape has; and it finds the Envoy series they name in the data plane's
 // /stats/prometheus.
 func TestMetricsLint(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
+	ctx := testutil.Context(t, 10*time.Minute)
 	documented := documentedMetrics(t)
 	monitored := monitoredMetrics(t)
 	scraped := map[string]bool{} // every series name in any scrape

@@ -22,6 +22,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/kube-mvp/kube-mvp/internal/testutil"
 	"github.com/kube-mvp/kube-mvp/test/controlplane"
 	"github.com/kube-mvp/kube-mvp/test/harness"
 )
@@ -71,8 +72,7 @@ type upgradePlan struct {
 }
 
 func rollingUpgrade(t *testing.T, plan upgradePlan) {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
-	defer cancel()
+	ctx := testutil.Context(t, 20*time.Minute)
 	servers := []string{"cp-a", "cp-b", "cp-c"}
 	e := newEnv(t, ctx,
 		controlplane.ServerSpec{Name: "cp-a", Version: plan.from, ClusterDefaults: plan.clusterDefaults},

@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/kube-mvp/kube-mvp/internal/testutil"
 	"github.com/kube-mvp/kube-mvp/test/controlplane"
 	"github.com/kube-mvp/kube-mvp/test/harness"
 )
@@ -47,8 +48,7 @@ var settings = []struct {
 }
 
 func upstreamScenarios(t *testing.T, clusterDefaults bool) {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
-	defer cancel()
+	ctx := testutil.Context(t, 20*time.Minute)
 	specs := append(controlplane.MixedServers(), controlplane.ServerSpec{Name: "cp-c", Version: "v1.37.1"})
 	for i := range specs {
 		specs[i].ClusterDefaults = clusterDefaults

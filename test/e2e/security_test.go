@@ -25,6 +25,7 @@ import (
 
 	"github.com/kube-mvp/kube-mvp/internal/cptls"
 	"github.com/kube-mvp/kube-mvp/internal/cptls/cptlstest"
+	"github.com/kube-mvp/kube-mvp/internal/testutil"
 	"github.com/kube-mvp/kube-mvp/internal/xds"
 	tablev1 "github.com/kube-mvp/kube-mvp/proto/kubemvp/table/v1"
 	"github.com/kube-mvp/kube-mvp/test/controlplane"
@@ -36,8 +37,7 @@ import (
 // role, nobody gets a snapshot or a table; a rightful Envoy gets its snapshot, and no xDS
 // response carries a private key; a flood of node IDs leaves nothing behind.
 func TestControlPlaneChannel(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
+	ctx := testutil.Context(t, 10*time.Minute)
 	e := newEnv(t, ctx, controlplane.ServerSpec{Name: "cp-a", Version: "v1.37.1"})
 	k := e.startKubeMVP(ctx, "sec", "")
 	own := func(r cptls.Role) credentials.TransportCredentials {

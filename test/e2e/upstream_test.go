@@ -88,8 +88,7 @@ func getWith(ctx context.Context, c *http.Client, url string, hdr map[string]str
 // TestUpstreamProxyBaseline: upstream's in-process proxy and kube-mvp both serve the Jobs
 // that B cannot; the latency comparison is BenchmarkProxiedList.
 func TestUpstreamProxyBaseline(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
+	ctx := testutil.Context(t, 10*time.Minute)
 	u := newUpstreamBaseline(t, ctx)
 	for range 10 {
 		for _, url := range []string{u.viaB, u.viaOurs} {
@@ -109,8 +108,7 @@ func TestUpstreamProxyBaseline(t *testing.T) {
 // the ext_proc exchange, A's answer up to its headers). The data plane is the Go stand-in for
 // Envoy, so this compares paths, not Envoy's own speed.
 func BenchmarkProxiedList(b *testing.B) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
+	ctx := testutil.Context(b, 10*time.Minute)
 	u := newUpstreamBaseline(b, ctx)
 	proxied := u.e.rawClient(&u.e.cp.PKI.ProxyClient)
 	var upstream, ours, direct, front time.Duration

@@ -131,17 +131,7 @@ func TestVersionSkew(t *testing.T) {
 		{Name: "cp-a", Version: "v1.37.1", ClusterDefaults: true},
 		{Name: "cp-b", Version: "v1.36.4", ClusterDefaults: true, RuntimeConfig: []string{"batch/v1=false"}},
 	}})
-	dir, err := os.MkdirTemp("/tmp", "kskew-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("logs kept in %s", dir)
-			return
-		}
-		os.RemoveAll(dir)
-	})
+	dir := testutil.TempDirKeptOnFailure(t, "kskew-")
 	admin, err := cp.Server("cp-a").Client()
 	if err != nil {
 		t.Fatal(err)

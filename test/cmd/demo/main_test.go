@@ -2,11 +2,12 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"regexp"
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/kube-mvp/kube-mvp/internal/testutil"
 )
 
 // TestDemo runs the demo script to its end: the newcomer's first command must keep working,
@@ -15,8 +16,7 @@ func TestDemo(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs a real control plane")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
-	defer cancel()
+	ctx := testutil.Context(t, 15*time.Minute)
 	var out bytes.Buffer
 	if err := run(ctx, &out, true); err != nil {
 		t.Fatalf("%v\n%s", err, out.String())

@@ -2,7 +2,6 @@ package standin
 
 import (
 	"archive/tar"
-	"context"
 	"io"
 	"os"
 	"os/exec"
@@ -13,6 +12,8 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"github.com/kube-mvp/kube-mvp/internal/testutil"
 )
 
 // TestImage builds the stand-in's image and checks it: named as a stand-in, the binary at
@@ -22,8 +23,7 @@ func TestImage(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the stand-in (cgo, static): skipped with -short")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
-	defer cancel()
+	ctx := testutil.Context(t, 8*time.Minute)
 	ref, path, err := Image(ctx, testWriter{t})
 	if err != nil {
 		t.Fatal(err)
