@@ -9,6 +9,7 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"net/url"
 	"regexp"
 	"slices"
 	"sort"
@@ -143,14 +144,11 @@ func (d *DataPlane) serveDrainListeners(w http.ResponseWriter, r *http.Request) 
 // text_readouts) and its html formats are refused with 400 here: the stand-in does not
 // implement them, and has no histograms or text readouts.
 func (d *DataPlane) serveStats(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
-	text := func(status int, body string) { writeText(w, status, body) }
-	for k := range q {
-		if k != "filter" && k != "format" {
-			text(http.StatusBadRequest, fmt.Sprintf("/stats parameter %q is not implemented by the test stand-in\n", k))
-			return
-		}
+	q, ok := implementedParams(w, r, "filter", "format")
+	if !ok {
+		return
 	}
+	text := func(status int, body string) { writeText(w, status, body) }
 	var re *regexp.Regexp
 	if q.Has("filter") {
 		var err error
@@ -186,6 +184,20 @@ func (d *DataPlane) serveStats(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// implementedParams is the request's query when it has only parameters the stand-in
+// implements; otherwise it answers 400: a page that ignored a parameter Envoy honours would
+// answer what Envoy would not.
+func implementedParams(w http.ResponseWriter, r *http.Request, implemented ...string) (url.Values, bool) {
+	q := r.URL.Query()
+	for k := range q {
+		if !slices.Contains(implemented, k) {
+			writeText(w, http.StatusBadRequest, fmt.Sprintf("%s parameter %q is not implemented by the test stand-in\n", r.URL.Path, k))
+			return nil, false
+		}
+	}
+	return q, true
+}
+
 func writeJSON(w http.ResponseWriter, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	enc := json.NewEncoder(w)
@@ -210,12 +222,9 @@ func sortedNames[T any](m map[string]T) []string {
 // (dumpEndpointConfigs, endpointConfigOf). Other parameters (resource, mask, name_regex)
 // are refused: the stand-in does not implement them.
 func (d *DataPlane) serveConfigDump(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
-	for k := range q {
-		if k != "include_eds" {
-			writeText(w, http.StatusBadRequest, fmt.Sprintf("/config_dump parameter %q is not implemented by the test stand-in\n", k))
-			return
-		}
+	q, ok := implementedParams(w, r, "include_eds")
+	if !ok {
+		return
 	}
 	cfg := d.config()
 	dump := &adminv3.ConfigDump{}
@@ -404,12 +413,9 @@ func redact(m protoreflect.Message, sensitive bool) {
 // metadata there (it is in /config_dump); circuit breakers and success rates are left out.
 // Envoy's filter parameter is refused with 400: the stand-in does not implement it.
 func (d *DataPlane) serveClusters(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
-	for k := range q {
-		if k != "format" {
-			writeText(w, http.StatusBadRequest, fmt.Sprintf("/clusters parameter %q is not implemented by the test stand-in\n", k))
-			return
-		}
+	q, ok := implementedParams(w, r, "format")
+	if !ok {
+		return
 	}
 	clusters := d.clustersStatus()
 	if q.Get("format") == "json" {
