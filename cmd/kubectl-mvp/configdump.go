@@ -60,7 +60,8 @@ Otherwise through the Kubernetes API: xds-server's admin through the pod proxy, 
 Envoy pod's admin, which listens on the pod's loopback only, through a port-forward to it
 (its node ID is the pod name). That needs list on pods, get on pods/proxy and create on
 pods/portforward in the namespace (the chart's rbac.operators).
-Exit codes: 0 printed, 1 an admin did not answer (or you may not reach it), 2 bad command line.
+Exit codes: 0 printed, 1 an admin did not answer (or you may not reach it), 2 bad command line,
+3 with --exit-code: printed, and some resource is not equal (or a problem was found).
 `
 
 type configDumpOptions struct {
@@ -68,6 +69,7 @@ type configDumpOptions struct {
 	node                 string
 	envoyAdminPort       int
 	envoyAdminPortSet    bool // given: it wins over the pods' annotation
+	exitCode             bool
 	adminFlags
 }
 
@@ -83,6 +85,7 @@ func (o *configDumpOptions) flagSet() *pflag.FlagSet {
 		}
 		return p, nil
 	}), "envoy-admin-port", "without --envoy-admin: Envoy's admin port in its pods (default: what each pod's "+contract.AnnotationEnvoyAdminPort+" annotation says, else 9901)")
+	fs.BoolVar(&o.exitCode, "exit-code", false, "exit 3 unless every resource of every Envoy is equal and nothing went unread (for scripts: a rollout's check)")
 	o.adminFlags.addFlags(fs, 30*time.Second, "how long to wait for everything")
 	return fs
 }
@@ -119,6 +122,9 @@ func runConfigDump(args []string, stdout, stderr io.Writer) int {
 	}
 	if !printStructured(stdout, r, o.output) {
 		configdiff.Write(stdout, r)
+	}
+	if o.exitCode && !r.InSync() {
+		return 3
 	}
 	return 0
 }

@@ -5,7 +5,9 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"slices"
 	"strings"
@@ -188,11 +190,32 @@ func checkConfigDump(t *testing.T, k *harness.KubeMVP) {
 	if n.Node != "front" || len(r.Problems) > 0 {
 		t.Errorf("node %s, problems %q", n.Node, r.Problems)
 	}
-	code, out, errOut := configDump(append(live, "--node", "front")...)
+	code, out, errOut := configDump(append(live, "--node", "front", "--exit-code")...)
 	if code != 0 || !strings.Contains(out, "NODE front at "+k.DataPlane.AdminURL()+" (xds-server: ACK; ") || !strings.Contains(out, "TYPE  ") || strings.Contains(out, "PRIVATE KEY") {
 		t.Errorf("config-dump table: exit %d: %s\n%s", code, errOut, out)
 	}
 	t.Logf("kubectl mvp config-dump:\n%s", out)
+
+	// An Envoy admin seen through a proxy that drops ?include_eds: the endpoints go unread,
+	// so the report is out of sync, which only --exit-code turns into exit 3.
+	noEDS := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		res, err := http.Get(k.DataPlane.AdminURL() + r.URL.Path)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		defer res.Body.Close()
+		w.WriteHeader(res.StatusCode)
+		_, _ = io.Copy(w, res.Body)
+	}))
+	defer noEDS.Close()
+	withoutEDS := []string{"--xds-admin", k.XDSAdmin, "--envoy-admin", noEDS.URL}
+	if code, out, errOut := configDump(withoutEDS...); code != 0 || !strings.Contains(out, "include_eds") {
+		t.Errorf("config-dump without endpoints: exit %d, want 0 without --exit-code: %s\n%s", code, errOut, out)
+	}
+	if code, out, errOut := configDump(append(withoutEDS, "--exit-code")...); code != 3 || !strings.Contains(out, configdiff.OnlyXDSServer) {
+		t.Errorf("config-dump --exit-code without endpoints: exit %d, want 3: %s\n%s", code, errOut, out)
+	}
 
 	if code, _, errOut := configDump("--xds-admin", k.XDSAdmin); code != 2 || !strings.Contains(errOut, "--xds-admin and --envoy-admin go together") {
 		t.Errorf("--xds-admin alone: exit %d, %q", code, errOut)

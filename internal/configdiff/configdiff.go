@@ -57,6 +57,22 @@ type Report struct {
 	Problems []string `json:"problems,omitempty"`
 }
 
+// InSync reports whether every Envoy applied exactly what xds-server holds for it: every
+// resource equal, none warming, and nothing that could not be read or compared.
+func (r *Report) InSync() bool {
+	if len(r.Problems) > 0 {
+		return false
+	}
+	for _, n := range r.Nodes {
+		for _, res := range n.Resources {
+			if res.State != Equal {
+				return false
+			}
+		}
+	}
+	return true
+}
+
 // Node is one Envoy.
 type Node struct {
 	// Node is the Envoy's node ID (in a cluster, its pod's name); Envoy where it was read

@@ -233,6 +233,12 @@ func TestEqual(t *testing.T) {
 	if len(problems) > 0 || n.Summary[Equal] != total || len(n.Resources) != total || n.Sync != "ACK" {
 		t.Fatalf("problems %q, summary %v of %d, sync %s: %+v", problems, n.Summary, total, n.Sync, n.Resources)
 	}
+	if !(&Report{Nodes: []Node{n}}).InSync() {
+		t.Error("InSync: false for a node whose every resource is equal")
+	}
+	if (&Report{Nodes: []Node{n}, Problems: []string{"an admin page could not be read"}}).InSync() {
+		t.Error("InSync: true despite a problem")
+	}
 	for _, r := range n.Resources {
 		wantVersion := "v1"
 		if r.Type == "ClusterLoadAssignment" {
@@ -291,6 +297,13 @@ func TestDifferences(t *testing.T) {
 	}
 	if n.Sync != "NACK" || n.Summary[Differs] != 2 || n.Summary[OnlyXDSServer] != 1 || n.Summary[OnlyEnvoy] != 1 || n.Summary[Warming] != 2 {
 		t.Errorf("sync %s, summary %v", n.Sync, n.Summary)
+	}
+	// Each state but equal alone puts the report out of sync.
+	for _, st := range []string{Differs, OnlyXDSServer, OnlyEnvoy, Warming} {
+		one := Node{Node: n.Node, Sync: n.Sync, Resources: []Resource{{Type: "Cluster", Name: "a", State: Equal}, {Type: "Cluster", Name: "b", State: st}}}
+		if (&Report{Nodes: []Node{one}}).InSync() {
+			t.Errorf("InSync: true with a resource %s", st)
+		}
 	}
 	var text bytes.Buffer
 	Write(&text, &Report{Nodes: []Node{n}})
