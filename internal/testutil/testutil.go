@@ -1,6 +1,8 @@
 // Package testutil holds the small helpers the tests share: a bounded wait for a condition,
 // a writer into the test log, a buffer safe for concurrent writers, a temporary directory
-// kept when the test fails, a certificate authority, and ports for the processes tests start that no other test takes. It imports nothing but the standard library, so any package's tests may use it.
+// kept when the test fails, a certificate authority, and ports for the processes tests start
+// that no other test takes. It imports nothing but the standard library, so any package's
+// tests may use it.
 package testutil
 
 import (
