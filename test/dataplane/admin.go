@@ -620,7 +620,8 @@ func ReadClusters(ctx context.Context, adminURL string) (*adminv3.Clusters, erro
 		return nil, fmt.Errorf("GET %s/clusters?format=json: %s: %s", adminURL, res.Status, b)
 	}
 	out := &adminv3.Clusters{}
-	if err := protojson.Unmarshal(b, out); err != nil {
+	// A newer Envoy may add fields this go-control-plane does not know.
+	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(b, out); err != nil {
 		return nil, fmt.Errorf("GET %s/clusters?format=json: %w", adminURL, err)
 	}
 	return out, nil
