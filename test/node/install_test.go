@@ -34,6 +34,7 @@ func TestHelmInstallFront(t *testing.T) {
 	in.checkIdentities(t, ctx)
 	in.checkMixedVersions(t, ctx)
 	in.checkExec(t, ctx)
+	in.checkOperatorView(t, ctx)
 	in.checkPods(t, ctx) // still no restart after all that
 }
 
@@ -46,6 +47,7 @@ func TestHelmInstallSidecar(t *testing.T) {
 	in.checkIdentities(t, ctx)
 	in.checkMixedVersions(t, ctx)
 	in.checkExec(t, ctx)
+	in.checkOperatorView(t, ctx)
 	in.checkPods(t, ctx)
 }
 
@@ -287,6 +289,46 @@ func (in *installation) checkExec(t *testing.T, ctx context.Context) {
 	if err != nil || strings.TrimSpace(string(out)) != "hello from sleeper" {
 		t.Fatalf("kubectl exec through kube-mvp: %v: %q", err, out)
 	}
+}
+
+// checkOperatorView runs kubectl mvp as an operator would, with the admin kubeconfig, on the
+// installed release: status through the pod proxy, config-dump through a real kubelet's
+// port-forward to each Envoy pod's loopback admin; once the data plane settled, every
+// resource of every Envoy is what xds-server holds (config-dump --exit-code).
+func (in *installation) checkOperatorView(t *testing.T, ctx context.Context) {
+	t.Helper()
+	root, err := controlplane.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(in.dir, "kubectl-mvp")
+	build := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/kubectl-mvp")
+	build.Dir = root
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building kubectl-mvp: %v\n%s", err, out)
+	}
+	mvp := func(args ...string) (string, error) {
+		out, err := exec.CommandContext(ctx, bin, append(args, "--kubeconfig", in.node.Kubeconfig, "-n", node.Namespace)...).CombinedOutput()
+		return string(out), err
+	}
+	out, err := mvp("status")
+	if err != nil || !strings.Contains(out, servers[0].Name) || !strings.Contains(out, servers[1].Name) {
+		t.Errorf("kubectl mvp status: %v\n%s", err, out)
+	}
+	t.Logf("kubectl mvp status:\n%s", out)
+	// A new Lease or discovery may change the configuration between the two reads.
+	deadline := time.Now().Add(time.Minute)
+	for {
+		out, err = mvp("config-dump", "--exit-code")
+		if err == nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(2 * time.Second)
+	}
+	if err != nil || !strings.Contains(out, "equal") {
+		t.Errorf("kubectl mvp config-dump --exit-code: %v\n%s", err, out)
+	}
+	t.Logf("kubectl mvp config-dump:\n%s", out)
 }
 
 type testLog struct{ t *testing.T }
