@@ -27,6 +27,7 @@ import (
 	"github.com/kube-mvp/kube-mvp/internal/cli"
 	"github.com/kube-mvp/kube-mvp/internal/configdiff"
 	"github.com/kube-mvp/kube-mvp/internal/contract"
+	"github.com/kube-mvp/kube-mvp/internal/opstatus"
 	"github.com/kube-mvp/kube-mvp/internal/xds"
 
 	"github.com/kube-mvp/kube-mvp/internal/adminhttp"
@@ -56,7 +57,8 @@ Secrets are compared by name, certificate and validation context; no key is ever
 
 const configDumpOutro = `With --xds-admin and --envoy-admin: the processes at those URLs (outside a cluster, as make
 demo runs them); the node is --node, or the only one xds-server's /debug/syncz lists.
-Otherwise through the Kubernetes API: xds-server's admin through the pod proxy, and each
+Otherwise through the Kubernetes API: xds-server's admin through the pod proxy (for each
+Envoy, the replica it is connected to), and each
 Envoy pod's admin, which listens on the pod's loopback only, through a port-forward to it
 (its node ID is the pod name). That needs list on pods, get on pods/proxy and create on
 pods/portforward in the namespace (the chart's rbac.operators).
@@ -130,10 +132,11 @@ func runConfigDump(args []string, stdout, stderr io.Writer) int {
 }
 
 func configDump(ctx context.Context, o *configDumpOptions) (*configdiff.Report, error) {
-	client, xdsAdmin := &http.Client{}, strings.TrimSuffix(o.xdsAdmin, "/")
+	client := &http.Client{}
+	replicas := []opstatus.Target{{Name: o.xdsAdmin, URL: o.xdsAdmin}}
 	r := &configdiff.Report{Nodes: []configdiff.Node{}}
 	var envoys []envoyTarget
-	inCluster := xdsAdmin == ""
+	inCluster := o.xdsAdmin == ""
 	if inCluster {
 		cfg, ns, err := o.cluster.restConfig()
 		if err != nil {
@@ -141,7 +144,7 @@ func configDump(ctx context.Context, o *configDumpOptions) (*configdiff.Report, 
 		}
 		var pods []string
 		var ports map[string]int
-		client, xdsAdmin, pods, ports, r.Problems, err = configDumpTargets(ctx, cfg, ns)
+		client, replicas, pods, ports, r.Problems, err = configDumpTargets(ctx, cfg, ns)
 		if err != nil {
 			return nil, err
 		}
@@ -161,15 +164,27 @@ func configDump(ctx context.Context, o *configDumpOptions) (*configdiff.Report, 
 			return nil, fmt.Errorf("no running Envoy pod %s in namespace %s", o.node, ns)
 		}
 	}
-	syncz, err := readSyncz(ctx, client, xdsAdmin)
-	if err != nil {
-		return nil, err
+	// Each replica knows only the Envoys connected to it.
+	var synczs []replicaSyncz
+	for _, rp := range replicas {
+		syncz, err := readSyncz(ctx, client, strings.TrimSuffix(rp.URL, "/"))
+		if err != nil {
+			if len(replicas) == 1 {
+				return nil, err
+			}
+			r.Problems = append(r.Problems, rp.Name+": "+err.Error())
+			continue
+		}
+		synczs = append(synczs, replicaSyncz{admin: strings.TrimSuffix(rp.URL, "/"), nodes: syncz})
+	}
+	if len(synczs) == 0 {
+		return nil, fmt.Errorf("no xds-server replica's /debug/syncz could be read: %s", strings.Join(r.Problems, "; "))
 	}
 	if !inCluster {
 		node := o.node
 		if node == "" {
 			var ids []string
-			for _, n := range syncz {
+			for _, n := range synczs[0].nodes {
 				ids = append(ids, n.NodeID)
 			}
 			if len(ids) == 0 {
@@ -183,7 +198,8 @@ func configDump(ctx context.Context, o *configDumpOptions) (*configdiff.Report, 
 		envoys = append(envoys, envoyTarget{node: node, label: o.envoyAdmin, base: strings.TrimSuffix(o.envoyAdmin, "/")})
 	}
 	for _, e := range envoys {
-		n, problems, err := compareNode(ctx, client, xdsAdmin, e, syncz)
+		rs := connectedTo(synczs, e.node)
+		n, problems, err := compareNode(ctx, client, rs.admin, e, rs.nodes)
 		r.Problems = append(r.Problems, problems...)
 		var forbidden *forbiddenError
 		switch {
@@ -202,12 +218,34 @@ func configDump(ctx context.Context, o *configDumpOptions) (*configdiff.Report, 
 	return r, nil
 }
 
-// configDumpTargets is status's targets: the client and URL of one running xds-server's admin
-// through the pod proxy, and the running Envoy pods (those with extproc beside them).
-func configDumpTargets(ctx context.Context, cfg *rest.Config, ns string) (*http.Client, string, []string, map[string]int, []string, error) {
-	client, xdsURL, extprocs, problems, err := targets(ctx, cfg, ns)
+// replicaSyncz is one xds-server replica's admin and the Envoys its /debug/syncz lists.
+type replicaSyncz struct {
+	admin string
+	nodes []xds.NodeStatus
+}
+
+// connectedTo is the replica node is connected to: the one listing it with the most open
+// streams (a replica keeps an Envoy that moved away for a while, disconnected), else the
+// first, whose 404 then says it does not know the node.
+func connectedTo(synczs []replicaSyncz, node string) replicaSyncz {
+	best, streams := synczs[0], -1
+	for _, rs := range synczs {
+		for _, n := range rs.nodes {
+			if n.NodeID == node && n.Streams > streams {
+				best, streams = rs, n.Streams
+			}
+		}
+	}
+	return best
+}
+
+// configDumpTargets is status's targets: the client and the URLs of the running xds-server
+// replicas' admins through the pod proxy, and the running Envoy pods (those with extproc
+// beside them).
+func configDumpTargets(ctx context.Context, cfg *rest.Config, ns string) (*http.Client, []opstatus.Target, []string, map[string]int, []string, error) {
+	client, replicas, extprocs, problems, err := targets(ctx, cfg, ns)
 	if err != nil {
-		return nil, "", nil, nil, nil, err
+		return nil, nil, nil, nil, nil, err
 	}
 	var pods []string
 	for _, e := range extprocs {
@@ -215,9 +253,9 @@ func configDumpTargets(ctx context.Context, cfg *rest.Config, ns string) (*http.
 	}
 	ports, err := envoyAdminPorts(ctx, cfg, ns)
 	if err != nil {
-		return nil, "", nil, nil, nil, err
+		return nil, nil, nil, nil, nil, err
 	}
-	return client, xdsURL, pods, ports, problems, nil
+	return client, replicas, pods, ports, problems, nil
 }
 
 // envoyAdminPorts are the Envoy pods' admin ports, by pod, as their annotation

@@ -16,6 +16,7 @@ import (
 	"github.com/kube-mvp/kube-mvp/internal/cli"
 	"github.com/kube-mvp/kube-mvp/internal/explain"
 	"github.com/kube-mvp/kube-mvp/internal/objects"
+	"github.com/kube-mvp/kube-mvp/internal/opstatus"
 	"github.com/kube-mvp/kube-mvp/internal/plan"
 	"github.com/kube-mvp/kube-mvp/internal/snapshot"
 )
@@ -176,9 +177,11 @@ func explainRunning(o explainOptions, req explain.Request) (*explain.Explanation
 		if err != nil {
 			return nil, err
 		}
-		if client, admin, _, _, err = targets(ctx, cfg, ns); err != nil {
+		var replicas []opstatus.Target
+		if client, replicas, _, _, err = targets(ctx, cfg, ns); err != nil {
 			return nil, err
 		}
+		admin = replicas[0].URL // every replica decides alike: any one explains
 	}
 	q := url.Values{"method": {req.Method}, "path": {req.Target}}
 	if req.Certificate {

@@ -81,10 +81,10 @@ func (a clusterAccess) restConfig() (*rest.Config, string, error) {
 
 // targets finds kube-mvp's pods and returns the client and URLs that reach their admin ports
 // through the apiserver's pod proxy (GET pods/proxy), one xds-server and every extproc.
-func targets(ctx context.Context, cfg *rest.Config, ns string) (*http.Client, string, []opstatus.Target, []string, error) {
+func targets(ctx context.Context, cfg *rest.Config, ns string) (*http.Client, []opstatus.Target, []opstatus.Target, []string, error) {
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
-		return nil, "", nil, nil, err
+		return nil, nil, nil, nil, err
 	}
 	list := func(component string) ([]corev1.Pod, error) {
 		pods, err := cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: componentLabel + "=" + component})
@@ -98,28 +98,27 @@ func targets(ctx context.Context, cfg *rest.Config, ns string) (*http.Client, st
 	}
 	xdsPods, err := list(xdsComponent)
 	if err != nil {
-		return nil, "", nil, nil, err
+		return nil, nil, nil, nil, err
 	}
 	if len(xdsPods) == 0 {
-		return nil, "", nil, nil, fmt.Errorf("no xds-server pod in namespace %s (label %s=%s): is kube-mvp installed there? (--namespace names another)", ns, componentLabel, xdsComponent)
+		return nil, nil, nil, nil, fmt.Errorf("no xds-server pod in namespace %s (label %s=%s): is kube-mvp installed there? (--namespace names another)", ns, componentLabel, xdsComponent)
 	}
 	base := strings.TrimSuffix(cfg.Host, "/") + "/api/v1/namespaces/" + ns + "/pods/"
 	xdsServers, problems := proxied(xdsPods, xdsAdminPort, "xds-server", base)
 	if len(xdsServers) == 0 {
-		return nil, "", nil, nil, fmt.Errorf("no running xds-server pod in namespace %s: kube-mvp is down (%s)", ns, strings.Join(problems, "; "))
+		return nil, nil, nil, nil, fmt.Errorf("no running xds-server pod in namespace %s: kube-mvp is down (%s)", ns, strings.Join(problems, "; "))
 	}
 	envoyPods, err := list(envoyComponent)
 	if err != nil {
-		return nil, "", nil, nil, err
+		return nil, nil, nil, nil, err
 	}
 	extprocs, envoyProblems := proxied(envoyPods, extprocAdminPort, "Envoy", base)
 	problems = append(problems, envoyProblems...)
 	c, err := rest.HTTPClientFor(cfg)
 	if err != nil {
-		return nil, "", nil, nil, err
+		return nil, nil, nil, nil, err
 	}
-	// One xds-server is read: the first running one.
-	return c, xdsServers[0].URL, extprocs, problems, nil
+	return c, xdsServers, extprocs, problems, nil
 }
 
 // proxied are the admin URLs, through the pod proxy under base, of the pods running with the

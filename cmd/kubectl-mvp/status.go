@@ -38,8 +38,9 @@ and, with --extproc-admin, extproc's routing table (version, age, update failure
 
 const statusOutro = `Reads xds-server's /debug/topology and /debug/syncz and extproc's /readyz and /metrics:
 with --xds-admin at the URLs given (processes outside a cluster, as make demo runs them);
-otherwise through the Kubernetes API's pod proxy, from one running xds-server pod and every
-Envoy pod's extproc in the namespace, which needs list on pods and get on pods/proxy there
+otherwise through the Kubernetes API's pod proxy, from every running xds-server pod (the
+topology from the first; each lists the Envoys connected to it) and every Envoy pod's
+extproc in the namespace, which needs list on pods and get on pods/proxy there
 (the chart's rbac.operators; with its NetworkPolicy, networkPolicy.adminFrom admitting the
 apiservers).
 Exit codes: 0 printed, 1 xds-server's admin did not answer, 2 bad command line.
@@ -73,22 +74,22 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), o.timeout)
 	defer cancel()
-	client, xdsAdmin, extprocs := &http.Client{}, o.xdsAdmin, []opstatus.Target(nil)
+	client, replicas, extprocs := &http.Client{}, []opstatus.Target{{Name: o.xdsAdmin, URL: o.xdsAdmin}}, []opstatus.Target(nil)
 	var problems []string
 	if o.extprocAdmin != "" {
 		extprocs = append(extprocs, opstatus.Target{Name: o.extprocAdmin, URL: o.extprocAdmin})
 	}
-	if xdsAdmin == "" {
+	if o.xdsAdmin == "" {
 		cfg, ns, err := o.cluster.restConfig()
 		if err == nil {
-			client, xdsAdmin, extprocs, problems, err = targets(ctx, cfg, ns)
+			client, replicas, extprocs, problems, err = targets(ctx, cfg, ns)
 		}
 		if err != nil {
 			fmt.Fprintf(stderr, "kubectl mvp status: %v\n", err)
 			return 1
 		}
 	}
-	pages, err := opstatus.Fetch(ctx, client, xdsAdmin, extprocs)
+	pages, err := opstatus.Fetch(ctx, client, replicas, extprocs)
 	if err == nil {
 		pages.Problems = append(problems, pages.Problems...)
 	}

@@ -7,6 +7,7 @@ package opstatus
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"net/http"
@@ -98,6 +99,9 @@ type Envoy struct {
 	NACKs []NACK `json:"nacks,omitempty"`
 	// SnapshotError is xds-server's own problem with this node's configuration.
 	SnapshotError string `json:"snapshotError,omitempty"`
+	// XDSServer is the xds-server replica the Envoy is connected to, where more than one
+	// was read (each knows only the Envoys connected to it).
+	XDSServer string `json:"xdsServer,omitempty"`
 }
 
 // NACK is one refused type.
@@ -127,9 +131,12 @@ type ExtProc struct {
 type Pages struct {
 	XDSAdmin string
 	Topology *plan.View
-	Syncz    []xds.NodeStatus
-	ExtProcs []*ExtProcPages
-	Problems []string
+	// Syncz are the Envoys of every replica read; ConnectedTo names, when more than one
+	// was read, the replica each Envoy is connected to.
+	Syncz       []xds.NodeStatus
+	ConnectedTo map[string]string
+	ExtProcs    []*ExtProcPages
+	Problems    []string
 }
 
 // ExtProcPages are an extproc's admin answers.
@@ -144,10 +151,15 @@ type ExtProcPages struct {
 // Target is an admin port to ask: its base URL, and the name to show for it.
 type Target struct{ Name, URL string }
 
-// Fetch reads the pages; a page that does not answer becomes a Problem (with what to check),
-// and an xds-server admin that answers nothing at all is the error.
-func Fetch(ctx context.Context, c *http.Client, xdsAdmin string, extprocs []Target) (*Pages, error) {
-	xdsAdmin = strings.TrimSuffix(xdsAdmin, "/")
+// Fetch reads the pages: the topology of the first xds-server replica, the Envoys of every
+// replica (an Envoy is connected to one of them, and only that one knows it), each extproc's;
+// a page that does not answer becomes a Problem (with what to check), and a first replica
+// that answers nothing at all is the error.
+func Fetch(ctx context.Context, c *http.Client, replicas []Target, extprocs []Target) (*Pages, error) {
+	if len(replicas) == 0 {
+		return nil, errors.New("no xds-server admin to read")
+	}
+	xdsAdmin := strings.TrimSuffix(replicas[0].URL, "/")
 	p := &Pages{XDSAdmin: xdsAdmin}
 	var view plan.View
 	code, body, err := get(ctx, c, xdsAdmin+"/debug/topology")
@@ -166,14 +178,16 @@ func Fetch(ctx context.Context, c *http.Client, xdsAdmin string, extprocs []Targ
 		}
 		p.Topology = &view
 	}
-	code, body, err = get(ctx, c, xdsAdmin+"/debug/syncz")
-	switch {
-	case err != nil || code != http.StatusOK:
-		p.Problems = append(p.Problems, fmt.Sprintf("xds-server's /debug/syncz did not answer (%d %v): the Envoys are unknown", code, err))
-	default:
-		if err := json.Unmarshal(body, &p.Syncz); err != nil {
-			p.Problems = append(p.Problems, fmt.Sprintf("xds-server's /debug/syncz: %v", err))
+	for _, rp := range replicas {
+		syncz, problem := fetchSyncz(ctx, c, strings.TrimSuffix(rp.URL, "/"))
+		if problem != "" {
+			if len(replicas) > 1 {
+				problem = rp.Name + ": " + problem
+			}
+			p.Problems = append(p.Problems, problem)
+			continue
 		}
+		p.addSyncz(syncz, rp.Name, len(replicas) > 1)
 	}
 	for _, tg := range extprocs {
 		extprocAdmin := strings.TrimSuffix(tg.URL, "/")
@@ -195,6 +209,41 @@ func Fetch(ctx context.Context, c *http.Client, xdsAdmin string, extprocs []Targ
 		}
 	}
 	return p, nil
+}
+
+// fetchSyncz reads one replica's /debug/syncz; the problem says why it could not.
+func fetchSyncz(ctx context.Context, c *http.Client, xdsAdmin string) ([]xds.NodeStatus, string) {
+	code, body, err := get(ctx, c, xdsAdmin+"/debug/syncz")
+	if err != nil || code != http.StatusOK {
+		return nil, fmt.Sprintf("xds-server's /debug/syncz did not answer (%d %v): its Envoys are unknown", code, err)
+	}
+	var syncz []xds.NodeStatus
+	if err := json.Unmarshal(body, &syncz); err != nil {
+		return nil, fmt.Sprintf("xds-server's /debug/syncz: %v", err)
+	}
+	return syncz, ""
+}
+
+// addSyncz merges a replica's Envoys into p: a node two replicas list (it moved: one keeps
+// it disconnected for a while) is taken from the one it has the more open streams with.
+func (p *Pages) addSyncz(syncz []xds.NodeStatus, replica string, several bool) {
+	for _, n := range syncz {
+		i := slices.IndexFunc(p.Syncz, func(o xds.NodeStatus) bool { return o.NodeID == n.NodeID })
+		switch {
+		case i < 0:
+			p.Syncz = append(p.Syncz, n)
+		case n.Streams > p.Syncz[i].Streams:
+			p.Syncz[i] = n
+		default:
+			continue
+		}
+		if several {
+			if p.ConnectedTo == nil {
+				p.ConnectedTo = map[string]string{}
+			}
+			p.ConnectedTo[n.NodeID] = replica
+		}
+	}
 }
 
 func get(ctx context.Context, c *http.Client, url string) (int, []byte, error) {
@@ -237,7 +286,7 @@ func Summarize(p *Pages) *Report {
 		}
 	}
 	for _, n := range p.Syncz {
-		e := Envoy{Node: n.NodeID, Role: string(n.Role), LocalAPIServer: n.LocalAPIServer, Streams: n.Streams, Version: n.Snapshot, SnapshotError: n.SnapshotError, State: "ACK"}
+		e := Envoy{Node: n.NodeID, Role: string(n.Role), LocalAPIServer: n.LocalAPIServer, Streams: n.Streams, Version: n.Snapshot, SnapshotError: n.SnapshotError, State: "ACK", XDSServer: p.ConnectedTo[n.NodeID]}
 		for _, typ := range slices.Sorted(maps.Keys(n.Types)) {
 			ts := n.Types[typ]
 			if ts.NackError != "" {

@@ -95,7 +95,7 @@ func TestSummarize(t *testing.T) {
 func TestFetchSaysWhatDoesNotAnswer(t *testing.T) {
 	notXDS := httptest.NewServer(http.NotFoundHandler())
 	defer notXDS.Close()
-	if _, err := Fetch(context.Background(), http.DefaultClient, notXDS.URL, nil); err == nil || !strings.Contains(err.Error(), "answered 404") {
+	if _, err := Fetch(context.Background(), http.DefaultClient, []Target{{Name: notXDS.URL, URL: notXDS.URL}}, nil); err == nil || !strings.Contains(err.Error(), "answered 404") {
 		t.Errorf("not xds-server: %v", err)
 	}
 	xdsAdmin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -107,12 +107,66 @@ func TestFetchSaysWhatDoesNotAnswer(t *testing.T) {
 		}
 	}))
 	defer xdsAdmin.Close()
-	p, err := Fetch(context.Background(), http.DefaultClient, xdsAdmin.URL, []Target{{Name: "http://127.0.0.1:1", URL: "http://127.0.0.1:1"}})
+	p, err := Fetch(context.Background(), http.DefaultClient, []Target{{Name: xdsAdmin.URL, URL: xdsAdmin.URL}}, []Target{{Name: "http://127.0.0.1:1", URL: "http://127.0.0.1:1"}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	r := Summarize(p)
 	if len(r.Problems) != 2 || !strings.Contains(r.Problems[0], "no topology yet") || !strings.Contains(r.Problems[1], "extproc's admin at http://127.0.0.1:1 does not answer") || len(r.ExtProcs) != 0 {
 		t.Errorf("problems %q, extprocs %+v", r.Problems, r.ExtProcs)
+	}
+}
+
+// TestEveryReplicasEnvoys: each xds-server replica knows only the Envoys connected to it;
+// status lists them all, each with its replica, a node that moved from the one where it has
+// open streams; a replica that does not answer is a problem, not the end.
+func TestEveryReplicasEnvoys(t *testing.T) {
+	replica := func(syncz string) *httptest.Server {
+		return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			switch r.URL.Path {
+			case "/debug/topology":
+				w.Write([]byte(`{"apiServers":[]}`))
+			case "/debug/syncz":
+				w.Write([]byte(syncz))
+			}
+		}))
+	}
+	a := replica(`[{"nodeID":"envoy-1","openStreams":1},{"nodeID":"envoy-3","openStreams":0}]`)
+	defer a.Close()
+	b := replica(`[{"nodeID":"envoy-2","openStreams":1},{"nodeID":"envoy-3","openStreams":1}]`)
+	defer b.Close()
+	down := httptest.NewServer(http.NotFoundHandler())
+	defer down.Close()
+	p, err := Fetch(context.Background(), http.DefaultClient, []Target{{Name: "xds-a", URL: a.URL}, {Name: "xds-b", URL: b.URL}, {Name: "xds-down", URL: down.URL}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := Summarize(p)
+	got := map[string]string{}
+	for _, e := range r.Envoys {
+		got[e.Node] = e.XDSServer + " " + e.State
+	}
+	want := map[string]string{"envoy-1": "xds-a ACK", "envoy-2": "xds-b ACK", "envoy-3": "xds-b ACK"}
+	if len(got) != len(want) || got["envoy-1"] != want["envoy-1"] || got["envoy-2"] != want["envoy-2"] || got["envoy-3"] != want["envoy-3"] {
+		t.Errorf("envoys %v, want %v", got, want)
+	}
+	if len(r.Problems) != 1 || !strings.HasPrefix(r.Problems[0], "xds-down: ") {
+		t.Errorf("problems %q, want the replica that did not answer", r.Problems)
+	}
+	var text bytes.Buffer
+	Write(&text, r, time.Now())
+	if !strings.Contains(text.String(), "XDS-SERVER") || !strings.Contains(text.String(), "xds-b") {
+		t.Errorf("table lacks the replicas:\n%s", text.String())
+	}
+
+	// With one replica, its name is not repeated on every line.
+	p, err = Fetch(context.Background(), http.DefaultClient, []Target{{Name: "xds-a", URL: a.URL}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range Summarize(p).Envoys {
+		if e.XDSServer != "" {
+			t.Errorf("one replica: %+v names it", e)
+		}
 	}
 }

@@ -35,8 +35,8 @@ func Write(w io.Writer, r *Report, now time.Time) {
 		"RESOURCE\tOUTCOME\tSERVED BY\tCLUSTER\tSERVING SET", r.PartiallyServed, func(p Partial) {
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", p.Resource, p.Outcome, dash(strings.Join(p.ServedBy, ",")), dash(p.Cluster), dash(p.ServingSet))
 		})
-	section(tw, "ENVOYS", "(none connected)", "NODE\tROLE\tLOCAL APISERVER\tSTREAMS\tCONFIG VERSION\tSTATE", r.Envoys, func(e Envoy) {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", e.Node, dash(e.Role), dash(e.LocalAPIServer), e.Streams, dash(e.Version), e.State)
+	section(tw, "ENVOYS", "(none connected)", "NODE\tROLE\tLOCAL APISERVER\tSTREAMS\tCONFIG VERSION\tSTATE\tXDS-SERVER", r.Envoys, func(e Envoy) {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", e.Node, dash(e.Role), dash(e.LocalAPIServer), e.Streams, dash(e.Version), e.State, dash(e.XDSServer))
 		for _, n := range e.NACKs {
 			fmt.Fprintf(tw, "\t\t\t\t\tNACK %s %s: %s\n", n.Type, n.Version, n.Reason)
 		}

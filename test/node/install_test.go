@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -311,13 +312,38 @@ func (in *installation) checkOperatorView(t *testing.T, ctx context.Context) {
 		out, err := exec.CommandContext(ctx, bin, append(args, "--kubeconfig", in.node.Kubeconfig, "-n", node.Namespace)...).CombinedOutput()
 		return string(out), err
 	}
-	out, err := mvp("status")
+	// Every Envoy pod is listed, acknowledging its configuration, whichever of the two
+	// xds-server replicas it is connected to.
+	envoys, err := in.admin.CoreV1().Pods(node.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=envoy"})
+	if err != nil || len(envoys.Items) == 0 {
+		t.Fatalf("Envoy pods: %v (%d)", err, len(envoys.Items))
+	}
+	listed := func(out string) error {
+		for _, p := range envoys.Items {
+			if !regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(p.Name) + ` .* ACK `).MatchString(out) {
+				return fmt.Errorf("Envoy pod %s not listed with ACK", p.Name)
+			}
+		}
+		return nil
+	}
+	var out string
+	deadline := time.Now().Add(time.Minute)
+	for {
+		out, err = mvp("status")
+		if err == nil {
+			err = listed(out)
+		}
+		if err == nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(2 * time.Second)
+	}
 	if err != nil || !strings.Contains(out, servers[0].Name) || !strings.Contains(out, servers[1].Name) {
 		t.Errorf("kubectl mvp status: %v\n%s", err, out)
 	}
 	t.Logf("kubectl mvp status:\n%s", out)
 	// A new Lease or discovery may change the configuration between the two reads.
-	deadline := time.Now().Add(time.Minute)
+	deadline = time.Now().Add(time.Minute)
 	for {
 		out, err = mvp("config-dump", "--exit-code")
 		if err == nil || time.Now().After(deadline) {

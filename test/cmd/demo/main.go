@@ -200,7 +200,7 @@ func writeKubeconfig(path string, cp *controlplane.ControlPlane, servers map[str
 func printStatus(ctx context.Context, out io.Writer, xdsAdmin, extprocAdmin string) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	pages, err := opstatus.Fetch(ctx, &http.Client{}, xdsAdmin, []opstatus.Target{{Name: extprocAdmin, URL: extprocAdmin}})
+	pages, err := opstatus.Fetch(ctx, &http.Client{}, []opstatus.Target{{Name: xdsAdmin, URL: xdsAdmin}}, []opstatus.Target{{Name: extprocAdmin, URL: extprocAdmin}})
 	if err != nil {
 		return err
 	}
