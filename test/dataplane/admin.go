@@ -276,7 +276,12 @@ func (d *DataPlane) serveConfigDump(w http.ResponseWriter, r *http.Request) {
 		}
 		add(ed)
 	}
-	b, err := protojson.MarshalOptions{UseProtoNames: true, Indent: "  "}.Marshal(dump)
+	writeProtoJSON(w, dump)
+}
+
+// writeProtoJSON writes m as Envoy's admin does: protojson with the proto's field names.
+func writeProtoJSON(w http.ResponseWriter, m proto.Message) {
+	b, err := protojson.MarshalOptions{UseProtoNames: true, Indent: "  "}.Marshal(m)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return
@@ -419,13 +424,7 @@ func (d *DataPlane) serveClusters(w http.ResponseWriter, r *http.Request) {
 	}
 	clusters := d.clustersStatus()
 	if q.Get("format") == "json" {
-		b, err := protojson.MarshalOptions{UseProtoNames: true, Indent: "  "}.Marshal(clusters)
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write(b)
+		writeProtoJSON(w, clusters)
 		return
 	}
 	w.Header().Set("Content-Type", "text/plain; charset=UTF-8")

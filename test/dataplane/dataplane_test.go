@@ -272,18 +272,10 @@ func checkConfigDumpAsEnvoys(t *testing.T, admin string) {
 // the envoy.admin.v3.ConfigDump it is.
 func configDumpEndpoints(t *testing.T, adminURL, cluster string) []*endpointv3.LbEndpoint {
 	t.Helper()
-	resp, err := http.Get(adminURL + "/config_dump?include_eds")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
+	code, body := get(t, adminURL+"/config_dump?include_eds")
 	dump := &adminv3.ConfigDump{}
-	if err := protojson.Unmarshal(b, dump); err != nil {
-		t.Fatalf("/config_dump?include_eds: %v", err)
+	if err := protojson.Unmarshal([]byte(body), dump); code != http.StatusOK || err != nil {
+		t.Fatalf("/config_dump?include_eds: %d %v", code, err)
 	}
 	var out []*endpointv3.LbEndpoint
 	for _, c := range dump.GetConfigs() {
