@@ -34,6 +34,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/kube-mvp/kube-mvp/internal/contract"
+	"github.com/kube-mvp/kube-mvp/internal/envoyrelease"
 	"github.com/kube-mvp/kube-mvp/internal/snapshot"
 	"github.com/kube-mvp/kube-mvp/internal/xds"
 	"github.com/kube-mvp/kube-mvp/test/controlplane"
@@ -295,9 +296,7 @@ var chartCases = []chartCase{
 				t.Errorf("xds-server flags %v", f)
 			}
 			e := podSpec(t, r.mustFind(t, "Deployment", fullname+"-envoy"))
-			if img := container(t, e, "envoy").Image; !strings.HasPrefix(img, "envoyproxy/envoy:v1.36.") {
-				t.Errorf("envoy image %s", img)
-			}
+			checkSupportedEnvoy(t, container(t, e, "envoy").Image)
 			for _, w := range []string{"plain HTTP", "NOT verify", "anonymous"} {
 				if !strings.Contains(r.notes, w) {
 					t.Errorf("NOTES do not warn %q:\n%s", w, r.notes)
@@ -658,7 +657,7 @@ var chartCases = []chartCase{
 				"image": map[string]any{
 					"xdsServer": map[string]any{"repository": "registry.example/kube-mvp/xds-server", "tag": "v9.9.9", "pullPolicy": "Always"},
 					"extproc":   map[string]any{"repository": "registry.example/kube-mvp/extproc", "tag": "v9.9.9"},
-					"envoy":     map[string]any{"repository": "envoyproxy/envoy-distroless", "tag": "v1.36.2"},
+					"envoy":     map[string]any{"repository": "envoyproxy/envoy-distroless", "tag": "v1.40.0"},
 				},
 				"imagePullSecrets": []any{map[string]any{"name": "regcred"}},
 				"serviceAccount":   map[string]any{"name": "kube-mvp-reader", "annotations": map[string]any{"example.com/role": "reader"}},
@@ -1198,5 +1197,22 @@ func TestRenderWithAnOlderChartsDefaults(t *testing.T) {
 		if !strings.Contains(all, want) {
 			t.Errorf("rendered without the stop-time values, the manifests lack %q", want)
 		}
+	}
+}
+
+// checkSupportedEnvoy: the chart's default Envoy is a release Envoy supports today (a year from
+// its .0), of the newest line kube-mvp knows: when this fails, move the default and the window
+// (internal/envoyrelease).
+func checkSupportedEnvoy(t *testing.T, image string) {
+	t.Helper()
+	var major, minor, patch uint32
+	if _, err := fmt.Sscanf(image, "envoyproxy/envoy:v%d.%d.%d", &major, &minor, &patch); err != nil {
+		t.Fatalf("envoy image %s: not envoyproxy/envoy:vX.Y.Z: %v", image, err)
+	}
+	if why := envoyrelease.Support(major, minor, patch, time.Now()); why != "" {
+		t.Errorf("envoy image %s: %s", image, why)
+	}
+	if newest := envoyrelease.Newest().Minor; major != 1 || minor != newest {
+		t.Errorf("envoy image %s: not of the newest line kube-mvp supports, 1.%d", image, newest)
 	}
 }

@@ -14,9 +14,9 @@ import (
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	httpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
-	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/reflect/protoregistry"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 	"sigs.k8s.io/yaml"
 
 	"github.com/kube-mvp/kube-mvp/internal/cptls"
@@ -75,18 +75,18 @@ func TestBootstrap(t *testing.T) {
 	}
 }
 
-// TestBootstrapOldestEnvoy: a bootstrap using what Envoy 1.36.0 lacks is refused by the check
-// TestBootstrap applies: the admin API's allow_paths (envoy.config.bootstrap.v3.Admin field 7,
-// new in Envoy 1.37), which would suit front.yaml's probe listener.
+// TestBootstrapOldestEnvoy: a bootstrap using what Envoy 1.37.0 lacks is refused by the check
+// TestBootstrap applies: the memory allocator's soft_memory_limit_bytes (MemoryAllocatorManager
+// field 3, new after 1.37.0), which would suit the chart's memory limit.
 func TestBootstrapOldestEnvoy(t *testing.T) {
 	raw, err := os.ReadFile(filepath.Join("..", "..", "envoy", "front.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	b := decodeBootstrap(t, raw)
-	b.Admin.AllowPaths = []*matcherv3.StringMatcher{{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: "/ready"}}}
+	b.MemoryAllocatorManager = &bootstrapv3.MemoryAllocatorManager{SoftMemoryLimitBytes: wrapperspb.UInt64(100 << 20)}
 	errs := snapshot.CheckOldestEnvoy(b)
-	want := "admin.allow_paths: field envoy.config.bootstrap.v3.Admin.allow_paths (number 7) is not in Envoy " + snapshot.OldestEnvoy()
+	want := "memory_allocator_manager.soft_memory_limit_bytes: field envoy.config.bootstrap.v3.MemoryAllocatorManager.soft_memory_limit_bytes (number 3) is not in Envoy " + snapshot.OldestEnvoy()
 	if len(errs) != 1 || errs[0].Error() != want {
 		t.Errorf("got %v, want exactly %s", errs, want)
 	}

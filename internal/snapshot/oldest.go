@@ -26,7 +26,7 @@ var oldestProtosFile string
 
 // protoList is a parsed oldest-envoy-protos.txt.
 type protoList struct {
-	envoy    string // the Envoy release, "1.36.0"
+	envoy    string // the Envoy release, "1.37.0"
 	messages map[protoreflect.FullName]map[protoreflect.FieldNumber]bool
 	enums    map[protoreflect.FullName]map[protoreflect.EnumNumber]bool
 }
@@ -89,7 +89,7 @@ func parseProtoList(text string) (*protoList, error) {
 	return l, nil
 }
 
-// OldestEnvoy is the Envoy release whose protos CheckOldestEnvoy checks against ("1.36.0").
+// OldestEnvoy is the Envoy release whose protos CheckOldestEnvoy checks against ("1.37.0").
 func OldestEnvoy() string {
 	l, err := oldestProtos()
 	if err != nil {

@@ -20,15 +20,16 @@ import (
 )
 
 // TestBuildRefusesNewerThanOldestEnvoy changes Build's output (changeForTest) to use what the
-// protos kube-mvp is built with (go-control-plane/envoy v1.40.0) have and Envoy 1.36.0's lack,
+// protos kube-mvp is built with (go-control-plane/envoy v1.40.0) have and Envoy 1.37.0's lack,
 // and expects Build to refuse it: no Resources, and an error naming the resource, the path to
-// what is new and "not in Envoy 1.36.0". What each case uses is new since:
+// what is new and "not in Envoy 1.37.0". What each case uses is new since:
 //   - envoy.config.core.v3.HealthCheck.name (field 27): Envoy 1.40;
-//   - envoy.extensions.filters.http.ext_proc.v3.ProcessingMode.BodySendMode GRPC (5): Envoy 1.37;
+//   - envoy.config.cluster.v3.UpstreamConnectionOptions.FirstAddressFamilyVersion PIPE (3) and
+//     ExternalProcessor.allow_content_length_header (field 26): after 1.37.0;
 //   - envoy.extensions.upstreams.http.dynamic_modules.v3.Config (a typed config type): Envoy 1.38.
 func TestBuildRefusesNewerThanOldestEnvoy(t *testing.T) {
-	if got := OldestEnvoy(); got != "1.36.0" {
-		t.Fatalf("OldestEnvoy() = %q; this test names fields new since 1.36.0", got)
+	if got := OldestEnvoy(); got != "1.37.0" {
+		t.Fatalf("OldestEnvoy() = %q; this test names fields new since 1.37.0", got)
 	}
 	for _, tc := range []struct {
 		name   string
@@ -39,8 +40,15 @@ func TestBuildRefusesNewerThanOldestEnvoy(t *testing.T) {
 		{"field of a cluster", func(t *testing.T, r *Resources) {
 			c := findCluster(t, r, contract.ClusterDefault)
 			c.HealthChecks[0].Name = "apiserver-readyz" // new in 1.40
-		}, `cluster "kube-apiservers": health_checks[0].name: field envoy.config.core.v3.HealthCheck.name (number 27) is not in Envoy 1.36.0`},
-		{"enum value in a typed config in a typed config", func(t *testing.T, r *Resources) {
+		}, `cluster "kube-apiservers": health_checks[0].name: field envoy.config.core.v3.HealthCheck.name (number 27) is not in Envoy 1.37.0`},
+		{"enum value of a cluster", func(t *testing.T, r *Resources) {
+			c := findCluster(t, r, contract.ClusterDefault)
+			c.UpstreamConnectionOptions = proto.Clone(c.UpstreamConnectionOptions).(*clusterv3.UpstreamConnectionOptions)
+			c.UpstreamConnectionOptions.HappyEyeballsConfig = &clusterv3.UpstreamConnectionOptions_HappyEyeballsConfig{
+				FirstAddressFamilyVersion: clusterv3.UpstreamConnectionOptions_PIPE, // new after 1.37.0
+			}
+		}, `cluster "kube-apiservers": upstream_connection_options.happy_eyeballs_config.first_address_family_version: value PIPE (3) of enum envoy.config.cluster.v3.UpstreamConnectionOptions.FirstAddressFamilyVersion is not in Envoy 1.37.0`},
+		{"field in a typed config in a typed config", func(t *testing.T, r *Resources) {
 			l := r.Listeners[0].(*listenerv3.Listener)
 			f := l.FilterChains[0].Filters[0]
 			var hcm hcmv3.HttpConnectionManager
@@ -52,15 +60,15 @@ func TestBuildRefusesNewerThanOldestEnvoy(t *testing.T) {
 			if err := hcm.HttpFilters[i].GetTypedConfig().UnmarshalTo(&ep); err != nil {
 				t.Fatal(err)
 			}
-			ep.ProcessingMode.RequestBodyMode = extprocv3.ProcessingMode_GRPC // new in 1.37
+			ep.AllowContentLengthHeader = true // new after 1.37.0
 			hcm.HttpFilters[i].ConfigType = &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(t, &ep)}
 			f.ConfigType = &listenerv3.Filter_TypedConfig{TypedConfig: mustAny(t, &hcm)}
-		}, `listener "kube-apiserver": filter_chains[0].filters[0].typed_config.(envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager).http_filters[1].typed_config.(envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor).processing_mode.request_body_mode: value GRPC (5) of enum envoy.extensions.filters.http.ext_proc.v3.ProcessingMode.BodySendMode is not in Envoy 1.36.0`},
+		}, `listener "kube-apiserver": filter_chains[0].filters[0].typed_config.(envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager).http_filters[1].typed_config.(envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor).allow_content_length_header: field envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor.allow_content_length_header (number 26) is not in Envoy 1.37.0`},
 		{"typed config type", func(t *testing.T, r *Resources) {
 			c := findCluster(t, r, contract.ClusterDefault)
 			c.TypedExtensionProtocolOptions = maps.Clone(c.TypedExtensionProtocolOptions)                                    // the clusters share it
 			c.TypedExtensionProtocolOptions["envoy.upstreams.http.dynamic_modules"] = mustAny(t, &dynamicmodulesv3.Config{}) // new in 1.38
-		}, `cluster "kube-apiservers": typed_extension_protocol_options["envoy.upstreams.http.dynamic_modules"]: typed config type envoy.extensions.upstreams.http.dynamic_modules.v3.Config is not in Envoy 1.36.0`},
+		}, `cluster "kube-apiservers": typed_extension_protocol_options["envoy.upstreams.http.dynamic_modules"]: typed config type envoy.extensions.upstreams.http.dynamic_modules.v3.Config is not in Envoy 1.37.0`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, p, cfg := testInput(t)

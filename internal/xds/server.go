@@ -37,6 +37,7 @@ import (
 
 	"github.com/kube-mvp/kube-mvp/internal/contract"
 	"github.com/kube-mvp/kube-mvp/internal/cptls"
+	"github.com/kube-mvp/kube-mvp/internal/envoyrelease"
 	"github.com/kube-mvp/kube-mvp/internal/makebeforebreak"
 	"github.com/kube-mvp/kube-mvp/internal/plan"
 )
@@ -101,6 +102,10 @@ type NodeStatus struct {
 	Types         map[string]*TypeStatus `json:"types"`
 	// Nacks counts the configurations the node rejected since its state was made.
 	Nacks uint64 `json:"nacks"`
+	// EnvoyVersion is the build version an Envoy sends with its node ("1.40.0"), and
+	// EnvoySupport what kube-mvp says of it when it is not a supported release (envoyrelease).
+	EnvoyVersion string `json:"envoyVersion,omitempty"`
+	EnvoySupport string `json:"envoySupport,omitempty"`
 }
 
 // PeerCertificate identifies a client certificate: its serial number (hex) and expiry.
@@ -325,13 +330,11 @@ func localAPIServer(node *core.Node) string {
 	return node.GetMetadata().GetFields()[LocalAPIServerMetadataKey].GetStringValue()
 }
 
-// MinEnvoyVersion is the oldest Envoy the configuration works with: it uses the early header
-// mutation's remove_on_match, ext_proc's status_on_error and the Lua stream handle's
-// virtualHost() (the identity script reads its header names from the virtual host's
-// metadata), all new in 1.36.0, and an older Envoy rejects what it does not know. snapshot.Build
-// refuses anything newer than this release's protos (internal/snapshot/oldest-envoy-protos.txt):
-// raise both together, with `make envoy-protos ENVOY=vX.Y.Z`.
-var MinEnvoyVersion = [3]uint32{1, 36, 0}
+// MinEnvoyVersion is the oldest Envoy kube-mvp supports: the oldest release Envoy itself still
+// supports (docs/compatibility.md#envoy-releases). snapshot.Build refuses anything newer than
+// this release's protos (internal/snapshot/oldest-envoy-protos.txt): raise both together, with
+// `make envoy-protos ENVOY=vX.Y.Z`, and move EnvoyReleases.
+var MinEnvoyVersion = [3]uint32{1, envoyrelease.Oldest().Minor, 0}
 
 // checkEnvoyVersion refuses an Envoy older than MinEnvoyVersion, by the build version every
 // Envoy sends with its node; other clients (and an Envoy that sends none) pass.
@@ -342,7 +345,7 @@ func checkEnvoyVersion(node *core.Node) error {
 	}
 	got := [3]uint32{v.GetMajorNumber(), v.GetMinorNumber(), v.GetPatch()}
 	if slices.Compare(got[:], MinEnvoyVersion[:]) < 0 {
-		return fmt.Errorf("node %q is Envoy %d.%d.%d; kube-mvp's configuration needs Envoy %d.%d.%d or newer (early header mutation remove_on_match, ext_proc status_on_error): upgrade Envoy",
+		return fmt.Errorf("node %q is Envoy %d.%d.%d; kube-mvp supports Envoy %d.%d.%d and newer (the releases Envoy itself supports): upgrade Envoy",
 			node.GetId(), got[0], got[1], got[2], MinEnvoyVersion[0], MinEnvoyVersion[1], MinEnvoyVersion[2])
 	}
 	return nil
@@ -389,6 +392,13 @@ func (s *Server) join(role cptls.Role, cert *PeerCertificate, node *core.Node) e
 		return s.refuse("max-nodes", codes.ResourceExhausted, fmt.Errorf("node %q refused: %d nodes are connected (the limit)", node.GetId(), len(s.nodes)))
 	}
 	n = &NodeStatus{NodeID: node.GetId(), Role: role, Cluster: node.GetCluster(), LocalAPIServer: local, Streams: 1, Certificate: cert, Types: map[string]*TypeStatus{}}
+	if v := node.GetUserAgentBuildVersion().GetVersion(); node.GetUserAgentName() == "envoy" && v != nil {
+		n.EnvoyVersion = fmt.Sprintf("%d.%d.%d", v.GetMajorNumber(), v.GetMinorNumber(), v.GetPatch())
+		n.EnvoySupport = envoyrelease.Support(v.GetMajorNumber(), v.GetMinorNumber(), v.GetPatch(), s.now())
+		if n.EnvoySupport != "" {
+			s.log.Warn("Envoy release not supported", "node", n.NodeID, "version", n.EnvoyVersion, "why", n.EnvoySupport)
+		}
+	}
 	s.nodes[n.NodeID] = n
 	if s.built == nil {
 		s.built = map[string]*cachev3.Snapshot{}

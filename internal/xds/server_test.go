@@ -384,13 +384,17 @@ func serveADS(t *testing.T, ctx context.Context, srv *xds.Server) string {
 }
 
 // TestEnvoyVersion: an Envoy older than MinEnvoyVersion gets no configuration it would reject
-// but a refusal saying what to upgrade; 1.36.0 and newer, and clients that are not Envoy or
-// send no build version, are served.
+// but a refusal saying what to upgrade; 1.37.0 and newer, and clients that are not Envoy or
+// send no build version, are served. Status shows each Envoy's version, and what kube-mvp says
+// of one past its end of life (here on 2027-02-01, after 1.37's) or newer than the window.
 func TestEnvoyVersion(t *testing.T) {
 	ctx := testutil.Context(t, 30*time.Second)
 	refused := map[string]int{}
 	var mu sync.Mutex
-	srv := xds.New(xds.Options{Translate: clustersOnly, MakeBeforeBreak: noMBB, Log: slog.New(slog.DiscardHandler),
+	var logs testutil.SyncBuffer
+	clock := clocktesting.NewFakeClock(time.Date(2027, 2, 1, 0, 0, 0, 0, time.UTC))
+	srv := xds.New(xds.Options{Translate: clustersOnly, MakeBeforeBreak: makebeforebreak.Options{Clock: clock},
+		Log:       slog.New(slog.NewTextHandler(&logs, nil)),
 		OnRefused: func(reason string, _ error) { mu.Lock(); refused[reason]++; mu.Unlock() }})
 	addr := serveADS(t, ctx, srv)
 	srv.Update(plans(t, topo(t, true)))
@@ -400,32 +404,52 @@ func TestEnvoyVersion(t *testing.T) {
 		}}}
 	}
 	for _, c := range []struct {
-		node *core.Node
-		ok   bool
+		node    *core.Node
+		ok      bool
+		version string
+		support string // a part of EnvoySupport, "" for none
 	}{
-		{envoy("old", 1, 35, 9), false},
-		{envoy("older", 0, 99, 0), false},
-		{envoy("min", 1, 36, 0), true},
-		{envoy("new", 1, 37, 1), true},
-		{envoy("two", 2, 0, 0), true},
-		{&core.Node{Id: "stand-in", UserAgentName: "kube-mvp-test-dataplane"}, true},
-		{&core.Node{Id: "envoy-without-version", UserAgentName: "envoy"}, true},
+		{envoy("out-of-support", 1, 36, 7), false, "", ""},
+		{envoy("older", 0, 99, 0), false, "", ""},
+		{envoy("min-past-its-end", 1, 37, 6), true, "1.37.6", "past its end of life (2027-01-13)"},
+		{envoy("newest", 1, 40, 0), true, "1.40.0", ""},
+		{envoy("two", 2, 0, 0), true, "2.0.0", "newer than the releases kube-mvp was checked against (1.37 to 1.40)"},
+		{&core.Node{Id: "stand-in", UserAgentName: "kube-mvp-test-dataplane"}, true, "", ""},
+		{&core.Node{Id: "envoy-without-version", UserAgentName: "envoy"}, true, "", ""},
 	} {
 		sctx, scancel := context.WithCancel(ctx)
 		a := dial(t, sctx, addr, c.node)
 		a.send(&discovery.DiscoveryRequest{})
 		_, err := a.stream.Recv()
-		scancel()
 		if c.ok && err != nil {
 			t.Errorf("%s: %v, want served", c.node.GetId(), err)
 		}
-		if !c.ok && (status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "needs Envoy 1.36.0 or newer")) {
+		if !c.ok && (status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "supports Envoy 1.37.0 and newer")) {
 			t.Errorf("%s: %v, want FailedPrecondition naming the version needed", c.node.GetId(), err)
 		}
+		if c.ok {
+			i := slices.IndexFunc(srv.Status(), func(n xds.NodeStatus) bool { return n.NodeID == c.node.GetId() })
+			if i < 0 {
+				t.Fatalf("%s: not in Status while its stream is open", c.node.GetId())
+			}
+			n := srv.Status()[i]
+			if n.EnvoyVersion != c.version || (c.support == "") != (n.EnvoySupport == "") || !strings.Contains(n.EnvoySupport, c.support) {
+				t.Errorf("%s: Status says Envoy %q, %q; want %q, %q", c.node.GetId(), n.EnvoyVersion, n.EnvoySupport, c.version, c.support)
+			}
+		}
+		scancel()
 	}
 	mu.Lock()
 	defer mu.Unlock()
 	if refused["envoy-version"] != 2 {
 		t.Errorf("refusals %v, want two envoy-version", refused)
+	}
+	for _, want := range []string{`node=min-past-its-end version=1.37.6`, `node=two version=2.0.0`} {
+		if !strings.Contains(logs.String(), `msg="Envoy release not supported" `+want) {
+			t.Errorf("no warning for %s in the log:\n%s", want, logs.String())
+		}
+	}
+	if strings.Contains(logs.String(), "node=newest") {
+		t.Errorf("a warning for a supported Envoy:\n%s", logs.String())
 	}
 }
