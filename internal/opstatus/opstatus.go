@@ -87,8 +87,12 @@ func partial(resource string, v plan.ResourceView) Partial {
 
 // Envoy is one Envoy node connected to xds-server.
 type Envoy struct {
-	Node           string `json:"node"`
-	Role           string `json:"role,omitempty"`
+	Node string `json:"node"`
+	Role string `json:"role,omitempty"`
+	// EnvoyVersion is the release the Envoy says it runs; EnvoySupport, when set, why kube-mvp
+	// does not support it (past its end of life, or newer than the window).
+	EnvoyVersion   string `json:"envoyVersion,omitempty"`
+	EnvoySupport   string `json:"envoySupport,omitempty"`
 	LocalAPIServer string `json:"localAPIServer,omitempty"`
 	Streams        int    `json:"openStreams"`
 	Version        string `json:"configVersion,omitempty"`
@@ -286,7 +290,10 @@ func Summarize(p *Pages) *Report {
 		}
 	}
 	for _, n := range p.Syncz {
-		e := Envoy{Node: n.NodeID, Role: string(n.Role), LocalAPIServer: n.LocalAPIServer, Streams: n.Streams, Version: n.Snapshot, SnapshotError: n.SnapshotError, State: "ACK", XDSServer: p.ConnectedTo[n.NodeID]}
+		e := Envoy{Node: n.NodeID, Role: string(n.Role), EnvoyVersion: n.EnvoyVersion, EnvoySupport: n.EnvoySupport, LocalAPIServer: n.LocalAPIServer, Streams: n.Streams, Version: n.Snapshot, SnapshotError: n.SnapshotError, State: "ACK", XDSServer: p.ConnectedTo[n.NodeID]}
+		if e.EnvoySupport != "" {
+			r.Problems = append(r.Problems, fmt.Sprintf("Envoy %s: %s (docs/compatibility.md#envoy-releases)", n.NodeID, e.EnvoySupport))
+		}
 		for _, typ := range slices.Sorted(maps.Keys(n.Types)) {
 			ts := n.Types[typ]
 			if ts.NackError != "" {

@@ -35,7 +35,7 @@ func TestSummarize(t *testing.T) {
 		}},
 	}
 	syncz := []xds.NodeStatus{
-		{NodeID: "ok", Role: "envoy-front", Streams: 1, Snapshot: "v1", Types: map[string]*xds.TypeStatus{"type.googleapis.com/envoy.config.route.v3.RouteConfiguration": {Sent: "1", Acked: "1"}}},
+		{NodeID: "ok", Role: "envoy-front", EnvoyVersion: "1.40.0", Streams: 1, Snapshot: "v1", Types: map[string]*xds.TypeStatus{"type.googleapis.com/envoy.config.route.v3.RouteConfiguration": {Sent: "1", Acked: "1"}}},
 		{NodeID: "bad", Streams: 1, Snapshot: "v2", Types: map[string]*xds.TypeStatus{
 			"type.googleapis.com/envoy.config.route.v3.RouteConfiguration":       {Sent: "2", Acked: "1", NackError: "bad regex", NackedNext: "2"},
 			"type.googleapis.com/envoy.config.cluster.v3.Cluster":                {Sent: "2", Acked: "2"},
@@ -44,6 +44,7 @@ func TestSummarize(t *testing.T) {
 		}},
 		{NodeID: "waiting", Streams: 1, Types: map[string]*xds.TypeStatus{"x.Cluster": {Sent: "3", Acked: "2"}}},
 		{NodeID: "gone", Types: map[string]*xds.TypeStatus{}},
+		{NodeID: "old", EnvoyVersion: "1.37.6", EnvoySupport: "Envoy 1.37.6 is past its end of life (2027-01-13)", Streams: 1, Types: map[string]*xds.TypeStatus{}},
 	}
 	r := Summarize(&Pages{XDSAdmin: "http://x", Topology: view, Syncz: syncz})
 
@@ -71,13 +72,14 @@ func TestSummarize(t *testing.T) {
 	}
 	var out bytes.Buffer
 	Write(&out, r, since.Add(time.Minute))
-	for _, want := range []string{"NACK RouteConfiguration 2: bad regex", "cp-d", "departed", "1m0s ago", "kube-apiservers-only-cp-a", "v1.37.1", "not routable: its own discovery was never read"} {
+	for _, want := range []string{"NACK RouteConfiguration 2: bad regex", "cp-d", "departed", "1m0s ago", "kube-apiservers-only-cp-a", "v1.37.1", "not routable: its own discovery was never read",
+		"envoy-front  1.40.0", "unsupported: Envoy 1.37.6 is past its end of life (2027-01-13)"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("text lacks %q:\n%s", want, out.String())
 		}
 	}
-	if len(r.Problems) > 0 {
-		t.Errorf("problems with routable apiservers: %q", r.Problems)
+	if len(r.Problems) != 1 || !strings.HasPrefix(r.Problems[0], "Envoy old: Envoy 1.37.6 is past its end of life") {
+		t.Errorf("problems with routable apiservers and one Envoy past its end of life: %q", r.Problems)
 	}
 
 	// Nothing routable is said once, as a problem, besides each apiserver's reason.

@@ -35,13 +35,16 @@ func Write(w io.Writer, r *Report, now time.Time) {
 		"RESOURCE\tOUTCOME\tSERVED BY\tCLUSTER\tSERVING SET", r.PartiallyServed, func(p Partial) {
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", p.Resource, p.Outcome, dash(strings.Join(p.ServedBy, ",")), dash(p.Cluster), dash(p.ServingSet))
 		})
-	section(tw, "ENVOYS", "(none connected)", "NODE\tROLE\tLOCAL APISERVER\tSTREAMS\tCONFIG VERSION\tSTATE\tXDS-SERVER", r.Envoys, func(e Envoy) {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", e.Node, dash(e.Role), dash(e.LocalAPIServer), e.Streams, dash(e.Version), e.State, dash(e.XDSServer))
+	section(tw, "ENVOYS", "(none connected)", "NODE\tROLE\tENVOY\tLOCAL APISERVER\tSTREAMS\tCONFIG VERSION\tSTATE\tXDS-SERVER", r.Envoys, func(e Envoy) {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", e.Node, dash(e.Role), dash(e.EnvoyVersion), dash(e.LocalAPIServer), e.Streams, dash(e.Version), e.State, dash(e.XDSServer))
+		if e.EnvoySupport != "" {
+			fmt.Fprintf(tw, "\t\t\t\t\t\tunsupported: %s\n", e.EnvoySupport)
+		}
 		for _, n := range e.NACKs {
-			fmt.Fprintf(tw, "\t\t\t\t\tNACK %s %s: %s\n", n.Type, n.Version, n.Reason)
+			fmt.Fprintf(tw, "\t\t\t\t\t\tNACK %s %s: %s\n", n.Type, n.Version, n.Reason)
 		}
 		if e.SnapshotError != "" {
-			fmt.Fprintf(tw, "\t\t\t\t\txds-server: %s\n", e.SnapshotError)
+			fmt.Fprintf(tw, "\t\t\t\t\t\txds-server: %s\n", e.SnapshotError)
 		}
 	})
 	section(tw, "EXTPROCS", "", "NAME\tREADY\tTABLE VERSION\tTABLE AGE\tUPDATE FAILING\tFAILURES", r.ExtProcs, func(x ExtProc) {
