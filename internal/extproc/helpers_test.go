@@ -98,8 +98,9 @@ func request(method, path string, extra ...string) *extprocv3.HttpHeaders {
 }
 
 // exchange does, for one HTTP request, what Envoy's ext_proc filter does with our processing
-// mode: open a stream, send request_headers, read the one response, half-close, and see the
-// server end the stream.
+// mode when it keeps the stream for the whole request (1.36's lifetime): open a stream, send
+// request_headers, read the one response, and, without half-closing, see the server end the
+// stream cleanly (status OK), as extproc does after its last answer.
 func exchange(ctx context.Context, c extprocv3.ExternalProcessorClient, msg *extprocv3.ProcessingRequest) (*extprocv3.ProcessingResponse, error) {
 	stream, err := c.Process(ctx)
 	if err != nil {
@@ -112,11 +113,8 @@ func exchange(ctx context.Context, c extprocv3.ExternalProcessorClient, msg *ext
 	if err != nil {
 		return nil, err
 	}
-	if err := stream.CloseSend(); err != nil {
-		return nil, err
-	}
 	if extra, err := stream.Recv(); !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("after the response: %v, %v; want the stream to end", extra, err)
+		return nil, fmt.Errorf("after the response: %v, %v; want the server to end the stream", extra, err)
 	}
 	return resp, nil
 }

@@ -26,6 +26,7 @@ import (
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
@@ -150,7 +151,7 @@ func (s *Server) Version() string {
 // processing mode (request headers SEND, everything else SKIP/NONE), sends a single
 // request_headers message and expects exactly one response to it; for a merged-discovery
 // request, whose answer asked for them (mode_override), the response headers follow on the
-// same stream. The stream's gRPC metadata may say, from a sidecar Envoy, which apiserver it
+// same stream. Process ends the stream after its last answer. The stream's gRPC metadata may say, from a sidecar Envoy, which apiserver it
 // runs beside: its requests are decided by that sidecar's plan.
 func (s *Server) Process(stream grpc.BidiStreamingServer[extprocv3.ProcessingRequest, extprocv3.ProcessingResponse]) error {
 	md, _ := metadata.FromIncomingContext(stream.Context())
@@ -168,11 +169,20 @@ func (s *Server) Process(stream grpc.BidiStreamingServer[extprocv3.ProcessingReq
 			return err
 		}
 		start := time.Now()
-		if err := stream.Send(s.respond(req, local, &disc)); err != nil {
+		resp := s.respond(req, local, &disc)
+		if err := stream.Send(resp); err != nil {
 			return err
 		}
 		if req.GetRequestHeaders() != nil {
 			s.m.decisionSeconds.Observe(time.Since(start).Seconds())
+		}
+		if resp.GetModeOverride().GetResponseHeaderMode() != extprocfilterv3.ProcessingMode_SEND {
+			// The last answer: end the stream (status OK) rather than wait for Envoy to. Envoy
+			// takes a clean close as "processing complete" (ext_proc.cc Filter::onGrpcClose),
+			// while one that keeps the stream for the request's life (1.36; 1.37+ with
+			// ext_proc_stream_close_optimization off) would otherwise hold it through a whole
+			// watch and reset the watch when extproc restarts.
+			return nil
 		}
 	}
 }

@@ -2,6 +2,8 @@ package extproc
 
 import (
 	"encoding/json"
+	"errors"
+	"io"
 	"slices"
 	"strings"
 	"testing"
@@ -375,24 +377,26 @@ func TestUnexpectedMessages(t *testing.T) {
 		}
 	}
 
-	// A stream that carries request headers and then an unexpected message gets both answered.
+	// After its answer to the request headers, extproc ends the stream: an unexpected message
+	// that follows is never read.
 	ctx := testutil.Context(t, 10*time.Second)
 	stream, err := client.Process(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, m := range []*extprocv3.ProcessingRequest{
-		{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: request("GET", "/api/v1/pods")}},
-		{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: hh}},
-	} {
-		if err := stream.Send(m); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := stream.Recv(); err != nil {
-			t.Fatal(err)
-		}
+	if err := stream.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: request("GET", "/api/v1/pods")}}); err != nil {
+		t.Fatal(err)
 	}
-	stream.CloseSend()
+	if _, err := stream.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	_ = stream.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: hh}})
+	if extra, err := stream.Recv(); !errors.Is(err, io.EOF) {
+		t.Errorf("after the answer to the request headers: %v, %v; want the stream ended (status OK)", extra, err)
+	}
+	if got, _ := metricValue(t, srv, "kube_mvp_extproc_unexpected_messages_total", map[string]string{"type": "response_headers"}); got != 1 {
+		t.Errorf("the message after the stream ended was read: unexpected_messages_total{type=response_headers} = %v, want 1", got)
+	}
 }
 
 func TestMetrics(t *testing.T) {
