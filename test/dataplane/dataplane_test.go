@@ -824,9 +824,7 @@ func TestConnectionClosedAfterRequest(t *testing.T) {
 	c := e.client(nil)
 	const path = "/api/v1/namespaces/default/configmaps"
 	// Every apiserver has kept-alive connections from the data plane.
-	if servers, _ := e.spread(c, path, 30); len(servers) != len(e.apiservers) {
-		t.Fatalf("warm-up reached %v, want every apiserver", servers)
-	}
+	e.reachEvery(c, path, len(e.apiservers), 200)
 	var once sync.Once
 	var hungUp atomic.Int32
 	for _, f := range e.apiservers {

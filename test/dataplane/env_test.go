@@ -715,6 +715,27 @@ func (e *env) spreadWith(c *http.Client, path string, n int, hdr map[string]stri
 	return servers, clusters
 }
 
+// reachEvery sends GETs of path, each of which must succeed, until want apiservers have each
+// answered one, and at most max: a warm-up that leaves a kept-alive connection to each,
+// whichever hosts the balancer picks (least request: at random while none is busy). It
+// returns the count of each apiserver's answers.
+func (e *env) reachEvery(c *http.Client, path string, want, max int) map[string]int {
+	e.t.Helper()
+	servers := map[string]int{}
+	for range max {
+		r := e.do(c, "GET", path, nil)
+		if r.status != 200 {
+			e.t.Fatalf("GET %s: status %d: %s", path, r.status, r.body)
+		}
+		servers[r.seen.Server]++
+		if len(servers) >= want {
+			return servers
+		}
+	}
+	e.t.Fatalf("%d GETs of %s reached %v, want %d apiservers", max, path, servers, want)
+	return nil
+}
+
 func (e *env) stat(name string) uint64 { return e.dp.stats.get(name) }
 
 func readLine(br *bufio.Reader) string {

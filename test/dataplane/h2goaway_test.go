@@ -187,9 +187,7 @@ func TestH2GoAway(t *testing.T) {
 		}})
 	c := e.client(nil)
 	const path = "/api/v1/namespaces/default/configmaps"
-	if servers, _ := e.spread(c, path, 30); len(servers) != len(raws) {
-		t.Fatalf("warm-up reached %v, want every apiserver", servers)
-	}
+	e.reachEvery(c, path, len(raws), 200)
 	count := func(mark string) (n int) {
 		for _, s := range raws {
 			for _, r := range s.requests() {

@@ -22,6 +22,7 @@ import (
 
 	"github.com/kube-mvp/kube-mvp/internal/testutil"
 	"github.com/kube-mvp/kube-mvp/test/controlplane"
+	"github.com/kube-mvp/kube-mvp/test/dataplane"
 	"github.com/kube-mvp/kube-mvp/test/harness"
 )
 
@@ -224,7 +225,13 @@ func upstreamScenarios(t *testing.T, clusterDefaults bool) {
 		}
 	})
 
-	t.Run("identity", func(t *testing.T) { identityScenarios(t, ctx, e, front) })
+	t.Run("identity", func(t *testing.T) {
+		var servers []string
+		for _, s := range specs {
+			servers = append(servers, s.Name)
+		}
+		identityScenarios(t, ctx, e, front, servers)
+	})
 
 	t.Run("a stopped server's work moves to its peer", func(t *testing.T) {
 		if err := e.cp.Stop("cp-a"); err != nil {
@@ -275,8 +282,9 @@ func upstreamScenarios(t *testing.T, clusterDefaults bool) {
 }
 
 // identityScenarios: whoever the client is (certificate, token, nobody), the apiserver sees
-// that identity, whatever X-Remote-* headers the client sends.
-func identityScenarios(t *testing.T, ctx context.Context, e *env, k *harness.KubeMVP) {
+// that identity, whatever X-Remote-* headers the client sends; each of servers (hostnames)
+// answers at least one request of each case.
+func identityScenarios(t *testing.T, ctx context.Context, e *env, k *harness.KubeMVP, servers []string) {
 	alice, err := e.cp.PKI.ClientCert("alice", "developers", "testers")
 	if err != nil {
 		t.Fatal(err)
@@ -315,10 +323,33 @@ func identityScenarios(t *testing.T, ctx context.Context, e *env, k *harness.Kub
 			if (c.wantUser != "" && !strings.Contains(want, `"`+c.wantUser+`"`)) || strings.Contains(want, "system:admin") || strings.Contains(want, "system:masters") {
 				t.Fatalf("directly, the apiserver answered %s; want it to name %s", want, c.wantUser)
 			}
-			for i := range 6 { // several, so every apiserver answers at least once
+			// Until every apiserver has answered one, as the data plane counts each host's
+			// answers (least request picks at random among idle hosts; the apiservers' own
+			// request counters would also count extproc's SelfSubjectReviews, sent to each
+			// every minute), at most 60.
+			before := answeredBy(t, ctx, k)
+			for i := 0; ; i++ {
 				got := selfSubjectReview(t, ctx, hc, k.Endpoint(), c.token, c.headers)
 				if got != want {
 					t.Fatalf("request %d through kube-mvp: %s\nwant what the apiserver answers directly: %s", i, got, want)
+				}
+				after := answeredBy(t, ctx, k)
+				var missing []string
+				for _, s := range servers {
+					if after[s] == before[s] {
+						missing = append(missing, s)
+					}
+				}
+				if len(missing) == 0 {
+					answers := map[string]uint64{}
+					for _, s := range servers {
+						answers[s] = after[s] - before[s]
+					}
+					t.Logf("%d requests through kube-mvp before every apiserver had answered one: %v", i+1, answers)
+					break
+				}
+				if i+1 == 60 {
+					t.Fatalf("%d requests through kube-mvp, none answered by %v", i+1, missing)
 				}
 			}
 		})
@@ -371,6 +402,27 @@ func selfSubjectReview(t *testing.T, ctx context.Context, hc *http.Client, base,
 	}
 	u, _ := json.Marshal(review.Status.UserInfo)
 	return fmt.Sprintf("%d %s", res.StatusCode, u)
+}
+
+// answeredBy is, by apiserver hostname, how many answers the data plane of k has had from it
+// (rq_success of each of its hosts, summed over the clusters; health checks are not counted).
+func answeredBy(t *testing.T, ctx context.Context, k *harness.KubeMVP) map[string]uint64 {
+	t.Helper()
+	clusters, err := dataplane.ReadClusters(ctx, k.DataPlane.AdminURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := map[string]uint64{}
+	for _, c := range clusters.GetClusterStatuses() {
+		for _, h := range c.GetHostStatuses() {
+			for _, st := range h.GetStats() {
+				if st.GetName() == "rq_success" {
+					n[h.GetHostname()] += st.GetValue()
+				}
+			}
+		}
+	}
+	return n
 }
 
 func decodeJSON(res *http.Response, v any) error {
