@@ -12,6 +12,7 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/hashicorp/go-multierror"
 	"google.golang.org/genproto/googleapis/rpc/status"
@@ -35,7 +36,11 @@ func (d *DataPlane) node() *corev3.Node {
 	if cluster == "" {
 		cluster = "kube-mvp"
 	}
-	n := &corev3.Node{Id: d.opts.NodeID, Cluster: cluster, UserAgentName: "kube-mvp-test-dataplane"}
+	// Not "envoy": xds-server's Envoy release checks are for Envoy; the release modelled is
+	// reported all the same.
+	n := &corev3.Node{Id: d.opts.NodeID, Cluster: cluster, UserAgentName: "kube-mvp-test-dataplane",
+		UserAgentVersionType: &corev3.Node_UserAgentBuildVersion{UserAgentBuildVersion: &corev3.BuildVersion{
+			Version: &typev3.SemanticVersion{MajorNumber: 1, MinorNumber: d.version.minor, Patch: d.version.patch}}}}
 	md := map[string]any{}
 	for k, v := range d.opts.NodeMetadata {
 		md[k] = v

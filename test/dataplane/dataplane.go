@@ -192,6 +192,9 @@ type Options struct {
 	ListenerAddress map[string]string
 	AdminAddress    string // default "127.0.0.1:0"
 	Logger          *slog.Logger
+	// EnvoyVersion is the Envoy release modelled where releases differ in what kube-mvp's
+	// configuration uses (envoyversion.go), "1.N" or "1.N.P"; default the newest modelled.
+	EnvoyVersion string
 
 	// The rest is what a bootstrap sets (BootstrapOptions, bootstrap.go); tests that start
 	// the data plane directly leave it alone.
@@ -222,9 +225,10 @@ var typeOrder = []string{resource.ListenerType, resource.RouteType, resource.Clu
 
 // DataPlane is a running test data plane.
 type DataPlane struct {
-	opts  Options
-	log   *slog.Logger
-	stats *stats
+	opts    Options
+	log     *slog.Logger
+	stats   *stats
+	version envoyVersion // the release modelled
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -271,6 +275,10 @@ func Start(ctx context.Context, opts Options) (*DataPlane, error) {
 	if opts.AdminAddress == "" {
 		opts.AdminAddress = "127.0.0.1:0"
 	}
+	version, err := parseEnvoyVersion(opts.EnvoyVersion)
+	if err != nil {
+		return nil, err
+	}
 	log := opts.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -285,6 +293,7 @@ func Start(ctx context.Context, opts Options) (*DataPlane, error) {
 		clusters:  map[string]*liveCluster{},
 		readyCh:   make(chan struct{}),
 		extproc:   map[string]*extProcClient{},
+		version:   version,
 	}
 	d.ctx, d.cancel = context.WithCancel(context.Background())
 	drain := DrainOptions{Time: defaultDrainTime, Strategy: DrainGradual}

@@ -424,6 +424,8 @@ type envOptions struct {
 	front func(p *pki, name, addr string) string
 	// drain, if set, is the data plane's --drain-time-s and --drain-strategy (drain_test.go).
 	drain *DrainOptions
+	// envoyVersion is the Envoy release the data plane models ("": the newest).
+	envoyVersion string
 }
 
 // testExtProcMessageTimeout is the ext_proc message_timeout of every test's data plane
@@ -530,7 +532,7 @@ func newEnv(t testing.TB, o envOptions) *env {
 	go func() { _ = g.Serve(ln) }()
 	t.Cleanup(g.Stop)
 
-	dp, err := Start(ctx, Options{XDSAddress: ln.Addr().String(), NodeID: t.Name(), LocalAPIServer: o.local,
+	dp, err := Start(ctx, Options{XDSAddress: ln.Addr().String(), NodeID: t.Name(), LocalAPIServer: o.local, EnvoyVersion: o.envoyVersion,
 		ListenerAddress: map[string]string{"kube-apiserver": "127.0.0.1:0"}, Logger: testLogger(t), Drain: o.drain})
 	if err != nil {
 		t.Fatal(err)

@@ -79,6 +79,7 @@ type extProcStream struct {
 	ep     *extProcCfg
 	sp     string // stats prefix
 	s      extprocv3.ExternalProcessor_ProcessClient
+	ctx    context.Context
 	cancel context.CancelFunc
 }
 
@@ -118,11 +119,7 @@ func (st *stream) extProcFail(ep *extProcCfg, sp, details string) bool {
 func (st *stream) extProcFailWith(ep *extProcCfg, sp string, code int, details string) bool {
 	d := st.d
 	d.stats.inc(sp + "streams_failed")
-	failOpen := ep.failureModeAllow
-	if st.extProcFailOpen != nil {
-		failOpen = *st.extProcFailOpen // the route's ExtProcOverrides.failure_mode_allow
-	}
-	if failOpen {
+	if st.extProcFailsOpen(ep) {
 		d.stats.inc(sp + "failure_mode_allowed")
 		return true
 	}
@@ -130,15 +127,52 @@ func (st *stream) extProcFailWith(ep *extProcCfg, sp string, code int, details s
 	return false
 }
 
+// extProcFailsOpen is failure_mode_allow: the filter's, or the route's ExtProcOverrides'.
+func (st *stream) extProcFailsOpen(ep *extProcCfg) bool {
+	if st.extProcFailOpen != nil {
+		return *st.extProcFailOpen
+	}
+	return ep.failureModeAllow
+}
+
 // closeExtProc ends the request's ext_proc stream if it is still open (CloseSend, then the
 // stream's context is cancelled): Envoy closes it when the request ends, however it ends
 // (Filter::onDestroy).
 func (st *stream) closeExtProc() {
-	if x := st.ext; x != nil {
-		st.ext = nil
-		_ = x.s.CloseSend()
-		x.cancel()
+	for _, x := range []*extProcStream{st.ext, st.extHeld} {
+		if x != nil {
+			_ = x.s.CloseSend()
+			x.cancel()
+		}
 	}
+	st.ext, st.extHeld = nil, nil
+}
+
+// holdExtProc keeps a stream whose last response arrived until the request ends, as Envoy
+// before 1.37 does, and watches it: the processor ending it cleanly is done with
+// (Filter::onGrpcClose); a failure while the request goes on resets the request
+// (Filter::onGrpcError: with failure_mode_allow false, the response already under way).
+func (st *stream) holdExtProc(x *extProcStream) {
+	st.extHeld = x
+	d, failOpen, path := st.d, st.extProcFailsOpen(x.ep), st.path
+	go func() {
+		_, err := x.s.Recv()
+		switch {
+		case x.ctx.Err() != nil: // the request ended and closed it
+		case err == io.EOF:
+			d.stats.inc(x.sp + "streams_closed")
+		case err == nil:
+			d.stats.inc(x.sp + "spurious_msgs_received")
+		default:
+			d.stats.inc(x.sp + "streams_failed")
+			if failOpen {
+				d.stats.inc(x.sp + "failure_mode_allowed")
+				return
+			}
+			d.log.Warn("ext_proc stream held for the request failed: the request is reset", "path", path, "error", err)
+			st.reset(fmt.Errorf("ext_proc stream failed: %w", err))
+		}
+	}()
 }
 
 // runExtProc runs the ext_proc filter's request-headers step: one bidirectional stream per
@@ -207,9 +241,13 @@ func (st *stream) runExtProc(ep *extProcCfg, md []kv) (clearRoute bool, ok bool)
 	if stat != "" {
 		d.stats.inc(sp + stat)
 	}
-	if sendResp {
+	switch {
+	case sendResp:
 		kept = true
-		st.ext = &extProcStream{ep: ep, sp: sp, s: s, cancel: cancel}
+		st.ext = &extProcStream{ep: ep, sp: sp, s: s, ctx: ctx, cancel: cancel}
+	case d.version.extProcStreamForRequestLife():
+		kept = true
+		st.holdExtProc(&extProcStream{ep: ep, sp: sp, s: s, ctx: ctx, cancel: cancel})
 	}
 	return clearRoute, true
 }

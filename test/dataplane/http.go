@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"context"
 	"crypto/rand"
 	"crypto/x509"
 	"fmt"
@@ -87,6 +88,11 @@ type stream struct {
 
 	// ext is the ext_proc stream kept open for the response headers (nil if none).
 	ext *extProcStream
+	// extHeld is the ext_proc stream an Envoy before 1.37 keeps for the request's life after
+	// its last response (envoyVersion.extProcStreamForRequestLife); reset ends the request
+	// when that stream fails.
+	extHeld *extProcStream
+	reset   context.CancelCauseFunc
 	// extProcFailOpen is the route's overrides.failure_mode_allow, if it has one.
 	extProcFailOpen *bool
 	// dynamicMetadata is the request's dynamic metadata (StreamInfo::dynamicMetadata) by
@@ -106,7 +112,10 @@ func (d *DataPlane) handler(listenerName string) http.Handler {
 		}
 		w, end := d.beginStream("http."+lc.hcm.statPrefix+".", w, r)
 		defer end()
-		st := &stream{d: d, cfg: cfg, lc: lc, hcm: lc.hcm, w: w, r: r, method: r.Method, host: r.Host, scheme: "http"}
+		ctx, reset := context.WithCancelCause(r.Context())
+		defer reset(nil)
+		r = r.WithContext(ctx)
+		st := &stream{d: d, cfg: cfg, lc: lc, hcm: lc.hcm, w: w, r: r, method: r.Method, host: r.Host, scheme: "http", reset: reset}
 		if r.TLS != nil {
 			st.scheme = "https"
 		}
