@@ -87,10 +87,24 @@ func runIdentity(t testing.TB, cert *x509.Certificate, hdr headerList) identityR
 
 var identityKey, _ = ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 
+// rawATV is an attribute whose value is any DER (asn1.RawValue picks the string type).
+type rawATV struct {
+	Type  asn1.ObjectIdentifier
+	Value asn1.RawValue
+}
+
+// rawRDNSET is one RDN; the "SET" suffix makes encoding/asn1 treat it as SET OF.
+type rawRDNSET []rawATV
+
 // certFromRDNs issues a self-signed certificate whose subject is exactly the DER of rdns (values
 // may be asn1.RawValue to pick a string type). The certificate Go cannot parse is returned
 // with only Raw and RawSubject, which is all the Lua filter reads.
 func certFromRDNs(t testing.TB, rdns [][]rawATV) (*x509.Certificate, error) {
+	return certFromNames(t, rdns, rdns)
+}
+
+// rawName is the DER of a Name made of rdns.
+func rawName(t testing.TB, rdns [][]rawATV) []byte {
 	seq := make([]rawRDNSET, len(rdns))
 	for i, r := range rdns {
 		seq[i] = rawRDNSET(r)
@@ -99,15 +113,22 @@ func certFromRDNs(t testing.TB, rdns [][]rawATV) (*x509.Certificate, error) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), RawSubject: raw, RawIssuer: raw,
+	return raw
+}
+
+// certFromNames is certFromRDNs with an issuer of its own.
+func certFromNames(t testing.TB, issuer, subject [][]rawATV) (*x509.Certificate, error) {
+	rawSubject := rawName(t, subject)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), RawSubject: rawSubject, RawIssuer: rawName(t, issuer),
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &identityKey.PublicKey, identityKey)
+	parent := &x509.Certificate{RawSubject: tmpl.RawIssuer}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, parent, &identityKey.PublicKey, identityKey)
 	if err != nil {
 		t.Fatal(err)
 	}
 	c, perr := x509.ParseCertificate(der)
 	if perr != nil {
-		return &x509.Certificate{Raw: der, RawSubject: raw}, perr
+		return &x509.Certificate{Raw: der, RawSubject: rawSubject}, perr
 	}
 	return c, nil
 }
@@ -120,6 +141,10 @@ var (
 	oidLDAPUID = asn1.ObjectIdentifier{0, 9, 2342, 19200300, 100, 1, 1}
 	oidK8sUID  = asn1.ObjectIdentifier{1, 3, 6, 1, 4, 1, 57683, 2}
 	oidOdd     = asn1.ObjectIdentifier{1, 3, 6, 1, 4, 1, 99999, 1}
+	// description: a type BoringSSL names (and prints as a string), Kubernetes ignores.
+	oidDescription = asn1.ObjectIdentifier{2, 5, 4, 13}
+	// An arc of 32 bits: BoringSSL reads it, Go refuses the certificate.
+	oidHugeArc = asn1.ObjectIdentifier{1, 3, 6, 1, 4, 1, 1 << 32}
 )
 
 // ASN.1 tags of the values the generators write.
@@ -132,6 +157,9 @@ const (
 	tagBMP       = 30
 	tagInteger   = 2
 	tagVisible   = 26
+	tagUniversal = 28
+	tagGenTime   = 24
+	tagOctets    = 4
 )
 
 func val(tag int, b []byte) asn1.RawValue {
