@@ -9,13 +9,13 @@
 --   "front-proxy"      the certificate's user, groups, UID and credential ID are set in the
 --                      front-proxy headers; the route sends the request to the front-proxy
 --                      twin of its cluster (whose connections present the proxy certificate).
---   "own-credentials"  the apiserver would reject the certificate (empty CN, several or an
---                      empty UID, an attribute printed as DER that is not a string Go reads)
---                      but the request carries a bearer token, which the apiserver then
---                      authenticates instead: forwarded with its own credentials, no
---                      identity headers.
---   (a local 401)      the certificate is rejected and there is no token, or its identity
---                      cannot travel in a header unchanged.
+--   "own-credentials"  the apiserver's x509 authenticator would not authenticate the
+--                      certificate (empty CN, several or an empty UID) but the request
+--                      carries a bearer token, which the apiserver then authenticates
+--                      instead: forwarded with its own credentials, no identity headers.
+--   (a local 401)      the certificate is refused and there is no token; or Go cannot parse
+--                      it (the apiserver's TLS handshake would fail, token or not); or its
+--                      identity cannot travel in a header unchanged.
 --
 -- Changing a header makes Envoy match the route again (the filter's clear_route_cache, true by
 -- default), now with the decision. A request with a certificate and no decision (the script
@@ -33,7 +33,8 @@
 --
 -- Only this subset of Envoy's Lua API is used (the test data plane implements exactly it):
 -- handle:streamInfo():downstreamSslConnection() and, on it, peerCertificatePresented(),
--- peerCertificateValidated(), subjectPeerCertificate(), sha256PeerCertificateDigest();
+-- peerCertificateValidated(), sha256PeerCertificateDigest(),
+-- urlEncodedPemEncodedPeerCertificate(), subjectPeerCertificate() (for logs only);
 -- handle:virtualHost():metadata() and get() on it (Envoy 1.36), handle:headers() with
 -- get (":method" and ":path" too)/add/replace/remove and pairs(), handle:respond(),
 -- handle:logWarn().
@@ -46,6 +47,12 @@ local UID_OID = "1.3.6.1.4.1.57683.2" -- Kubernetes' UID attribute; not LDAP's U
 -- Outcomes of the mapping.
 local FORWARDED, REFUSED, REJECTED = "forwarded", "refused", "rejected"
 
+-- The identity is read from the certificate's DER, as the apiserver reads it (Go's crypto/x509,
+-- parser.go: parseCertificate, parseName, parseASN1String). Envoy's printed subject
+-- (subjectPeerCertificate: BoringSSL's X509_NAME_print_ex) cannot serve: it does not say a
+-- value's string type, and Go refuses a certificate for some types and bytes (a VisibleString,
+-- a PrintableString with "é") that BoringSSL accepts and prints like any other.
+
 local function unhex(b)
   if b == nil then return nil end
   if b >= 48 and b <= 57 then return b - 48 end   -- 0-9
@@ -54,84 +61,101 @@ local function unhex(b)
   return nil
 end
 
--- Characters BoringSSL escapes with a backslash (XN_FLAG_RFC2253); any other escaped
--- character, or one of ";<>\"" unescaped, means the string is not what we think it is.
-local ESCAPABLE = { [" "] = true, [","] = true, ["+"] = true, ['"'] = true, ["\\"] = true,
-  ["<"] = true, [">"] = true, [";"] = true, ["#"] = true }
-
--- parse_dn parses a subject as Envoy prints it (BoringSSL X509_NAME_print_ex with
--- XN_FLAG_RFC2253): TYPE=value attributes joined by "," between RDNs and "+" inside one, in
--- reverse certificate order; \XX escapes bytes; a value starting with an unescaped "#" is the
--- hex of its DER (attributes without a short name, or not strings). The RDN grouping does not
--- matter to the mapping, so the result is flat: { {typ=, value=, dumped=}, ... }.
-local function parse_dn(s)
-  local avas, i, n = {}, 1, #s
-  if n == 0 then return avas end
-  while true do
-    local start = i
-    while i <= n and s:sub(i, i) ~= "=" do
-      local c = s:sub(i, i)
-      if c == "," or c == "+" or c == "\\" or c == '"' or c == ";" or c == "<" or c == ">" then
-        return nil, "unexpected " .. c .. " in an attribute type"
-      end
+-- percent_decode undoes Envoy's PercentEncoding::urlEncode (%XX).
+local function percent_decode(s)
+  local out, i, n = {}, 1, #s
+  while i <= n do
+    local c = s:byte(i)
+    if c == 37 then
+      local hi, lo = unhex(s:byte(i + 1)), unhex(s:byte(i + 2))
+      if hi == nil or lo == nil then return nil end
+      out[#out + 1] = string.char(hi * 16 + lo)
+      i = i + 3
+    else
+      out[#out + 1] = string.char(c)
       i = i + 1
     end
-    if i > n or i == start then return nil, "an attribute without a type or '='" end
-    local a = { typ = s:sub(start, i - 1) }
-    i = i + 1
-    if s:sub(i, i) == "#" then
-      a.dumped = true
-      start = i + 1
-      i = start
-      while i <= n and s:sub(i, i) ~= "," and s:sub(i, i) ~= "+" do
-        if unhex(s:byte(i)) == nil then return nil, a.typ .. ": bad hex" end
-        i = i + 1
-      end
-      a.value = s:sub(start, i - 1)
-    else
-      local buf = {}
-      while i <= n do
-        local c = s:sub(i, i)
-        if c == "," or c == "+" then break end
-        if c == "\\" then
-          if i == n then return nil, a.typ .. ": a dangling backslash" end
-          local hi = unhex(s:byte(i + 1))
-          if hi ~= nil then
-            local lo = unhex(s:byte(i + 2))
-            if lo == nil then return nil, a.typ .. ": a bad \\XX escape" end
-            buf[#buf + 1] = string.char(hi * 16 + lo)
-            i = i + 3
-          else
-            local e = s:sub(i + 1, i + 1)
-            if not ESCAPABLE[e] then return nil, a.typ .. ": an unexpected escape" end
-            buf[#buf + 1] = e
-            i = i + 2
-          end
-        elseif c == '"' or c == ";" or c == "<" or c == ">" then
-          return nil, a.typ .. ": an unescaped " .. c
-        else
-          buf[#buf + 1] = c
-          i = i + 1
-        end
-      end
-      a.value = table.concat(buf)
-    end
-    avas[#avas + 1] = a
-    if i > n then return avas end
-    i = i + 1 -- the "," or "+"
-    if i > n then return nil, "a trailing separator" end
-  end
-end
-
-local function from_hex(h)
-  if #h % 2 ~= 0 then return nil end
-  local out = {}
-  for k = 1, #h, 2 do
-    local hi, lo = unhex(h:byte(k)), unhex(h:byte(k + 1))
-    if hi == nil or lo == nil then return nil end
-    out[#out + 1] = string.char(hi * 16 + lo)
   end
   return table.concat(out)
+end
+
+local B64 = {}
+for i = 1, 64 do
+  B64[("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"):byte(i)] = i - 1
+end
+
+local PEM_BEGIN, PEM_END = "-----BEGIN CERTIFICATE-----\n", "-----END CERTIFICATE-----\n"
+
+-- pem_der: the DER of the one block PEM_write_bio_X509 writes (base64 lines, "=" padding), or
+-- nil.
+local function pem_der(pem)
+  if pem == nil or #pem < #PEM_BEGIN + #PEM_END or pem:sub(1, #PEM_BEGIN) ~= PEM_BEGIN
+      or pem:sub(-#PEM_END) ~= PEM_END then
+    return nil
+  end
+  local out, acc, bits, padded = {}, 0, 0, false
+  for i = #PEM_BEGIN + 1, #pem - #PEM_END do
+    local c = pem:byte(i)
+    if c == 61 then -- "="
+      padded = true
+    elseif c ~= 10 then
+      local v = B64[c]
+      if v == nil or padded then return nil end
+      acc, bits = acc * 64 + v, bits + 6
+      if bits >= 8 then
+        bits = bits - 8
+        local byte = math.floor(acc / 2 ^ bits)
+        out[#out + 1] = string.char(byte)
+        acc = acc - byte * 2 ^ bits
+      end
+    end
+  end
+  return table.concat(out)
+end
+
+-- tlv reads the element at pos, which must end by last, as Go's cryptobyte does (readASN1: a
+-- one-byte tag, a definite DER length of at most four bytes): its tag, the first and last
+-- index of its contents and the index after it; nil if malformed.
+local function tlv(s, pos, last)
+  if last - pos + 1 < 2 then return nil end
+  local tag, l = s:byte(pos), s:byte(pos + 1)
+  if tag % 32 == 31 then return nil end
+  local start = pos + 2
+  if l >= 0x80 then
+    local k = l - 0x80
+    if k == 0 or k > 4 or pos + 1 + k > last then return nil end
+    if s:byte(pos + 2) == 0 then return nil end -- not the shortest form
+    l = 0
+    for j = 1, k do l = l * 256 + s:byte(pos + 1 + j) end
+    if l < 0x80 then return nil end -- ditto
+    start = pos + 2 + k
+  end
+  if start + l - 1 > last then return nil end
+  return tag, start, start + l - 1, start + l
+end
+
+-- oid_text is cryptobyte's ReadASN1ObjectIdentifier, dotted: arcs of at most five bytes and
+-- 31 bits, none starting 0x80; nil otherwise.
+local function oid_text(s, b, e)
+  if b > e then return nil end
+  local arcs, p = {}, b
+  while p <= e do
+    local v, k = 0, 0
+    repeat
+      if p > e or k == 5 or v >= 2 ^ 24 then return nil end
+      local c = s:byte(p)
+      if k == 0 and c == 0x80 then return nil end
+      v, p, k = v * 128 + c % 128, p + 1, k + 1
+    until c < 0x80
+    if #arcs > 0 then
+      arcs[#arcs + 1] = v
+    elseif v < 80 then
+      arcs[1], arcs[2] = math.floor(v / 40), v % 40
+    else
+      arcs[1], arcs[2] = 2, v - 80
+    end
+  end
+  return table.concat(arcs, ".")
 end
 
 -- valid_utf8 is Go's utf8.Valid: well-formed, shortest form, no surrogates, <= U+10FFFF.
@@ -185,28 +209,14 @@ local PRINTABLE_PUNCTUATION = { [32] = true, [39] = true, [40] = true, [41] = tr
   [44] = true, [45] = true, [46] = true, [47] = true, [58] = true, [61] = true, [63] = true,
   [42] = true, [38] = true } -- " '()+,-./:=?" and "*&", which Go accepts when parsing
 
--- Go's asn1 PrintableString.
+-- Go's x509 isPrintable.
 local function printable(b)
   return (b >= 48 and b <= 57) or (b >= 65 and b <= 90) or (b >= 97 and b <= 122) or PRINTABLE_PUNCTUATION[b] == true
 end
 
--- der_string decodes one DER value the way Go's encoding/asn1 (the apiserver's certificate
--- parsing) turns a string attribute into a Go string; nil for anything Go does not decode
--- to a string, which makes the apiserver fail the certificate.
-local function der_string(der)
-  if der == nil or #der < 2 then return nil end
-  local tag, l = der:byte(1), der:byte(2)
-  local pos = 3
-  if l >= 0x80 then
-    local k = l - 0x80
-    if k == 0 or k > 3 or #der < 2 + k then return nil end -- indefinite or huge: not DER
-    l = 0
-    for j = 1, k do l = l * 256 + der:byte(2 + j) end
-    if der:byte(3) == 0 or l < 0x80 then return nil end -- not the shortest form
-    pos = 3 + k
-  end
-  if #der - pos + 1 ~= l then return nil end -- one value, nothing after it
-  local v = der:sub(pos)
+-- go_string is parseASN1String: an attribute value (tag, contents) as the Go string the
+-- apiserver sees, or nil where Go refuses the certificate.
+local function go_string(tag, v)
   if tag == 0x0C then -- UTF8String
     if valid_utf8(v) then return v end
   elseif tag == 0x13 then -- PrintableString
@@ -215,7 +225,7 @@ local function der_string(der)
     if all_bytes(v, function(b) return b < 0x80 end) then return v end
   elseif tag == 0x12 then -- NumericString
     if all_bytes(v, function(b) return b == 32 or (b >= 48 and b <= 57) end) then return v end
-  elseif tag == 0x14 then -- T61String: Go reads it as Latin-1
+  elseif tag == 0x14 then -- T61String: Latin-1
     local out = {}
     for k = 1, #v do out[k] = utf8_char(v:byte(k)) end
     return table.concat(out)
@@ -237,6 +247,55 @@ local function der_string(der)
   return nil
 end
 
+-- go_name is parseName over the contents s[b..e] of a Name: its attributes in order, each
+-- { oid =, value = }; nil where Go refuses it.
+local function go_name(s, b, e)
+  local atvs, pos = {}, b
+  while pos <= e do
+    local tag, sb, se, after = tlv(s, pos, e)
+    if tag ~= 0x31 then return nil end -- SET
+    local p = sb
+    while p <= se do
+      local at, ab, ae, anext = tlv(s, p, se)
+      if at ~= 0x30 then return nil end -- SEQUENCE
+      local ot, ob, oe, onext = tlv(s, ab, ae)
+      if ot ~= 0x06 then return nil end
+      local oid = oid_text(s, ob, oe)
+      local vt, vb, ve = tlv(s, onext, ae)
+      if oid == nil or vt == nil then return nil end
+      local v = go_string(vt, s:sub(vb, ve))
+      if v == nil then return nil end
+      atvs[#atvs + 1] = { oid = oid, value = v }
+      p = anext
+    end
+    pos = after
+  end
+  return atvs
+end
+
+-- subject_of is parseCertificate as far as the subject: the subject's attributes, or nil and
+-- why Go refuses the certificate. Both names are parsed; the rest is left to Envoy's checks.
+local function subject_of(der)
+  if der == nil then return nil, "no certificate" end
+  local ct, cb, ce = tlv(der, 1, #der)
+  if ct ~= 0x30 then return nil, "a malformed certificate" end
+  local tt, pos, te = tlv(der, cb, ce)
+  if tt ~= 0x30 then return nil, "a malformed certificate" end
+  local vt, _, _, after = tlv(der, pos, te)
+  if vt == 0xA0 then pos = after end -- [0] version
+  -- serialNumber, signature, issuer, validity, subject
+  local want, fields = { 0x02, 0x30, 0x30, 0x30, 0x30 }, {}
+  for k = 1, 5 do
+    local t, b, e, nxt = tlv(der, pos, te)
+    if t ~= want[k] then return nil, "a malformed certificate" end
+    fields[k], pos = { b, e }, nxt
+  end
+  if go_name(der, fields[3][1], fields[3][2]) == nil then return nil, "an issuer Go cannot parse" end
+  local subject = go_name(der, fields[5][1], fields[5][2])
+  if subject == nil then return nil, "a subject Go cannot parse" end
+  return subject
+end
+
 -- forwardable: the value survives as an HTTP header value byte for byte (no control
 -- characters, which Envoy refuses in a header; no leading or trailing white space, which
 -- servers trim).
@@ -246,40 +305,21 @@ local function forwardable(v)
   return first ~= 32 and first ~= 9 and last ~= 32 and last ~= 9
 end
 
-local function kind(typ)
-  local t = typ:upper()
-  if t == "CN" or typ == "2.5.4.3" then return "cn" end
-  if t == "O" or typ == "2.5.4.10" then return "o" end
-  if typ == UID_OID then return "uid" end
-  return nil
-end
-
--- identity maps a printed subject to { result=, user=, uid=, groups= } and a reason.
-local function identity(subject)
-  local avas, err = parse_dn(subject)
-  if avas == nil then return { result = REJECTED }, err end
+-- identity_of maps a certificate's DER to { result=, user=, uid=, groups= } and a reason, as
+-- pkix.Name.FillFromRDNSequence and CommonNameUserConversion do: the last CN, every O in
+-- order, the UID attribute. A certificate Go cannot parse fails the apiserver's TLS handshake
+-- (crypto/tls processCertsFromClient), bearer token or not: rejected.
+local function identity_of(der)
+  local atvs, err = subject_of(der)
+  if atvs == nil then return { result = REJECTED }, err end
   local user, uid, uids, groups = "", nil, 0, {}
-  -- Printed in reverse: walk backwards so that the last CN wins and the groups keep the
-  -- certificate's order, as Go's pkix.Name does.
-  for k = #avas, 1, -1 do
-    local a = avas[k]
-    local what = kind(a.typ)
-    -- Any attribute printed as its DER must be a string Go decodes: else Go cannot parse the
-    -- certificate at all, which the apiserver then fails.
-    if a.dumped and der_string(from_hex(a.value)) == nil then
-      return { result = REFUSED }, a.typ .. " is not a string Go reads"
-    end
-    if what == "uid" then
-      local v = a.value
-      if a.dumped then v = der_string(from_hex(a.value)) end
-      uid, uids = v, uids + 1
-    elseif what ~= nil then
-      if a.dumped then return { result = REFUSED }, a.typ .. " is not printed as a string" end
-      if what == "cn" then
-        user = a.value
-      elseif a.value ~= "" then -- an empty O cannot be forwarded and grants nothing
-        groups[#groups + 1] = a.value
-      end
+  for _, a in ipairs(atvs) do
+    if a.oid == "2.5.4.3" then
+      user = a.value
+    elseif a.oid == "2.5.4.10" then
+      if a.value ~= "" then groups[#groups + 1] = a.value end -- grants nothing, cannot be forwarded
+    elseif a.oid == UID_OID then
+      uid, uids = a.value, uids + 1
     end
   end
   if user == "" then return { result = REFUSED }, "an empty CommonName" end
@@ -296,15 +336,16 @@ local function identity(subject)
 end
 
 -- A client keeps its certificate for many requests: the mapping is memoised per worker by
--- the printed subject, which determines it completely. Bounded: emptied when full.
+-- the certificate's SHA-256, which determines it completely. Bounded: emptied when full.
 local cache, cached, CACHE_MAX = {}, 0, 4096
 
-local function cached_identity(subject)
-  local hit = cache[subject]
+local function cached_identity(ssl, digest)
+  local hit = cache[digest]
   if hit ~= nil then return hit[1], hit[2] end
-  local id, why = identity(subject)
+  local pem = percent_decode(ssl:urlEncodedPemEncodedPeerCertificate())
+  local id, why = identity_of(pem_der(pem))
   if cached >= CACHE_MAX then cache, cached = {}, 0 end
-  cache[subject], cached = { id, why }, cached + 1
+  cache[digest], cached = { id, why }, cached + 1
   return id, why
 end
 
@@ -448,10 +489,10 @@ local function identity(handle, headers, md)
     return
   end
   if not ssl:peerCertificateValidated() then return end -- refused by the undecided route
-  local subject = ssl:subjectPeerCertificate()
-  local id, why = cached_identity(subject)
+  local digest = ssl:sha256PeerCertificateDigest()
+  local id, why = cached_identity(ssl, digest)
   if id.result == FORWARDED then
-    local digest = "X509SHA256=" .. ssl:sha256PeerCertificateDigest()
+    digest = "X509SHA256=" .. digest
     for _, name in ipairs(h.user) do headers:replace(name, id.user) end
     for _, name in ipairs(h.uid) do
       if id.uid ~= nil then headers:replace(name, id.uid) end
@@ -465,7 +506,7 @@ local function identity(handle, headers, md)
   elseif id.result == REFUSED and has_bearer_token(headers) then
     headers:replace(h.decision, "own-credentials")
   else
-    handle:logWarn("kube-mvp identity: client certificate " .. subject .. " refused: " .. (why or id.result))
+    handle:logWarn("kube-mvp identity: client certificate " .. ssl:subjectPeerCertificate() .. " refused: " .. (why or id.result))
     handle:respond({ [":status"] = "401", ["content-type"] = "application/json" }, UNAUTHORIZED)
   end
 end

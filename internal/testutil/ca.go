@@ -5,6 +5,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
@@ -64,6 +65,28 @@ func (ca *CA) Issue(tmpl *x509.Certificate) (Leaf, error) {
 		return Leaf{}, err
 	}
 	return Leaf{Cert: cert, CertPEM: certPEM, KeyPEM: pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})}, nil
+}
+
+// IssueRawSubject signs a client-authentication certificate whose subject is exactly
+// rawSubject (DER), which crypto/x509 need not be able to parse: the certificate is returned
+// as a tls.Certificate, never parsed.
+func (ca *CA) IssueRawSubject(rawSubject []byte) (tls.Certificate, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 120))
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	now := time.Now()
+	tmpl := &x509.Certificate{RawSubject: rawSubject, SerialNumber: serial, NotBefore: now.Add(-time.Hour), NotAfter: now.Add(48 * time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, key.Public(), ca.Key)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, nil
 }
 
 // ProxyClientPairs issues n front-proxy-client certificate pairs (client authentication) of

@@ -224,3 +224,67 @@ func TestRefusedCertificateWebSocket(t *testing.T) {
 		t.Errorf("token as the second entry: status %d, want 101", resp.StatusCode)
 	}
 }
+
+// rawSubjectClient is a client presenting a certificate of the client CA whose subject is
+// rdns exactly (GetClientCertificate: Go's client would drop a certificate it cannot parse).
+func (e *env) rawSubjectClient(rdns [][]rawATV) *http.Client {
+	cert, err := e.pki.clientCA.IssueRawSubject(rawName(e.t, rdns))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	c := e.noTokenClient(nil)
+	tc := c.Transport.(*http.Transport).TLSClientConfig
+	tc.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &cert, nil }
+	return c
+}
+
+// TestClientCertificateStringTypes: certificates whose subject BoringSSL and Go read
+// differently. What Go reads as the apiserver does is forwarded with that identity; what Go
+// cannot parse fails this data plane's handshake (Go's TLS parses the certificate; Envoy
+// would run the Lua filter, which answers 401: TestLuaIdentityMatchesKubernetes); what
+// BoringSSL cannot parse fails the handshake as in Envoy.
+func TestClientCertificateStringTypes(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	cases := []struct {
+		name   string
+		rdns   [][]rawATV
+		user   string // "": the handshake fails
+		groups string
+	}{
+		{"T61String O with é", [][]rawATV{{atv(oidO, val(tagT61, []byte("\xe9quipe")))}, {utf8v(oidCN, "t61")}}, "t61", "équipe"},
+		{"description", [][]rawATV{{utf8v(oidDescription, "a person")}, {utf8v(oidO, "team-a")}, {utf8v(oidCN, "dora")}}, "dora", "team-a"},
+		{"UTF8String CN café", [][]rawATV{{utf8v(oidCN, "café")}}, "café", ""},
+		{"PrintableString CN with é (Go)", [][]rawATV{{atv(oidCN, val(tagPrintable, []byte("caf\xe9")))}}, "", ""},
+		{"VisibleString description (Go)", [][]rawATV{{atv(oidDescription, val(tagVisible, []byte("x")))}, {utf8v(oidCN, "dora")}}, "", ""},
+		{"UTF8String CN with U+FFFE (BoringSSL)", [][]rawATV{{utf8v(oidCN, "a\uFFFEb")}}, "", ""},
+	}
+	for _, tc := range cases {
+		seen := e.seenCount()
+		res, err := e.rawSubjectClient(tc.rdns).Get(e.base + "/api/v1/namespaces")
+		if tc.user == "" {
+			if err == nil {
+				res.Body.Close()
+				t.Errorf("%s: status %d, want a failed handshake", tc.name, res.StatusCode)
+			} else if e.seenCount() != seen {
+				t.Errorf("%s: a request went upstream", tc.name)
+			}
+			t.Logf("%s: %v", tc.name, err)
+			continue
+		}
+		if err != nil {
+			t.Errorf("%s: %v", tc.name, err)
+			continue
+		}
+		b, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		var s seenRequest
+		if res.StatusCode != 200 || json.Unmarshal(b, &s) != nil {
+			t.Errorf("%s: %d %s", tc.name, res.StatusCode, b)
+			continue
+		}
+		h := s.Header
+		if s.ClientCert != proxyClientCert || h.Get("X-Remote-User") != tc.user || strings.Join(h.Values("X-Remote-Group"), ",") != tc.groups {
+			t.Errorf("%s: the apiserver saw %q and %v, want user %q, groups %q", tc.name, s.ClientCert, identityHeaders(h), tc.user, tc.groups)
+		}
+	}
+}

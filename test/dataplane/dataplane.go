@@ -138,16 +138,15 @@
 //     session_timeout are not implemented.
 //   - connection_keepalive: "a frame received extends the PING ACK timeout" is "bytes read
 //     from the connection" here.
-//   - A subject is printed (XFCC, subjectPeerCertificate) with the short names of xfcc.go's
-//     shortNames, the X.520 and RFC 4519 attributes certificates carry; BoringSSL knows the
-//     short names of many more object identifiers (its obj_dat.h), which it prints as
-//     name=value where this prints the dotted OID and the value's DER in hex. The Lua script
-//     reads only CN, O and Kubernetes' UID (never a short name in BoringSSL), and checks an
-//     attribute printed as hex is a string Go reads, so only a certificate with an attribute
-//     of such a type whose value BoringSSL prints as a string but Go does not read can
-//     differ: refused here, forwarded by Envoy with the certificate's identity, where the
-//     apiserver would refuse the certificate (the limit TestLuaIdentityKnownLimits pins for
-//     CN and O).
+//   - A client certificate Go's crypto/x509 cannot parse (a PrintableString with "é", a
+//     VisibleString or UniversalString value, an OID arc of 32 bits) fails the handshake:
+//     Go's TLS server parses every certificate. BoringSSL parses such a certificate, and
+//     Envoy runs the Lua filter, whose identity script answers 401 for it (it reads the
+//     certificate as Go does, as the apiserver would refuse it): refused in both, by the
+//     handshake here. Of the names Go parses, the handshake refuses what BoringSSL refuses
+//     (x509name.go: a noncharacter in a UTF8String, data after an attribute's value); the
+//     rest of the certificate is Go's to refuse. Subjects are printed as BoringSSL prints
+//     them (x509name.go: its object names, string decoding and escapes).
 //   - HTTP/2 flow control: Envoy credits data on arrival until its buffers towards the
 //     reader pass their watermarks (then read-disables the stream and keeps the rest
 //     unconsumed, codec_impl.cc ConnectionImpl::onData); Go's HTTP/2 client and server

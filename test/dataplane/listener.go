@@ -188,6 +188,21 @@ func (d *DataPlane) downstreamTLSConfig(name string, ticketKey [32]byte) (*tls.C
 		}
 		tc.ClientCAs = pool
 		tc.ClientAuth = tls.VerifyClientCertIfGiven
+		// Go's handshake parses every client certificate with crypto/x509, which refuses
+		// some that BoringSSL parses (dataplane.go); this refuses what BoringSSL refuses of
+		// the rest (x509name.go).
+		tc.VerifyPeerCertificate = func(raw [][]byte, _ [][]*x509.Certificate) error {
+			for _, der := range raw {
+				c, err := x509.ParseCertificate(der)
+				if err != nil {
+					return err
+				}
+				if err := boringAcceptsNames(c.RawIssuer, c.RawSubject); err != nil {
+					return fmt.Errorf("BoringSSL would not parse the certificate: %w", err)
+				}
+			}
+			return nil
+		}
 		if lc.tls.requireClient {
 			tc.ClientAuth = tls.RequireAndVerifyClientCert
 		}

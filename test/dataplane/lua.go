@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"crypto/x509"
 	"encoding/hex"
+	"encoding/pem"
 	"fmt"
 	"runtime"
 	"sort"
@@ -52,7 +53,8 @@ import (
 //	                          pairs() over it (__pairs; LuaJIT runs Lua 5.2's __pairs)
 //	handle:streamInfo()       downstreamSslConnection()
 //	ssl                       peerCertificatePresented(), peerCertificateValidated(),
-//	                          subjectPeerCertificate(), sha256PeerCertificateDigest()
+//	                          subjectPeerCertificate(), sha256PeerCertificateDigest(),
+//	                          urlEncodedPemEncodedPeerCertificate()
 //	handle:virtualHost()      metadata() -> get(key): the virtual host's filter_metadata under
 //	                          the filter's name (VirtualHostWrapper, Envoy 1.36)
 //	handle:respond(headers, body), handle:logWarn(message)
@@ -606,6 +608,19 @@ var luaSSLMethods = map[string]luaMethod{
 		L.Push(lua.LString(s))
 		return 1
 	},
+	// urlEncodedPemEncodedPeerCertificate: the PEM of the certificate's DER
+	// (PEM_write_bio_X509: 64-character lines, each ending "\n"), every byte but ALPHA, DIGIT
+	// and "*-._" written %XX (ConnectionInfoImplBase::urlEncodedPemEncodedPeerCertificate,
+	// Http::Utility::PercentEncoding::urlEncode); "" without one.
+	"urlEncodedPemEncodedPeerCertificate": func(h *luaHandle, L *lua.LState) int {
+		ssl := h.req.ssl
+		s := ""
+		if ssl.peer != nil {
+			s = percentEncode(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ssl.peer.Raw}))
+		}
+		L.Push(lua.LString(s))
+		return 1
+	},
 	// sha256PeerCertificateDigest: lower-case hex of the SHA-256 of the DER, "" without one.
 	"sha256PeerCertificateDigest": func(h *luaHandle, L *lua.LState) int {
 		ssl := h.req.ssl
@@ -617,6 +632,20 @@ var luaSSLMethods = map[string]luaMethod{
 		L.Push(lua.LString(s))
 		return 1
 	},
+}
+
+// percentEncode is Envoy's PercentEncoding::urlEncode: upper-case %XX for every byte but
+// ALPHA, DIGIT, "*", "-", "." and "_".
+func percentEncode(b []byte) string {
+	var s strings.Builder
+	for _, c := range b {
+		if 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("*-._", c) >= 0 {
+			s.WriteByte(c)
+		} else {
+			fmt.Fprintf(&s, "%%%02X", c)
+		}
+	}
+	return s.String()
 }
 
 // respond is StreamHandleWrapper::luaRespond: a table of headers (a value may be a table of

@@ -20,6 +20,7 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	luafilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/lua/v3"
+	"golang.org/x/crypto/cryptobyte"
 	"google.golang.org/protobuf/types/known/structpb"
 	k8sx509 "k8s.io/apiserver/pkg/authentication/request/x509"
 	"k8s.io/apiserver/pkg/authentication/user"
@@ -87,10 +88,24 @@ func runIdentity(t testing.TB, cert *x509.Certificate, hdr headerList) identityR
 
 var identityKey, _ = ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 
+// rawATV is an attribute whose value is any DER (asn1.RawValue picks the string type).
+type rawATV struct {
+	Type  asn1.ObjectIdentifier
+	Value asn1.RawValue
+}
+
+// rawRDNSET is one RDN; the "SET" suffix makes encoding/asn1 treat it as SET OF.
+type rawRDNSET []rawATV
+
 // certFromRDNs issues a self-signed certificate whose subject is exactly the DER of rdns (values
 // may be asn1.RawValue to pick a string type). The certificate Go cannot parse is returned
 // with only Raw and RawSubject, which is all the Lua filter reads.
 func certFromRDNs(t testing.TB, rdns [][]rawATV) (*x509.Certificate, error) {
+	return certFromNames(t, rdns, rdns)
+}
+
+// rawName is the DER of a Name made of rdns.
+func rawName(t testing.TB, rdns [][]rawATV) []byte {
 	seq := make([]rawRDNSET, len(rdns))
 	for i, r := range rdns {
 		seq[i] = rawRDNSET(r)
@@ -99,15 +114,26 @@ func certFromRDNs(t testing.TB, rdns [][]rawATV) (*x509.Certificate, error) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), RawSubject: raw, RawIssuer: raw,
+	return raw
+}
+
+// certFromNames is certFromRDNs with an issuer of its own.
+func certFromNames(t testing.TB, issuer, subject [][]rawATV) (*x509.Certificate, error) {
+	return certFromRaw(t, rawName(t, issuer), rawName(t, subject))
+}
+
+// certFromRaw is certFromNames with the names' DER, which may be any bytes.
+func certFromRaw(t testing.TB, rawIssuer, rawSubject []byte) (*x509.Certificate, error) {
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), RawSubject: rawSubject, RawIssuer: rawIssuer,
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &identityKey.PublicKey, identityKey)
+	parent := &x509.Certificate{RawSubject: tmpl.RawIssuer}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, parent, &identityKey.PublicKey, identityKey)
 	if err != nil {
 		t.Fatal(err)
 	}
 	c, perr := x509.ParseCertificate(der)
 	if perr != nil {
-		return &x509.Certificate{Raw: der, RawSubject: raw}, perr
+		return &x509.Certificate{Raw: der, RawSubject: rawSubject}, perr
 	}
 	return c, nil
 }
@@ -120,6 +146,10 @@ var (
 	oidLDAPUID = asn1.ObjectIdentifier{0, 9, 2342, 19200300, 100, 1, 1}
 	oidK8sUID  = asn1.ObjectIdentifier{1, 3, 6, 1, 4, 1, 57683, 2}
 	oidOdd     = asn1.ObjectIdentifier{1, 3, 6, 1, 4, 1, 99999, 1}
+	// description: a type BoringSSL names (and prints as a string), Kubernetes ignores.
+	oidDescription = asn1.ObjectIdentifier{2, 5, 4, 13}
+	// An arc of 32 bits: BoringSSL reads it, Go refuses the certificate.
+	oidHugeArc = asn1.ObjectIdentifier{1, 3, 6, 1, 4, 1, 1 << 32}
 )
 
 // ASN.1 tags of the values the generators write.
@@ -132,6 +162,9 @@ const (
 	tagBMP       = 30
 	tagInteger   = 2
 	tagVisible   = 26
+	tagUniversal = 28
+	tagGenTime   = 24
+	tagOctets    = 4
 )
 
 func val(tag int, b []byte) asn1.RawValue {
@@ -151,6 +184,7 @@ func utf8v(oid asn1.ObjectIdentifier, s string) rawATV      { return atv(oid, va
 
 // identityExpectation is what the proxy must do with a certificate.
 type identityExpectation struct {
+	unparseable   bool // Go refuses it: the apiserver's TLS handshake fails
 	accepted      bool // the apiserver authenticates the certificate's user
 	forwardable   bool // ... and every value survives a header unchanged
 	user, uid     string
@@ -168,11 +202,12 @@ func forwardableValue(v string) bool {
 	return v == "" || !(strings.ContainsAny(v[:1], " \t") || strings.ContainsAny(v[len(v)-1:], " \t"))
 }
 
-// kubernetesVerdict is the oracle: Go's certificate parsing, then the apiserver's
-// CommonNameUserConversion (a parse failure fails the authentication as an error does).
+// kubernetesVerdict is the oracle: Go's certificate parsing (crypto/tls fails the handshake
+// on a certificate it cannot parse, whatever else the request carries), then the apiserver's
+// CommonNameUserConversion.
 func kubernetesVerdict(cert *x509.Certificate, perr error) identityExpectation {
 	if perr != nil {
-		return identityExpectation{apiserverSays: "unparseable: " + perr.Error()}
+		return identityExpectation{unparseable: true, apiserverSays: "unparseable: " + perr.Error()}
 	}
 	resp, ok, err := k8sx509.CommonNameUserConversion.User([]*x509.Certificate{cert})
 	switch {
@@ -241,8 +276,8 @@ func checkIdentity(t testing.TB, cert *x509.Certificate, perr error) {
 			if r.reply == nil || r.reply.status != 401 {
 				t.Fatalf("%s (%s): unforwardable identity (%s): want 401, got reply %+v decision %q", subject, kind, want.apiserverSays, r.reply, decision)
 			}
-		default: // the apiserver refuses the certificate: a token decides
-			if kind == "none" {
+		default: // the apiserver refuses the certificate: a token decides, unless Go cannot parse it
+			if kind == "none" || want.unparseable {
 				if r.reply == nil || r.reply.status != 401 {
 					t.Fatalf("%s: apiserver: %s; want 401, got reply %+v decision %q", subject, want.apiserverSays, r.reply, decision)
 				}
@@ -314,6 +349,26 @@ func identityCases() map[string][][]rawATV {
 		"tab inside CN":             {{utf8v(oidCN, "a\tb")}},
 		"control character in O":    {{utf8v(oidO, "bad\ngroup")}, {utf8v(oidCN, "harry")}},
 		"DEL in CN":                 {{utf8v(oidCN, "a\x7fb")}},
+		// String types and bytes BoringSSL takes (and prints alike), Go does not, or reads
+		// differently.
+		"PrintableString CN with é":      {{atv(oidCN, val(tagPrintable, []byte("caf\xe9")))}},
+		"PrintableString CN with @":      {{atv(oidCN, val(tagPrintable, []byte("a@b")))}},
+		"IA5String CN with é":            {{atv(oidCN, val(tagIA5, []byte("caf\xe9")))}},
+		"VisibleString CN":               {{atv(oidCN, val(tagVisible, []byte("vis")))}},
+		"UniversalString CN":             {{atv(oidCN, val(tagUniversal, []byte("\x00\x00\x00a")))}},
+		"GeneralizedTime CN":             {{atv(oidCN, val(tagGenTime, []byte("20250101000000Z")))}},
+		"NumericString CN":               {{atv(oidCN, val(tagNumeric, []byte("12 34")))}},
+		"T61String O with é":             {{atv(oidO, val(tagT61, []byte("\xe9quipe")))}, {utf8v(oidCN, "t61")}},
+		"T61String CN with é":            {{atv(oidCN, val(tagT61, []byte("caf\xe9")))}},
+		"UTF8String CN café":             {{utf8v(oidCN, "café")}},
+		"UTF8String CN U+FFFE":           {{utf8v(oidCN, "a\uFFFEb")}}, // BoringSSL refuses it first
+		"BMPString CN, terminated":       {{atv(oidCN, val(tagBMP, append(bmp("bob"), 0, 0)))}},
+		"description":                    {{utf8v(oidDescription, "a person")}, {utf8v(oidCN, "dora")}},
+		"description, VisibleString":     {{atv(oidDescription, val(tagVisible, []byte("x")))}, {utf8v(oidCN, "dora")}},
+		"description, PrintableString é": {{atv(oidDescription, val(tagPrintable, []byte("\xe9")))}, {utf8v(oidCN, "dora")}},
+		"description, OCTET STRING":      {{atv(oidDescription, val(tagOctets, []byte("x")))}, {utf8v(oidCN, "dora")}},
+		"type with a 32-bit arc":         {{utf8v(oidHugeArc, "x")}, {utf8v(oidCN, "dora")}},
+		"multi-valued, description":      {{utf8v(oidCN, "ed"), utf8v(oidDescription, "d"), utf8v(oidO, "g")}},
 	}
 }
 
@@ -330,9 +385,8 @@ func TestLuaIdentityMatchesKubernetes(t *testing.T) {
 // string type), a length byte and that many value bytes; a kind byte with its high bit set
 // puts the attribute in the previous RDN (multi-valued).
 func identityRDNs(data []byte) [][]rawATV {
-	types := []asn1.ObjectIdentifier{oidCN, oidO, oidK8sUID, oidOU, oidLDAPUID, oidOdd}
-	// CN and O take only the string types and contents Go reads and whose printed form is
-	// theirs alone (see TestLuaIdentityKnownLimits); the UID, printed as its DER, takes any.
+	types := []asn1.ObjectIdentifier{oidCN, oidO, oidK8sUID, oidOU, oidLDAPUID, oidOdd, oidDescription}
+	tags := []int{tagUTF8, tagPrintable, tagIA5, tagNumeric, tagT61, tagBMP, tagInteger, tagVisible}
 	var rdns [][]rawATV
 	for len(data) >= 2 {
 		kind, n := data[0], int(data[1])
@@ -342,36 +396,7 @@ func identityRDNs(data []byte) [][]rawATV {
 		}
 		b := slices.Clone(data[:n])
 		data = data[n:]
-		oid := types[int(kind&0x7f)%len(types)]
-		var v asn1.RawValue
-		st := int(kind>>3) & 0x7
-		if oid.Equal(oidK8sUID) || oid.Equal(oidOdd) {
-			v = val([]int{tagUTF8, tagPrintable, tagIA5, tagNumeric, tagT61, tagBMP, tagInteger, tagVisible}[st], b)
-		} else {
-			s := strings.ToValidUTF8(string(b), "\uFFFD")
-			switch st % 4 {
-			case 0, 1:
-				v = val(tagUTF8, []byte(s))
-			case 2:
-				v = val(tagBMP, bmp(strings.Map(func(r rune) rune {
-					// Go refuses these; and Go strips a final U+0000 that BoringSSL prints
-					// (a 401 where the apiserver accepts: fails closed, invisible to the script).
-					if r == 0 || r > 0xFFFF || r >= 0xD800 && r <= 0xDFFF || r >= 0xFDD0 && r <= 0xFDEF || r >= 0xFFFE {
-						return 'x'
-					}
-					return r
-				}, s)))
-			case 3:
-				ascii := strings.Map(func(r rune) rune {
-					if r >= 0x80 {
-						return 'a'
-					}
-					return r
-				}, s)
-				v = val(tagIA5, []byte(ascii))
-			}
-		}
-		a := atv(oid, v)
+		a := atv(types[int(kind&0x7)%len(types)], val(tags[int(kind>>3)&0x7], b))
 		if kind&0x80 != 0 && len(rdns) > 0 {
 			rdns[len(rdns)-1] = append(rdns[len(rdns)-1], a)
 		} else {
@@ -390,8 +415,8 @@ func FuzzIdentityScript(f *testing.F) {
 		return out
 	}
 	a := func(kind byte, s string) []byte { return append([]byte{kind, byte(len(s))}, s...) }
-	// kind: low bits the type (0 CN, 1 O, 2 UID, 3 OU, 4 LDAP UID, 5 unknown), bits 3-5 the
-	// string type, bit 7 same RDN.
+	// kind: bits 0-2 the type (0 CN, 1 O, 2 UID, 3 OU, 4 LDAP UID, 5 unknown, 6 description),
+	// bits 3-5 the string type, bit 7 same RDN.
 	f.Add(enc(a(1, "system:masters"), a(0, "alice")))
 	f.Add(enc(a(1, "g1"), a(0x80, "bob"), a(0x81, "g2")))
 	f.Add(enc(a(1, `a,b+c"d\e<f>g;h`), a(0, "#x y ")))
@@ -414,23 +439,39 @@ func FuzzIdentityScript(f *testing.F) {
 	})
 }
 
-// TestLuaIdentityKnownLimits records what the script cannot see: a CN or O is printed as a
-// string whatever its string type, so a value Go refuses to parse (the apiserver would then
-// fail the certificate) but BoringSSL prints is forwarded. The fuzz generator leaves these
-// out; this test pins the behaviour so that a change to it is noticed.
-func TestLuaIdentityKnownLimits(t *testing.T) {
-	for name, rdns := range map[string][][]rawATV{
-		"VisibleString CN":          {{atv(oidCN, val(tagVisible, []byte("vis")))}},
-		"PrintableString CN with @": {{atv(oidCN, val(tagPrintable, []byte("a@b")))}},
+// FuzzIdentityRawSubject: any bytes as the subject's DER (the issuer a plain name); the
+// script forwards exactly what Go parses and the apiserver accepts.
+func FuzzIdentityRawSubject(f *testing.F) {
+	f.Add(rawName(f, [][]rawATV{{utf8v(oidO, "g")}, {utf8v(oidCN, "a")}}))
+	f.Add(rawName(f, [][]rawATV{{utf8v(oidCN, "a"), atv(oidO, val(tagT61, []byte("\xe9")))}}))
+	f.Add(rawName(f, [][]rawATV{{atv(oidCN, val(tagPrintable, []byte("caf\xe9")))}}))
+	f.Add(rawName(f, [][]rawATV{{utf8v(oidHugeArc, "x")}, {utf8v(oidCN, "a")}}))
+	f.Add([]byte{0x30, 0x81, 0x05, 0x31, 0x03, 0x30, 0x01, 0x06})
+	f.Add([]byte{0x30, 0x00})
+	issuer := rawName(f, [][]rawATV{{utf8v(oidCN, "ca")}})
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		if s, el := cryptobyte.String(raw), cryptobyte.String(nil); !s.ReadAnyASN1Element(&el, nil) || !s.Empty() {
+			// The fields after it would not parse: BoringSSL refuses the certificate.
+			t.Skip("not one DER element")
+		}
+		cert, perr := certFromRaw(t, issuer, raw)
+		checkIdentity(t, cert, perr)
+	})
+}
+
+// TestLuaIdentityIssuer: Go parses the issuer's name too; one it refuses fails the handshake
+// with the apiserver, however good the subject.
+func TestLuaIdentityIssuer(t *testing.T) {
+	subject := [][]rawATV{{utf8v(oidO, "g")}, {utf8v(oidCN, "alice")}}
+	for name, issuer := range map[string][][]rawATV{
+		"good issuer":            {{utf8v(oidCN, "some CA")}},
+		"PrintableString with é": {{atv(oidCN, val(tagPrintable, []byte("CA \xe9")))}},
+		"VisibleString":          {{atv(oidO, val(tagVisible, []byte("CA")))}},
 	} {
-		cert, perr := certFromRDNs(t, rdns)
-		if perr == nil {
-			t.Fatalf("%s: Go parses it; not a limit", name)
-		}
-		r := runIdentity(t, cert, nil)
-		if d, _ := r.hdr.get("x-kube-mvp-identity"); d != "front-proxy" {
-			t.Errorf("%s: decision %q: the limit is gone, move the case to identityCases", name, d)
-		}
+		t.Run(name, func(t *testing.T) {
+			cert, perr := certFromNames(t, issuer, subject)
+			checkIdentity(t, cert, perr)
+		})
 	}
 }
 

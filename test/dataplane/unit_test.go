@@ -49,6 +49,84 @@ func TestRFC2253(t *testing.T) {
 	}
 }
 
+// TestRFC2253BoringSSL: subjects of every string type, as X509_NAME_print_ex(XN_FLAG_RFC2253)
+// prints them (BoringSSL 0.20250514.0, name_print.cc and a_strex.cc; OpenSSL 3.0's
+// `x509 -nameopt RFC2253` prints the same for those it parses, but a lone "#").
+func TestRFC2253BoringSSL(t *testing.T) {
+	tel := asn1.ObjectIdentifier{2, 5, 4, 20}
+	email := asn1.ObjectIdentifier{1, 2, 840, 113549, 1, 9, 1}
+	long := asn1.ObjectIdentifier{1, 3, 6, 1, 4, 1, 11111, 22222, 33333, 44444, 55555, 66666, 77777, 88888, 99999, 11111, 22222, 33333}
+	cases := []struct {
+		name string
+		rdns [][]rawATV
+		want string
+	}{
+		{"PrintableString é: Latin-1", [][]rawATV{{atv(oidCN, val(tagPrintable, []byte("caf\xe9")))}}, `CN=caf\C3\A9`},
+		{"UTF8String é", [][]rawATV{{utf8v(oidCN, "café")}}, `CN=caf\C3\A9`},
+		{"T61String O", [][]rawATV{{atv(oidO, val(tagT61, []byte("\xe9quipe")))}, {utf8v(oidCN, "t61")}}, `CN=t61,O=\C3\A9quipe`},
+		{"IA5String and VisibleString", [][]rawATV{{atv(oidCN, val(tagVisible, []byte("vis\xe9")))}, {atv(oidO, val(tagIA5, []byte("i\x01a")))}}, `O=i\01a,CN=vis\C3\A9`},
+		{"NumericString", [][]rawATV{{atv(oidCN, val(tagNumeric, []byte("1\xe9")))}}, `CN=1\C3\A9`},
+		{"times are strings", [][]rawATV{{atv(oidCN, val(tagGenTime, []byte("20250101000000Z")))}, {atv(oidCN, val(23, []byte("250101000000Z")))}}, `CN=250101000000Z,CN=20250101000000Z`},
+		{"BMPString: U+0000 kept; UniversalString", [][]rawATV{{atv(oidCN, val(tagBMP, append(bmp("bé"), 0, 0)))}, {atv(oidO, val(tagUniversal, []byte("\x00\x01\xf6\x00")))}}, `O=\F0\9F\98\80,CN=b\C3\A9\00`},
+		{"not strings: DER", [][]rawATV{{atv(oidDescription, val(tagOctets, []byte("x")))}, {atv(oidCN, val(tagInteger, []byte{5}))}, {atv(oidCN, val(21, []byte("vt")))}, {atv(oidCN, val(27, []byte("gs")))}},
+			`CN=#1B026773,CN=#15027674,CN=#020105,description=#040178`},
+		{"names BoringSSL knows", [][]rawATV{{utf8v(oidDescription, "a person")}, {utf8v(tel, "+1 555")}, {utf8v(email, "a@b")}, {utf8v(oidLDAPUID, "l")}, {utf8v(oidCN, "dora")}},
+			`CN=dora,UID=l,emailAddress=a@b,telephoneNumber=\+1 555,description=a person`},
+		{"unknown types: OID and DER", [][]rawATV{{utf8v(oidK8sUID, "u")}, {utf8v(oidOdd, "x")}}, `1.3.6.1.4.1.99999.1=#0C0178,1.3.6.1.4.1.57683.2=#0C0175`},
+		{"an OID in 79 characters", [][]rawATV{{utf8v(long, "x")}}, long.String()[:79] + `=#0C0178`},
+		// encoding/asn1 sorts a SET's DER: O, description, CN; printed in reverse.
+		{"multi-valued RDN, reversed", [][]rawATV{{utf8v(oidO, "z")}, {utf8v(oidCN, "ed"), utf8v(oidDescription, "d"), utf8v(oidO, "g")}}, `CN=ed+description=d+O=g,O=z`},
+		{"escapes", [][]rawATV{{utf8v(oidCN, ` #a,b+c"d\e<f>g;h=i `)}}, `CN=\ #a\,b\+c\"d\\e\<f\>g\;h=i\ `},
+		{"first and last", [][]rawATV{{utf8v(oidCN, "#")}, {utf8v(oidCN, " ")}, {utf8v(oidCN, "")}, {utf8v(oidCN, "a ")}, {utf8v(oidCN, "\x7f\u00a0")}}, `CN=\7F\C2\A0,CN=a\ ,CN=,CN=\ ,CN=\#`},
+	}
+	for _, tc := range cases {
+		if got := rfc2253(rawName(t, tc.rdns)); got != tc.want {
+			t.Errorf("%s: got %q, want %q", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestBoringSSLRefusesNames: what BoringSSL refuses of the names Go accepts, so that Envoy
+// fails the handshake.
+func TestBoringSSLRefusesNames(t *testing.T) {
+	type atvExtra struct {
+		Type         asn1.ObjectIdentifier
+		Value, Extra asn1.RawValue
+	}
+	extra, err := asn1.Marshal([]struct {
+		A []atvExtra `asn1:"set"`
+	}{{[]atvExtra{{oidCN, val(tagUTF8, []byte("a")), val(tagUTF8, []byte("b"))}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, c := range map[string]struct {
+		raw []byte
+		ok  bool
+	}{
+		"plain":                    {rawName(t, [][]rawATV{{utf8v(oidCN, "a")}}), true},
+		"UTF8String U+FFFE":        {rawName(t, [][]rawATV{{utf8v(oidCN, "a\uFFFE")}}), false},
+		"UTF8String U+FDD0":        {rawName(t, [][]rawATV{{utf8v(oidO, "\uFDD0")}}), false},
+		"UTF8String U+10FFFF":      {rawName(t, [][]rawATV{{utf8v(oidO, "\U0010FFFF")}}), false},
+		"UTF8String U+FFFD":        {rawName(t, [][]rawATV{{utf8v(oidO, "\uFFFD")}}), true},
+		"BMPString odd":            {rawName(t, [][]rawATV{{atv(oidCN, val(tagBMP, []byte{0, 'a', 0}))}}), false},
+		"Latin-1 types take bytes": {rawName(t, [][]rawATV{{atv(oidCN, val(tagPrintable, []byte{0xff, 0}))}}), true},
+		"data after the value":     {extra, false},
+	} {
+		_, err := parseBoringName(c.raw)
+		if (err == nil) != c.ok {
+			t.Errorf("%s: err %v, want ok %v", name, err, c.ok)
+		}
+	}
+}
+
+// TestPercentEncode: Envoy's PercentEncoding::urlEncode of a PEM.
+func TestPercentEncode(t *testing.T) {
+	got := percentEncode([]byte("-----BEGIN CERTIFICATE-----\na+b/c=*_.~\n"))
+	if want := "-----BEGIN%20CERTIFICATE-----%0Aa%2Bb%2Fc%3D*_.%7E%0A"; got != want {
+		t.Errorf("got %q, want %q", got, want)
+	}
+}
+
 func TestXFCCValue(t *testing.T) {
 	ca := newTestCA(t, "ca")
 	local := ca.issue(t, pkix.Name{CommonName: "proxy"}, true, nil, nil, "spiffe://a/proxy", "spiffe://b/proxy")
