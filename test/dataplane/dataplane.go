@@ -9,7 +9,13 @@
 // router (cluster / cluster_header, retries), and clusters with EDS, upstream TLS, health
 // checks, outlier detection and least-request balancing.
 //
+// The Envoy release modelled is Options.EnvoyVersion (1.36 to 1.40, default 1.40;
+// envoyversion.go lists where they differ and cites each difference). The node reports it as
+// its build version.
+//
 // Among the modelled behaviours:
+//   - x-forwarded-for (use_remote_address): the downstream address is appended, except that a
+//     loopback peer is replaced by the server's own address, as Envoy does (localAddress).
 //   - RE2 program size: a safe_regex whose RE2 program is larger than Envoy's error level
 //     (re2.max_program_size.error_level, default 100; no runtime is modelled) is a NACK with
 //     Envoy's message (config.go, compileRE2). The size is measured by libre2 through cgo
@@ -70,7 +76,7 @@
 //     clusters too, over a connection offering the transport socket's ALPN unless
 //     health_checks.tls_options.alpn_protocols overrides it: with ALPN h2 and no override an
 //     apiserver negotiates h2 and every check fails.
-//   - Graceful drain, Envoy v1.36 (drain.go, DRAIN.md): --drain-time-s and --drain-strategy,
+//   - Graceful drain, Envoy 1.36 and 1.37 (drain.go, DRAIN.md): --drain-time-s and --drain-strategy,
 //     the admin's POST /drain_listeners (graceful, skip_exit), the connection managers'
 //     drain on each response (HTTP/1.1 Connection: close, HTTP/2 GOAWAY), deliberately no
 //     notification to a connection that sends no response, the listeners' stop after the

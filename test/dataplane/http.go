@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
@@ -254,11 +255,17 @@ func (st *stream) mutateRequestHeaders() {
 		// (RFC 1918 / loopback) with no x-forwarded-for before is marked x-envoy-internal,
 		// any other request loses a client-sent x-envoy-internal. x-forwarded-proto is set
 		// to the downstream scheme on the edge.
+		// A loopback peer is replaced by the server's own address (mutateRequestHeaders:
+		// isLoopbackAddress → config.localAddress()).
+		appended := remote
+		if ip, err := netip.ParseAddr(remote); err == nil && ip.IsLoopback() {
+			appended = localAddress()
+		}
 		xff, had := st.hdr.get("x-forwarded-for")
 		if had {
-			st.hdr.set("x-forwarded-for", xff+","+remote)
+			st.hdr.set("x-forwarded-for", xff+","+appended)
 		} else {
-			st.hdr.set("x-forwarded-for", remote)
+			st.hdr.set("x-forwarded-for", appended)
 		}
 		st.hdr.del("x-envoy-internal")
 		if ip, err := netip.ParseAddr(remote); err == nil && !had && (ip.IsLoopback() || ip.IsPrivate()) {
@@ -527,3 +534,18 @@ func routeName(r *route) string {
 	}
 	return r.name
 }
+
+// localAddress is Envoy's LocalInfo address with the default --local-address-ip-version v4
+// (Network::Utility::getLocalAddress): the first IPv4 address of the host's interfaces that
+// is not loopback, else 127.0.0.1.
+var localAddress = sync.OnceValue(func() string {
+	addrs, err := net.InterfaceAddrs()
+	if err == nil {
+		for _, a := range addrs {
+			if n, ok := a.(*net.IPNet); ok && n.IP.To4() != nil && !n.IP.IsLoopback() {
+				return n.IP.String()
+			}
+		}
+	}
+	return "127.0.0.1"
+})

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/discovery"
@@ -19,6 +21,7 @@ import (
 
 	"github.com/kube-mvp/kube-mvp/internal/testutil"
 	"github.com/kube-mvp/kube-mvp/test/controlplane"
+	"github.com/kube-mvp/kube-mvp/test/harness"
 )
 
 // TestExtprocDown: extproc only decides where a routing decision is needed, so when it is
@@ -150,4 +153,80 @@ func TestExtprocDown(t *testing.T) {
 	if f := k.DataPlane.Stat("http.kube_apiserver.ext_proc.kube_mvp.streams_failed"); f == 0 {
 		t.Error("no ext_proc stream failed: were the batch/v1 requests decided at all?")
 	}
+}
+
+// TestWatchOutlivesExtprocRestart: a watch on batch/v1, which only cp-a serves (extproc
+// decides where it goes), goes on through an extproc restart and sees what is written after
+// it, on a data plane modelling Envoy 1.36, which keeps each ext_proc stream for its request's
+// life: extproc ends the stream after its answer, so its restart takes no watch with it.
+func TestWatchOutlivesExtprocRestart(t *testing.T) {
+	ctx := testutil.Context(t, 4*time.Minute)
+	e := newEnv(t, ctx, controlplane.MixedServers()...) // cp-b does not serve batch/v1
+	k := e.startKubeMVP(ctx, "front", "", func(o *harness.Options) { o.EnvoyVersion = "1.36.7" })
+	direct := e.adminClient(e.cp.Server("cp-a"))
+	job := func(name string) {
+		t.Helper()
+		j := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: batchv1.JobSpec{Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{
+			RestartPolicy: corev1.RestartPolicyNever, Containers: []corev1.Container{{Name: "c", Image: "busybox"}}}}}}
+		if _, err := direct.BatchV1().Jobs("default").Create(ctx, j, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	list, err := direct.BatchV1().Jobs("default").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc := e.tlsConfig(&e.cp.PKI.Admin)
+	tc.NextProtos = []string{"h2"}
+	c := &http.Client{Transport: &http.Transport{TLSClientConfig: tc, ForceAttemptHTTP2: true}}
+	req, _ := http.NewRequestWithContext(ctx, "GET", k.Endpoint()+"/apis/batch/v1/namespaces/default/jobs?watch=true&resourceVersion="+list.ResourceVersion, nil)
+	res, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	if res.StatusCode != 200 {
+		b, _ := io.ReadAll(res.Body)
+		t.Fatalf("watch through kube-mvp: %d %s", res.StatusCode, b)
+	}
+	type event struct {
+		name string
+		err  error
+	}
+	events := make(chan event, 16)
+	go func() {
+		dec := json.NewDecoder(res.Body)
+		for {
+			var ev struct {
+				Object struct {
+					Metadata struct {
+						Name string `json:"name"`
+					} `json:"metadata"`
+				} `json:"object"`
+			}
+			if err := dec.Decode(&ev); err != nil {
+				events <- event{err: err}
+				return
+			}
+			events <- event{name: ev.Object.Metadata.Name}
+		}
+	}()
+	await := func(name string) {
+		t.Helper()
+		select {
+		case ev := <-events:
+			if ev.err != nil || ev.name != name {
+				t.Fatalf("the watch: %q, %v; want job %s", ev.name, ev.err, name)
+			}
+		case <-time.After(time.Minute):
+			t.Fatalf("the watch did not show job %s within a minute", name)
+		}
+	}
+	job("before-restart")
+	await("before-restart")
+	if err := k.ReplaceExtproc(ctx, ""); err != nil {
+		t.Fatal(err)
+	}
+	job("after-restart")
+	await("after-restart")
 }

@@ -98,6 +98,8 @@ type Options struct {
 	// it to apply a whole configuration, for tests in which it refuses (NACKs) the
 	// configuration it is given.
 	DataPlaneUnready bool
+	// EnvoyVersion is the Envoy release the data plane models ("": the newest it models).
+	EnvoyVersion string
 }
 
 // TestExtProcMessageTimeout is how long the data plane waits for extproc in tests. The
@@ -269,6 +271,7 @@ func Start(ctx context.Context, opts Options) (k *KubeMVP, err error) {
 		LocalAPIServer:  opts.LocalAPIServer,
 		ListenerAddress: map[string]string{ListenerName: "127.0.0.1:0"},
 		Logger:          logger.With("dataplane", opts.Name),
+		EnvoyVersion:    opts.EnvoyVersion,
 	})
 	if err != nil {
 		return nil, err
