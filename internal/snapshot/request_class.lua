@@ -16,7 +16,8 @@
 --   "read"          GET or HEAD, not long-running: timeout, retried after a reset too
 --   "watch"         GET or HEAD with the verb watch: no timeout, retried after a reset too
 --   "write"         any other method, not long-running: timeout
---   "long-running"  any other long-running request (exec, attach, port-forward, proxy, log)
+--   "long-running"  any other long-running request (exec, attach, port-forward, proxy, log),
+--                   and a list whose query is longer than QUERY_PARSE_MAX (not parsed)
 --   "unclassified"  a path the apiserver reads differently from Envoy (a %-escape, a leading
 --                   "//", no leading "/"): it decodes it, this script does not try to
 --
@@ -26,6 +27,11 @@
 -- any route or filter reads it, and the virtual host removes it before any apiserver.
 
 local LONG_RUNNING_SUBRESOURCES = { attach = true, exec = true, proxy = true, log = true, portforward = true }
+
+-- The longest query a list's watch parameter is looked for in. Parsing a query costs its
+-- length, on every worker, before any authentication; a longer list query takes the route
+-- without a class, which is safe for any request.
+local QUERY_PARSE_MAX = 4096
 
 -- split_path is Go's strings.Split(strings.Trim(path, "/"), "/"), empty segments kept.
 local function split_path(path)
@@ -53,18 +59,54 @@ local function query_unescape(s)
   return (s:gsub("%+", " "))
 end
 
--- first_watch_value is req.URL.Query()["watch"][0], or nil: Go's url.ParseQuery splits at
--- "&", skips a pair containing ";" and a pair whose name or value does not unescape.
-local function first_watch_value(query)
-  for pair in query:gmatch("[^&]+") do
-    if not pair:find(";", 1, true) then
-      local eq = pair:find("=", 1, true)
-      local name, value = pair, ""
-      if eq then name, value = pair:sub(1, eq - 1), pair:sub(eq + 1) end
-      name = query_unescape(name)
-      value = value and query_unescape(value)
-      if name == "watch" and value ~= nil then return value end
+-- hex_digit is the value of one hex digit's byte, or nil.
+local function hex_digit(b)
+  if b == nil then return nil end
+  if b >= 48 and b <= 57 then return b - 48 end
+  if b >= 65 and b <= 70 then return b - 55 end
+  if b >= 97 and b <= 102 then return b - 87 end
+  return nil
+end
+
+-- is_watch_name: the raw name QueryUnescapes to exactly "watch". It reads a character at a
+-- time and stops at the first that differs, so no name costs more than five.
+local function is_watch_name(raw)
+  local i, n = 1, #raw
+  for k = 1, 5 do
+    local c = raw:byte(i)
+    if c == nil then return false end
+    if c == 37 then -- %XX
+      local hi, lo = hex_digit(raw:byte(i + 1)), hex_digit(raw:byte(i + 2))
+      if hi == nil or lo == nil then return false end
+      c, i = hi * 16 + lo, i + 3
+    else
+      i = i + 1
     end
+    if c ~= ("watch"):byte(k) then return false end
+  end
+  return i > n
+end
+
+-- first_watch_value is req.URL.Query()["watch"][0], or nil: Go's url.ParseQuery splits at
+-- "&", skips a pair containing ";" and a pair whose name or value does not unescape. Only
+-- pairs starting "w" or "%" can be named watch: the others are skipped by one find.
+local function first_watch_value(query)
+  local pos, n = 1, #query
+  while pos <= n do
+    local stop = query:find("&", pos, true) or (n + 1)
+    local first = query:byte(pos)
+    if first == 119 or first == 37 then
+      local pair = query:sub(pos, stop - 1)
+      local eq = pair:find("=", 1, true)
+      if not pair:find(";", 1, true) and is_watch_name(eq and pair:sub(1, eq - 1) or pair) then
+        if not eq then return "" end
+        local value = query_unescape(pair:sub(eq + 1))
+        if value ~= nil then return value end
+      end
+    end
+    local next_pair = query:find("&[w%%]", stop)
+    if next_pair == nil then return nil end
+    pos = next_pair + 1
   end
   return nil
 end
@@ -104,6 +146,7 @@ local function long_running(method, path, query)
   local subresource = (n >= 3 and verb ~= "proxy") and parts[i + 2] or ""
   local name = n >= 2 and parts[i + 1] or ""
   if name == "" and verb == "get" then
+    if #query > QUERY_PARSE_MAX then return true, "" end
     local w = first_watch_value(query)
     verb = (w ~= nil and not is_false(w)) and "watch" or "list"
   end

@@ -59,6 +59,9 @@ func apiserverClass(t testing.TB, method, target string) string {
 	if err != nil {
 		return "long-running" // the apiserver answers 500; any class without retry or timeout does
 	}
+	if info.IsResourceRequest && info.Name == "" && (info.Verb == "list" || info.Verb == "watch") && len(u.RawQuery) > queryParseMax {
+		return "long-running" // not parsed by the script: the route without a class
+	}
 	long := genericfilters.BasicLongRunningRequestCheck(sets.NewString("watch", "proxy"), sets.NewString("attach", "exec", "proxy", "log", "portforward"))(req, info)
 	read := method == http.MethodGet || method == http.MethodHead
 	switch {
@@ -72,6 +75,9 @@ func apiserverClass(t testing.TB, method, target string) string {
 		return contract.ClassWrite
 	}
 }
+
+// queryParseMax is request_class.lua's QUERY_PARSE_MAX.
+const queryParseMax = 4096
 
 // requestClassTargets are the request targets the differential tests try, with every method.
 var requestClassTargets = []string{
@@ -108,6 +114,13 @@ var requestClassTargets = []string{
 	"/api/v1/pods?watch=1#frag", "/debug/pprof/../../api/v1/pods", "/api/v1/namespaces/./pods/p/exec",
 	"/api/v1/namespaces/d/pods/p/../exec", "/apis/batch%2Fv1/jobs", "//api/v1/pods", "/api/v1/pods/p/%65xec",
 	"*", "api/v1/pods",
+	// At and over the longest query the script parses: a watch, a list, a get.
+	"/api/v1/pods?watch=1&a=" + strings.Repeat("x", queryParseMax-10),
+	"/api/v1/pods?watch=1&a=" + strings.Repeat("x", queryParseMax-9),
+	"/api/v1/pods?a=" + strings.Repeat("%61=1&", 2000),
+	"/api/v1/pods?%77%61%74%63%67=1&%77%61%74%63%68=1", "/api/v1/pods?%77%61%74%63%68=%zz&watch=1",
+	"/api/v1/pods?watch%3D1=1&watch=0", "/api/v1/pods?wwatch=1&watch=0", "/api/v1/pods?%57atch=1",
+	"/api/v1/namespaces/d/pods/p?watch=1&a=" + strings.Repeat("x", 2*queryParseMax),
 }
 
 var requestClassMethods = []string{"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "CONNECT", "WATCH", "PROXY", "get", ""}
@@ -156,4 +169,25 @@ func FuzzRequestClass(f *testing.F) {
 			t.Errorf("%q %q: %s, the apiserver's %s", method, target, got, want)
 		}
 	})
+}
+
+// BenchmarkRequestClass: what the classifier costs for a short list and for 60 KiB queries
+// (15,000 pairs, plain and escaped), which it does not parse: compare them as ratios in one
+// run (gopher-lua here; Envoy runs LuaJIT).
+func BenchmarkRequestClass(b *testing.B) {
+	class := requestClassVM(b)
+	for _, c := range []struct{ name, target string }{
+		{"short", "/api/v1/pods?limit=500"},
+		{"query-4KiB-plain", "/api/v1/pods?" + strings.Repeat("a=1&", queryParseMax/4)},
+		{"query-4KiB-escaped", "/api/v1/pods?" + strings.Repeat("%61=1&", queryParseMax/6)},
+		{"query-4KiB-almost-watch", "/api/v1/pods?" + strings.Repeat("%77%61%74%63%67=1&", queryParseMax/18)},
+		{"query-60KiB", "/api/v1/pods?" + strings.Repeat("a=1&", 15000)},
+		{"query-60KiB-escaped", "/api/v1/pods?" + strings.Repeat("%61=1&", 10000)},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			for b.Loop() {
+				class("GET", c.target, false)
+			}
+		})
+	}
 }
