@@ -37,6 +37,9 @@ type CommandLine struct {
 	// immediate; default gradual): the server's drain manager (drain.go).
 	DrainTime     time.Duration
 	DrainStrategy DrainStrategy
+	// EnvoyVersion is --envoy-version, the stand-in's own flag (Envoy has none): the release
+	// modelled (Options.EnvoyVersion).
+	EnvoyVersion string
 }
 
 // LoadBootstrap reads a bootstrap as Envoy's InstanceUtil::loadBootstrapConfig
@@ -131,7 +134,7 @@ func optionsFromBootstrap(b *bootstrapv3.Bootstrap, cl CommandLine) (Options, er
 	if err := validateTypedConfigs(b); err != nil {
 		return Options{}, err
 	}
-	o := Options{RejectUnknownDynamicFields: cl.RejectUnknownDynamicFields, Drain: &DrainOptions{Time: cl.DrainTime, Strategy: cl.DrainStrategy}}
+	o := Options{RejectUnknownDynamicFields: cl.RejectUnknownDynamicFields, Drain: &DrainOptions{Time: cl.DrainTime, Strategy: cl.DrainStrategy}, EnvoyVersion: cl.EnvoyVersion}
 
 	// The command line overrides the bootstrap's node id and cluster (LocalInfoImpl,
 	// source/common/local_info/local_info_impl.h), and ADS needs both

@@ -295,10 +295,18 @@ func TestParseCommandLine(t *testing.T) {
 		t.Errorf("%+v %v", cl, err)
 	}
 	for _, bad := range [][]string{{"--concurrency", "2"}, {"-x"}, {"stray"}, {"--log-level", "loud"}, {"-c"}, {"-c", "a", "--config-path", "b"}, {"--disable-hot-restart=yes"},
-		{"--drain-time-s", "ten"}, {"--drain-time-s", "-1"}, {"--drain-time-s", "4294967296"}, {"--drain-time-s"}, {"--drain-time-s", "1", "--drain-time-s=2"}} {
+		{"--drain-time-s", "ten"}, {"--drain-time-s", "-1"}, {"--drain-time-s", "4294967296"}, {"--drain-time-s"}, {"--drain-time-s", "1", "--drain-time-s=2"},
+		{"--envoy-version", "1.35"}, {"--envoy-version", "1.41.0"}, {"--envoy-version=2.0"}, {"--envoy-version", "latest"}} {
 		if _, err := ParseCommandLine(bad); err == nil || !strings.Contains(err.Error(), "PARSE ERROR") {
 			t.Errorf("%q: %v", bad, err)
 		}
+	}
+	// The stand-in's own --envoy-version reaches the data plane's options.
+	ce := renderChartEnvoy(t, map[string]any{})
+	cl, err = ParseCommandLine(append(ce.install(t, t.TempDir()), "--envoy-version", "1.37.6"))
+	must(t, err)
+	if o, err := BootstrapOptions(cl); err != nil || o.EnvoyVersion != "1.37.6" {
+		t.Errorf("--envoy-version 1.37.6: options' %q, %v", o.EnvoyVersion, err)
 	}
 }
 

@@ -40,6 +40,14 @@ func ParseCommandLine(argv []string) (CommandLine, error) {
 			a.DrainTime = time.Duration(n) * time.Second
 			return nil
 		},
+		// --envoy-version: the stand-in's own, the Envoy release it models (checked by Start).
+		"envoy-version": func(v string) error {
+			if _, err := parseEnvoyVersion(v); err != nil {
+				return err
+			}
+			a.EnvoyVersion = v
+			return nil
+		},
 		// --drain-strategy: a free string to TCLAP, checked after parsing (below).
 		"drain-strategy": func(v string) error { drainStrategy = v; return nil },
 		"log-level": func(v string) error {

@@ -14,7 +14,8 @@
 // --service-cluster, --reject-unknown-dynamic-fields, --disable-hot-restart, -l/--log-level,
 // --drain-time-s (default 600) and --drain-strategy (default gradual; the server's drain
 // manager, which the admin's POST /drain_listeners?graceful starts: see
-// test/dataplane/DRAIN.md), --version. Any other flag is refused, as Envoy's parser refuses
+// test/dataplane/DRAIN.md), --version; and one of its own, --envoy-version 1.N[.P], the Envoy
+// release it models (test/dataplane/envoyversion.go). Any other flag is refused, as Envoy's parser refuses
 // an unknown one; a bootstrap field the stand-in does not implement is an error at start
 // naming the field.
 //
