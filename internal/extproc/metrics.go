@@ -143,13 +143,14 @@ func (m *metrics) registerStreams(reg prometheus.Registerer, s *Server) {
 		Help: "The most ext_proc streams open at once across connections (--max-streams); more are refused.",
 	})
 	limit.Set(float64(s.maxStreams))
-	// One label value for now: the per-connection limit is HTTP/2's, which a conforming
-	// client waits on and the transport refuses uncounted.
+	// The limit is named by its flag, as in kube_mvp_xds_refused_total's reason. Only
+	// --max-streams is counted: past --max-streams-per-connection (HTTP/2's) a conforming
+	// client waits, and the transport refuses any other before extproc sees it.
 	refused := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kube_mvp_extproc_streams_refused_total",
-		Help: "ext_proc streams refused (ResourceExhausted) because the limit was reached: limit=\"total\", --max-streams across connections. Envoy answers such a request 503 with Retry-After.",
+		Help: "ext_proc streams refused (ResourceExhausted) because a limit was reached, named by its flag: max-streams (open streams across connections). Envoy answers such a request 503 with Retry-After.",
 	}, []string{"limit"})
-	m.streamsRefused = refused.WithLabelValues("total")
+	m.streamsRefused = refused.WithLabelValues("max-streams")
 	m.firstMessageTimeouts = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "kube_mvp_extproc_streams_first_message_timeouts_total",
 		Help: "ext_proc streams ended (DeadlineExceeded) because no message arrived within --first-message-timeout of their start.",

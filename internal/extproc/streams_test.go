@@ -101,8 +101,8 @@ func TestMaxStreams(t *testing.T) {
 			t.Fatalf("stream %d past the limit, on connection %d: %v; want ResourceExhausted naming the limit, 3, and --max-streams", limit+1, i, err)
 		}
 	}
-	if got, _ := metricValue(t, srv, "kube_mvp_extproc_streams_refused_total", map[string]string{"limit": "total"}); got != 2 {
-		t.Errorf(`streams_refused_total{limit="total"} = %v, want 2`, got)
+	if got, _ := metricValue(t, srv, "kube_mvp_extproc_streams_refused_total", map[string]string{"limit": "max-streams"}); got != 2 {
+		t.Errorf(`streams_refused_total{limit="max-streams"} = %v, want 2`, got)
 	}
 	if n := strings.Count(logs.String(), "ext_proc stream refused"); n != 1 {
 		t.Errorf("%d refusals logged, want 1 (rate-limited):\n%s", n, logs.String())
@@ -127,8 +127,8 @@ func TestMaxStreams(t *testing.T) {
 	waitOpen(t, srv, limit-2) // and the decision above gave its place back
 	call(t, clients[0], request("GET", "/api/v1/pods"))
 	call(t, clients[1], request("GET", "/api/v1/pods"))
-	if got, _ := metricValue(t, srv, "kube_mvp_extproc_streams_refused_total", map[string]string{"limit": "total"}); got != 2 {
-		t.Errorf(`streams_refused_total{limit="total"} = %v after places freed, want still 2`, got)
+	if got, _ := metricValue(t, srv, "kube_mvp_extproc_streams_refused_total", map[string]string{"limit": "max-streams"}); got != 2 {
+		t.Errorf(`streams_refused_total{limit="max-streams"} = %v after places freed, want still 2`, got)
 	}
 	cancels[2]()
 	waitOpen(t, srv, 0)
@@ -169,7 +169,7 @@ func TestMaxStreamsUnderLoad(t *testing.T) {
 		t.Fatalf("%d streams failed otherwise, e.g. %v", len(unexpectedErrors), unexpectedErrors[0])
 	}
 	t.Logf("%d served, %d refused", served, refused)
-	if got, _ := metricValue(t, srv, "kube_mvp_extproc_streams_refused_total", map[string]string{"limit": "total"}); got != float64(refused) {
+	if got, _ := metricValue(t, srv, "kube_mvp_extproc_streams_refused_total", map[string]string{"limit": "max-streams"}); got != float64(refused) {
 		t.Errorf("streams_refused_total %v, want %d", got, refused)
 	}
 	if served == 0 {
