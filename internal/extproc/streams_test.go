@@ -69,7 +69,8 @@ func refusedStream(ctx context.Context, client extprocv3.ExternalProcessorClient
 func TestMaxStreams(t *testing.T) {
 	const limit = 3
 	var logs testutil.SyncBuffer
-	srv := New(Options{MaxStreams: limit, FirstMessageTimeout: time.Hour, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	now := time.Now() // fixed: the log's rate limit lets one line through
+	srv := New(Options{MaxStreams: limit, FirstMessageTimeout: time.Hour, Logger: slog.New(slog.NewTextHandler(&logs, nil)), Now: func() time.Time { return now }})
 	srv.SetTopology(loadFixture(t, "upgrade.yaml", fixtureNow), "v1")
 	clients := []extprocv3.ExternalProcessorClient{serve(t, "unix", srv), serve(t, "tcp", srv)}
 	if got, _ := metricValue(t, srv, "kube_mvp_extproc_streams_limit", nil); got != limit {
