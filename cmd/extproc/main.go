@@ -41,6 +41,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -108,6 +109,10 @@ type config struct {
 
 	drainedFile    string
 	drainedMaxWait time.Duration
+
+	// Stream bounds (extproc.DefaultMaxStreams explains the defaults).
+	maxStreams, maxStreamsPerConnection int
+	firstMessageTimeout                 time.Duration
 }
 
 // extprocService is the gRPC health service name of the ext_proc API.
@@ -133,6 +138,22 @@ func (c *config) flagSet() *pflag.FlagSet {
 	fs.StringVar(&c.drainedFile, "drained-file", drain.DefaultDoneFile, "the `FILE` extproc drain-envoy writes when Envoy is drained (its --done-file): GET /drained on the admin address answers once it exists")
 	fs.Var(cli.NewValue(&c.drainedMaxWait, 2*time.Minute, "DURATION", cli.Duration(0, "a non-negative duration, e.g. 2m")), "drained-max-wait",
 		"GET /drained answers at the latest this long after it was asked, drained or not (longer than drain-envoy's --delay and --drain-time); 0: no /drained (404)")
+	streams := func(p *int, def int, name, usage string) {
+		fs.Var(cli.NewValue(p, def, "N", func(s string) (int, error) {
+			n, err := strconv.ParseUint(s, 10, 31)
+			if err != nil || n < 1 {
+				return 0, fmt.Errorf("is not a whole number from 1 to %d", math.MaxInt32)
+			}
+			return int(n), nil
+		}), name, usage)
+	}
+	streams(&c.maxStreams, extproc.DefaultMaxStreams, "max-streams",
+		"ext_proc streams open at once across connections; one more is refused (gRPC ResourceExhausted, which Envoy answers 503 with Retry-After). "+
+			"One costs about 12 KB: the default is about 48 MiB, well inside the chart's 128 MiB memory limit")
+	streams(&c.maxStreamsPerConnection, extproc.DefaultMaxStreamsPerConnection, "max-streams-per-connection",
+		"ext_proc streams open at once on one connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS): Envoy opens another connection rather than exceed it; --max-streams bounds them all")
+	fs.Var(cli.NewValue(&c.firstMessageTimeout, extproc.DefaultFirstMessageTimeout, "DURATION", cli.Duration(100*time.Millisecond, "a duration of at least 100ms, e.g. 5s")), "first-message-timeout",
+		"end an ext_proc stream whose first message has not come this long after it opened (Envoy sends it with the stream, then waits xds-server's --extproc-message-timeout, 200ms by default, for the answer)")
 	fs.Bool("version", false, "print the version and exit")
 	return fs
 }
@@ -327,7 +348,7 @@ type app struct {
 // until its first table arrives every request is answered 503 and /readyz fails.
 func start(cfg config, log *slog.Logger, reload <-chan os.Signal) (*app, error) {
 	a := &app{log: log, errs: make(chan error, 2), watchDone: make(chan struct{})}
-	a.srv = extproc.New(extproc.Options{Logger: log})
+	a.srv = extproc.New(extproc.Options{Logger: log, MaxStreams: cfg.maxStreams, FirstMessageTimeout: cfg.firstMessageTimeout})
 	reg := a.srv.Registry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	// For Envoy's gRPC health checks of the ext_proc cluster: SERVING once a table is loaded.
@@ -419,6 +440,7 @@ func start(cfg config, log *slog.Logger, reload <-chan os.Signal) (*app, error) 
 	a.grpc = grpc.NewServer(
 		// Envoy's gRPC client may ping idle connections; do not punish it for that.
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+		grpc.MaxConcurrentStreams(uint32(cfg.maxStreamsPerConnection)),
 	)
 	extprocv3.RegisterExternalProcessorServer(a.grpc, a.srv)
 	healthpb.RegisterHealthServer(a.grpc, a.health)
@@ -469,7 +491,7 @@ func start(cfg config, log *slog.Logger, reload <-chan os.Signal) (*app, error) 
 		}
 		follow(watchCtx)
 	}()
-	log.Info("extproc serving", "listen", addrString(a.grpcLis), "admin", a.adminLis.Addr().String(), "table", a.srv.Version(), "source", cfg.sourceFile+cfg.sourceXDS)
+	log.Info("extproc serving", "listen", addrString(a.grpcLis), "admin", a.adminLis.Addr().String(), "table", a.srv.Version(), "source", cfg.sourceFile+cfg.sourceXDS, "max_streams", cfg.maxStreams)
 	return a, nil
 }
 

@@ -22,6 +22,7 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"golang.org/x/net/http2"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
@@ -542,4 +543,137 @@ func runExtproc(t *testing.T, log io.Writer, hup chan os.Signal, args ...string)
 			t.Errorf("wait: %v", err)
 		}
 	}
+}
+
+// TestStreamLimitFlags: a stream bound that cannot work stops start-up, saying what to give.
+func TestStreamLimitFlags(t *testing.T) {
+	var stderr bytes.Buffer
+	code := run([]string{"--source", "file:" + fixture, "--listen", "127.0.0.1:0",
+		"--max-streams", "0", "--max-streams-per-connection", "lots", "--first-message-timeout", "10ms"}, io.Discard, &stderr)
+	if code != 2 {
+		t.Errorf("exit code %d, want 2", code)
+	}
+	for _, want := range []string{
+		`--max-streams "0" is not a whole number from 1 to 2147483647`,
+		`--max-streams-per-connection "lots" is not a whole number from 1 to 2147483647`,
+		`--first-message-timeout "10ms" is not a duration of at least 100ms, e.g. 5s`,
+		"3 problem(s)",
+	} {
+		if !strings.Contains(stderr.String(), want) {
+			t.Errorf("stderr lacks %q:\n%s", want, stderr.String())
+		}
+	}
+}
+
+// TestStreamLimits: --max-streams reaches the ext_proc server, and past
+// --max-streams-per-connection a stream waits for a place on its connection (the client
+// honours HTTP/2's SETTINGS_MAX_CONCURRENT_STREAMS) while another connection is served.
+func TestStreamLimits(t *testing.T) {
+	sock := filepath.Join(shortTempDir(t), "extproc.sock")
+	a, stop := runExtproc(t, io.Discard, nil, "--source", "file:"+fixture, "--listen", "unix:"+sock, "--admin-address", "127.0.0.1:0",
+		"--now", "2026-11-23T10:00:10Z", "--max-streams", "100", "--max-streams-per-connection", "2", "--first-message-timeout", "1h")
+	defer stop()
+	metric := func(name string) string {
+		res, err := http.Get("http://" + a.adminLis.Addr().String() + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		body, _ := io.ReadAll(res.Body)
+		for line := range strings.Lines(string(body)) {
+			if v, ok := strings.CutPrefix(line, name+" "); ok {
+				return strings.TrimSpace(v)
+			}
+		}
+		return ""
+	}
+	if got := metric("kube_mvp_extproc_streams_limit"); got != "100" {
+		t.Errorf("kube_mvp_extproc_streams_limit %q, want 100 (--max-streams)", got)
+	}
+
+	dial := func() *grpc.ClientConn {
+		conn, err := grpc.NewClient("unix:"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		return conn
+	}
+	// What the server announces on a connection.
+	raw, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	raw.SetDeadline(time.Now().Add(10 * time.Second)) //nolint:errcheck // a read past it fails the test
+	if _, err := io.WriteString(raw, http2.ClientPreface); err != nil {
+		t.Fatal(err)
+	}
+	fr := http2.NewFramer(raw, raw)
+	if err := fr.WriteSettings(); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			t.Fatalf("reading the server's SETTINGS: %v", err)
+		}
+		if sf, ok := f.(*http2.SettingsFrame); ok && !sf.IsAck() {
+			if v, ok := sf.Value(http2.SettingMaxConcurrentStreams); !ok || v != 2 {
+				t.Errorf("SETTINGS_MAX_CONCURRENT_STREAMS %v (sent: %v), want 2 (--max-streams-per-connection)", v, ok)
+			}
+			break
+		}
+	}
+
+	ctx := testutil.Context(t, 30*time.Second)
+	idleCtx, endIdle := context.WithCancel(ctx)
+	defer endIdle() // before stop, which would wait for it
+	first := extprocv3.NewExternalProcessorClient(dial())
+	var open []extprocv3.ExternalProcessor_ProcessClient
+	for range 2 {
+		s, err := first.Process(idleCtx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		open = append(open, s)
+	}
+	testutil.WaitFor(t, ctx, 10*time.Second, "2 open streams", testutil.Cond(func() bool { return metric("kube_mvp_extproc_streams_open") == "2" }))
+
+	third := make(chan error, 1)
+	go func() {
+		s, err := first.Process(ctx) // waits for a place on the connection
+		if err == nil {
+			err = s.Send(jobsRequest())
+		}
+		if err == nil {
+			_, err = s.Recv()
+		}
+		third <- err
+	}()
+	if resp := decideJobs(t, dial()); cluster(resp) != "kube-apiservers-only-cp-a" {
+		t.Errorf("another connection: %v", resp)
+	}
+	select {
+	case err := <-third:
+		t.Fatalf("a third stream on a connection limited to 2 was served while both were open: %v", err)
+	default:
+	}
+	// One of the two ends (served), and the third gets its place.
+	if err := open[0].Send(jobsRequest()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := open[0].Recv(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-third; err != nil {
+		t.Fatalf("third stream: %v", err)
+	}
+}
+
+func jobsRequest() *extprocv3.ProcessingRequest {
+	hm := &corev3.HeaderMap{Headers: []*corev3.HeaderValue{
+		{Key: ":method", RawValue: []byte("GET")}, {Key: ":path", RawValue: []byte("/apis/batch/v1/jobs")}, {Key: ":authority", RawValue: []byte("k")},
+	}}
+	return &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: hm}}}
 }

@@ -1,14 +1,20 @@
 package extproc
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
+	"net"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc"
 
 	"github.com/kube-mvp/kube-mvp/internal/contract"
@@ -154,4 +160,79 @@ func BenchmarkDecideInProcess(b *testing.B) {
 			_ = routes.Decide(topology.ParsePathHeader(p[0], p[1]))
 		}
 	})
+}
+
+// BenchmarkOpenStreamMemory measures what an open ext_proc stream that has sent nothing yet
+// costs extproc: the heap and stacks in use per stream, the gRPC transport's share
+// included. The client writes raw HTTP/2 frames and keeps nothing per stream, so the growth
+// is the server's. Run it with -benchtime=1x; the budget behind DefaultMaxStreams uses it.
+func BenchmarkOpenStreamMemory(b *testing.B) {
+	const n = 2000
+	srv := New(Options{MaxStreams: n, FirstMessageTimeout: time.Hour})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	extprocv3.RegisterExternalProcessorServer(gs, srv)
+	go gs.Serve(lis) //nolint:errcheck // ends with Stop
+	b.Cleanup(gs.Stop)
+	inUse := func() uint64 {
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.HeapInuse + m.StackInuse
+	}
+	waitOpen := func(want int64) {
+		for srv.open.Load() != want {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	var perStream float64
+	for b.Loop() {
+		before := inUse()
+		conn, err := net.Dial("tcp", lis.Addr().String())
+		if err != nil {
+			b.Fatal(err)
+		}
+		go io.Copy(io.Discard, conn) //nolint:errcheck // the server's frames do not matter
+		if err := openIdleStreams(conn, lis.Addr().String(), n); err != nil {
+			b.Fatal(err)
+		}
+		waitOpen(n)
+		perStream = float64(inUse()-before) / n
+		conn.Close()
+		waitOpen(0)
+	}
+	b.ReportMetric(perStream, "B/stream")
+}
+
+// openIdleStreams writes the HTTP/2 preface and the headers of n ext_proc streams on conn,
+// and nothing else.
+func openIdleStreams(conn net.Conn, authority string, n int) error {
+	if _, err := io.WriteString(conn, http2.ClientPreface); err != nil {
+		return err
+	}
+	fr := http2.NewFramer(conn, nil)
+	if err := fr.WriteSettings(); err != nil {
+		return err
+	}
+	var block bytes.Buffer
+	enc := hpack.NewEncoder(&block)
+	for i := range n {
+		block.Reset()
+		for _, f := range [][2]string{
+			{":method", "POST"}, {":scheme", "http"}, {":authority", authority},
+			{":path", "/envoy.service.ext_proc.v3.ExternalProcessor/Process"},
+			{"content-type", "application/grpc"}, {"te", "trailers"},
+		} {
+			if err := enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]}); err != nil {
+				return err
+			}
+		}
+		if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: uint32(2*i + 1), BlockFragment: block.Bytes(), EndHeaders: true}); err != nil {
+			return err
+		}
+	}
+	return nil
 }

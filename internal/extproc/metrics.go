@@ -82,6 +82,9 @@ type metrics struct {
 
 	// decisionSeconds: from a request's headers received to its answer sent.
 	decisionSeconds prometheus.Histogram
+
+	// Streams refused past MaxStreams, and ended for want of a first message.
+	streamsRefused, firstMessageTimeouts prometheus.Counter
 }
 
 // decisionBuckets span what a decision takes: microseconds in memory, milliseconds when the
@@ -124,7 +127,35 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 	reg.MustRegister(m.decisions, m.version, unexpected, stripped, discovery, age)
 	m.registerTableUpdates(reg, s)
 	m.registerDecisionLatency(reg)
+	m.registerStreams(reg, s)
 	return m
+}
+
+// registerStreams adds the metrics of the stream bounds (Options.MaxStreams,
+// Options.FirstMessageTimeout).
+func (m *metrics) registerStreams(reg prometheus.Registerer, s *Server) {
+	open := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "kube_mvp_extproc_streams_open",
+		Help: "ext_proc streams open now, across connections.",
+	}, func() float64 { return float64(s.open.Load()) })
+	limit := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "kube_mvp_extproc_streams_limit",
+		Help: "The most ext_proc streams open at once across connections (--max-streams); more are refused.",
+	})
+	limit.Set(float64(s.maxStreams))
+	// The limit is named by its flag, as in kube_mvp_xds_refused_total's reason. Only
+	// --max-streams is counted: past --max-streams-per-connection (HTTP/2's) a conforming
+	// client waits, and the transport refuses any other before extproc sees it.
+	refused := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kube_mvp_extproc_streams_refused_total",
+		Help: "ext_proc streams refused (ResourceExhausted) because a limit was reached, named by its flag: max-streams (open streams across connections). Envoy answers such a request 503 with Retry-After.",
+	}, []string{"limit"})
+	m.streamsRefused = refused.WithLabelValues("max-streams")
+	m.firstMessageTimeouts = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "kube_mvp_extproc_streams_first_message_timeouts_total",
+		Help: "ext_proc streams ended (DeadlineExceeded) because no message arrived within --first-message-timeout of their start.",
+	})
+	reg.MustRegister(open, limit, refused, m.firstMessageTimeouts)
 }
 
 func (m *metrics) registerDecisionLatency(reg prometheus.Registerer) {

@@ -47,7 +47,33 @@ type Options struct {
 	Registry *prometheus.Registry
 	// Now is the clock for the table age; nil means time.Now.
 	Now func() time.Time
+	// MaxStreams bounds the ext_proc streams open at once, across connections: one more is
+	// refused (ResourceExhausted). 0 means DefaultMaxStreams.
+	MaxStreams int
+	// FirstMessageTimeout ends a stream whose first message has not arrived this long after
+	// it opened. 0 means DefaultFirstMessageTimeout.
+	FirstMessageTimeout time.Duration
 }
+
+// Stream bounds. An open ext_proc stream costs extproc about 12 KB (BenchmarkOpenStreamMemory:
+// 10–13 KB for one that sent nothing yet), so the defaults keep streams within the chart's
+// 128 MiB memory limit with room: 4096 streams ≈ 48 MiB, the rest for the routing table and
+// the runtime. Envoy needs far fewer: a decision takes microseconds and Envoy drops a stream
+// it gave up on (message_timeout, 200 ms by default), so 4096 is 20,000 requests a second
+// all timing out. Past it, a refusal (Envoy's 503 with Retry-After) beats running out of memory.
+const (
+	DefaultMaxStreams = 4096
+	// DefaultMaxStreamsPerConnection is HTTP/2's SETTINGS_MAX_CONCURRENT_STREAMS (the
+	// command's gRPC server option): Envoy opens another connection rather than exceed it,
+	// and one connection cannot take all of DefaultMaxStreams.
+	DefaultMaxStreamsPerConnection = 1024
+	// DefaultFirstMessageTimeout: Envoy writes request_headers as it opens the stream and
+	// gives up on the answer after message_timeout (xds-server --extproc-message-timeout,
+	// 200 ms by default); a stream silent 25 times that long has no request waiting on it,
+	// short of a node starved for seconds. A longer message_timeout needs no longer bound:
+	// the first message comes with the stream.
+	DefaultFirstMessageTimeout = 5 * time.Second
+)
 
 // Server implements envoy.service.ext_proc.v3.ExternalProcessor.
 type Server struct {
@@ -65,6 +91,13 @@ type Server struct {
 	unexpected [len(unexpectedTypes)]*extprocv3.ProcessingResponse
 
 	errorLog logLimiter
+
+	open         atomic.Int64 // streams in Process past the limit, at most maxStreams
+	maxStreams   int64
+	firstTimeout time.Duration
+	refused      error // Process's answer past maxStreams
+	refusedLog   logLimiter
+	idleLog      logLimiter
 }
 
 // New returns a Server without a routing table: until the first SetTopology every request
@@ -80,6 +113,15 @@ func New(opts Options) *Server {
 	if s.reg == nil {
 		s.reg = prometheus.NewRegistry()
 	}
+	s.maxStreams = int64(opts.MaxStreams)
+	if s.maxStreams <= 0 {
+		s.maxStreams = DefaultMaxStreams
+	}
+	s.firstTimeout = opts.FirstMessageTimeout
+	if s.firstTimeout <= 0 {
+		s.firstTimeout = DefaultFirstMessageTimeout
+	}
+	s.refused = status.Errorf(codes.ResourceExhausted, "extproc: %d ext_proc streams open, its limit across connections (extproc --max-streams)", s.maxStreams)
 	s.m = newMetrics(s.reg, s)
 	s.noTable = immediate503("kube-mvp has no routing table yet", "kube_mvp_no_routing_table")
 	s.noPlan = immediate503("kube-mvp has no routing plan yet for the apiserver this proxy runs beside", "kube_mvp_no_local_plan")
@@ -151,17 +193,30 @@ func (s *Server) Version() string {
 // processing mode (request headers SEND, everything else SKIP/NONE), sends a single
 // request_headers message and expects exactly one response to it; for a merged-discovery
 // request, whose answer asked for them (mode_override), the response headers follow on the
-// same stream. Process ends the stream after its last answer. The stream's gRPC metadata may say, from a sidecar Envoy, which apiserver it
-// runs beside: its requests are decided by that sidecar's plan.
+// same stream. Process ends the stream after its last answer. The stream's gRPC metadata
+// may say, from a sidecar Envoy, which apiserver it runs beside: its requests are decided
+// by that sidecar's plan.
+//
+// A stream beyond MaxStreams is refused (ResourceExhausted), and one whose first message
+// does not come within FirstMessageTimeout is ended (DeadlineExceeded): Envoy fails either
+// request with status_on_error, a 503 with Retry-After.
 func (s *Server) Process(stream grpc.BidiStreamingServer[extprocv3.ProcessingRequest, extprocv3.ProcessingResponse]) error {
+	if !s.acquireStream() {
+		s.m.streamsRefused.Inc()
+		if n, ok := s.refusedLog.allow(s.now()); ok {
+			s.log.Warn("ext_proc stream refused: too many open (extproc --max-streams)", "limit", s.maxStreams, "similar_suppressed", n)
+		}
+		return s.refused
+	}
+	defer s.open.Add(-1)
 	md, _ := metadata.FromIncomingContext(stream.Context())
 	var local string
 	if l := md.Get(contract.MetadataLocalAPIServer); len(l) == 1 {
 		local = l[0]
 	}
 	var disc discoveryState
+	req, err := s.recvFirst(stream)
 	for {
-		req, err := stream.Recv()
 		if err != nil {
 			if errors.Is(err, io.EOF) || status.Code(err) == codes.Canceled {
 				return nil
@@ -184,6 +239,47 @@ func (s *Server) Process(stream grpc.BidiStreamingServer[extprocv3.ProcessingReq
 			// watch and reset the watch when extproc restarts.
 			return nil
 		}
+		req, err = stream.Recv()
+	}
+}
+
+// acquireStream counts a stream in, unless maxStreams are open already.
+func (s *Server) acquireStream() bool {
+	for {
+		n := s.open.Load()
+		if n >= s.maxStreams {
+			return false
+		}
+		if s.open.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
+}
+
+// recvFirst is the stream's first Recv, bounded by firstTimeout. Recv has no deadline of
+// its own and only returning from Process ends the stream, so it runs aside; returning
+// cancels the stream, which ends that Recv.
+func (s *Server) recvFirst(stream grpc.BidiStreamingServer[extprocv3.ProcessingRequest, extprocv3.ProcessingResponse]) (*extprocv3.ProcessingRequest, error) {
+	type received struct {
+		req *extprocv3.ProcessingRequest
+		err error
+	}
+	got := make(chan received, 1)
+	go func() {
+		req, err := stream.Recv()
+		got <- received{req, err}
+	}()
+	timer := time.NewTimer(s.firstTimeout)
+	defer timer.Stop()
+	select {
+	case r := <-got:
+		return r.req, r.err
+	case <-timer.C:
+		s.m.firstMessageTimeouts.Inc()
+		if n, ok := s.idleLog.allow(s.now()); ok {
+			s.log.Warn("ext_proc stream ended: no message since it opened (extproc --first-message-timeout)", "timeout", s.firstTimeout, "similar_suppressed", n)
+		}
+		return nil, status.Errorf(codes.DeadlineExceeded, "extproc: no message within %v of the stream's start (extproc --first-message-timeout)", s.firstTimeout)
 	}
 }
 
