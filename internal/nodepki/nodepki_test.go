@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -366,7 +367,7 @@ func TestReadersSeeMatchingPairs(t *testing.T) {
 					switched.Add(1)
 					for _, b := range [][]byte{crt, key} {
 						if b != nil && !known[string(b)] {
-							t.Errorf("a reader read a file no pair holds (%d bytes)", len(b))
+							t.Errorf("a reader read a file no pair holds (%d bytes): %s", len(b), describe(b, ps))
 						}
 					}
 					continue
@@ -394,6 +395,39 @@ func TestReadersSeeMatchingPairs(t *testing.T) {
 	if g := generations(t, n.dst); len(g) > 2 {
 		t.Errorf("%d generations left, want at most 2", len(g))
 	}
+}
+
+// describe says what b, a file no pair holds, has in common with the pairs' files: the
+// longest head and tail it shares with one of them (a file read across an in-place rewrite
+// is the head of one and the tail of another).
+func describe(b []byte, ps []testutil.Leaf) string {
+	type file struct {
+		name string
+		b    []byte
+	}
+	var files []file
+	for i, p := range ps {
+		files = append(files, file{fmt.Sprintf("pair %d's certificate", i), p.CertPEM}, file{fmt.Sprintf("pair %d's key", i), p.KeyPEM})
+	}
+	var head, tail file
+	nh, nt := 0, 0
+	for _, f := range files {
+		h := 0
+		for h < len(b) && h < len(f.b) && b[h] == f.b[h] {
+			h++
+		}
+		tl := 0
+		for tl < len(b) && tl < len(f.b) && b[len(b)-1-tl] == f.b[len(f.b)-1-tl] {
+			tl++
+		}
+		if h > nh {
+			head, nh = f, h
+		}
+		if tl > nt {
+			tail, nt = f, tl
+		}
+	}
+	return fmt.Sprintf("its first %d bytes are %s (%d bytes), its last %d %s (%d bytes)", nh, head.name, len(head.b), nt, tail.name, len(tail.b))
 }
 
 // TestRunLogsOnce: a lasting problem is logged once, not every interval, and the recovery
