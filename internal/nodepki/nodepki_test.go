@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -215,6 +216,84 @@ func TestTornReads(t *testing.T) {
 	n.published(ps[1])
 	if _, err := n.c.Check(); err != nil {
 		t.Errorf("Check after publishing: %v", err)
+	}
+}
+
+// TestSplicedRead: kubeadm rewrites the certificate in place while the copier reads it, so
+// the copier's read is the head of the old certificate and the tail of the new one (a read of
+// a 574-byte file is io.ReadAll's read(2) of 512 bytes, then the rest, then one that should
+// find the end). Such a splice can parse and match the old key, which is still in place;
+// the copier must not publish it, and publishes the new pair once kubeadm wrote its key.
+func TestSplicedRead(t *testing.T) {
+	ps := testutil.ProxyClientPairs(t, 100) // certificates of 574 bytes and some of 579 (the signature's length varies)
+	for _, c := range []struct {
+		name string
+		// at is where the rewrite falls in the read of old; ok says whether a new
+		// certificate can be used (the splice it makes must pass the checks)
+		at func(old, new []byte) int
+		ok func(old, new []byte) bool
+	}{
+		{"after the first 512 bytes", func(_, _ []byte) int { return 512 }, func(old, new []byte) bool { return len(old) == len(new) }},
+		{"at the old certificate's end", func(old, _ []byte) int { return len(old) }, func(old, new []byte) bool { return len(new) > len(old) }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var old, nw testutil.Leaf
+			var splice []byte
+		find:
+			for _, o := range ps {
+				for _, w := range ps {
+					if bytes.Equal(o.CertPEM, w.CertPEM) || !c.ok(o.CertPEM, w.CertPEM) {
+						continue
+					}
+					at := c.at(o.CertPEM, w.CertPEM)
+					s := append(o.CertPEM[:at:at], w.CertPEM[at:]...)
+					if _, err := tls.X509KeyPair(s, o.KeyPEM); err == nil {
+						old, nw, splice = o, w, s
+						break find
+					}
+				}
+			}
+			if splice == nil {
+				t.Fatalf("no two of %d certificates make a splice that passes the checks", len(ps))
+			}
+			n := newNode(t)
+			n.writePair(old)
+			n.sync(Published)
+			gen := n.published(old)
+
+			var first []byte
+			n.c.read = func(path string) ([]byte, error) {
+				if path != n.crt || first != nil {
+					return readLimited(path)
+				}
+				f, err := os.Open(path)
+				if err != nil {
+					return nil, err
+				}
+				defer f.Close()
+				head := make([]byte, c.at(old.CertPEM, nw.CertPEM))
+				if _, err := io.ReadFull(f, head); err != nil {
+					return nil, err
+				}
+				n.write(n.crt, nw.CertPEM) // kubeadm, between two read(2)s
+				rest, err := io.ReadAll(f)
+				first = append(head, rest...)
+				return first, err
+			}
+			err := n.sync(Skipped)
+			if !bytes.Equal(first, splice) {
+				t.Fatalf("the interleaved read returned %d bytes, not the %d-byte splice", len(first), len(splice))
+			}
+			if err == nil || !strings.Contains(err.Error(), "changed while it was read") {
+				t.Errorf("error %v, want one saying the certificate changed while it was read", err)
+			}
+			if g := n.published(old); g != gen {
+				t.Errorf("..data moved to %s", g)
+			}
+			n.write(n.key, nw.KeyPEM)
+			n.sync(Published)
+			n.published(nw)
+		})
 	}
 }
 
