@@ -387,17 +387,21 @@ func TestGroup(t *testing.T) {
 
 // TestReadersSeeMatchingPairs: readers that open <dir>/<name> as Envoy does, while kubeadm
 // rewrites the node's pair in place and the copier syncs as fast as it can. Every file a
-// reader opens is complete, and the two files it reads match unless ..data switched between
-// its two reads — then the switch's move event makes Envoy read both again, and that read
-// (with no switch in between) matches.
+// reader opens is one of kubeadm's files, byte for byte, and the two files it reads are one
+// pair unless ..data switched between its two reads — then the switch's move event makes
+// Envoy read both again, and that read (with no switch in between) is one pair. Byte for
+// byte, not only a certificate that matches the key: a certificate spliced from two (a read
+// across a rewrite) can match the key, the public key being in its head.
 func TestReadersSeeMatchingPairs(t *testing.T) {
 	n := newNode(t)
 	ps := testutil.ProxyClientPairs(t, 4)
 	n.writePair(ps[0])
 	n.sync(Published)
 	known := map[string]bool{}
-	for _, p := range ps {
+	pairOf := map[string]int{} // a file's content: the pair it is of
+	for i, p := range ps {
 		known[string(p.CertPEM)], known[string(p.KeyPEM)] = true, true
+		pairOf[string(p.CertPEM)], pairOf[string(p.KeyPEM)] = i, i
 	}
 
 	ctx := testutil.Context(t, 2*time.Second)
@@ -456,8 +460,16 @@ func TestReadersSeeMatchingPairs(t *testing.T) {
 					t.Errorf("a reader failed with ..data at %s: %v", before, err)
 					continue
 				}
-				if _, err := tls.X509KeyPair(crt, key); err != nil {
-					t.Errorf("a reader read a mismatched pair with ..data at %s: %v", before, err)
+				for _, b := range [][]byte{crt, key} {
+					if !known[string(b)] {
+						t.Errorf("a reader read a file no pair holds (%d bytes) with ..data at %s: %s", len(b), before, describe(b, ps))
+					}
+				}
+				if !known[string(crt)] || !known[string(key)] {
+					continue
+				}
+				if _, err := tls.X509KeyPair(crt, key); err != nil || pairOf[string(crt)] != pairOf[string(key)] {
+					t.Errorf("a reader read a mismatched pair with ..data at %s: pair %d's certificate, pair %d's key (%v)", before, pairOf[string(crt)], pairOf[string(key)], err)
 				}
 			}
 		}()
