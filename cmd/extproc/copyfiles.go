@@ -27,10 +27,10 @@ DIR the way the kubelet publishes a Secret volume: DIR/..<timestamp>/NAME, a ..d
 switched to a new generation atomically (rename), and DIR/NAME -> ..data/NAME. Envoy's
 watched_directory re-reads both files on the switch. A new generation is written only when
 the files changed, and only when they are a complete certificate (PEM, X.509) and the key that
-matches it: a read while kubeadm rewrites them (the certificate renewed, the key not yet) is
-skipped and logged, the last good pair stays, and the next round tries again. Each file must
-be a regular file of at most 64 KiB. Certificates are published mode 0444, the key 0400 (0440
-with --group).
+matches it, the same bytes in two reads in a row: a read while kubeadm rewrites them (the
+certificate renewed, the key not yet, or a file changed while read) is skipped and logged, the
+last good pair stays, and the next round tries again. Each file must be a regular file of at
+most 64 KiB. Certificates are published mode 0444, the key 0400 (0440 with --group).
 
 In kube-mvp's chart (sidecar.kubeadmFrontProxyClient=true) it runs in the Envoy pod as root
 with every capability dropped: root owns the node's files, so it reads them without

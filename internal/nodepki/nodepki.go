@@ -15,7 +15,9 @@
 // generation is published only when the source files hold a complete certificate and the
 // key that matches it: kubeadm rewrites its files in place and one at a time, so a read
 // between the two writes (or during one) finds a torn or mismatched pair, which is skipped;
-// the last good pair stays published and the next round tries again.
+// the last good pair stays published and the next round tries again. A file read during a
+// write can also be the head of its old content and the tail of its new and still pass those
+// checks, so the pair is read twice and published only when both reads are the same bytes.
 //
 // Limit: a reader that opens the two files one after the other can still take its first
 // file from one generation and the second from the next when a switch falls between its
@@ -66,6 +68,9 @@ type Copier struct {
 	// then readable by that group. 0: the copier's group, and the key readable by the
 	// copier's user only.
 	Group int
+
+	// read reads one source file; nil: readLimited. Tests interleave a rewrite with it.
+	read func(path string) ([]byte, error)
 }
 
 // Pair is what one read of the source files found: each file's base name and content, and
@@ -120,7 +125,17 @@ func CheckFiles(files []string) error {
 }
 
 // ReadSource reads the source files and checks that they are one certificate and the key
-// that matches it. An error says which file is wrong and how; nothing is published then.
+// that matches it, then reads them again: they must not have changed. An error says which
+// file is wrong and how; nothing is published then.
+//
+// The second read is what rejects a file read while it was rewritten in place: such a read
+// (several read(2)s, and even one is not atomic against a truncate and write) can return the
+// head of the old content and the tail of the new. A spliced certificate can pass the
+// checks: its public key is in its head, which is all tls.X509KeyPair compares with the key,
+// and the signature in its tail is not verified (the issuer is not at hand). A read that
+// begins after the first one ended cannot return that old head again, so it differs.
+// Because each file's second read begins after the other file's first read, two equal reads
+// also say that the files held this pair at the same moment.
 func (c *Copier) ReadSource() (Pair, error) {
 	if err := c.CheckArgs(); err != nil {
 		return Pair{}, err
@@ -128,7 +143,7 @@ func (c *Copier) ReadSource() (Pair, error) {
 	p := Pair{Files: map[string][]byte{}}
 	var certName string
 	for _, f := range c.Files {
-		b, err := readLimited(f)
+		b, err := c.readFile(f)
 		if err != nil {
 			return Pair{}, err
 		}
@@ -152,7 +167,23 @@ func (c *Copier) ReadSource() (Pair, error) {
 	if _, err := tls.X509KeyPair(p.Files[certName], p.Files[p.Key]); err != nil {
 		return Pair{}, fmt.Errorf("%s and %s are not a matching certificate and key (one of them being rewritten?): %w", c.pathOf(certName), c.pathOf(p.Key), err)
 	}
+	for _, f := range c.Files {
+		b, err := c.readFile(f)
+		if err != nil {
+			return Pair{}, err
+		}
+		if !bytes.Equal(b, p.Files[filepath.Base(f)]) {
+			return Pair{}, fmt.Errorf("%s changed while it was read (being rewritten?)", f)
+		}
+	}
 	return p, nil
+}
+
+func (c *Copier) readFile(path string) ([]byte, error) {
+	if c.read != nil {
+		return c.read(path)
+	}
+	return readLimited(path)
 }
 
 func (c *Copier) pathOf(name string) string {

@@ -5,6 +5,8 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -217,6 +219,84 @@ func TestTornReads(t *testing.T) {
 	}
 }
 
+// TestSplicedRead: kubeadm rewrites the certificate in place while the copier reads it, so
+// the copier's read is the head of the old certificate and the tail of the new one (a read of
+// a 574-byte file is io.ReadAll's read(2) of 512 bytes, then the rest, then one that should
+// find the end). Such a splice can parse and match the old key, which is still in place;
+// the copier must not publish it, and publishes the new pair once kubeadm wrote its key.
+func TestSplicedRead(t *testing.T) {
+	ps := testutil.ProxyClientPairs(t, 100) // certificates of 574 bytes and some of 579 (the signature's length varies)
+	for _, c := range []struct {
+		name string
+		// at is where the rewrite falls in the read of old; ok says whether a new
+		// certificate can be used (the splice it makes must pass the checks)
+		at func(old, new []byte) int
+		ok func(old, new []byte) bool
+	}{
+		{"after the first 512 bytes", func(_, _ []byte) int { return 512 }, func(old, new []byte) bool { return len(old) == len(new) }},
+		{"at the old certificate's end", func(old, _ []byte) int { return len(old) }, func(old, new []byte) bool { return len(new) > len(old) }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var old, nw testutil.Leaf
+			var splice []byte
+		find:
+			for _, o := range ps {
+				for _, w := range ps {
+					if bytes.Equal(o.CertPEM, w.CertPEM) || !c.ok(o.CertPEM, w.CertPEM) {
+						continue
+					}
+					at := c.at(o.CertPEM, w.CertPEM)
+					s := append(o.CertPEM[:at:at], w.CertPEM[at:]...)
+					if _, err := tls.X509KeyPair(s, o.KeyPEM); err == nil {
+						old, nw, splice = o, w, s
+						break find
+					}
+				}
+			}
+			if splice == nil {
+				t.Fatalf("no two of %d certificates make a splice that passes the checks", len(ps))
+			}
+			n := newNode(t)
+			n.writePair(old)
+			n.sync(Published)
+			gen := n.published(old)
+
+			var first []byte
+			n.c.read = func(path string) ([]byte, error) {
+				if path != n.crt || first != nil {
+					return readLimited(path)
+				}
+				f, err := os.Open(path)
+				if err != nil {
+					return nil, err
+				}
+				defer f.Close()
+				head := make([]byte, c.at(old.CertPEM, nw.CertPEM))
+				if _, err := io.ReadFull(f, head); err != nil {
+					return nil, err
+				}
+				n.write(n.crt, nw.CertPEM) // kubeadm, between two read(2)s
+				rest, err := io.ReadAll(f)
+				first = append(head, rest...)
+				return first, err
+			}
+			err := n.sync(Skipped)
+			if !bytes.Equal(first, splice) {
+				t.Fatalf("the interleaved read returned %d bytes, not the %d-byte splice", len(first), len(splice))
+			}
+			if err == nil || !strings.Contains(err.Error(), "changed while it was read") {
+				t.Errorf("error %v, want one saying the certificate changed while it was read", err)
+			}
+			if g := n.published(old); g != gen {
+				t.Errorf("..data moved to %s", g)
+			}
+			n.write(n.key, nw.KeyPEM)
+			n.sync(Published)
+			n.published(nw)
+		})
+	}
+}
+
 // TestSourceChecks: what is refused before anything is published.
 func TestSourceChecks(t *testing.T) {
 	ps := testutil.ProxyClientPairs(t, 2)
@@ -307,23 +387,40 @@ func TestGroup(t *testing.T) {
 
 // TestReadersSeeMatchingPairs: readers that open <dir>/<name> as Envoy does, while kubeadm
 // rewrites the node's pair in place and the copier syncs as fast as it can. Every file a
-// reader opens is complete, and the two files it reads match unless ..data switched between
-// its two reads — then the switch's move event makes Envoy read both again, and that read
-// (with no switch in between) matches.
+// reader opens is one of kubeadm's files, byte for byte, and the two files it reads are one
+// pair unless ..data switched between its two reads — then the switch's move event makes
+// Envoy read both again, and that read (with no switch in between) is one pair. Byte for
+// byte, not only a certificate that matches the key: a certificate spliced from two (a read
+// across a rewrite) can match the key, the public key being in its head.
 func TestReadersSeeMatchingPairs(t *testing.T) {
 	n := newNode(t)
 	ps := testutil.ProxyClientPairs(t, 4)
 	n.writePair(ps[0])
 	n.sync(Published)
 	known := map[string]bool{}
-	for _, p := range ps {
+	pairOf := map[string]int{} // a file's content: the pair it is of
+	for i, p := range ps {
 		known[string(p.CertPEM)], known[string(p.KeyPEM)] = true, true
+		pairOf[string(p.CertPEM)], pairOf[string(p.KeyPEM)] = i, i
 	}
 
-	ctx := testutil.Context(t, 2*time.Second)
+	// Two seconds, and then until enough happened: a loaded machine (go test ./... beside
+	// other packages' tests) can publish only two generations in two seconds.
+	ctx, stop := context.WithCancel(testutil.Context(t, 30*time.Second))
+	defer stop()
 	var wg sync.WaitGroup
 	var published, renewals atomic.Int64
 	var results [4]atomic.Int64
+	var reads, switched, stable atomic.Int64
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for start := time.Now(); ctx.Err() == nil; time.Sleep(10 * time.Millisecond) {
+			if time.Since(start) >= 2*time.Second && published.Load() >= 3 && stable.Load() >= 100 {
+				stop()
+			}
+		}
+	}()
 	wg.Add(2)
 	go func() { // kubeadm: renew in place, the certificate first, then the key a little later
 		defer wg.Done()
@@ -349,7 +446,6 @@ func TestReadersSeeMatchingPairs(t *testing.T) {
 			}
 		}
 	}()
-	var reads, switched, stable atomic.Int64
 	for range 4 {
 		wg.Add(1)
 		go func() { // Envoy
@@ -366,7 +462,7 @@ func TestReadersSeeMatchingPairs(t *testing.T) {
 					switched.Add(1)
 					for _, b := range [][]byte{crt, key} {
 						if b != nil && !known[string(b)] {
-							t.Errorf("a reader read a file no pair holds (%d bytes)", len(b))
+							t.Errorf("a reader read a file no pair holds (%d bytes): %s", len(b), describe(b, ps))
 						}
 					}
 					continue
@@ -376,8 +472,16 @@ func TestReadersSeeMatchingPairs(t *testing.T) {
 					t.Errorf("a reader failed with ..data at %s: %v", before, err)
 					continue
 				}
-				if _, err := tls.X509KeyPair(crt, key); err != nil {
-					t.Errorf("a reader read a mismatched pair with ..data at %s: %v", before, err)
+				for _, b := range [][]byte{crt, key} {
+					if !known[string(b)] {
+						t.Errorf("a reader read a file no pair holds (%d bytes) with ..data at %s: %s", len(b), before, describe(b, ps))
+					}
+				}
+				if !known[string(crt)] || !known[string(key)] {
+					continue
+				}
+				if _, err := tls.X509KeyPair(crt, key); err != nil || pairOf[string(crt)] != pairOf[string(key)] {
+					t.Errorf("a reader read a mismatched pair with ..data at %s: pair %d's certificate, pair %d's key (%v)", before, pairOf[string(crt)], pairOf[string(key)], err)
 				}
 			}
 		}()
@@ -394,6 +498,39 @@ func TestReadersSeeMatchingPairs(t *testing.T) {
 	if g := generations(t, n.dst); len(g) > 2 {
 		t.Errorf("%d generations left, want at most 2", len(g))
 	}
+}
+
+// describe says what b, a file no pair holds, has in common with the pairs' files: the
+// longest head and tail it shares with one of them (a file read across an in-place rewrite
+// is the head of one and the tail of another).
+func describe(b []byte, ps []testutil.Leaf) string {
+	type file struct {
+		name string
+		b    []byte
+	}
+	var files []file
+	for i, p := range ps {
+		files = append(files, file{fmt.Sprintf("pair %d's certificate", i), p.CertPEM}, file{fmt.Sprintf("pair %d's key", i), p.KeyPEM})
+	}
+	var head, tail file
+	nh, nt := 0, 0
+	for _, f := range files {
+		h := 0
+		for h < len(b) && h < len(f.b) && b[h] == f.b[h] {
+			h++
+		}
+		tl := 0
+		for tl < len(b) && tl < len(f.b) && b[len(b)-1-tl] == f.b[len(f.b)-1-tl] {
+			tl++
+		}
+		if h > nh {
+			head, nh = f, h
+		}
+		if tl > nt {
+			tail, nt = f, tl
+		}
+	}
+	return fmt.Sprintf("its first %d bytes are %s (%d bytes), its last %d %s (%d bytes)", nh, head.name, len(head.b), nt, tail.name, len(tail.b))
 }
 
 // TestRunLogsOnce: a lasting problem is logged once, not every interval, and the recovery
