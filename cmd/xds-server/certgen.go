@@ -27,6 +27,7 @@ import (
 	"github.com/kube-mvp/kube-mvp/internal/certgen"
 	"github.com/kube-mvp/kube-mvp/internal/cli"
 	"github.com/kube-mvp/kube-mvp/internal/cptls"
+	"github.com/kube-mvp/kube-mvp/internal/inventory"
 )
 
 var certgenCommand = &cli.Command{
@@ -365,7 +366,11 @@ func logChanges(log *slog.Logger, changes []certgen.Change) {
 // certgenSecrets keeps the Secrets: reads them, renews, writes what changed (the CA Secret
 // first: a certificate is never stored without the CA that signed it).
 func certgenSecrets(ctx context.Context, opts certgenOptions, now time.Time, log *slog.Logger) (string, error) {
-	client, err := kubernetes.NewForConfig(opts.rest)
+	hc, err := inventory.NoRedirectClient(opts.rest)
+	if err != nil {
+		return "", fmt.Errorf("--kubeconfig: %w", err)
+	}
+	client, err := kubernetes.NewForConfigAndClient(opts.rest, hc)
 	if err != nil {
 		return "", fmt.Errorf("--kubeconfig: %w", err)
 	}

@@ -109,6 +109,9 @@ func (o *serveOptions) flagSet() *pflag.FlagSet {
 		"a Lease renewed longer ago is a dead apiserver")
 	duration(&o.watch.DiscoveryInterval, inventory.DefaultDiscoveryInterval, "discovery-interval", time.Second, "a refetch per apiserver",
 		"refetch each apiserver's discovery this often")
+	bodyLimit := cli.NewValue(&o.watch.MaxDiscoveryBody, inventory.DefaultMaxDiscoveryBody, "SIZE", parseBodyLimit)
+	bodyLimit.Format = formatSize
+	fs.Var(bodyLimit, "max-discovery-body", "fail an apiserver's discovery fetch when a body it answers is larger than this (decoded): bytes, or Ki or Mi (a real aggregated /apis is about 100 KB, 700 KB with 2,000 CRDs)")
 	duration(&o.watch.DepartedGrace, inventory.DefaultDepartedGrace, "departed-apiserver-grace", time.Second, "the memory is checked every few seconds",
 		"remember what an apiserver served this long after its identity Lease is deleted (503, not 404, for its APIs meanwhile); while a stale Lease exists it is remembered anyway")
 	fs.StringVar(&o.memoryConfigMap, "memory-configmap", "", "keep that memory in this ConfigMap, `NAMESPACE/NAME`, shared by every replica and read at start (default: in this process only), and with it the request-header names read before and the last good request-header configuration (key kube-mvp.request-header-names); needs --xds-tls-dir: each entry is signed with xds-server's key and believed only if an xds-server certificate of the control plane's CA signed it")
@@ -121,6 +124,42 @@ func (o *serveOptions) flagSet() *pflag.FlagSet {
 		"after SIGTERM keep serving this long, /readyz failing, before closing every stream: longer than the cluster DNS caches this replica's address (kubeadm's CoreDNS: 30 s), so that no Envoy or extproc is handed it once it is gone")
 	fs.AddFlagSet(o.envoy.flagSet())
 	return fs
+}
+
+// Bounds of --max-discovery-body: below 1 MiB real apiservers would be refused, and xds-server
+// holds a few such bodies, decoded, at once.
+const (
+	minDiscoveryBody = 1 << 20
+	maxDiscoveryBody = 256 << 20
+)
+
+// parseBodyLimit reads a byte count, optionally with a binary suffix (16Mi).
+func parseBodyLimit(s string) (int64, error) {
+	num, unit := s, int64(1)
+	for _, u := range []struct {
+		suffix string
+		n      int64
+	}{{"Ki", 1 << 10}, {"Mi", 1 << 20}} {
+		if n, ok := strings.CutSuffix(s, u.suffix); ok {
+			num, unit = n, u.n
+			break
+		}
+	}
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || n < 1 || n > maxDiscoveryBody/unit || n*unit < minDiscoveryBody {
+		return 0, fmt.Errorf("is not a size from 1Mi to 256Mi: a whole number of bytes, or of Ki or Mi, e.g. %s", formatSize(inventory.DefaultMaxDiscoveryBody))
+	}
+	return n * unit, nil
+}
+
+func formatSize(n int64) string {
+	switch {
+	case n%(1<<20) == 0:
+		return strconv.FormatInt(n>>20, 10) + "Mi"
+	case n%(1<<10) == 0:
+		return strconv.FormatInt(n>>10, 10) + "Ki"
+	}
+	return strconv.FormatInt(n, 10)
 }
 
 func parseServe(args []string) (serveOptions, error) {
@@ -288,6 +327,7 @@ func serve(ctx context.Context, opts serveOptions, log *slog.Logger, ready chan<
 	}
 	opts.watch.Log = log
 	opts.watch.OnSkipped = func(n int) { m.skipped.Set(float64(n)) }
+	opts.watch.OnDiscoveryRefused = func(reason string) { m.discoveryRefused.WithLabelValues(reason).Inc() }
 	if opts.watch.MemoryConfigMap.Name != "" {
 		if creds == nil {
 			return errors.New("--memory-configmap needs --xds-tls-dir")
@@ -424,6 +464,8 @@ type serveMetrics struct {
 	headerConfigBad prometheus.Gauge
 	// memoryRejected counts the versions of the memory ConfigMap rejected as a whole.
 	memoryRejected *prometheus.CounterVec
+	// discoveryRefused counts the discovery fetches failed by an answer refused.
+	discoveryRefused *prometheus.CounterVec
 }
 
 func newServeMetrics(reg prometheus.Registerer) *serveMetrics {
@@ -467,10 +509,19 @@ func newServeMetrics(reg prometheus.Registerer) *serveMetrics {
 		Name: "kube_mvp_xds_memory_rejected_total",
 		Help: "Versions of the memory ConfigMap (--memory-configmap) ignored as a whole and replaced, by reason (malformed; bounds: too many entries, group/versions, resources or bytes; future: a time in the future; unsigned: an entry without a signature where none may be; signer: a signer certificate not of the control plane's CA or not xds-server's; signature: a signature that does not match its entry and key).",
 	}, []string{"reason"})
+	m.discoveryRefused = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kube_mvp_xds_discovery_refused_total",
+		Help: discoveryRefusedHelp,
+	}, []string{"reason"})
+	for _, reason := range []string{inventory.RefusedRedirect, inventory.RefusedTooLarge} {
+		m.discoveryRefused.WithLabelValues(reason)
+	}
 	m.states = newAPIServerStateCollector()
-	reg.MustRegister(m.states, m.apiservers, m.builds, m.buildSeconds, m.updates, m.refused, m.skipped, m.headerConfigBad, m.dangerous, m.memoryRejected)
+	reg.MustRegister(m.states, m.apiservers, m.builds, m.buildSeconds, m.updates, m.refused, m.skipped, m.headerConfigBad, m.dangerous, m.memoryRejected, m.discoveryRefused)
 	return m
 }
+
+const discoveryRefusedHelp = "Discovery fetches from an apiserver failed because its answer was refused, by reason (redirect: a redirect, never followed; too-large: a body over --max-discovery-body). The apiserver's previous discovery stays in use; the log names the apiserver."
 
 func (m *serveMetrics) observeBuild(d time.Duration, err error) {
 	m.buildSeconds.Observe(d.Seconds())

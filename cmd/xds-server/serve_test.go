@@ -31,6 +31,7 @@ import (
 	"github.com/kube-mvp/kube-mvp/internal/contract"
 	"github.com/kube-mvp/kube-mvp/internal/cptls"
 	"github.com/kube-mvp/kube-mvp/internal/cptls/cptlstest"
+	"github.com/kube-mvp/kube-mvp/internal/inventory"
 	"github.com/kube-mvp/kube-mvp/internal/testutil"
 	"github.com/kube-mvp/kube-mvp/test/controlplane"
 )
@@ -450,3 +451,29 @@ func certOf(t *testing.T, path string) *x509.Certificate {
 }
 
 func certNotAfter(t *testing.T, path string) time.Time { return certOf(t, path).NotAfter }
+
+// TestServeMaxDiscoveryBody: --max-discovery-body takes bytes, Ki or Mi from 1Mi to 256Mi;
+// anything else is a flag error saying what to give.
+func TestServeMaxDiscoveryBody(t *testing.T) {
+	opts, err := parseServe([]string{"--xds-insecure-plaintext"})
+	if err != nil && strings.Contains(err.Error(), "--max-discovery-body") {
+		t.Fatal(err)
+	}
+	if opts.watch.MaxDiscoveryBody != inventory.DefaultMaxDiscoveryBody {
+		t.Errorf("default %d, want %d", opts.watch.MaxDiscoveryBody, inventory.DefaultMaxDiscoveryBody)
+	}
+	for in, want := range map[string]int64{"16Mi": 16 << 20, "2048Ki": 2 << 20, "1048576": 1 << 20, "256Mi": 256 << 20} {
+		opts, err := parseServe([]string{"--xds-insecure-plaintext", "--max-discovery-body", in})
+		if err != nil && strings.Contains(err.Error(), "--max-discovery-body") {
+			t.Errorf("%s: %v", in, err)
+		} else if opts.watch.MaxDiscoveryBody != want {
+			t.Errorf("%s: %d, want %d", in, opts.watch.MaxDiscoveryBody, want)
+		}
+	}
+	for _, in := range []string{"", "0", "-1Mi", "1023Ki", "257Mi", "16MB", "16M", "1.5Mi", "Mi", "99999999999999999999"} {
+		_, err := parseServe([]string{"--xds-insecure-plaintext", "--max-discovery-body", in})
+		if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("--max-discovery-body %q is not a size from 1Mi to 256Mi", in)) {
+			t.Errorf("%q: %v", in, err)
+		}
+	}
+}

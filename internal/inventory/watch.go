@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/go-logr/logr"
 	apidiscoveryv2 "k8s.io/api/apidiscovery/v2"
 	apiserverinternalv1alpha1 "k8s.io/api/apiserverinternal/v1alpha1"
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -26,6 +27,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
 
 	"github.com/kube-mvp/kube-mvp/internal/objects"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
@@ -58,6 +60,12 @@ type WatchOptions struct {
 	// ServerName is the TLS name checked on apiservers dialled at their peer address; empty
 	// means "kubernetes.default.svc", as upstream's peer proxy checks.
 	ServerName string
+	// MaxDiscoveryBody bounds each body of a discovery fetch (FetchOptions.MaxBody); zero
+	// means DefaultMaxDiscoveryBody.
+	MaxDiscoveryBody int64
+	// OnDiscoveryRefused, if set, is told of every discovery fetch failed by a *RefusedError,
+	// with its reason.
+	OnDiscoveryRefused func(reason string)
 	// Clock returns the current time; nil means time.Now.
 	Clock func() time.Time
 	Log   *slog.Logger
@@ -180,11 +188,15 @@ func NewWatcher(cfg *rest.Config, opts WatchOptions, onChange func(*topology.Top
 	if opts.MemoryConfigMap.Name != "" && opts.MemoryCredentials == nil {
 		return nil, errors.New("inventory: a memory ConfigMap needs credentials to sign and check its entries")
 	}
-	client, err := kubernetes.NewForConfig(cfg)
+	hc, err := NoRedirectClient(cfg)
 	if err != nil {
 		return nil, err
 	}
-	dyn, err := dynamic.NewForConfig(cfg)
+	client, err := kubernetes.NewForConfigAndClient(cfg, hc)
+	if err != nil {
+		return nil, err
+	}
+	dyn, err := dynamic.NewForConfigAndClient(cfg, hc)
 	if err != nil {
 		return nil, err
 	}
@@ -463,7 +475,11 @@ func keepIf(ok bool, l *apidiscoveryv2.APIGroupDiscoveryList) *apidiscoveryv2.AP
 }
 
 func (w *Watcher) fetchDiscovery(ctx context.Context, s topology.APIServer, instance string) {
-	list, version, err := FetchDiscovery(ctx, w.cfg, s.Address, w.opts.ServerName)
+	list, version, err := FetchDiscovery(ctx, w.cfg, s.Address, FetchOptions{ServerName: w.opts.ServerName, MaxBody: w.opts.MaxDiscoveryBody})
+	var refused *RefusedError
+	if errors.As(err, &refused) && w.opts.OnDiscoveryRefused != nil {
+		w.opts.OnDiscoveryRefused(refused.Reason)
+	}
 	w.mu.Lock()
 	d, ok := w.discovery[s.ID]
 	if ok && d.instance == instance {
@@ -489,33 +505,67 @@ func (w *Watcher) fetchDiscovery(ctx context.Context, s topology.APIServer, inst
 	w.trigger()
 }
 
+// FetchOptions say how FetchDiscovery asks an apiserver.
+type FetchOptions struct {
+	// ServerName is the TLS name checked (unless the configuration is insecure).
+	ServerName string
+	// MaxBody bounds each answer's body, decoded; zero means DefaultMaxDiscoveryBody.
+	MaxBody int64
+}
+
 // FetchDiscovery asks one apiserver, at its own address, what it serves itself: the
 // aggregated discovery documents of /api and /apis with profile=nopeer (so a peer-aware
 // apiserver does not add its peers' APIs), kept whole for the merged discovery (see
 // objects.MergeDiscovery); failing that, whatever client-go negotiates (plain v2, then v1), reduced
 // to resources and verbs. It also reads the apiserver's version for people (kubectl mvp
 // status): "" when /version fails or is not a plausible version, which fails nothing.
-func FetchDiscovery(ctx context.Context, base *rest.Config, address, serverName string) (*apidiscoveryv2.APIGroupDiscoveryList, string, error) {
+// A redirect or a body over opts.MaxBody anywhere fails the whole fetch with a *RefusedError.
+func FetchDiscovery(ctx context.Context, base *rest.Config, address string, opts FetchOptions) (*apidiscoveryv2.APIGroupDiscoveryList, string, error) {
+	if opts.MaxBody <= 0 {
+		opts.MaxBody = DefaultMaxDiscoveryBody
+	}
 	cfg := rest.CopyConfig(base)
 	cfg.Host = "https://" + address
 	cfg.APIPath = ""
 	if !cfg.Insecure {
-		cfg.TLSClientConfig.ServerName = serverName
+		cfg.TLSClientConfig.ServerName = opts.ServerName
 	}
 	cfg.Timeout = 10 * time.Second
-	dc, err := discovery.NewDiscoveryClientForConfig(cfg)
+	hc, err := NoRedirectClient(cfg)
 	if err != nil {
 		return nil, "", err
 	}
-	if list, err := fetchAggregated(ctx, dc.RESTClient()); err == nil {
-		return list, fetchVersion(ctx, dc.RESTClient()), nil
+	g := &guard{max: opts.MaxBody}
+	dc, err := discovery.NewDiscoveryClientForConfigAndClient(cfg, g.client(hc))
+	if err != nil {
+		return nil, "", err
 	}
-	dc.NoPeerDiscovery = true
-	_, lists, err := dc.ServerGroupsAndResources()
-	if err != nil && len(lists) == 0 {
+	// Every failure comes back as an error, which the caller logs; client-go would log a
+	// refused body again.
+	quiet := klog.NewContext(ctx, logr.Discard())
+	list, err := fetchAggregated(quiet, dc.RESTClient())
+	if err != nil && g.err() == nil {
+		dc.NoPeerDiscovery = true
+		var lists []*metav1.APIResourceList
+		_, lists, err = dc.ServerGroupsAndResourcesWithContext(quiet)
+		if len(lists) > 0 {
+			err = nil // what was listed is used
+		}
+		list = fromResourceLists(lists)
+	}
+	var version string
+	if err == nil {
+		version = fetchVersion(quiet, dc.RESTClient())
+	}
+	// A refusal fails the fetch even where client-go dropped it (a group/version of a
+	// partial list) or /version's failure fails nothing.
+	if gerr := g.err(); gerr != nil {
+		err = gerr
+	}
+	if err != nil {
 		return nil, "", fmt.Errorf("discovery of %s: %w", address, err)
 	}
-	return fromResourceLists(lists), fetchVersion(ctx, dc.RESTClient()), nil
+	return list, version, nil
 }
 
 // fromResourceLists regroups client-go's per-group/version lists ("jobs" and "jobs/status"

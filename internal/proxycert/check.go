@@ -145,7 +145,9 @@ func NewChecker(cert tls.Certificate, peerCA *x509.CertPool, serverName string) 
 		DisableKeepAlives:  true,
 		DisableCompression: true,
 	}
-	return Checker{Client: &http.Client{Transport: tr}, Proxy: leaf}, nil
+	// A redirect would repeat the check, user header and all, elsewhere.
+	noRedirect := func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	return Checker{Client: &http.Client{Transport: tr, CheckRedirect: noRedirect}, Proxy: leaf}, nil
 }
 
 // maxBody bounds what is read of an answer.
@@ -171,6 +173,10 @@ func (c Checker) Check(ctx context.Context, address, userHeader string) Result {
 	raw, err := io.ReadAll(io.LimitReader(res.Body, maxBody))
 	if err != nil {
 		return Result{Verdict: Inconclusive, Status: res.StatusCode, Reason: "unreachable: reading the answer: " + err.Error()}
+	}
+	if loc := res.Header.Get("Location"); loc != "" && res.StatusCode >= 300 && res.StatusCode < 400 {
+		return Result{Verdict: Inconclusive, Status: res.StatusCode,
+			Reason: fmt.Sprintf("inconclusive: answered %d redirecting to %s, which is not followed", res.StatusCode, excerpt([]byte(loc)))}
 	}
 	return c.judge(res.StatusCode, raw, userHeader)
 }

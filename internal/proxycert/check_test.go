@@ -311,6 +311,30 @@ func TestCheckVerifiesTheAPIServer(t *testing.T) {
 	}
 }
 
+// TestCheckNoRedirect: a redirect is inconclusive, naming its Location, and the check (the
+// user header with it) is not repeated there.
+func TestCheckNoRedirect(t *testing.T) {
+	p := newPKI(t)
+	checker, err := NewChecker(p.proxy, pool(p.servingCA), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	elsewhere := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		t.Errorf("redirect followed: %s %s", r.Method, r.URL)
+	}))
+	defer elsewhere.Close()
+	for _, code := range []int{http.StatusFound, http.StatusTemporaryRedirect} {
+		addr := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			http.Redirect(w, r, elsewhere.URL+r.URL.Path, code)
+		}), p.serving)
+		got := checker.Check(t.Context(), addr, "x-remote-user")
+		want := fmt.Sprintf("inconclusive: answered %d redirecting to %q, which is not followed", code, elsewhere.URL+ReviewPath)
+		if got.Verdict != Inconclusive || got.Status != code || got.Reason != want {
+			t.Errorf("%d: %+v, want inconclusive: %s", code, got, want)
+		}
+	}
+}
+
 // TestCheckUnreachable: nobody listening, or no answer in time, is unreachable.
 func TestCheckUnreachable(t *testing.T) {
 	p := newPKI(t)

@@ -1,0 +1,180 @@
+package inventory
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+
+	"k8s.io/client-go/rest"
+)
+
+// Why an answer from an apiserver was refused (RefusedError.Reason,
+// WatchOptions.OnDiscoveryRefused).
+const (
+	RefusedRedirect = "redirect"
+	RefusedTooLarge = "too-large"
+)
+
+// DefaultMaxDiscoveryBody is WatchOptions.MaxDiscoveryBody when zero: over ten times a v1.37
+// apiserver's aggregated /apis with 2,000 CRDs (about 700 KB). Fetching and decoding a body
+// costs about four times its size at the peak and keeps twice it, so two fetches of this
+// size at once (one apiserver's may overlap) still leave room in the chart's 256 MiB.
+const DefaultMaxDiscoveryBody = 8 << 20
+
+// RefusedError is an answer from an apiserver that kube-mvp does not take: a redirect (never
+// followed: client-go would send its bearer token wherever it points) or a body over the
+// limit.
+type RefusedError struct {
+	Reason string // RefusedRedirect or RefusedTooLarge
+	msg    string
+}
+
+func (e *RefusedError) Error() string { return e.msg }
+
+// maxLocation bounds how much of a Location (the apiserver's text) goes into logs.
+const maxLocation = 256
+
+// redirects are the statuses Go's HTTP client follows.
+var redirects = map[int]bool{301: true, 302: true, 303: true, 307: true, 308: true}
+
+func redirectError(req *http.Request, res *http.Response) *RefusedError {
+	loc := res.Header.Get("Location")
+	if len(loc) > maxLocation {
+		loc = loc[:maxLocation] + "…"
+	}
+	return &RefusedError{Reason: RefusedRedirect, msg: fmt.Sprintf("%s %s answered %d redirecting to %q: redirects from an apiserver are not followed",
+		req.Method, req.URL.Path, res.StatusCode, loc)}
+}
+
+// NoRedirectClient is client-go's HTTP client for cfg (as kubernetes.NewForConfig makes it),
+// except that a redirect is an error naming its Location, and nothing is sent there.
+func NoRedirectClient(cfg *rest.Config) (*http.Client, error) {
+	c := *cfg
+	if c.UserAgent == "" {
+		c.UserAgent = rest.DefaultKubernetesUserAgent()
+	}
+	hc, err := rest.HTTPClientFor(&c)
+	if err != nil {
+		return nil, err
+	}
+	out := *hc // may be http.DefaultClient: never changed in place
+	out.Transport = noRedirects{rt: hc.Transport}
+	// Refused below the client, so that client-go gets an error and no response whose
+	// body the client has closed (it would log that as a read error).
+	out.CheckRedirect = func(req *http.Request, via []*http.Request) error {
+		return redirectError(via[len(via)-1], req.Response)
+	}
+	return &out, nil
+}
+
+type noRedirects struct{ rt http.RoundTripper }
+
+func (t noRedirects) RoundTrip(req *http.Request) (*http.Response, error) {
+	rt := t.rt
+	if rt == nil {
+		rt = http.DefaultTransport
+	}
+	res, err := rt.RoundTrip(req)
+	if err != nil || !redirects[res.StatusCode] {
+		return res, err
+	}
+	res.Body.Close()
+	return nil, redirectError(req, res)
+}
+
+func (t noRedirects) WrappedRoundTripper() http.RoundTripper { return t.rt }
+
+// guard watches every request of one discovery fetch: it bounds each body to max bytes
+// (counted after gzip is decoded, which Go's transport does below it), and remembers the
+// first refusal, a body or a redirect, so that it fails the fetch whichever of client-go's
+// paths (aggregated, legacy, /version) met it and however client-go wrapped the error.
+type guard struct {
+	max int64
+
+	mu      sync.Mutex
+	refused *RefusedError
+}
+
+// client is hc (a NoRedirectClient) with the guard's rules; hc is not changed.
+func (g *guard) client(hc *http.Client) *http.Client {
+	out := *hc
+	out.Transport = guardedTransport{rt: hc.Transport, g: g}
+	return &out
+}
+
+func (g *guard) refuse(e *RefusedError) *RefusedError {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.refused == nil {
+		g.refused = e
+	}
+	return e
+}
+
+// err is the first refusal, or nil.
+func (g *guard) err() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.refused == nil {
+		return nil
+	}
+	return g.refused
+}
+
+func (g *guard) tooLarge(req *http.Request) *RefusedError {
+	return g.refuse(&RefusedError{Reason: RefusedTooLarge,
+		msg: fmt.Sprintf("the answer to %s %s is larger than the limit of %d bytes", req.Method, req.URL.Path, g.max)})
+}
+
+type guardedTransport struct {
+	rt http.RoundTripper
+	g  *guard
+}
+
+func (t guardedTransport) WrappedRoundTripper() http.RoundTripper { return t.rt }
+
+func (t guardedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	res, err := t.rt.RoundTrip(req)
+	if r := (*RefusedError)(nil); errors.As(err, &r) {
+		t.g.refuse(r)
+	}
+	if err != nil {
+		return res, err
+	}
+	if res.ContentLength > t.g.max {
+		res.Body.Close()
+		return nil, t.g.tooLarge(req)
+	}
+	res.Body = &boundedBody{rc: res.Body, left: t.g.max, tooLarge: func() error { return t.g.tooLarge(req) }}
+	return res, nil
+}
+
+// boundedBody reads at most left bytes; one more is an error, so that whoever reads it never
+// holds more than the limit.
+type boundedBody struct {
+	rc       io.ReadCloser
+	left     int64
+	tooLarge func() error
+	err      error
+}
+
+func (b *boundedBody) Read(p []byte) (int, error) {
+	if b.err != nil {
+		return 0, b.err
+	}
+	if int64(len(p)) > b.left+1 {
+		p = p[:b.left+1]
+	}
+	n, err := b.rc.Read(p)
+	if int64(n) <= b.left {
+		b.left -= int64(n)
+		return n, err
+	}
+	n, b.left = int(b.left), 0
+	b.err = b.tooLarge()
+	return n, b.err
+}
+
+func (b *boundedBody) Close() error { return b.rc.Close() }
