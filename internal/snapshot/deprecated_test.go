@@ -28,6 +28,7 @@ import (
 // an exception; there is none.
 func TestNothingDeprecated(t *testing.T) {
 	// The walk finds what is deprecated: http2_protocol_options (a field), in a typed config.
+	//lint:ignore SA1019 the probe must use a deprecated field
 	probe, err := anypb.New(&clusterv3.Cluster{Http2ProtocolOptions: &corev3.Http2ProtocolOptions{}})
 	if err != nil {
 		t.Fatal(err)
