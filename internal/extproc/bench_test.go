@@ -22,23 +22,19 @@ import (
 )
 
 // emptyServer is the baseline: an ExternalProcessor that answers request_headers with an
-// empty HeadersResponse and does nothing else.
+// empty HeadersResponse and, like extproc, ends the stream after its answer.
 type emptyServer struct {
 	extprocv3.UnimplementedExternalProcessorServer
 }
 
 func (emptyServer) Process(stream grpc.BidiStreamingServer[extprocv3.ProcessingRequest, extprocv3.ProcessingResponse]) error {
-	for {
-		if _, err := stream.Recv(); err != nil {
-			if errors.Is(err, io.EOF) {
-				return nil
-			}
-			return err
+	if _, err := stream.Recv(); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil
 		}
-		if err := stream.Send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{}}}); err != nil {
-			return err
-		}
+		return err
 	}
+	return stream.Send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{}}})
 }
 
 // benchRequests is a mix of what reaches extproc: requests on group/versions with mixed
