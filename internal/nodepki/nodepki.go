@@ -173,10 +173,30 @@ func (c *Copier) ReadSource() (Pair, error) {
 			return Pair{}, err
 		}
 		if !bytes.Equal(b, p.Files[filepath.Base(f)]) {
-			return Pair{}, fmt.Errorf("%s changed while it was read (being rewritten?)", f)
+			return Pair{}, fmt.Errorf("%s %w", f, ErrChangedWhileRead)
 		}
 	}
 	return p, nil
+}
+
+// ErrChangedWhileRead: a source file differed between its two reads. It is a moment's state
+// (a rewrite in progress), not a problem with the files, so a copier retries at the next
+// interval and says so only when it lasts (changedWhileReadLogAfter syncs in a row).
+var ErrChangedWhileRead = errors.New("changed while it was read (being rewritten?)")
+
+// changedWhileReadLogAfter: a kubeadm renewal rewrites each file once; three rewrites caught
+// in three syncs in a row is a writer that never stops, worth a log line.
+const changedWhileReadLogAfter = 3
+
+// transientQuiet reports whether err is a rewrite caught in progress that has not yet lasted
+// long enough to log, and counts it.
+func transientQuiet(err error, inARow *int) bool {
+	if !errors.Is(err, ErrChangedWhileRead) {
+		*inARow = 0
+		return false
+	}
+	*inARow++
+	return *inARow < changedWhileReadLogAfter
 }
 
 func (c *Copier) readFile(path string) ([]byte, error) {
@@ -290,9 +310,11 @@ func (c *Copier) Run(ctx context.Context, interval time.Duration, log *slog.Logg
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	last := ""
+	changing := 0
 	for {
 		res, err := c.Sync()
 		switch {
+		case transientQuiet(err, &changing):
 		case err != nil:
 			if msg := res.String() + ": " + err.Error(); msg != last {
 				if res == Skipped {
@@ -322,6 +344,7 @@ func (c *Copier) Run(ctx context.Context, interval time.Duration, log *slog.Logg
 // pair, or ctx's error.
 func (c *Copier) WaitPublished(ctx context.Context, interval time.Duration, log *slog.Logger, hint string) error {
 	last := ""
+	changing := 0
 	for {
 		res, err := c.Sync()
 		if err == nil && res != Skipped {
@@ -331,7 +354,9 @@ func (c *Copier) WaitPublished(ctx context.Context, interval time.Duration, log 
 		if err == nil {
 			err = errors.New("nothing to publish")
 		}
-		if msg := err.Error(); msg != last {
+		if transientQuiet(err, &changing) {
+			// a rewrite in progress: try again at the next interval
+		} else if msg := err.Error(); msg != last {
 			log.Warn("waiting: the files cannot be published yet; trying again every interval", "error", err, "interval", interval, "fix", hint)
 			last = msg
 		}

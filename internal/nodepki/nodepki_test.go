@@ -284,7 +284,7 @@ func TestSplicedRead(t *testing.T) {
 			if !bytes.Equal(first, splice) {
 				t.Fatalf("the interleaved read returned %d bytes, not the %d-byte splice", len(first), len(splice))
 			}
-			if err == nil || !strings.Contains(err.Error(), "changed while it was read") {
+			if !errors.Is(err, ErrChangedWhileRead) {
 				t.Errorf("error %v, want one saying the certificate changed while it was read", err)
 			}
 			if g := n.published(old); g != gen {
@@ -531,6 +531,56 @@ func describe(b []byte, ps []testutil.Leaf) string {
 		}
 	}
 	return fmt.Sprintf("its first %d bytes are %s (%d bytes), its last %d %s (%d bytes)", nh, head.name, len(head.b), nt, tail.name, len(tail.b))
+}
+
+// TestRunQuietOnARewriteInProgress: a file caught changing between its two reads is retried
+// at the next interval without a log line, unless it happens changedWhileReadLogAfter syncs
+// in a row.
+func TestRunQuietOnARewriteInProgress(t *testing.T) {
+	for _, changes := range []int{changedWhileReadLogAfter - 1, changedWhileReadLogAfter} {
+		t.Run(fmt.Sprintf("%d syncs in a row", changes), func(t *testing.T) {
+			n := newNode(t)
+			ps := testutil.ProxyClientPairs(t, 1)
+			n.writePair(ps[0])
+			var mu sync.Mutex
+			certReads := 0
+			n.c.read = func(path string) ([]byte, error) {
+				b, err := readLimited(path)
+				if path != n.crt || err != nil {
+					return b, err
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				certReads++
+				// each sync reads the certificate twice; the second read of the first
+				// `changes` syncs sees it rewritten
+				if certReads%2 == 0 && certReads/2 <= changes {
+					return append(b, '\n'), nil
+				}
+				return b, nil
+			}
+			var buf testutil.SyncBuffer
+			log := slog.New(slog.NewTextHandler(&buf, nil))
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			go func() { defer close(done); n.c.Run(ctx, time.Millisecond, log) }()
+			if err := testutil.Until(context.Background(), 5*time.Second, "publication", testutil.Cond(func() bool {
+				return strings.Contains(buf.String(), "published the source files")
+			})); err != nil {
+				t.Fatal(err, "\n", buf.String())
+			}
+			cancel()
+			<-done
+			want := 0
+			if changes >= changedWhileReadLogAfter {
+				want = 1
+			}
+			if c := strings.Count(buf.String(), "changed while it was read"); c != want {
+				t.Errorf("%d syncs in a row saw a rewrite: logged %d times, want %d:\n%s", changes, c, want, buf.String())
+			}
+			n.published(ps[0])
+		})
+	}
 }
 
 // TestRunLogsOnce: a lasting problem is logged once, not every interval, and the recovery
