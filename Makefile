@@ -2,6 +2,8 @@
 GO ?= go
 KUBE_VERSIONS ?= v1.35.8 v1.36.4 v1.37.1
 TEST_TIMEOUT ?= 75m
+# RUN: make test-envoy runs only the end-to-end tests this regexp matches (go test -run).
+RUN ?= .
 # The version stamp (xds-server --version): by default the chart's appVersion, so binaries,
 # images and chart agree.
 VERSION ?= $(shell sed -n "s/^appVersion:[[:space:]]*[\"']\{0,1\}\([^\"' ]*\).*/\1/p" deploy/kube-mvp/Chart.yaml)
@@ -22,13 +24,17 @@ GOLDEN_PKGS ?= $(sort $(dir $(shell grep -rl --include='*_test.go' 'flag\.Bool."
 # NODE_PACKAGES: what a real node (test/node) needs from Debian besides Go.
 NODE_PACKAGES ?= containerd runc containernetworking-plugins iptables conntrack iproute2 util-linux busybox-static libre2-dev g++
 
+# ENVOY_IMAGE: make test-node's Envoy image archive, from NODE_FLAGS' --envoy-image=FILE.tar
+# (make node reads NODE_FLAGS itself).
+ENVOY_IMAGE = $(patsubst --envoy-image=%,%,$(filter --envoy-image=%,$(NODE_FLAGS)))
+
 # STATICCHECK: make lint's linter, pinned; go run builds it from its module (cached after the
 # first run), so a machine with Go needs nothing else. -tags node is the only build tag in
 # the tree and no file is built without it only, so one run sees every file.
 STATICCHECK_VERSION ?= v0.8.2
 STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
-.PHONY: all help demo test unit lint vet build images bench golden golden-dirs envoy-protos kube-binaries deps node test-node node-deps proto clean
+.PHONY: all help demo test test-envoy envoy-given unit lint vet build images bench golden golden-dirs envoy-protos kube-binaries deps node test-node node-deps proto clean
 
 ## all: the default: build
 all: build
@@ -50,6 +56,18 @@ test: deps vet kube-binaries
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
 	# every benchmark once, so none of them rots (the numbers come from `make bench`)
 	$(GO) test -run '^$$' -bench . -benchtime 1x ./...
+
+## test-envoy: the end-to-end suite against your Envoy binary (a release from 1.37 to
+## 1.40), run as the chart runs it: make test-envoy ENVOY=/path/to/envoy; ends with a
+## line of tests run, passed, skipped (each reason counted) and failed
+## (RUN=regexp: only those tests)
+test-envoy: envoy-given deps kube-binaries
+	@echo "test-envoy: $$("$(ENVOY)" --version 2>&1 | head -n 1)"
+	$(GO) build -o bin/testsummary ./test/cmd/testsummary
+	bash -o pipefail -c 'KUBE_MVP_ENVOY="$(abspath $(ENVOY))" $(GO) test -count=1 -timeout $(TEST_TIMEOUT) -run "$(RUN)" -json ./test/e2e/ | bin/testsummary -title "kube-mvp on $(ENVOY)"'
+
+envoy-given:
+	@test -n "$(ENVOY)" && test -x "$(ENVOY)" || { echo "make test-envoy: set ENVOY to an Envoy binary, e.g. make test-envoy ENVOY=/usr/local/bin/envoy" >&2; exit 2; }
 
 ## unit: the tests that need no control plane (fast)
 unit:
@@ -121,10 +139,11 @@ node: node-deps kube-binaries
 	$(GO) run ./test/cmd/node $(NODE_FLAGS)
 
 ## test-node: the tests that install the chart on a real node (root; see README for the
-## cost)
+## cost); NODE_FLAGS=--envoy-image=FILE.tar runs that Envoy image (docker save or OCI
+## archive) instead of the stand-in's
 test-node: node-deps kube-binaries
 	$(GO) vet -tags node ./test/node/...
-	$(GO) test -tags node -race -count=1 -timeout 45m ./test/node/...
+	$(if $(ENVOY_IMAGE),KUBE_MVP_ENVOY_IMAGE="$(abspath $(ENVOY_IMAGE))") $(GO) test -tags node -race -count=1 -timeout 45m ./test/node/...
 
 ## node-deps: install what a real one-node cluster needs (root; Debian's packages)
 node-deps:

@@ -121,11 +121,11 @@ func TestAgainstRunningKubeMVP(t *testing.T) {
 	}
 	// The data plane agrees: cp-b does not serve batch/v1, so a 200 came from cp-a, through
 	// the serving set.
-	before := k.DataPlane.Stat("cluster.kube-apiservers-serving/front-proxy.upstream_rq_total")
+	before := k.Envoy.MustStat(t, "cluster.kube-apiservers-serving/front-proxy.upstream_rq_total")
 	if code := getThrough(t, k.Endpoint()+"/apis/batch/v1/jobs", cp); code != http.StatusOK {
 		t.Errorf("GET /apis/batch/v1/jobs through kube-mvp: %d", code)
 	}
-	if after := k.DataPlane.Stat("cluster.kube-apiservers-serving/front-proxy.upstream_rq_total"); after != before+1 {
+	if after := k.Envoy.MustStat(t, "cluster.kube-apiservers-serving/front-proxy.upstream_rq_total"); after != before+1 {
 		t.Errorf("the serving-sets cluster's front-proxy variant counted %d requests, want %d", after, before+1)
 	}
 
@@ -152,7 +152,7 @@ func checkConfigDump(t *testing.T, k *harness.KubeMVP) {
 		code := run(append([]string{"config-dump"}, args...), &out, &errOut)
 		return code, out.String(), errOut.String()
 	}
-	live := []string{"--xds-admin", k.XDSAdmin, "--envoy-admin", k.DataPlane.AdminURL()}
+	live := []string{"--xds-admin", k.XDSAdmin, "--envoy-admin", k.Envoy.Admin}
 	var r configdiff.Report
 	// A new apiserver Lease or discovery can change the configuration between the two
 	// reads; what matters is that a settled one compares equal.
@@ -191,7 +191,7 @@ func checkConfigDump(t *testing.T, k *harness.KubeMVP) {
 		t.Errorf("node %s, problems %q", n.Node, r.Problems)
 	}
 	code, out, errOut := configDump(append(live, "--node", "front", "--exit-code")...)
-	if code != 0 || !strings.Contains(out, "NODE front at "+k.DataPlane.AdminURL()+" (xds-server: ACK; ") || !strings.Contains(out, "TYPE  ") || strings.Contains(out, "PRIVATE KEY") {
+	if code != 0 || !strings.Contains(out, "NODE front at "+k.Envoy.Admin+" (xds-server: ACK; ") || !strings.Contains(out, "TYPE  ") || strings.Contains(out, "PRIVATE KEY") {
 		t.Errorf("config-dump table: exit %d: %s\n%s", code, errOut, out)
 	}
 	t.Logf("kubectl mvp config-dump:\n%s", out)
@@ -199,7 +199,7 @@ func checkConfigDump(t *testing.T, k *harness.KubeMVP) {
 	// An Envoy admin seen through a proxy that drops ?include_eds: the endpoints go unread,
 	// so the report is out of sync, which only --exit-code turns into exit 3.
 	noEDS := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		res, err := http.Get(k.DataPlane.AdminURL() + r.URL.Path)
+		res, err := http.Get(k.Envoy.Admin + r.URL.Path)
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusBadGateway)
 			return

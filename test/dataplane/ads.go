@@ -197,6 +197,7 @@ func (d *DataPlane) adsSession(parent context.Context, client discovery.Aggregat
 		}
 		s.nonce = resp.GetNonce()
 		applyErr := d.apply(resp.GetTypeUrl(), resp.GetVersionInfo(), resp.GetResources())
+		d.countSubscriptionUpdate(resp.GetTypeUrl(), s.names, applyErr)
 		if applyErr != nil {
 			d.log.Warn("NACK", "type", resp.GetTypeUrl(), "version", resp.GetVersionInfo(), "error", applyErr)
 		}
@@ -208,6 +209,53 @@ func (d *DataPlane) adsSession(parent context.Context, client discovery.Aggregat
 				return err
 			}
 		}
+	}
+}
+
+// countSubscriptionUpdate counts one response in Envoy's subscription stats
+// (source/common/config/utility.h ALL_SUBSCRIPTION_STATS: update_attempt, update_success,
+// update_rejected), which is where the admin API shows a rejected update. Under ADS a
+// rejected response fails every watch of its type (GrpcMuxImpl::onDiscoveryResponse calls
+// onConfigUpdateFailed on each), so each subscription of the type counts it. The scopes are
+// Envoy's: listener_manager.lds., cluster_manager.cds., http.<stat_prefix>.rds.<route
+// config>. (RdsRouteConfigSubscription), cluster.<name>. (EdsClusterImpl, the cluster's own
+// scope) and sds.<secret>. (SdsApi).
+func (d *DataPlane) countSubscriptionUpdate(typeURL string, names []string, err error) {
+	var scopes []string
+	cfg := d.config()
+	switch typeURL {
+	case resource.ListenerType:
+		scopes = []string{"listener_manager.lds."}
+	case resource.ClusterType:
+		scopes = []string{"cluster_manager.cds."}
+	case resource.RouteType:
+		for _, n := range names {
+			for _, l := range cfg.listeners {
+				if l.hcm != nil && l.hcm.rdsName == n {
+					scopes = append(scopes, "http."+l.hcm.statPrefix+".rds."+n+".")
+				}
+			}
+		}
+	case resource.EndpointType:
+		for _, n := range names {
+			for _, c := range cfg.clusters {
+				if c.edsName == n {
+					scopes = append(scopes, "cluster."+c.stat+".")
+				}
+			}
+		}
+	case resource.SecretType:
+		for _, n := range names {
+			scopes = append(scopes, "sds."+n+".")
+		}
+	}
+	outcome := "update_success"
+	if err != nil {
+		outcome = "update_rejected"
+	}
+	for _, sc := range slices.Compact(slices.Sorted(slices.Values(scopes))) {
+		d.stats.inc(sc + "update_attempt")
+		d.stats.inc(sc + outcome)
 	}
 }
 

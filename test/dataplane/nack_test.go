@@ -277,6 +277,20 @@ func TestNACKOverADS(t *testing.T) {
 	if v := dp.Versions()[resource.ClusterType]; v != "good" {
 		t.Errorf("clusters version %q, want good", v)
 	}
+	// The admin API shows it as Envoy's does: the CDS subscription's update_rejected (each
+	// repeated NACK counts), then update_success; LDS never rejected.
+	if n := dp.Stat("cluster_manager.cds.update_rejected"); n == 0 {
+		t.Error("cluster_manager.cds.update_rejected is 0 after a NACK")
+	}
+	if n := dp.Stat("cluster_manager.cds.update_success"); n == 0 {
+		t.Error("cluster_manager.cds.update_success is 0 after the ACK")
+	}
+	if n := dp.Stat("listener_manager.lds.update_rejected"); n != 0 {
+		t.Errorf("listener_manager.lds.update_rejected is %d; only clusters were refused", n)
+	}
+	if n := dp.Stat("listener_manager.lds.update_success"); n == 0 {
+		t.Error("listener_manager.lds.update_success is 0")
+	}
 }
 
 // TestGoldenConfigsAccepted: every golden output of internal/snapshot (one directory per

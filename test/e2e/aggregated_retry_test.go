@@ -121,7 +121,7 @@ func TestAggregatedWriteSentOnce(t *testing.T) {
 	})
 	// kube-mvp's data plane has the group/version's own routes.
 	start := time.Now()
-	for !strings.Contains(configDump(t, ctx, k.DataPlane.AdminURL()), `"`+group+`/`+version+`:write"`) {
+	for !strings.Contains(configDump(t, ctx, k.Envoy.Admin), `"`+group+`/`+version+`:write"`) {
 		if time.Since(start) > 30*time.Second {
 			t.Errorf("after 30 s the data plane has no route of its own for %s/%s", group, version)
 			break

@@ -253,7 +253,7 @@ func anonymousScenarios(t *testing.T, ctx context.Context, e *env, k *harness.Ku
 	}
 	// One apiserver serves everything: no request of any kind needed a routing decision, so
 	// none opened an ext_proc stream (Envoy's Lua filter decided every certificate).
-	if n := k.DataPlane.Stat(extProcStreams); n != 0 {
+	if n := k.Envoy.MustStat(t, extProcStreams); n != 0 {
 		t.Errorf("%d ext_proc streams in a control plane whose apiservers all serve the same APIs, want 0", n)
 	}
 }
@@ -374,7 +374,7 @@ func setupAnonymousRBAC(t *testing.T, ctx context.Context, admin *kubernetes.Cli
 // check and every host of every such cluster has passed it.
 func allHostsHealthy(ctx context.Context, k *harness.KubeMVP) error {
 	get := func(path string, v any) error {
-		req, _ := http.NewRequestWithContext(ctx, "GET", k.DataPlane.AdminURL()+path, nil)
+		req, _ := http.NewRequestWithContext(ctx, "GET", k.Envoy.Admin+path, nil)
 		res, err := http.DefaultClient.Do(req)
 		if err != nil {
 			return err
@@ -406,7 +406,7 @@ func allHostsHealthy(ctx context.Context, k *harness.KubeMVP) error {
 	if len(checked) == 0 {
 		return errors.New("no cluster with an active health check")
 	}
-	clusters, err := dataplane.ReadClusters(ctx, k.DataPlane.AdminURL())
+	clusters, err := dataplane.ReadClusters(ctx, k.Envoy.Admin)
 	if err != nil {
 		return err
 	}

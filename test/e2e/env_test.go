@@ -1,7 +1,9 @@
 // Package e2e runs kube-mvp's whole request path against real apiservers of the pinned versions (three):
-// client → test data plane (Envoy's stand-in, test/dataplane) → extproc → kube-apiserver, with
-// the data plane configured over ADS by a real xds-server process watching the real control
-// plane, and extproc fed by xds-server's table stream.
+// client → Envoy → extproc → kube-apiserver, with Envoy configured over ADS by a real
+// xds-server process watching the real control plane, and extproc fed by xds-server's table
+// stream. Envoy is a process started as the chart starts it (harness.Envoy) and observed only
+// through its listener and admin API: the stand-in's binary (test/cmd/envoy-stand-in) in make
+// test, your Envoy in make test-envoy ENVOY=... (KUBE_MVP_ENVOY).
 package e2e
 
 import (
@@ -90,8 +92,8 @@ func (e *env) startKubeMVP(ctx context.Context, name, local string, edit ...func
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if n := k.DataPlane.NACKs(); len(n) > 0 {
-			t.Errorf("data plane %s NACKed our config: %q", name, n)
+		if r, err := k.Envoy.Rejected(context.Background()); err != nil || len(r) > 0 {
+			t.Errorf("Envoy %s rejected our configuration (its admin's update_rejected counters): %v %v", name, r, err)
 		}
 		if t.Failed() {
 			t.Logf("kube-mvp %s:\n%s", name, k.Logs())

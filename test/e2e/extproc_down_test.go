@@ -46,7 +46,7 @@ func TestExtprocDown(t *testing.T) {
 	if _, err := through(&e.cp.PKI.Admin, "").BatchV1().Jobs("default").List(ctx, metav1.ListOptions{}); err != nil {
 		t.Fatalf("listing jobs through kube-mvp with extproc up: %v", err)
 	}
-	decided := k.DataPlane.Stat(extProcStreams)
+	decided := k.Envoy.MustStat(t, extProcStreams)
 	if decided == 0 {
 		t.Fatal("the batch/v1 request opened no ext_proc stream: the test would prove nothing")
 	}
@@ -150,7 +150,7 @@ func TestExtprocDown(t *testing.T) {
 	if !apierrors.IsServiceUnavailable(err) {
 		t.Fatalf("client-go batch/v1 list with extproc down: %v, want ServiceUnavailable", err)
 	}
-	if f := k.DataPlane.Stat("http.kube_apiserver.ext_proc.kube_mvp.streams_failed"); f == 0 {
+	if f := k.Envoy.MustStat(t, "http.kube_apiserver.ext_proc.kube_mvp.streams_failed"); f == 0 {
 		t.Error("no ext_proc stream failed: were the batch/v1 requests decided at all?")
 	}
 }
@@ -158,11 +158,16 @@ func TestExtprocDown(t *testing.T) {
 // TestWatchOutlivesExtprocRestart: a watch on batch/v1, which only cp-a serves (extproc
 // decides where it goes), goes on through an extproc restart and sees what is written after
 // it, on a data plane modelling Envoy 1.36, which keeps each ext_proc stream for its request's
-// life: extproc ends the stream after its answer, so its restart takes no watch with it.
+// life: extproc ends the stream after its answer, so its restart takes no watch with it. With
+// a real Envoy (make test-envoy) it runs on that Envoy's own release.
 func TestWatchOutlivesExtprocRestart(t *testing.T) {
 	ctx := testutil.Context(t, 4*time.Minute)
 	e := newEnv(t, ctx, controlplane.MixedServers()...) // cp-b does not serve batch/v1
-	k := e.startKubeMVP(ctx, "front", "", func(o *harness.Options) { o.EnvoyVersion = "1.36.7" })
+	k := e.startKubeMVP(ctx, "front", "", func(o *harness.Options) {
+		if harness.UsingStandIn() {
+			o.EnvoyVersion = "1.36.7"
+		}
+	})
 	direct := e.adminClient(e.cp.Server("cp-a"))
 	job := func(name string) {
 		t.Helper()

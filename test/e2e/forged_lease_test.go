@@ -256,7 +256,7 @@ func newAttackerServer(t *testing.T, h http.HandlerFunc) string {
 // clusterHosts maps each cluster of k's data plane to its hosts' addresses (admin /clusters).
 func clusterHosts(t *testing.T, ctx context.Context, k *harness.KubeMVP) map[string][]string {
 	t.Helper()
-	clusters, err := dataplane.ReadClusters(ctx, k.DataPlane.AdminURL())
+	clusters, err := dataplane.ReadClusters(ctx, k.Envoy.Admin)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -279,7 +279,7 @@ func TestFrozenAPIServer(t *testing.T) {
 	// Reads go on through the freeze and after the data plane's health checks took the frozen
 	// apiserver out: wait until no cluster of the data plane has it usable, then for more reads.
 	testutil.WaitFor(t, ctx, time.Minute, fmt.Sprintf("the data plane to take %s out", victim), func() error {
-		clusters, err := dataplane.ReadClusters(ctx, front.DataPlane.AdminURL())
+		clusters, err := dataplane.ReadClusters(ctx, front.Envoy.Admin)
 		if err != nil {
 			return err
 		}

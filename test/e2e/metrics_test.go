@@ -96,7 +96,7 @@ func TestMetricsLint(t *testing.T) {
 		// The Envoy series the alerts and the dashboard read, as the data plane exports them
 		// (the stand-in names its stats as Envoy's /stats/prometheus does): the listener's
 		// connection manager is kube_apiserver, and the requests above were answered 2xx.
-		body := scrape(t, ctx, k.DataPlane.AdminURL()+"/stats/prometheus")
+		body := scrape(t, ctx, k.Envoy.Admin+"/stats/prometheus")
 		for name, typ := range deploy.EnvoyMetrics {
 			if !strings.Contains(string(body), "# TYPE "+name+" "+typ+"\n") {
 				t.Errorf("%s Envoy: no %s %s", d.name, typ, name)

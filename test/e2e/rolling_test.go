@@ -137,7 +137,7 @@ func rollingUpgrade(t *testing.T, plan upgradePlan) {
 		t.Fatal(err)
 	}
 
-	streams := front.DataPlane.Stat(extProcStreams)
+	streams := front.Envoy.MustStat(t, extProcStreams)
 	ours := newLoad(t, e, "kube-mvp", front.Endpoint(), plan.newAPI)
 	plain := newLoad(t, e, "round-robin", "https://"+lb.Addr(), plan.newAPI)
 	loadCtx, stopLoad := context.WithCancel(ctx)
@@ -197,12 +197,12 @@ func rollingUpgrade(t *testing.T, plan upgradePlan) {
 	// live, and the group/versions that are mixed while the versions are (new resources in
 	// v1.37); while cp-b restarts, the live apiservers all serve batch/v1.
 	total, batch := ours.total.Load(), ours.countWhat("list jobs", "get job", "list cronjobs", "watch jobs")
-	opened := front.DataPlane.Stat(extProcStreams) - streams
+	opened := front.Envoy.MustStat(t, extProcStreams) - streams
 	t.Logf("ext_proc streams per 1,000 requests: %.0f (batch/v1, mixed while cp-b is live: %.0f per 1,000)", 1000*float64(opened)/float64(total), 1000*float64(batch)/float64(total))
 	if opened >= uint64(total) {
 		t.Errorf("%d ext_proc streams for %d requests: every request took ext_proc", opened, total)
 	}
-	logUpstreamResets(t, front.DataPlane.AdminURL())
+	logUpstreamResets(t, front.Envoy.Admin)
 	t.Logf("goal, through kube-mvp: %s", ours.goal())
 	t.Logf("goal, through round robin: %s", plain.goal())
 	if ours.total.Load() < 500 {

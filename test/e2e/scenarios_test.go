@@ -408,7 +408,7 @@ func selfSubjectReview(t *testing.T, ctx context.Context, hc *http.Client, base,
 // (rq_success of each of its hosts, summed over the clusters; health checks are not counted).
 func answeredBy(t *testing.T, ctx context.Context, k *harness.KubeMVP) map[string]uint64 {
 	t.Helper()
-	clusters, err := dataplane.ReadClusters(ctx, k.DataPlane.AdminURL())
+	clusters, err := dataplane.ReadClusters(ctx, k.Envoy.Admin)
 	if err != nil {
 		t.Fatal(err)
 	}

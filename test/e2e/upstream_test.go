@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"testing"
 	"time"
@@ -39,7 +38,7 @@ func newUpstreamBaseline(tb testing.TB, ctx context.Context) *upstreamBaseline {
 	e := newEnv(tb, ctx, servers...)
 	var quiet []func(*harness.Options)
 	if _, bench := tb.(*testing.B); bench {
-		quiet = append(quiet, func(o *harness.Options) { o.DataPlaneLogLevel = slog.LevelInfo })
+		quiet = append(quiet, func(o *harness.Options) { o.EnvoyLogLevel = "info" })
 	}
 	u := &upstreamBaseline{e: e, sidecarB: e.startKubeMVP(ctx, "sidecar-b", "cp-b", quiet...), client: e.rawClient(&e.cp.PKI.Admin)}
 	job := &batchv1.Job{
@@ -126,11 +125,11 @@ func BenchmarkProxiedList(b *testing.B) {
 		timed(url) // connections up before the clock counts
 	}
 	timedWith(proxied, u.direct, asProxy)
-	dp := u.sidecarB.DataPlane
+	dp := u.sidecarB.Envoy
 	timings := []string{"downstream_rq", "ext_proc_request_headers", "upstream_rq_headers"}
 	before := map[string][2]uint64{}
 	for _, t := range timings {
-		before[t] = [2]uint64{dp.Stat("dataplane.timing." + t + "_us"), dp.Stat("dataplane.timing." + t + "_count")}
+		before[t] = [2]uint64{dp.MustStat(b, "dataplane.timing."+t+"_us"), dp.MustStat(b, "dataplane.timing."+t+"_count")}
 	}
 	for b.Loop() {
 		upstream += timed(u.viaB)
@@ -147,7 +146,7 @@ func BenchmarkProxiedList(b *testing.B) {
 	// Where kube-mvp's time goes, as the data plane saw it: the whole request, the ext_proc
 	// exchange, and A's answer up to its headers.
 	for _, t := range timings {
-		us, count := dp.Stat("dataplane.timing."+t+"_us")-before[t][0], dp.Stat("dataplane.timing."+t+"_count")-before[t][1]
+		us, count := dp.MustStat(b, "dataplane.timing."+t+"_us")-before[t][0], dp.MustStat(b, "dataplane.timing."+t+"_count")-before[t][1]
 		if count > 0 {
 			b.ReportMetric(float64(us)/float64(count), "dp-"+t+"-µs/op")
 		}

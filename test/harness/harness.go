@@ -1,6 +1,8 @@
 // Package harness runs kube-mvp in front of a test control plane, the way the end-to-end tests
 // and the demo need it: the real xds-server and extproc binaries built from this checkout, as
-// processes, and the test data plane (Envoy's stand-in) configured by xds-server over ADS.
+// processes, and Envoy as a process too, started as the chart starts it and configured by
+// xds-server over ADS: real Envoy (KUBE_MVP_ENVOY, make test-envoy) or the test stand-in's
+// binary (test/cmd/envoy-stand-in), observed only through its listener and admin API.
 package harness
 
 import (
@@ -9,7 +11,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -29,24 +30,30 @@ import (
 	"github.com/kube-mvp/kube-mvp/internal/testutil"
 	"github.com/kube-mvp/kube-mvp/internal/xds"
 	"github.com/kube-mvp/kube-mvp/test/controlplane"
-	"github.com/kube-mvp/kube-mvp/test/dataplane"
 )
 
 // ListenerName is the name of the listener xds-server emits.
 const ListenerName = "kube-apiserver"
 
-// BuildBinaries builds xds-server and extproc from this checkout into dir.
+// EnvoyEnv names the environment variable that selects the Envoy binary the harness runs
+// (make test-envoy ENVOY=... sets it); unset, it runs the stand-in BuildBinaries built.
+const EnvoyEnv = "KUBE_MVP_ENVOY"
+
+// StandInBinary is the stand-in's binary name in BinDir.
+const StandInBinary = "envoy-stand-in"
+
+// BuildBinaries builds xds-server, extproc and the Envoy stand-in from this checkout into dir.
 func BuildBinaries(ctx context.Context, dir string) error {
 	root, err := controlplane.RepoRoot()
 	if err != nil {
 		return err
 	}
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", dir+string(filepath.Separator), "./cmd/xds-server", "./cmd/extproc")
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", dir+string(filepath.Separator), "./cmd/xds-server", "./cmd/extproc", "./test/cmd/"+StandInBinary)
 	cmd.Dir = root
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("building xds-server and extproc: %w\n%s", err, out.String())
+		return fmt.Errorf("building xds-server, extproc and the Envoy stand-in: %w\n%s", err, out.String())
 	}
 	return nil
 }
@@ -54,7 +61,7 @@ func BuildBinaries(ctx context.Context, dir string) error {
 // Options describe one kube-mvp deployment.
 type Options struct {
 	ControlPlane *controlplane.ControlPlane
-	// BinDir holds xds-server and extproc (BuildBinaries).
+	// BinDir holds xds-server, extproc and the Envoy stand-in (BuildBinaries).
 	BinDir string
 	// Dir receives the sockets and the processes' logs; keep it short (unix socket paths are
 	// limited to 108 bytes).
@@ -69,15 +76,17 @@ type Options struct {
 	// ExtProcMessageTimeout is xds-server's --extproc-message-timeout; zero means
 	// TestExtProcMessageTimeout.
 	ExtProcMessageTimeout time.Duration
-	// Logger receives the data plane's log; nil writes it to <Dir>/<Name>/dataplane.log at
-	// DataPlaneLogLevel.
-	Logger *slog.Logger
-	// DataPlaneLogLevel is the level of that file; nil means debug (a line per request and
-	// per upstream attempt, for failing tests). Benchmarks use info, as Envoy runs in
-	// production: formatting each ext_proc exchange costs about half a millisecond.
-	DataPlaneLogLevel slog.Leveler
+	// Envoy is the Envoy binary; "" means $KUBE_MVP_ENVOY, or else BinDir's stand-in.
+	Envoy string
+	// EnvoyLogLevel is Envoy's --log-level (the chart's envoy.logLevel); "" means debug (the
+	// stand-in logs a line per request and per upstream attempt, for failing tests).
+	// Benchmarks use info, as Envoy runs in production: formatting each ext_proc exchange
+	// costs about half a millisecond.
+	EnvoyLogLevel string
 	// XDSServerArgs are extra `xds-server serve` flags, appended last.
 	XDSServerArgs []string
+	// ExtprocArgs are extra extproc flags, appended last.
+	ExtprocArgs []string
 	// WatchThrough, when set (an apiserver's hostname), is where xds-server's first
 	// connection through the balancer goes, the one its watches share: a test that freezes
 	// that apiserver leaves xds-server's view stuck, as a hung apiserver behind the
@@ -98,7 +107,9 @@ type Options struct {
 	// it to apply a whole configuration, for tests in which it refuses (NACKs) the
 	// configuration it is given.
 	DataPlaneUnready bool
-	// EnvoyVersion is the Envoy release the data plane models ("": the newest it models).
+	// EnvoyVersion is the Envoy release the stand-in models (its --envoy-version; "": the
+	// newest it models). Only the stand-in models releases: with another Envoy, Start
+	// refuses it (a test that needs it skips: RequireStandIn).
 	EnvoyVersion string
 }
 
@@ -119,8 +130,9 @@ type KubeMVP struct {
 	// ControlPlaneTLS is the directory of a role's control-plane certificate (tls.crt,
 	// tls.key, ca.crt), as xds-server certgen --out-dir made it.
 	ControlPlaneTLS func(cptls.Role) string
-	DataPlane       *dataplane.DataPlane
-	procs           []*process // xds-server first
+	// Envoy is the data plane.
+	Envoy *Envoy
+	procs []*process // xds-server first
 	// XDSServers are the xds-server processes: Start's first, then StartXDSServer's.
 	XDSServers []*XDSServer
 	// EnvoyXDS and ExtprocXDS, with Options.XDSSwitch, are where the data plane and extproc
@@ -130,7 +142,6 @@ type KubeMVP struct {
 	xdsArgs              []string
 	xdsLog               string
 	apiBalancer          *RoundRobin
-	dataPlaneLog         *os.File // nil when Options.Logger was given
 }
 
 // Start starts a deployment and waits until its data plane has applied a full configuration.
@@ -141,7 +152,7 @@ func Start(ctx context.Context, opts Options) (k *KubeMVP, err error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	addrs, err := freeAddrs(3)
+	addrs, err := freeAddrs(4) // xds-server's ADS and admin, extproc's admin, Envoy's listener
 	if err != nil {
 		return nil, err
 	}
@@ -190,7 +201,7 @@ func Start(ctx context.Context, opts Options) (k *KubeMVP, err error) {
 	xdsArgs := []string{"serve",
 		"--kubeconfig", kubeconfig, "--xds-address", addrs[0], "--admin-address", addrs[1],
 		"--xds-tls-dir", k.ControlPlaneTLS(cptls.RoleXDSServer),
-		"--extproc-address", "unix:" + sock, "--listen-address", "127.0.0.1",
+		"--extproc-address", "unix:" + sock, "--listen-address", "127.0.0.1", "--listen-port", strconv.Itoa(portOf(addrs[3])),
 		"--serving-cert", pki.Path("serving.crt"), "--serving-key", pki.Path("serving.key"),
 		"--client-ca", pki.Path("client-ca.crt"), "--peer-ca", pki.Path("server-ca.crt"),
 		"--proxy-client-cert", pki.Path("proxy-client.crt"), "--proxy-client-key", pki.Path("proxy-client.key"),
@@ -235,6 +246,7 @@ func Start(ctx context.Context, opts Options) (k *KubeMVP, err error) {
 		"--listen", "unix:" + sock, "--admin-address", addrs[2],
 		"--proxy-client-cert", pki.Path("proxy-client.crt"), "--proxy-client-key", pki.Path("proxy-client.key"), "--peer-ca", pki.Path("server-ca.crt"),
 	}
+	extArgs = append(extArgs, opts.ExtprocArgs...)
 	k.extArgs = append([]string{opts.ExtprocBin}, extArgs...)
 	p, err = startProcess(filepath.Join(dir, "extproc.log"), opts.ExtprocBin, extArgs...)
 	if err != nil {
@@ -249,29 +261,24 @@ func Start(ctx context.Context, opts Options) (k *KubeMVP, err error) {
 		return nil, fmt.Errorf("extproc never became ready (a routing table, and an apiserver that accepts the proxy certificate): %w\n%s", err, k.Logs())
 	}
 
-	logger := opts.Logger
-	if logger == nil {
-		// Its own log file, in debug (one line per request and per upstream attempt), shown
-		// by Logs() beside the processes' logs.
-		f, err := os.Create(filepath.Join(dir, "dataplane.log"))
-		if err != nil {
-			return nil, err
-		}
-		k.dataPlaneLog = f
-		level := opts.DataPlaneLogLevel
-		if level == nil {
-			level = slog.LevelDebug
-		}
-		logger = slog.New(slog.NewTextHandler(f, &slog.HandlerOptions{Level: level}))
+	envoyBin := opts.Envoy
+	if envoyBin == "" {
+		envoyBin = os.Getenv(EnvoyEnv)
 	}
-	k.DataPlane, err = dataplane.Start(ctx, dataplane.Options{
-		XDSAddress:      envoyXDS,
-		XDSTLS:          BootstrapTLS(k.ControlPlaneTLS(envoyRole)),
-		NodeID:          opts.Name,
-		LocalAPIServer:  opts.LocalAPIServer,
-		ListenerAddress: map[string]string{ListenerName: "127.0.0.1:0"},
-		Logger:          logger.With("dataplane", opts.Name),
-		EnvoyVersion:    opts.EnvoyVersion,
+	if envoyBin == "" {
+		envoyBin = filepath.Join(opts.BinDir, StandInBinary)
+	}
+	if opts.EnvoyVersion != "" && !IsStandIn(envoyBin) {
+		return nil, fmt.Errorf("EnvoyVersion %s: only the stand-in models an Envoy release; %s is not it", opts.EnvoyVersion, envoyBin)
+	}
+	logLevel := opts.EnvoyLogLevel
+	if logLevel == "" {
+		logLevel = "debug"
+	}
+	k.Envoy, err = startEnvoy(ctx, envoyStart{
+		bin: envoyBin, dir: dir, node: opts.Name, local: opts.LocalAPIServer, xds: envoyXDS,
+		xdsTLSDir: k.ControlPlaneTLS(envoyRole), logLevel: logLevel, version: opts.EnvoyVersion,
+		listener: addrs[3],
 	})
 	if err != nil {
 		return nil, err
@@ -281,8 +288,9 @@ func Start(ctx context.Context, opts Options) (k *KubeMVP, err error) {
 	}
 	readyCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	if err := k.DataPlane.WaitReady(readyCtx); err != nil {
-		return nil, fmt.Errorf("data plane %s: %w (NACKs: %q)\n%s", opts.Name, err, k.DataPlane.NACKs(), k.Logs())
+	if err := k.Envoy.WaitReady(readyCtx); err != nil {
+		rejected, rerr := k.Envoy.Rejected(ctx)
+		return nil, fmt.Errorf("Envoy %s: %w (rejected updates: %v %v)\n%s", opts.Name, err, rejected, rerr, k.Logs())
 	}
 	// Settled: every live apiserver's discovery is in (the merged discovery exists) and the
 	// table delay has passed, so extproc decides from it.
@@ -313,13 +321,6 @@ func (k *KubeMVP) RestartXDSServer(ctx context.Context) error {
 	return waitOK(ctx, k.XDSAdmin+"/readyz", 2*time.Minute)
 }
 
-// BootstrapTLS is what envoy/*.yaml configure for the xds-server cluster, for a role's
-// certificate directory: its files, and xds-server's role as the required URI SAN.
-func BootstrapTLS(dir string) *dataplane.XDSTLS {
-	f := cptls.DirFiles(dir)
-	return &dataplane.XDSTLS{CertFile: f.Cert, KeyFile: f.Key, CAFile: f.CA, ServerURISAN: cptls.RoleXDSServer.URI().String()}
-}
-
 // Endpoint is the https://host:port where clients reach the apiservers through kube-mvp.
 // StopExtproc stops extproc (SIGTERM, then SIGKILL after a second), leaving xds-server and
 // the data plane running: what Envoy meets when its extproc crashes.
@@ -332,7 +333,7 @@ func (k *KubeMVP) StopExtproc() {
 }
 
 func (k *KubeMVP) Endpoint() string {
-	return "https://" + k.DataPlane.ListenerAddr(ListenerName)
+	return "https://" + k.Envoy.Listener
 }
 
 // Logs returns the tail of every process's log.
@@ -341,17 +342,17 @@ func (k *KubeMVP) Logs() string {
 	for _, p := range k.procs {
 		fmt.Fprintf(&b, "--- %s (last 4 KiB) ---\n%s\n", filepath.Base(p.logPath), tail(p.logPath, 4096))
 	}
-	if k.dataPlaneLog != nil {
-		fmt.Fprintf(&b, "--- %s (last 8 KiB) ---\n%s\n", filepath.Base(k.dataPlaneLog.Name()), tail(k.dataPlaneLog.Name(), 8192))
+	if k.Envoy != nil {
+		fmt.Fprintf(&b, "--- %s (last 8 KiB) ---\n%s\n", filepath.Base(k.Envoy.proc.logPath), tail(k.Envoy.proc.logPath, 8192))
 	}
 	return b.String()
 }
 
-// Close stops the data plane and the processes (SIGTERM, then SIGKILL after 15 s).
+// Close stops Envoy and the processes (SIGTERM, then SIGKILL after 15 s).
 func (k *KubeMVP) Close() error {
 	var errs []error
-	if k.DataPlane != nil {
-		errs = append(errs, k.DataPlane.Close())
+	if k.Envoy != nil {
+		k.Envoy.Stop()
 	}
 	for _, p := range k.procs {
 		p.stop(15 * time.Second)
@@ -363,9 +364,6 @@ func (k *KubeMVP) Close() error {
 		if s != nil {
 			s.Close()
 		}
-	}
-	if k.dataPlaneLog != nil {
-		k.dataPlaneLog.Close()
 	}
 	return multierror.Append(&multierror.Error{ErrorFormat: cli.Lines}, errs...).ErrorOrNil()
 }

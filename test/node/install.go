@@ -19,7 +19,6 @@ import (
 
 	"github.com/kube-mvp/kube-mvp/test/controlplane"
 	"github.com/kube-mvp/kube-mvp/test/node/images"
-	"github.com/kube-mvp/kube-mvp/test/node/standin"
 )
 
 // The release as the README installs it.
@@ -69,7 +68,7 @@ func BuildImages(ctx context.Context, dir string, log io.Writer) (tarballs []str
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return nil, "", fmt.Errorf("make images: %w\n%s", err, b)
 	}
-	_, envoyTar, err := standin.Image(ctx, log)
+	_, envoyTar, err := envoyImage(ctx, log)
 	if err != nil {
 		return nil, "", err
 	}
@@ -110,7 +109,7 @@ func (n *Node) Install(ctx context.Context, opts InstallOptions) (*Installed, er
 	if err != nil {
 		return nil, err
 	}
-	envoyRef, _, err := standin.Image(ctx, n.log)
+	envoyRef, _, err := envoyImage(ctx, n.log)
 	if err != nil {
 		return nil, err
 	}

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -420,10 +421,20 @@ func synced(k *harness.KubeMVP, x *harness.XDSServer, since time.Time) error {
 		}
 	}
 	// The stream is the new one: the data plane's reconnection asked again.
-	if len(k.DataPlane.Versions()) == 0 && time.Since(since) < 2*time.Second {
+	if v, err := k.Envoy.Versions(context.Background()); (err != nil || len(v) == 0) && time.Since(since) < 2*time.Second {
 		return errors.New("settling")
 	}
 	return nil
+}
+
+// listening reports whether something accepts connections on addr: Envoy once it has a
+// listener there (a configuration it refused may have none).
+func listening(addr string) bool {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err == nil {
+		c.Close()
+	}
+	return err == nil
 }
 
 type typeStatus struct {
@@ -517,7 +528,10 @@ func (s *upgrade) check(ctx context.Context, t *testing.T, k *harness.KubeMVP, i
 	if err != nil {
 		t.Fatal(err)
 	}
-	applied := k.DataPlane.Versions()
+	applied, err := k.Envoy.Versions(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, ty := range xdsTypes {
 		ts := st.Types[ty.url]
 		switch {
@@ -542,8 +556,8 @@ func (s *upgrade) check(ctx context.Context, t *testing.T, k *harness.KubeMVP, i
 
 	// Requests, through kube-mvp.
 	base := ""
-	if addr := k.DataPlane.ListenerAddr(harness.ListenerName); addr != "" {
-		base = "https://" + addr
+	if listening(k.Envoy.Listener) {
+		base = "https://" + k.Envoy.Listener
 	}
 	var bad []string
 	tally := func(what string, n int, do func() (answer, error), ok func(answer) bool) {

@@ -159,8 +159,8 @@ func run(ctx context.Context, out io.Writer, exit bool) error {
 	if err := printExplain(out, k.XDSAdmin, "GET", "/apis/batch/v1/jobs"); err != nil {
 		fmt.Fprintf(out, "  (explain unavailable: %v)\n", err)
 	}
-	step("where the requests went (data plane admin %s/clusters)", k.DataPlane.AdminURL())
-	if err := printClusters(ctx, out, k.DataPlane.AdminURL()); err != nil {
+	step("where the requests went (data plane admin %s/clusters)", k.Envoy.Admin)
+	if err := printClusters(ctx, out, k.Envoy.Admin); err != nil {
 		fmt.Fprintf(out, "  (clusters unavailable: %v)\n", err)
 	}
 
@@ -180,7 +180,7 @@ func run(ctx context.Context, out io.Writer, exit bool) error {
 		return nil
 	}
 	step("kube-mvp is up. In another shell:\n\n    export KUBECONFIG=%s\n    kubectl --context kube-mvp get jobs\n    kubectl --context round-robin get jobs\n\n    make build && export PATH=$PWD/bin:$PATH   # kubectl mvp\n    kubectl mvp status --xds-admin %s --extproc-admin %s\n    kubectl mvp explain GET /apis/batch/v1/jobs --xds-admin %s\n    kubectl mvp config-dump --xds-admin %s --envoy-admin %s\n\n    xds-server admin: %s/debug/topology  %s/debug/config_dump\n    data plane admin: %s/clusters  %s/config_dump\n    extproc metrics:  %s/metrics\n\nCtrl-C stops everything.",
-		kubeconfig, k.XDSAdmin, k.ExtprocAdmin, k.XDSAdmin, k.XDSAdmin, k.DataPlane.AdminURL(), k.XDSAdmin, k.XDSAdmin, k.DataPlane.AdminURL(), k.DataPlane.AdminURL(), k.ExtprocAdmin)
+		kubeconfig, k.XDSAdmin, k.ExtprocAdmin, k.XDSAdmin, k.XDSAdmin, k.Envoy.Admin, k.XDSAdmin, k.XDSAdmin, k.Envoy.Admin, k.Envoy.Admin, k.ExtprocAdmin)
 	<-ctx.Done()
 	return nil
 }
