@@ -101,6 +101,8 @@ type config struct {
 	// proxyCheck are the files of the proxy certificate check; nil without
 	// --proxy-client-cert.
 	proxyCheck *proxycert.Files
+	// proxyCheckInterval is how often the proxy certificate is checked when nothing changed.
+	proxyCheckInterval time.Duration
 
 	// Flags read into the above after parsing.
 	source, tlsDir string
@@ -138,6 +140,8 @@ func (c *config) flagSet() *pflag.FlagSet {
 	fs.StringVar(&c.drainedFile, "drained-file", drain.DefaultDoneFile, "the `FILE` extproc drain-envoy writes when Envoy is drained (its --done-file): GET /drained on the admin address answers once it exists")
 	fs.Var(cli.NewValue(&c.drainedMaxWait, 2*time.Minute, "DURATION", cli.Duration(0, "a non-negative duration, e.g. 2m")), "drained-max-wait",
 		"GET /drained answers at the latest this long after it was asked, drained or not (longer than drain-envoy's --delay and --drain-time); 0: no /drained (404)")
+	fs.Var(cli.NewValue(&c.proxyCheckInterval, proxycert.DefaultInterval, "DURATION", cli.Duration(time.Second, "a duration of at least 1s, e.g. 60s")), "proxy-check-interval",
+		"with --proxy-client-cert: how often every live apiserver is asked whether it accepts the proxy certificate, besides at once when the apiservers or the request-header names change")
 	streams := func(p *int, def int, name, usage string) {
 		fs.Var(cli.NewValue(p, def, "N", func(s string) (int, error) {
 			n, err := strconv.ParseUint(s, 10, 31)
@@ -239,7 +243,7 @@ func checkProxyFlags(cfg *config, fs *pflag.FlagSet, errs *multierror.Error) *mu
 	case (p.Cert == "") != (p.Key == ""):
 		return multierror.Append(errs, errors.New("--proxy-client-cert and --proxy-client-key go together: give both or neither"))
 	case p.Cert == "":
-		for _, name := range []string{"peer-ca", "upstream-server-name"} {
+		for _, name := range []string{"peer-ca", "upstream-server-name", "proxy-check-interval"} {
 			if fs.Changed(name) {
 				errs = multierror.Append(errs, fmt.Errorf("--%s applies only with --proxy-client-cert and --proxy-client-key: it verifies the apiservers the proxy certificate is checked with", name))
 			}
@@ -363,6 +367,7 @@ func start(cfg config, log *slog.Logger, reload <-chan os.Signal) (*app, error) 
 				c, err := files.Load()
 				return c.Check, err
 			},
+			Interval:   cfg.proxyCheckInterval,
 			Logger:     log,
 			Registerer: reg,
 		})

@@ -322,7 +322,14 @@ func serve(ctx context.Context, opts serveOptions, log *slog.Logger, ready chan<
 			log.Error("no routing plan for the new topology; Envoy and extproc keep the last one", "error", err)
 			return
 		}
-		xdsServer.Update(e)
+		// Envoy's snapshots first: a plan that cannot be built is held back whole, so
+		// extproc's table never names what Envoy did not receive.
+		if err := xdsServer.Update(e); err != nil {
+			m.planHeld.Set(1)
+			log.Error("the new plan cannot be built into Envoy's configuration; Envoy and extproc keep the last good pair", "error", err)
+			return
+		}
+		m.planHeld.Set(0)
 		publisher.Offer(e)
 	}
 	opts.watch.Log = log
@@ -462,6 +469,8 @@ type serveMetrics struct {
 	dangerous    prometheus.Gauge
 	// headerConfigBad: the request-header ConfigMap is malformed or incomplete.
 	headerConfigBad prometheus.Gauge
+	// planHeld: the newest plan could not be built; the last good one stays in force.
+	planHeld prometheus.Gauge
 	// memoryRejected counts the versions of the memory ConfigMap rejected as a whole.
 	memoryRejected *prometheus.CounterVec
 	// discoveryRefused counts the discovery fetches failed by an answer refused.
@@ -501,6 +510,10 @@ func newServeMetrics(reg prometheus.Registerer) *serveMetrics {
 		Name: "kube_mvp_xds_request_header_config_malformed",
 		Help: "1 while kube-system/extension-apiserver-authentication's requestheader keys are malformed or missing: the last good header names stay in use (with none, nothing is published and /readyz fails), and every name read before stays stripped from clients.",
 	})
+	m.planHeld = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "kube_mvp_xds_plan_held",
+		Help: "1 while the newest routing plan cannot be built into Envoy's configuration: every Envoy keeps its snapshot and extproc its routing table, the last good pair (the log says why).",
+	})
 	m.dangerous = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "kube_mvp_xds_dangerous_apiservers",
 		Help: "Apiservers that an extproc's proxy certificate check found taking the proxy certificate for an ordinary client's: left out of the front-proxy clusters (see the log and /debug/topology).",
@@ -517,7 +530,7 @@ func newServeMetrics(reg prometheus.Registerer) *serveMetrics {
 		m.discoveryRefused.WithLabelValues(reason)
 	}
 	m.states = newAPIServerStateCollector()
-	reg.MustRegister(m.states, m.apiservers, m.builds, m.buildSeconds, m.updates, m.refused, m.skipped, m.headerConfigBad, m.dangerous, m.memoryRejected, m.discoveryRefused)
+	reg.MustRegister(m.states, m.apiservers, m.builds, m.buildSeconds, m.updates, m.refused, m.skipped, m.headerConfigBad, m.planHeld, m.dangerous, m.memoryRejected, m.discoveryRefused)
 	return m
 }
 

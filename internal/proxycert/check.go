@@ -154,9 +154,14 @@ func NewChecker(cert tls.Certificate, peerCA *x509.CertPool, serverName string) 
 const maxBody = 64 << 10
 
 // Check asks the apiserver at address (host:port) who it takes a request for: a POST of a
-// SelfSubjectReview with the proxy certificate and userHeader: contract.HealthCheckUser,
-// exactly what Envoy's health checks present. ctx bounds the whole exchange.
-func (c Checker) Check(ctx context.Context, address, userHeader string) Result {
+// SelfSubjectReview with the proxy certificate and contract.HealthCheckUser under every one
+// of userHeaders, exactly what Envoy's health checks present (snapshot's
+// healthCheckIdentityHeaders: each apiserver takes the first of its own names that is set).
+// So a refusal here is a refusal of Envoy's requests, never an artefact of the probe: with
+// one name only, a name the published list has but the apiserver's flags lack (anyone who
+// may write kube-system/extension-apiserver-authentication can prepend one) made every
+// capable apiserver look like it refused. ctx bounds the whole exchange.
+func (c Checker) Check(ctx context.Context, address string, userHeaders []string) Result {
 	body := `{"apiVersion":"authentication.k8s.io/v1","kind":"SelfSubjectReview"}`
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "https://"+address+ReviewPath, strings.NewReader(body))
 	if err != nil {
@@ -164,7 +169,12 @@ func (c Checker) Check(ctx context.Context, address, userHeader string) Result {
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "application/json")
-	req.Header.Set(userHeader, contract.HealthCheckUser)
+	if len(userHeaders) == 0 {
+		return Result{Verdict: Inconclusive, Reason: "cannot ask: no user header name"}
+	}
+	for _, h := range userHeaders {
+		req.Header.Set(h, contract.HealthCheckUser)
+	}
 	res, err := c.Client.Do(req)
 	if err != nil {
 		return Result{Verdict: Inconclusive, Reason: "unreachable: " + err.Error()}
@@ -178,17 +188,17 @@ func (c Checker) Check(ctx context.Context, address, userHeader string) Result {
 		return Result{Verdict: Inconclusive, Status: res.StatusCode,
 			Reason: fmt.Sprintf("inconclusive: answered %d redirecting to %s, which is not followed", res.StatusCode, excerpt([]byte(loc)))}
 	}
-	return c.judge(res.StatusCode, raw, userHeader)
+	return c.judge(res.StatusCode, raw, userHeaders)
 }
 
 // judge turns an answer into a Result.
-func (c Checker) judge(status int, body []byte, userHeader string) Result {
+func (c Checker) judge(status int, body []byte, userHeaders []string) Result {
 	r := Result{Status: status}
 	switch status {
 	case http.StatusUnauthorized:
 		r.Verdict = Refused
 		r.Reason = fmt.Sprintf("does not accept the proxy certificate as a front proxy: %s (if it has both, its --requestheader-username-headers must include %s)",
-			c.fix(), canonical(userHeader))
+			c.fix(), canonical(userHeaders))
 		return r
 	case http.StatusCreated:
 		var review struct {
@@ -235,7 +245,7 @@ func (c Checker) judge(status int, body []byte, userHeader string) Result {
 	who, hint := "the client "+r.User, ""
 	if r.User == "system:anonymous" {
 		who = r.User
-		hint = fmt.Sprintf(" (if it has both, its --requestheader-username-headers must include %s)", canonical(userHeader))
+		hint = fmt.Sprintf(" (if it has both, its --requestheader-username-headers must include %s)", canonical(userHeaders))
 	}
 	r.Reason = fmt.Sprintf("authenticates the proxy certificate as %s, not as a front proxy: %s%s. "+
 		"DANGEROUS: Envoy's health checks pass there, and a request kube-mvp forwarded there for a client certificate would run as %s, "+
@@ -275,5 +285,15 @@ func excerpt(b []byte) string {
 	return fmt.Sprintf("%q", b)
 }
 
-// canonical is a header name as operators write it in flags (X-Remote-User).
-func canonical(h string) string { return http.CanonicalHeaderKey(h) }
+// canonical names the header names as operators write them in flags (X-Remote-User): one,
+// or "one of" several.
+func canonical(hs []string) string {
+	out := make([]string, len(hs))
+	for i, h := range hs {
+		out[i] = http.CanonicalHeaderKey(h)
+	}
+	if len(out) == 1 {
+		return out[0]
+	}
+	return "one of " + strings.Join(out, ", ")
+}

@@ -181,10 +181,10 @@ func TestCheck(t *testing.T) {
 			userHeaders: []string{"X-Remote-User"}, clientCA: pool(p.clientCA), anonymous: true}
 	}
 	for _, c := range []struct {
-		name   string
-		edit   func(*fakeAPIServer)
-		header string
-		want   Result
+		name    string
+		edit    func(*fakeAPIServer)
+		headers []string
+		want    Result
 		// reason holds these (in order).
 		reason []string
 	}{
@@ -193,7 +193,11 @@ func TestCheck(t *testing.T) {
 			want: Result{Verdict: Accepted, Status: 201, User: contract.HealthCheckUser}},
 		{name: "forbidden but authenticated", edit: func(f *fakeAPIServer) { f.forbid = true },
 			want: Result{Verdict: Accepted, Status: 403, User: contract.HealthCheckUser}},
-		{name: "the apiserver's own header name", edit: func(f *fakeAPIServer) { f.userHeaders = []string{"X-User"} }, header: "x-user",
+		{name: "the apiserver's own header name", edit: func(f *fakeAPIServer) { f.userHeaders = []string{"X-User"} }, headers: []string{"x-user"},
+			want: Result{Verdict: Accepted, Status: 201, User: contract.HealthCheckUser}},
+		// A name the apiserver does not read before the one it does (prepended in the
+		// published ConfigMap): it takes its own, as from Envoy's health checks.
+		{name: "a foreign name first", headers: []string{"x-attacker-user", "x-remote-user"},
 			want: Result{Verdict: Accepted, Status: 201, User: contract.HealthCheckUser}},
 		{name: "CN not allowed", edit: func(f *fakeAPIServer) { f.allowedNames = []string{"someone-else"} },
 			want:   Result{Verdict: Refused, Status: 401},
@@ -229,8 +233,11 @@ func TestCheck(t *testing.T) {
 			if c.edit != nil {
 				c.edit(f)
 			}
-			header := cmpOr(c.header, "x-remote-user")
-			got := checker.Check(t.Context(), serve(t, f, p.serving), header)
+			headers := c.headers
+			if headers == nil {
+				headers = []string{"x-remote-user"}
+			}
+			got := checker.Check(t.Context(), serve(t, f, p.serving), headers)
 			reason := got.Reason
 			got.Reason = ""
 			if got != c.want {
@@ -284,7 +291,7 @@ func TestCheckVerifiesTheAPIServer(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got := checker.Check(t.Context(), serve(t, f, c.serving), "x-remote-user")
+			got := checker.Check(t.Context(), serve(t, f, c.serving), []string{"x-remote-user"})
 			if got.Verdict != Inconclusive || got.Status != 0 || !strings.HasPrefix(got.Reason, "unreachable: ") || !strings.Contains(got.Reason, c.want) {
 				t.Errorf("%+v, want unreachable: …%s…", got, c.want)
 			}
@@ -306,7 +313,7 @@ func TestCheckVerifiesTheAPIServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := checker.Check(t.Context(), s.Listener.Addr().String(), "x-remote-user"); got.Verdict != Accepted || sni != DefaultServerName {
+	if got := checker.Check(t.Context(), s.Listener.Addr().String(), []string{"x-remote-user"}); got.Verdict != Accepted || sni != DefaultServerName {
 		t.Errorf("%+v with SNI %q, want accepted with SNI %s", got, sni, DefaultServerName)
 	}
 }
@@ -327,7 +334,7 @@ func TestCheckNoRedirect(t *testing.T) {
 		addr := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			http.Redirect(w, r, elsewhere.URL+r.URL.Path, code)
 		}), p.serving)
-		got := checker.Check(t.Context(), addr, "x-remote-user")
+		got := checker.Check(t.Context(), addr, []string{"x-remote-user"})
 		want := fmt.Sprintf("inconclusive: answered %d redirecting to %q, which is not followed", code, elsewhere.URL+ReviewPath)
 		if got.Verdict != Inconclusive || got.Status != code || got.Reason != want {
 			t.Errorf("%d: %+v, want inconclusive: %s", code, got, want)
@@ -348,7 +355,7 @@ func TestCheckUnreachable(t *testing.T) {
 	}
 	closed := l.Addr().String()
 	l.Close()
-	if got := checker.Check(t.Context(), closed, "x-remote-user"); got.Verdict != Inconclusive || !strings.Contains(got.Reason, "unreachable: ") {
+	if got := checker.Check(t.Context(), closed, []string{"x-remote-user"}); got.Verdict != Inconclusive || !strings.Contains(got.Reason, "unreachable: ") {
 		t.Errorf("closed port: %+v", got)
 	}
 	stuck := make(chan struct{})
@@ -356,7 +363,7 @@ func TestCheckUnreachable(t *testing.T) {
 	addr := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { <-stuck }), p.serving)
 	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
 	defer cancel()
-	if got := checker.Check(ctx, addr, "x-remote-user"); got.Verdict != Inconclusive || !strings.Contains(got.Reason, "unreachable: ") {
+	if got := checker.Check(ctx, addr, []string{"x-remote-user"}); got.Verdict != Inconclusive || !strings.Contains(got.Reason, "unreachable: ") {
 		t.Errorf("no answer: %+v", got)
 	}
 }
@@ -385,7 +392,7 @@ func TestFilesLoad(t *testing.T) {
 		t.Errorf("proxy certificate %s", c.Proxy.Subject)
 	}
 	f := &fakeAPIServer{requestHeaderCA: pool(p.frontProxyCA), userHeaders: []string{"X-Remote-User"}}
-	if got := c.Check(t.Context(), serve(t, f, p.serving), "x-remote-user"); got.Verdict != Accepted {
+	if got := c.Check(t.Context(), serve(t, f, p.serving), []string{"x-remote-user"}); got.Verdict != Accepted {
 		t.Errorf("%+v", got)
 	}
 	for _, bad := range []struct {

@@ -24,9 +24,12 @@ func (t Target) String() string {
 	return fmt.Sprintf("%s (hostname %s, address %s)", t.ID, cmp.Or(t.Hostname, "unknown"), t.Address)
 }
 
-// CheckFunc checks the apiserver at address, asking as contract.HealthCheckUser in
-// userHeader (Checker.Check).
-type CheckFunc func(ctx context.Context, address, userHeader string) Result
+// CheckFunc checks the apiserver at address, asking as contract.HealthCheckUser under every
+// one of userHeaders (Checker.Check).
+type CheckFunc func(ctx context.Context, address string, userHeaders []string) Result
+
+// DefaultInterval is how often a Monitor checks when nothing changed.
+const DefaultInterval = 60 * time.Second
 
 // MonitorOptions configure a Monitor.
 type MonitorOptions struct {
@@ -34,7 +37,8 @@ type MonitorOptions struct {
 	// (e.g. Files.Load, then Checker.Check). An error skips the round; it is logged and
 	// reported, and the last results stay.
 	NewCheck func() (CheckFunc, error)
-	// Interval between rounds when the live apiservers do not change; default 60 s.
+	// Interval between rounds when the live apiservers do not change; default
+	// DefaultInterval.
 	Interval time.Duration
 	// Timeout bounds the check of one apiserver; default 10 s.
 	Timeout time.Duration
@@ -45,7 +49,7 @@ type MonitorOptions struct {
 }
 
 // Monitor checks every live apiserver of the routing table (SetTable) when the set of
-// live apiservers, their addresses or the user header change, and every Interval; Report
+// live apiservers, their addresses or the user header names change, and every Interval; Report
 // says what it found.
 //
 // Readiness (Report's ready) fails only when every apiserver that answered refuses the
@@ -61,9 +65,9 @@ type Monitor struct {
 	gauge *prometheus.GaugeVec
 
 	mu      sync.Mutex
-	targets []Target // sorted by ID
-	header  string
-	key     string            // targets and header, to notice changes
+	targets []Target          // sorted by ID
+	headers []string          // the user header names, as Envoy's health checks send them
+	key     string            // targets and headers, to notice changes
 	states  map[string]*state // by ID, for current targets only
 	loadErr error             // NewCheck's error in the last round, if any
 	// findingsKey is Findings' content when changed was last replaced; changed is closed
@@ -91,7 +95,7 @@ type Finding struct {
 // NewMonitor returns a Monitor with no routing table yet; Run runs its checks.
 func NewMonitor(opts MonitorOptions) *Monitor {
 	if opts.Interval <= 0 {
-		opts.Interval = 60 * time.Second
+		opts.Interval = DefaultInterval
 	}
 	if opts.Timeout <= 0 {
 		opts.Timeout = 10 * time.Second
@@ -124,9 +128,9 @@ func (m *Monitor) SetTable(t *plan.Table) {
 		}
 	}
 	slices.SortFunc(targets, func(a, b Target) int { return strings.Compare(a.ID, b.ID) })
-	header := t.RequestHeaders.OrDefault().User[0]
+	headers := slices.Clone(t.RequestHeaders.OrDefault().User)
 	var key strings.Builder
-	key.WriteString(header)
+	key.WriteString(strings.Join(headers, ","))
 	for _, tg := range targets {
 		fmt.Fprintf(&key, "\n%s=%s", tg.ID, tg.Address)
 	}
@@ -135,7 +139,7 @@ func (m *Monitor) SetTable(t *plan.Table) {
 	if key.String() == m.key {
 		return
 	}
-	m.targets, m.header, m.key = targets, header, key.String()
+	m.targets, m.headers, m.key = targets, headers, key.String()
 	current := map[string]Target{}
 	for _, tg := range targets {
 		current[tg.ID] = tg
@@ -178,7 +182,7 @@ const maxParallel = 8
 // round checks every current target once.
 func (m *Monitor) round(ctx context.Context) {
 	m.mu.Lock()
-	targets, header := m.targets, m.header
+	targets, headers := m.targets, m.headers
 	m.mu.Unlock()
 	if len(targets) == 0 {
 		return
@@ -206,7 +210,7 @@ func (m *Monitor) round(ctx context.Context) {
 			defer func() { <-sem; wg.Done() }()
 			cctx, cancel := context.WithTimeout(ctx, m.opts.Timeout)
 			defer cancel()
-			results[i] = check(cctx, tg.Address, header)
+			results[i] = check(cctx, tg.Address, headers)
 		}()
 	}
 	wg.Wait()
@@ -216,8 +220,8 @@ func (m *Monitor) round(ctx context.Context) {
 
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.header != header {
-		return // asked with a user header no longer in use; the next round is queued
+	if !slices.Equal(m.headers, headers) {
+		return // asked with user headers no longer in use; the next round is queued
 	}
 	current := map[string]Target{}
 	for _, tg := range m.targets {

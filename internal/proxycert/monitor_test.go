@@ -52,11 +52,11 @@ func (f *fakeChecks) newCheck() (CheckFunc, error) {
 	if f.loadErr != nil {
 		return nil, f.loadErr
 	}
-	return func(_ context.Context, addr, header string) Result {
+	return func(_ context.Context, addr string, headers []string) Result {
 		f.mu.Lock()
 		defer f.mu.Unlock()
 		f.asked[addr]++
-		f.headers[header] = true
+		f.headers[strings.Join(headers, ",")] = true
 		r, ok := f.results[addr]
 		if !ok {
 			return Result{Reason: "unreachable: connection refused"}
@@ -197,8 +197,8 @@ func TestMonitorLogsChangesOnce(t *testing.T) {
 		t.Errorf("acceptance logged %d times, want once:\n%s", n, logs)
 	}
 	f.mu.Lock()
-	if len(f.headers) != 1 || !f.headers["x-login"] {
-		t.Errorf("asked with headers %v, want the table's first user header x-login", f.headers)
+	if len(f.headers) != 1 || !f.headers["x-login,x-user"] {
+		t.Errorf("asked with headers %v, want every user header of the table, x-login,x-user (as Envoy's health checks send them)", f.headers)
 	}
 	f.mu.Unlock()
 

@@ -182,11 +182,63 @@ func (s *Server) Register(ctx context.Context, g *grpc.Server) {
 // serving sets and clusters make before break holds (see internal/makebeforebreak): serving
 // sets that older routing tables may still name linger, and apiservers that became live join the
 // default cluster only once every table in use knows them.
-func (s *Server) Update(e *plan.Envoys) {
+//
+// Every plan in use (the front proxy's and each connected sidecar's) is built before any node
+// gets one. When one cannot be built, nothing changes and the error says why: every node
+// keeps its snapshot, and the caller must keep extproc's routing table too, since a table
+// naming serving sets Envoy never received sends requests into clusters Envoy does not have
+// (a 503 for each).
+func (s *Server) Update(e *plan.Envoys) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	prev, prevHold, prevBuilt := s.envoys, s.hold, s.built
 	s.envoys = e
-	s.updateLocked()
+	s.hold = s.holds.Observe(e, s.sidecarsLocked())
+	s.built = map[string]*cachev3.Snapshot{}
+	if err := s.buildInUseLocked(); err != nil {
+		s.envoys, s.built = prev, prevBuilt
+		s.hold = prevHold
+		if prev != nil {
+			// The holds saw e; they follow the plans in force again (a serving set e dropped
+			// does not start lingering).
+			s.hold = s.holds.Observe(prev, s.sidecarsLocked())
+		}
+		return err
+	}
+	for _, n := range s.nodes {
+		s.setSnapshotLocked(n)
+	}
+	return nil
+}
+
+// buildInUseLocked builds the snapshot of every plan in use into s.built: the front proxy's
+// and that of each apiserver a sidecar is connected beside.
+func (s *Server) buildInUseLocked() error {
+	for _, local := range append([]string{""}, s.sidecarsLocked()...) {
+		if _, ok := s.built[local]; ok {
+			continue
+		}
+		snap, err := s.buildLocked(local)
+		if err != nil {
+			what := "the front proxy's plan"
+			if local != "" {
+				what = "the plan of the sidecars beside " + local
+			}
+			return fmt.Errorf("%s cannot be built: %w", what, err)
+		}
+		s.built[local] = snap
+	}
+	return nil
+}
+
+// buildLocked translates the plan for local ("" the front proxy) with the current hold.
+func (s *Server) buildLocked(local string) (*cachev3.Snapshot, error) {
+	start := s.now()
+	snap, err := s.translate(s.hold.Apply(s.envoys.For(local)))
+	if s.opts.OnBuild != nil {
+		s.opts.OnBuild(s.now().Sub(start), err)
+	}
+	return snap, err
 }
 
 func (s *Server) updateLocked() {
@@ -282,12 +334,8 @@ func (s *Server) setSnapshotLocked(n *NodeStatus) {
 	}
 	snap, ok := s.built[local]
 	if !ok {
-		start := s.now()
 		var err error
-		snap, err = s.translate(s.hold.Apply(s.envoys.For(local)))
-		if s.opts.OnBuild != nil {
-			s.opts.OnBuild(s.now().Sub(start), err)
-		}
+		snap, err = s.buildLocked(local)
 		if err != nil {
 			// Keep serving the last good snapshot: Envoy is better off with slightly stale
 			// routes than with none.

@@ -292,7 +292,7 @@ var proxyClientUserJSON = fmt.Sprintf(`"username":%q`, controlplane.ProxyClientC
 // proxyCertHosts are the hostnames of the data plane's front-proxy variant of the default
 // cluster (its /clusters), sorted.
 func proxyCertHosts(ctx context.Context, k *harness.KubeMVP) []string {
-	clusters, err := dataplane.ReadClusters(ctx, k.DataPlane.AdminURL())
+	clusters, err := dataplane.ReadClusters(ctx, k.Envoy.Admin)
 	if err != nil {
 		return nil
 	}
@@ -318,7 +318,7 @@ func checkDirectly(t *testing.T, ctx context.Context, e *env, s *controlplane.Se
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	return c.Check(ctx, s.Address(), "x-remote-user")
+	return c.Check(ctx, s.Address(), []string{"x-remote-user"})
 }
 
 // apiserverIDs are the apiservers' IDs by hostname, from xds-server's topology.

@@ -38,8 +38,12 @@ func TestCustomRequestHeaderNames(t *testing.T) {
 		// The apiserver insists on the standard UID header among its UID headers.
 		"--requestheader-uid-headers=X-Id,X-Remote-Uid",
 	}})
+	// extproc checks the proxy certificate at once when the header names change, then every
+	// proxyCheckInterval; each change below is watched for three of those.
+	const proxyCheckInterval = 5 * time.Second
 	k := e.startKubeMVP(ctx, "front", "", func(o *harness.Options) {
 		o.XDSServerArgs = []string{"--memory-configmap", "default/kube-mvp-memory"}
+		o.ExtprocArgs = []string{"--proxy-check-interval", proxyCheckInterval.String()}
 	})
 
 	// alice with Kubernetes' UID attribute (1.3.6.1.4.1.57683.2).
@@ -118,10 +122,16 @@ func TestCustomRequestHeaderNames(t *testing.T) {
 			t.Run(c.name, func(t *testing.T) {
 				tamper(t, c.change)
 				testutil.WaitFor(t, ctx, 30*time.Second, "xds-server reads the changed ConfigMap", testutil.Cond(c.seen))
-				// The route update reaches the data plane within its delay; keep asking.
-				deadline := time.Now().Add(5 * time.Second)
+				// The route update reaches the data plane within its delay, the routing table
+				// reaches extproc, whose proxy certificate check runs at once and then every
+				// interval (with the names as Envoy's health checks send them, it must keep
+				// finding the apiserver accepts the certificate): keep asking through all of it.
+				deadline := time.Now().Add(3 * proxyCheckInterval)
 				for time.Now().Before(deadline) {
 					sameIdentity(t)
+				}
+				if m := httpGet(t, k.ExtprocAdmin+"/metrics"); !strings.Contains(m, "\nkube_mvp_extproc_proxy_certificate_accepted{") || !proxyAcceptedEverywhere(m) {
+					t.Errorf("extproc's proxy certificate check does not find the apiserver accepts it:\n%s", grepLines(m, "kube_mvp_extproc_proxy_certificate_accepted"))
 				}
 				tamper(t, func(map[string]string) {})
 				testutil.WaitFor(t, ctx, 30*time.Second, "xds-server reads the restored ConfigMap", testutil.Cond(malformed("0")))
@@ -200,4 +210,15 @@ func TestCustomRequestHeaderNames(t *testing.T) {
 			}
 		})
 	}
+}
+
+// proxyAcceptedEverywhere: every kube_mvp_extproc_proxy_certificate_accepted sample in an
+// exposition is 1.
+func proxyAcceptedEverywhere(metrics string) bool {
+	for _, l := range strings.Split(metrics, "\n") {
+		if strings.HasPrefix(l, "kube_mvp_extproc_proxy_certificate_accepted{") && !strings.HasSuffix(l, " 1") {
+			return false
+		}
+	}
+	return true
 }
