@@ -195,7 +195,7 @@ func TestDecisions(t *testing.T) {
 			{Group: "crd.example.io", Version: "v1", Resource: "foos"}:            {"id-1"},
 			{Group: "resource.k8s.io", Version: "v1", Resource: "resourceclaims"}: {"id-2"},
 		},
-		[]string{"crd.example.io"})
+		[]topology.GroupVersion{{Group: "crd.example.io", Version: "v1"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -230,7 +230,9 @@ func TestDecisions(t *testing.T) {
 		{"aggregated API", fx, "GET", "/apis/metrics.k8s.io/v1beta1/nodes", routed("kube-apiservers")},
 		{"unknown group", fx, "GET", "/apis/unknown.example.org/v1/things", routed("kube-apiservers")},
 		{"unknown resource in a known group/version", fx, "GET", "/apis/apps/v1/namespaces/default/frobs", routed("kube-apiservers")},
-		{"served-everywhere group wins over a serving-table entry", direct, "GET", "/apis/crd.example.io/v1/foos", routed("kube-apiservers")},
+		// A CRD's or APIService's claim that every apiserver serves a group/version never
+		// overrides the apiservers' own discovery: a resource only node-1 lists goes to node-1.
+		{"a served-everywhere claim does not override who lists it", direct, "GET", "/apis/crd.example.io/v1/foos", subset("kube-apiservers-only-node-1")},
 
 		// A strict subset serves it: only that subset, and no second proxying.
 		{"strict subset: list jobs", fx, "GET", "/apis/batch/v1/namespaces/default/jobs", subset("kube-apiservers-only-cp-a")},

@@ -74,10 +74,10 @@ func (w *Watcher) remember(ctx context.Context, objs objects.Objects, opts objec
 	}
 	mem := objects.MergeMemory(mine, persisted, opts.Now, grace)
 
-	everywhere := map[string]bool{}
+	everywhere := map[topology.GroupVersion]bool{}
 	for _, svc := range objs.APIServices {
 		if svc.ServedEverywhere() {
-			everywhere[svc.Spec.Group] = true
+			everywhere[topology.GroupVersion{Group: svc.Spec.Group, Version: svc.Spec.Version}] = true
 		}
 	}
 	leases := map[string]bool{}

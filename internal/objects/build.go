@@ -47,8 +47,10 @@ type APIService struct {
 	} `json:"spec"`
 }
 
-// ServedEverywhere reports whether every apiserver serves this group through its own chain:
-// an aggregated API (proxied to its service by any apiserver) or a CRD group.
+// ServedEverywhere reports whether every apiserver serves this group/version through its own
+// chain: an aggregated API (proxied to its service by any apiserver) or a CRD's
+// group/version. Anyone who may create a CRD or an APIService can make this claim, for any
+// group/version (topology.Topology.ServedEverywhere says what it is worth).
 func (s *APIService) ServedEverywhere() bool {
 	return s.Spec.Service != nil || s.Labels[AutomanagedLabel] == "true"
 }
@@ -139,24 +141,32 @@ func Build(objs Objects, opts Options) (*topology.Topology, []error) {
 		}
 	}
 
-	var everywhere []string
+	var everywhere []topology.GroupVersion
 	var aggregated []topology.GroupVersion
 	for _, svc := range objs.APIServices {
-		if svc.ServedEverywhere() && svc.Spec.Group != "" {
-			everywhere = append(everywhere, svc.Spec.Group)
+		if svc.Spec.Group == "" || svc.Spec.Version == "" {
+			continue // the legacy core group's APIService, or one naming nothing
 		}
-		if svc.Spec.Service != nil && svc.Spec.Group != "" && svc.Spec.Version != "" {
-			aggregated = append(aggregated, topology.GroupVersion{Group: svc.Spec.Group, Version: svc.Spec.Version})
+		gv := topology.GroupVersion{Group: svc.Spec.Group, Version: svc.Spec.Version}
+		if svc.ServedEverywhere() {
+			everywhere = append(everywhere, gv)
 		}
-	}
-	isEverywhere := map[string]bool{}
-	for _, g := range everywhere {
-		isEverywhere[g] = true
+		if svc.Spec.Service != nil {
+			aggregated = append(aggregated, gv)
+		}
 	}
 
+	// An aggregated group/version is proxied to its service by every apiserver whatever the
+	// apiserver's own discovery lists (which is the backend's, when the aggregator could
+	// fetch it), so its listings decide nothing. A CRD's group/version is not skipped: its
+	// claim may cover built-in resources too (topology.Topology.ServedEverywhere).
+	isAggregated := map[topology.GroupVersion]bool{}
+	for _, gv := range aggregated {
+		isAggregated[gv] = true
+	}
 	served := map[topology.Resource][]string{}
 	add := func(r topology.Resource, id string) {
-		if !isEverywhere[r.Group] {
+		if !isAggregated[r.GroupVersion()] {
 			served[r] = append(served[r], id)
 		}
 	}

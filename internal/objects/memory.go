@@ -55,17 +55,17 @@ func (r Remembered) Equal(o Remembered) bool {
 }
 
 // ServedBy lists the resources and subresources of one apiserver's discovery, sorted, leaving
-// out the groups in everywhere.
-func ServedBy(list *apidiscoveryv2.APIGroupDiscoveryList, everywhere map[string]bool) []topology.Resource {
+// out the group/versions in everywhere.
+func ServedBy(list *apidiscoveryv2.APIGroupDiscoveryList, everywhere map[topology.GroupVersion]bool) []topology.Resource {
 	var out []topology.Resource
 	if list == nil {
 		return nil
 	}
 	for _, g := range list.Items {
-		if everywhere[g.Name] {
-			continue
-		}
 		for _, v := range g.Versions {
+			if everywhere[topology.GroupVersion{Group: g.Name, Version: v.Version}] {
+				continue
+			}
 			for _, res := range v.Resources {
 				if res.Resource == "" || v.Version == "" {
 					continue

@@ -36,7 +36,7 @@ func upgrade(t *testing.T) *topology.Topology {
 			r("mixed.io", "v1", "halfdead", ""):       {"id-d", "gone"},
 			r("unroutable.io", "v1", "noaddress", ""): {"id-e"},
 		},
-		[]string{"example.com"})
+		[]topology.GroupVersion{{Group: "example.com", Version: "v1"}})
 	if err != nil {
 		t.Fatal(err)
 	}

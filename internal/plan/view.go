@@ -86,8 +86,8 @@ func (p *Plan) View() View {
 		v.MergedDiscoveryETag = t.Discovery.ETag
 	}
 	v.ProxyCertExcluded = hostnamesOr(t, p.ProxyCertExcluded)
-	for g := range t.ServedEverywhere {
-		v.ServedEverywhere = append(v.ServedEverywhere, g)
+	for gv := range t.ServedEverywhere {
+		v.ServedEverywhere = append(v.ServedEverywhere, gv.String())
 	}
 	slices.Sort(v.ServedEverywhere)
 	for _, gv := range p.Aggregated {

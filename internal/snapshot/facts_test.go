@@ -202,10 +202,14 @@ func TestRoutingFacts(t *testing.T) {
 			members:   map[string][]string{contract.ClusterDefault: {}},
 		},
 		"crd-apiservice": {
-			directGVs: []string{"core/v1", "apps/v1", "batch/v1", "rbac.authorization.k8s.io/v1"},
-			// Its APIService names a service; the CRD group stable.example.com has no route.
-			aggregatedGVs: []string{"metrics.k8s.io/v1beta1"},
-			members:       map[string][]string{contract.ClusterDefault: {"cp-a", "cp-b"}},
+			// A CRD's APIService claims events.k8s.io/v1: its events, which only cp-a
+			// serves, are still decided (to cp-a).
+			extProcGVs: []string{"events.k8s.io/v1"},
+			directGVs:  []string{"core/v1", "apps/v1", "batch/v1", "rbac.authorization.k8s.io/v1"},
+			// Their APIServices name a service; the CRD group stable.example.com has no route.
+			aggregatedGVs:   []string{"metrics.k8s.io/v1beta1", "events.k8s.io/v1alpha9"},
+			mergedDiscovery: true,
+			members:         map[string][]string{contract.ClusterDefault: {"cp-a", "cp-b"}, "kube-apiservers-only-cp-a": {"cp-a"}},
 		},
 	}
 	for _, name := range fixtures.Names(t) {

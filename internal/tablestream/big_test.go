@@ -49,13 +49,12 @@ func bigTopology(tb testing.TB, groups, servers int) *topology.Topology {
 		"store", "alert", "rule", "monitor", "probe", "dashboard", "database", "user", "grant", "role"}
 	title := func(s string) string { return strings.ToUpper(s[:1]) + s[1:] }
 	served := map[topology.Resource][]string{}
-	var everywhere []string
+	var everywhere []topology.GroupVersion
 	list := apidiscoveryv2.APIGroupDiscoveryList{TypeMeta: metav1.TypeMeta{Kind: "APIGroupDiscoveryList", APIVersion: "apidiscovery.k8s.io/v2"}}
 	for g := range groups {
 		vendor := fmt.Sprintf("%s-%s", nouns[g%len(nouns)], nouns[(g/len(nouns))%len(nouns)])
 		team := nouns[(g/7)%len(nouns)] + "s"
 		group := fmt.Sprintf("%s.%s.%s-platform.io", nouns[(g*7)%len(nouns)], team, vendor)
-		everywhere = append(everywhere, group)
 		gd := apidiscoveryv2.APIGroupDiscovery{ObjectMeta: metav1.ObjectMeta{Name: group}}
 		for vi, version := range []string{"v1", "v1beta1"} {
 			set := subsets[0]

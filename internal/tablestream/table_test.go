@@ -35,7 +35,7 @@ func sample(t testing.TB, aliveB bool) *plan.Table {
 			{Group: "tools.acme.dev", Version: "v1", Resource: "anvils"}:             {"apiserver-b"},
 			{Group: "tools.acme.dev", Version: "v1", Resource: "widgets"}:            {"apiserver-c"},
 		},
-		[]string{"example.com", "acme.io"})
+		[]topology.GroupVersion{{Group: "example.com", Version: "v1"}, {Group: "acme.io", Version: "v1beta1"}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -60,7 +60,8 @@ func (t *Topology) DecideResource(r Resource) Decision {
 // Capability is who can serve a request on one resource.
 type Capability struct {
 	// Key is the serving-table key: r, or its parent resource when no apiserver publishes
-	// the subresource; zero when r is not published or its group is served everywhere.
+	// the subresource; zero when r is not published, or is of a group/version served
+	// everywhere and no live apiserver lists it.
 	Key Resource
 	// Live are the live, dialable apiservers that serve Key; Known the others that do.
 	Live, Known ServerSet
@@ -70,9 +71,18 @@ type Capability struct {
 // (r.IsDocument, GroupVersion.Document) that is every apiserver that serves some resource of
 // the group/version: an apiserver that serves none of it answers the document with 404.
 func (t *Topology) Capable(r Resource) Capability {
-	if t.ServedEverywhere[r.Group] {
+	c := t.capable(r)
+	if len(c.Live) == 0 && t.ServedEverywhere[r.GroupVersion()] {
+		// Every apiserver's own chain serves it (a CRD not yet in any live apiserver's
+		// discovery, an aggregated API whose backend discovery failed): never 404 or 503 for
+		// want of a listing. A resource some live apiserver lists goes by who lists it, so a
+		// CRD or APIService claiming a built-in group/version cannot switch its routing off.
 		return Capability{}
 	}
+	return c
+}
+
+func (t *Topology) capable(r Resource) Capability {
 	if r.IsDocument() {
 		// Whoever serves some resource of the group/version (subresources add nobody, since
 		// whoever serves a subresource serves its resource).

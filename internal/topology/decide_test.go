@@ -73,3 +73,54 @@ func equalSets(a, b topology.ServerSet) bool {
 	}
 	return true
 }
+
+// TestServedEverywhereClaims: a group/version that an APIService says every apiserver serves
+// (a CRD's, or one claimed by anyone who may create CRDs or APIServices) is per
+// group/version, never overrides the apiservers' own discovery, and costs nothing where
+// discovery agrees with it.
+func TestServedEverywhereClaims(t *testing.T) {
+	live := func(id string) topology.APIServer {
+		return topology.APIServer{ID: id, Hostname: id, Address: "10.0.0." + id[len(id)-1:] + ":6443", Alive: true}
+	}
+	dead := topology.APIServer{ID: "d", Hostname: "d"}
+	events := topology.GroupVersion{Group: "events.k8s.io", Version: "v1"}
+	res := func(gv topology.GroupVersion, r string) topology.Resource {
+		return topology.Resource{Group: gv.Group, Version: gv.Version, Resource: r}
+	}
+	crd := topology.GroupVersion{Group: "stable.example.com", Version: "v1"}
+	tp, err := topology.New([]topology.APIServer{live("s1"), live("s2"), dead}, map[topology.Resource][]string{
+		res(events, "events"):  {"s1"},            // built in, s2 has it off
+		res(events, "widgets"): {"s1", "s2"},      // the CRD claiming the group/version
+		res(crd, "crontabs"):   {"s1", "s2", "d"}, // every live one lists it
+		res(crd, "fresh"):      {"s2"},            // not yet in s1's discovery
+		res(crd, "departed"):   {"d"},             // only a dead one lists it
+		{Group: "events.k8s.io", Version: "v1beta1", Resource: "events"}: {"s1"}, // not claimed
+	}, []topology.GroupVersion{events, crd, {Group: "events.k8s.io", Version: "v1alpha9"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		r       topology.Resource
+		outcome topology.Outcome
+		servers topology.ServerSet
+	}{
+		{res(events, "events"), topology.Subset, topology.ServerSet{"s1"}},
+		{res(events, "widgets"), topology.Default, nil},
+		{events.Document(), topology.Subset, topology.ServerSet{"s1"}}, // only s1 lists some resource of it still
+		{topology.Resource{Group: "events.k8s.io", Version: "v1beta1", Resource: "events"}, topology.Subset, topology.ServerSet{"s1"}},
+		{res(crd, "crontabs"), topology.Default, nil},
+		{res(crd, "fresh"), topology.Subset, topology.ServerSet{"s2"}},
+		{res(crd, "departed"), topology.Default, nil}, // every apiserver's chain serves a CRD: never 503
+		{res(crd, "unlisted"), topology.Default, nil},
+	} {
+		if d := tp.DecideResource(c.r); d.Outcome != c.outcome || !equalSets(d.Servers, c.servers) {
+			t.Errorf("%s: %s %v, want %s %v", c.r, d.Outcome, d.Servers, c.outcome, c.servers)
+		}
+	}
+	// What every live apiserver lists, or none does, needs no route: it is not published.
+	for _, r := range []topology.Resource{res(events, "widgets"), res(crd, "crontabs"), res(crd, "departed")} {
+		if _, ok := tp.Served[r]; ok {
+			t.Errorf("%s is published; a claimed group/version's resource every live apiserver (or none) lists needs no route", r)
+		}
+	}
+}

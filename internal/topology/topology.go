@@ -137,14 +137,19 @@ type Topology struct {
 	// the apiservers that serve it, sorted. IDs may name apiservers that are dead or unknown:
 	// StorageVersions keep stale IDs until they are garbage collected.
 	Served map[Resource][]string `json:"-"`
-	// ServedEverywhere lists groups that every apiserver serves through its own handler chain
-	// (CRDs, aggregated APIs behind an APIService), so they never need a specific peer.
-	ServedEverywhere map[string]bool `json:"-"`
+	// ServedEverywhere lists the group/versions every apiserver serves through its own
+	// handler chain (CRDs, aggregated APIs behind an APIService). It is a claim anyone who
+	// may create a CRD or an APIService can make, so it is per group/version (one CRD in a
+	// built-in group changes nothing for the group's other versions) and it never overrides
+	// what the apiservers' own discovery says: a resource some live apiserver lists is
+	// routed by who lists it; only one no live apiserver lists goes to the default set
+	// (Capable).
+	ServedEverywhere map[GroupVersion]bool `json:"-"`
 	// Aggregated are the group/versions an APIService sends to a service of its own
 	// (spec.service set; never the core group, whose legacy APIService has none), sorted:
 	// every apiserver proxies their requests there and passes the backend's status and
 	// headers back, so an answer of theirs says nothing about whether the backend acted.
-	// Their groups are in ServedEverywhere too.
+	// They are in ServedEverywhere too.
 	Aggregated []GroupVersion `json:"-"`
 	// LocalID, in sidecar mode, is the apiserver this Envoy sits beside; empty for a front
 	// load balancer.
@@ -223,13 +228,44 @@ func NewDiscovery(doc []byte) *Discovery {
 	return &Discovery{JSON: doc, ETag: `"` + hex.EncodeToString(sum[:]) + `"`}
 }
 
+// pruneServedEverywhere drops the resources of group/versions served everywhere that every
+// live apiserver lists, or none does: both go to the default set (Capable), so they need no
+// route, and 200 CRDs cost no routes. What remains of such a group/version is what only
+// some live apiservers list, routed by who lists them: a built-in resource in a group/version
+// a CRD or an APIService claims, or a CRD some apiservers have not listed yet.
+func (t *Topology) pruneServedEverywhere() {
+	if len(t.ServedEverywhere) == 0 {
+		return
+	}
+	live := 0
+	for _, s := range t.APIServers {
+		if s.Routable() {
+			live++
+		}
+	}
+	for r, ids := range t.Served {
+		if !t.ServedEverywhere[r.GroupVersion()] {
+			continue
+		}
+		n := 0
+		for _, id := range ids {
+			if s, ok := t.Server(id); ok && s.Routable() {
+				n++
+			}
+		}
+		if n == 0 || n == live {
+			delete(t.Served, r)
+		}
+	}
+}
+
 // New builds a Topology, normalising its input: servers sorted and de-duplicated by ID, every
 // serving list sorted and de-duplicated, empty serving lists dropped. The result shares no
 // memory with the arguments.
-func New(servers []APIServer, served map[Resource][]string, everywhere []string) (*Topology, error) {
+func New(servers []APIServer, served map[Resource][]string, everywhere []GroupVersion) (*Topology, error) {
 	t := &Topology{
 		Served:           make(map[Resource][]string, len(served)),
-		ServedEverywhere: make(map[string]bool, len(everywhere)),
+		ServedEverywhere: make(map[GroupVersion]bool, len(everywhere)),
 		byID:             make(map[string]int, len(servers)),
 	}
 	t.APIServers = slices.Clone(servers)
@@ -253,9 +289,10 @@ func New(servers []APIServer, served map[Resource][]string, everywhere []string)
 			t.Served[r] = ids
 		}
 	}
-	for _, g := range everywhere {
-		t.ServedEverywhere[g] = true
+	for _, gv := range everywhere {
+		t.ServedEverywhere[gv] = true
 	}
+	t.pruneServedEverywhere()
 	t.servingGroupVersion = map[GroupVersion][]string{}
 	for r, ids := range t.Served {
 		gv := r.GroupVersion()
