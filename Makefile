@@ -53,9 +53,10 @@ demo: deps
 
 ## test: every test, unit and end to end, against real apiservers of three versions
 test: deps vet kube-binaries
-	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
-	# every benchmark once, so none of them rots (the numbers come from `make bench`)
-	$(GO) test -run '^$$' -bench . -benchtime 1x ./...
+	# and every benchmark once, after each package's tests in the same (race) build, so none
+	# of them rots without a second build of every test binary (the numbers come from
+	# `make bench`)
+	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -bench . -benchtime 1x ./...
 
 ## test-envoy: the end-to-end suite against your Envoy binary (a release from 1.37 to
 ## 1.40), run as the chart runs it: make test-envoy ENVOY=/path/to/envoy; ends with a
