@@ -130,6 +130,16 @@ func APIServers(leases []coordinationv1.Lease, opts Options) ([]topology.APIServ
 // cannot use is skipped and reported in the returned errors, which name it.
 func Build(objs Objects, opts Options) (*topology.Topology, []error) {
 	servers, errs := APIServers(objs.Leases, opts)
+	// Names Kubernetes would not accept never reach the plan, nor the merged discovery.
+	if len(objs.Discovery) > 0 {
+		valid := make(map[string]*apidiscoveryv2.APIGroupDiscoveryList, len(objs.Discovery))
+		for _, id := range slices.Sorted(maps.Keys(objs.Discovery)) {
+			list, nerrs := validDiscovery("discovery of apiserver "+id, objs.Discovery[id])
+			valid[id] = list
+			errs = append(errs, nerrs...)
+		}
+		objs.Discovery = valid
+	}
 	// An apiserver takes part in routing only once its own discovery was fetched at its
 	// address over verified TLS: a Lease is only a claim, which anyone who may write Leases in
 	// kube-system can make, and a forged one pointing at any address must change nothing.
@@ -146,6 +156,10 @@ func Build(objs Objects, opts Options) (*topology.Topology, []error) {
 	for _, svc := range objs.APIServices {
 		if svc.Spec.Group == "" || svc.Spec.Version == "" {
 			continue // the legacy core group's APIService, or one naming nothing
+		}
+		if err := checkResource("APIService "+svc.Name, topology.Resource{Group: svc.Spec.Group, Version: svc.Spec.Version, Resource: "x"}); err != nil {
+			errs = append(errs, err)
+			continue
 		}
 		gv := topology.GroupVersion{Group: svc.Spec.Group, Version: svc.Spec.Version}
 		if svc.ServedEverywhere() {
@@ -165,7 +179,15 @@ func Build(objs Objects, opts Options) (*topology.Topology, []error) {
 		isAggregated[gv] = true
 	}
 	served := map[topology.Resource][]string{}
+	badNames := map[string]bool{} // reported once per build
 	add := func(r topology.Resource, id string) {
+		if err := checkResource("what apiserver "+id+" serves (memory or StorageVersions)", r); err != nil {
+			if msg := err.Error(); !badNames[msg] {
+				badNames[msg] = true
+				errs = append(errs, err)
+			}
+			return
+		}
 		if !isAggregated[r.GroupVersion()] {
 			served[r] = append(served[r], id)
 		}
@@ -237,7 +259,8 @@ func Build(objs Objects, opts Options) (*topology.Topology, []error) {
 		add(r, id)
 	}
 	for i := range objs.StorageVersions {
-		errs = append(errs, addStorageVersion(&objs.StorageVersions[i], objs.Discovery, addFromSV)...)
+		svErrs := addStorageVersion(&objs.StorageVersions[i], objs.Discovery, addFromSV) // add may append to errs itself
+		errs = append(errs, svErrs...)
 	}
 
 	t, err := topology.New(servers, served, everywhere)
@@ -260,8 +283,11 @@ func Build(objs Objects, opts Options) (*topology.Topology, []error) {
 		}
 	}
 	for _, err := range errs {
-		if r, ok := err.(*RefusedError); ok {
-			t.Refused = append(t.Refused, r.Refusal)
+		switch e := err.(type) {
+		case *RefusedError:
+			t.Refused = append(t.Refused, e.Refusal)
+		case *NameError:
+			t.RefusedNames = append(t.RefusedNames, e.NameRefusal)
 		}
 	}
 	_, headers, usable, err := objs.HeaderNames.Observe(objs.Authentication)

@@ -71,11 +71,16 @@ func ServedBy(list *apidiscoveryv2.APIGroupDiscoveryList, everywhere map[topolog
 					continue
 				}
 				r := topology.Resource{Group: g.Name, Version: v.Version, Resource: res.Resource}
+				if checkResource("", r) != nil {
+					continue // never remembered: Build would leave it out anyway
+				}
 				out = append(out, r)
 				for _, sub := range res.Subresources {
 					if sub.Subresource != "" {
 						r.Subresource = sub.Subresource
-						out = append(out, r)
+						if checkResource("", r) == nil {
+							out = append(out, r)
+						}
 					}
 				}
 			}

@@ -33,6 +33,8 @@ type View struct {
 	// Refused are the apiserver identities not believed (a Lease that is not an apiserver's,
 	// a second claim on an address) and why.
 	Refused []topology.Refusal `json:"refused,omitempty"`
+	// RefusedNames are the group, version and resource names left out, where from and why.
+	RefusedNames []topology.NameRefusal `json:"refusedNames,omitempty"`
 	// ProxyCertExcluded are the dangerous apiservers (their reason is under apiservers),
 	// by hostname: the front-proxy variants of every cluster leave them out, so requests whose
 	// identity kube-mvp sets never reach them.
@@ -74,7 +76,7 @@ type ResourceView struct {
 // View is p as xds-server's /debug/topology shows it and the golden files keep it.
 func (p *Plan) View() View {
 	t := p.Topology
-	v := View{LocalAPIServer: p.LocalID, DefaultCluster: p.DefaultClusterName(), Clusters: p.Clusters, ServingSetsHosts: p.Hosts, RequestHeaders: p.RequestHeaders, Refused: t.Refused}
+	v := View{LocalAPIServer: p.LocalID, DefaultCluster: p.DefaultClusterName(), Clusters: p.Clusters, ServingSetsHosts: p.Hosts, RequestHeaders: p.RequestHeaders, Refused: t.Refused, RefusedNames: t.RefusedNames}
 	why := map[string]string{}
 	for _, n := range t.NotRoutable() {
 		why[n.ID] = n.Reason

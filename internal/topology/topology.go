@@ -167,6 +167,9 @@ type Topology struct {
 	// apiservers left out because another holds their address (for people: the rule does
 	// not read it).
 	Refused []Refusal `json:"-"`
+	// RefusedNames are the group, version and resource names left out because Kubernetes
+	// would not accept them (internal/objects: names.go), and where each came from.
+	RefusedNames []NameRefusal `json:"-"`
 
 	byID map[string]int
 	// servingGroupVersion is, per group/version, every apiserver ID that serves one of its
@@ -202,6 +205,17 @@ type Refusal struct {
 	Hostname string `json:"hostname,omitempty"`
 	Address  string `json:"address,omitempty"`
 	Reason   string `json:"reason"`
+}
+
+// NameRefusal is a group, version or resource name left out of the topology.
+type NameRefusal struct {
+	// Source is where it came from: "discovery of apiserver <ID>", "APIService <name>", …
+	Source string `json:"source"`
+	// Kind is group, version (Name is group/version), resource or subresource (Name is
+	// resource/subresource).
+	Kind   string `json:"kind"`
+	Name   string `json:"name"`
+	Reason string `json:"reason"`
 }
 
 // Source values.

@@ -1,0 +1,144 @@
+package objects
+
+import (
+	"fmt"
+	"strings"
+
+	apidiscoveryv2 "k8s.io/api/apidiscovery/v2"
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/kube-mvp/kube-mvp/internal/topology"
+)
+
+// Group, version and resource names come from what apiservers say about themselves
+// (discovery, and the memory of it), from APIServices and from StorageVersions: any of them
+// may be written by an attacker, and a name Envoy's path rules refuse would make every
+// snapshot fail to build. So each is checked as Kubernetes checks the names it lets anyone
+// define, before it reaches the plan: a group is a DNS-1123 subdomain (or "" for the core
+// group), a version a DNS-1035 label (CRD and APIService versions), a resource or
+// subresource a DNS-1123 label (lower-case letters, digits and '-', as every built-in
+// resource and a CRD's plural are). What fails is left out, with a NameError; the rest is
+// used.
+
+// NameError is a name left out, and where it came from.
+type NameError struct{ topology.NameRefusal }
+
+func (e *NameError) Error() string {
+	return fmt.Sprintf("%s: %s %q left out: %s", e.Source, e.Kind, e.Name, e.Reason)
+}
+
+func nameError(source, kind, name string, problems []string) *NameError {
+	return &NameError{topology.NameRefusal{Source: source, Kind: kind, Name: clip(name), Reason: strings.Join(problems, "; ")}}
+}
+
+// clip keeps a refused name short enough to log and show: it may be 100 KB.
+func clip(s string) string {
+	const max = 80
+	if len(s) <= max {
+		return s
+	}
+	return fmt.Sprintf("%s… (%d bytes)", s[:max], len(s))
+}
+
+func checkGroup(g string) []string {
+	if g == "" {
+		return nil
+	}
+	return validation.IsDNS1123Subdomain(g)
+}
+
+func checkVersion(v string) []string { return validation.IsDNS1035Label(v) }
+
+func checkResourceName(r string) []string { return validation.IsDNS1123Label(r) }
+
+// checkResource is the first problem of r's names, as a NameError naming source; nil when r
+// is fine.
+func checkResource(source string, r topology.Resource) *NameError {
+	if p := checkGroup(r.Group); p != nil {
+		return nameError(source, "group", r.Group, p)
+	}
+	if p := checkVersion(r.Version); p != nil {
+		return nameError(source, "version", r.Group+"/"+r.Version, p)
+	}
+	if p := checkResourceName(r.Resource); p != nil {
+		return nameError(source, "resource", r.Resource, p)
+	}
+	if r.Subresource != "" {
+		if p := checkResourceName(r.Subresource); p != nil {
+			return nameError(source, "subresource", r.Resource+"/"+r.Subresource, p)
+		}
+	}
+	return nil
+}
+
+// validDiscovery is list without the groups, versions, resources and subresources whose
+// names fail, and an error for each left out. list itself when nothing fails (the common
+// case costs no copy).
+func validDiscovery(source string, list *apidiscoveryv2.APIGroupDiscoveryList) (*apidiscoveryv2.APIGroupDiscoveryList, []error) {
+	if list == nil || discoveryNamesValid(list) {
+		return list, nil
+	}
+	var errs []error
+	out := list.DeepCopy()
+	out.Items = out.Items[:0]
+	for _, g := range list.Items {
+		if p := checkGroup(g.Name); p != nil {
+			errs = append(errs, nameError(source, "group", g.Name, p))
+			continue
+		}
+		g := *g.DeepCopy()
+		versions := g.Versions[:0]
+		for _, v := range g.Versions {
+			if p := checkVersion(v.Version); p != nil {
+				errs = append(errs, nameError(source, "version", g.Name+"/"+v.Version, p))
+				continue
+			}
+			resources := v.Resources[:0]
+			for _, r := range v.Resources {
+				if p := checkResourceName(r.Resource); p != nil {
+					errs = append(errs, nameError(source, "resource", r.Resource, p))
+					continue
+				}
+				subs := r.Subresources[:0]
+				for _, s := range r.Subresources {
+					if p := checkResourceName(s.Subresource); p != nil {
+						errs = append(errs, nameError(source, "subresource", r.Resource+"/"+s.Subresource, p))
+						continue
+					}
+					subs = append(subs, s)
+				}
+				r.Subresources = subs
+				resources = append(resources, r)
+			}
+			v.Resources = resources
+			versions = append(versions, v)
+		}
+		g.Versions = versions
+		out.Items = append(out.Items, g)
+	}
+	return out, errs
+}
+
+func discoveryNamesValid(list *apidiscoveryv2.APIGroupDiscoveryList) bool {
+	for _, g := range list.Items {
+		if checkGroup(g.Name) != nil {
+			return false
+		}
+		for _, v := range g.Versions {
+			if checkVersion(v.Version) != nil {
+				return false
+			}
+			for _, r := range v.Resources {
+				if checkResourceName(r.Resource) != nil {
+					return false
+				}
+				for _, s := range r.Subresources {
+					if checkResourceName(s.Subresource) != nil {
+						return false
+					}
+				}
+			}
+		}
+	}
+	return true
+}

@@ -1,0 +1,92 @@
+package objects_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	apidiscoveryv2 "k8s.io/api/apidiscovery/v2"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/kube-mvp/kube-mvp/internal/objects"
+	"github.com/kube-mvp/kube-mvp/internal/topology"
+)
+
+// TestNamesKubernetesWouldRefuse: a group, version, resource or subresource name that
+// Kubernetes would not accept (as a compromised apiserver, an APIService or a remembered
+// entry could give one) is left out with an error naming where it came from and shown in the
+// topology; everything else is used, and the merged discovery does not carry it either.
+func TestNamesKubernetesWouldRefuse(t *testing.T) {
+	bad := []topology.Resource{
+		{Group: "evil#x.example.com", Version: "v1", Resource: "things"},
+		{Group: "Upper.example.com", Version: "v1", Resource: "things"},
+		{Group: "nul\x00.example.com", Version: "v1", Resource: "things"},
+		{Group: "a.example.com", Version: "v1/", Resource: "things"},
+		{Group: "a.example.com", Version: "1v", Resource: "things"},
+		{Group: "a.example.com", Version: "v2", Resource: "Jobs"},
+		{Group: "a.example.com", Version: "v2", Resource: "jöbs"},
+		{Group: "a.example.com", Version: "v2", Resource: "line\nbreak"},
+		{Group: "a.example.com", Version: "v2", Resource: strings.Repeat("x", 100<<10)},
+		{Group: "a.example.com", Version: "v2", Resource: "widgets", Subresource: "st atus"},
+	}
+	good := []topology.Resource{jobs, jobsStatus, pods, {Group: "a.example.com", Version: "v2", Resource: "widgets"}}
+	now := time.Date(2026, 11, 29, 8, 0, 0, 0, time.UTC)
+	objs := objects.Objects{
+		Leases:    []coordinationv1.Lease{leaseAt(idA, now), leaseAt(idB, now)},
+		Discovery: map[string]*apidiscoveryv2.APIGroupDiscoveryList{idA: discoveryOf(append(good, bad...)), idB: discoveryOf([]topology.Resource{pods})},
+		// A departed apiserver remembered with a bad name: the same check on read.
+		Remembered: objects.Memory{idC: {Hostname: "c", Address: addressOf(idC), LastSeen: now, Served: []topology.Resource{
+			{Group: "evil#y.example.com", Version: "v1", Resource: "things"}, {Group: "c.example.com", Version: "v1", Resource: "gadgets"}}}},
+		Authentication: &corev1.ConfigMap{Data: map[string]string{"requestheader-username-headers": `["X-Remote-User"]`, "requestheader-group-headers": `["X-Remote-Group"]`, "requestheader-extra-headers-prefix": `["X-Remote-Extra-"]`}},
+	}
+	objs.APIServices = append(objs.APIServices, objects.APIService{})
+	objs.APIServices[0].Name = "v1.evil#z.example.com"
+	objs.APIServices[0].Spec.Group, objs.APIServices[0].Spec.Version = "evil#z.example.com", "v1"
+	objs.APIServices[0].Spec.Service = &struct {
+		Namespace string `json:"namespace"`
+		Name      string `json:"name"`
+	}{Namespace: "default", Name: "evil"}
+
+	for _, l := range objs.Discovery {
+		l.Kind = objects.AggregatedKind // as fetched: the merge takes only aggregated discovery
+	}
+	topo, errs := objects.Build(objs, objects.Options{Now: now})
+	if topo == nil {
+		t.Fatalf("no topology: %v", errs)
+	}
+	var nameErrs []string
+	for _, err := range errs {
+		if ne, ok := err.(*objects.NameError); ok {
+			nameErrs = append(nameErrs, ne.Error())
+		}
+	}
+	if len(nameErrs) != len(bad)+2 || len(topo.RefusedNames) != len(nameErrs) {
+		t.Errorf("%d name errors, %d refused names; want %d (each bad discovery name, the remembered one, the APIService's):\n%s",
+			len(nameErrs), len(topo.RefusedNames), len(bad)+2, strings.Join(nameErrs, "\n"))
+	}
+	for _, want := range []string{"discovery of apiserver " + idA + `: group "evil#x.example.com" left out`,
+		"apiserver " + idC, "APIService v1.evil#z.example.com", "(102400 bytes)"} {
+		if !strings.Contains(strings.Join(nameErrs, "\n"), want) {
+			t.Errorf("no name error says %q:\n%s", want, strings.Join(nameErrs, "\n"))
+		}
+	}
+	for _, r := range bad {
+		if _, ok := topo.Served[r]; ok {
+			t.Errorf("%.60q is served", r.String())
+		}
+	}
+	for _, r := range append(good, topology.Resource{Group: "c.example.com", Version: "v1", Resource: "gadgets"}) {
+		if _, ok := topo.Served[r]; !ok && r != pods {
+			t.Errorf("%s is not served: a bad name elsewhere must not cost it", r)
+		}
+	}
+	if topo.Discovery == nil {
+		t.Fatal("no merged discovery")
+	}
+	for _, b := range []string{"evil#x", "Upper.example.com", "Jobs", "st atus", "line\\nbreak"} {
+		if strings.Contains(string(topo.Discovery.JSON), b) {
+			t.Errorf("the merged discovery carries %q", b)
+		}
+	}
+}
