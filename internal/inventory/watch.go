@@ -544,7 +544,7 @@ func FetchDiscovery(ctx context.Context, base *rest.Config, address string, opts
 	// refused body again.
 	quiet := klog.NewContext(ctx, logr.Discard())
 	list, err := fetchAggregated(quiet, dc.RESTClient())
-	if err != nil && g.err() == nil {
+	if errors.Is(err, errNoAggregatedDiscovery) && g.err() == nil {
 		dc.NoPeerDiscovery = true
 		var lists []*metav1.APIResourceList
 		_, lists, err = dc.ServerGroupsAndResourcesWithContext(quiet)
@@ -569,10 +569,23 @@ func FetchDiscovery(ctx context.Context, base *rest.Config, address string, opts
 }
 
 // fromResourceLists regroups client-go's per-group/version lists ("jobs" and "jobs/status"
-// side by side) into the aggregated form objects.Build reads.
+// side by side) into the aggregated form objects.Build reads, with everything the legacy
+// lists say of each resource (kind, scope, names, categories, verbs), so that an apiserver
+// that offers only legacy discovery takes part in the merged /apis like the others rather
+// than switching it off for every client.
 func fromResourceLists(lists []*metav1.APIResourceList) *apidiscoveryv2.APIGroupDiscoveryList {
-	out := &apidiscoveryv2.APIGroupDiscoveryList{}
+	out := &apidiscoveryv2.APIGroupDiscoveryList{TypeMeta: metav1.TypeMeta{Kind: objects.AggregatedKind, APIVersion: apidiscoveryv2.SchemeGroupVersion.String()}}
 	groups := map[string]int{}
+	kindOf := func(r metav1.APIResource, gv schema.GroupVersion) *metav1.GroupVersionKind {
+		if r.Kind == "" {
+			return nil
+		}
+		k := metav1.GroupVersionKind{Group: gv.Group, Version: gv.Version, Kind: r.Kind}
+		if r.Group != "" || r.Version != "" { // a subresource of another kind (scale)
+			k.Group, k.Version = r.Group, r.Version
+		}
+		return &k
+	}
 	for _, l := range lists {
 		gv, err := schema.ParseGroupVersion(l.GroupVersion)
 		if err != nil {
@@ -584,12 +597,19 @@ func fromResourceLists(lists []*metav1.APIResourceList) *apidiscoveryv2.APIGroup
 			groups[gv.Group] = gi
 			out.Items = append(out.Items, apidiscoveryv2.APIGroupDiscovery{ObjectMeta: metav1.ObjectMeta{Name: gv.Group}})
 		}
-		version := apidiscoveryv2.APIVersionDiscovery{Version: gv.Version}
+		version := apidiscoveryv2.APIVersionDiscovery{Version: gv.Version, Freshness: apidiscoveryv2.DiscoveryFreshnessCurrent}
 		parents := map[string]int{}
 		for _, r := range l.APIResources {
 			if !strings.Contains(r.Name, "/") {
+				scope := apidiscoveryv2.ScopeCluster
+				if r.Namespaced {
+					scope = apidiscoveryv2.ScopeNamespace
+				}
 				parents[r.Name] = len(version.Resources)
-				version.Resources = append(version.Resources, apidiscoveryv2.APIResourceDiscovery{Resource: r.Name, Verbs: r.Verbs})
+				version.Resources = append(version.Resources, apidiscoveryv2.APIResourceDiscovery{
+					Resource: r.Name, ResponseKind: kindOf(r, gv), Scope: scope, SingularResource: r.SingularName,
+					Verbs: r.Verbs, ShortNames: r.ShortNames, Categories: r.Categories,
+				})
 			}
 		}
 		for _, r := range l.APIResources {
@@ -602,7 +622,7 @@ func fromResourceLists(lists []*metav1.APIResourceList) *apidiscoveryv2.APIGroup
 				continue
 			}
 			version.Resources[pi].Subresources = append(version.Resources[pi].Subresources,
-				apidiscoveryv2.APISubresourceDiscovery{Subresource: sub, Verbs: r.Verbs})
+				apidiscoveryv2.APISubresourceDiscovery{Subresource: sub, ResponseKind: kindOf(r, gv), Verbs: r.Verbs})
 		}
 		out.Items[gi].Versions = append(out.Items[gi].Versions, version)
 	}

@@ -18,8 +18,9 @@ import (
 // union over every live apiserver; extproc answers GET /apis with it (after an apiserver
 // authorized the request).
 
-// AggregatedKind marks a list decoded from an apiserver's own aggregated document (as opposed
-// to one rebuilt from legacy discovery, which lacks kinds and scopes and cannot be merged).
+// AggregatedKind marks a list in aggregated form: an apiserver's own aggregated document, or
+// one rebuilt from its legacy discovery with everything the legacy lists say (an apiserver
+// that offers only legacy discovery is merged like the others).
 const AggregatedKind = "APIGroupDiscoveryList"
 
 // MergeDiscovery merges the aggregated discovery of several apiservers (in a fixed order,
@@ -29,9 +30,8 @@ const AggregatedKind = "APIGroupDiscoveryList"
 // verbs. Groups keep the order of the list that has the most of them, others follow in
 // order of appearance; versions are ordered by Kubernetes version priority (v2 before v1
 // before v1beta1), resources and subresources by name. The result is the same whatever order
-// the apiservers listed things in, but for groups. It is nil when any list is not an
-// apiserver's own aggregated document (an apiserver without it: no merged view is better
-// than a partial one) or there is none.
+// the apiservers listed things in, but for groups. It is nil when any list is not in
+// aggregated form (no merged view is better than a partial one) or there is none.
 func MergeDiscovery(lists []*apidiscoveryv2.APIGroupDiscoveryList) *topology.Discovery {
 	if len(lists) == 0 {
 		return nil

@@ -161,7 +161,7 @@ type Topology struct {
 	// defaults (RequestHeaders.OrDefault).
 	RequestHeaders RequestHeaders `json:"-"`
 	// Discovery is the merged /apis discovery of the live apiservers; nil when it cannot be
-	// built (an apiserver without aggregated discovery, or none live).
+	// built (none live).
 	Discovery *Discovery `json:"-"`
 	// Refused are the identity Leases and remembered apiservers not believed, and the
 	// apiservers left out because another holds their address (for people: the rule does
