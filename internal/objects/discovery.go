@@ -26,8 +26,8 @@ const AggregatedKind = "APIGroupDiscoveryList"
 // MergeDiscovery merges the aggregated discovery of several apiservers (in a fixed order,
 // e.g. by ID) into the /apis document: every group except the core group, every version of
 // each, every resource of each version with the union of their verbs and subresources. Where
-// apiservers describe one resource differently, the first description wins but for the
-// verbs. Groups keep the order of the list that has the most of them, others follow in
+// apiservers describe one resource differently, the description most of them give wins
+// (chooseDescriptions). Groups keep the order of the list that has the most of them, others follow in
 // order of appearance; versions are ordered by Kubernetes version priority (v2 before v1
 // before v1beta1), resources and subresources by name. The result is the same whatever order
 // the apiservers listed things in, but for groups. It is nil when any list is not in
@@ -63,6 +63,7 @@ func MergeDiscovery(lists []*apidiscoveryv2.APIGroupDiscoveryList) *topology.Dis
 			m.Versions = mergeVersions(m.Versions, g.Versions)
 		}
 	}
+	chooseDescriptions(groups, lists)
 	out := apidiscoveryv2.APIGroupDiscoveryList{TypeMeta: lists[base].TypeMeta}
 	for _, g := range groups {
 		slices.SortStableFunc(g.Versions, func(a, b apidiscoveryv2.APIVersionDiscovery) int {
@@ -75,6 +76,67 @@ func MergeDiscovery(lists []*apidiscoveryv2.APIGroupDiscoveryList) *topology.Dis
 		return nil
 	}
 	return topology.NewDiscovery(b)
+}
+
+// chooseDescriptions gives each merged resource the description (kind, scope, names,
+// categories: everything but the verbs and subresources, which are united) that most of the
+// lists give it; between equally many, the one of the earliest list (callers pass them by
+// apiserver ID). So no single apiserver decides how a resource others serve is described (a
+// compromised one gave apps/v1 daemonsets the short name "deploy" and cluster scope by
+// listing the most groups), and the result does not depend on the lists' order unless the
+// apiservers split evenly.
+func chooseDescriptions(groups []*apidiscoveryv2.APIGroupDiscovery, lists []*apidiscoveryv2.APIGroupDiscoveryList) {
+	type key struct{ group, version, resource string }
+	type tally struct {
+		n     int
+		first int    // index of the first list giving it
+		json  string // the description, the last tie-break (one list may give two)
+		desc  apidiscoveryv2.APIResourceDiscovery
+	}
+	votes := map[key]map[string]*tally{}
+	for li, l := range lists {
+		for _, g := range l.Items {
+			for _, v := range g.Versions {
+				for _, r := range v.Resources {
+					d := r
+					d.Verbs, d.Subresources = nil, nil
+					b, err := json.Marshal(d)
+					if err != nil {
+						continue
+					}
+					k := key{g.Name, v.Version, r.Resource}
+					if votes[k] == nil {
+						votes[k] = map[string]*tally{}
+					}
+					t := votes[k][string(b)]
+					if t == nil {
+						t = &tally{first: li, json: string(b), desc: d}
+						votes[k][string(b)] = t
+					}
+					t.n++
+				}
+			}
+		}
+	}
+	for _, g := range groups {
+		for vi := range g.Versions {
+			v := &g.Versions[vi]
+			for ri := range v.Resources {
+				r := &v.Resources[ri]
+				var best *tally
+				for _, t := range votes[key{g.Name, v.Version, r.Resource}] {
+					if best == nil || t.n > best.n || t.n == best.n && (t.first < best.first || t.first == best.first && t.json < best.json) {
+						best = t
+					}
+				}
+				if best != nil {
+					verbs, subs := r.Verbs, r.Subresources
+					*r = best.desc
+					r.Verbs, r.Subresources = verbs, subs
+				}
+			}
+		}
+	}
 }
 
 func mergeVersions(into, from []apidiscoveryv2.APIVersionDiscovery) []apidiscoveryv2.APIVersionDiscovery {

@@ -101,3 +101,41 @@ func TestMergeDiscovery(t *testing.T) {
 		t.Error("merged with a missing document")
 	}
 }
+
+// TestMergedDescriptionsByMajority: a resource that apiservers describe differently gets the
+// description most of them give, whatever list has the most groups; verbs are still united.
+// An even split goes to the earliest list (by apiserver ID).
+func TestMergedDescriptionsByMajority(t *testing.T) {
+	honest := res("daemonsets", "DaemonSet", []string{"get", "list"})
+	liar := honest
+	liar.Scope, liar.ShortNames, liar.Verbs = apidiscoveryv2.ScopeCluster, []string{"deploy"}, []string{"get", "delete"}
+	// The liar lists the most groups (which used to make its descriptions the merged ones).
+	bloated := aggregated(group("apps", gv("v1", liar)), group("a.example.com", gv("v1", res("as", "A", nil))), group("b.example.com", gv("v1", res("bs", "B", nil))))
+	daemonsets := func(lists ...*apidiscoveryv2.APIGroupDiscoveryList) apidiscoveryv2.APIResourceDiscovery {
+		t.Helper()
+		var doc apidiscoveryv2.APIGroupDiscoveryList
+		if err := json.Unmarshal(MergeDiscovery(lists).JSON, &doc); err != nil {
+			t.Fatal(err)
+		}
+		for _, g := range doc.Items {
+			if g.Name == "apps" {
+				return g.Versions[0].Resources[0]
+			}
+		}
+		t.Fatal("no apps group")
+		return apidiscoveryv2.APIResourceDiscovery{}
+	}
+	honestList := func() *apidiscoveryv2.APIGroupDiscoveryList { return aggregated(group("apps", gv("v1", honest))) }
+	for _, order := range [][]*apidiscoveryv2.APIGroupDiscoveryList{
+		{bloated, honestList(), honestList()}, {honestList(), bloated, honestList()}, {honestList(), honestList(), bloated},
+	} {
+		d := daemonsets(order...)
+		if d.Scope != apidiscoveryv2.ScopeNamespace || len(d.ShortNames) != 0 || !slices.Equal(d.Verbs, []string{"delete", "get", "list"}) {
+			t.Errorf("two of three apiservers describe daemonsets honestly; merged: scope %s, short names %v, verbs %v", d.Scope, d.ShortNames, d.Verbs)
+		}
+	}
+	// One against one: the earlier list's, not the one with the most groups.
+	if d := daemonsets(honestList(), bloated); d.Scope != apidiscoveryv2.ScopeNamespace || len(d.ShortNames) != 0 {
+		t.Errorf("an even split went to the list with the most groups: scope %s, short names %v", d.Scope, d.ShortNames)
+	}
+}
