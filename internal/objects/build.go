@@ -253,8 +253,18 @@ func Build(objs Objects, opts Options) (*topology.Topology, []error) {
 	for _, r := range refused {
 		errs = append(errs, &RefusedError{r})
 	}
+	// A StorageVersion entry naming an ID no Lease or memory knows decides nothing (such a
+	// resource goes to the default set either way) and would cost a route: 5,000 of them
+	// gave 50,056 routes.
+	known := map[string]bool{}
+	for _, s := range servers {
+		known[s.ID] = true
+	}
 	fromStorageVersions := map[string]bool{}
 	addFromSV := func(r topology.Resource, id string) {
+		if !known[id] {
+			return
+		}
 		fromStorageVersions[id] = true
 		add(r, id)
 	}
@@ -267,7 +277,9 @@ func Build(objs Objects, opts Options) (*topology.Topology, []error) {
 	if err != nil {
 		return nil, append(errs, err)
 	}
-	t.Aggregated = topology.SortedGroupVersions(aggregated)
+	var routed []error
+	t.Aggregated, routed = aggregatedRoutes(aggregated, objs.Discovery, hasLease)
+	errs = append(errs, routed...)
 	t.Sources = make(map[string]topology.Source, len(t.APIServers))
 	for _, s := range t.APIServers {
 		switch {
@@ -491,4 +503,43 @@ func addStorageVersion(sv *apiserverinternalv1alpha1.StorageVersion, discovered 
 		}
 	}
 	return errs
+}
+
+// MaxAggregatedGroupVersions bounds the aggregated group/versions that get a route of their
+// own: each is a route Envoy tries before the built-in ones.
+const MaxAggregatedGroupVersions = 256
+
+// aggregatedRoutes are the aggregated group/versions that get a route of their own, sorted:
+// those some apiserver with a Lease lists in its discovery (the aggregator lists an
+// APIService only once its backend answers), at most MaxAggregatedGroupVersions, with an
+// error for each left out over the bound. An APIService whose service answers nothing costs
+// no route: 5,000 of them gave 50,056 routes and 24.9 MB of RDS, all tried before every
+// built-in route. What gets no route of its own goes to the default set as any unpublished
+// path does.
+func aggregatedRoutes(aggregated []topology.GroupVersion, discovery map[string]*apidiscoveryv2.APIGroupDiscoveryList, hasLease map[string]bool) ([]topology.GroupVersion, []error) {
+	listed := map[topology.GroupVersion]bool{}
+	for id, list := range discovery {
+		if list == nil || !hasLease[id] {
+			continue
+		}
+		for _, g := range list.Items {
+			for _, v := range g.Versions {
+				listed[topology.GroupVersion{Group: g.Name, Version: v.Version}] = true
+			}
+		}
+	}
+	var out []topology.GroupVersion
+	for _, gv := range topology.SortedGroupVersions(aggregated) {
+		if listed[gv] {
+			out = append(out, gv)
+		}
+	}
+	var errs []error
+	if len(out) > MaxAggregatedGroupVersions {
+		for _, gv := range out[MaxAggregatedGroupVersions:] {
+			errs = append(errs, fmt.Errorf("APIService for %s: more than %d aggregated group/versions; it gets no route of its own (its requests go to the default set)", gv, MaxAggregatedGroupVersions))
+		}
+		out = out[:MaxAggregatedGroupVersions]
+	}
+	return out, errs
 }

@@ -2,11 +2,15 @@ package objects
 
 import (
 	"encoding/json"
+	"fmt"
 	"slices"
+	"strings"
 	"testing"
 
 	apidiscoveryv2 "k8s.io/api/apidiscovery/v2"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 
 func aggregated(groups ...apidiscoveryv2.APIGroupDiscovery) *apidiscoveryv2.APIGroupDiscoveryList {
@@ -137,5 +141,32 @@ func TestMergedDescriptionsByMajority(t *testing.T) {
 	// One against one: the earlier list's, not the one with the most groups.
 	if d := daemonsets(honestList(), bloated); d.Scope != apidiscoveryv2.ScopeNamespace || len(d.ShortNames) != 0 {
 		t.Errorf("an even split went to the list with the most groups: scope %s, short names %v", d.Scope, d.ShortNames)
+	}
+}
+
+// TestAggregatedRoutesBounded: an APIService gets a route of its own only once an apiserver
+// with a Lease lists its group/version (its backend answers), and at most
+// MaxAggregatedGroupVersions do; the rest are errors naming them.
+func TestAggregatedRoutesBounded(t *testing.T) {
+	var apiservices []topology.GroupVersion
+	list := aggregated()
+	for i := range MaxAggregatedGroupVersions + 50 {
+		name := fmt.Sprintf("g%03d.example.com", i)
+		apiservices = append(apiservices, topology.GroupVersion{Group: name, Version: "v1"}, topology.GroupVersion{Group: name, Version: "v2"}) // v2: no backend
+		list.Items = append(list.Items, group(name, gv("v1", res("things", "Thing", []string{"get"}))))
+	}
+	unleased := aggregated(group("g999.example.com", gv("v2", res("things", "Thing", nil))))
+	apiservices = append(apiservices, topology.GroupVersion{Group: "g999.example.com", Version: "v2"})
+	routes, errs := aggregatedRoutes(apiservices, map[string]*apidiscoveryv2.APIGroupDiscoveryList{"a": list, "gone": unleased}, map[string]bool{"a": true})
+	if len(routes) != MaxAggregatedGroupVersions || len(errs) != 50 {
+		t.Fatalf("%d routes, %d errors; want %d and 50", len(routes), len(errs), MaxAggregatedGroupVersions)
+	}
+	for _, r := range routes {
+		if r.Version != "v1" {
+			t.Errorf("%s has a route; nothing lists it (or only an apiserver without a Lease)", r)
+		}
+	}
+	if !strings.Contains(errs[0].Error(), "g256.example.com/v1") {
+		t.Errorf("first error %q; want it to name the first group/version over the bound", errs[0])
 	}
 }

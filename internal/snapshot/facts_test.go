@@ -197,9 +197,9 @@ func TestRoutingFacts(t *testing.T) {
 		"storageversion-only": {
 			// Nobody verified is up: what the StorageVersions name answers 503 from extproc.
 			extProcGVs: []string{"core/v1", "apps/v1", "batch/v1"},
-			// policy/v1beta1 is NotServed (only a stale ID): the default apiservers 404 it.
-			directGVs: []string{"policy/v1beta1"},
-			members:   map[string][]string{contract.ClusterDefault: {}},
+			// policy/v1beta1 names only an ID no Lease knows: it gets no route and goes to
+			// the default apiservers, which 404 it.
+			members: map[string][]string{contract.ClusterDefault: {}},
 		},
 		"crd-apiservice": {
 			// A CRD's APIService claims events.k8s.io/v1: its events, which only cp-a
