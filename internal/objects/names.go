@@ -71,17 +71,40 @@ func checkResource(source string, r topology.Resource) *NameError {
 	return nil
 }
 
+// Bounds on one apiserver's discovery, far above any real cluster's (a few hundred
+// group/versions, a few thousand resources with many CRDs) and far below what fits the chart's
+// memory limits: what is over them is left out, with an error, so one bloated apiserver or
+// CRD costs its own entries, never the process. The body itself is bounded before decoding
+// (inventory's --max-discovery-body).
+const (
+	MaxDiscoveryGroups          = 2000
+	MaxDiscoveryVersions        = 64 // per group
+	MaxDiscoveryResources       = 20000
+	MaxDiscoveryResourceStrings = 64 // short names, categories, verbs and subresources, each, per resource
+)
+
 // validDiscovery is list without the groups, versions, resources and subresources whose
-// names fail, and an error for each left out. list itself when nothing fails (the common
-// case costs no copy).
+// names fail or that are over the bounds above, and an error for each left out (one per
+// bound). list itself when nothing fails (the common case costs no copy).
 func validDiscovery(source string, list *apidiscoveryv2.APIGroupDiscoveryList) (*apidiscoveryv2.APIGroupDiscoveryList, []error) {
 	if list == nil || discoveryNamesValid(list) {
 		return list, nil
 	}
 	var errs []error
-	out := list.DeepCopy()
-	out.Items = out.Items[:0]
+	over := map[string]bool{}
+	bound := func(what string, limit int) {
+		if !over[what] {
+			over[what] = true
+			errs = append(errs, fmt.Errorf("%s: more than %d %s; the rest left out", source, limit, what))
+		}
+	}
+	resourcesSeen := 0
+	out := &apidiscoveryv2.APIGroupDiscoveryList{TypeMeta: list.TypeMeta} // the kept groups are copied below
 	for _, g := range list.Items {
+		if len(out.Items) == MaxDiscoveryGroups {
+			bound("groups", MaxDiscoveryGroups)
+			break
+		}
 		if p := checkGroup(g.Name); p != nil {
 			errs = append(errs, nameError(source, "group", g.Name, p))
 			continue
@@ -89,6 +112,10 @@ func validDiscovery(source string, list *apidiscoveryv2.APIGroupDiscoveryList) (
 		g := *g.DeepCopy()
 		versions := g.Versions[:0]
 		for _, v := range g.Versions {
+			if len(versions) == MaxDiscoveryVersions {
+				bound("versions in a group", MaxDiscoveryVersions)
+				break
+			}
 			if p := checkVersion(v.Version); p != nil {
 				errs = append(errs, nameError(source, "version", g.Name+"/"+v.Version, p))
 				continue
@@ -98,6 +125,20 @@ func validDiscovery(source string, list *apidiscoveryv2.APIGroupDiscoveryList) (
 				if p := checkResourceName(r.Resource); p != nil {
 					errs = append(errs, nameError(source, "resource", r.Resource, p))
 					continue
+				}
+				if resourcesSeen++; resourcesSeen > MaxDiscoveryResources {
+					bound("resources", MaxDiscoveryResources)
+					break
+				}
+				for _, l := range []*[]string{&r.ShortNames, &r.Categories, &r.Verbs} {
+					if len(*l) > MaxDiscoveryResourceStrings {
+						bound("short names, categories or verbs of a resource", MaxDiscoveryResourceStrings)
+						*l = (*l)[:MaxDiscoveryResourceStrings]
+					}
+				}
+				if len(r.Subresources) > MaxDiscoveryResourceStrings {
+					bound("subresources of a resource", MaxDiscoveryResourceStrings)
+					r.Subresources = r.Subresources[:MaxDiscoveryResourceStrings]
 				}
 				subs := r.Subresources[:0]
 				for _, s := range r.Subresources {
@@ -120,16 +161,24 @@ func validDiscovery(source string, list *apidiscoveryv2.APIGroupDiscoveryList) (
 }
 
 func discoveryNamesValid(list *apidiscoveryv2.APIGroupDiscoveryList) bool {
+	if len(list.Items) > MaxDiscoveryGroups {
+		return false
+	}
+	n := 0
 	for _, g := range list.Items {
-		if checkGroup(g.Name) != nil {
+		if checkGroup(g.Name) != nil || len(g.Versions) > MaxDiscoveryVersions {
 			return false
 		}
 		for _, v := range g.Versions {
 			if checkVersion(v.Version) != nil {
 				return false
 			}
+			if n += len(v.Resources); n > MaxDiscoveryResources {
+				return false
+			}
 			for _, r := range v.Resources {
-				if checkResourceName(r.Resource) != nil {
+				if checkResourceName(r.Resource) != nil || len(r.ShortNames) > MaxDiscoveryResourceStrings || len(r.Categories) > MaxDiscoveryResourceStrings ||
+					len(r.Verbs) > MaxDiscoveryResourceStrings || len(r.Subresources) > MaxDiscoveryResourceStrings {
 					return false
 				}
 				for _, s := range r.Subresources {

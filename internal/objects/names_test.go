@@ -1,6 +1,7 @@
 package objects_test
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -88,5 +89,62 @@ func TestNamesKubernetesWouldRefuse(t *testing.T) {
 		if strings.Contains(string(topo.Discovery.JSON), b) {
 			t.Errorf("the merged discovery carries %q", b)
 		}
+	}
+}
+
+// TestDiscoveryBounds: an apiserver's discovery over the bounds (a CRD with thousands of
+// categories, more groups, versions or resources than any cluster has) costs its own
+// entries: what is over a bound is left out with one error per bound, the rest is used.
+func TestDiscoveryBounds(t *testing.T) {
+	now := time.Date(2026, 11, 29, 8, 0, 0, 0, time.UTC)
+	list := discoveryOf([]topology.Resource{jobs, pods})
+	list.Kind = objects.AggregatedKind
+	var categories []string
+	for i := range 8000 {
+		categories = append(categories, fmt.Sprintf("category-%d", i))
+	}
+	bloated := apidiscoveryv2.APIGroupDiscovery{}
+	bloated.Name = "bloat.example.com"
+	for v := range objects.MaxDiscoveryVersions + 10 {
+		bloated.Versions = append(bloated.Versions, apidiscoveryv2.APIVersionDiscovery{Version: fmt.Sprintf("v%d", v+1),
+			Resources: []apidiscoveryv2.APIResourceDiscovery{{Resource: "widgets", Categories: categories, Verbs: []string{"get"}}}})
+	}
+	list.Items = append(list.Items, bloated)
+	for g := range objects.MaxDiscoveryGroups {
+		list.Items = append(list.Items, apidiscoveryv2.APIGroupDiscovery{})
+		list.Items[len(list.Items)-1].Name = fmt.Sprintf("g%d.example.com", g)
+	}
+	objs := objects.Objects{
+		Leases:         []coordinationv1.Lease{leaseAt(idA, now)},
+		Discovery:      map[string]*apidiscoveryv2.APIGroupDiscoveryList{idA: list},
+		Authentication: &corev1.ConfigMap{Data: map[string]string{"requestheader-username-headers": `["X-Remote-User"]`, "requestheader-group-headers": `["X-Remote-Group"]`, "requestheader-extra-headers-prefix": `["X-Remote-Extra-"]`}},
+	}
+	topo, errs := objects.Build(objs, objects.Options{Now: now})
+	if topo == nil {
+		t.Fatalf("no topology: %v", errs)
+	}
+	var msgs []string
+	for _, err := range errs {
+		msgs = append(msgs, err.Error())
+	}
+	all := strings.Join(msgs, "\n")
+	for _, want := range []string{"more than 2000 groups", "more than 64 versions in a group", "more than 64 short names, categories or verbs"} {
+		if !strings.Contains(all, want) {
+			t.Errorf("no error says %q:\n%s", want, all)
+		}
+	}
+	if len(errs) != 3 {
+		t.Errorf("%d errors, want one per bound:\n%s", len(errs), all)
+	}
+	for _, r := range []topology.Resource{jobs, {Group: "bloat.example.com", Version: "v64", Resource: "widgets"}} {
+		if _, ok := topo.Served[r]; !ok {
+			t.Errorf("%s left out; only what is over a bound may be", r)
+		}
+	}
+	if _, ok := topo.Served[topology.Resource{Group: "bloat.example.com", Version: "v65", Resource: "widgets"}]; ok {
+		t.Error("the 65th version of a group is used")
+	}
+	if n := strings.Count(string(topo.Discovery.JSON), "category-"); n != objects.MaxDiscoveryVersions*objects.MaxDiscoveryResourceStrings {
+		t.Errorf("the merged discovery carries %d categories, want %d", n, objects.MaxDiscoveryVersions*objects.MaxDiscoveryResourceStrings)
 	}
 }
