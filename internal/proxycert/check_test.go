@@ -262,13 +262,6 @@ func TestCheck(t *testing.T) {
 	}
 }
 
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
-}
-
 // TestCheckVerifiesTheAPIServer: the proxy certificate goes only to an apiserver whose
 // serving certificate the peer CA signed for the server name; otherwise it is unreachable
 // (not refused), and the apiserver never sees a request.
