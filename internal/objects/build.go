@@ -44,6 +44,8 @@ type APIService struct {
 			Namespace string `json:"namespace"`
 			Name      string `json:"name"`
 		} `json:"service,omitempty"`
+		// GroupPriorityMinimum orders the groups in discovery (kube-aggregator: higher first).
+		GroupPriorityMinimum int32 `json:"groupPriorityMinimum"`
 	} `json:"spec"`
 }
 
@@ -314,7 +316,7 @@ func Build(objs Objects, opts Options) (*topology.Topology, []error) {
 	for _, id := range t.Live() { // sorted by ID: the merge is deterministic
 		live = append(live, objs.Discovery[id])
 	}
-	t.Discovery = MergeDiscovery(live)
+	t.Discovery = MergeDiscoveryOrdered(live, groupPriorities(objs.APIServices))
 	return t, errs
 }
 
@@ -542,4 +544,16 @@ func aggregatedRoutes(aggregated []topology.GroupVersion, discovery map[string]*
 		out = out[:MaxAggregatedGroupVersions]
 	}
 	return out, errs
+}
+
+// groupPriorities are each group's highest APIService groupPriorityMinimum: the order
+// kube-aggregator gives groups in discovery.
+func groupPriorities(svcs []APIService) map[string]int32 {
+	out := map[string]int32{}
+	for _, s := range svcs {
+		if p, ok := out[s.Spec.Group]; !ok || s.Spec.GroupPriorityMinimum > p {
+			out[s.Spec.Group] = s.Spec.GroupPriorityMinimum
+		}
+	}
+	return out
 }

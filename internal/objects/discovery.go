@@ -1,6 +1,7 @@
 package objects
 
 import (
+	"cmp"
 	"encoding/json"
 	"slices"
 	"strings"
@@ -33,6 +34,15 @@ const AggregatedKind = "APIGroupDiscoveryList"
 // the apiservers listed things in, but for groups. It is nil when any list is not in
 // aggregated form (no merged view is better than a partial one) or there is none.
 func MergeDiscovery(lists []*apidiscoveryv2.APIGroupDiscoveryList) *topology.Discovery {
+	return MergeDiscoveryOrdered(lists, nil)
+}
+
+// MergeDiscoveryOrdered is MergeDiscovery with the groups in Kubernetes' own order when
+// priority (group -> its APIServices' highest groupPriorityMinimum) is given: higher priority
+// first, then by name, as kube-aggregator orders them; groups it does not name follow, by
+// name. Clients resolve short names and unqualified resources by that order, so no apiserver
+// decides it (before, the one listing the most groups did).
+func MergeDiscoveryOrdered(lists []*apidiscoveryv2.APIGroupDiscoveryList, priority map[string]int32) *topology.Discovery {
 	if len(lists) == 0 {
 		return nil
 	}
@@ -64,6 +74,22 @@ func MergeDiscovery(lists []*apidiscoveryv2.APIGroupDiscoveryList) *topology.Dis
 		}
 	}
 	chooseDescriptions(groups, lists)
+	if priority != nil {
+		slices.SortStableFunc(groups, func(a, b *apidiscoveryv2.APIGroupDiscovery) int {
+			pa, oka := priority[a.Name]
+			pb, okb := priority[b.Name]
+			switch {
+			case oka != okb:
+				if oka {
+					return -1
+				}
+				return 1
+			case pa != pb:
+				return cmp.Compare(pb, pa)
+			}
+			return strings.Compare(a.Name, b.Name)
+		})
+	}
 	out := apidiscoveryv2.APIGroupDiscoveryList{TypeMeta: lists[base].TypeMeta}
 	for _, g := range groups {
 		slices.SortStableFunc(g.Versions, func(a, b apidiscoveryv2.APIVersionDiscovery) int {

@@ -170,3 +170,24 @@ func TestAggregatedRoutesBounded(t *testing.T) {
 		t.Errorf("first error %q; want it to name the first group/version over the bound", errs[0])
 	}
 }
+
+// TestMergedGroupOrderByPriority: with the APIServices' group priorities the merged groups
+// are in kube-aggregator's order (higher first, then by name), whatever order the list with
+// the most groups gives; groups no APIService names follow, by name.
+func TestMergedGroupOrderByPriority(t *testing.T) {
+	r := res("things", "Thing", []string{"get"})
+	bloated := aggregated(group("z.example.com", gv("v1", r)), group("apps", gv("v1", r)), group("a.example.com", gv("v1", r)), group("unnamed.example.com", gv("v1", r)))
+	honest := aggregated(group("apps", gv("v1", r)), group("a.example.com", gv("v1", r)))
+	m := MergeDiscoveryOrdered([]*apidiscoveryv2.APIGroupDiscoveryList{honest, bloated}, map[string]int32{"apps": 17800, "a.example.com": 1000, "z.example.com": 1000})
+	var doc apidiscoveryv2.APIGroupDiscoveryList
+	if err := json.Unmarshal(m.JSON, &doc); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, g := range doc.Items {
+		got = append(got, g.Name)
+	}
+	if want := []string{"apps", "a.example.com", "z.example.com", "unnamed.example.com"}; !slices.Equal(got, want) {
+		t.Errorf("groups %v, want %v", got, want)
+	}
+}
