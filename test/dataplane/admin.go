@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -599,10 +600,10 @@ func writeText(w http.ResponseWriter, status int, body string) {
 	_, _ = w.Write([]byte(body))
 }
 
-// ReadClusters reads an Envoy admin's /clusters?format=json (this stand-in's or a real
-// Envoy's) as the envoy.admin.v3.Clusters it is.
-func ReadClusters(ctx context.Context, adminURL string) (*adminv3.Clusters, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, adminURL+"/clusters?format=json", nil)
+// AdminGet is one GET of an Envoy admin's path (this stand-in's or a real Envoy's), at most
+// 64 MiB of it; a status other than 200 is an error quoting the answer.
+func AdminGet(ctx context.Context, adminURL, path string) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, adminURL+path, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -616,7 +617,17 @@ func ReadClusters(ctx context.Context, adminURL string) (*adminv3.Clusters, erro
 		return nil, err
 	}
 	if res.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET %s/clusters?format=json: %s: %s", adminURL, res.Status, b)
+		return b, fmt.Errorf("GET %s%s: %s: %s", adminURL, path, res.Status, bytes.TrimSpace(b))
+	}
+	return b, nil
+}
+
+// ReadClusters reads an Envoy admin's /clusters?format=json (this stand-in's or a real
+// Envoy's) as the envoy.admin.v3.Clusters it is.
+func ReadClusters(ctx context.Context, adminURL string) (*adminv3.Clusters, error) {
+	b, err := AdminGet(ctx, adminURL, "/clusters?format=json")
+	if err != nil {
+		return nil, err
 	}
 	out := &adminv3.Clusters{}
 	// A newer Envoy may add fields this go-control-plane does not know.

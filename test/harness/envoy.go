@@ -6,9 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
-	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
@@ -320,27 +318,11 @@ func IsStandIn(bin string) bool {
 	return err == nil && bytes.Contains(out, []byte("envoy-stand-in"))
 }
 
-// adminGet is one GET of the admin API; a status other than 200 is an error.
+// adminGet is one GET of the admin API, within 10 s; a status other than 200 is an error.
 func (e *Envoy) adminGet(ctx context.Context, path string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, e.Admin+path, nil)
-	if err != nil {
-		return nil, err
-	}
-	res, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer res.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(res.Body, 64<<20))
-	if err != nil {
-		return nil, err
-	}
-	if res.StatusCode != http.StatusOK {
-		return b, fmt.Errorf("GET %s%s: %s: %s", e.Admin, path, res.Status, bytes.TrimSpace(b))
-	}
-	return b, nil
+	return dataplane.AdminGet(ctx, e.Admin, path)
 }
 
 // WaitReady waits until the admin's /ready says LIVE: Envoy initialised its listeners and
