@@ -10,6 +10,7 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -304,6 +305,9 @@ func askForSecrets(ctx context.Context, addr string, creds credentials.Transport
 		// In ADS mode the cache answers a request that names every secret of the snapshot.
 		err = stream.Send(&discovery.DiscoveryRequest{Node: &core.Node{Id: "demo-visitor"}, TypeUrl: resourcev3.SecretType,
 			ResourceNames: []string{"kube-mvp-client-ca", "kube-mvp-peer-ca", "kube-mvp-proxy-client-cert", "kube-mvp-serving-cert"}})
+		if errors.Is(err, io.EOF) {
+			err = nil // the server ended the stream already: Recv has its status
+		}
 	}
 	var resp *discovery.DiscoveryResponse
 	if err == nil {
