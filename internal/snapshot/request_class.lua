@@ -17,7 +17,8 @@
 --   "watch"         GET or HEAD with the verb watch: no timeout, retried after a reset too
 --   "write"         any other method, not long-running: timeout
 --   "long-running"  any other long-running request (exec, attach, port-forward, proxy, log),
---                   and a list whose query is longer than QUERY_PARSE_MAX (not parsed)
+--                   a list whose query is longer than QUERY_PARSE_MAX (not parsed), and a
+--                   list whose watch value means false or true by the rest of the query
 --   "unclassified"  a path the apiserver reads differently from Envoy (a %-escape, a leading
 --                   "//", no leading "/"): it decodes it, this script does not try to
 --
@@ -111,12 +112,15 @@ local function first_watch_value(query)
   return nil
 end
 
--- is_false is the apiserver's Convert_Slice_string_To_bool for one value: "0", or "false"
--- in any case (strings.EqualFold: the long s, U+017F, folds to "s").
-local function is_false(v)
-  if v == "0" then return true end
-  v = v:gsub("\197\191", "s")
-  return #v == 5 and v:lower() == "false"
+-- watch_meaning is what the apiserver makes of a watch value: "false" for "0" or "false" in
+-- any ASCII case, "true" for anything else, and "ambiguous" for "false" spelt with the long s
+-- (U+017F). The apiserver reads that as false when the whole query decodes into ListOptions
+-- (Convert_Slice_string_To_bool, strings.EqualFold) and as a watch when another parameter does
+-- not decode (NewRequestInfo's fallback, strings.ToLower); the script does not decode them all.
+local function watch_meaning(v)
+  if v == "0" or (#v == 5 and v:lower() == "false") then return "false" end
+  if v:find("\197\191", 1, true) and v:gsub("\197\191", "s"):lower() == "false" then return "ambiguous" end
+  return "true"
 end
 
 -- method_verb is RequestInfo's verb of a resource request whose path names none.
@@ -148,7 +152,9 @@ local function long_running(method, path, query)
   if name == "" and verb == "get" then
     if #query > QUERY_PARSE_MAX then return true, "" end
     local w = first_watch_value(query)
-    verb = (w ~= nil and not is_false(w)) and "watch" or "list"
+    local meaning = w ~= nil and watch_meaning(w) or "false"
+    if meaning == "ambiguous" then return true, "" end -- the route without a class: safe for both
+    verb = meaning == "true" and "watch" or "list"
   end
   return verb == "watch" or verb == "proxy" or LONG_RUNNING_SUBRESOURCES[subresource] == true, verb
 end

@@ -62,6 +62,10 @@ func apiserverClass(t testing.TB, method, target string) string {
 	if info.IsResourceRequest && info.Name == "" && (info.Verb == "list" || info.Verb == "watch") && len(u.RawQuery) > queryParseMax {
 		return "long-running" // not parsed by the script: the route without a class
 	}
+	if info.IsResourceRequest && info.Name == "" && (info.Verb == "list" || info.Verb == "watch") && ambiguousWatch(u.Query()) {
+		// A list or a watch by whether the rest of the query decodes: the route without a class.
+		return "long-running"
+	}
 	long := genericfilters.BasicLongRunningRequestCheck(sets.NewString("watch", "proxy"), sets.NewString("attach", "exec", "proxy", "log", "portforward"))(req, info)
 	read := method == http.MethodGet || method == http.MethodHead
 	switch {
@@ -76,6 +80,14 @@ func apiserverClass(t testing.TB, method, target string) string {
 	}
 }
 
+// ambiguousWatch: the first watch value is "false" only by Unicode case folding (the long s),
+// which the apiserver reads as false when the whole query decodes into ListOptions and as a
+// watch when some other parameter does not (RequestInfoFactory's fallback lowercases).
+func ambiguousWatch(q url.Values) bool {
+	w := q["watch"]
+	return len(w) > 0 && strings.EqualFold(w[0], "false") && strings.ToLower(w[0]) != "false"
+}
+
 // queryParseMax is request_class.lua's QUERY_PARSE_MAX.
 const queryParseMax = 4096
 
@@ -88,6 +100,7 @@ var requestClassTargets = []string{
 	"/api/v1/pods?watch=false", "/api/v1/pods?watch=FALSE", "/api/v1/pods?watch=False&watch=1",
 	"/api/v1/pods?watch=1&watch=0", "/api/v1/pods?watch", "/api/v1/pods?watch=", "/api/v1/pods?%77atch=1",
 	"/api/v1/pods?w%61tch=true", "/api/v1/pods?watch=%66alse", "/api/v1/pods?watch=fal%C5%BFe",
+	"/api/v1/pods?limit=x&watch=fal%C5%BFe", "/api/v1/pods?watch=FAL%C5%BFE&limit=x", "/api/v1/pods?watch=%C5%BFalse",
 	"/api/v1/pods?watch=+false", "/api/v1/pods?watch=%zz", "/api/v1/pods?watch=%zz&watch=1",
 	"/api/v1/pods?watch;x=1", "/api/v1/pods?a=1;watch=1", "/api/v1/pods?watch=1;", "/api/v1/pods?&&watch=1&",
 	"/api/v1/pods?limit=x&watch=1", "/api/v1/pods?resourceVersion=0&watch=1&allowWatchBookmarks=true",
