@@ -111,7 +111,7 @@ func (o *serveOptions) flagSet() *pflag.FlagSet {
 		"refetch each apiserver's discovery this often")
 	bodyLimit := cli.NewValue(&o.watch.MaxDiscoveryBody, inventory.DefaultMaxDiscoveryBody, "SIZE", parseBodyLimit)
 	bodyLimit.Format = formatSize
-	fs.Var(bodyLimit, "max-discovery-body", "fail an apiserver's discovery fetch when a body it answers is larger than this (decoded): bytes, or Ki or Mi (a real aggregated /apis is about 100 KB, 700 KB with 2,000 CRDs)")
+	fs.Var(bodyLimit, "max-discovery-body", "the most bytes of an apiserver's discovery answer kept (decoded): a larger one fails the fetch, except that an aggregated document up to 32 times larger is pruned into it; bytes, or Ki or Mi (a real aggregated /apis is about 100 KB, 700 KB with 2,000 CRDs)")
 	duration(&o.watch.DepartedGrace, inventory.DefaultDepartedGrace, "departed-apiserver-grace", time.Second, "the memory is checked every few seconds",
 		"remember what an apiserver served this long after its identity Lease is deleted (503, not 404, for its APIs meanwhile); while a stale Lease exists it is remembered anyway")
 	fs.StringVar(&o.memoryConfigMap, "memory-configmap", "", "keep that memory in this ConfigMap, `NAMESPACE/NAME`, shared by every replica and read at start (default: in this process only), and with it the request-header names read before and the last good request-header configuration (key kube-mvp.request-header-names); needs --xds-tls-dir: each entry is signed with xds-server's key and believed only if an xds-server certificate of the control plane's CA signed it")
@@ -335,6 +335,7 @@ func serve(ctx context.Context, opts serveOptions, log *slog.Logger, ready chan<
 	opts.watch.Log = log
 	opts.watch.OnSkipped = func(n int) { m.skipped.Set(float64(n)) }
 	opts.watch.OnDiscoveryRefused = func(reason string) { m.discoveryRefused.WithLabelValues(reason).Inc() }
+	opts.watch.OnDiscoveryPruned = m.discoveryPruned.Inc
 	if opts.watch.MemoryConfigMap.Name != "" {
 		if creds == nil {
 			return errors.New("--memory-configmap needs --xds-tls-dir")
@@ -475,6 +476,8 @@ type serveMetrics struct {
 	memoryRejected *prometheus.CounterVec
 	// discoveryRefused counts the discovery fetches failed by an answer refused.
 	discoveryRefused *prometheus.CounterVec
+	// discoveryPruned counts the discovery fetches used in part (over the bounds).
+	discoveryPruned prometheus.Counter
 }
 
 func newServeMetrics(reg prometheus.Registerer) *serveMetrics {
@@ -530,7 +533,11 @@ func newServeMetrics(reg prometheus.Registerer) *serveMetrics {
 		m.discoveryRefused.WithLabelValues(reason)
 	}
 	m.states = newAPIServerStateCollector()
-	reg.MustRegister(m.states, m.apiservers, m.builds, m.buildSeconds, m.updates, m.refused, m.skipped, m.headerConfigBad, m.planHeld, m.dangerous, m.memoryRejected, m.discoveryRefused)
+	m.discoveryPruned = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "kube_mvp_xds_discovery_pruned_total",
+		Help: "Discovery fetches from an apiserver used in part: groups, versions or lists over the bounds (or over --max-discovery-body) left out, the rest used. The log names the apiserver and what was left out.",
+	})
+	reg.MustRegister(m.states, m.apiservers, m.builds, m.buildSeconds, m.updates, m.refused, m.skipped, m.headerConfigBad, m.planHeld, m.dangerous, m.memoryRejected, m.discoveryRefused, m.discoveryPruned)
 	return m
 }
 

@@ -1,13 +1,17 @@
 package inventory
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"sync"
 
 	"k8s.io/client-go/rest"
+
+	"github.com/kube-mvp/kube-mvp/internal/contract"
 )
 
 // Why an answer from an apiserver was refused (RefusedError.Reason,
@@ -87,14 +91,16 @@ func (t noRedirects) RoundTrip(req *http.Request) (*http.Response, error) {
 func (t noRedirects) WrappedRoundTripper() http.RoundTripper { return t.rt }
 
 // guard watches every request of one discovery fetch: it bounds each body to max bytes
-// (counted after gzip is decoded, which Go's transport does below it), and remembers the
-// first refusal, a body or a redirect, so that it fails the fetch whichever of client-go's
-// paths (aggregated, legacy, /version) met it and however client-go wrapped the error.
+// (counted after gzip is decoded, which Go's transport does below it), prunes an aggregated
+// discovery document into max bytes (pruneAggregated), and remembers the first refusal, a body
+// or a redirect, so that it fails the fetch whichever of client-go's paths (aggregated,
+// legacy, /version) met it and however client-go wrapped the error.
 type guard struct {
 	max int64
 
 	mu      sync.Mutex
 	refused *RefusedError
+	pruned  []string // what pruning left out, for the log
 }
 
 // client is hc (a NoRedirectClient) with the guard's rules; hc is not changed.
@@ -123,9 +129,16 @@ func (g *guard) err() error {
 	return g.refused
 }
 
-func (g *guard) tooLarge(req *http.Request) *RefusedError {
+func (g *guard) tooLarge(req *http.Request, limit int64) *RefusedError {
 	return g.refuse(&RefusedError{Reason: RefusedTooLarge,
-		msg: fmt.Sprintf("the answer to %s %s is larger than the limit of %d bytes", req.Method, req.URL.Path, g.max)})
+		msg: fmt.Sprintf("the answer to %s %s is larger than the limit of %d bytes", req.Method, req.URL.Path, limit)})
+}
+
+// prunedNotes is what pruning left out of this fetch's answers.
+func (g *guard) prunedNotes() []string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.pruned
 }
 
 type guardedTransport struct {
@@ -143,11 +156,40 @@ func (t guardedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if err != nil {
 		return res, err
 	}
-	if res.ContentLength > t.g.max {
-		res.Body.Close()
-		return nil, t.g.tooLarge(req)
+	// An aggregated document is read up to pruneReadFactor times the limit and pruned into it.
+	aggregated := res.StatusCode == http.StatusOK && strings.HasPrefix(res.Header.Get("Content-Type"), contract.MediaTypeAggregatedDiscovery)
+	limit := t.g.max
+	if aggregated {
+		limit *= pruneReadFactor
 	}
-	res.Body = &boundedBody{rc: res.Body, left: t.g.max, tooLarge: func() error { return t.g.tooLarge(req) }}
+	if res.ContentLength > limit {
+		res.Body.Close()
+		return nil, t.g.tooLarge(req, limit)
+	}
+	body := &boundedBody{rc: res.Body, left: limit, tooLarge: func() error { return t.g.tooLarge(req, limit) }}
+	if !aggregated {
+		res.Body = body
+		return res, nil
+	}
+	defer body.Close()
+	pruned, notes, err := pruneAggregated(body, int(t.g.max))
+	if top := (*topOverError)(nil); errors.As(err, &top) {
+		return nil, t.g.refuse(&RefusedError{Reason: RefusedTooLarge,
+			msg: fmt.Sprintf("the answer to %s %s is over the limit of %d bytes: %v", req.Method, req.URL.Path, t.g.max, top)})
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: %w", req.Method, req.URL.Path, err)
+	}
+	if len(notes) > 0 {
+		t.g.mu.Lock()
+		for _, n := range notes {
+			t.g.pruned = append(t.g.pruned, req.URL.Path+": "+n)
+		}
+		t.g.mu.Unlock()
+	}
+	res.Body = io.NopCloser(bytes.NewReader(pruned))
+	res.ContentLength = int64(len(pruned))
+	res.Header.Del("Content-Length")
 	return res, nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
@@ -146,14 +147,25 @@ func TestNoRedirectClient(t *testing.T) {
 }
 
 // TestDiscoveryBodyBounded: a body over the limit fails the fetch, whether its length is
-// declared, chunked, gzipped (the decoded size counts, and no more than the limit is
-// decoded) or met on client-go's legacy discovery path; a body at the limit passes.
+// declared, chunked, gzipped (the decoded size counts, and no more than the read limit is
+// decoded) or met on client-go's legacy discovery path; a body at the limit passes. (An
+// aggregated document over the limit only in its groups is pruned: TestDiscoveryPruned.)
 func TestDiscoveryBodyBounded(t *testing.T) {
 	const limit = 1 << 20
-	padded := func(n int) []byte { // an aggregated document of exactly n bytes
-		b := []byte(emptyAggregated[:len(emptyAggregated)-1] + `,"pad":"`)
-		b = append(b, bytes.Repeat([]byte("x"), n-len(b)-2)...)
-		return append(b, `"}`...)
+	padded := func(n int) []byte { // an aggregated document of exactly n bytes, compact
+		b := []byte(emptyAggregated[:len(emptyAggregated)-1] + `,"pad":{`)
+		for i := 0; ; i++ {
+			entry := fmt.Sprintf(`"k%d":"`, i)
+			if i > 0 {
+				entry = "," + entry
+			}
+			left := n - len(b) - len(entry) - len(`"}}`)
+			if left <= 1000 {
+				b = append(append(b, entry...), bytes.Repeat([]byte("x"), left)...)
+				return append(b, `"}}`...)
+			}
+			b = append(append(append(b, entry...), bytes.Repeat([]byte("x"), 900)...), '"')
+		}
 	}
 	aggregated := func(body []byte, declare bool) http.HandlerFunc {
 		return func(w http.ResponseWriter, r *http.Request) {
@@ -239,5 +251,53 @@ func TestDiscoveryBodyBounded(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestDiscoveryPruned: an aggregated /apis over the limit only because of one bloated group (a
+// CRD with 70 versions of 7,000 categories: 31 MB) is pruned, not refused: the fetch succeeds
+// with every group, the bloated one within the bounds, and says what it left out.
+func TestDiscoveryPruned(t *testing.T) {
+	const limit = 1 << 20
+	var b strings.Builder
+	b.WriteString(`{"kind":"APIGroupDiscoveryList","apiVersion":"apidiscovery.k8s.io/v2","metadata":{},"items":[`)
+	b.WriteString(`{"metadata":{"name":"bloated.example.com"},"versions":[`)
+	for v := range 70 {
+		if v > 0 {
+			b.WriteString(",")
+		}
+		fmt.Fprintf(&b, `{"version":"v%d","resources":[{"resource":"things","responseKind":{"group":"bloated.example.com","version":"v%d","kind":"Thing"},"scope":"Namespaced","verbs":["get","list"],"categories":[`, v+1, v+1)
+		for c := range 7000 {
+			if c > 0 {
+				b.WriteString(",")
+			}
+			fmt.Fprintf(&b, `"c%d-%s"`, c, strings.Repeat("x", 56))
+		}
+		b.WriteString(`]}],"freshness":"Current"}`)
+	}
+	b.WriteString(`]},{"metadata":{"name":"batch"},"versions":[{"version":"v1","resources":[{"resource":"jobs","responseKind":{"group":"batch","version":"v1","kind":"Job"},"scope":"Namespaced","verbs":["get","list"]}],"freshness":"Current"}]}]}`)
+	body := b.String()
+	if len(body) < 30<<20 {
+		t.Fatalf("the document is %d bytes", len(body))
+	}
+	srv := fakeAPIServer(t, map[string]http.HandlerFunc{"/apis": func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", contract.MediaTypeAggregatedDiscovery)
+		io.WriteString(w, body)
+	}})
+	var notes []string
+	list, _, err := inventory.FetchDiscovery(testutil.Context(t, time.Minute), trusting(srv), srv.Listener.Addr().String(),
+		inventory.FetchOptions{ServerName: "example.com", MaxBody: limit, OnPruned: func(n []string) { notes = n }})
+	if err != nil {
+		t.Fatalf("fetch: %v", err)
+	}
+	if len(list.Items) != 2 || list.Items[0].Name != "bloated.example.com" || list.Items[1].Name != "batch" {
+		t.Fatalf("groups: %d, want bloated.example.com and batch", len(list.Items))
+	}
+	bloated := list.Items[0]
+	if len(bloated.Versions) != 64 || len(bloated.Versions[0].Resources[0].Categories) != 64 {
+		t.Errorf("bloated group: %d versions, %d categories; want 64 of each", len(bloated.Versions), len(bloated.Versions[0].Resources[0].Categories))
+	}
+	if all := strings.Join(notes, "; "); !strings.Contains(all, "/apis: more than 64 versions") || !strings.Contains(all, "categories") {
+		t.Errorf("notes %q: want the versions and categories left out, with the path", notes)
 	}
 }

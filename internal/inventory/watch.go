@@ -66,6 +66,9 @@ type WatchOptions struct {
 	// OnDiscoveryRefused, if set, is told of every discovery fetch failed by a *RefusedError,
 	// with its reason.
 	OnDiscoveryRefused func(reason string)
+	// OnDiscoveryPruned, if set, is told of every discovery fetch used in part: groups or
+	// entries over the bounds left out (logged with the apiserver when that changes).
+	OnDiscoveryPruned func()
 	// Clock returns the current time; nil means time.Now.
 	Clock func() time.Time
 	Log   *slog.Logger
@@ -158,6 +161,7 @@ type discovered struct {
 	listAt time.Time // when list arrived
 	// version is its /version gitVersion, read with list (for people: routing never reads it).
 	version string
+	pruned  string // what pruning left out of list, as last logged
 }
 
 // settleRefetch: an apiserver that has just started may publish its discovery piecemeal
@@ -448,11 +452,11 @@ func (w *Watcher) discoveryFor(ctx context.Context, leases []coordinationv1.Leas
 			}
 			// Mark as fetched now so one slow server is not asked again on every rebuild.
 			var listAt time.Time
-			var version string // a restart may be an upgrade: its version is read again
+			var version, pruned string // a restart may be an upgrade: its version is read again
 			if d.instance == instance {
-				listAt, version = d.listAt, d.version
+				listAt, version, pruned = d.listAt, d.version, d.pruned
 			}
-			w.discovery[s.ID] = discovered{instance: instance, fetched: opts.Now, rounds: rounds, list: keepIf(d.instance == instance, d.list), listAt: listAt, version: version}
+			w.discovery[s.ID] = discovered{instance: instance, fetched: opts.Now, rounds: rounds, list: keepIf(d.instance == instance, d.list), listAt: listAt, version: version, pruned: pruned}
 			if !have || d.instance != instance {
 				w.pendingFirst = true
 			}
@@ -475,7 +479,12 @@ func keepIf(ok bool, l *apidiscoveryv2.APIGroupDiscoveryList) *apidiscoveryv2.AP
 }
 
 func (w *Watcher) fetchDiscovery(ctx context.Context, s topology.APIServer, instance string) {
-	list, version, err := FetchDiscovery(ctx, w.cfg, s.Address, FetchOptions{ServerName: w.opts.ServerName, MaxBody: w.opts.MaxDiscoveryBody})
+	var pruned []string
+	list, version, err := FetchDiscovery(ctx, w.cfg, s.Address, FetchOptions{ServerName: w.opts.ServerName, MaxBody: w.opts.MaxDiscoveryBody,
+		OnPruned: func(notes []string) { pruned = notes }})
+	if len(pruned) > 0 && w.opts.OnDiscoveryPruned != nil {
+		w.opts.OnDiscoveryPruned()
+	}
 	var refused *RefusedError
 	if errors.As(err, &refused) && w.opts.OnDiscoveryRefused != nil {
 		w.opts.OnDiscoveryRefused(refused.Reason)
@@ -494,6 +503,12 @@ func (w *Watcher) fetchDiscovery(ctx context.Context, s topology.APIServer, inst
 			if d.list == nil {
 				w.opts.Log.Info("apiserver discovery fetched", "apiserver", s.ID, "hostname", s.Hostname, "address", s.Address, "groups", len(list.Items), "took", w.opts.Clock().Sub(d.fetched).Round(time.Millisecond))
 			}
+			if p := strings.Join(pruned, "; "); p != d.pruned {
+				if p != "" { // logged when it changes, not on every fetch
+					w.opts.Log.Warn("discovery over its bounds: what is over is left out, the rest is used", "apiserver", s.ID, "address", s.Address, "left_out", p)
+				}
+				d.pruned = p
+			}
 			d.list, d.listAt, d.failed = list, w.opts.Clock(), false
 			if version != "" { // a failed /version keeps what this instance said before
 				d.version = version
@@ -509,8 +524,11 @@ func (w *Watcher) fetchDiscovery(ctx context.Context, s topology.APIServer, inst
 type FetchOptions struct {
 	// ServerName is the TLS name checked (unless the configuration is insecure).
 	ServerName string
-	// MaxBody bounds each answer's body, decoded; zero means DefaultMaxDiscoveryBody.
+	// MaxBody bounds each answer's body, decoded; zero means DefaultMaxDiscoveryBody. An
+	// aggregated document may be larger: it is pruned into MaxBody as it is read.
 	MaxBody int64
+	// OnPruned, if set, is told what pruning left out of a fetch that succeeded.
+	OnPruned func(notes []string)
 }
 
 // FetchDiscovery asks one apiserver, at its own address, what it serves itself: the
@@ -519,7 +537,9 @@ type FetchOptions struct {
 // objects.MergeDiscovery); failing that, whatever client-go negotiates (plain v2, then v1), reduced
 // to resources and verbs. It also reads the apiserver's version for people (kubectl mvp
 // status): "" when /version fails or is not a plausible version, which fails nothing.
-// A redirect or a body over opts.MaxBody anywhere fails the whole fetch with a *RefusedError.
+// A redirect or a body over opts.MaxBody anywhere fails the whole fetch with a *RefusedError,
+// except that an aggregated document is pruned (pruneAggregated): one bloated group costs its
+// own entries, not the fetch.
 func FetchDiscovery(ctx context.Context, base *rest.Config, address string, opts FetchOptions) (*apidiscoveryv2.APIGroupDiscoveryList, string, error) {
 	if opts.MaxBody <= 0 {
 		opts.MaxBody = DefaultMaxDiscoveryBody
@@ -564,6 +584,9 @@ func FetchDiscovery(ctx context.Context, base *rest.Config, address string, opts
 	}
 	if err != nil {
 		return nil, "", fmt.Errorf("discovery of %s: %w", address, err)
+	}
+	if notes := g.prunedNotes(); len(notes) > 0 && opts.OnPruned != nil {
+		opts.OnPruned(notes)
 	}
 	return list, version, nil
 }

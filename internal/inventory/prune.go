@@ -1,0 +1,440 @@
+package inventory
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strconv"
+
+	"github.com/kube-mvp/kube-mvp/internal/objects"
+)
+
+// Pruning an aggregated discovery document while it is read, so that one bloated CRD (a
+// thousand versions, eight thousand categories) costs its own entries and never the fetch:
+// the document is copied, compact, into at most the body limit, each array at most its bound,
+// and a group that does not fit, or holds a string no real name has, is left out whole.
+// Skipped bytes cost reading time only (the fetch's timeout bounds it), never memory.
+
+// pruneReadFactor: an aggregated body may be this many times the body limit before the fetch
+// fails; what is over the bounds within it is skipped without being kept.
+const pruneReadFactor = 32
+
+// maxDiscoveryString bounds one string of the document: a Kubernetes name is at most 253
+// bytes, a verb or category far less.
+const maxDiscoveryString = 1024
+
+// maxDiscoveryDepth bounds nesting: a real document is eight levels deep.
+const maxDiscoveryDepth = 32
+
+// arrayBounds are the most elements kept of each array, by its key; any other array keeps
+// defaultArrayBound.
+var arrayBounds = map[string]int{
+	"items":         objects.MaxDiscoveryGroups,
+	"versions":      objects.MaxDiscoveryVersions,
+	"resources":     objects.MaxDiscoveryResources,
+	"verbs":         objects.MaxDiscoveryResourceStrings,
+	"shortNames":    objects.MaxDiscoveryResourceStrings,
+	"categories":    objects.MaxDiscoveryResourceStrings,
+	"subresources":  objects.MaxDiscoveryResourceStrings,
+	"acceptedTypes": objects.MaxDiscoveryResourceStrings,
+}
+
+const defaultArrayBound = 64
+
+var errTooDeep = fmt.Errorf("nested deeper than %d", maxDiscoveryDepth)
+
+// topOverError: the document without its groups does not fit the limit, or holds a string no
+// real one has; nothing of it is used.
+type topOverError struct{ why string }
+
+func (e *topOverError) Error() string { return e.why + " outside its groups" }
+
+type syntaxError struct{ msg string }
+
+func (e *syntaxError) Error() string { return "malformed JSON: " + e.msg }
+
+// sink is where a copy goes: a nil sink skips. A sink over its max stops keeping bytes, and a
+// string too long poisons it; either way reading goes on to the value's end, so that the rest
+// of the document is read in step.
+type sink struct {
+	buf    bytes.Buffer
+	max    int
+	poison string // why this copy is not used, or ""
+}
+
+func (s *sink) writeByte(c byte) {
+	if s == nil || s.poison != "" {
+		return
+	}
+	if s.buf.Len() >= s.max {
+		s.spoil(fmt.Sprintf("over what is left of the body limit (%d bytes)", s.max))
+		return
+	}
+	s.buf.WriteByte(c)
+}
+
+func (s *sink) spoil(why string) {
+	if s != nil && s.poison == "" {
+		s.poison = why
+		s.buf = bytes.Buffer{} // nothing of it is kept
+	}
+}
+
+// pruneAggregated copies the JSON document r holds into at most max bytes, as described
+// above, and says what it left out (one note per kind of thing left out, naming the first).
+// Malformed JSON, or a document whose top level (all but its groups) does not fit, fails.
+func pruneAggregated(r io.Reader, max int) ([]byte, []string, error) {
+	p := &pruner{r: bufio.NewReaderSize(r, 32<<10), noted: map[string]bool{}}
+	c, err := p.next()
+	if err != nil {
+		return nil, nil, unexpected(err)
+	}
+	if c != '{' {
+		return nil, nil, &syntaxError{"the document is not an object"}
+	}
+	p.top = &sink{max: max}
+	if err := p.object(p.top, 0); err != nil {
+		return nil, nil, err
+	}
+	if c, err := p.next(); err != io.EOF {
+		if err == nil {
+			err = &syntaxError{fmt.Sprintf("%q after the document", c)}
+		}
+		return nil, nil, err
+	}
+	return p.top.buf.Bytes(), p.notes, nil
+}
+
+type pruner struct {
+	r      *bufio.Reader
+	top    *sink // the document's copy: spoiling it ends the read
+	budget int   // bytes of output left for groups
+	notes  []string
+	noted  map[string]bool
+
+	groupName string // items[i].metadata.name of the group being read, when seen
+}
+
+func (p *pruner) note(kind, msg string) {
+	if !p.noted[kind] {
+		p.noted[kind] = true
+		p.notes = append(p.notes, msg)
+	}
+}
+
+// stop ends the read once the document's own copy is spoiled: nothing of it will be used.
+func (p *pruner) stop() error {
+	if p.top != nil && p.top.poison != "" {
+		return &topOverError{p.top.poison}
+	}
+	return nil
+}
+
+// next is the next byte that is not whitespace.
+func (p *pruner) next() (byte, error) {
+	if err := p.stop(); err != nil {
+		return 0, err
+	}
+	for {
+		c, err := p.r.ReadByte()
+		if err != nil {
+			return 0, err
+		}
+		switch c {
+		case ' ', '\t', '\n', '\r':
+			continue
+		}
+		return c, nil
+	}
+}
+
+func unexpected(err error) error {
+	if err == io.EOF {
+		return &syntaxError{"unexpected end"}
+	}
+	return err
+}
+
+// elements reads the elements of an object or array whose opening byte was read, calling each
+// with the first byte of an element (for an object, the key's quote) until the closing byte.
+func (p *pruner) elements(closing byte, each func(c byte, i int) error) error {
+	for i := 0; ; i++ {
+		c, err := p.next()
+		if err != nil {
+			return unexpected(err)
+		}
+		if c == closing && i == 0 {
+			return nil
+		}
+		if i > 0 {
+			if c == closing {
+				return nil
+			}
+			if c != ',' {
+				return &syntaxError{fmt.Sprintf("%q between elements", c)}
+			}
+			if c, err = p.next(); err != nil {
+				return unexpected(err)
+			}
+		}
+		if err := each(c, i); err != nil {
+			return err
+		}
+	}
+}
+
+// object copies an object whose '{' was read; at depth 0 (the document) its items are groups.
+func (p *pruner) object(out *sink, depth int) error {
+	if depth > maxDiscoveryDepth {
+		return errTooDeep
+	}
+	out.writeByte('{')
+	err := p.elements('}', func(c byte, i int) error {
+		if c != '"' {
+			return &syntaxError{fmt.Sprintf("%q for a key", c)}
+		}
+		if i > 0 {
+			out.writeByte(',')
+		}
+		key := &sink{max: maxDiscoveryString + 2}
+		if err := p.str(key); err != nil {
+			return err
+		}
+		if key.poison != "" {
+			return &syntaxError{"a key longer than " + strconv.Itoa(maxDiscoveryString) + " bytes"}
+		}
+		for _, b := range key.buf.Bytes() {
+			out.writeByte(b)
+		}
+		c, err := p.next()
+		if err != nil {
+			return unexpected(err)
+		}
+		if c != ':' {
+			return &syntaxError{fmt.Sprintf("%q after a key", c)}
+		}
+		out.writeByte(':')
+		name, _ := strconv.Unquote(key.buf.String())
+		if depth == 0 && name == "items" {
+			return p.groups(out)
+		}
+		if c, err = p.next(); err != nil {
+			return unexpected(err)
+		}
+		return p.value(out, c, name, depth+1)
+	})
+	out.writeByte('}')
+	return err
+}
+
+// groups copies the document's items, each group whole or not at all.
+func (p *pruner) groups(out *sink) error {
+	c, err := p.next()
+	if err != nil {
+		return unexpected(err)
+	}
+	if c != '[' {
+		return &syntaxError{"items is not an array"}
+	}
+	out.writeByte('[')
+	// The groups share what the rest of the document leaves of the limit; 64 bytes are kept
+	// for the document's end.
+	p.budget = out.max - out.buf.Len() - 64
+	kept := 0
+	err = p.elements(']', func(c byte, i int) error {
+		if c != '{' {
+			return &syntaxError{"a group is not an object"}
+		}
+		if kept == objects.MaxDiscoveryGroups {
+			p.note("groups", fmt.Sprintf("more than %d groups; the rest left out", objects.MaxDiscoveryGroups))
+			return p.object(nil, 1)
+		}
+		p.groupName = ""
+		group := &sink{max: p.budget - 1} // and a comma
+		if err := p.object(group, 1); err != nil {
+			return err
+		}
+		if group.poison != "" {
+			name := "#" + strconv.Itoa(i)
+			if p.groupName != "" {
+				name = strconv.Quote(p.groupName)
+			}
+			p.note("group "+name, fmt.Sprintf("group %s left out: %s", name, group.poison))
+			return nil
+		}
+		if kept > 0 {
+			out.writeByte(',')
+			p.budget--
+		}
+		for _, b := range group.buf.Bytes() {
+			out.writeByte(b)
+		}
+		p.budget -= group.buf.Len()
+		kept++
+		return nil
+	})
+	out.writeByte(']')
+	return err
+}
+
+// value copies the value starting with c; key is the key it is under.
+func (p *pruner) value(out *sink, c byte, key string, depth int) error {
+	switch {
+	case c == '{':
+		return p.object(out, depth)
+	case c == '[':
+		return p.array(out, key, depth)
+	case c == '"':
+		if key == "name" && depth == 3 && out != nil { // a group's metadata.name
+			name := &sink{max: maxDiscoveryString + 2}
+			err := p.str(name)
+			if name.poison != "" {
+				out.spoil(name.poison)
+			}
+			p.groupName, _ = strconv.Unquote(name.buf.String())
+			for _, b := range name.buf.Bytes() {
+				out.writeByte(b)
+			}
+			return err
+		}
+		return p.str(out)
+	case c == 't':
+		return p.literal(out, "true")
+	case c == 'f':
+		return p.literal(out, "false")
+	case c == 'n':
+		return p.literal(out, "null")
+	case c == '-' || (c >= '0' && c <= '9'):
+		return p.number(out, c)
+	}
+	return &syntaxError{fmt.Sprintf("%q starts no value", c)}
+}
+
+// array copies an array whose '[' was read, keeping at most its key's bound of elements.
+func (p *pruner) array(out *sink, key string, depth int) error {
+	if depth > maxDiscoveryDepth {
+		return errTooDeep
+	}
+	bound, ok := arrayBounds[key]
+	if !ok {
+		bound = defaultArrayBound
+	}
+	out.writeByte('[')
+	err := p.elements(']', func(c byte, i int) error {
+		dst := out
+		if i == bound {
+			p.note("array "+key, fmt.Sprintf("more than %d %s in one list; the rest left out", bound, key))
+		}
+		if i >= bound {
+			dst = nil
+		} else if i > 0 {
+			out.writeByte(',')
+		}
+		return p.value(dst, c, key, depth+1)
+	})
+	out.writeByte(']')
+	return err
+}
+
+// str copies a string whose opening quote was read, quotes included, checking its escapes; a
+// string over maxDiscoveryString bytes spoils out (and is read to its end).
+func (p *pruner) str(out *sink) error {
+	out.writeByte('"')
+	for n := 0; ; n++ {
+		if n == maxDiscoveryString {
+			out.spoil(fmt.Sprintf("a string longer than %d bytes", maxDiscoveryString))
+			if err := p.stop(); err != nil {
+				return err
+			}
+		}
+		c, err := p.r.ReadByte()
+		if err != nil {
+			return unexpected(err)
+		}
+		switch {
+		case c == '"':
+			out.writeByte('"')
+			return nil
+		case c < 0x20:
+			return &syntaxError{"a control character in a string"}
+		case c == '\\':
+			e, err := p.r.ReadByte()
+			if err != nil {
+				return unexpected(err)
+			}
+			out.writeByte(c)
+			out.writeByte(e)
+			switch e {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+			case 'u':
+				for k := 0; k < 4; k++ {
+					h, err := p.r.ReadByte()
+					if err != nil {
+						return unexpected(err)
+					}
+					if !isHex(h) {
+						return &syntaxError{"a bad \\u escape"}
+					}
+					out.writeByte(h)
+				}
+			default:
+				return &syntaxError{fmt.Sprintf("the escape \\%c", e)}
+			}
+		default:
+			out.writeByte(c)
+		}
+	}
+}
+
+func isHex(c byte) bool {
+	return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F')
+}
+
+func (p *pruner) literal(out *sink, want string) error {
+	out.writeByte(want[0])
+	for i := 1; i < len(want); i++ {
+		c, err := p.r.ReadByte()
+		if err != nil {
+			return unexpected(err)
+		}
+		if c != want[i] {
+			return &syntaxError{fmt.Sprintf("%q in %s", c, want)}
+		}
+		out.writeByte(c)
+	}
+	return nil
+}
+
+// number copies a number, checked against JSON's grammar; one longer than a string may be
+// spoils out like a long string.
+func (p *pruner) number(out *sink, first byte) error {
+	num := []byte{first}
+	for {
+		c, err := p.r.ReadByte()
+		if err != nil && err != io.EOF {
+			return err
+		}
+		if err == nil && ((c >= '0' && c <= '9') || c == '.' || c == 'e' || c == 'E' || c == '+' || c == '-') {
+			if len(num) < maxDiscoveryString {
+				num = append(num, c)
+			} else if out.spoil(fmt.Sprintf("a number longer than %d bytes", maxDiscoveryString)); p.stop() != nil {
+				return p.stop()
+			}
+			continue
+		}
+		if err == nil {
+			if err := p.r.UnreadByte(); err != nil {
+				return err
+			}
+		}
+		if len(num) < maxDiscoveryString && !json.Valid(num) {
+			return &syntaxError{fmt.Sprintf("the number %q", num)}
+		}
+		for _, b := range num {
+			out.writeByte(b)
+		}
+		return nil
+	}
+}
