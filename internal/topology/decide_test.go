@@ -21,23 +21,27 @@ func TestNewRejectsBadInput(t *testing.T) {
 // A group/version's document goes to whoever serves any resource of it: a subset when only
 // some live apiservers serve some of it, the default set when every live one serves some,
 // 503 when only dead ones do.
+// live is an apiserver that is alive, with an address from its ID's last character.
+func live(id string) topology.APIServer {
+	return topology.APIServer{ID: id, Hostname: id, Address: "10.0.0." + id[len(id)-1:] + ":6443", Alive: true}
+}
+
+// resourceOf is resource r of gv.
+func resourceOf(gv topology.GroupVersion, r string) topology.Resource {
+	return topology.Resource{Group: gv.Group, Version: gv.Version, Resource: r}
+}
+
 func TestDecideDocument(t *testing.T) {
-	live := func(id string) topology.APIServer {
-		return topology.APIServer{ID: id, Hostname: id, Address: "10.0.0." + id[len(id)-1:] + ":6443", Alive: true}
-	}
 	dead := topology.APIServer{ID: "d", Hostname: "d"}
 	batch := topology.GroupVersion{Group: "batch", Version: "v1"}
-	res := func(gv topology.GroupVersion, r string) topology.Resource {
-		return topology.Resource{Group: gv.Group, Version: gv.Version, Resource: r}
-	}
 	alpha := topology.GroupVersion{Group: "x.k8s.io", Version: "v1alpha1"}
 	gone := topology.GroupVersion{Group: "gone.k8s.io", Version: "v1"}
 	tp, err := topology.New([]topology.APIServer{live("s1"), live("s2"), live("s3"), dead}, map[topology.Resource][]string{
-		res(batch, "jobs"):     {"s1", "s2"},
-		res(batch, "cronjobs"): {"s2", "s3"},
-		res(alpha, "things"):   {"s1"},
-		res(alpha, "others"):   {"s2"},
-		res(gone, "ghosts"):    {"d"},
+		resourceOf(batch, "jobs"):     {"s1", "s2"},
+		resourceOf(batch, "cronjobs"): {"s2", "s3"},
+		resourceOf(alpha, "things"):   {"s1"},
+		resourceOf(alpha, "others"):   {"s2"},
+		resourceOf(gone, "ghosts"):    {"d"},
 	}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -57,7 +61,7 @@ func TestDecideDocument(t *testing.T) {
 			t.Errorf("%s document: %s %v, want %s %v", c.gv, d.Outcome, d.Servers, c.outcome, c.servers)
 		}
 	}
-	if !batch.Document().IsDocument() || res(batch, "jobs").IsDocument() {
+	if !batch.Document().IsDocument() || resourceOf(batch, "jobs").IsDocument() {
 		t.Error("IsDocument")
 	}
 }
@@ -79,22 +83,16 @@ func equalSets(a, b topology.ServerSet) bool {
 // group/version, never overrides the apiservers' own discovery, and costs nothing where
 // discovery agrees with it.
 func TestServedEverywhereClaims(t *testing.T) {
-	live := func(id string) topology.APIServer {
-		return topology.APIServer{ID: id, Hostname: id, Address: "10.0.0." + id[len(id)-1:] + ":6443", Alive: true}
-	}
 	dead := topology.APIServer{ID: "d", Hostname: "d"}
 	events := topology.GroupVersion{Group: "events.k8s.io", Version: "v1"}
-	res := func(gv topology.GroupVersion, r string) topology.Resource {
-		return topology.Resource{Group: gv.Group, Version: gv.Version, Resource: r}
-	}
 	crd := topology.GroupVersion{Group: "stable.example.com", Version: "v1"}
 	tp, err := topology.New([]topology.APIServer{live("s1"), live("s2"), dead}, map[topology.Resource][]string{
-		res(events, "events"):  {"s1"},            // built in, s2 has it off
-		res(events, "widgets"): {"s1", "s2"},      // the CRD claiming the group/version
-		res(crd, "crontabs"):   {"s1", "s2", "d"}, // every live one lists it
-		res(crd, "fresh"):      {"s2"},            // not yet in s1's discovery
-		res(crd, "departed"):   {"d"},             // only a dead one lists it
-		{Group: "events.k8s.io", Version: "v1beta1", Resource: "events"}: {"s1"}, // not claimed
+		resourceOf(events, "events"):                                     {"s1"},            // built in, s2 has it off
+		resourceOf(events, "widgets"):                                    {"s1", "s2"},      // the CRD claiming the group/version
+		resourceOf(crd, "crontabs"):                                      {"s1", "s2", "d"}, // every live one lists it
+		resourceOf(crd, "fresh"):                                         {"s2"},            // not yet in s1's discovery
+		resourceOf(crd, "departed"):                                      {"d"},             // only a dead one lists it
+		{Group: "events.k8s.io", Version: "v1beta1", Resource: "events"}: {"s1"},            // not claimed
 	}, []topology.GroupVersion{events, crd, {Group: "events.k8s.io", Version: "v1alpha9"}})
 	if err != nil {
 		t.Fatal(err)
@@ -104,21 +102,21 @@ func TestServedEverywhereClaims(t *testing.T) {
 		outcome topology.Outcome
 		servers topology.ServerSet
 	}{
-		{res(events, "events"), topology.Subset, topology.ServerSet{"s1"}},
-		{res(events, "widgets"), topology.Default, nil},
+		{resourceOf(events, "events"), topology.Subset, topology.ServerSet{"s1"}},
+		{resourceOf(events, "widgets"), topology.Default, nil},
 		{events.Document(), topology.Subset, topology.ServerSet{"s1"}}, // only s1 lists some resource of it still
 		{topology.Resource{Group: "events.k8s.io", Version: "v1beta1", Resource: "events"}, topology.Subset, topology.ServerSet{"s1"}},
-		{res(crd, "crontabs"), topology.Default, nil},
-		{res(crd, "fresh"), topology.Subset, topology.ServerSet{"s2"}},
-		{res(crd, "departed"), topology.Default, nil}, // every apiserver's chain serves a CRD: never 503
-		{res(crd, "unlisted"), topology.Default, nil},
+		{resourceOf(crd, "crontabs"), topology.Default, nil},
+		{resourceOf(crd, "fresh"), topology.Subset, topology.ServerSet{"s2"}},
+		{resourceOf(crd, "departed"), topology.Default, nil}, // every apiserver's chain serves a CRD: never 503
+		{resourceOf(crd, "unlisted"), topology.Default, nil},
 	} {
 		if d := tp.DecideResource(c.r); d.Outcome != c.outcome || !equalSets(d.Servers, c.servers) {
 			t.Errorf("%s: %s %v, want %s %v", c.r, d.Outcome, d.Servers, c.outcome, c.servers)
 		}
 	}
 	// What every live apiserver lists, or none does, needs no route: it is not published.
-	for _, r := range []topology.Resource{res(events, "widgets"), res(crd, "crontabs"), res(crd, "departed")} {
+	for _, r := range []topology.Resource{resourceOf(events, "widgets"), resourceOf(crd, "crontabs"), resourceOf(crd, "departed")} {
 		if _, ok := tp.Served[r]; ok {
 			t.Errorf("%s is published; a claimed group/version's resource every live apiserver (or none) lists needs no route", r)
 		}
