@@ -274,17 +274,35 @@ func serve(ctx context.Context, opts serveOptions, log *slog.Logger, ready chan<
 			return fmt.Errorf("--xds-tls-dir: %w", err)
 		}
 	}
-	xdsServer := xds.New(xds.Options{
+	var xdsServer *xds.Server
+	var publisher *makebeforebreak.Publisher[*plan.Envoys]
+	// While a connected Envoy refuses the newest configuration, whole routing tables that name
+	// something new wait: that Envoy may not have it (narrowed tables still go out).
+	onRejectedChange := func() {
+		rejected := xdsServer.ConfigRejected()
+		if rejected {
+			m.tableHeld.Set(1)
+			log.Warn("an Envoy refused the newest configuration: routing tables naming something new wait until it accepts one (narrowed ones go out)")
+		} else {
+			m.tableHeld.Set(0)
+			log.Info("every Envoy accepts the newest configuration: held routing tables go out")
+		}
+		if publisher != nil {
+			publisher.Hold(rejected)
+		}
+	}
+	xdsServer = xds.New(xds.Options{
 		Translate: translator(opts.cfg, log), MakeBeforeBreak: opts.mbb, Log: log, OnBuild: m.observeBuild,
 		Limits: opts.limits, RequireRole: creds != nil,
-		OnRefused: func(reason string, _ error) { m.refused.WithLabelValues(reason).Inc() },
+		OnRefused:        func(reason string, _ error) { m.refused.WithLabelValues(reason).Inc() },
+		OnRejectedChange: onRejectedChange,
 	})
 	tables := tablestream.NewServer(tablestream.ServerOptions{Log: log, Registerer: reg, ProxyChecks: checks})
 	mbb := opts.mbb
 	mbb.OnDelay = func(names []makebeforebreak.Name, delay time.Duration) {
 		log.Info("routing table narrowed to what Envoy has; the whole table follows after the delay", "delay", delay, "new", names)
 	}
-	publisher := makebeforebreak.NewPublisher(mbb, func(e *plan.Envoys) { tables.Publish(e.Table(), time.Now()) })
+	publisher = makebeforebreak.NewPublisher(mbb, func(e *plan.Envoys) { tables.Publish(e.Table(), time.Now()) })
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "kube_mvp_xds_connected_nodes", Help: "Envoy nodes with at least one open xDS stream.",
 	}, func() float64 {
@@ -472,6 +490,8 @@ type serveMetrics struct {
 	headerConfigBad prometheus.Gauge
 	// planHeld: the newest plan could not be built; the last good one stays in force.
 	planHeld prometheus.Gauge
+	// tableHeld: an Envoy refused the newest configuration; new routing tables wait.
+	tableHeld prometheus.Gauge
 	// memoryRejected counts the versions of the memory ConfigMap rejected as a whole.
 	memoryRejected *prometheus.CounterVec
 	// discoveryRefused counts the discovery fetches failed by an answer refused.
@@ -537,6 +557,11 @@ func newServeMetrics(reg prometheus.Registerer) *serveMetrics {
 		Name: "kube_mvp_xds_discovery_pruned_total",
 		Help: "Discovery fetches from an apiserver used in part: groups, versions or lists over the bounds (or over --max-discovery-body) left out, the rest used. The log names the apiserver and what was left out.",
 	})
+	m.tableHeld = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "kube_mvp_xds_routing_table_held",
+		Help: "1 while a connected Envoy refuses the newest configuration (a NACK): routing tables that name a serving set, cluster or apiserver extproc does not know yet wait (narrowed ones go out), so that extproc never routes to what that Envoy lacks.",
+	})
+	reg.MustRegister(m.tableHeld)
 	reg.MustRegister(m.states, m.apiservers, m.builds, m.buildSeconds, m.updates, m.refused, m.skipped, m.headerConfigBad, m.planHeld, m.dangerous, m.memoryRejected, m.discoveryRefused, m.discoveryPruned)
 	return m
 }

@@ -27,7 +27,8 @@
 //  1. A routing table that names a serving set, cluster or apiserver the last published
 //     table did not reaches extproc whole TableDelay after it is offered, so that every
 //     Envoy, given the matching snapshot at the same moment (possibly by another
-//     xds-server replica), has the endpoints that list the set first. Meanwhile it goes
+//     xds-server replica), has the endpoints that list the set first; and not while an
+//     Envoy refuses the newest configuration (Publisher.Hold). Meanwhile it goes
 //     out at once narrowed (narrow.go): each new serving set replaced by the largest
 //     subset of it the last table named, so that a new API reaches an apiserver that
 //     serves it rather than the default route's 404. Any other table goes out at once, as

@@ -33,6 +33,15 @@ type Publisher[T any] struct {
 	// known the names of the last table published whole.
 	offered, published uint64
 	known              Names
+	// held: whole tables that name something new wait in pending rather than go out (Hold).
+	held    bool
+	pending *heldTable[T]
+}
+
+type heldTable[T any] struct {
+	seq   uint64
+	t     T
+	names Names
 }
 
 // NewPublisher returns the Publisher of the routing tables made from plans: it hands each
@@ -80,8 +89,31 @@ func (p *Publisher[T]) Offer(t T) {
 	p.clock.AfterFunc(p.delay, func() {
 		p.mu.Lock()
 		defer p.mu.Unlock()
+		if p.held {
+			if p.pending == nil || p.pending.seq < 2*n {
+				p.pending = &heldTable[T]{seq: 2 * n, t: t, names: names}
+			}
+			return
+		}
 		p.publishLocked(2*n, t, names)
 	})
+}
+
+// Hold keeps whole tables that name something new from going out while held is true: an
+// Envoy refused the newest configuration (a NACK), so it may lack what they name, and
+// extproc would route requests to clusters it does not have. Narrowed tables, and tables
+// that name nothing new, still go out. When the hold ends, the newest table held goes out at
+// once (its delay has passed), unless something newer went out meanwhile.
+func (p *Publisher[T]) Hold(held bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.held = held
+	if held || p.pending == nil {
+		return
+	}
+	h := p.pending
+	p.pending = nil
+	p.publishLocked(h.seq, h.t, h.names)
 }
 
 // publishLocked publishes t as sequence number seq unless something newer went out; names

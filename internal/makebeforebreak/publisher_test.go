@@ -17,11 +17,13 @@ type action struct {
 	id    int
 	names string // space-separated
 	step  time.Duration
+	hold  *bool // when set: Hold(*hold) instead
 	want  []int
 }
 
 func offer(id int, names string, want ...int) action { return action{id: id, names: names, want: want} }
 func step(d time.Duration, want ...int) action       { return action{step: d, want: want} }
+func hold(held bool, want ...int) action             { return action{hold: &held, want: want} }
 
 func TestPublisher(t *testing.T) {
 	const d = 2 * time.Second
@@ -117,6 +119,44 @@ func TestPublisher(t *testing.T) {
 			},
 		},
 		{
+			name:  "held: a whole table that must wait stays out while held, and goes out when the hold ends",
+			delay: d,
+			actions: []action{
+				offer(1, "cluster-default", 1),
+				hold(true, 1),
+				offer(2, "cluster-default cluster-x", 1),
+				step(d, 1),
+				step(10*d, 1),
+				hold(false, 1, 2),
+				step(10*d, 1, 2),
+			},
+		},
+		{
+			name:   "held: narrowed tables and tables naming nothing new still go out; a newer one drops the held one",
+			delay:  d,
+			narrow: true,
+			actions: []action{
+				offer(1, "cluster-default", 1),
+				hold(true, 1),
+				offer(2, "cluster-default cluster-x", 1, -2),
+				step(d, 1, -2),
+				offer(3, "cluster-default", 1, -2, 3),
+				hold(false, 1, -2, 3),
+			},
+		},
+		{
+			name:  "held and released before the delay ends: the table goes out at its time",
+			delay: d,
+			actions: []action{
+				offer(1, "cluster-default", 1),
+				hold(true, 1),
+				offer(2, "cluster-default cluster-x", 1),
+				hold(false, 1),
+				step(d-time.Nanosecond, 1),
+				step(time.Nanosecond, 1, 2),
+			},
+		},
+		{
 			name:  "TableDelay 0 publishes every table at once",
 			delay: 0,
 			actions: []action{
@@ -143,7 +183,9 @@ func TestPublisher(t *testing.T) {
 			p := newPublisher(Options{TableDelay: tc.delay, Clock: clk}, func(id int) { published = append(published, id) },
 				func(id int) Names { return names[id] }, narrow)
 			for i, a := range tc.actions {
-				if a.id != 0 {
+				if a.hold != nil {
+					p.Hold(*a.hold)
+				} else if a.id != 0 {
 					names[a.id] = Names{}
 					for _, n := range strings.Fields(a.names) {
 						names[a.id][Name{KindCluster, n}] = true

@@ -73,6 +73,46 @@ type Server struct {
 	explaining chan struct{}
 
 	stopping atomic.Bool
+	// rejected is ConfigRejected as last computed; rejectedMu orders OnRejectedChange calls.
+	rejected   bool
+	rejectedMu sync.Mutex
+}
+
+// ConfigRejected reports whether a connected Envoy's last answer for some resource type was a
+// rejection (NACK) not yet followed by an ACK of what was sent since: that Envoy runs an older
+// configuration than the plans, and may lack clusters a new routing table names.
+func (s *Server) ConfigRejected() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.rejectedLocked()
+}
+
+func (s *Server) rejectedLocked() bool {
+	for _, n := range s.nodes {
+		for _, ts := range n.Types {
+			if ts.NackError != "" {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// rejectedChanged calls OnRejectedChange if ConfigRejected changed; call it without s.mu.
+func (s *Server) rejectedChanged() {
+	if s.opts.OnRejectedChange == nil {
+		return
+	}
+	s.rejectedMu.Lock()
+	defer s.rejectedMu.Unlock()
+	s.mu.Lock()
+	now := s.rejectedLocked()
+	changed := now != s.rejected
+	s.rejected = now
+	s.mu.Unlock()
+	if changed {
+		s.opts.OnRejectedChange()
+	}
 }
 
 // SetStopping makes /readyz fail from now on: the process serves on while it stops.
@@ -148,6 +188,9 @@ type Options struct {
 	// OnRefused, if set, is told about every stream refused (reason: a short label for a
 	// metric, such as "role", "node", "max-nodes", "max-streams", "fetch").
 	OnRefused func(reason string, err error)
+	// OnRejectedChange, if set, is called after ConfigRejected may have changed (a NACK, the
+	// ACK that ends it, a node gone), never under the server's lock; read ConfigRejected in it.
+	OnRejectedChange func()
 }
 
 // New returns a server with no plans; nodes wait until the first Update.
@@ -458,6 +501,7 @@ func (s *Server) join(role cptls.Role, cert *PeerCertificate, node *core.Node) e
 // leave counts a closed stream of node; the node's state and snapshot go with its last one,
 // so clients that come and go leave nothing behind.
 func (s *Server) leave(node *core.Node) {
+	defer s.rejectedChanged()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	n := s.nodes[node.GetId()]
@@ -503,6 +547,7 @@ func (s *Server) request(node *core.Node, typeURL, version, nonce string, errDet
 	if node == nil {
 		return
 	}
+	defer s.rejectedChanged()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	ts := s.typeLocked(node, typeURL)
@@ -515,7 +560,7 @@ func (s *Server) request(node *core.Node, typeURL, version, nonce string, errDet
 		s.log.Warn("Envoy rejected config", "node", node.GetId(), "type", typeURL, "error", errDetail)
 	case nonce != "":
 		ts.Acked = version
-		if version == ts.Sent {
+		if version == ts.Sent || version == "" { // "": a delta stream's ACK carries no version
 			ts.NackError, ts.NackedNext = "", ""
 		}
 	}

@@ -453,3 +453,54 @@ func TestEnvoyVersion(t *testing.T) {
 		t.Errorf("a warning for a supported Envoy:\n%s", logs.String())
 	}
 }
+
+// TestConfigRejected: a NACK makes ConfigRejected true and calls OnRejectedChange; the ACK of
+// the next version sent ends it, as does the node's leaving; each change is told once.
+func TestConfigRejected(t *testing.T) {
+	ctx := testutil.Context(t, 30*time.Second)
+	changes := make(chan bool, 10)
+	var srv *xds.Server
+	srv = xds.New(xds.Options{Translate: clustersOnly, MakeBeforeBreak: noMBB, OnRejectedChange: func() { changes <- srv.ConfigRejected() }})
+	addr := serveADS(t, ctx, srv)
+	srv.Update(plans(t, topo(t, true)))
+	expect := func(want bool) {
+		t.Helper()
+		select {
+		case got := <-changes:
+			if got != want {
+				t.Fatalf("OnRejectedChange with ConfigRejected %v, want %v", got, want)
+			}
+		case <-ctx.Done():
+			t.Fatalf("no OnRejectedChange (want ConfigRejected %v)", want)
+		}
+	}
+
+	front := dial(t, ctx, addr, &core.Node{Id: "front-1"})
+	front.send(&discovery.DiscoveryRequest{})
+	resp, _ := front.recvCluster()
+	front.send(&discovery.DiscoveryRequest{VersionInfo: resp.VersionInfo, ResponseNonce: resp.Nonce}) // ACK
+	srv.Update(plans(t, topo(t, false)))
+	resp2, _ := front.recvCluster()
+	front.send(&discovery.DiscoveryRequest{VersionInfo: resp.VersionInfo, ResponseNonce: resp2.Nonce, ErrorDetail: &statuspb.Status{Message: "rejected"}}) // NACK
+	expect(true)
+	if !srv.ConfigRejected() {
+		t.Error("ConfigRejected false after a NACK")
+	}
+	srv.Update(plans(t, topo(t, true)))
+	resp3, _ := front.recvCluster()
+	front.send(&discovery.DiscoveryRequest{VersionInfo: resp3.VersionInfo, ResponseNonce: resp3.Nonce}) // ACK of the newest
+	expect(false)
+
+	// A node that NACKs and leaves takes its rejection with it.
+	srv.Update(plans(t, topo(t, false)))
+	resp4, _ := front.recvCluster()
+	front.send(&discovery.DiscoveryRequest{VersionInfo: resp3.VersionInfo, ResponseNonce: resp4.Nonce, ErrorDetail: &statuspb.Status{Message: "rejected"}})
+	expect(true)
+	front.stream.CloseSend()
+	expect(false)
+	select {
+	case got := <-changes:
+		t.Errorf("an extra OnRejectedChange (ConfigRejected %v)", got)
+	default:
+	}
+}
