@@ -476,3 +476,25 @@ func freeAddrs(n int) ([]string, error) {
 	}
 	return out, nil
 }
+
+// PeakMemory is the peak resident set (VmHWM, bytes) of the first running process named name
+// ("xds-server", "extproc"): what a container's memory limit is set against.
+func (k *KubeMVP) PeakMemory(name string) (int64, error) {
+	for _, p := range k.procs {
+		if filepath.Base(p.cmd.Path) != name || p.done.Load() || p.cmd.Process == nil {
+			continue
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
+		if err != nil {
+			return 0, err
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+				kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
+				return kb << 10, err
+			}
+		}
+		return 0, fmt.Errorf("%s: no VmHWM in /proc/%d/status", name, p.cmd.Process.Pid)
+	}
+	return 0, fmt.Errorf("no running %s", name)
+}
