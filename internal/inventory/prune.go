@@ -11,8 +11,8 @@ import (
 	"github.com/kube-mvp/kube-mvp/internal/objects"
 )
 
-// Pruning an aggregated discovery document while it is read, so that one bloated CRD (a
-// thousand versions, eight thousand categories) costs its own entries and never the fetch:
+// Pruning an aggregated discovery document while it is read, so that one bloated CRD (fifty
+// versions, eight thousand categories) costs its own entries and never the fetch:
 // the document is copied, compact, into at most the body limit, each array at most its bound,
 // and a group that does not fit, or holds a string no real name has, is left out whole.
 // Skipped bytes cost reading time only (the fetch's timeout bounds it), never memory.
@@ -25,7 +25,8 @@ const pruneReadFactor = 32
 // bytes, a verb or category far less.
 const maxDiscoveryString = 1024
 
-// maxDiscoveryDepth bounds nesting: a real document is eight levels deep.
+// maxDiscoveryDepth bounds nesting: a real document is eight levels deep. Deeper fails the
+// fetch like malformed JSON (the recursion's stack is what it bounds).
 const maxDiscoveryDepth = 32
 
 // arrayBounds are the most elements kept of each array, by its key; any other array keeps
