@@ -24,13 +24,12 @@ import (
 	"k8s.io/client-go/transport/spdy"
 	"k8s.io/klog/v2"
 
+	"github.com/kube-mvp/kube-mvp/internal/adminhttp"
 	"github.com/kube-mvp/kube-mvp/internal/cli"
 	"github.com/kube-mvp/kube-mvp/internal/configdiff"
 	"github.com/kube-mvp/kube-mvp/internal/contract"
 	"github.com/kube-mvp/kube-mvp/internal/opstatus"
-	"github.com/kube-mvp/kube-mvp/internal/xds"
-
-	"github.com/kube-mvp/kube-mvp/internal/adminhttp"
+	"github.com/kube-mvp/kube-mvp/internal/xdsstatus"
 )
 
 var configDumpCommand = &cli.Command{
@@ -221,7 +220,7 @@ func configDump(ctx context.Context, o *configDumpOptions) (*configdiff.Report, 
 // replicaSyncz is one xds-server replica's admin and the Envoys its /debug/syncz lists.
 type replicaSyncz struct {
 	admin string
-	nodes []xds.NodeStatus
+	nodes []xdsstatus.NodeStatus
 }
 
 // connectedTo is the replica node is connected to: the one listing it with the most open
@@ -280,7 +279,7 @@ func envoyAdminPorts(ctx context.Context, cfg *rest.Config, ns string) (map[stri
 
 // compareNode reads one node's two dumps and compares them; the problems are Envoy's
 // resources that could not be read.
-func compareNode(ctx context.Context, client *http.Client, xdsAdmin string, e envoyTarget, syncz []xds.NodeStatus) (*configdiff.Node, []string, error) {
+func compareNode(ctx context.Context, client *http.Client, xdsAdmin string, e envoyTarget, syncz []xdsstatus.NodeStatus) (*configdiff.Node, []string, error) {
 	body, err := adminGet(ctx, client, xdsAdmin+"/debug/config_dump?node="+url.QueryEscape(e.node), "xds-server")
 	if err != nil {
 		return nil, nil, fmt.Errorf("node %s: %w", e.node, err)
@@ -309,7 +308,7 @@ func compareNode(ctx context.Context, client *http.Client, xdsAdmin string, e en
 	for i, p := range problems {
 		problems[i] = e.label + ": " + p
 	}
-	var status *xds.NodeStatus
+	var status *xdsstatus.NodeStatus
 	for i := range syncz {
 		if syncz[i].NodeID == e.node {
 			status = &syncz[i]
@@ -320,12 +319,12 @@ func compareNode(ctx context.Context, client *http.Client, xdsAdmin string, e en
 	return &n, problems, nil
 }
 
-func readSyncz(ctx context.Context, client *http.Client, xdsAdmin string) ([]xds.NodeStatus, error) {
+func readSyncz(ctx context.Context, client *http.Client, xdsAdmin string) ([]xdsstatus.NodeStatus, error) {
 	body, err := adminGet(ctx, client, xdsAdmin+"/debug/syncz", "xds-server")
 	if err != nil {
 		return nil, err
 	}
-	var out []xds.NodeStatus
+	var out []xdsstatus.NodeStatus
 	if err := json.Unmarshal(body, &out); err != nil {
 		return nil, fmt.Errorf("xds-server's /debug/syncz at %s: %w (another version of xds-server?)", xdsAdmin, err)
 	}

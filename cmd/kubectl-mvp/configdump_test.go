@@ -19,7 +19,7 @@ import (
 
 	"github.com/kube-mvp/kube-mvp/internal/configdiff"
 	"github.com/kube-mvp/kube-mvp/internal/contract"
-	"github.com/kube-mvp/kube-mvp/internal/xds"
+	"github.com/kube-mvp/kube-mvp/internal/xdsstatus"
 )
 
 // portForwardAPI is fakeAPI with pods/portforward (SPDY, as the apiserver and kubelet
@@ -196,8 +196,8 @@ func TestConfigDumpThroughTheKubernetesAPI(t *testing.T) {
 // to (the one listing it with open streams), not of one that keeps it disconnected after it
 // moved, nor of the first replica unless no replica knows it.
 func TestConnectedTo(t *testing.T) {
-	a := replicaSyncz{admin: "a", nodes: []xds.NodeStatus{{NodeID: "moved", Streams: 0}, {NodeID: "on-a", Streams: 1}}}
-	b := replicaSyncz{admin: "b", nodes: []xds.NodeStatus{{NodeID: "moved", Streams: 1}}}
+	a := replicaSyncz{admin: "a", nodes: []xdsstatus.NodeStatus{{NodeID: "moved", Streams: 0}, {NodeID: "on-a", Streams: 1}}}
+	b := replicaSyncz{admin: "b", nodes: []xdsstatus.NodeStatus{{NodeID: "moved", Streams: 1}}}
 	for node, want := range map[string]string{"moved": "b", "on-a": "a", "unknown": "a"} {
 		if got := connectedTo([]replicaSyncz{a, b}, node).admin; got != want {
 			t.Errorf("%s: replica %s, want %s", node, got, want)

@@ -28,11 +28,10 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/kube-mvp/kube-mvp/internal/xds"
-
+	_ "github.com/kube-mvp/kube-mvp/internal/snapshot"
+	"github.com/kube-mvp/kube-mvp/internal/xdsstatus"
 	// The extension types (filters, transport sockets, ...) xds-server puts into typed_config
 	// fields: an Any is read only when its type is registered.
-	_ "github.com/kube-mvp/kube-mvp/internal/snapshot"
 )
 
 // The states of a resource.
@@ -433,7 +432,7 @@ func normalize(m proto.Message) proto.Message {
 
 // Compare is one node's rows: xds-server's dump for the node against Envoy's, with syncz's
 // status of the node (nil: syncz does not list it).
-func Compare(node string, xdsServer, envoy *Dump, sync *xds.NodeStatus) Node {
+func Compare(node string, xdsServer, envoy *Dump, sync *xdsstatus.NodeStatus) Node {
 	n := Node{Node: node, Sync: syncState(sync), Resources: []Resource{}, Summary: map[string]int{}}
 	for _, typeURL := range typeOrder {
 		ours, theirs := xdsServer.res[typeURL], envoy.res[typeURL]
@@ -487,7 +486,7 @@ func Compare(node string, xdsServer, envoy *Dump, sync *xds.NodeStatus) Node {
 	return n
 }
 
-func syncState(s *xds.NodeStatus) string {
+func syncState(s *xdsstatus.NodeStatus) string {
 	if s == nil {
 		return "unknown"
 	}
@@ -505,14 +504,14 @@ func syncState(s *xds.NodeStatus) string {
 	return state
 }
 
-func typeStatus(s *xds.NodeStatus, typeURL string) *xds.TypeStatus {
+func typeStatus(s *xdsstatus.NodeStatus, typeURL string) *xdsstatus.TypeStatus {
 	if s == nil {
 		return nil
 	}
 	return s.Types[typeURL]
 }
 
-func versions(ts *xds.TypeStatus) string {
+func versions(ts *xdsstatus.TypeStatus) string {
 	switch {
 	case ts == nil:
 		return "held"
@@ -527,7 +526,7 @@ func versions(ts *xds.TypeStatus) string {
 }
 
 // missingWhy says why Envoy lacks a resource xds-server holds, from syncz.
-func missingWhy(ts *xds.TypeStatus, sync *xds.NodeStatus, typeURL string) string {
+func missingWhy(ts *xdsstatus.TypeStatus, sync *xdsstatus.NodeStatus, typeURL string) string {
 	switch {
 	case sync == nil:
 		return "syncz does not list this node"
@@ -544,7 +543,7 @@ func missingWhy(ts *xds.TypeStatus, sync *xds.NodeStatus, typeURL string) string
 	return "acknowledged but not applied (warming, or Envoy dropped it)"
 }
 
-func differsWhy(ts *xds.TypeStatus, e *entry) string {
+func differsWhy(ts *xdsstatus.TypeStatus, e *entry) string {
 	switch {
 	case ts != nil && ts.NackError != "":
 		return fmt.Sprintf("Envoy refused version %s and keeps %s: %s", ts.NackedNext, cmp.Or(e.version, "an older one"), ts.NackError)

@@ -31,7 +31,7 @@ import (
 	"github.com/kube-mvp/kube-mvp/internal/fixtures"
 	"github.com/kube-mvp/kube-mvp/internal/plan"
 	"github.com/kube-mvp/kube-mvp/internal/snapshot"
-	"github.com/kube-mvp/kube-mvp/internal/xds"
+	"github.com/kube-mvp/kube-mvp/internal/xdsstatus"
 )
 
 // side is one side's resources by type URL, before they are dumped.
@@ -189,15 +189,15 @@ func rebuilt(cla *endpointv3.ClusterLoadAssignment) *endpointv3.ClusterLoadAssig
 	return out
 }
 
-func acked(version string) *xds.NodeStatus {
-	s := &xds.NodeStatus{NodeID: "front", Streams: 1, Types: map[string]*xds.TypeStatus{}}
+func acked(version string) *xdsstatus.NodeStatus {
+	s := &xdsstatus.NodeStatus{NodeID: "front", Streams: 1, Types: map[string]*xdsstatus.TypeStatus{}}
 	for _, typeURL := range typeOrder {
-		s.Types[typeURL] = &xds.TypeStatus{Sent: version, Acked: version}
+		s.Types[typeURL] = &xdsstatus.TypeStatus{Sent: version, Acked: version}
 	}
 	return s
 }
 
-func compare(t *testing.T, ours side, envoy []byte, sync *xds.NodeStatus) (Node, []string) {
+func compare(t *testing.T, ours side, envoy []byte, sync *xdsstatus.NodeStatus) (Node, []string) {
 	t.Helper()
 	x, err := ParseXDSServer(xdsServerJSON(t, ours))
 	if err != nil {
@@ -272,7 +272,7 @@ func TestDifferences(t *testing.T) {
 	theirs[resourcev3.ClusterType][1].(*clusterv3.Cluster).ConnectTimeout = durationpb.New(7 * time.Second)
 
 	sync := acked("v2")
-	sync.Types[resourcev3.RouteType] = &xds.TypeStatus{Sent: "v2", Acked: "v1", NackedNext: "v2", NackError: "route: invalid regex", NackedAt: time.Now()}
+	sync.Types[resourcev3.RouteType] = &xdsstatus.TypeStatus{Sent: "v2", Acked: "v1", NackedNext: "v2", NackError: "route: invalid regex", NackedAt: time.Now()}
 	n, problems := compare(t, ours, envoyJSON(t, theirs, "v1", envoyOptions{warmingClusters: []*clusterv3.Cluster{warming, replacement}}), sync)
 	if len(problems) > 0 {
 		t.Errorf("problems %q", problems)

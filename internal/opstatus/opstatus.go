@@ -19,12 +19,11 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/kube-mvp/kube-mvp/internal/adminhttp"
 	"github.com/kube-mvp/kube-mvp/internal/contract"
 	"github.com/kube-mvp/kube-mvp/internal/plan"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
-	"github.com/kube-mvp/kube-mvp/internal/xds"
-
-	"github.com/kube-mvp/kube-mvp/internal/adminhttp"
+	"github.com/kube-mvp/kube-mvp/internal/xdsstatus"
 )
 
 // Report is the answer; its JSON is `kubectl mvp status -o json` (docs/operating.md).
@@ -137,7 +136,7 @@ type Pages struct {
 	Topology *plan.View
 	// Syncz are the Envoys of every replica read; ConnectedTo names, when more than one
 	// was read, the replica each Envoy is connected to.
-	Syncz       []xds.NodeStatus
+	Syncz       []xdsstatus.NodeStatus
 	ConnectedTo map[string]string
 	ExtProcs    []*ExtProcPages
 	Problems    []string
@@ -216,12 +215,12 @@ func Fetch(ctx context.Context, c *http.Client, replicas []Target, extprocs []Ta
 }
 
 // fetchSyncz reads one replica's /debug/syncz; the problem says why it could not.
-func fetchSyncz(ctx context.Context, c *http.Client, xdsAdmin string) ([]xds.NodeStatus, string) {
+func fetchSyncz(ctx context.Context, c *http.Client, xdsAdmin string) ([]xdsstatus.NodeStatus, string) {
 	code, body, err := get(ctx, c, xdsAdmin+"/debug/syncz")
 	if err != nil || code != http.StatusOK {
 		return nil, fmt.Sprintf("xds-server's /debug/syncz did not answer (%d %v): its Envoys are unknown", code, err)
 	}
-	var syncz []xds.NodeStatus
+	var syncz []xdsstatus.NodeStatus
 	if err := json.Unmarshal(body, &syncz); err != nil {
 		return nil, fmt.Sprintf("xds-server's /debug/syncz: %v", err)
 	}
@@ -230,9 +229,9 @@ func fetchSyncz(ctx context.Context, c *http.Client, xdsAdmin string) ([]xds.Nod
 
 // addSyncz merges a replica's Envoys into p: a node two replicas list (it moved: one keeps
 // it disconnected for a while) is taken from the one it has the more open streams with.
-func (p *Pages) addSyncz(syncz []xds.NodeStatus, replica string, several bool) {
+func (p *Pages) addSyncz(syncz []xdsstatus.NodeStatus, replica string, several bool) {
 	for _, n := range syncz {
-		i := slices.IndexFunc(p.Syncz, func(o xds.NodeStatus) bool { return o.NodeID == n.NodeID })
+		i := slices.IndexFunc(p.Syncz, func(o xdsstatus.NodeStatus) bool { return o.NodeID == n.NodeID })
 		switch {
 		case i < 0:
 			p.Syncz = append(p.Syncz, n)

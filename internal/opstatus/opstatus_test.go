@@ -11,7 +11,7 @@ import (
 
 	"github.com/kube-mvp/kube-mvp/internal/plan"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
-	"github.com/kube-mvp/kube-mvp/internal/xds"
+	"github.com/kube-mvp/kube-mvp/internal/xdsstatus"
 )
 
 func TestSummarize(t *testing.T) {
@@ -34,17 +34,17 @@ func TestSummarize(t *testing.T) {
 			},
 		}},
 	}
-	syncz := []xds.NodeStatus{
-		{NodeID: "ok", Role: "envoy-front", EnvoyVersion: "1.40.0", Streams: 1, Snapshot: "v1", Types: map[string]*xds.TypeStatus{"type.googleapis.com/envoy.config.route.v3.RouteConfiguration": {Sent: "1", Acked: "1"}}},
-		{NodeID: "bad", Streams: 1, Snapshot: "v2", Types: map[string]*xds.TypeStatus{
+	syncz := []xdsstatus.NodeStatus{
+		{NodeID: "ok", Role: "envoy-front", EnvoyVersion: "1.40.0", Streams: 1, Snapshot: "v1", Types: map[string]*xdsstatus.TypeStatus{"type.googleapis.com/envoy.config.route.v3.RouteConfiguration": {Sent: "1", Acked: "1"}}},
+		{NodeID: "bad", Streams: 1, Snapshot: "v2", Types: map[string]*xdsstatus.TypeStatus{
 			"type.googleapis.com/envoy.config.route.v3.RouteConfiguration":       {Sent: "2", Acked: "1", NackError: "bad regex", NackedNext: "2"},
 			"type.googleapis.com/envoy.config.cluster.v3.Cluster":                {Sent: "2", Acked: "2"},
 			"type.googleapis.com/envoy.config.listener.v3.Listener":              {Sent: "2", Acked: "2"},
 			"type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment": {Sent: "2", Acked: "1"},
 		}},
-		{NodeID: "waiting", Streams: 1, Types: map[string]*xds.TypeStatus{"x.Cluster": {Sent: "3", Acked: "2"}}},
-		{NodeID: "gone", Types: map[string]*xds.TypeStatus{}},
-		{NodeID: "old", EnvoyVersion: "1.37.6", EnvoySupport: "Envoy 1.37.6 is past its end of life (2027-01-13)", Streams: 1, Types: map[string]*xds.TypeStatus{}},
+		{NodeID: "waiting", Streams: 1, Types: map[string]*xdsstatus.TypeStatus{"x.Cluster": {Sent: "3", Acked: "2"}}},
+		{NodeID: "gone", Types: map[string]*xdsstatus.TypeStatus{}},
+		{NodeID: "old", EnvoyVersion: "1.37.6", EnvoySupport: "Envoy 1.37.6 is past its end of life (2027-01-13)", Streams: 1, Types: map[string]*xdsstatus.TypeStatus{}},
 	}
 	r := Summarize(&Pages{XDSAdmin: "http://x", Topology: view, Syncz: syncz})
 

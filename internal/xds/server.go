@@ -40,6 +40,7 @@ import (
 	"github.com/kube-mvp/kube-mvp/internal/envoyrelease"
 	"github.com/kube-mvp/kube-mvp/internal/makebeforebreak"
 	"github.com/kube-mvp/kube-mvp/internal/plan"
+	"github.com/kube-mvp/kube-mvp/internal/xdsstatus"
 )
 
 // LocalAPIServerMetadataKey is the node metadata field that puts an Envoy in sidecar mode: the
@@ -61,7 +62,7 @@ type Server struct {
 	envoys *plan.Envoys
 	hold   makebeforebreak.Hold
 	holds  *makebeforebreak.Holds
-	nodes  map[string]*NodeStatus
+	nodes  map[string]*xdsstatus.NodeStatus
 	// built are the current snapshots by local apiserver ("" for front proxies): nodes of
 	// one kind share one translation.
 	built map[string]*cachev3.Snapshot
@@ -127,47 +128,11 @@ type Limits struct {
 	MaxStreams int
 }
 
-// NodeStatus is what the debug page shows for one Envoy.
-type NodeStatus struct {
-	NodeID         string     `json:"nodeID"`
-	Role           cptls.Role `json:"role,omitempty"`
-	Cluster        string     `json:"cluster,omitempty"`
-	LocalAPIServer string     `json:"localAPIServer,omitempty"`
-	Streams        int        `json:"openStreams"`
-	// Certificate is the client certificate of the node's latest stream: a renewed one shows
-	// here once the node connects again.
-	Certificate   *PeerCertificate       `json:"certificate,omitempty"`
-	Snapshot      string                 `json:"snapshotVersion,omitempty"`
-	SnapshotError string                 `json:"snapshotError,omitempty"`
-	Types         map[string]*TypeStatus `json:"types"`
-	// Nacks counts the configurations the node rejected since its state was made.
-	Nacks uint64 `json:"nacks"`
-	// EnvoyVersion is the build version an Envoy sends with its node ("1.40.0"), and
-	// EnvoySupport what kube-mvp says of it when it is not a supported release (envoyrelease).
-	EnvoyVersion string `json:"envoyVersion,omitempty"`
-	EnvoySupport string `json:"envoySupport,omitempty"`
-}
-
-// PeerCertificate identifies a client certificate: its serial number (hex) and expiry.
-type PeerCertificate struct {
-	Serial   string    `json:"serial"`
-	NotAfter time.Time `json:"notAfter"`
-}
-
-func peerCertificateOf(c *x509.Certificate) *PeerCertificate {
+func peerCertificateOf(c *x509.Certificate) *xdsstatus.PeerCertificate {
 	if c == nil {
 		return nil
 	}
-	return &PeerCertificate{Serial: hex.EncodeToString(c.SerialNumber.Bytes()), NotAfter: c.NotAfter.UTC()}
-}
-
-// TypeStatus is the state of one resource type on one node.
-type TypeStatus struct {
-	Sent       string    `json:"sent,omitempty"`
-	Acked      string    `json:"acked,omitempty"`
-	NackedAt   time.Time `json:"nackedAt,omitzero"`
-	NackError  string    `json:"nackError,omitempty"`
-	NackedNext string    `json:"nackedVersion,omitempty"`
+	return &xdsstatus.PeerCertificate{Serial: hex.EncodeToString(c.SerialNumber.Bytes()), NotAfter: c.NotAfter.UTC()}
 }
 
 // Options configure New.
@@ -198,7 +163,7 @@ func New(opts Options) *Server {
 	if opts.Log == nil {
 		opts.Log = slog.Default()
 	}
-	s := &Server{translate: opts.Translate, log: opts.Log, nodes: map[string]*NodeStatus{}, opts: opts, explaining: make(chan struct{}, maxExplaining)}
+	s := &Server{translate: opts.Translate, log: opts.Log, nodes: map[string]*xdsstatus.NodeStatus{}, opts: opts, explaining: make(chan struct{}, maxExplaining)}
 	// When a hold ends, every node gets its snapshot again.
 	s.holds = makebeforebreak.NewHolds(opts.MakeBeforeBreak, func() {
 		s.mu.Lock()
@@ -344,26 +309,26 @@ func (s *Server) Snapshot(nodeID string) (*cachev3.Snapshot, error) {
 }
 
 // Status returns a copy of every node's status, sorted by node ID.
-func (s *Server) Status() []NodeStatus {
+func (s *Server) Status() []xdsstatus.NodeStatus {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]NodeStatus, 0, len(s.nodes))
+	out := make([]xdsstatus.NodeStatus, 0, len(s.nodes))
 	for _, n := range s.nodes {
 		c := *n
-		c.Types = make(map[string]*TypeStatus, len(n.Types))
+		c.Types = make(map[string]*xdsstatus.TypeStatus, len(n.Types))
 		for k, v := range n.Types {
 			ts := *v
 			c.Types[k] = &ts
 		}
 		out = append(out, c)
 	}
-	slices.SortFunc(out, func(a, b NodeStatus) int { return strings.Compare(a.NodeID, b.NodeID) })
+	slices.SortFunc(out, func(a, b xdsstatus.NodeStatus) int { return strings.Compare(a.NodeID, b.NodeID) })
 	return out
 }
 
 // setSnapshotLocked translates for one node, or reuses the translation of an equal node, and
 // hands the result to the cache.
-func (s *Server) setSnapshotLocked(n *NodeStatus) {
+func (s *Server) setSnapshotLocked(n *xdsstatus.NodeStatus) {
 	if s.envoys == nil {
 		return
 	}
@@ -412,7 +377,7 @@ func snapshotVersion(snap *cachev3.Snapshot) string {
 }
 
 // nodeLocked returns the state of a node that has a stream open (join made it).
-func (s *Server) nodeLocked(node *core.Node) *NodeStatus {
+func (s *Server) nodeLocked(node *core.Node) *xdsstatus.NodeStatus {
 	return s.nodes[node.GetId()]
 }
 
@@ -446,7 +411,7 @@ func checkEnvoyVersion(node *core.Node) error {
 // state (and giving it its snapshot) on its first stream. It refuses a node that does not
 // fit the role, one whose ID another role holds, an Envoy older than MinEnvoyVersion, and new
 // nodes beyond Limits.MaxNodes.
-func (s *Server) join(role cptls.Role, cert *PeerCertificate, node *core.Node) error {
+func (s *Server) join(role cptls.Role, cert *xdsstatus.PeerCertificate, node *core.Node) error {
 	if node.GetId() == "" {
 		return s.refuse("node", codes.InvalidArgument, fmt.Errorf("the first request of a stream names no node id"))
 	}
@@ -482,7 +447,7 @@ func (s *Server) join(role cptls.Role, cert *PeerCertificate, node *core.Node) e
 	if s.opts.Limits.MaxNodes > 0 && len(s.nodes) >= s.opts.Limits.MaxNodes {
 		return s.refuse("max-nodes", codes.ResourceExhausted, fmt.Errorf("node %q refused: %d nodes are connected (the limit)", node.GetId(), len(s.nodes)))
 	}
-	n = &NodeStatus{NodeID: node.GetId(), Role: role, Cluster: node.GetCluster(), LocalAPIServer: local, Streams: 1, Certificate: cert, Types: map[string]*TypeStatus{}}
+	n = &xdsstatus.NodeStatus{NodeID: node.GetId(), Role: role, Cluster: node.GetCluster(), LocalAPIServer: local, Streams: 1, Certificate: cert, Types: map[string]*xdsstatus.TypeStatus{}}
 	if v := node.GetUserAgentBuildVersion().GetVersion(); node.GetUserAgentName() == "envoy" && v != nil {
 		n.EnvoyVersion = fmt.Sprintf("%d.%d.%d", v.GetMajorNumber(), v.GetMinorNumber(), v.GetPatch())
 		n.EnvoySupport = envoyrelease.Support(v.GetMajorNumber(), v.GetMinorNumber(), v.GetPatch(), s.now())
@@ -528,14 +493,14 @@ func (s *Server) refuse(reason string, code codes.Code, err error) error {
 	return status.Error(code, err.Error())
 }
 
-func (s *Server) typeLocked(node *core.Node, typeURL string) *TypeStatus {
+func (s *Server) typeLocked(node *core.Node, typeURL string) *xdsstatus.TypeStatus {
 	n := s.nodeLocked(node)
 	if n == nil {
-		return &TypeStatus{} // not (or no longer) joined: nothing to record
+		return &xdsstatus.TypeStatus{} // not (or no longer) joined: nothing to record
 	}
 	ts, ok := n.Types[typeURL]
 	if !ok {
-		ts = &TypeStatus{}
+		ts = &xdsstatus.TypeStatus{}
 		n.Types[typeURL] = ts
 	}
 	return ts
@@ -586,7 +551,7 @@ type streamTracker struct {
 
 type trackedStream struct {
 	role cptls.Role
-	cert *PeerCertificate
+	cert *xdsstatus.PeerCertificate
 	node *core.Node // nil until the first request
 }
 

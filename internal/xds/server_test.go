@@ -35,6 +35,7 @@ import (
 	"github.com/kube-mvp/kube-mvp/internal/testutil"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 	"github.com/kube-mvp/kube-mvp/internal/xds"
+	"github.com/kube-mvp/kube-mvp/internal/xdsstatus"
 )
 
 // clustersOnly is a minimal translator: one cluster named after the default cluster, so the
@@ -142,7 +143,7 @@ func TestADSPerNodeSnapshotsAndAcks(t *testing.T) {
 		t.Errorf("version unchanged after the topology changed: %s", resp2.VersionInfo)
 	}
 
-	var status []xds.NodeStatus
+	var status []xdsstatus.NodeStatus
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		status = srv.Status()
 		if len(status) == 2 && status[1].Types[resourcev3.ClusterType].NackError != "" && status[0].Types[resourcev3.ClusterType].Acked == resp.VersionInfo {
@@ -428,7 +429,7 @@ func TestEnvoyVersion(t *testing.T) {
 			t.Errorf("%s: %v, want FailedPrecondition naming the version needed", c.node.GetId(), err)
 		}
 		if c.ok {
-			i := slices.IndexFunc(srv.Status(), func(n xds.NodeStatus) bool { return n.NodeID == c.node.GetId() })
+			i := slices.IndexFunc(srv.Status(), func(n xdsstatus.NodeStatus) bool { return n.NodeID == c.node.GetId() })
 			if i < 0 {
 				t.Fatalf("%s: not in Status while its stream is open", c.node.GetId())
 			}

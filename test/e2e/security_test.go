@@ -27,6 +27,7 @@ import (
 	"github.com/kube-mvp/kube-mvp/internal/cptls/cptlstest"
 	"github.com/kube-mvp/kube-mvp/internal/testutil"
 	"github.com/kube-mvp/kube-mvp/internal/xds"
+	"github.com/kube-mvp/kube-mvp/internal/xdsstatus"
 	tablev1 "github.com/kube-mvp/kube-mvp/proto/kubemvp/table/v1"
 	"github.com/kube-mvp/kube-mvp/test/controlplane"
 )
@@ -177,7 +178,7 @@ func TestControlPlaneChannel(t *testing.T) {
 			if n := metric(t, metrics, "kube_mvp_xds_connected_nodes"); n != 1 {
 				return fmt.Errorf("%v nodes connected, want 1 (the data plane)", n)
 			}
-			var nodes []xds.NodeStatus
+			var nodes []xdsstatus.NodeStatus
 			res, err := http.Get(k.XDSAdmin + "/debug/syncz")
 			if err != nil {
 				return err
