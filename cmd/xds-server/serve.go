@@ -302,6 +302,9 @@ func serve(ctx context.Context, opts serveOptions, log *slog.Logger, ready chan<
 	mbb.OnDelay = func(names []makebeforebreak.Name, delay time.Duration) {
 		log.Info("routing table narrowed to what Envoy has; the whole table follows after the delay", "delay", delay, "new", names)
 	}
+	mbb.OnHoldExpired = func() {
+		log.Warn("a routing table held while an Envoy refuses the newest configuration went out anyway: the serving sets the older table names linger no longer (--cluster-linger), and the Envoys that accepted it need the new one")
+	}
 	publisher = makebeforebreak.NewPublisher(mbb, func(e *plan.Envoys) { tables.Publish(e.Table(), time.Now()) })
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "kube_mvp_xds_connected_nodes", Help: "Envoy nodes with at least one open xDS stream.",
@@ -561,8 +564,7 @@ func newServeMetrics(reg prometheus.Registerer) *serveMetrics {
 		Name: "kube_mvp_xds_routing_table_held",
 		Help: "1 while a connected Envoy refuses the newest configuration (a NACK): routing tables that name a serving set, cluster or apiserver extproc does not know yet wait (narrowed ones go out), so that extproc never routes to what that Envoy lacks.",
 	})
-	reg.MustRegister(m.tableHeld)
-	reg.MustRegister(m.states, m.apiservers, m.builds, m.buildSeconds, m.updates, m.refused, m.skipped, m.headerConfigBad, m.planHeld, m.dangerous, m.memoryRejected, m.discoveryRefused, m.discoveryPruned)
+	reg.MustRegister(m.states, m.apiservers, m.builds, m.buildSeconds, m.updates, m.refused, m.skipped, m.headerConfigBad, m.planHeld, m.tableHeld, m.dangerous, m.memoryRejected, m.discoveryRefused, m.discoveryPruned)
 	return m
 }
 

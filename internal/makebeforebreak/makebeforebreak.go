@@ -66,6 +66,9 @@ type Options struct {
 	// OnDelay, when set, is told which names made a routing table wait (sorted), for the
 	// log: an operator can see why a change took TableDelay to reach extproc.
 	OnDelay func(fresh []Name, delay time.Duration)
+	// OnHoldExpired, when set, is told when a routing table held for an Envoy's refusal
+	// (Publisher.Hold) goes out because Linger-TableDelay passed, for the log.
+	OnHoldExpired func()
 }
 
 // Validate reports durations that would break a request in flight: a negative one, or a

@@ -33,9 +33,15 @@ type Publisher[T any] struct {
 	// known the names of the last table published whole.
 	offered, published uint64
 	known              Names
-	// held: whole tables that name something new wait in pending rather than go out (Hold).
+	// held: whole tables that name something new wait in pending rather than go out (Hold),
+	// each at most maxHold past its delay: the serving sets the table in use names linger only
+	// Linger after they stop being planned, so a longer hold would break the Envoys that took
+	// the new configuration to spare the one that refused it. 0: Hold holds nothing.
 	held    bool
 	pending *heldTable[T]
+	maxHold time.Duration
+	// onHoldExpired, if set, is told of a held table sent because its hold ran out.
+	onHoldExpired func()
 }
 
 type heldTable[T any] struct {
@@ -52,7 +58,8 @@ func NewPublisher(o Options, publish func(*plan.Envoys)) *Publisher[*plan.Envoys
 }
 
 func newPublisher[T any](o Options, publish func(T), names func(T) Names, narrow func(T, Names) T) *Publisher[T] {
-	return &Publisher[T]{delay: o.TableDelay, clock: o.clock(), publish: publish, names: names, narrow: narrow, onDelay: o.OnDelay}
+	return &Publisher[T]{delay: o.TableDelay, clock: o.clock(), publish: publish, names: names, narrow: narrow, onDelay: o.OnDelay,
+		maxHold: max(o.Linger-o.TableDelay, 0), onHoldExpired: o.OnHoldExpired}
 }
 
 // Offer publishes t now or after TableDelay. Its names are compared with those of the last
@@ -89,7 +96,7 @@ func (p *Publisher[T]) Offer(t T) {
 	p.clock.AfterFunc(p.delay, func() {
 		p.mu.Lock()
 		defer p.mu.Unlock()
-		if p.held {
+		if p.held && p.maxHold > 0 {
 			if p.pending == nil || p.pending.seq < 2*n {
 				p.pending = &heldTable[T]{seq: 2 * n, t: t, names: names}
 			}
@@ -97,13 +104,28 @@ func (p *Publisher[T]) Offer(t T) {
 		}
 		p.publishLocked(2*n, t, names)
 	})
+	if p.maxHold > 0 {
+		// Set now: a FakeClock's callback may not set another timer.
+		p.clock.AfterFunc(p.delay+p.maxHold, func() {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			if h := p.pending; h != nil && h.seq == 2*n {
+				p.pending = nil
+				if h.seq > p.published && p.onHoldExpired != nil {
+					p.onHoldExpired()
+				}
+				p.publishLocked(h.seq, h.t, h.names)
+			}
+		})
+	}
 }
 
 // Hold keeps whole tables that name something new from going out while held is true: an
 // Envoy refused the newest configuration (a NACK), so it may lack what they name, and
 // extproc would route requests to clusters it does not have. Narrowed tables, and tables
 // that name nothing new, still go out. When the hold ends, the newest table held goes out at
-// once (its delay has passed), unless something newer went out meanwhile.
+// once (its delay has passed), unless something newer went out meanwhile; a table held
+// Linger-TableDelay past its delay goes out anyway (see maxHold).
 func (p *Publisher[T]) Hold(held bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -30,7 +30,8 @@ func TestPublisher(t *testing.T) {
 	tests := []struct {
 		name    string
 		delay   time.Duration
-		narrow  bool // narrowing publishes -id for a table that must wait
+		linger  time.Duration // a hold lasts at most linger-delay
+		narrow  bool          // narrowing publishes -id for a table that must wait
 		actions []action
 	}{
 		{
@@ -119,8 +120,9 @@ func TestPublisher(t *testing.T) {
 			},
 		},
 		{
-			name:  "held: a whole table that must wait stays out while held, and goes out when the hold ends",
-			delay: d,
+			name:   "held: a whole table that must wait stays out while held, and goes out when the hold ends",
+			delay:  d,
+			linger: 100 * d,
 			actions: []action{
 				offer(1, "cluster-default", 1),
 				hold(true, 1),
@@ -134,6 +136,7 @@ func TestPublisher(t *testing.T) {
 		{
 			name:   "held: narrowed tables and tables naming nothing new still go out; a newer one drops the held one",
 			delay:  d,
+			linger: 100 * d,
 			narrow: true,
 			actions: []action{
 				offer(1, "cluster-default", 1),
@@ -145,8 +148,9 @@ func TestPublisher(t *testing.T) {
 			},
 		},
 		{
-			name:  "held and released before the delay ends: the table goes out at its time",
-			delay: d,
+			name:   "held and released before the delay ends: the table goes out at its time",
+			delay:  d,
+			linger: 100 * d,
 			actions: []action{
 				offer(1, "cluster-default", 1),
 				hold(true, 1),
@@ -154,6 +158,30 @@ func TestPublisher(t *testing.T) {
 				hold(false, 1),
 				step(d-time.Nanosecond, 1),
 				step(time.Nanosecond, 1, 2),
+			},
+		},
+		{
+			name:   "held past Linger-TableDelay: the table goes out anyway (the sets the old one names stop lingering)",
+			delay:  d,
+			linger: 3 * d,
+			actions: []action{
+				offer(1, "cluster-default", 1),
+				hold(true, 1),
+				offer(2, "cluster-default cluster-x", 1),
+				step(d, 1),
+				step(2*d-time.Nanosecond, 1),
+				step(time.Nanosecond, 1, 2),
+				hold(false, 1, 2),
+			},
+		},
+		{
+			name:  "without a linger a hold holds nothing",
+			delay: d,
+			actions: []action{
+				offer(1, "cluster-default", 1),
+				hold(true, 1),
+				offer(2, "cluster-default cluster-x", 1),
+				step(d, 1, 2),
 			},
 		},
 		{
@@ -180,7 +208,7 @@ func TestPublisher(t *testing.T) {
 					return -id
 				}
 			}
-			p := newPublisher(Options{TableDelay: tc.delay, Clock: clk}, func(id int) { published = append(published, id) },
+			p := newPublisher(Options{TableDelay: tc.delay, Linger: tc.linger, Clock: clk}, func(id int) { published = append(published, id) },
 				func(id int) Names { return names[id] }, narrow)
 			for i, a := range tc.actions {
 				if a.hold != nil {
