@@ -4,6 +4,10 @@ KUBE_VERSIONS ?= v1.35.8 v1.36.4 v1.37.1
 TEST_TIMEOUT ?= 75m
 TEST_FLAGS = -race -count=1 -timeout $(TEST_TIMEOUT) -bench . -benchtime 1x
 MODULE := github.com/kube-mvp/kube-mvp
+# SLOW_TEST_PKGS: make test's longest packages, longest first, each run beside the others
+# (tools/test.sh); TEST_JOBS: how many test processes at once.
+SLOW_TEST_PKGS ?= test/e2e deploy test/node/images test/dataplane
+TEST_JOBS ?= 2
 # RUN: make test-envoy runs only the end-to-end tests this regexp matches (go test -run).
 RUN ?= .
 # The version stamp (xds-server --version): by default the chart's appVersion, so binaries,
@@ -36,7 +40,7 @@ ENVOY_IMAGE = $(patsubst --envoy-image=%,%,$(filter --envoy-image=%,$(NODE_FLAGS
 STATICCHECK_VERSION ?= v0.8.2
 STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
-.PHONY: all help demo test test-envoy envoy-given unit lint vet build images bench golden golden-dirs envoy-protos kube-binaries deps node test-node node-deps proto clean
+.PHONY: all help demo test test-envoy envoy-given unit lint vet build images bench golden golden-dirs envoy-protos kube-binaries node-binaries deps node test-node node-deps proto clean
 
 ## all: the default: build
 all: build
@@ -57,15 +61,9 @@ demo: deps
 test: deps vet kube-binaries
 	# and every benchmark once, after each package's tests in the same (race) build, so none
 	# of them rots without a second build of every test binary (the numbers come from
-	# `make bench`). test/e2e, the longest package and mostly waiting on its apiservers (less
-	# than one core of two), runs from the start beside the others, which run one at a time:
-	# two test processes at once, as go test -p 2 would run them, but e2e no longer last
-	# (its output follows the others').
-	@set -u; log=$$(mktemp); \
-	$(GO) test $(TEST_FLAGS) ./test/e2e/ >"$$log" 2>&1 & e2e=$$!; \
-	$(GO) test -p 1 $(TEST_FLAGS) $$($(GO) list ./... | grep -vx '$(MODULE)/test/e2e'); rest=$$?; \
-	wait $$e2e; e2e=$$?; cat "$$log"; rm -f "$$log"; \
-	[ $$rest = 0 ] && [ $$e2e = 0 ]
+	# `make bench`). tools/test.sh compiles every test first, then runs two test processes at
+	# a time, longest first (SLOW_TEST_PKGS: test/e2e first), each job's output whole.
+	@GO="$(GO)" SLOW_TEST_PKGS="$(SLOW_TEST_PKGS)" TEST_JOBS="$(TEST_JOBS)" tools/test.sh $(MODULE) $(TEST_FLAGS)
 
 ## test-envoy: the end-to-end suite against your Envoy binary (a release from 1.37 to
 ## 1.40), run as the chart runs it: make test-envoy ENVOY=/path/to/envoy; ends with a
@@ -143,6 +141,11 @@ deps:
 		sudo=; [ "$$(id -u)" = 0 ] || sudo=sudo; \
 		command -v apt-get >/dev/null && $$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-install-recommends libre2-dev g++ \
 			|| { echo "kube-mvp: could not install them; install libre2-dev and g++ (or your system's RE2 headers and a C++ compiler)" >&2; exit 1; }; }
+
+## node-binaries: build (or reuse from ~/.cache/kube-mvp) the test node's kubelet, kube-proxy,
+## kube-controller-manager and kube-scheduler (make test-node builds them when missing)
+node-binaries:
+	$(GO) run ./test/cmd/testcp build-node
 
 ## node: a real one-node cluster (containerd, kubelet, kube-proxy, CoreDNS) with
 ## kube-mvp installed by Helm, up until Ctrl-C; root. NODE_FLAGS=--mode=sidecar

@@ -2,6 +2,7 @@
 // kube-apiservers the end-to-end tests use.
 //
 //	testcp build [VERSION...]            build (or find cached) binaries and kubectl; default: every pinned version
+//	testcp build-node                    build (or find cached) the test node's kubelet, kube-proxy, ... (make test-node)
 //	testcp up --server cp-a=v1.37.1 --server cp-b=v1.36.4:batch/v1=false [--peer-proxy]
 //	                                     start them, print a kubeconfig, run until interrupted
 package main
@@ -24,7 +25,7 @@ func main() { cmdmain.Main("testcp", 2, run) }
 
 func run(ctx context.Context, args []string) error {
 	if len(args) == 0 {
-		return errors.New("usage: testcp build [VERSION...] | testcp up --server NAME=VERSION[:RUNTIME-CONFIG,...] [FLAGS]")
+		return errors.New("usage: testcp build [VERSION...] | testcp build-node | testcp up --server NAME=VERSION[:RUNTIME-CONFIG,...] [FLAGS]")
 	}
 	switch args[0] {
 	case "build":
@@ -39,10 +40,13 @@ func run(ctx context.Context, args []string) error {
 		}
 		_, err := controlplane.EnsureKubectl(ctx, os.Stdout)
 		return err
+	case "build-node":
+		_, err := controlplane.EnsureNodeBinaries(ctx, os.Stdout)
+		return err
 	case "up":
 		return up(ctx, args[1:])
 	}
-	return fmt.Errorf("unknown command %q (want build or up)", args[0])
+	return fmt.Errorf("unknown command %q (want build, build-node or up)", args[0])
 }
 
 type serverFlags []controlplane.ServerSpec
