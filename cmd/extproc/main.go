@@ -51,6 +51,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/KimMachineGun/automemlimit/memlimit"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/hashicorp/go-multierror"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -312,6 +313,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return code
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
+	// The container's memory limit, less a tenth, as Go's: the garbage collector then works
+	// harder near it instead of letting the heap double into the OOM killer, which the
+	// routing table's and the streams' limits assume (GOMEMLIMIT, if set, wins).
+	memlimit.Set(memlimit.WithLogger(log)) //nolint:errcheck // it logs its own failure
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	hup := make(chan os.Signal, 1)

@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/KimMachineGun/automemlimit/memlimit"
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/hashicorp/go-multierror"
 	"github.com/prometheus/client_golang/prometheus"
@@ -235,6 +236,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer, read
 		return code
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
+	// The container's memory limit, less a tenth, as Go's (GOMEMLIMIT, if set, wins): the
+	// discovery and table limits assume the garbage collector works harder near it.
+	memlimit.Set(memlimit.WithLogger(log)) //nolint:errcheck // it logs its own failure
 	for _, w := range opts.envoy.warnings() {
 		log.Warn(w)
 	}
@@ -293,6 +297,7 @@ func serve(ctx context.Context, opts serveOptions, log *slog.Logger, ready chan<
 	}
 	xdsServer = xds.New(xds.Options{
 		Translate: translator(opts.cfg, log), MakeBeforeBreak: opts.mbb, Log: log, OnBuild: m.observeBuild,
+		Admit:  func(e *plan.Envoys) error { return tablestream.Fits(e.Table()) },
 		Limits: opts.limits, RequireRole: creds != nil,
 		OnRefused:        func(reason string, _ error) { m.refused.WithLabelValues(reason).Inc() },
 		OnRejectedChange: onRejectedChange,
@@ -347,7 +352,7 @@ func serve(ctx context.Context, opts serveOptions, log *slog.Logger, ready chan<
 		// extproc's table never names what Envoy did not receive.
 		if err := xdsServer.Update(e); err != nil {
 			m.planHeld.Set(1)
-			log.Error("the new plan cannot be built into Envoy's configuration; Envoy and extproc keep the last good pair", "error", err)
+			log.Error("the new plan cannot be built into Envoy's configuration and extproc's routing table; Envoy and extproc keep the last good pair", "error", err)
 			return
 		}
 		m.planHeld.Set(0)

@@ -40,12 +40,21 @@ func newPreparedTable(p *plan.Table, version string, at time.Time, m *metrics) *
 }
 
 // view is one Envoy's routes with their responses built once per table, not per request,
-// so the common response is sent as is.
+// so the common response is sent as is. The responses depend only on a route's outcome and
+// cluster, so they are built per distinct route (a plan has a handful for thousands of
+// keys); what names a key is made on the key's first request.
 type view struct {
-	routes *plan.Routes
-	once   sync.Once
-	def    *route
-	byKey  map[topology.Resource]*route
+	routes  *plan.Routes
+	m       *metrics
+	once    sync.Once
+	def     *route
+	answers []*answers // of routes.Distinct()
+	keys    []keyRoute // by the key's position (plan.Routes.DecideKey)
+}
+
+type keyRoute struct {
+	once sync.Once
+	rt   *route
 }
 
 // view returns the prepared routes of the Envoy beside local ("" for a front proxy), or nil
@@ -57,34 +66,39 @@ func (tb *preparedTable) view(local string) *view {
 	}
 	v.once.Do(func() {
 		servers := tb.plans.APIServers
-		v.def = newRoute(v.routes.Default, tb.m, servers)
-		all := v.routes.All()
-		v.byKey = make(map[topology.Resource]*route, len(all))
+		v.m = tb.m
+		v.def = newKeyRoute(v.routes.Default, newAnswers(v.routes.Default, servers), tb.m)
+		distinct := v.routes.Distinct()
+		v.answers = make([]*answers, len(distinct))
 		refusals := map[string]*extprocv3.ProcessingResponse{} // by ProxyCertRefused's key
-		for _, r := range all {
-			rt := newRoute(r, tb.m, nil)
+		for i, r := range distinct {
+			a := newAnswers(r, nil)
 			if key := r.ProxyCertRefused.Key(); key != "" {
 				if refusals[key] == nil {
 					refusals[key] = proxyCertRefusal(servers, r.ProxyCertRefused)
 				}
-				rt.proxyCertRefused = refusals[key]
+				a.proxyCertRefused = refusals[key]
 			}
-			v.byKey[r.Resource] = rt
+			v.answers[i] = a
 		}
+		v.keys = make([]keyRoute, v.routes.Len())
 	})
 	return v
 }
 
-// route returns the prepared route of a plan route of v.
-func (v *view) route(r plan.Route) *route {
-	if rt := v.byKey[r.Resource]; rt != nil {
-		return rt
+// route returns the prepared route of d, the route of v's key-th key (the default route
+// when key < 0).
+func (v *view) route(d plan.Route, key int) *route {
+	if key < 0 || key >= len(v.keys) {
+		return v.def
 	}
-	return v.def
+	k := &v.keys[key]
+	k.once.Do(func() { k.rt = newKeyRoute(d, v.answers[v.routes.DistinctOf(key)], v.m) })
+	return k.rt
 }
 
-// route is what a decision turns into: the response and the metric to count it in.
-type route struct {
+// answers are what a decision turns into, whatever key it is for.
+type answers struct {
 	outcome topology.Outcome
 	// cluster is the value of x-kube-mvp-cluster for requests with their own credentials
 	// (the planned cluster, or for a serving set the serving-sets cluster); empty for
@@ -100,36 +114,48 @@ type route struct {
 	set, proxyCertSet []*corev3.HeaderValueOption
 	upgrade           struct{ set, proxyCertSet []*corev3.HeaderValueOption }
 	// resp is the whole answer for a request without client-supplied headers that only
-	// kube-mvp may set; for Unavailable, the immediate 503 for every request.
-	// proxyCertResp is the answer for a request whose identity the Lua filter set.
+	// kube-mvp may set; for Unavailable, the immediate 503 for every request (it names the
+	// key: see newKeyRoute). proxyCertResp is the answer for a request whose identity the
+	// Lua filter set.
 	resp, proxyCertResp *extprocv3.ProcessingResponse
 	upgradeResp         struct{ resp, proxyCertResp *extprocv3.ProcessingResponse }
 	// proxyCertRefused, when not nil, answers every request whose identity the Lua filter
 	// set: every apiserver of the cluster is dangerous (plan.Route.ProxyCertRefused), an
 	// immediate 503 naming them.
 	proxyCertRefused *extprocv3.ProcessingResponse
+}
 
+// route is a decision for one key: its answers and the metric to count it in.
+type route struct {
+	*answers
 	labels      [4]string
 	counterOnce sync.Once
 	counter     prometheus.Counter
 	m           *metrics
 }
 
-// newRoute prepares d's answers; servers, when given, are the table's apiservers, which a
-// refusal of front-proxy requests names (otherwise the caller sets proxyCertRefused).
-func newRoute(d plan.Route, m *metrics, servers []topology.APIServer) *route {
-	r := &route{outcome: d.Outcome, m: m}
-	if servers != nil && len(d.ProxyCertRefused) > 0 {
-		r.proxyCertRefused = proxyCertRefusal(servers, d.ProxyCertRefused)
-	}
+// newKeyRoute is the route of d's key, answered as a: the metric's labels name the key, and
+// an Unavailable key's 503 says which resource has no apiserver.
+func newKeyRoute(d plan.Route, a *answers, m *metrics) *route {
 	res := d.Resource.Resource
 	if d.Resource.Subresource != "" {
 		res += "/" + d.Resource.Subresource
 	}
-	r.labels = [4]string{d.Outcome.String(), d.Resource.Group, d.Resource.Version, res}
 	if d.Outcome == topology.Unavailable {
-		r.resp = immediate503("no apiserver that serves "+d.Resource.String()+" is available", "kube_mvp_no_live_apiserver")
-		r.proxyCertResp = r.resp
+		resp := immediate503("no apiserver that serves "+d.Resource.String()+" is available", "kube_mvp_no_live_apiserver")
+		a = &answers{outcome: topology.Unavailable, resp: resp, proxyCertResp: resp}
+	}
+	return &route{answers: a, labels: [4]string{d.Outcome.String(), d.Resource.Group, d.Resource.Version, res}, m: m}
+}
+
+// newAnswers prepares d's answers; servers, when given, are the table's apiservers, which a
+// refusal of front-proxy requests names (otherwise the caller sets proxyCertRefused).
+func newAnswers(d plan.Route, servers []topology.APIServer) *answers {
+	r := &answers{outcome: d.Outcome}
+	if servers != nil && len(d.ProxyCertRefused) > 0 {
+		r.proxyCertRefused = proxyCertRefusal(servers, d.ProxyCertRefused)
+	}
+	if d.Outcome == topology.Unavailable {
 		return r
 	}
 	r.cluster = d.Cluster
@@ -161,24 +187,24 @@ func (r *route) count() {
 	r.counter.Inc()
 }
 
-// response is r's answer for a request that carries headers only kube-mvp may set (seen,
+// response is a's answer for a request that carries headers only kube-mvp may set (seen,
 // lower-case names), which the listener should have stripped: they are removed, and since
 // the ext_proc filter's mutation rules allow extproc to remove nothing, Envoy then fails the
 // request (disallow_is_error: a 503 Status) rather than forward it. That only happens with
 // a listener that does not strip what this table names: one configured by hand, or one of
 // another configuration version than the table. upgrade: it asks for a protocol upgrade;
 // proxyCert: its identity is the Lua filter's.
-func (r *route) response(seen []string, upgrade, proxyCert bool) *extprocv3.ProcessingResponse {
-	set := r.set
+func (a *answers) response(seen []string, upgrade, proxyCert bool) *extprocv3.ProcessingResponse {
+	set := a.set
 	switch {
 	case upgrade && proxyCert:
-		set = r.upgrade.proxyCertSet
+		set = a.upgrade.proxyCertSet
 	case upgrade:
-		set = r.upgrade.set
+		set = a.upgrade.set
 	case proxyCert:
-		set = r.proxyCertSet
+		set = a.proxyCertSet
 	}
-	return headersResponse(set, seen, r.lb)
+	return headersResponse(set, seen, a.lb)
 }
 
 // proxyCertRefusal is the immediate 503 for requests whose identity the Lua filter set

@@ -442,7 +442,7 @@ func decide(v *view, method, path string) (rt *route, err error) {
 	if path == "" {
 		return v.def, nil
 	}
-	return v.route(v.routes.Decide(topology.ParsePathHeader(method, path))), nil
+	return v.route(v.routes.DecideKey(topology.ParsePathHeader(method, path))), nil
 }
 
 // headerValue returns a header's value: Envoy sends it in raw_value (runtime flag

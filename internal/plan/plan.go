@@ -373,12 +373,12 @@ func (e *Envoys) For(local string) *Plan {
 	return e.Local[local]
 }
 
-// compareRoutes orders routes by resource.
-func compareRoutes(a, b Route) int {
+// compareResources orders keys by group, version, resource and subresource.
+func compareResources(a, b topology.Resource) int {
 	return cmp.Or(
-		cmp.Compare(a.Resource.Group, b.Resource.Group),
-		cmp.Compare(a.Resource.Version, b.Resource.Version),
-		cmp.Compare(a.Resource.Resource, b.Resource.Resource),
-		cmp.Compare(a.Resource.Subresource, b.Resource.Subresource),
+		cmp.Compare(a.Group, b.Group),
+		cmp.Compare(a.Version, b.Version),
+		cmp.Compare(a.Resource, b.Resource),
+		cmp.Compare(a.Subresource, b.Subresource),
 	)
 }

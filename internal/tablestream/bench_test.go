@@ -9,20 +9,19 @@ import (
 	"github.com/kube-mvp/kube-mvp/internal/tablestream"
 )
 
-// BenchmarkToProto50k converts the plans of bigTopology's 50,000 resources × 10 apiservers
-// (110,000 rows with subresources, 11 plans, 40 MB of merged discovery): what xds-server
-// does per change.
-func BenchmarkToProto50k(b *testing.B) {
-	tbl := big50kTable(b)
+// BenchmarkToProtoLargest converts the plans of a table at nine tenths of the limits (9,000
+// keys × 11 plans, 10 apiservers, 7.5 MB): what xds-server does per change.
+func BenchmarkToProtoLargest(b *testing.B) {
+	tbl := largestTable(b)
 	b.ReportAllocs()
 	for b.Loop() {
 		tablestream.ToProto(tbl, time.Unix(1, 0))
 	}
 }
 
-// BenchmarkFromProto50k converts the same table back: what extproc does per table received.
-func BenchmarkFromProto50k(b *testing.B) {
-	tb := tablestream.ToProto(big50kTable(b), time.Unix(1, 0))
+// BenchmarkFromProtoLargest converts the same table back: what extproc does per table received.
+func BenchmarkFromProtoLargest(b *testing.B) {
+	tb := tablestream.ToProto(largestTable(b), time.Unix(1, 0))
 	b.ReportAllocs()
 	for b.Loop() {
 		if _, err := tablestream.FromProto(tb); err != nil {
@@ -31,9 +30,9 @@ func BenchmarkFromProto50k(b *testing.B) {
 	}
 }
 
-// BenchmarkChunks50k is the rest of xds-server's work per change: serialize, gzip, cut.
-func BenchmarkChunks50k(b *testing.B) {
-	tb := tablestream.ToProto(big50kTable(b), time.Unix(1, 0))
+// BenchmarkChunksLargest is the rest of xds-server's work per change: serialize, gzip, cut.
+func BenchmarkChunksLargest(b *testing.B) {
+	tb := tablestream.ToProto(largestTable(b), time.Unix(1, 0))
 	b.SetBytes(int64(proto.Size(tb)))
 	b.ReportAllocs()
 	for b.Loop() {
@@ -41,14 +40,26 @@ func BenchmarkChunks50k(b *testing.B) {
 	}
 }
 
-// BenchmarkAssemble50k is extproc's work per table before FromProto: gunzip and parse.
-func BenchmarkAssemble50k(b *testing.B) {
-	tb := tablestream.ToProto(big50kTable(b), time.Unix(1, 0))
+// BenchmarkAssembleLargest is extproc's work per table before FromProto: gunzip and parse.
+func BenchmarkAssembleLargest(b *testing.B) {
+	tb := tablestream.ToProto(largestTable(b), time.Unix(1, 0))
 	chunks := tablestream.Chunks(tb)
 	b.SetBytes(int64(proto.Size(tb)))
 	b.ReportAllocs()
 	for b.Loop() {
 		if got, err := tablestream.Assemble(chunks, tablestream.MaxTableSize); err != nil || got == nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkFitsLargest is xds-server's check of every new plan against the table's limits
+// (it builds the table's content, but neither marshals nor hashes it).
+func BenchmarkFitsLargest(b *testing.B) {
+	tbl := largestTable(b)
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := tablestream.Fits(tbl); err != nil {
 			b.Fatal(err)
 		}
 	}

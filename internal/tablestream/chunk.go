@@ -12,13 +12,20 @@ import (
 )
 
 // MaxTableSize is the largest table, serialized and uncompressed, that the server sends and
-// Follow accepts. Measured (format 1): 43.4 MB for 50,000 resources (110,000 rows with their
-// subresources) across 10 apiservers with twelve long categories per CRD, 40.5 MB of it the
-// merged discovery JSON (2.8 MB gzipped); 24 KB for a real two-apiserver control plane. 128
-// MiB is three times the 50k table and bounds what extproc holds while a table arrives (the
-// gzip, the serialization and the parsed table, about three times the table besides the one
-// in use) within a container's memory.
-const MaxTableSize = 128 << 20
+// Follow accepts; MaxTableKeys and MaxTableRows bound what it costs extproc besides its
+// bytes (its keys are kept once for all plans, with 4 bytes per key and plan). They fit
+// extproc's memory limit in the chart, 128 MiB: with both limits reached, the table in use
+// and the next one arriving (its bytes, parsed, then converted) took 47 MiB at their peak
+// (TestTableMemory), beside 48 MiB for --max-streams' open streams and 25 MiB for an idle
+// extproc. A real two-apiserver control plane's table is about 24 KB; 2,000 CRDs make it
+// about 710 KB, nearly all of it the merged discovery, which the apiservers' own bound
+// (--max-discovery-body, 8 MiB by default) keeps near this limit at most. xds-server holds
+// back plans whose table would be over them (Fits), so Envoy and extproc stay in step.
+const (
+	MaxTableSize = 8 << 20
+	MaxTableKeys = 10_000
+	MaxTableRows = 500_000
+)
 
 // chunkSize is the most compressed table bytes one TableChunk carries.
 const chunkSize = 1 << 20
@@ -41,7 +48,7 @@ func encode(version string, raw []byte) *encoded {
 	var buf bytes.Buffer
 	buf.Grow(len(raw)/8 + 64)
 	// BestSpeed: the table is compressed on the publish path, once per change. Measured on
-	// the 50k table: 15x in 0.27 s; the default level gives 24x in 1.3 s.
+	// a 44 MB table (50,000 resources): 15x in 0.27 s; the default level gives 24x in 1.3 s.
 	zw, _ := gzip.NewWriterLevel(&buf, gzip.BestSpeed)
 	zw.Write(raw)
 	zw.Close()

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/kube-mvp/kube-mvp/internal/extproc"
+	"github.com/kube-mvp/kube-mvp/internal/plan/plantest"
 	"github.com/kube-mvp/kube-mvp/internal/tablestream"
 )
 
@@ -63,7 +64,7 @@ func TestExtprocSeesFailedUpdates(t *testing.T) {
 		t.Errorf("failing %v", got)
 	}
 
-	srv.Publish(tableOf(t, bigTopology(t, 20, 3)), time.Now()) // over the limit
+	srv.Publish(tableOf(t, plantest.BigTopology(t, 20, 3)), time.Now()) // over the limit
 	waitMetric("after a table too large", "kube_mvp_extproc_table_update_failing", 1)
 	if got := metric(t, reg, "kube_mvp_extproc_table_update_failures_total", tablestream.ReasonTooLarge); got < 1 {
 		t.Errorf("failures{too_large} = %v", got)

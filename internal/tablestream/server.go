@@ -44,7 +44,7 @@ type ServerOptions struct {
 	Log *slog.Logger
 	// Registerer, when set, gets the Server's metrics:
 	//
-	//	kube_mvp_xds_table_refused_total        tables not sent because they exceed the limit
+	//	kube_mvp_xds_table_refused_total        tables not sent because they exceed a limit
 	//	kube_mvp_xds_table_size_bytes{encoding} the last table's size, "protobuf" (what the limit
 	//	                                        applies to) and "gzip" (what goes on the wire)
 	//	kube_mvp_xds_table_size_limit_bytes     the limit
@@ -61,7 +61,7 @@ func NewServer(opts ServerOptions) *Server {
 		log: slog.Default(), maxSize: MaxTableSize, changed: make(chan struct{}),
 		refused: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kube_mvp_xds_table_refused_total",
-			Help: "Routing tables not sent to extproc because their serialized size exceeds the limit (kube_mvp_xds_table_size_limit_bytes); extproc keeps its previous table. See the log.",
+			Help: "Routing tables not sent to extproc because they exceed a limit (their serialized size, kube_mvp_xds_table_size_limit_bytes, or their keys); extproc keeps its previous table. See the log.",
 		}),
 		sizes: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "kube_mvp_xds_table_size_bytes",
@@ -87,9 +87,9 @@ func NewServer(opts ServerOptions) *Server {
 }
 
 // Publish makes pt the current table, unless its content equals the current one. A table
-// whose serialization exceeds the limit is not sent: it is logged and counted, and
-// subscribers get RESOURCE_EXHAUSTED (they keep their previous table) until a table within
-// the limit is published.
+// over the limits (its serialization, its keys or its routes) is not sent: it is logged and
+// counted, and subscribers get RESOURCE_EXHAUSTED (they keep their previous table) until a
+// table within the limits is published.
 func (s *Server) Publish(pt *plan.Table, now time.Time) {
 	s.publish.Lock()
 	defer s.publish.Unlock()
@@ -100,16 +100,25 @@ func (s *Server) Publish(pt *plan.Table, now time.Time) {
 	}
 	p := &published{version: tb.Version}
 	s.sizes.WithLabelValues("protobuf").Set(float64(len(raw)))
-	if len(raw) > s.maxSize {
+	keys, rows := tableRows(tb)
+	switch {
+	case len(raw) > s.maxSize:
 		p.err = fmt.Errorf("routing table %s is %d bytes serialized, over the limit of %d bytes (%d resources, %d bytes of merged discovery); extproc keeps its previous table",
 			tb.Version, len(raw), s.maxSize, resources, len(tb.ApisDiscovery))
-		s.sizes.WithLabelValues("gzip").Set(0)
-		s.refused.Inc()
 		s.log.Error("routing table not sent: too large", "version", tb.Version, "bytes", len(raw), "limit", s.maxSize,
 			"resources", resources, "discovery_bytes", len(tb.ApisDiscovery))
-	} else {
+	case keys > MaxTableKeys || rows > MaxTableRows:
+		p.err = fmt.Errorf("routing table %s has %d keys and %d routes in %d plans, over the limits of %d keys and %d routes; extproc keeps its previous table",
+			tb.Version, keys, rows, len(tb.Plans), MaxTableKeys, MaxTableRows)
+		s.log.Error("routing table not sent: too many keys", "version", tb.Version, "keys", keys, "routes", rows, "plans", len(tb.Plans),
+			"key_limit", MaxTableKeys, "route_limit", MaxTableRows)
+	default:
 		p.table = encode(tb.Version, raw)
 		s.sizes.WithLabelValues("gzip").Set(float64(p.table.gzipped))
+	}
+	if p.err != nil {
+		s.sizes.WithLabelValues("gzip").Set(0)
+		s.refused.Inc()
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -57,6 +57,30 @@ var outcomes = map[topology.Outcome]tablev1.Outcome{
 // build converts p and also returns the table's deterministic serialization, the bytes that
 // go on the wire.
 func build(p *plan.Table, now time.Time) (*tablev1.Table, []byte) {
+	tb := content(p)
+	content, err := proto.MarshalOptions{Deterministic: true}.Marshal(tb)
+	if err != nil {
+		// Only invalid UTF-8 in a string field can fail, and every string here comes from
+		// Kubernetes object names and Lease labels, which are ASCII.
+		panic(fmt.Sprintf("table: marshal: %v", err))
+	}
+	sum := sha256.Sum256(content)
+	tb.Version = hex.EncodeToString(sum[:8])
+	tb.GeneratedAt = timestamppb.New(now)
+	// Version and generated_at are appended to the content rather than marshalling the whole
+	// table again: a protobuf parser takes fields in any order.
+	tail, err := proto.MarshalOptions{Deterministic: true}.Marshal(&tablev1.Table{Version: tb.Version, GeneratedAt: tb.GeneratedAt})
+	if err != nil {
+		panic(fmt.Sprintf("table: marshal: %v", err))
+	}
+	return tb, append(content, tail...)
+}
+
+// versionBytes bounds what the version and generated_at add to a table's content.
+const versionBytes = 64
+
+// content is the table of p without its version and generation time.
+func content(p *plan.Table) *tablev1.Table {
 	tb := &tablev1.Table{Format: Format}
 	for _, s := range p.APIServers {
 		tb.Apiservers = append(tb.Apiservers, &tablev1.APIServer{Id: s.ID, Hostname: s.Hostname, Address: s.Address, Alive: s.Alive, Dangerous: s.Dangerous})
@@ -131,22 +155,7 @@ func build(p *plan.Table, now time.Time) (*tablev1.Table, []byte) {
 	}
 	h := p.RequestHeaders
 	tb.RequestHeaders = &tablev1.RequestHeaders{User: h.User, Uid: h.UID, Group: h.Group, ExtraPrefix: h.ExtraPrefix}
-	content, err := proto.MarshalOptions{Deterministic: true}.Marshal(tb)
-	if err != nil {
-		// Only invalid UTF-8 in a string field can fail, and every string here comes from
-		// Kubernetes object names and Lease labels, which are ASCII.
-		panic(fmt.Sprintf("table: marshal: %v", err))
-	}
-	sum := sha256.Sum256(content)
-	tb.Version = hex.EncodeToString(sum[:8])
-	tb.GeneratedAt = timestamppb.New(now)
-	// Version and generated_at are appended to the content rather than marshalling the whole
-	// table again: a protobuf parser takes fields in any order.
-	tail, err := proto.MarshalOptions{Deterministic: true}.Marshal(&tablev1.Table{Version: tb.Version, GeneratedAt: tb.GeneratedAt})
-	if err != nil {
-		panic(fmt.Sprintf("table: marshal: %v", err))
-	}
-	return tb, append(content, tail...)
+	return tb
 }
 
 // FromProto converts a received table back. It is strict: a table of another format, or one
@@ -174,6 +183,11 @@ func FromProto(tb *tablev1.Table) (*plan.Table, error) {
 	for _, s := range tb.GetApiservers() {
 		out.APIServers = append(out.APIServers, topology.APIServer{ID: s.GetId(), Hostname: s.GetHostname(), Address: s.GetAddress(), Alive: s.GetAlive(), Dangerous: s.GetDangerous()})
 	}
+	if n, rows := tableRows(tb); n > MaxTableKeys || rows > MaxTableRows {
+		return nil, fmt.Errorf("table %s: %w: %d keys, %d routes in %d plans, over the limits of %d keys and %d routes", tb.GetVersion(), ErrTooLarge, n, rows, len(tb.GetPlans()), MaxTableKeys, MaxTableRows)
+	}
+	// Every plan routes the same keys: the resources, then (when the plans carry them) each
+	// group/version's document. They are kept once, for all plans.
 	var keys []topology.Resource
 	for _, gv := range tb.GetGroupVersions() {
 		for _, r := range gv.GetResources() {
@@ -184,13 +198,29 @@ func FromProto(tb *tablev1.Table) (*plan.Table, error) {
 			keys = append(keys, k)
 		}
 	}
+	resources, docs := len(keys), 0
+	if plans := tb.GetPlans(); len(plans) > 0 {
+		docs = len(plans[0].GetDocumentRoutes())
+	}
+	if docs > 0 && docs != len(tb.GetGroupVersions()) {
+		return nil, malformed("plans route %d documents of %d group/versions", docs, len(tb.GetGroupVersions()))
+	}
+	if docs > 0 {
+		for _, gv := range tb.GetGroupVersions() {
+			keys = append(keys, topology.GroupVersion{Group: gv.GetGroup(), Version: gv.GetVersion()}.Document())
+		}
+	}
+	shared, order, err := plan.NewKeys(keys)
+	if err != nil {
+		return nil, malformed("%v", err)
+	}
 	for _, pp := range tb.GetPlans() {
 		local := pp.GetLocalApiserver()
 		if _, dup := out.Routes[local]; dup {
 			return nil, malformed("two plans for local apiserver %q", local)
 		}
-		if len(pp.GetResourceRoutes()) != len(keys) {
-			return nil, malformed("plan %q routes %d resources of %d", local, len(pp.GetResourceRoutes()), len(keys))
+		if len(pp.GetResourceRoutes()) != resources || len(pp.GetDocumentRoutes()) != docs {
+			return nil, malformed("plan %q routes %d resources and %d documents of %d and %d", local, len(pp.GetResourceRoutes()), len(pp.GetDocumentRoutes()), resources, docs)
 		}
 		routes := make([]plan.Route, len(pp.GetRoutes()))
 		for i, r := range pp.GetRoutes() {
@@ -204,34 +234,19 @@ func FromProto(tb *tablev1.Table) (*plan.Table, error) {
 			}
 			routes[i] = plan.Route{Outcome: o, Cluster: r.GetCluster(), ProxyCertRefused: refused}
 		}
-		byKey := make([]plan.Route, len(keys), len(keys)+len(pp.GetDocumentRoutes()))
-		for i, n := range pp.GetResourceRoutes() {
-			if uint64(n) >= uint64(len(routes)) {
-				return nil, malformed("plan %q: resource %s names route %d of %d", local, keys[i], n, len(routes))
-			}
-			byKey[i] = routes[n]
-			byKey[i].Resource = keys[i]
-		}
-		if docs := pp.GetDocumentRoutes(); len(docs) > 0 {
-			if len(docs) != len(tb.GetGroupVersions()) {
-				return nil, malformed("plan %q routes %d documents of %d group/versions", local, len(docs), len(tb.GetGroupVersions()))
-			}
-			for i, n := range docs {
-				gv := tb.GetGroupVersions()[i]
-				key := topology.GroupVersion{Group: gv.GetGroup(), Version: gv.GetVersion()}.Document()
-				if uint64(n) >= uint64(len(routes)) {
-					return nil, malformed("plan %q: document of %s names route %d of %d", local, key, n, len(routes))
-				}
-				route := routes[n]
-				route.Resource = key
-				byKey = append(byKey, route)
+		of := make([]uint32, len(keys))
+		for i, at := range order {
+			if at < resources {
+				of[i] = pp.GetResourceRoutes()[at]
+			} else {
+				of[i] = pp.GetDocumentRoutes()[at-resources]
 			}
 		}
 		defRefused, err := serverSet(pp.GetDefaultFrontProxyRefused())
 		if err != nil {
 			return nil, malformed("plan %q: default_front_proxy_refused: %v", local, err)
 		}
-		rs, err := plan.NewRoutes(local, byKey, defRefused)
+		rs, err := plan.NewTableRoutes(local, shared, of, routes, defRefused)
 		if err != nil {
 			return nil, malformed("plan %q: %v", local, err)
 		}
@@ -241,6 +256,32 @@ func FromProto(tb *tablev1.Table) (*plan.Table, error) {
 		return nil, malformed("no plan for the front proxy")
 	}
 	return out, nil
+}
+
+// Fits reports whether pt's table is within the limits (MaxTableKeys, MaxTableRows,
+// MaxTableSize), so that xds-server can hold back plans whose table extproc would refuse
+// rather than give Envoy configuration that extproc's table does not follow.
+func Fits(pt *plan.Table) error {
+	tb := content(pt)
+	if keys, rows := tableRows(tb); keys > MaxTableKeys || rows > MaxTableRows {
+		return fmt.Errorf("routing table of %d keys and %d routes in %d plans, over the limits of %d keys and %d routes", keys, rows, len(tb.Plans), MaxTableKeys, MaxTableRows)
+	}
+	if size := proto.Size(tb) + versionBytes; size > MaxTableSize {
+		return fmt.Errorf("routing table of %d bytes (%d bytes of merged discovery), over the limit of %d bytes", size, len(tb.ApisDiscovery), MaxTableSize)
+	}
+	return nil
+}
+
+// tableRows counts a table's keys (its resources, and the group/versions' documents when
+// its plans route them) and its routes, keys × plans: what extproc's memory grows with.
+func tableRows(tb *tablev1.Table) (keys, rows int) {
+	for _, gv := range tb.GetGroupVersions() {
+		keys += len(gv.GetResources())
+	}
+	if plans := tb.GetPlans(); len(plans) > 0 && len(plans[0].GetDocumentRoutes()) > 0 {
+		keys += len(tb.GetGroupVersions())
+	}
+	return keys, keys * len(tb.GetPlans())
 }
 
 // serverSet is ids as a topology.ServerSet, which must be sorted and distinct.

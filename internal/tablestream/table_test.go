@@ -5,12 +5,14 @@ import (
 	"fmt"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kube-mvp/kube-mvp/internal/plan"
+	"github.com/kube-mvp/kube-mvp/internal/plan/plantest"
 	"github.com/kube-mvp/kube-mvp/internal/tablestream"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 	tablev1 "github.com/kube-mvp/kube-mvp/proto/kubemvp/table/v1"
@@ -183,6 +185,7 @@ func TestFromProtoRejects(t *testing.T) {
 		}, tablestream.ErrMalformed},
 		{"resource without name", func(tb *tablev1.Table) { tb.GroupVersions[0].Resources[0].Resource = "" }, tablestream.ErrMalformed},
 		{"documents of fewer group/versions", func(tb *tablev1.Table) { tb.Plans[0].DocumentRoutes = tb.Plans[0].DocumentRoutes[1:] }, tablestream.ErrMalformed},
+		{"documents in one plan only", func(tb *tablev1.Table) { tb.Plans[1].DocumentRoutes = nil }, tablestream.ErrMalformed},
 		{"document route out of range", func(tb *tablev1.Table) { tb.Plans[0].DocumentRoutes[0] = 99 }, tablestream.ErrMalformed},
 		{"group/version without version", func(tb *tablev1.Table) { tb.GroupVersions[0].Version = "" }, tablestream.ErrMalformed},
 	} {
@@ -203,6 +206,29 @@ func TestFromProtoRejects(t *testing.T) {
 	}
 	if _, err := tablestream.FromProto(good); err != nil {
 		t.Errorf("the cases changed the good table: %v", err)
+	}
+}
+
+// TestTableLimits: a table of more keys than MaxTableKeys, or whose merged discovery leaves
+// it over MaxTableSize, does not fit (xds-server holds such plans back), and a follower that
+// gets one anyway refuses it as too large; the largest table the limits take fits.
+func TestTableLimits(t *testing.T) {
+	if err := tablestream.Fits(largestTable(t)); err != nil {
+		t.Errorf("the largest table: %v", err)
+	}
+	manyKeys := plantest.BigTopology(t, tablestream.MaxTableKeys/plantest.KeysPerGroup+1, 3)
+	manyKeys.Discovery = nil
+	keys := tableOf(t, manyKeys)
+	if err := tablestream.Fits(keys); err == nil || !strings.Contains(err.Error(), "keys") {
+		t.Errorf("%d keys fit: %v", keys.Routes[""].Len(), err)
+	}
+	if got, err := tablestream.FromProto(tablestream.ToProto(keys, time.Unix(1, 0))); !errors.Is(err, tablestream.ErrTooLarge) || got != nil {
+		t.Errorf("FromProto of %d keys: %v, want an error wrapping %q", keys.Routes[""].Len(), err, tablestream.ErrTooLarge)
+	}
+	bigDiscovery := plantest.BigTopology(t, 10, 3)
+	bigDiscovery.Discovery = plantest.BigTopology(t, tablestream.MaxTableSize/plantest.BytesPerGroup*3/2, 1).Discovery
+	if err := tablestream.Fits(tableOf(t, bigDiscovery)); err == nil || !strings.Contains(err.Error(), "bytes") {
+		t.Errorf("%d bytes of discovery fit: %v", len(bigDiscovery.Discovery.JSON), err)
 	}
 }
 
@@ -230,7 +256,7 @@ func FuzzFromProto(f *testing.F) {
 		}
 		got, err := tablestream.FromProto(&tb)
 		if err != nil {
-			if !errors.Is(err, tablestream.ErrMalformed) && !errors.Is(err, tablestream.ErrUnsupportedFormat) {
+			if !errors.Is(err, tablestream.ErrMalformed) && !errors.Is(err, tablestream.ErrUnsupportedFormat) && !errors.Is(err, tablestream.ErrTooLarge) {
 				t.Fatalf("error of no known kind: %v", err)
 			}
 			return

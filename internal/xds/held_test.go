@@ -8,7 +8,9 @@ import (
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 
 	"github.com/kube-mvp/kube-mvp/internal/plan"
+	"github.com/kube-mvp/kube-mvp/internal/plan/plantest"
 	"github.com/kube-mvp/kube-mvp/internal/snapshot"
+	"github.com/kube-mvp/kube-mvp/internal/tablestream"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 	"github.com/kube-mvp/kube-mvp/internal/xds"
 )
@@ -82,5 +84,30 @@ func TestUpdateHeldWhenAPlanCannotBeBuilt(t *testing.T) {
 	}
 	if srv.Plans() != next {
 		t.Error("the buildable plan was not taken")
+	}
+}
+
+// TestUpdateHeldWhenTheTableIsOverItsLimits: with xds-server's Admit (the routing table's
+// limits), plans whose table extproc would refuse change nothing, so Envoy never gets
+// configuration the table does not follow; the next plans within the limits are taken.
+func TestUpdateHeldWhenTheTableIsOverItsLimits(t *testing.T) {
+	srv := xds.New(xds.Options{Translate: buildSnapshot, MakeBeforeBreak: noMBB,
+		Admit: func(e *plan.Envoys) error { return tablestream.Fits(e.Table()) }})
+	good := plans(t, plantest.BigTopology(t, 2, 2))
+	if err := srv.Update(good); err != nil {
+		t.Fatal(err)
+	}
+	tooMany := plantest.BigTopology(t, tablestream.MaxTableKeys/plantest.KeysPerGroup+1, 2)
+	tooMany.Discovery = nil
+	err := srv.Update(plans(t, tooMany))
+	if err == nil || !strings.Contains(err.Error(), "over the limits") {
+		t.Fatalf("Update of plans whose table has too many keys: %v; want an error naming the limits", err)
+	}
+	if srv.Plans() != good {
+		t.Error("the plans over the table's limits replaced the plans in force")
+	}
+	next := plans(t, plantest.BigTopology(t, 3, 2))
+	if err := srv.Update(next); err != nil || srv.Plans() != next {
+		t.Fatalf("plans within the limits after refused ones: %v", err)
 	}
 }

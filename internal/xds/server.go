@@ -139,6 +139,10 @@ func peerCertificateOf(c *x509.Certificate) *xdsstatus.PeerCertificate {
 type Options struct {
 	// Translate makes a plan's Envoy resources.
 	Translate Translator
+	// Admit, if set, checks plans before Update builds them: one it refuses is held back like
+	// one that cannot be built. xds-server checks that extproc's routing table of the plans
+	// is within its limits, so Envoy never gets configuration the table does not follow.
+	Admit func(*plan.Envoys) error
 	// MakeBeforeBreak times the clusters kept for routing tables still in use.
 	MakeBeforeBreak makebeforebreak.Options
 	// Log; nil means slog.Default().
@@ -197,6 +201,11 @@ func (s *Server) Register(ctx context.Context, g *grpc.Server) {
 // naming serving sets Envoy never received sends requests into clusters Envoy does not have
 // (a 503 for each).
 func (s *Server) Update(e *plan.Envoys) error {
+	if s.opts.Admit != nil {
+		if err := s.opts.Admit(e); err != nil {
+			return fmt.Errorf("the plans are not admitted: %w", err)
+		}
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	prev, prevHold, prevBuilt := s.envoys, s.hold, s.built
