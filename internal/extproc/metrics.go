@@ -2,12 +2,15 @@ package extproc
 
 import (
 	"math"
+	"strings"
+	"sync"
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kube-mvp/kube-mvp/internal/contract"
 	"github.com/kube-mvp/kube-mvp/internal/tablestream"
+	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 
 // Outcome label values beyond topology.Outcome's own names.
@@ -64,6 +67,10 @@ type metrics struct {
 	// requests, CRD and aggregated groups, resources nobody publishes), so their values come
 	// from the table, never from the client: a client cannot grow the label set.
 	decisions *prometheus.CounterVec
+	// keyed are the label sets of decisions made for a key, so a new table drops those of
+	// keys it no longer has: created and deleted CRDs do not grow the series without end.
+	keyedMu sync.Mutex
+	keyed   map[[4]string]struct{}
 	// unexpected counts messages our processing mode should never send (body, trailers,
 	// response headers); each is answered with an empty response of its type.
 	unexpected [len(unexpectedTypes)]prometheus.Counter
@@ -224,6 +231,34 @@ func (m *metrics) countStripped(mask int) {
 	for i := range m.stripped {
 		if mask&(1<<i) != 0 {
 			m.stripped[i].Inc()
+		}
+	}
+}
+
+// decision is the counter of decisions with labels (outcome, group, version, resource).
+func (m *metrics) decision(labels [4]string) prometheus.Counter {
+	if labels[2] == "" { // no key: kept for good
+		return m.decisions.WithLabelValues(labels[:]...)
+	}
+	m.keyedMu.Lock()
+	defer m.keyedMu.Unlock()
+	if m.keyed == nil {
+		m.keyed = map[[4]string]struct{}{}
+	}
+	m.keyed[labels] = struct{}{}
+	return m.decisions.WithLabelValues(labels[:]...)
+}
+
+// forgetKeys deletes the decision series of keys that has not.
+func (m *metrics) forgetKeys(has func(topology.Resource) bool) {
+	m.keyedMu.Lock()
+	defer m.keyedMu.Unlock()
+	for labels := range m.keyed {
+		r := topology.Resource{Group: labels[1], Version: labels[2]}
+		r.Resource, r.Subresource, _ = strings.Cut(labels[3], "/")
+		if !has(r) {
+			m.decisions.DeleteLabelValues(labels[:]...)
+			delete(m.keyed, labels)
 		}
 	}
 }

@@ -183,7 +183,7 @@ func newAnswers(d plan.Route, servers []topology.APIServer) *answers {
 }
 
 func (r *route) count() {
-	r.counterOnce.Do(func() { r.counter = r.m.decisions.WithLabelValues(r.labels[:]...) })
+	r.counterOnce.Do(func() { r.counter = r.m.decision(r.labels) })
 	r.counter.Inc()
 }
 

@@ -168,6 +168,9 @@ func (s *Server) SetTable(p *plan.Table, version string) {
 	old := s.table.Load()
 	tb := newPreparedTable(p, version, s.now(), s.m)
 	s.table.Store(tb)
+	if front := p.Routes[""]; front != nil {
+		s.m.forgetKeys(func(r topology.Resource) bool { _, ok := front.Route(r); return ok })
+	}
 	oldVersion := ""
 	if old != nil {
 		oldVersion = old.version

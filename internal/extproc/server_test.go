@@ -529,3 +529,49 @@ func TestSetTopologyIsAtomic(t *testing.T) {
 	}
 	<-done
 }
+
+// TestDecisionSeriesFollowTheTable: the decision series of a key go when a table without the
+// key arrives (a deleted CRD, say), so churn does not grow the series without end; series
+// of no key (the default route) stay.
+func TestDecisionSeriesFollowTheTable(t *testing.T) {
+	topo := func(jobs bool) *topology.Topology {
+		served := map[topology.Resource][]string{{Version: "v1", Resource: "pods"}: {"apiserver-a"}}
+		if jobs {
+			served[topology.Resource{Group: "batch", Version: "v1", Resource: "jobs"}] = []string{"apiserver-a"}
+		}
+		tp, err := topology.New([]topology.APIServer{
+			{ID: "apiserver-a", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: true},
+			{ID: "apiserver-b", Hostname: "cp-b", Address: "10.0.0.2:6443", Alive: true},
+		}, served, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tp
+	}
+	srv := New(Options{})
+	client := serve(t, "unix", srv)
+	jobs := map[string]string{"outcome": "subset", "group": "batch", "version": "v1", "resource": "jobs"}
+	pods := map[string]string{"outcome": "subset", "group": "", "version": "v1", "resource": "pods"}
+	def := map[string]string{"outcome": "default", "group": "", "version": "", "resource": ""}
+	srv.SetTopology(topo(true), "with-jobs")
+	for _, path := range []string{"/apis/batch/v1/jobs", "/apis/batch/v1/jobs", "/api/v1/pods", "/healthz"} {
+		call(t, client, request("GET", path))
+	}
+	if got, ok := metricValue(t, srv, "kube_mvp_extproc_decisions_total", jobs); !ok || got != 2 {
+		t.Fatalf("jobs' decisions %v (found %v), want 2", got, ok)
+	}
+	srv.SetTopology(topo(false), "without-jobs")
+	if got, ok := metricValue(t, srv, "kube_mvp_extproc_decisions_total", jobs); ok {
+		t.Errorf("jobs' decisions still listed (%v) by a table without jobs", got)
+	}
+	for _, labels := range []map[string]string{pods, def} {
+		if got, ok := metricValue(t, srv, "kube_mvp_extproc_decisions_total", labels); !ok || got != 1 {
+			t.Errorf("decisions%v %v (found %v), want 1: kept", labels, got, ok)
+		}
+	}
+	srv.SetTopology(topo(true), "with-jobs-again")
+	call(t, client, request("GET", "/apis/batch/v1/jobs"))
+	if got, ok := metricValue(t, srv, "kube_mvp_extproc_decisions_total", jobs); !ok || got != 1 {
+		t.Errorf("jobs' decisions %v (found %v) after it came back, want 1", got, ok)
+	}
+}
