@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -142,6 +143,10 @@ type Watcher struct {
 	// topology waits (up to firstDiscoveryWait) for the first fetch from every live apiserver,
 	// so that a starting replica does not serve a plan in which nobody is routable yet.
 	published bool
+	// last is the topology onChange got last (rebuild's own): a rebuild that builds the same
+	// one (a Lease renewal, the re-judging tick, a ConfigMap write of what is known) hands
+	// nothing on, so xds-server does not plan and translate again for nothing.
+	last *topology.Topology
 	startedAt time.Time
 }
 
@@ -385,6 +390,10 @@ func (w *Watcher) rebuild(ctx context.Context) {
 		}
 		w.published = true
 	}
+	if w.last != nil && reflect.DeepEqual(w.last, t) {
+		return
+	}
+	w.last = t
 	w.onChange(t)
 }
 

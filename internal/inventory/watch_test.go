@@ -31,9 +31,17 @@ import (
 // topology (nil before the first).
 func watch(t *testing.T, ctx context.Context, cfg *rest.Config, opts inventory.WatchOptions) *atomic.Pointer[topology.Topology] {
 	t.Helper()
+	latest, _ := watchCounting(t, ctx, cfg, opts)
+	return latest
+}
+
+// watchCounting is watch, and also counts the topologies handed on.
+func watchCounting(t *testing.T, ctx context.Context, cfg *rest.Config, opts inventory.WatchOptions) (*atomic.Pointer[topology.Topology], *atomic.Int64) {
+	t.Helper()
 	var latest atomic.Pointer[topology.Topology]
+	var handed atomic.Int64
 	opts.Log = slog.New(slog.NewTextHandler(testutil.LogWriter(t), nil))
-	w, err := inventory.NewWatcher(cfg, opts, func(t *topology.Topology) { latest.Store(t) })
+	w, err := inventory.NewWatcher(cfg, opts, func(t *topology.Topology) { latest.Store(t); handed.Add(1) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,7 +54,7 @@ func watch(t *testing.T, ctx context.Context, cfg *rest.Config, opts inventory.W
 		}
 	}()
 	t.Cleanup(func() { stop(); <-done })
-	return &latest
+	return &latest, &handed
 }
 
 // TestWatcherAgainstMixedControlPlane follows a real two-version control plane: A v1.37.1
@@ -57,7 +65,7 @@ func TestWatcherAgainstMixedControlPlane(t *testing.T) {
 	cp := controlplane.ForTest(t, ctx, controlplane.Options{Log: testutil.LogWriter(t), Servers: controlplane.MixedServers()})
 
 	// Leases renew every 10 s; 15 s notices a dead server quickly without flapping.
-	latest := watch(t, ctx, cp.Server("cp-b").RESTConfig(), inventory.WatchOptions{
+	latest, handed := watchCounting(t, ctx, cp.Server("cp-b").RESTConfig(), inventory.WatchOptions{
 		Options: objects.Options{LivenessWindow: 15 * time.Second},
 		// Only a restart or a CRD change may refetch discovery in this test.
 		DiscoveryInterval: time.Hour,
@@ -104,6 +112,25 @@ func TestWatcherAgainstMixedControlPlane(t *testing.T) {
 		}
 		return nil
 	})
+	// Once settled (the apiservers' own APIServices, created as they start, refetch
+	// discovery: wait until 8 s pass without a new topology), nothing changes: Lease
+	// renewals (every 10 s) and the re-judging tick (every 2.5 s) rebuild the same topology,
+	// which is not handed on again.
+	quietSince, count := time.Now(), handed.Load()
+	testutil.WaitFor(t, ctx, 2*time.Minute, "8 s without a new topology", func() error {
+		if n := handed.Load(); n != count {
+			quietSince, count = time.Now(), n
+		}
+		if quiet := time.Since(quietSince); quiet < 8*time.Second {
+			return fmt.Errorf("quiet for %s", quiet.Round(time.Second))
+		}
+		return nil
+	})
+	before := handed.Load()
+	time.Sleep(21 * time.Second)
+	if n := handed.Load() - before; n != 0 {
+		t.Errorf("%d topologies handed on in 21 s of a settled control plane (two Lease renewals each), want none", n)
+	}
 	topo := latest.Load()
 	for _, id := range []string{idA, idB} {
 		if s := topo.Sources[id]; s.From != topology.SourceDiscovery || s.Since.IsZero() {
