@@ -146,7 +146,7 @@ type Watcher struct {
 	// last is the topology onChange got last (rebuild's own): a rebuild that builds the same
 	// one (a Lease renewal, the re-judging tick, a ConfigMap write of what is known) hands
 	// nothing on, so xds-server does not plan and translate again for nothing.
-	last *topology.Topology
+	last      *topology.Topology
 	startedAt time.Time
 }
 
