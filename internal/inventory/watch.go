@@ -143,11 +143,11 @@ type Watcher struct {
 	// topology waits (up to firstDiscoveryWait) for the first fetch from every live apiserver,
 	// so that a starting replica does not serve a plan in which nobody is routable yet.
 	published bool
+	startedAt time.Time
 	// last is the topology onChange got last (rebuild's own): a rebuild that builds the same
 	// one (a Lease renewal, the re-judging tick, a ConfigMap write of what is known) hands
 	// nothing on, so xds-server does not plan and translate again for nothing.
-	last      *topology.Topology
-	startedAt time.Time
+	last *topology.Topology
 }
 
 // firstDiscoveryWait bounds how long the first topology waits for the first discovery fetches
