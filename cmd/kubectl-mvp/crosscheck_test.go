@@ -70,6 +70,10 @@ func TestExplainMatchesDataPlane(t *testing.T) {
 				t.Fatal(err)
 			}
 			eds := endpointsOf(t, cfg)
+			router, err := dataplane.NewRouter(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
 			table, err := plan.TableOf(topo)
 			if err != nil {
 				t.Fatal(err)
@@ -97,14 +101,14 @@ func TestExplainMatchesDataPlane(t *testing.T) {
 					if err := json.Unmarshal(out.Bytes(), &x); err != nil {
 						t.Fatalf("explain %v: %v", a, err)
 					}
-					checkAgainstDataPlane(t, cfg, eds, ask, rq[0], rq[1], cert, &x)
+					checkAgainstDataPlane(t, router, eds, ask, rq[0], rq[1], cert, &x)
 				}
 			}
 		})
 	}
 }
 
-func checkAgainstDataPlane(t *testing.T, cfg []byte, eds map[string]*endpointv3.ClusterLoadAssignment, ask func(method, path string, cert bool) *extprocv3.ProcessingResponse, method, target string, cert bool, x *explain.Explanation) {
+func checkAgainstDataPlane(t *testing.T, router *dataplane.Router, eds map[string]*endpointv3.ClusterLoadAssignment, ask func(method, path string, cert bool) *extprocv3.ProcessingResponse, method, target string, cert bool, x *explain.Explanation) {
 	t.Helper()
 	what := method + " " + target
 	if cert {
@@ -115,7 +119,7 @@ func checkAgainstDataPlane(t *testing.T, cfg []byte, eds map[string]*endpointv3.
 		headers[contract.HeaderXFCC] = "By=x"
 		headers[contract.HeaderIdentityDecision] = contract.IdentityProxyCert
 	}
-	route, cluster, err := dataplane.RouteOf(cfg, method, target, headers)
+	route, cluster, err := router.Route(method, target, headers)
 	if err != nil {
 		t.Fatalf("%s: %v", what, err)
 	}
@@ -140,7 +144,7 @@ func checkAgainstDataPlane(t *testing.T, cfg []byte, eds map[string]*endpointv3.
 			set = lb.GetStructValue().GetFields()[contract.LBSetKey].GetStringValue()
 		}
 		headers[contract.HeaderRoutingCluster] = cluster
-		final, _, err := dataplane.RouteOf(cfg, method, target, headers)
+		final, _, err := router.Route(method, target, headers)
 		if err != nil {
 			t.Fatalf("%s: %v", what, err)
 		}
