@@ -11,7 +11,8 @@
 #     in that list, one at a time, in one go test; then the rest of the list, each a job of
 #     its own, taken by whichever runner is free first.
 # A job's output is printed whole when it ends, with its time; the run fails if any job
-# failed, and says which.
+# failed, and says which. With TEST_COMPILED_FILE set, that file is created once step 1 is
+# done (.ci/run waits for it to start make test-node).
 set -uo pipefail
 
 module=${1:?usage: tools/test.sh MODULE GO-TEST-FLAGS...}
@@ -31,6 +32,11 @@ if ! "$go" test "${flags[@]}" -run '^$' -exec true ./... >"$dir/build.log" 2>&1;
 	exit 1
 fi
 echo "make test: every test binary compiled in $((SECONDS - began)) s"
+# .ci/run starts make test-node once this file exists: from here on the two share the
+# compiled dependencies instead of compiling them at the same time.
+if [ -n "${TEST_COMPILED_FILE:-}" ]; then
+	touch "$TEST_COMPILED_FILE"
+fi
 
 # packages[i] is a job's list of packages; label[i] names it.
 packages=() label=()
