@@ -99,6 +99,10 @@ type Options struct {
 	// Addresses maps hostname to host:port for Leases without the peer-advertise annotation
 	// (the MVP feature gate off, or apiservers older than 1.36).
 	Addresses map[string]string
+	// Checked, when set, keeps the names check of each discovery list between builds, so a
+	// rebuild checks only the lists fetched since the one before. The lists must not be
+	// changed after they are passed to Build.
+	Checked *CheckedDiscovery
 }
 
 // APIServers are the apiservers the Leases describe, alive by their renewTime (see
@@ -136,10 +140,11 @@ func Build(objs Objects, opts Options) (*topology.Topology, []error) {
 	if len(objs.Discovery) > 0 {
 		valid := make(map[string]*apidiscoveryv2.APIGroupDiscoveryList, len(objs.Discovery))
 		for _, id := range slices.Sorted(maps.Keys(objs.Discovery)) {
-			list, nerrs := validDiscovery("discovery of apiserver "+id, objs.Discovery[id])
+			list, nerrs := opts.Checked.valid(id, objs.Discovery[id])
 			valid[id] = list
 			errs = append(errs, nerrs...)
 		}
+		opts.Checked.keepOnly(objs.Discovery)
 		objs.Discovery = valid
 	}
 	// An apiserver takes part in routing only once its own discovery was fetched at its
@@ -182,6 +187,12 @@ func Build(objs Objects, opts Options) (*topology.Topology, []error) {
 	}
 	served := map[topology.Resource][]string{}
 	badNames := map[string]bool{} // reported once per build
+	// addChecked takes names already checked (validDiscovery's); add checks them first.
+	addChecked := func(r topology.Resource, id string) {
+		if !isAggregated[r.GroupVersion()] {
+			served[r] = append(served[r], id)
+		}
+	}
 	add := func(r topology.Resource, id string) {
 		if err := checkResource("what apiserver "+id+" serves (memory or StorageVersions)", r); err != nil {
 			if msg := err.Error(); !badNames[msg] {
@@ -190,9 +201,7 @@ func Build(objs Objects, opts Options) (*topology.Topology, []error) {
 			}
 			return
 		}
-		if !isAggregated[r.GroupVersion()] {
-			served[r] = append(served[r], id)
-		}
+		addChecked(r, id)
 	}
 	hasLease := map[string]bool{}
 	for _, s := range servers {
@@ -210,11 +219,11 @@ func Build(objs Objects, opts Options) (*topology.Topology, []error) {
 						continue
 					}
 					r := topology.Resource{Group: g.Name, Version: v.Version, Resource: res.Resource}
-					add(r, id)
+					addChecked(r, id)
 					for _, sub := range res.Subresources {
 						if sub.Subresource != "" {
 							r.Subresource = sub.Subresource
-							add(r, id)
+							addChecked(r, id)
 						}
 					}
 				}

@@ -160,6 +160,55 @@ func validDiscovery(source string, list *apidiscoveryv2.APIGroupDiscoveryList) (
 	return out, errs
 }
 
+// CheckedDiscovery remembers validDiscovery's answer for each discovery list Build was
+// given last (by pointer: a fetch brings a new list), so an unchanged list is not checked
+// again at every rebuild. Its zero value is ready; nil checks every time.
+type CheckedDiscovery struct {
+	m map[checkedKey]checkedList
+}
+
+// checkedKey: the same list checked for another apiserver names that apiserver in its errors.
+type checkedKey struct {
+	id   string
+	list *apidiscoveryv2.APIGroupDiscoveryList
+}
+
+type checkedList struct {
+	list *apidiscoveryv2.APIGroupDiscoveryList
+	errs []error
+}
+
+// valid is validDiscovery of apiserver id's list.
+func (c *CheckedDiscovery) valid(id string, list *apidiscoveryv2.APIGroupDiscoveryList) (*apidiscoveryv2.APIGroupDiscoveryList, []error) {
+	source := "discovery of apiserver " + id
+	if c == nil {
+		return validDiscovery(source, list)
+	}
+	k := checkedKey{id, list}
+	if v, ok := c.m[k]; ok {
+		return v.list, v.errs
+	}
+	out, errs := validDiscovery(source, list)
+	if c.m == nil {
+		c.m = map[checkedKey]checkedList{}
+	}
+	c.m[k] = checkedList{out, errs}
+	return out, errs
+}
+
+// keepOnly forgets every list but those given, so the memory holds no list a build no longer
+// reads.
+func (c *CheckedDiscovery) keepOnly(lists map[string]*apidiscoveryv2.APIGroupDiscoveryList) {
+	if c == nil {
+		return
+	}
+	for k := range c.m {
+		if lists[k.id] != k.list {
+			delete(c.m, k)
+		}
+	}
+}
+
 func discoveryNamesValid(list *apidiscoveryv2.APIGroupDiscoveryList) bool {
 	if len(list.Items) > MaxDiscoveryGroups {
 		return false

@@ -2,6 +2,7 @@ package objects_test
 
 import (
 	"fmt"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -146,5 +147,33 @@ func TestDiscoveryBounds(t *testing.T) {
 	}
 	if n := strings.Count(string(topo.Discovery.JSON), "category-"); n != objects.MaxDiscoveryVersions*objects.MaxDiscoveryResourceStrings {
 		t.Errorf("the merged discovery carries %d categories, want %d", n, objects.MaxDiscoveryVersions*objects.MaxDiscoveryResourceStrings)
+	}
+}
+
+// TestCheckedDiscoveryBuildsTheSame: a build that reuses the earlier builds' names check
+// (objects.Options.Checked, as the watcher's rebuilds do) gives what a build checking afresh
+// gives, errors included, each time; a list fetched anew is checked anew.
+func TestCheckedDiscoveryBuildsTheSame(t *testing.T) {
+	now := time.Date(2026, 11, 29, 8, 0, 0, 0, time.UTC)
+	withBad := discoveryOf([]topology.Resource{jobs, pods, {Group: "a.example.com", Version: "v2", Resource: "Jobs"}})
+	objs := objects.Objects{
+		Leases:    []coordinationv1.Lease{leaseAt(idA, now), leaseAt(idB, now)},
+		Discovery: map[string]*apidiscoveryv2.APIGroupDiscoveryList{idA: withBad, idB: withBad},
+	}
+	checked := &objects.CheckedDiscovery{}
+	same := func(what string) {
+		t.Helper()
+		want, wantErrs := objects.Build(objs, objects.Options{Now: now})
+		got, gotErrs := objects.Build(objs, objects.Options{Now: now, Checked: checked})
+		if !reflect.DeepEqual(got, want) || fmt.Sprint(gotErrs) != fmt.Sprint(wantErrs) {
+			t.Errorf("%s: with the earlier check:\n%+v\n%v\nchecked afresh:\n%+v\n%v", what, got, gotErrs, want, wantErrs)
+		}
+	}
+	same("first build")
+	same("rebuild") // the same lists: the check is reused, and the errors name each apiserver
+	objs.Discovery[idA] = discoveryOf([]topology.Resource{jobs, pods})
+	same("cp-a fetched again, without the bad name")
+	if _, errs := objects.Build(objs, objects.Options{Now: now, Checked: checked}); len(errs) != 1 || !strings.Contains(errs[0].Error(), idB) {
+		t.Errorf("after cp-a's new list: %v; want only cp-b's bad name", errs)
 	}
 }
