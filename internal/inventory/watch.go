@@ -21,11 +21,14 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
+	"k8s.io/client-go/metadata/metadatainformer"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
@@ -104,6 +107,7 @@ type Watcher struct {
 
 	client         kubernetes.Interface
 	dynamic        dynamic.Interface
+	metadata       metadata.Interface
 	leases         cache.Store
 	authentication cache.Store
 	svs            cache.Store // nil when the StorageVersion API is off
@@ -125,6 +129,12 @@ type Watcher struct {
 	kick chan struct{}
 	// reported are the build errors already logged (rebuild's own: it runs on one goroutine).
 	reported map[string]bool
+	// apiServices are the APIServices as last converted, by name (rebuild's own): each
+	// version of an object is converted once, not at every rebuild.
+	apiServices map[string]convertedAPIService
+	// checked keeps the names check of each fetched discovery list (rebuild's own): a
+	// rebuild checks only what was fetched since the last.
+	checked objects.CheckedDiscovery
 	// headerNames is what the rebuilds learnt of the identity header names, and what the
 	// memory ConfigMap kept of them (rebuild's own).
 	headerNames objects.RequestHeaderNames
@@ -209,8 +219,12 @@ func NewWatcher(cfg *rest.Config, opts WatchOptions, onChange func(*topology.Top
 	if err != nil {
 		return nil, err
 	}
+	meta, err := metadata.NewForConfigAndClient(cfg, hc)
+	if err != nil {
+		return nil, err
+	}
 	return &Watcher{
-		cfg: cfg, opts: opts, onChange: onChange, client: client, dynamic: dyn,
+		cfg: cfg, opts: opts, onChange: onChange, client: client, dynamic: dyn, metadata: meta,
 		kick: make(chan struct{}, 1), discovery: map[string]discovered{},
 	}, nil
 }
@@ -274,15 +288,18 @@ func (w *Watcher) Run(ctx context.Context) error {
 	apisvcInformer := dynFactory.ForResource(apiServicesGVR).Informer()
 	apisvcInformer.AddEventHandler(kick)
 	apisvcInformer.AddEventHandler(apisChanged)
-	// Not waited for: without the permission xds-server still routes, and discovery is
-	// refetched every DiscoveryInterval anyway.
-	dynFactory.ForResource(crdsGVR).Informer().AddEventHandler(apisChanged)
 	w.apisvcs = apisvcInformer.GetStore()
 	synced = append(synced, apisvcInformer.HasSynced)
+	// CRDs only say when discovery changes: their metadata is watched, not their schemas
+	// (often hundreds of KB each, never read). Not waited for: without the permission
+	// xds-server still routes, and discovery is refetched every DiscoveryInterval anyway.
+	crdFactory := metadatainformer.NewSharedInformerFactory(w.metadata, 0)
+	crdFactory.ForResource(crdsGVR).Informer().AddEventHandler(apisChanged)
 
 	leaseFactory.Start(ctx.Done())
 	authFactory.Start(ctx.Done())
 	dynFactory.Start(ctx.Done())
+	crdFactory.Start(ctx.Done())
 	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
 		return errors.New("inventory: informers did not sync")
 	}
@@ -345,22 +362,12 @@ func (w *Watcher) rebuild(ctx context.Context) {
 			}
 		}
 	}
-	for _, o := range w.apisvcs.List() {
-		u, ok := o.(*unstructured.Unstructured)
-		if !ok {
-			continue
-		}
-		var s objects.APIService
-		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &s); err != nil {
-			w.opts.Log.Warn("APIService skipped", "name", u.GetName(), "error", err)
-			continue
-		}
-		objs.APIServices = append(objs.APIServices, s)
-	}
+	objs.APIServices, w.apiServices = convertAPIServices(w.apisvcs.List(), w.apiServices, w.opts.Log)
 	slices.SortFunc(objs.Leases, func(a, b coordinationv1.Lease) int { return strings.Compare(a.Name, b.Name) })
 
 	opts := w.opts.Options
 	opts.Now = w.opts.Clock()
+	opts.Checked = &w.checked
 	objs.Discovery, objs.DiscoveredAt, objs.Versions = w.discoveryFor(ctx, objs.Leases, opts)
 	var headerErr error
 	objs.HeaderNames, headerErr = w.learnHeaderNames(objs.Authentication, opts.Now)
@@ -395,6 +402,41 @@ func (w *Watcher) rebuild(ctx context.Context) {
 	}
 	w.last = t
 	w.onChange(t)
+}
+
+// convertedAPIService is one version of an APIService, converted (or found malformed).
+type convertedAPIService struct {
+	uid             types.UID
+	resourceVersion string
+	service         objects.APIService
+	err             error
+}
+
+// convertAPIServices converts the watched APIServices (unstructured) to what objects.Build
+// reads, reusing prev's conversion of every object whose version it has seen: a rebuild
+// costs a conversion per changed object, not per object. A malformed one is skipped and
+// logged once per version. It returns the services and what to pass as prev next time.
+func convertAPIServices(list []any, prev map[string]convertedAPIService, log *slog.Logger) ([]objects.APIService, map[string]convertedAPIService) {
+	next := make(map[string]convertedAPIService, len(list))
+	var out []objects.APIService
+	for _, o := range list {
+		u, ok := o.(*unstructured.Unstructured)
+		if !ok {
+			continue
+		}
+		c, seen := prev[u.GetName()]
+		if !seen || c.uid != u.GetUID() || c.resourceVersion != u.GetResourceVersion() || u.GetResourceVersion() == "" {
+			c = convertedAPIService{uid: u.GetUID(), resourceVersion: u.GetResourceVersion()}
+			if c.err = runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &c.service); c.err != nil {
+				log.Warn("APIService skipped", "name", u.GetName(), "error", c.err)
+			}
+		}
+		next[u.GetName()] = c
+		if c.err == nil {
+			out = append(out, c.service)
+		}
+	}
+	return out, next
 }
 
 // newlyReported returns the errors of a build that the previous build did not report, and
