@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"strings"
 
 	apidiscoveryv2 "k8s.io/api/apidiscovery/v2"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 
 	"github.com/kube-mvp/kube-mvp/internal/contract"
@@ -46,16 +48,66 @@ func fetchVersion(ctx context.Context, c rest.Interface) string {
 // answers 404 or 406, or the legacy document): only then is legacy discovery read instead.
 var errNoAggregatedDiscovery = errors.New("no aggregated discovery")
 
+// Fetched is one apiserver's discovery as a fetch read it. Given back as
+// FetchOptions.Previous, its aggregated documents are asked for with If-None-Match, and
+// one that did not change (304) is neither sent nor decoded again: when neither changed,
+// the fetch gives back Previous.List itself.
+type Fetched struct {
+	List    *apidiscoveryv2.APIGroupDiscoveryList
+	Version string // /version's gitVersion, "" if it could not be read
+	// docs are the aggregated documents List was made of, by path (none for legacy
+	// discovery); pruned what pruning left out of them, as guard.prunedNotes says it.
+	docs   map[string]fetchedDoc
+	pruned []string
+}
+
+type fetchedDoc struct {
+	etag  string
+	meta  metav1.TypeMeta
+	items []apidiscoveryv2.APIGroupDiscovery
+}
+
+// etags are the ETags to send back, by path.
+func (f *Fetched) etags() map[string]string {
+	if f == nil {
+		return nil
+	}
+	out := map[string]string{}
+	for path, d := range f.docs {
+		if d.etag != "" {
+			out[path] = d.etag
+		}
+	}
+	return out
+}
+
+// notModified: the apiserver answered 304 to If-None-Match (client-go makes it an error).
+func notModified(err error) bool {
+	var s apierrors.APIStatus
+	return errors.As(err, &s) && s.Status().Code == http.StatusNotModified
+}
+
 // fetchAggregated reads /api and /apis as aggregated discovery, without peers, into one list.
 // An apiserver that does not offer it gives an error wrapping errNoAggregatedDiscovery; any
 // other failure (a 429, a 5xx, a timeout) is a failure of this fetch, never a reason to read
-// the less precise legacy discovery.
-func fetchAggregated(ctx context.Context, c rest.Interface) (*apidiscoveryv2.APIGroupDiscoveryList, error) {
-	out := &apidiscoveryv2.APIGroupDiscoveryList{}
+// the less precise legacy discovery. A document prev read and the apiserver says is unchanged
+// (g sent its ETag) is prev's.
+func fetchAggregated(ctx context.Context, c rest.Interface, g *guard, prev *Fetched) (*Fetched, error) {
+	out := &Fetched{docs: map[string]fetchedDoc{}}
+	changed := prev == nil || prev.List == nil
 	for _, path := range []string{"/api", "/apis"} {
 		var contentType string
 		body, err := c.Get().AbsPath(path).SetHeader("Accept", contract.MediaTypeAggregatedDiscovery+";profile=nopeer").
 			Do(ctx).ContentType(&contentType).Raw()
+		if notModified(err) {
+			d, ok := prev.docsAt(path)
+			if !ok {
+				return nil, fmt.Errorf("GET %s: 304 Not Modified, but no earlier answer was read", path)
+			}
+			out.docs[path] = d
+			out.pruned = append(out.pruned, prev.prunedAt(path)...)
+			continue
+		}
 		if apierrors.IsNotFound(err) || apierrors.IsNotAcceptable(err) {
 			return nil, fmt.Errorf("GET %s: %w (%w)", path, errNoAggregatedDiscovery, err)
 		}
@@ -72,8 +124,37 @@ func fetchAggregated(ctx context.Context, c rest.Interface) (*apidiscoveryv2.API
 		if l.Kind != objects.AggregatedKind {
 			return nil, fmt.Errorf("GET %s: kind %q, want %s", path, l.Kind, objects.AggregatedKind)
 		}
-		out.TypeMeta = l.TypeMeta
-		out.Items = append(out.Items, l.Items...)
+		out.docs[path] = fetchedDoc{etag: g.etagOf(path), meta: l.TypeMeta, items: l.Items}
+		changed = true
 	}
+	out.pruned = append(out.pruned, g.prunedNotes()...)
+	if !changed {
+		out.List = prev.List
+		return out, nil
+	}
+	api, apis := out.docs["/api"], out.docs["/apis"]
+	out.List = &apidiscoveryv2.APIGroupDiscoveryList{TypeMeta: apis.meta}
+	out.List.Items = append(append(make([]apidiscoveryv2.APIGroupDiscovery, 0, len(api.items)+len(apis.items)), api.items...), apis.items...)
 	return out, nil
+}
+
+func (f *Fetched) docsAt(path string) (fetchedDoc, bool) {
+	if f == nil {
+		return fetchedDoc{}, false
+	}
+	d, ok := f.docs[path]
+	return d, ok
+}
+
+// prunedAt are the pruning notes of the document at path.
+func (f *Fetched) prunedAt(path string) []string {
+	var out []string
+	if f != nil {
+		for _, n := range f.pruned {
+			if strings.HasPrefix(n, path+": ") {
+				out = append(out, n)
+			}
+		}
+	}
+	return out
 }

@@ -98,9 +98,14 @@ func (t noRedirects) WrappedRoundTripper() http.RoundTripper { return t.rt }
 type guard struct {
 	max int64
 
+	// ifNoneMatch are the ETags of the documents the last fetch read, by path: asked for
+	// again with If-None-Match, an unchanged one answers 304 and is not sent at all.
+	ifNoneMatch map[string]string
+
 	mu      sync.Mutex
 	refused *RefusedError
-	pruned  []string // what pruning left out, for the log
+	pruned  []string          // what pruning left out, for the log
+	etags   map[string]string // the ETag of each aggregated document read, by path
 }
 
 // client is hc (a NoRedirectClient) with the guard's rules; hc is not changed.
@@ -134,6 +139,31 @@ func (g *guard) tooLarge(req *http.Request, limit int64) *RefusedError {
 		msg: fmt.Sprintf("the answer to %s %s is larger than the limit of %d bytes", req.Method, req.URL.Path, limit)})
 }
 
+// maxETag bounds an ETag kept and sent back (an apiserver's is a quoted hash, under 100
+// bytes).
+const maxETag = 256
+
+// usableETag: an ETag short and plain enough to send back (printable ASCII): any other
+// would fail every later request of this apiserver's discovery, so it is not kept.
+func usableETag(etag string) bool {
+	if etag == "" || len(etag) > maxETag {
+		return false
+	}
+	for i := range len(etag) {
+		if etag[i] < 0x21 || etag[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
+// etagOf is the ETag of the aggregated document read at path, or "".
+func (g *guard) etagOf(path string) string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.etags[path]
+}
+
 // prunedNotes is what pruning left out of this fetch's answers.
 func (g *guard) prunedNotes() []string {
 	g.mu.Lock()
@@ -149,6 +179,10 @@ type guardedTransport struct {
 func (t guardedTransport) WrappedRoundTripper() http.RoundTripper { return t.rt }
 
 func (t guardedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if etag := t.g.ifNoneMatch[req.URL.Path]; etag != "" && req.Method == http.MethodGet {
+		req = req.Clone(req.Context())
+		req.Header.Set("If-None-Match", etag)
+	}
 	res, err := t.rt.RoundTrip(req)
 	if r := (*RefusedError)(nil); errors.As(err, &r) {
 		t.g.refuse(r)
@@ -180,13 +214,17 @@ func (t guardedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s %s: %w", req.Method, req.URL.Path, err)
 	}
-	if len(notes) > 0 {
-		t.g.mu.Lock()
-		for _, n := range notes {
-			t.g.pruned = append(t.g.pruned, req.URL.Path+": "+n)
-		}
-		t.g.mu.Unlock()
+	t.g.mu.Lock()
+	for _, n := range notes {
+		t.g.pruned = append(t.g.pruned, req.URL.Path+": "+n)
 	}
+	if etag := res.Header.Get("ETag"); usableETag(etag) {
+		if t.g.etags == nil {
+			t.g.etags = map[string]string{}
+		}
+		t.g.etags[req.URL.Path] = etag
+	}
+	t.g.mu.Unlock()
 	res.Body = io.NopCloser(bytes.NewReader(pruned))
 	res.ContentLength = int64(len(pruned))
 	res.Header.Del("Content-Length")

@@ -174,6 +174,9 @@ type discovered struct {
 	rounds int // fetches started for this instance
 	list   *apidiscoveryv2.APIGroupDiscoveryList
 	listAt time.Time // when list arrived
+	// doc is the fetch list came from (this instance's), for the next to ask whether it
+	// changed.
+	doc *Fetched
 	// version is its /version gitVersion, read with list (for people: routing never reads it).
 	version string
 	pruned  string // what pruning left out of list, as last logged
@@ -504,14 +507,15 @@ func (w *Watcher) discoveryFor(ctx context.Context, leases []coordinationv1.Leas
 			// Mark as fetched now so one slow server is not asked again on every rebuild.
 			var listAt time.Time
 			var version, pruned string // a restart may be an upgrade: its version is read again
+			var doc *Fetched
 			if d.instance == instance {
-				listAt, version, pruned = d.listAt, d.version, d.pruned
+				listAt, version, pruned, doc = d.listAt, d.version, d.pruned, d.doc
 			}
-			w.discovery[s.ID] = discovered{instance: instance, fetched: opts.Now, rounds: rounds, list: keepIf(d.instance == instance, d.list), listAt: listAt, version: version, pruned: pruned}
+			w.discovery[s.ID] = discovered{instance: instance, fetched: opts.Now, rounds: rounds, list: keepIf(d.instance == instance, d.list), listAt: listAt, version: version, pruned: pruned, doc: doc}
 			if !have || d.instance != instance {
 				w.pendingFirst = true
 			}
-			go w.fetchDiscovery(ctx, s, instance)
+			go w.fetchDiscovery(ctx, s, instance, doc)
 		}
 	}
 	for id := range maps.Keys(w.discovery) {
@@ -529,10 +533,16 @@ func keepIf(ok bool, l *apidiscoveryv2.APIGroupDiscoveryList) *apidiscoveryv2.AP
 	return nil
 }
 
-func (w *Watcher) fetchDiscovery(ctx context.Context, s topology.APIServer, instance string) {
+// fetchDiscovery fetches apiserver s's discovery; prev is this instance's last fetch, if any.
+func (w *Watcher) fetchDiscovery(ctx context.Context, s topology.APIServer, instance string, prev *Fetched) {
 	var pruned []string
-	list, version, err := FetchDiscovery(ctx, w.cfg, s.Address, FetchOptions{ServerName: w.opts.ServerName, MaxBody: w.opts.MaxDiscoveryBody,
-		OnPruned: func(notes []string) { pruned = notes }})
+	doc, err := Fetch(ctx, w.cfg, s.Address, FetchOptions{ServerName: w.opts.ServerName, MaxBody: w.opts.MaxDiscoveryBody,
+		OnPruned: func(notes []string) { pruned = notes }, Previous: prev})
+	var list *apidiscoveryv2.APIGroupDiscoveryList
+	var version string
+	if err == nil {
+		list, version = doc.List, doc.Version
+	}
 	if len(pruned) > 0 && w.opts.OnDiscoveryPruned != nil {
 		w.opts.OnDiscoveryPruned()
 	}
@@ -560,7 +570,7 @@ func (w *Watcher) fetchDiscovery(ctx context.Context, s topology.APIServer, inst
 				}
 				d.pruned = p
 			}
-			d.list, d.listAt, d.failed = list, w.opts.Clock(), false
+			d.list, d.listAt, d.failed, d.doc = list, w.opts.Clock(), false, doc
 			if version != "" { // a failed /version keeps what this instance said before
 				d.version = version
 			}
@@ -580,7 +590,15 @@ type FetchOptions struct {
 	MaxBody int64
 	// OnPruned, if set, is told what pruning left out of a fetch that succeeded.
 	OnPruned func(notes []string)
+	// Previous, if set, is this apiserver's last fetch: what did not change since is not
+	// sent again (see Fetched).
+	Previous *Fetched
+	// Timeout bounds each request; zero means DefaultFetchTimeout.
+	Timeout time.Duration
 }
+
+// DefaultFetchTimeout is FetchOptions.Timeout when zero.
+const DefaultFetchTimeout = 10 * time.Second
 
 // FetchDiscovery asks one apiserver, at its own address, what it serves itself: the
 // aggregated discovery documents of /api and /apis with profile=nopeer (so a peer-aware
@@ -592,6 +610,16 @@ type FetchOptions struct {
 // except that an aggregated document is pruned (pruneAggregated): one bloated group costs its
 // own entries, not the fetch.
 func FetchDiscovery(ctx context.Context, base *rest.Config, address string, opts FetchOptions) (*apidiscoveryv2.APIGroupDiscoveryList, string, error) {
+	f, err := Fetch(ctx, base, address, opts)
+	if err != nil {
+		return nil, "", err
+	}
+	return f.List, f.Version, nil
+}
+
+// Fetch is FetchDiscovery, giving what a later fetch of the same apiserver may start from
+// (FetchOptions.Previous).
+func Fetch(ctx context.Context, base *rest.Config, address string, opts FetchOptions) (*Fetched, error) {
 	if opts.MaxBody <= 0 {
 		opts.MaxBody = DefaultMaxDiscoveryBody
 	}
@@ -601,20 +629,23 @@ func FetchDiscovery(ctx context.Context, base *rest.Config, address string, opts
 	if !cfg.Insecure {
 		cfg.TLSClientConfig.ServerName = opts.ServerName
 	}
-	cfg.Timeout = 10 * time.Second
+	cfg.Timeout = opts.Timeout
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = DefaultFetchTimeout
+	}
 	hc, err := NoRedirectClient(cfg)
 	if err != nil {
-		return nil, "", err
+		return nil, err
 	}
-	g := &guard{max: opts.MaxBody}
+	g := &guard{max: opts.MaxBody, ifNoneMatch: opts.Previous.etags()}
 	dc, err := discovery.NewDiscoveryClientForConfigAndClient(cfg, g.client(hc))
 	if err != nil {
-		return nil, "", err
+		return nil, err
 	}
 	// Every failure comes back as an error, which the caller logs; client-go would log a
 	// refused body again.
 	quiet := klog.NewContext(ctx, logr.Discard())
-	list, err := fetchAggregated(quiet, dc.RESTClient())
+	f, err := fetchAggregated(quiet, dc.RESTClient(), g, opts.Previous)
 	if errors.Is(err, errNoAggregatedDiscovery) && g.err() == nil {
 		dc.NoPeerDiscovery = true
 		var lists []*metav1.APIResourceList
@@ -622,11 +653,10 @@ func FetchDiscovery(ctx context.Context, base *rest.Config, address string, opts
 		if len(lists) > 0 {
 			err = nil // what was listed is used
 		}
-		list = fromResourceLists(lists)
+		f = &Fetched{List: fromResourceLists(lists), pruned: g.prunedNotes()}
 	}
-	var version string
 	if err == nil {
-		version = fetchVersion(quiet, dc.RESTClient())
+		f.Version = fetchVersion(quiet, dc.RESTClient())
 	}
 	// A refusal fails the fetch even where client-go dropped it (a group/version of a
 	// partial list) or /version's failure fails nothing.
@@ -634,12 +664,12 @@ func FetchDiscovery(ctx context.Context, base *rest.Config, address string, opts
 		err = gerr
 	}
 	if err != nil {
-		return nil, "", fmt.Errorf("discovery of %s: %w", address, err)
+		return nil, fmt.Errorf("discovery of %s: %w", address, err)
 	}
-	if notes := g.prunedNotes(); len(notes) > 0 && opts.OnPruned != nil {
-		opts.OnPruned(notes)
+	if len(f.pruned) > 0 && opts.OnPruned != nil {
+		opts.OnPruned(f.pruned)
 	}
-	return list, version, nil
+	return f, nil
 }
 
 // fromResourceLists regroups client-go's per-group/version lists ("jobs" and "jobs/status"
