@@ -11,10 +11,6 @@ import (
 	"time"
 
 	apidiscoveryv2 "k8s.io/api/apidiscovery/v2"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/client-go/dynamic"
 
 	"github.com/kube-mvp/kube-mvp/internal/contract"
 	"github.com/kube-mvp/kube-mvp/internal/inventory"
@@ -86,20 +82,7 @@ func TestFetchAsksWhetherDiscoveryChanged(t *testing.T) {
 		t.Errorf("fetch with nothing changed gave a new list (%p, was %p) or version %q (was %q); want the previous list itself", again.List, first.List, again.Version, first.Version)
 	}
 
-	crd := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-		"metadata": map[string]any{"name": "sprockets.conditional.kube-mvp.io"},
-		"spec": map[string]any{
-			"group": "conditional.kube-mvp.io", "scope": "Namespaced",
-			"names": map[string]any{"plural": "sprockets", "singular": "sprocket", "kind": "Sprocket", "listKind": "SprocketList"},
-			"versions": []any{map[string]any{"name": "v1", "served": true, "storage": true,
-				"schema": map[string]any{"openAPIV3Schema": map[string]any{"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}},
-		},
-	}}
-	crds := schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
-	if _, err := dynamic.NewForConfigOrDie(server.RESTConfig()).Resource(crds).Create(ctx, crd, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	createCRD(t, ctx, server.RESTConfig(), "conditional.kube-mvp.io", "sprocket", "Sprocket")
 	prev := again
 	testutil.WaitFor(t, ctx, time.Minute, "the new CRD's group in a fetch", func() error {
 		f := fetch(prev)

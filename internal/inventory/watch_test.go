@@ -176,20 +176,7 @@ func TestWatcherAgainstMixedControlPlane(t *testing.T) {
 	}
 
 	// A new CRD is in the merged discovery at once, not at the next periodic refetch.
-	crd := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-		"metadata": map[string]any{"name": "gadgets.inventory.kube-mvp.io"},
-		"spec": map[string]any{
-			"group": "inventory.kube-mvp.io", "scope": "Namespaced",
-			"names": map[string]any{"plural": "gadgets", "singular": "gadget", "kind": "Gadget", "listKind": "GadgetList"},
-			"versions": []any{map[string]any{"name": "v1", "served": true, "storage": true,
-				"schema": map[string]any{"openAPIV3Schema": map[string]any{"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}},
-		},
-	}}
-	crds := schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
-	if _, err := dynamic.NewForConfigOrDie(cp.Server("cp-a").RESTConfig()).Resource(crds).Create(ctx, crd, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	createCRD(t, ctx, cp.Server("cp-a").RESTConfig(), "inventory.kube-mvp.io", "gadget", "Gadget")
 	testutil.WaitFor(t, ctx, 90*time.Second, "the new CRD in the merged discovery", func() error {
 		d := latest.Load().Discovery
 		if d == nil || !strings.Contains(string(d.JSON), `"name":"inventory.kube-mvp.io"`) {
@@ -254,5 +241,25 @@ func TestWatcherReadsRequestHeaderNames(t *testing.T) {
 	}
 	if !slices.Contains(p.RequestHeaders.User, "x-user") {
 		t.Errorf("plan request headers %+v", p.RequestHeaders)
+	}
+}
+
+// createCRD creates a namespaced CRD of group with one served version, v1, whose resource is
+// kind's plural (singular + "s").
+func createCRD(t *testing.T, ctx context.Context, cfg *rest.Config, group, singular, kind string) {
+	t.Helper()
+	crd := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+		"metadata": map[string]any{"name": singular + "s." + group},
+		"spec": map[string]any{
+			"group": group, "scope": "Namespaced",
+			"names": map[string]any{"plural": singular + "s", "singular": singular, "kind": kind, "listKind": kind + "List"},
+			"versions": []any{map[string]any{"name": "v1", "served": true, "storage": true,
+				"schema": map[string]any{"openAPIV3Schema": map[string]any{"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}},
+		},
+	}}
+	crds := schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
+	if _, err := dynamic.NewForConfigOrDie(cfg).Resource(crds).Create(ctx, crd, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
 	}
 }
