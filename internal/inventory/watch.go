@@ -132,9 +132,14 @@ type Watcher struct {
 	// apiServices are the APIServices as last converted, by name (rebuild's own): each
 	// version of an object is converted once, not at every rebuild.
 	apiServices map[string]convertedAPIService
-	// checked keeps the names check of each fetched discovery list (rebuild's own): a
-	// rebuild checks only what was fetched since the last.
-	checked objects.CheckedDiscovery
+	// memo keeps what is derived from each fetched discovery list (rebuild's own): a
+	// rebuild derives only from what was fetched since the last.
+	memo objects.DiscoveryMemo
+	// built are the inputs of the last objects.Build (rebuild's own): a rebuild with the
+	// same builds nothing.
+	built *buildInputs
+	// skipped is how many objects that build skipped or used in part (rebuild's own).
+	skipped int
 	// headerNames is what the rebuilds learnt of the identity header names, and what the
 	// memory ConfigMap kept of them (rebuild's own).
 	headerNames objects.RequestHeaderNames
@@ -311,13 +316,38 @@ func (w *Watcher) Run(ctx context.Context) error {
 	tick := time.NewTicker(objects.RejudgeInterval(w.opts.LivenessWindow))
 	defer tick.Stop()
 	w.trigger()
+	w.loop(ctx, tick.C)
+	return nil
+}
+
+// minRebuildInterval spaces rebuilds: in a burst (a chart applying 2,000 CRDs, each with its
+// APIService events and discovery fetches) changes are taken in at most ten rebuilds a
+// second, and a change after a quiet spell is taken in at once.
+const minRebuildInterval = 100 * time.Millisecond
+
+// loop rebuilds at every kick and tick, no sooner than minRebuildInterval after the last
+// rebuild began, until ctx ends.
+func (w *Watcher) loop(ctx context.Context, tick <-chan time.Time) {
+	var last time.Time
 	for {
 		select {
 		case <-ctx.Done():
-			return nil
+			return
 		case <-w.kick:
-		case <-tick.C:
+		case <-tick:
 		}
+		if wait := minRebuildInterval - time.Since(last); wait > 0 {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(wait):
+			}
+			select { // what kicked meanwhile is taken in by this rebuild
+			case <-w.kick:
+			default:
+			}
+		}
+		last = time.Now()
 		w.rebuild(ctx)
 	}
 }
@@ -348,6 +378,7 @@ func (w *Watcher) hasStorageVersionAPI(ctx context.Context) bool {
 // restarted apiservers run in the background and trigger another rebuild when done.
 func (w *Watcher) rebuild(ctx context.Context) {
 	var objs objects.Objects
+	var watched []any // the store objects Build reads, but Leases (buildInputs)
 	for _, o := range w.leases.List() {
 		if l, ok := o.(*coordinationv1.Lease); ok {
 			objs.Leases = append(objs.Leases, *l)
@@ -356,29 +387,43 @@ func (w *Watcher) rebuild(ctx context.Context) {
 	for _, o := range w.authentication.List() {
 		if cm, ok := o.(*corev1.ConfigMap); ok && cm.Name == objects.AuthenticationConfigMap {
 			objs.Authentication = cm
+			watched = append(watched, o)
 		}
 	}
 	if w.svs != nil {
 		for _, o := range w.svs.List() {
 			if sv, ok := o.(*apiserverinternalv1alpha1.StorageVersion); ok {
 				objs.StorageVersions = append(objs.StorageVersions, *sv)
+				watched = append(watched, o)
 			}
 		}
 	}
-	objs.APIServices, w.apiServices = convertAPIServices(w.apisvcs.List(), w.apiServices, w.opts.Log)
+	apisvcs := w.apisvcs.List()
+	watched = append(watched, apisvcs...)
+	objs.APIServices, w.apiServices = convertAPIServices(apisvcs, w.apiServices, w.opts.Log)
 	slices.SortFunc(objs.Leases, func(a, b coordinationv1.Lease) int { return strings.Compare(a.Name, b.Name) })
 
 	opts := w.opts.Options
 	opts.Now = w.opts.Clock()
-	opts.Checked = &w.checked
+	opts.Memo = &w.memo
 	objs.Discovery, objs.DiscoveredAt, objs.Versions = w.discoveryFor(ctx, objs.Leases, opts)
 	var headerErr error
 	objs.HeaderNames, headerErr = w.learnHeaderNames(objs.Authentication, opts.Now)
 	objs.Remembered = w.remember(ctx, objs, opts)
-	t, errs := objects.Build(objs, opts)
 	if w.opts.OnRequestHeaderConfig != nil {
 		w.opts.OnRequestHeaderConfig(headerErr == nil)
 	}
+	inputs := inputsOf(objs, opts, watched)
+	if w.published && inputs.same(w.built) {
+		// Only time passed, and no verdict changed: the same topology (already handed on).
+		if w.opts.OnSkipped != nil {
+			w.opts.OnSkipped(w.skipped)
+		}
+		return
+	}
+	w.built = inputs
+	t, errs := objects.Build(objs, opts)
+	w.skipped = len(errs)
 	var news []error
 	news, w.reported = newlyReported(w.reported, errs)
 	for _, err := range news {

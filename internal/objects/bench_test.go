@@ -16,7 +16,7 @@ import (
 // with the APIService the apiservers create for each CRD group/version.
 func crdCluster(n int) objects.Objects {
 	const crdsPerGroup = 10
-	list := &apidiscoveryv2.APIGroupDiscoveryList{}
+	list := &apidiscoveryv2.APIGroupDiscoveryList{TypeMeta: metav1.TypeMeta{Kind: objects.AggregatedKind, APIVersion: "apidiscovery.k8s.io/v2"}}
 	for _, g := range []string{"", "apps", "batch", "policy", "rbac.authorization.k8s.io"} {
 		list.Items = append(list.Items, apidiscoveryv2.APIGroupDiscovery{
 			ObjectMeta: metav1.ObjectMeta{Name: g},
@@ -55,7 +55,7 @@ func crdCluster(n int) objects.Objects {
 // reporting its time per CRD: a rebuild runs at every Lease renewal and re-judging tick (tens
 // a minute), so its cost per CRD is xds-server's idle CPU per CRD. "first" checks every
 // discovery list's names, as the first build after a fetch does; "again" is a rebuild with
-// nothing fetched since (the watcher's objects.CheckedDiscovery).
+// nothing fetched since (the watcher's objects.DiscoveryMemo).
 func BenchmarkBuildWithCRDs(b *testing.B) {
 	for _, n := range []int{200, 1000, 2000, 10000} {
 		for _, again := range []bool{false, true} {
@@ -67,7 +67,7 @@ func BenchmarkBuildWithCRDs(b *testing.B) {
 				objs := crdCluster(n)
 				opts := objects.Options{Now: t0}
 				if again {
-					opts.Checked = &objects.CheckedDiscovery{}
+					opts.Memo = &objects.DiscoveryMemo{}
 					objects.Build(objs, opts)
 				}
 				b.ResetTimer()

@@ -99,10 +99,10 @@ type Options struct {
 	// Addresses maps hostname to host:port for Leases without the peer-advertise annotation
 	// (the MVP feature gate off, or apiservers older than 1.36).
 	Addresses map[string]string
-	// Checked, when set, keeps the names check of each discovery list between builds, so a
-	// rebuild checks only the lists fetched since the one before. The lists must not be
-	// changed after they are passed to Build.
-	Checked *CheckedDiscovery
+	// Memo, when set, keeps what is derived from each discovery list between builds (its
+	// names check, the merged document), so a rebuild derives only from the lists fetched
+	// since the one before. The lists must not be changed after they are passed to Build.
+	Memo *DiscoveryMemo
 }
 
 // APIServers are the apiservers the Leases describe, alive by their renewTime (see
@@ -140,11 +140,11 @@ func Build(objs Objects, opts Options) (*topology.Topology, []error) {
 	if len(objs.Discovery) > 0 {
 		valid := make(map[string]*apidiscoveryv2.APIGroupDiscoveryList, len(objs.Discovery))
 		for _, id := range slices.Sorted(maps.Keys(objs.Discovery)) {
-			list, nerrs := opts.Checked.valid(id, objs.Discovery[id])
+			list, nerrs := opts.Memo.valid(id, objs.Discovery[id])
 			valid[id] = list
 			errs = append(errs, nerrs...)
 		}
-		opts.Checked.keepOnly(objs.Discovery)
+		opts.Memo.keepOnly(objs.Discovery)
 		objs.Discovery = valid
 	}
 	// An apiserver takes part in routing only once its own discovery was fetched at its
@@ -325,7 +325,7 @@ func Build(objs Objects, opts Options) (*topology.Topology, []error) {
 	for _, id := range t.Live() { // sorted by ID: the merge is deterministic
 		live = append(live, objs.Discovery[id])
 	}
-	t.Discovery = MergeDiscoveryOrdered(live, groupPriorities(objs.APIServices))
+	t.Discovery = opts.Memo.merge(live, groupPriorities(objs.APIServices))
 	return t, errs
 }
 

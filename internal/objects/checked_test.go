@@ -6,10 +6,10 @@ import (
 	apidiscoveryv2 "k8s.io/api/apidiscovery/v2"
 )
 
-// TestCheckedDiscoveryKeepsOnlyTheLastLists: what the check memory holds is bounded by the
+// TestDiscoveryMemoKeepsOnlyTheLastLists: what the check memory holds is bounded by the
 // lists of the last build, not by every list ever fetched.
-func TestCheckedDiscoveryKeepsOnlyTheLastLists(t *testing.T) {
-	var c CheckedDiscovery
+func TestDiscoveryMemoKeepsOnlyTheLastLists(t *testing.T) {
+	var c DiscoveryMemo
 	for range 5 {
 		lists := map[string]*apidiscoveryv2.APIGroupDiscoveryList{"a": {}, "b": {}} // fetched anew each round
 		for id, l := range lists {

@@ -2,6 +2,8 @@ package objects
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 
 	apidiscoveryv2 "k8s.io/api/apidiscovery/v2"
@@ -160,11 +162,15 @@ func validDiscovery(source string, list *apidiscoveryv2.APIGroupDiscoveryList) (
 	return out, errs
 }
 
-// CheckedDiscovery remembers validDiscovery's answer for each discovery list Build was
-// given last (by pointer: a fetch brings a new list), so an unchanged list is not checked
-// again at every rebuild. Its zero value is ready; nil checks every time.
-type CheckedDiscovery struct {
+// DiscoveryMemo remembers, between builds, what Build derives from discovery lists that did
+// not change (by pointer: a fetch brings a new list): each list's names check and the
+// merged document. A rebuild with nothing fetched since (a Lease renewal, the re-judging
+// tick) then neither checks a name nor merges and marshals the document again. Its zero
+// value is ready; nil derives everything every time.
+type DiscoveryMemo struct {
 	m map[checkedKey]checkedList
+	// merged is the last merged document and what it was merged from.
+	merged *mergedDiscovery
 }
 
 // checkedKey: the same list checked for another apiserver names that apiserver in its errors.
@@ -178,8 +184,14 @@ type checkedList struct {
 	errs []error
 }
 
+type mergedDiscovery struct {
+	lists    []*apidiscoveryv2.APIGroupDiscoveryList
+	priority map[string]int32
+	doc      *topology.Discovery
+}
+
 // valid is validDiscovery of apiserver id's list.
-func (c *CheckedDiscovery) valid(id string, list *apidiscoveryv2.APIGroupDiscoveryList) (*apidiscoveryv2.APIGroupDiscoveryList, []error) {
+func (c *DiscoveryMemo) valid(id string, list *apidiscoveryv2.APIGroupDiscoveryList) (*apidiscoveryv2.APIGroupDiscoveryList, []error) {
 	source := "discovery of apiserver " + id
 	if c == nil {
 		return validDiscovery(source, list)
@@ -198,7 +210,7 @@ func (c *CheckedDiscovery) valid(id string, list *apidiscoveryv2.APIGroupDiscove
 
 // keepOnly forgets every list but those given, so the memory holds no list a build no longer
 // reads.
-func (c *CheckedDiscovery) keepOnly(lists map[string]*apidiscoveryv2.APIGroupDiscoveryList) {
+func (c *DiscoveryMemo) keepOnly(lists map[string]*apidiscoveryv2.APIGroupDiscoveryList) {
 	if c == nil {
 		return
 	}
@@ -207,6 +219,20 @@ func (c *CheckedDiscovery) keepOnly(lists map[string]*apidiscoveryv2.APIGroupDis
 			delete(c.m, k)
 		}
 	}
+}
+
+// merge is MergeDiscoveryOrdered, merged again only when a list (by pointer, in order) or a
+// priority changed since the last call.
+func (c *DiscoveryMemo) merge(lists []*apidiscoveryv2.APIGroupDiscoveryList, priority map[string]int32) *topology.Discovery {
+	if c == nil {
+		return MergeDiscoveryOrdered(lists, priority)
+	}
+	if m := c.merged; m != nil && slices.Equal(m.lists, lists) && maps.Equal(m.priority, priority) {
+		return m.doc
+	}
+	doc := MergeDiscoveryOrdered(lists, priority)
+	c.merged = &mergedDiscovery{lists: slices.Clone(lists), priority: priority, doc: doc}
+	return doc
 }
 
 func discoveryNamesValid(list *apidiscoveryv2.APIGroupDiscoveryList) bool {

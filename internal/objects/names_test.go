@@ -150,21 +150,21 @@ func TestDiscoveryBounds(t *testing.T) {
 	}
 }
 
-// TestCheckedDiscoveryBuildsTheSame: a build that reuses the earlier builds' names check
+// TestDiscoveryMemoBuildsTheSame: a build that reuses the earlier builds' names check
 // (objects.Options.Checked, as the watcher's rebuilds do) gives what a build checking afresh
 // gives, errors included, each time; a list fetched anew is checked anew.
-func TestCheckedDiscoveryBuildsTheSame(t *testing.T) {
+func TestDiscoveryMemoBuildsTheSame(t *testing.T) {
 	now := time.Date(2026, 11, 29, 8, 0, 0, 0, time.UTC)
 	withBad := discoveryOf([]topology.Resource{jobs, pods, {Group: "a.example.com", Version: "v2", Resource: "Jobs"}})
 	objs := objects.Objects{
 		Leases:    []coordinationv1.Lease{leaseAt(idA, now), leaseAt(idB, now)},
 		Discovery: map[string]*apidiscoveryv2.APIGroupDiscoveryList{idA: withBad, idB: withBad},
 	}
-	checked := &objects.CheckedDiscovery{}
+	checked := &objects.DiscoveryMemo{}
 	same := func(what string) {
 		t.Helper()
 		want, wantErrs := objects.Build(objs, objects.Options{Now: now})
-		got, gotErrs := objects.Build(objs, objects.Options{Now: now, Checked: checked})
+		got, gotErrs := objects.Build(objs, objects.Options{Now: now, Memo: checked})
 		if !reflect.DeepEqual(got, want) || fmt.Sprint(gotErrs) != fmt.Sprint(wantErrs) {
 			t.Errorf("%s: with the earlier check:\n%+v\n%v\nchecked afresh:\n%+v\n%v", what, got, gotErrs, want, wantErrs)
 		}
@@ -173,7 +173,38 @@ func TestCheckedDiscoveryBuildsTheSame(t *testing.T) {
 	same("rebuild") // the same lists: the check is reused, and the errors name each apiserver
 	objs.Discovery[idA] = discoveryOf([]topology.Resource{jobs, pods})
 	same("cp-a fetched again, without the bad name")
-	if _, errs := objects.Build(objs, objects.Options{Now: now, Checked: checked}); len(errs) != 1 || !strings.Contains(errs[0].Error(), idB) {
+	if _, errs := objects.Build(objs, objects.Options{Now: now, Memo: checked}); len(errs) != 1 || !strings.Contains(errs[0].Error(), idB) {
 		t.Errorf("after cp-a's new list: %v; want only cp-b's bad name", errs)
+	}
+}
+
+// TestDiscoveryMemoMergesOnlyWhatChanged: the merged document is merged again when a
+// discovery list or a group's priority changed, and only then; each time it is what a
+// fresh build merges.
+func TestDiscoveryMemoMergesOnlyWhatChanged(t *testing.T) {
+	objs := crdCluster(30) // three CRD groups, all at priority 1000
+	memo := &objects.DiscoveryMemo{}
+	build := func(what string) *topology.Discovery {
+		t.Helper()
+		want, _ := objects.Build(objs, objects.Options{Now: t0})
+		got, _ := objects.Build(objs, objects.Options{Now: t0, Memo: memo})
+		if got == nil || got.Discovery == nil || !reflect.DeepEqual(got.Discovery, want.Discovery) {
+			t.Fatalf("%s: merged with the memo:\n%v\nmerged afresh:\n%v", what, got, want)
+		}
+		return got.Discovery
+	}
+	first := build("first build")
+	if build("rebuild") != first {
+		t.Error("a rebuild with the same lists and priorities merged the document again")
+	}
+	objs.APIServices[2].Spec.GroupPriorityMinimum = 2000
+	raised := build("g00002 raised")
+	if raised == first || !strings.Contains(string(raised.JSON), `"items":[{"metadata":{"name":"g00002.example.com"}`) {
+		t.Errorf("a raised priority did not reorder the groups: %.200s", raised.JSON)
+	}
+	objs.Discovery[idA] = objs.Discovery[idA].DeepCopy()
+	objs.Discovery[idA].Items[len(objs.Discovery[idA].Items)-1].Name = "fresh.example.com"
+	if fetched := build("cp-a fetched again"); !strings.Contains(string(fetched.JSON), "fresh.example.com") {
+		t.Error("a new list of cp-a was not merged")
 	}
 }
