@@ -29,6 +29,8 @@ type preparedTable struct {
 	// views are the prepared routes of each kind of Envoy, by local apiserver ("" for a
 	// front proxy). An extproc serves one Envoy, so a view is prepared when first asked for.
 	views map[string]*view
+	// discoveryGzip is plans.Discovery's document gzip-compressed (nil without one).
+	discoveryGzip []byte
 }
 
 func newPreparedTable(p *plan.Table, version string, at time.Time, m *metrics) *preparedTable {

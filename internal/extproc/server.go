@@ -167,6 +167,13 @@ func (s *Server) SetTable(p *plan.Table, version string) {
 	defer s.setMu.Unlock()
 	old := s.table.Load()
 	tb := newPreparedTable(p, version, s.now(), s.m)
+	if d := p.Discovery; d != nil {
+		if old != nil && old.plans.Discovery != nil && old.plans.Discovery.ETag == d.ETag {
+			tb.discoveryGzip = old.discoveryGzip // the same document: compressed once
+		} else {
+			tb.discoveryGzip = gzipDiscovery(d.JSON)
+		}
+	}
 	s.table.Store(tb)
 	if front := p.Routes[""]; front != nil {
 		s.m.forgetKeys(func(r topology.Resource) bool { _, ok := front.Route(r); return ok })
@@ -322,6 +329,7 @@ func (s *Server) requestHeaders(h *extprocv3.HttpHeaders, local string, disc *di
 	var (
 		method, path        string
 		accept, ifNoneMatch string
+		acceptEncoding      string
 		decision            string
 		upgrade             bool
 		identity, owned     []string // identity headers; kube-mvp's own (lower-case names)
@@ -352,6 +360,8 @@ func (s *Server) requestHeaders(h *extprocv3.HttpHeaders, local string, disc *di
 			accept = headerValue(hv)
 		case (k[0] == 'i' || k[0] == 'I') && equalFold(k, "if-none-match"):
 			ifNoneMatch = headerValue(hv)
+		case (k[0] == 'a' || k[0] == 'A') && equalFold(k, "accept-encoding"):
+			acceptEncoding = headerValue(hv)
 		case equalFold(k, contract.HeaderIdentityDecision):
 			decision = headerValue(hv)
 		case (k[0] == 'u' || k[0] == 'U') && equalFold(k, "upgrade"):
@@ -428,6 +438,9 @@ func (s *Server) requestHeaders(h *extprocv3.HttpHeaders, local string, disc *di
 	}
 	if tb.plans.Discovery != nil && wantsMergedDiscovery(method, path, accept) {
 		*disc = discoveryState{doc: tb.plans.Discovery, ifNoneMatch: ifNoneMatch}
+		if acceptsGzip(acceptEncoding) {
+			disc.gzipped = tb.discoveryGzip
+		}
 		return withResponseHeaders(resp)
 	}
 	return resp

@@ -74,12 +74,12 @@
 // (500 is used precisely so that extproc's deliberate 503s are not rewritten).
 // route_cache_action CLEAR: the route is matched again after extproc set the routing header.
 // mutation_rules: everything is disallowed except setting the headers extproc owns (the
-// routing header and x-kubernetes-peer-proxied, plus content-type, etag, vary and
+// routing header and x-kubernetes-peer-proxied, plus content-type, content-encoding, etag, vary and
 // retry-after, which its immediate responses carry and which Envoy 1.32+
 // checks with the same rules), and a disallowed mutation fails the request rather than
 // being dropped: so extproc removes nothing, and a client identity header that reached it
 // (which only a listener that does not strip it lets through) fails the request. The allow
-// expression names no configurable header: its RE2 program has a fixed size (72), below
+// expression names no configurable header: its RE2 program has a fixed size (80), below
 // Envoy's limit (re2.max_program_size.error_level, 100). A message_timeout is a 504 (Envoy 1.35+), mapped to a 503 Status too. Authorization, cookie,
 // proxy-authorization and sec-websocket-protocol (a WebSocket client's bearer token) headers
 // are not forwarded to extproc: it never needs credentials.

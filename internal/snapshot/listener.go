@@ -158,10 +158,11 @@ func (b *builder) extProcFilter() *extprocv3.ExternalProcessor {
 	// extproc may set only the headers it owns, and remove none; anything else fails the
 	// request (disallow_is_error) rather than being silently dropped. Its immediate responses
 	// (the 503 Status, the merged discovery) are checked with the same rules (Envoy ≥ 1.32),
-	// so their content-type, etag, vary and retry-after are allowed too. The expression names
-	// no configurable header, so its RE2 program has a fixed size (72 instructions with
-	// Debian's RE2; Envoy refuses more than 100, re2.max_program_size.error_level).
-	allowed := "^(" + regexp.QuoteMeta(contract.HeaderRoutingCluster) + "|" + regexp.QuoteMeta(contract.HeaderPeerProxied) + "|content-type|etag|vary|retry-after)$"
+	// so their content-type, content-encoding, etag, vary and retry-after are allowed too.
+	// The expression names no configurable header, so its RE2 program has a fixed size (80
+	// instructions with Debian's RE2; Envoy refuses more than 100,
+	// re2.max_program_size.error_level).
+	allowed := "^(" + regexp.QuoteMeta(contract.HeaderRoutingCluster) + "|" + regexp.QuoteMeta(contract.HeaderPeerProxied) + "|content-type|content-encoding|etag|vary|retry-after)$"
 	exact := func(s string) *matcherv3.StringMatcher {
 		return &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: s}}
 	}

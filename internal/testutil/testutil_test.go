@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -83,4 +84,28 @@ func (f *failedTB) Failed() bool      { return true }
 func (f *failedTB) Cleanup(fn func()) { f.cleanups = append(f.cleanups, fn) }
 func (f *failedTB) Logf(format string, args ...any) {
 	f.logs = append(f.logs, fmt.Sprintf(format, args...))
+}
+
+// TestProcessCPU: this process's CPU time grows with work, and its group is found.
+func TestProcessCPU(t *testing.T) {
+	before, err := ProcessCPU(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for start := time.Now(); time.Since(start) < 300*time.Millisecond; {
+	}
+	after, err := ProcessCPU(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after-before < 100*time.Millisecond {
+		t.Errorf("300 ms of spinning counted %s of CPU", after-before)
+	}
+	group, err := ProcessGroupCPU(syscall.Getpgrp())
+	if err != nil || group < after {
+		t.Errorf("this process's group: %s, %v; want at least this process's %s", group, err, after)
+	}
+	if _, err := ProcessGroupCPU(1 << 30); err == nil {
+		t.Error("a group nobody is in has a CPU time")
+	}
 }

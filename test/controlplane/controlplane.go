@@ -121,6 +121,14 @@ func (s *Server) host() string {
 // Running reports whether the process is up.
 func (s *Server) Running() bool { return s.proc != nil && !s.proc.exited() }
 
+// CPUTime is the CPU time the running kube-apiserver (its process group) has used so far.
+func (s *Server) CPUTime() (time.Duration, error) {
+	if !s.Running() {
+		return 0, fmt.Errorf("%s is not running", s.Spec.Name)
+	}
+	return testutil.ProcessGroupCPU(s.proc.cmd.Process.Pid)
+}
+
 // RESTConfig returns an admin client config for this server.
 func (s *Server) RESTConfig() *rest.Config {
 	return &rest.Config{

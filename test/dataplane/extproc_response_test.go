@@ -3,6 +3,7 @@ package dataplane
 import (
 	"errors"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -113,7 +114,9 @@ func (p *respHeadersProc) Process(s extprocv3.ExternalProcessor_ProcessServer) e
 // headers allowed by mutation_rules, and the response header "server" not forwarded.
 func allowModeOverride(ep *extprocfilterv3.ExternalProcessor) {
 	ep.AllowModeOverride = true
-	ep.MutationRules.AllowExpression.Regex += "|x-test-.+"
+	// Inside the product's ^(...)$: appended after it, the RE2 program is over Envoy's 100.
+	re := ep.MutationRules.AllowExpression.Regex
+	ep.MutationRules.AllowExpression.Regex = strings.TrimSuffix(re, ")$") + "|x-test-.+)$"
 	ep.ForwardRules.DisallowedHeaders.Patterns = append(ep.ForwardRules.DisallowedHeaders.Patterns,
 		&matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: "server"}})
 }

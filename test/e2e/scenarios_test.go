@@ -209,6 +209,10 @@ func upstreamScenarios(t *testing.T, clusterDefaults bool) {
 		if res.StatusCode != 200 || etag == "" || !strings.Contains(body, `"name":"batch"`) || res.Header.Get("Content-Type") != v2 {
 			t.Fatalf("merged discovery: %s etag %q content-type %q", res.Status, etag, res.Header.Get("Content-Type"))
 		}
+		// Go's transport asked for gzip (Accept-Encoding) and took the encoding off.
+		if !res.Uncompressed {
+			t.Errorf("merged discovery: not gzip-compressed for a client that accepts gzip (%d bytes)", len(body))
+		}
 		if res, _ := get(front, admin, v2, etag); res.StatusCode != http.StatusNotModified {
 			t.Errorf("with If-None-Match %s: %s, want 304", etag, res.Status)
 		}

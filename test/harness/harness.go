@@ -477,6 +477,17 @@ func freeAddrs(n int) ([]string, error) {
 	return out, nil
 }
 
+// CPUTime is the CPU time the first running process named name ("xds-server", "extproc")
+// has used so far.
+func (k *KubeMVP) CPUTime(name string) (time.Duration, error) {
+	for _, p := range k.procs {
+		if filepath.Base(p.cmd.Path) == name && !p.done.Load() && p.cmd.Process != nil {
+			return testutil.ProcessCPU(p.cmd.Process.Pid)
+		}
+	}
+	return 0, fmt.Errorf("no running %s", name)
+}
+
 // PeakMemory is the peak resident set (VmHWM, bytes) of the first running process named name
 // ("xds-server", "extproc"): what a container's memory limit is set against.
 func (k *KubeMVP) PeakMemory(name string) (int64, error) {
