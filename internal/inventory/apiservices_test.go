@@ -43,6 +43,12 @@ func TestAPIServicesConvertedOncePerVersion(t *testing.T) {
 		t.Errorf("the malformed APIService was logged %d times over two rebuilds; want once\n%s", skipped(), logs.String())
 	}
 
+	// Listed again (an informer's relist): other objects of the same versions.
+	relisted, prev := convertAPIServices([]any{good.DeepCopy(), bad.DeepCopy()}, prev, log)
+	if len(relisted) != 1 || mapID(relisted[0].Labels) != first || skipped() != 1 {
+		t.Errorf("relisted: %+v, %d skipped lines; want the earlier conversion itself, nothing logged again", relisted, skipped())
+	}
+
 	changed := apiService("v1.example.com", "u1", "2", "example.org")
 	fixed := apiService("v1.bad.example", "u2", "2", "bad.example")
 	out, prev = convertAPIServices([]any{changed, fixed}, prev, log)

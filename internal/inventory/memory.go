@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	apidiscoveryv2 "k8s.io/api/apidiscovery/v2"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -80,12 +81,13 @@ func (w *Watcher) remember(ctx context.Context, objs objects.Objects, opts objec
 			everywhere[topology.GroupVersion{Group: svc.Spec.Group, Version: svc.Spec.Version}] = true
 		}
 	}
+	w.served.begin(everywhere)
 	leases := map[string]bool{}
 	verified := map[string]objects.Remembered{}
 	for _, s := range servers {
 		leases[s.ID] = true
 		if list := objs.Discovery[s.ID]; list != nil && s.Routable() {
-			verified[s.ID] = objects.Remembered{Hostname: s.Hostname, Address: s.Address, Served: objects.ServedBy(list, everywhere)}
+			verified[s.ID] = objects.Remembered{Hostname: s.Hostname, Address: s.Address, Served: w.served.by(list)}
 		}
 	}
 	live := map[string]bool{}
@@ -127,6 +129,33 @@ func (w *Watcher) remember(ctx context.Context, objs objects.Objects, opts objec
 		}
 	}
 	return w.memory
+}
+
+// servedMemo keeps objects.ServedBy of each discovery list in use, while the group/versions
+// served everywhere stay the same: a rebuild with nothing fetched since reads no list.
+type servedMemo struct {
+	everywhere map[topology.GroupVersion]bool
+	last, next map[*apidiscoveryv2.APIGroupDiscoveryList][]topology.Resource
+}
+
+// begin starts a rebuild's lookups: what the last rebuild did not look up is forgotten.
+func (m *servedMemo) begin(everywhere map[topology.GroupVersion]bool) {
+	if maps.Equal(m.everywhere, everywhere) {
+		m.last = m.next
+	} else {
+		m.everywhere, m.last = everywhere, nil
+	}
+	m.next = make(map[*apidiscoveryv2.APIGroupDiscoveryList][]topology.Resource, len(m.last))
+}
+
+// by is objects.ServedBy(list, the everywhere of begin).
+func (m *servedMemo) by(list *apidiscoveryv2.APIGroupDiscoveryList) []topology.Resource {
+	served, ok := m.last[list]
+	if !ok {
+		served = objects.ServedBy(list, m.everywhere)
+	}
+	m.next[list] = served
+	return served
 }
 
 // learnHeaderNames merges the request-header names the memory ConfigMap keeps into this

@@ -275,3 +275,32 @@ func TestRebuildsCoalesced(t *testing.T) {
 	}
 	t.Logf("%d changes over %s: %d topologies handed on", changes, elapsed.Round(time.Millisecond), n)
 }
+
+// TestServedMemo: what a discovery list serves is read once while the group/versions served
+// everywhere stay the same, read again when they change, and forgotten with the list.
+func TestServedMemo(t *testing.T) {
+	list := &apidiscoveryv2.APIGroupDiscoveryList{Items: []apidiscoveryv2.APIGroupDiscovery{
+		{ObjectMeta: metav1.ObjectMeta{Name: "apps"}, Versions: []apidiscoveryv2.APIVersionDiscovery{{Version: "v1", Resources: []apidiscoveryv2.APIResourceDiscovery{{Resource: "deployments"}}}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "a.example.com"}, Versions: []apidiscoveryv2.APIVersionDiscovery{{Version: "v1", Resources: []apidiscoveryv2.APIResourceDiscovery{{Resource: "widgets"}}}}},
+	}}
+	crd := topology.GroupVersion{Group: "a.example.com", Version: "v1"}
+	var m servedMemo
+	m.begin(map[topology.GroupVersion]bool{crd: true})
+	first := m.by(list)
+	if want := objects.ServedBy(list, map[topology.GroupVersion]bool{crd: true}); !slices.Equal(first, want) {
+		t.Fatalf("served %v, want %v", first, want)
+	}
+	m.begin(map[topology.GroupVersion]bool{crd: true})
+	if again := m.by(list); len(again) == 0 || &again[0] != &first[0] {
+		t.Error("the same list with the same everywhere was read again")
+	}
+	m.begin(nil) // the CRD's APIService gone: its group/version is served by who lists it
+	if now := m.by(list); len(now) != len(first)+1 {
+		t.Errorf("after everywhere changed: %v; want widgets too", now)
+	}
+	m.begin(nil)
+	m.begin(nil) // a rebuild that did not look the list up
+	if len(m.last) != 0 {
+		t.Errorf("%d lists remembered after a rebuild without them", len(m.last))
+	}
+}

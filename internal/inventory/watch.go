@@ -42,9 +42,17 @@ var (
 	crdsGVR        = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
 )
 
-// minRefetch spaces the discovery refetches that CRD and APIService changes cause: a chart
-// installing fifty CRDs costs a few rounds, and the last change is always fetched.
-const minRefetch = time.Second
+// When CRD and APIService changes refetch discovery (refetchWait): once nothing changed for
+// apisPublish (an apiserver publishes a CRD in its discovery a moment after it is
+// established), no sooner than minQuietRefetch after the last fetch, and never later than
+// minRefetch after the first change not fetched yet. So a lone CRD reaches the merged
+// discovery a few hundred milliseconds after the apiservers publish it, and a chart applying
+// 2,000 CRDs costs at most four fetches a second (each a whole document) per apiserver.
+const (
+	apisPublish     = 100 * time.Millisecond
+	minQuietRefetch = 250 * time.Millisecond
+	minRefetch      = time.Second
+)
 
 // apisSettle: an apiserver updates its discovery a moment after a CRD or APIService changes
 // (its discovery controllers run asynchronously, a CRD's once it is established), so a fetch
@@ -129,12 +137,14 @@ type Watcher struct {
 	kick chan struct{}
 	// reported are the build errors already logged (rebuild's own: it runs on one goroutine).
 	reported map[string]bool
-	// apiServices are the APIServices as last converted, by name (rebuild's own): each
-	// version of an object is converted once, not at every rebuild.
-	apiServices map[string]convertedAPIService
+	// apiServices are the APIServices as last converted (rebuild's own): each version of an
+	// object is converted once, not at every rebuild.
+	apiServices map[*unstructured.Unstructured]convertedAPIService
 	// memo keeps what is derived from each fetched discovery list (rebuild's own): a
 	// rebuild derives only from what was fetched since the last.
 	memo objects.DiscoveryMemo
+	// served keeps what each discovery list in use says is served (rebuild's own).
+	served servedMemo
 	// built are the inputs of the last objects.Build (rebuild's own): a rebuild with the
 	// same builds nothing.
 	built *buildInputs
@@ -177,8 +187,11 @@ type discovered struct {
 	// failed: the last fetch failed (the apiserver is not routable until one succeeds).
 	failed bool
 	rounds int // fetches started for this instance
-	list   *apidiscoveryv2.APIGroupDiscoveryList
-	listAt time.Time // when list arrived
+	// changedSince is when the first CRD or APIService change after the last fetch began was
+	// seen; zero: none.
+	changedSince time.Time
+	list         *apidiscoveryv2.APIGroupDiscoveryList
+	listAt       time.Time // when list arrived
 	// doc is the fetch list came from (this instance's), for the next to ask whether it
 	// changed.
 	doc *Fetched
@@ -355,11 +368,38 @@ func (w *Watcher) loop(ctx context.Context, tick <-chan time.Time) {
 // discoveryChanged notes that the apiservers' discovery changed (a CRD or APIService event)
 // and asks for a rebuild, which refetches it.
 func (w *Watcher) discoveryChanged() {
-	w.mu.Lock()
-	w.apisChanged = w.opts.Clock()
-	w.mu.Unlock()
+	w.noteAPIsChanged(w.opts.Clock())
 	w.trigger()
+	time.AfterFunc(apisPublish, w.trigger)
 	time.AfterFunc(apisSettle, w.trigger)
+}
+
+// noteAPIsChanged records a CRD or APIService change seen at now.
+func (w *Watcher) noteAPIsChanged(now time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.apisChanged = now
+	for id, d := range w.discovery {
+		if d.changedSince.IsZero() {
+			d.changedSince = now
+			w.discovery[id] = d
+		}
+	}
+}
+
+// refetchWait is how long a refetch of d, which a CRD or APIService change made stale, waits
+// (see apisPublish); zero or less: due now. Called with w.mu held.
+func (w *Watcher) refetchWait(d discovered, now time.Time) time.Duration {
+	due := w.apisChanged.Add(apisPublish)
+	if spaced := d.fetched.Add(minQuietRefetch); spaced.After(due) {
+		due = spaced
+	}
+	if !d.changedSince.IsZero() {
+		if latest := d.changedSince.Add(minRefetch); latest.Before(due) {
+			due = latest
+		}
+	}
+	return due.Sub(now)
 }
 
 func (w *Watcher) trigger() {
@@ -454,32 +494,44 @@ func (w *Watcher) rebuild(ctx context.Context) {
 
 // convertedAPIService is one version of an APIService, converted (or found malformed).
 type convertedAPIService struct {
-	uid             types.UID
-	resourceVersion string
-	service         objects.APIService
-	err             error
+	name, resourceVersion string
+	uid                   types.UID
+	service               objects.APIService
+	err                   error
 }
 
 // convertAPIServices converts the watched APIServices (unstructured) to what objects.Build
-// reads, reusing prev's conversion of every object whose version it has seen: a rebuild
-// costs a conversion per changed object, not per object. A malformed one is skipped and
-// logged once per version. It returns the services and what to pass as prev next time.
-func convertAPIServices(list []any, prev map[string]convertedAPIService, log *slog.Logger) ([]objects.APIService, map[string]convertedAPIService) {
-	next := make(map[string]convertedAPIService, len(list))
-	var out []objects.APIService
+// reads, reusing prev's conversion of every object it has seen: a rebuild costs a conversion
+// per changed object, not per object. An informer's store replaces an object that changes,
+// so the same object is found by identity without reading it; one listed again (a relist)
+// is found by name, UID and resourceVersion. A malformed one is skipped and logged once per
+// version. It returns the services and what to pass as prev next time.
+func convertAPIServices(list []any, prev map[*unstructured.Unstructured]convertedAPIService, log *slog.Logger) ([]objects.APIService, map[*unstructured.Unstructured]convertedAPIService) {
+	next := make(map[*unstructured.Unstructured]convertedAPIService, len(list))
+	var byName map[string]convertedAPIService // prev by name, made at the first object not in prev
+	out := make([]objects.APIService, 0, len(list))
 	for _, o := range list {
 		u, ok := o.(*unstructured.Unstructured)
 		if !ok {
 			continue
 		}
-		c, seen := prev[u.GetName()]
-		if !seen || c.uid != u.GetUID() || c.resourceVersion != u.GetResourceVersion() || u.GetResourceVersion() == "" {
-			c = convertedAPIService{uid: u.GetUID(), resourceVersion: u.GetResourceVersion()}
-			if c.err = runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &c.service); c.err != nil {
-				log.Warn("APIService skipped", "name", u.GetName(), "error", c.err)
+		c, seen := prev[u]
+		if !seen {
+			if byName == nil {
+				byName = make(map[string]convertedAPIService, len(prev))
+				for _, c := range prev {
+					byName[c.name] = c
+				}
+			}
+			c, seen = byName[u.GetName()]
+			if !seen || c.uid != u.GetUID() || c.resourceVersion != u.GetResourceVersion() || u.GetResourceVersion() == "" {
+				c = convertedAPIService{name: u.GetName(), uid: u.GetUID(), resourceVersion: u.GetResourceVersion()}
+				if c.err = runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &c.service); c.err != nil {
+					log.Warn("APIService skipped", "name", u.GetName(), "error", c.err)
+				}
 			}
 		}
-		next[u.GetName()] = c
+		next[u] = c
 		if c.err == nil {
 			out = append(out, c.service)
 		}
@@ -538,9 +590,8 @@ func (w *Watcher) discoveryFor(ctx context.Context, leases []coordinationv1.Leas
 		}
 		settled := w.apisChanged.Add(apisSettle)
 		stale := have && (!d.fetched.After(w.apisChanged) || (!opts.Now.Before(settled) && d.fetched.Before(settled)))
-		if stale && opts.Now.Sub(d.fetched) < minRefetch {
-			// Fetched less than minRefetch ago: once more when that has passed.
-			time.AfterFunc(minRefetch-opts.Now.Sub(d.fetched), w.trigger)
+		if wait := w.refetchWait(d, opts.Now); stale && wait > 0 {
+			time.AfterFunc(wait, w.trigger)
 			stale = false
 		}
 		settling := have && d.instance == instance && (d.rounds < 2 || d.list == nil) && opts.Now.Sub(d.fetched) > settleRefetch

@@ -19,8 +19,9 @@ import (
 
 // TestDiscoveryRefetchRule walks the watcher's decision of when to fetch an apiserver's
 // discovery again, on a clock the test sets: a new apiserver at once and once more after
-// settleRefetch; after a CRD or APIService change at once (no sooner than minRefetch after the
-// last fetch) and once more apisSettle after the change; otherwise not before the
+// settleRefetch; after a CRD or APIService change once nothing changed for apisPublish (no
+// sooner than minQuietRefetch after the last fetch, no later than minRefetch after the first
+// change), and once more apisSettle after the last change; otherwise not before the
 // DiscoveryInterval. An apiserver that never answered is asked again every settleRefetch: it
 // takes no part in routing until it does. The fetches themselves fail (nothing listens);
 // answered marks them as successful. What is checked is the decision: the time of the last
@@ -71,11 +72,7 @@ func testRefetchRule(t *testing.T, answers bool) {
 			w.mu.Unlock()
 		}
 	}
-	apisChanged := func(after time.Duration) {
-		w.mu.Lock()
-		w.apisChanged = at(after)
-		w.mu.Unlock()
-	}
+	apisChanged := func(after time.Duration) { w.noteAPIsChanged(at(after)) }
 
 	step(0, true, "a new apiserver")
 	step(2*time.Second, false, "just fetched")
@@ -94,12 +91,21 @@ func testRefetchRule(t *testing.T, answers bool) {
 	step(40*time.Second, false, "fetched after the change settled")
 
 	apisChanged(45 * time.Second)
-	step(45*time.Second+200*time.Millisecond, true, "another change")
-	apisChanged(45*time.Second + 500*time.Millisecond)
-	step(45*time.Second+600*time.Millisecond, false, "changed again, but fetched less than minRefetch ago")
-	step(46*time.Second+300*time.Millisecond, true, "minRefetch over")
-	step(48*time.Second+600*time.Millisecond, true, "apisSettle after the last change over")
-	step(50*time.Second, false, "settled")
+	step(45*time.Second+50*time.Millisecond, false, "another change, not apisPublish old yet")
+	step(45*time.Second+200*time.Millisecond, true, "nothing changed for apisPublish")
+	apisChanged(45*time.Second + 300*time.Millisecond)
+	step(45*time.Second+350*time.Millisecond, false, "changed again, fetched less than minQuietRefetch ago")
+	step(45*time.Second+450*time.Millisecond, true, "minQuietRefetch over, quiet for apisPublish")
+
+	// A change every 80 ms (a chart applying CRDs): never quiet, fetched minRefetch after the
+	// first change the last fetch did not see.
+	for ms := 0; ms <= 1000; ms += 80 {
+		apisChanged(46*time.Second + time.Duration(ms)*time.Millisecond)
+		step(46*time.Second+time.Duration(ms+40)*time.Millisecond, ms+40 >= 1000, "changes every 80 ms")
+	}
+	step(49*time.Second+500*time.Millisecond, false, "fetched after the last change, apisSettle not over")
+	step(50*time.Second, true, "apisSettle after the last change over")
+	step(52*time.Second, false, "settled")
 
 	step(2*time.Hour, true, "DiscoveryInterval over")
 }
