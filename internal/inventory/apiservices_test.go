@@ -29,7 +29,7 @@ func TestAPIServicesConvertedOncePerVersion(t *testing.T) {
 
 	good := apiService("v1.example.com", "u1", "1", "example.com")
 	bad := apiService("v1.bad.example", "u2", "1", int64(7)) // spec.group is not a string
-	out, prev := convertAPIServices([]any{good, bad}, nil, log)
+	out, prev := convertAPIServices([]any{good, bad}, convertedAPIServices{}, log)
 	if len(out) != 1 || out[0].Spec.Group != "example.com" || out[0].Labels["l"] != "v" || skipped() != 1 {
 		t.Fatalf("first conversion: %+v, %d skipped lines; want example.com only, bad logged once\n%s", out, skipped(), logs.String())
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	apidiscoveryv2 "k8s.io/api/apidiscovery/v2"
+	apiserverinternalv1alpha1 "k8s.io/api/apiserverinternal/v1alpha1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -24,7 +25,8 @@ import (
 )
 
 // idleCluster is a watcher holding what xds-server holds for two live apiservers that both
-// serve n CRDs (ten to a group, an APIService per group), their discovery fetched at now:
+// serve n CRDs (ten to a group, an APIService per group, a StorageVersion per CRD), their
+// discovery fetched at now:
 // nothing is due but re-judging the Leases. onChange counts the topologies handed on.
 func idleCluster(tb testing.TB, n int, now time.Time, onChange func(*topology.Topology)) *Watcher {
 	tb.Helper()
@@ -52,6 +54,19 @@ func idleCluster(tb testing.TB, n int, now time.Time, onChange func(*topology.To
 			"spec": map[string]any{"group": group, "version": "v1", "groupPriorityMinimum": int64(1000), "versionPriority": int64(100)},
 		}}
 		if err := apisvcs.Add(svc); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	// A StorageVersion per CRD, as apiservers with the StorageVersion API keep them.
+	svs := cache.NewStore(cache.MetaNamespaceKeyFunc)
+	for j := range n {
+		group := fmt.Sprintf("g%05d.example.com", j/10)
+		sv := &apiserverinternalv1alpha1.StorageVersion{ObjectMeta: metav1.ObjectMeta{Name: group + "." + fmt.Sprintf("widgets%05d", j), ResourceVersion: "1"}}
+		for _, host := range []string{"cp-a", "cp-b"} {
+			sv.Status.StorageVersions = append(sv.Status.StorageVersions, apiserverinternalv1alpha1.ServerStorageVersion{
+				APIServerID: objects.APIServerIDFor(host), EncodingVersion: group + "/v1", DecodableVersions: []string{group + "/v1"}, ServedVersions: []string{group + "/v1"}})
+		}
+		if err := svs.Add(sv); err != nil {
 			tb.Fatal(err)
 		}
 	}
@@ -84,7 +99,7 @@ func idleCluster(tb testing.TB, n int, now time.Time, onChange func(*topology.To
 		cfg:  &rest.Config{},
 		opts: WatchOptions{Options: objects.Options{LivenessWindow: objects.DefaultLivenessWindow}, DiscoveryInterval: time.Hour, DepartedGrace: DefaultDepartedGrace, Log: slog.New(slog.DiscardHandler), Clock: func() time.Time { return now }},
 		kick: make(chan struct{}, 1), discovery: discovery, onChange: onChange, published: true,
-		leases: leases, authentication: auth, apisvcs: apisvcs,
+		leases: leases, authentication: auth, apisvcs: apisvcs, svs: svs,
 	}
 }
 

@@ -139,15 +139,16 @@ type Watcher struct {
 	reported map[string]bool
 	// apiServices are the APIServices as last converted (rebuild's own): each version of an
 	// object is converted once, not at every rebuild.
-	apiServices map[*unstructured.Unstructured]convertedAPIService
+	apiServices convertedAPIServices
 	// memo keeps what is derived from each fetched discovery list (rebuild's own): a
 	// rebuild derives only from what was fetched since the last.
 	memo objects.DiscoveryMemo
 	// served keeps what each discovery list in use says is served (rebuild's own).
 	served servedMemo
-	// built are the inputs of the last objects.Build (rebuild's own): a rebuild with the
-	// same builds nothing.
-	built *buildInputs
+	// built are the inputs of the last objects.Build and builtFrom the watched objects they
+	// were read from (rebuild's own): a rebuild with the same builds nothing.
+	built     *buildInputs
+	builtFrom map[any]bool
 	// skipped is how many objects that build skipped or used in part (rebuild's own).
 	skipped int
 	// headerNames is what the rebuilds learnt of the identity header names, and what the
@@ -418,7 +419,13 @@ func (w *Watcher) hasStorageVersionAPI(ctx context.Context) bool {
 // restarted apiservers run in the background and trigger another rebuild when done.
 func (w *Watcher) rebuild(ctx context.Context) {
 	var objs objects.Objects
-	var watched []any // the store objects Build reads, but Leases (buildInputs)
+	apisvcs := w.apisvcs.List()
+	var svList []any
+	if w.svs != nil {
+		svList = w.svs.List()
+	}
+	// The store objects Build reads, but Leases (sameObjects).
+	watched := make([]any, 0, 1+len(svList)+len(apisvcs))
 	for _, o := range w.leases.List() {
 		if l, ok := o.(*coordinationv1.Lease); ok {
 			objs.Leases = append(objs.Leases, *l)
@@ -430,15 +437,13 @@ func (w *Watcher) rebuild(ctx context.Context) {
 			watched = append(watched, o)
 		}
 	}
-	if w.svs != nil {
-		for _, o := range w.svs.List() {
-			if sv, ok := o.(*apiserverinternalv1alpha1.StorageVersion); ok {
-				objs.StorageVersions = append(objs.StorageVersions, *sv)
-				watched = append(watched, o)
-			}
+	svs := make([]*apiserverinternalv1alpha1.StorageVersion, 0, len(svList)) // copied only to build
+	for _, o := range svList {
+		if sv, ok := o.(*apiserverinternalv1alpha1.StorageVersion); ok {
+			svs = append(svs, sv)
+			watched = append(watched, o)
 		}
 	}
-	apisvcs := w.apisvcs.List()
 	watched = append(watched, apisvcs...)
 	objs.APIServices, w.apiServices = convertAPIServices(apisvcs, w.apiServices, w.opts.Log)
 	slices.SortFunc(objs.Leases, func(a, b coordinationv1.Lease) int { return strings.Compare(a.Name, b.Name) })
@@ -453,15 +458,19 @@ func (w *Watcher) rebuild(ctx context.Context) {
 	if w.opts.OnRequestHeaderConfig != nil {
 		w.opts.OnRequestHeaderConfig(headerErr == nil)
 	}
-	inputs := inputsOf(objs, opts, watched)
-	if w.published && inputs.same(w.built) {
+	inputs := inputsOf(objs, opts)
+	if w.published && inputs.same(w.built) && sameObjects(watched, w.builtFrom) {
 		// Only time passed, and no verdict changed: the same topology (already handed on).
 		if w.opts.OnSkipped != nil {
 			w.opts.OnSkipped(w.skipped)
 		}
 		return
 	}
-	w.built = inputs
+	w.built, w.builtFrom = inputs, setOf(watched)
+	objs.StorageVersions = make([]apiserverinternalv1alpha1.StorageVersion, len(svs))
+	for i, sv := range svs {
+		objs.StorageVersions[i] = *sv
+	}
 	t, errs := objects.Build(objs, opts)
 	w.skipped = len(errs)
 	var news []error
@@ -500,26 +509,46 @@ type convertedAPIService struct {
 	err                   error
 }
 
+// convertedAPIServices are the watched APIServices as last converted: by object, and the
+// list objects.Build reads.
+type convertedAPIServices struct {
+	byObject map[*unstructured.Unstructured]convertedAPIService
+	out      []objects.APIService
+}
+
 // convertAPIServices converts the watched APIServices (unstructured) to what objects.Build
 // reads, reusing prev's conversion of every object it has seen: a rebuild costs a conversion
-// per changed object, not per object. An informer's store replaces an object that changes,
-// so the same object is found by identity without reading it; one listed again (a relist)
-// is found by name, UID and resourceVersion. A malformed one is skipped and logged once per
-// version. It returns the services and what to pass as prev next time.
-func convertAPIServices(list []any, prev map[*unstructured.Unstructured]convertedAPIService, log *slog.Logger) ([]objects.APIService, map[*unstructured.Unstructured]convertedAPIService) {
-	next := make(map[*unstructured.Unstructured]convertedAPIService, len(list))
+// per changed object, not per object, and nothing when none changed. An informer's store
+// replaces an object that changes, so the same object is found by identity without reading
+// it; one listed again (a relist) is found by name, UID and resourceVersion. A malformed one
+// is skipped and logged once per version. It returns the services and what to pass as prev
+// next time.
+func convertAPIServices(list []any, prev convertedAPIServices, log *slog.Logger) ([]objects.APIService, convertedAPIServices) {
+	if prev.byObject != nil && len(list) == len(prev.byObject) {
+		same := true
+		for _, o := range list {
+			u, ok := o.(*unstructured.Unstructured)
+			if _, seen := prev.byObject[u]; !ok || !seen {
+				same = false
+				break
+			}
+		}
+		if same {
+			return prev.out, prev
+		}
+	}
+	next := convertedAPIServices{byObject: make(map[*unstructured.Unstructured]convertedAPIService, len(list)), out: make([]objects.APIService, 0, len(list))}
 	var byName map[string]convertedAPIService // prev by name, made at the first object not in prev
-	out := make([]objects.APIService, 0, len(list))
 	for _, o := range list {
 		u, ok := o.(*unstructured.Unstructured)
 		if !ok {
 			continue
 		}
-		c, seen := prev[u]
+		c, seen := prev.byObject[u]
 		if !seen {
 			if byName == nil {
-				byName = make(map[string]convertedAPIService, len(prev))
-				for _, c := range prev {
+				byName = make(map[string]convertedAPIService, len(prev.byObject))
+				for _, c := range prev.byObject {
 					byName[c.name] = c
 				}
 			}
@@ -531,12 +560,12 @@ func convertAPIServices(list []any, prev map[*unstructured.Unstructured]converte
 				}
 			}
 		}
-		next[u] = c
+		next.byObject[u] = c
 		if c.err == nil {
-			out = append(out, c.service)
+			next.out = append(next.out, c.service)
 		}
 	}
-	return out, next
+	return next.out, next
 }
 
 // newlyReported returns the errors of a build that the previous build did not report, and
