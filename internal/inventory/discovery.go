@@ -2,6 +2,7 @@ package inventory
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -65,6 +66,38 @@ type fetchedDoc struct {
 	etag  string
 	meta  metav1.TypeMeta
 	items []apidiscoveryv2.APIGroupDiscovery
+	// groups are the items by the SHA-256 of their JSON: the next fetch decodes only the
+	// groups whose bytes changed, and hands on the others as they were, so that the merge
+	// (objects.DiscoveryMemo) knows them unchanged too.
+	groups map[[sha256.Size]byte]apidiscoveryv2.APIGroupDiscovery
+}
+
+// decodeAggregated decodes an aggregated discovery document, taking from known each group
+// whose JSON it already holds. The result is what decoding the whole document gives.
+func decodeAggregated(body []byte, known map[[sha256.Size]byte]apidiscoveryv2.APIGroupDiscovery) (fetchedDoc, error) {
+	var raw struct {
+		metav1.TypeMeta `json:",inline"`
+		Items           []json.RawMessage `json:"items"`
+	}
+	if err := json.Unmarshal(body, &raw); err != nil {
+		return fetchedDoc{}, err
+	}
+	d := fetchedDoc{meta: raw.TypeMeta, groups: make(map[[sha256.Size]byte]apidiscoveryv2.APIGroupDiscovery, len(raw.Items))}
+	if raw.Items != nil {
+		d.items = make([]apidiscoveryv2.APIGroupDiscovery, len(raw.Items))
+	}
+	for i, item := range raw.Items {
+		sum := sha256.Sum256(item)
+		g, ok := known[sum]
+		if !ok {
+			if err := json.Unmarshal(item, &g); err != nil {
+				return fetchedDoc{}, err
+			}
+		}
+		d.items[i] = g
+		d.groups[sum] = g
+	}
+	return d, nil
 }
 
 // etags are the ETags to send back, by path.
@@ -117,14 +150,16 @@ func fetchAggregated(ctx context.Context, c rest.Interface, g *guard, prev *Fetc
 		if !strings.HasPrefix(contentType, contract.MediaTypeAggregatedDiscovery) {
 			return nil, fmt.Errorf("GET %s: content type %q: %w", path, contentType, errNoAggregatedDiscovery)
 		}
-		var l apidiscoveryv2.APIGroupDiscoveryList
-		if err := json.Unmarshal(body, &l); err != nil {
+		prevDoc, _ := prev.docsAt(path)
+		d, err := decodeAggregated(body, prevDoc.groups)
+		if err != nil {
 			return nil, fmt.Errorf("GET %s: %w", path, err)
 		}
-		if l.Kind != objects.AggregatedKind {
-			return nil, fmt.Errorf("GET %s: kind %q, want %s", path, l.Kind, objects.AggregatedKind)
+		if d.meta.Kind != objects.AggregatedKind {
+			return nil, fmt.Errorf("GET %s: kind %q, want %s", path, d.meta.Kind, objects.AggregatedKind)
 		}
-		out.docs[path] = fetchedDoc{etag: g.etagOf(path), meta: l.TypeMeta, items: l.Items}
+		d.etag = g.etagOf(path)
+		out.docs[path] = d
 		changed = true
 	}
 	out.pruned = append(out.pruned, g.prunedNotes()...)

@@ -1,12 +1,14 @@
 package objects
 
 import (
+	"bytes"
 	"cmp"
 	"encoding/json"
 	"slices"
 	"strings"
 
 	apidiscoveryv2 "k8s.io/api/apidiscovery/v2"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/version"
 
 	"github.com/kube-mvp/kube-mvp/internal/topology"
@@ -43,6 +45,47 @@ func MergeDiscovery(lists []*apidiscoveryv2.APIGroupDiscoveryList) *topology.Dis
 // name. Clients resolve short names and unqualified resources by that order, so no apiserver
 // decides it (before, the one listing the most groups did).
 func MergeDiscoveryOrdered(lists []*apidiscoveryv2.APIGroupDiscoveryList, priority map[string]int32) *topology.Discovery {
+	return (&groupMemo{}).merge(lists, priority)
+}
+
+// groupMemo keeps each group's merged JSON with what it was merged from, so that a merge
+// after one list changed merges and marshals again only the groups whose entries changed
+// (a fetch reuses the decoded groups whose bytes did not change: inventory's Fetch).
+type groupMemo struct {
+	groups map[string]mergedGroup
+}
+
+type mergedGroup struct {
+	from []groupEntry
+	json []byte
+}
+
+// groupEntry is one list's entry of a group: its position in the lists, and the entry
+// itself, known by its versions' backing array (a decoded group is never modified; holding
+// the pointer keeps the array, so its address is not reused while it is a key here).
+type groupEntry struct {
+	list     int
+	meta     metav1.TypeMeta
+	name     string
+	versions *apidiscoveryv2.APIVersionDiscovery
+	n        int
+}
+
+// sameEntries: a and b are the same entries of a group. An entry without versions is never
+// the same (nothing tells it from another one), and costs nothing to merge again.
+func sameEntries(a, b []groupEntry) bool {
+	return slices.Equal(a, b) && !slices.ContainsFunc(a, func(e groupEntry) bool { return e.versions == nil })
+}
+
+func entryOf(list int, g *apidiscoveryv2.APIGroupDiscovery) groupEntry {
+	e := groupEntry{list: list, meta: g.TypeMeta, name: g.Name, n: len(g.Versions)}
+	if e.n > 0 {
+		e.versions = &g.Versions[0]
+	}
+	return e
+}
+
+func (m *groupMemo) merge(lists []*apidiscoveryv2.APIGroupDiscoveryList, priority map[string]int32) *topology.Discovery {
 	if len(lists) == 0 {
 		return nil
 	}
@@ -55,29 +98,35 @@ func MergeDiscoveryOrdered(lists []*apidiscoveryv2.APIGroupDiscoveryList, priori
 			base = i
 		}
 	}
-	order := append([]*apidiscoveryv2.APIGroupDiscoveryList{lists[base]}, slices.Delete(slices.Clone(lists), base, base+1)...)
-
-	var groups []*apidiscoveryv2.APIGroupDiscovery
-	byName := map[string]*apidiscoveryv2.APIGroupDiscovery{}
-	for _, l := range order {
-		for _, g := range l.Items {
+	// Each group's entries, the list with the most groups first (its group order and its
+	// versions' order lead), then the others in order.
+	order := []int{base}
+	for i := range lists {
+		if i != base {
+			order = append(order, i)
+		}
+	}
+	var names []string
+	entries := map[string][]groupEntry{}
+	sources := map[string][]*apidiscoveryv2.APIGroupDiscovery{}
+	for _, li := range order {
+		items := lists[li].Items
+		for gi := range items {
+			g := &items[gi]
 			if g.Name == "" {
 				continue // the core group is /api's
 			}
-			m, ok := byName[g.Name]
-			if !ok {
-				m = &apidiscoveryv2.APIGroupDiscovery{TypeMeta: g.TypeMeta, ObjectMeta: g.ObjectMeta}
-				byName[g.Name] = m
-				groups = append(groups, m)
+			if _, ok := entries[g.Name]; !ok {
+				names = append(names, g.Name)
 			}
-			m.Versions = mergeVersions(m.Versions, g.Versions)
+			entries[g.Name] = append(entries[g.Name], entryOf(li, g))
+			sources[g.Name] = append(sources[g.Name], g)
 		}
 	}
-	chooseDescriptions(groups, lists)
 	if priority != nil {
-		slices.SortStableFunc(groups, func(a, b *apidiscoveryv2.APIGroupDiscovery) int {
-			pa, oka := priority[a.Name]
-			pb, okb := priority[b.Name]
+		slices.SortStableFunc(names, func(a, b string) int {
+			pa, oka := priority[a]
+			pb, okb := priority[b]
 			switch {
 			case oka != okb:
 				if oka {
@@ -87,32 +136,77 @@ func MergeDiscoveryOrdered(lists []*apidiscoveryv2.APIGroupDiscoveryList, priori
 			case pa != pb:
 				return cmp.Compare(pb, pa)
 			}
-			return strings.Compare(a.Name, b.Name)
+			return strings.Compare(a, b)
 		})
 	}
-	out := apidiscoveryv2.APIGroupDiscoveryList{TypeMeta: lists[base].TypeMeta}
-	for _, g := range groups {
-		slices.SortStableFunc(g.Versions, func(a, b apidiscoveryv2.APIVersionDiscovery) int {
-			return -version.CompareKubeAwareVersionStrings(a.Version, b.Version)
-		})
-		out.Items = append(out.Items, *g)
-	}
-	b, err := json.Marshal(out)
+	head, err := json.Marshal(apidiscoveryv2.APIGroupDiscoveryList{TypeMeta: lists[base].TypeMeta, Items: []apidiscoveryv2.APIGroupDiscovery{}})
 	if err != nil {
 		return nil
 	}
-	return topology.NewDiscovery(b)
+	doc := bytes.NewBuffer(make([]byte, 0, m.size()+len(head)))
+	doc.Write(head[:len(head)-len("]}")])
+	merged := make(map[string]mergedGroup, len(names))
+	for i, name := range names {
+		g, ok := m.groups[name]
+		if !ok || !sameEntries(g.from, entries[name]) {
+			if g.json, err = json.Marshal(mergeGroup(sources[name], entries[name])); err != nil {
+				return nil
+			}
+			g.from = entries[name]
+		}
+		merged[name] = g
+		if i > 0 {
+			doc.WriteByte(',')
+		}
+		doc.Write(g.json)
+	}
+	doc.WriteString("]}")
+	m.groups = merged
+	if len(names) == 0 {
+		// As encoding/json writes a list without items.
+		b, err := json.Marshal(apidiscoveryv2.APIGroupDiscoveryList{TypeMeta: lists[base].TypeMeta})
+		if err != nil {
+			return nil
+		}
+		return topology.NewDiscovery(b)
+	}
+	return topology.NewDiscovery(doc.Bytes())
 }
 
-// chooseDescriptions gives each merged resource the description (kind, scope, names,
-// categories: everything but the verbs and subresources, which are united) that most of the
-// lists give it; between equally many, the one of the earliest list (callers pass them by
-// apiserver ID). So no single apiserver decides how a resource others serve is described (a
-// compromised one gave apps/v1 daemonsets the short name "deploy" and cluster scope by
-// listing the most groups), and the result does not depend on the lists' order unless the
-// apiservers split evenly.
-func chooseDescriptions(groups []*apidiscoveryv2.APIGroupDiscovery, lists []*apidiscoveryv2.APIGroupDiscoveryList) {
-	type key struct{ group, version, resource string }
+// size is the merged groups' JSON, to size the next document.
+func (m *groupMemo) size() int {
+	n := 0
+	for _, g := range m.groups {
+		n += len(g.json) + 1
+	}
+	return n
+}
+
+// mergeGroup merges one group's entries (in the merge's order; from[i] is entries[i]):
+// every version of each, every resource of each version with the union of its verbs and
+// subresources, each resource described as most lists describe it (chooseDescriptions),
+// versions in Kubernetes version priority.
+func mergeGroup(from []*apidiscoveryv2.APIGroupDiscovery, entries []groupEntry) *apidiscoveryv2.APIGroupDiscovery {
+	m := &apidiscoveryv2.APIGroupDiscovery{TypeMeta: from[0].TypeMeta, ObjectMeta: from[0].ObjectMeta}
+	for _, g := range from {
+		m.Versions = mergeVersions(m.Versions, g.Versions)
+	}
+	chooseDescriptions(m, from, entries)
+	slices.SortStableFunc(m.Versions, func(a, b apidiscoveryv2.APIVersionDiscovery) int {
+		return -version.CompareKubeAwareVersionStrings(a.Version, b.Version)
+	})
+	return m
+}
+
+// chooseDescriptions gives each merged resource of group m the description (kind, scope,
+// names, categories: everything but the verbs and subresources, which are united) that most
+// of the lists give it; between equally many, the one of the earliest list (callers pass
+// them by apiserver ID). So no single apiserver decides how a resource others serve is
+// described (a compromised one gave apps/v1 daemonsets the short name "deploy" and cluster
+// scope by listing the most groups), and the result does not depend on the lists' order
+// unless the apiservers split evenly.
+func chooseDescriptions(m *apidiscoveryv2.APIGroupDiscovery, from []*apidiscoveryv2.APIGroupDiscovery, entries []groupEntry) {
+	type key struct{ version, resource string }
 	type tally struct {
 		n     int
 		first int    // index of the first list giving it
@@ -120,46 +214,44 @@ func chooseDescriptions(groups []*apidiscoveryv2.APIGroupDiscovery, lists []*api
 		desc  apidiscoveryv2.APIResourceDiscovery
 	}
 	votes := map[key]map[string]*tally{}
-	for li, l := range lists {
-		for _, g := range l.Items {
-			for _, v := range g.Versions {
-				for _, r := range v.Resources {
-					d := r
-					d.Verbs, d.Subresources = nil, nil
-					b, err := json.Marshal(d)
-					if err != nil {
-						continue
-					}
-					k := key{g.Name, v.Version, r.Resource}
-					if votes[k] == nil {
-						votes[k] = map[string]*tally{}
-					}
-					t := votes[k][string(b)]
-					if t == nil {
-						t = &tally{first: li, json: string(b), desc: d}
-						votes[k][string(b)] = t
-					}
-					t.n++
+	for gi, g := range from {
+		li := entries[gi].list
+		for _, v := range g.Versions {
+			for _, r := range v.Resources {
+				d := r
+				d.Verbs, d.Subresources = nil, nil
+				b, err := json.Marshal(d)
+				if err != nil {
+					continue
 				}
+				k := key{v.Version, r.Resource}
+				if votes[k] == nil {
+					votes[k] = map[string]*tally{}
+				}
+				t := votes[k][string(b)]
+				if t == nil {
+					t = &tally{first: li, json: string(b), desc: d}
+					votes[k][string(b)] = t
+				}
+				t.first = min(t.first, li)
+				t.n++
 			}
 		}
 	}
-	for _, g := range groups {
-		for vi := range g.Versions {
-			v := &g.Versions[vi]
-			for ri := range v.Resources {
-				r := &v.Resources[ri]
-				var best *tally
-				for _, t := range votes[key{g.Name, v.Version, r.Resource}] {
-					if best == nil || t.n > best.n || t.n == best.n && (t.first < best.first || t.first == best.first && t.json < best.json) {
-						best = t
-					}
+	for vi := range m.Versions {
+		v := &m.Versions[vi]
+		for ri := range v.Resources {
+			r := &v.Resources[ri]
+			var best *tally
+			for _, t := range votes[key{v.Version, r.Resource}] {
+				if best == nil || t.n > best.n || t.n == best.n && (t.first < best.first || t.first == best.first && t.json < best.json) {
+					best = t
 				}
-				if best != nil {
-					verbs, subs := r.Verbs, r.Subresources
-					*r = best.desc
-					r.Verbs, r.Subresources = verbs, subs
-				}
+			}
+			if best != nil {
+				verbs, subs := r.Verbs, r.Subresources
+				*r = best.desc
+				r.Verbs, r.Subresources = verbs, subs
 			}
 		}
 	}

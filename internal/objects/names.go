@@ -169,8 +169,9 @@ func validDiscovery(source string, list *apidiscoveryv2.APIGroupDiscoveryList) (
 // value is ready; nil derives everything every time.
 type DiscoveryMemo struct {
 	m map[checkedKey]checkedList
-	// merged is the last merged document and what it was merged from.
+	// merged is the last merged document and what it was merged from; groups, each group's.
 	merged *mergedDiscovery
+	groups groupMemo
 }
 
 // checkedKey: the same list checked for another apiserver names that apiserver in its errors.
@@ -222,7 +223,7 @@ func (c *DiscoveryMemo) keepOnly(lists map[string]*apidiscoveryv2.APIGroupDiscov
 }
 
 // merge is MergeDiscoveryOrdered, merged again only when a list (by pointer, in order) or a
-// priority changed since the last call.
+// priority changed since the last call, and then only the groups whose entries changed.
 func (c *DiscoveryMemo) merge(lists []*apidiscoveryv2.APIGroupDiscoveryList, priority map[string]int32) *topology.Discovery {
 	if c == nil {
 		return MergeDiscoveryOrdered(lists, priority)
@@ -230,7 +231,7 @@ func (c *DiscoveryMemo) merge(lists []*apidiscoveryv2.APIGroupDiscoveryList, pri
 	if m := c.merged; m != nil && slices.Equal(m.lists, lists) && maps.Equal(m.priority, priority) {
 		return m.doc
 	}
-	doc := MergeDiscoveryOrdered(lists, priority)
+	doc := c.groups.merge(lists, priority)
 	c.merged = &mergedDiscovery{lists: slices.Clone(lists), priority: priority, doc: doc}
 	return doc
 }
