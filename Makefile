@@ -121,9 +121,9 @@ golden:
 golden-dirs:
 	@echo $(addsuffix testdata,$(GOLDEN_PKGS))
 
-## envoy-protos: regenerate internal/snapshot/oldest-envoy-protos.txt, every message, field and
+## envoy-protos: regenerate internal/oldestenvoy/oldest-envoy-protos.txt, every message, field and
 ## enum value of the oldest supported Envoy's protos, which snapshot.Build checks
-## the configuration against (tools/envoyprotos, its own module). Run it when
+## the configuration against (internal/oldestenvoy) (tools/envoyprotos, its own module). Run it when
 ## raising the minimum Envoy: `make envoy-protos ENVOY=v1.38.0` (the
 ## go-control-plane/envoy release of that Envoy), then set
 ## internal/xds.MinEnvoyVersion to match (a test checks), and commit both

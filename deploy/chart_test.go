@@ -35,7 +35,7 @@ import (
 
 	"github.com/kube-mvp/kube-mvp/internal/contract"
 	"github.com/kube-mvp/kube-mvp/internal/envoyrelease"
-	"github.com/kube-mvp/kube-mvp/internal/snapshot"
+	"github.com/kube-mvp/kube-mvp/internal/oldestenvoy"
 	"github.com/kube-mvp/kube-mvp/internal/xds"
 	"github.com/kube-mvp/kube-mvp/test/controlplane"
 )
@@ -202,7 +202,7 @@ var (
 
 // decodeBootstrap decodes Envoy bootstrap YAML strictly (unknown fields are errors, as for
 // Envoy), validates it with Envoy's proto rules, and checks that the oldest supported Envoy
-// knows everything it uses (snapshot.CheckOldestEnvoy).
+// knows everything it uses (oldestenvoy.Check).
 func decodeBootstrap(raw []byte) (*bootstrapv3.Bootstrap, error) {
 	js, err := yaml.YAMLToJSON(raw)
 	if err != nil {
@@ -215,7 +215,7 @@ func decodeBootstrap(raw []byte) (*bootstrapv3.Bootstrap, error) {
 	if err := b.ValidateAll(); err != nil {
 		return nil, fmt.Errorf("invalid Bootstrap: %w", err)
 	}
-	if errs := snapshot.CheckOldestEnvoy(&b); len(errs) > 0 {
+	if errs := oldestenvoy.Check(&b); len(errs) > 0 {
 		return nil, fmt.Errorf("Bootstrap for the oldest supported Envoy: %w", errors.Join(errs...))
 	}
 	return &b, nil

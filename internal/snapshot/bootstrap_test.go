@@ -20,7 +20,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/kube-mvp/kube-mvp/internal/cptls"
-	"github.com/kube-mvp/kube-mvp/internal/snapshot"
+	"github.com/kube-mvp/kube-mvp/internal/oldestenvoy"
 	"github.com/kube-mvp/kube-mvp/internal/xds"
 )
 
@@ -50,7 +50,7 @@ func TestBootstrap(t *testing.T) {
 				t.Fatal(err)
 			}
 			b := decodeBootstrap(t, raw)
-			for _, err := range snapshot.CheckOldestEnvoy(b) {
+			for _, err := range oldestenvoy.Check(b) {
 				t.Error(err)
 			}
 
@@ -85,8 +85,8 @@ func TestBootstrapOldestEnvoy(t *testing.T) {
 	}
 	b := decodeBootstrap(t, raw)
 	b.MemoryAllocatorManager = &bootstrapv3.MemoryAllocatorManager{SoftMemoryLimitBytes: wrapperspb.UInt64(100 << 20)}
-	errs := snapshot.CheckOldestEnvoy(b)
-	want := "memory_allocator_manager.soft_memory_limit_bytes: field envoy.config.bootstrap.v3.MemoryAllocatorManager.soft_memory_limit_bytes (number 3) is not in Envoy " + snapshot.OldestEnvoy()
+	errs := oldestenvoy.Check(b)
+	want := "memory_allocator_manager.soft_memory_limit_bytes: field envoy.config.bootstrap.v3.MemoryAllocatorManager.soft_memory_limit_bytes (number 3) is not in Envoy " + oldestenvoy.Version()
 	if len(errs) != 1 || errs[0].Error() != want {
 		t.Errorf("got %v, want exactly %s", errs, want)
 	}
@@ -155,7 +155,7 @@ func TestBootstrapSDSFiles(t *testing.T) {
 		if err := dr.GetResources()[0].UnmarshalTo(&s); err != nil {
 			t.Fatalf("%s: %v", file, err)
 		}
-		for _, err := range snapshot.CheckOldestEnvoy(&dr) {
+		for _, err := range oldestenvoy.Check(&dr) {
 			t.Errorf("%s: %v", file, err)
 		}
 		if err := s.ValidateAll(); err != nil || !check(&s) {

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/kube-mvp/kube-mvp/internal/contract"
+	"github.com/kube-mvp/kube-mvp/internal/oldestenvoy"
 	"github.com/kube-mvp/kube-mvp/internal/plan"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
@@ -218,11 +219,11 @@ func (b *builder) pack(what string, m validated) *anypb.Any {
 
 // validateTop validates every top-level resource (typed configs inside were validated when
 // packed: PGV does not look inside an Any), and checks that the oldest supported Envoy knows
-// everything each one uses, typed configs included (CheckOldestEnvoy), on its wire form, which
+// everything each one uses, typed configs included (oldestenvoy.Check), on its wire form, which
 // it keeps in b.wire for the versions.
 func (b *builder) validateTop(res *Resources) {
 	b.wire = map[types.Resource][]byte{}
-	oldest, err := newOldestChecker()
+	oldest, err := oldestenvoy.NewChecker()
 	if err != nil {
 		b.errs = append(b.errs, err)
 	}
@@ -245,7 +246,7 @@ func (b *builder) validateTop(res *Resources) {
 			if oldest == nil {
 				continue
 			}
-			for _, err := range oldest.checkWire(v, wire) {
+			for _, err := range oldest.CheckWire(v, wire) {
 				b.errorf("%s %q: %w", kindOf(r), cachev3.GetResourceName(r), err)
 			}
 		}

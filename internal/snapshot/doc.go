@@ -304,8 +304,8 @@
 // checks beyond Snapshot.Consistent: every cluster a route or extproc can name exists, the
 // ext_proc cluster exists, every SDS secret referred to exists, every EDS cluster has its
 // endpoints. Nothing the oldest supported Envoy lacks: every resource's wire form, typed
-// configs unpacked, is checked against oldest-envoy-protos.txt (CheckOldestEnvoy), the
-// messages, fields and enum values of Envoy 1.36.0's protos, as tools/envoyprotos lists them.
+// configs unpacked, is checked by internal/oldestenvoy against the messages, fields and enum
+// values of that Envoy's protos, as tools/envoyprotos lists them.
 //
 // # Versions
 //

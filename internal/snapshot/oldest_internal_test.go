@@ -9,12 +9,11 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	dynamicmodulesv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/dynamic_modules/v3"
-	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
-	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/kube-mvp/kube-mvp/internal/contract"
+	"github.com/kube-mvp/kube-mvp/internal/oldestenvoy"
 	"github.com/kube-mvp/kube-mvp/internal/plan"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
@@ -28,8 +27,8 @@ import (
 //     ExternalProcessor.allow_content_length_header (field 26): after 1.37.0;
 //   - envoy.extensions.upstreams.http.dynamic_modules.v3.Config (a typed config type): Envoy 1.38.
 func TestBuildRefusesNewerThanOldestEnvoy(t *testing.T) {
-	if got := OldestEnvoy(); got != "1.37.0" {
-		t.Fatalf("OldestEnvoy() = %q; this test names fields new since 1.37.0", got)
+	if got := oldestenvoy.Version(); got != "1.37.0" {
+		t.Fatalf("oldestenvoy.Version() = %q; this test names fields new since 1.37.0", got)
 	}
 	for _, tc := range []struct {
 		name   string
@@ -87,59 +86,6 @@ func TestBuildRefusesNewerThanOldestEnvoy(t *testing.T) {
 			if err == nil || err.Error() != tc.want {
 				t.Errorf("Build error:\n%v\nwant exactly:\n%s", err, tc.want)
 			}
-		})
-	}
-}
-
-// TestOldestCheckWireAndReflection: the fast check of the wire form and the reflective walk
-// that names the path agree, on Build's resources before and after a change the oldest Envoy
-// lacks in each kind of place (a field, an enum value, a map value, a list element, a typed
-// config's type and content).
-func TestOldestCheckWireAndReflection(t *testing.T) {
-	_, p, cfg := testInput(t)
-	res, err := Build(p, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := newOldestChecker()
-	if err != nil {
-		t.Fatal(err)
-	}
-	agree := func(t *testing.T, m proto.Message, wantOK bool) {
-		t.Helper()
-		wire, err := deterministic.Marshal(m)
-		if err != nil {
-			t.Fatal(err)
-		}
-		wireOK := c.wireOK(c.rule(m.ProtoReflect().Descriptor()), wire)
-		errs := c.check(m)
-		if wireOK != (len(errs) == 0) || wireOK != wantOK {
-			t.Errorf("%s: wire form fine %v, reflective walk %v, want fine %v", cachev3.GetResourceName(m), wireOK, errs, wantOK)
-		}
-	}
-	for _, list := range [][]proto.Message{asMessages(res.Listeners), asMessages(res.Routes), asMessages(res.Clusters), asMessages(res.Endpoints), asMessages(res.Secrets)} {
-		for _, m := range list {
-			agree(t, m, true)
-		}
-	}
-	base := findCluster(t, res, contract.ClusterDefault)
-	for name, change := range map[string]func(c *clusterv3.Cluster){
-		"field": func(c *clusterv3.Cluster) {
-			c.OutlierDetection = &clusterv3.OutlierDetection{DetectDegradedHosts: wrapperspb.Bool(true)}
-		}, // 1.38
-		"list": func(c *clusterv3.Cluster) { c.HealthChecks[0].Name = "x" }, // 1.40
-		"map value": func(c *clusterv3.Cluster) {
-			c.TypedExtensionProtocolOptions["x"] = mustAny(t, &dynamicmodulesv3.Config{})
-		}, // 1.38
-		"enum value": func(c *clusterv3.Cluster) { c.LbPolicy = clusterv3.Cluster_LbPolicy(42) }, // no Envoy's
-		"typed config content": func(c *clusterv3.Cluster) {
-			c.TypedExtensionProtocolOptions["x"] = mustAny(t, &clusterv3.Cluster{OutlierDetection: &clusterv3.OutlierDetection{DetectDegradedHosts: wrapperspb.Bool(true)}})
-		},
-	} {
-		t.Run(name, func(t *testing.T) {
-			cl := proto.Clone(base).(*clusterv3.Cluster)
-			change(cl)
-			agree(t, cl, false)
 		})
 	}
 }
@@ -202,12 +148,4 @@ func mustAny(t *testing.T, m proto.Message) *anypb.Any {
 		t.Fatal(err)
 	}
 	return a
-}
-
-func asMessages[T proto.Message](list []T) []proto.Message {
-	out := make([]proto.Message, len(list))
-	for i, m := range list {
-		out[i] = m
-	}
-	return out
 }

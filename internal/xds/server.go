@@ -418,7 +418,7 @@ func localAPIServer(node *core.Node) string {
 
 // MinEnvoyVersion is the oldest Envoy kube-mvp supports: the oldest release Envoy itself still
 // supports (docs/compatibility.md#envoy-releases). snapshot.Build refuses anything newer than
-// this release's protos (internal/snapshot/oldest-envoy-protos.txt): raise both together, with
+// this release's protos (internal/oldestenvoy/oldest-envoy-protos.txt): raise both together, with
 // `make envoy-protos ENVOY=vX.Y.Z`, and move EnvoyReleases.
 var MinEnvoyVersion = [3]uint32{1, envoyrelease.Oldest().Minor, 0}
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerates internal/snapshot/oldest-envoy-protos.txt: the messages, fields and enum values of
+# Regenerates internal/oldestenvoy/oldest-envoy-protos.txt: the messages, fields and enum values of
 # the Envoy protos at the oldest supported Envoy. Usage: tools/envoyprotos/gen.sh [vX.Y.Z]
 # With a version (the new minimum Envoy, e.g. v1.38.0), go.mod first requires that release of
 # github.com/envoyproxy/go-control-plane/envoy; without one, it keeps the version it has.
@@ -29,4 +29,4 @@ pkgs=$("$GO" list -e -f '{{.ImportPath}}' "$mod/...")
   echo ")"
 } >imports.go
 "$GO" mod tidy
-"$GO" run . -out "$dir/../../internal/snapshot/oldest-envoy-protos.txt"
+"$GO" run . -out "$dir/../../internal/oldestenvoy/oldest-envoy-protos.txt"

@@ -1,4 +1,10 @@
-package snapshot
+// Package oldestenvoy checks Envoy configuration against the protos of the oldest Envoy
+// kube-mvp supports (internal/xds.MinEnvoyVersion): snapshot.Build on every resource it
+// makes, the bootstrap and chart tests on theirs. The configuration is built with newer
+// protos (go.mod), whose additions the oldest Envoy would drop unseen (or reject with
+// --reject-unknown-dynamic-fields). It imports no Envoy package itself: a typed config is
+// unpacked by the types its caller links.
+package oldestenvoy
 
 import (
 	_ "embed"
@@ -17,9 +23,7 @@ import (
 
 // oldestProtosFile lists every message (with its fields) and enum (with its values) of the
 // protos of the oldest Envoy kube-mvp supports (internal/xds.MinEnvoyVersion), and of the
-// protos they import. tools/envoyprotos writes it (`make envoy-protos`); the configuration is
-// built with newer protos (go.mod), whose additions the oldest Envoy would drop unseen (or
-// reject with --reject-unknown-dynamic-fields), so Build refuses them (CheckOldestEnvoy).
+// protos they import. tools/envoyprotos writes it (`make envoy-protos`).
 //
 //go:embed oldest-envoy-protos.txt
 var oldestProtosFile string
@@ -89,8 +93,8 @@ func parseProtoList(text string) (*protoList, error) {
 	return l, nil
 }
 
-// OldestEnvoy is the Envoy release whose protos CheckOldestEnvoy checks against ("1.37.0").
-func OldestEnvoy() string {
+// Version is the Envoy release whose protos Check checks against ("1.37.0").
+func Version() string {
 	l, err := oldestProtos()
 	if err != nil {
 		return "(unreadable: " + err.Error() + ")"
@@ -98,23 +102,24 @@ func OldestEnvoy() string {
 	return l.envoy
 }
 
-// CheckOldestEnvoy returns an error for every use in m of what the oldest supported Envoy's
-// protos (OldestEnvoy) lack, each naming the field path in m and ending "not in Envoy
+// Check returns an error for every use in m of what the oldest supported Envoy's
+// protos (Version) lack, each naming the field path in m and ending "not in Envoy
 // <version>": a populated field whose number its message did not have, a set enum value its
 // enum did not have, a message type it did not have, and a typed config (google.protobuf.Any,
 // unpacked and checked recursively) of a type it did not have. Fields unknown even to the
 // protos kube-mvp is built with are errors too. The errors are sorted; nil means m is fine.
-func CheckOldestEnvoy(m proto.Message) []error {
-	c, err := newOldestChecker()
+func Check(m proto.Message) []error {
+	c, err := NewChecker()
 	if err != nil {
 		return []error{err}
 	}
 	return c.check(m)
 }
 
-// oldestChecker walks messages for CheckOldestEnvoy. One checker may walk many resources: it
-// remembers the typed configs it found fine (resources share many equal ones).
-type oldestChecker struct {
+// A Checker walks messages for Check and CheckWire. One checker may walk many resources: it
+// remembers the typed configs it found fine (resources share many equal ones). Not safe for
+// concurrent use.
+type Checker struct {
 	list     *protoList
 	path     []pathStep
 	problems []string
@@ -122,12 +127,14 @@ type oldestChecker struct {
 	anyRules map[string]*messageRule    // the rules of typed configs' types, by type URL
 }
 
-func newOldestChecker() (*oldestChecker, error) {
+// NewChecker is a Checker of the oldest Envoy's protos; an error if the embedded list is
+// unreadable.
+func NewChecker() (*Checker, error) {
 	l, err := oldestProtos()
 	if err != nil {
 		return nil, err
 	}
-	return &oldestChecker{list: l, anyOK: map[string]map[string]bool{}, anyRules: map[string]*messageRule{}}, nil
+	return &Checker{list: l, anyOK: map[string]map[string]bool{}, anyRules: map[string]*messageRule{}}, nil
 }
 
 // pathStep is one step of the path to a problem, formatted only when there is one.
@@ -139,9 +146,9 @@ type pathStep struct {
 	anyType protoreflect.FullName // the type unpacked from a typed config
 }
 
-// checkWire checks m, whose deterministic wire form is wire: the fast walk of the bytes, then,
+// CheckWire checks m, whose deterministic wire form is wire: the fast walk of the bytes, then,
 // only if that finds a problem, check's walk of m to say where.
-func (c *oldestChecker) checkWire(m proto.Message, wire []byte) []error {
+func (c *Checker) CheckWire(m proto.Message, wire []byte) []error {
 	if c.wireOK(c.rule(m.ProtoReflect().Descriptor()), wire) {
 		return nil
 	}
@@ -152,7 +159,7 @@ func (c *oldestChecker) checkWire(m proto.Message, wire []byte) []error {
 }
 
 // check walks m and returns its problems, sorted (map order is random).
-func (c *oldestChecker) check(m proto.Message) []error {
+func (c *Checker) check(m proto.Message) []error {
 	c.path, c.problems = c.path[:0], nil
 	c.message(m.ProtoReflect())
 	slices.Sort(c.problems)
@@ -164,12 +171,12 @@ func (c *oldestChecker) check(m proto.Message) []error {
 }
 
 // report records a problem at the current path: what is not in the oldest Envoy.
-func (c *oldestChecker) report(format string, args ...any) {
+func (c *Checker) report(format string, args ...any) {
 	c.fail(fmt.Sprintf(format, args...) + " is not in Envoy " + c.list.envoy)
 }
 
 // fail records a problem at the current path.
-func (c *oldestChecker) fail(msg string) {
+func (c *Checker) fail(msg string) {
 	var b strings.Builder
 	for _, s := range c.path {
 		switch {
@@ -231,7 +238,7 @@ var (
 	rules   = map[protoreflect.MessageDescriptor]*messageRule{}
 )
 
-func (c *oldestChecker) rule(d protoreflect.MessageDescriptor) *messageRule {
+func (c *Checker) rule(d protoreflect.MessageDescriptor) *messageRule {
 	rulesMu.Lock()
 	defer rulesMu.Unlock()
 	if r, ok := rules[d]; ok {
@@ -260,7 +267,7 @@ func (c *oldestChecker) rule(d protoreflect.MessageDescriptor) *messageRule {
 
 // makeRule makes the rules of d and of every type reachable from it that has none yet (rulesMu
 // held), appending them to made.
-func (c *oldestChecker) makeRule(d protoreflect.MessageDescriptor, made *[]*messageRule) *messageRule {
+func (c *Checker) makeRule(d protoreflect.MessageDescriptor, made *[]*messageRule) *messageRule {
 	if r, ok := rules[d]; ok {
 		return r
 	}
@@ -326,10 +333,10 @@ func (r *messageRule) field(n protowire.Number) *fieldRule {
 }
 
 // wireOK reports whether b, the wire form of a message whose type's rule is r, uses nothing
-// the oldest Envoy lacks. It is the fast path of the check, walking the bytes Build hashes
-// anyway instead of the messages by reflection; when it finds a problem, the reflective walk
+// the oldest Envoy lacks. It is the fast path of the check, walking the bytes a caller
+// (snapshot.Build) has anyway instead of the messages by reflection; when it finds a problem, the reflective walk
 // (check) says where. It is at least as strict: a field no proto of ours knows is a problem.
-func (c *oldestChecker) wireOK(r *messageRule, b []byte) bool {
+func (c *Checker) wireOK(r *messageRule, b []byte) bool {
 	switch {
 	case r.closed:
 		return true
@@ -383,7 +390,7 @@ func (c *oldestChecker) wireOK(r *messageRule, b []byte) bool {
 
 // enumWire checks the value (VarintType) or packed values (BytesType) of an enum field at the
 // start of b: the number of bytes they take, or -1 for a problem.
-func (c *oldestChecker) enumWire(fr *fieldRule, typ protowire.Type, b []byte) int {
+func (c *Checker) enumWire(fr *fieldRule, typ protowire.Type, b []byte) int {
 	switch typ {
 	case protowire.VarintType:
 		v, n := protowire.ConsumeVarint(b)
@@ -409,7 +416,7 @@ func (c *oldestChecker) enumWire(fr *fieldRule, typ protowire.Type, b []byte) in
 }
 
 // mapEntryWireOK checks the value of one map entry (key 1, value 2) of map field fr.
-func (c *oldestChecker) mapEntryWireOK(fr *fieldRule, b []byte) bool {
+func (c *Checker) mapEntryWireOK(fr *fieldRule, b []byte) bool {
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
@@ -446,7 +453,7 @@ func (c *oldestChecker) mapEntryWireOK(fr *fieldRule, b []byte) bool {
 }
 
 // typedConfigWireOK checks the wire form of an Any: its type, then its value.
-func (c *oldestChecker) typedConfigWireOK(b []byte) bool {
+func (c *Checker) typedConfigWireOK(b []byte) bool {
 	var url string
 	var value []byte
 	for len(b) > 0 {
@@ -494,12 +501,12 @@ func (c *oldestChecker) typedConfigWireOK(b []byte) bool {
 	return true
 }
 
-func (c *oldestChecker) message(m protoreflect.Message) {
+func (c *Checker) message(m protoreflect.Message) {
 	c.messageOf(c.rule(m.Descriptor()), m)
 }
 
 // messageOf checks m, whose type's rule is r.
-func (c *oldestChecker) messageOf(r *messageRule, m protoreflect.Message) {
+func (c *Checker) messageOf(r *messageRule, m protoreflect.Message) {
 	switch {
 	case r.closed:
 		return
@@ -549,7 +556,7 @@ func (c *oldestChecker) messageOf(r *messageRule, m protoreflect.Message) {
 
 // value checks one value of field fd (a list element or map value: fd is then the map's value
 // descriptor).
-func (c *oldestChecker) value(fd protoreflect.FieldDescriptor, fr *fieldRule, v protoreflect.Value) {
+func (c *Checker) value(fd protoreflect.FieldDescriptor, fr *fieldRule, v protoreflect.Value) {
 	switch {
 	case fr.msg != nil:
 		c.messageOf(fr.msg, v.Message())
@@ -566,7 +573,7 @@ func (c *oldestChecker) value(fd protoreflect.FieldDescriptor, fr *fieldRule, v 
 
 // typedConfig checks an Any: its type, then its content, unpacked with the types kube-mvp is
 // built with.
-func (c *oldestChecker) typedConfig(m protoreflect.Message) {
+func (c *Checker) typedConfig(m protoreflect.Message) {
 	fds := m.Descriptor().Fields()
 	url := m.Get(fds.ByNumber(1)).String()
 	value := m.Get(fds.ByNumber(2)).Bytes()
