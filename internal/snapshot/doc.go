@@ -128,8 +128,8 @@
 //     know yet) → default cluster; ext_proc off.
 //
 // Routes that forward nothing themselves (2; 4 and 5 with ext_proc on: extproc names the
-// cluster, or answers) are alone. Every other route comes after its variants (routeSpecs
-// decides them, render draws them; testdata/<case>/routespec.yaml shows them per case):
+// cluster, or answers) are alone. Every other route comes after its variants (routespec.go
+// decides them, routes.go renders them; testdata/<case>/routespec.yaml shows them per case):
 // "<name>:upgrade" first where ext_proc is off and the cluster is the route's own
 // (an Upgrade header: to the HTTP/1.1 variant of its cluster, no timeout; on route 1 extproc
 // names that variant), then one per request class with a policy of its own, matching the class
@@ -190,8 +190,8 @@
 // Retries: nothing that may have reached a backend is sent twice. 2 retries on other hosts
 // (previous_hosts, 20 host selection attempts: least request favours the host that just
 // refused, having nothing in flight), so a dead peer costs a retry, not an error, while a
-// capable peer remains. What each route retries (retryPolicy in routes.go has why each is
-// safe):
+// capable peer remains. What each route retries (envoyRetryPolicy in routes.go has why each
+// is safe):
 //
 //   - every route: what cannot have reached an apiserver (connect-failure, refused-stream,
 //     reset-before-request). The route itself (long-running: exec, attach, port-forward,

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strings"
 
-	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	"sigs.k8s.io/yaml"
 
 	"github.com/kube-mvp/kube-mvp/internal/contract"
@@ -31,23 +30,25 @@ func RouteSpecYAML(p *plan.Plan, cfg Config) ([]byte, error) {
 `)
 	for _, v := range classVariants {
 		timeout := "no timeout"
-		if v.timeout {
+		if v.timeout == requestTimeout {
 			timeout = "timeout " + c.UpstreamRequestTimeout.String()
 		}
 		retry := "reads retried"
-		if !v.read {
+		if v.retry != retryReads {
 			retry = "writes retried (on a proxied route only where never reached)"
 		}
 		fmt.Fprintf(&out, "#   %s: %s=%s, %s, %s\n", v.suffix[1:], contract.HeaderRequestClass, v.value, timeout, retry)
 	}
 	fmt.Fprintf(&out, "#   %s: %s=%s, to the cluster's proxy-certificate variant\n", RouteSuffixProxyCert[1:], contract.HeaderIdentityDecision, contract.IdentityProxyCert)
-	for _, s := range b.routeSpecs() {
+	specs := b.routeSpecs()
+	for i := range specs {
+		s := &specs[i]
 		line := func(key, value string) { fmt.Fprintf(&out, "  %s: %s\n", key, yamlScalar(value)) }
 		fmt.Fprintf(&out, "- name: %s\n", yamlScalar(s.name))
 		line("match", describeMatch(s.match))
 		switch {
 		case s.to.direct != nil:
-			line("to", fmt.Sprintf("direct %d", s.to.direct.DirectResponse.GetStatus()))
+			line("to", "direct 503")
 		case s.to.clusterHeader:
 			line("to", "the cluster in "+contract.HeaderRoutingCluster)
 		default:
@@ -70,7 +71,7 @@ func RouteSpecYAML(p *plan.Plan, cfg Config) ([]byte, error) {
 			fmt.Fprintf(&out, "  variants: [%s]\n", strings.Join(vs, ", "))
 		}
 		if s.variants&variantProxyCert != 0 && s.to.proxyCertRefused != nil {
-			line("frontProxy", fmt.Sprintf("direct %d (every apiserver of %s is dangerous)", s.to.proxyCertRefused.DirectResponse.GetStatus(), s.to.cluster))
+			line("frontProxy", fmt.Sprintf("direct 503 (every apiserver of %s is dangerous)", s.to.cluster))
 		}
 		if s.proxied {
 			line("proxied", "true")
@@ -80,28 +81,16 @@ func RouteSpecYAML(p *plan.Plan, cfg Config) ([]byte, error) {
 }
 
 // describeMatch is m in a few words: its path matcher, then its headers.
-func describeMatch(m *routev3.RouteMatch) string {
-	var parts []string
-	switch p := m.GetPathSpecifier().(type) {
-	case *routev3.RouteMatch_Prefix:
-		parts = append(parts, "prefix "+p.Prefix)
-	case *routev3.RouteMatch_PathSeparatedPrefix:
-		parts = append(parts, "separated prefix "+p.PathSeparatedPrefix)
-	case *routev3.RouteMatch_SafeRegex:
-		parts = append(parts, "regex "+p.SafeRegex.GetRegex())
-	default:
-		parts = append(parts, fmt.Sprintf("%T", p))
-	}
-	for _, h := range m.GetHeaders() {
-		switch {
-		case h.GetPresentMatch() && h.GetInvertMatch():
-			parts = append(parts, h.GetName()+" absent")
-		case h.GetPresentMatch():
-			parts = append(parts, h.GetName()+" present")
-		case h.GetStringMatch().GetExact() != "":
-			parts = append(parts, h.GetName()+"="+h.GetStringMatch().GetExact())
-		default:
-			parts = append(parts, fmt.Sprintf("%s %v", h.GetName(), h.GetHeaderMatchSpecifier()))
+func describeMatch(m routeMatch) string {
+	parts := []string{[...]string{pathPrefix: "prefix ", pathSeparatedPrefix: "separated prefix ", pathRegex: "regex "}[m.pathIs] + m.path}
+	for _, h := range m.headers {
+		switch h.is {
+		case headerAbsent:
+			parts = append(parts, h.name+" absent")
+		case headerPresent:
+			parts = append(parts, h.name+" present")
+		case headerExact:
+			parts = append(parts, h.name+"="+h.value)
 		}
 	}
 	return strings.Join(parts, ", ")
