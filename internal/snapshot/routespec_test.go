@@ -22,7 +22,7 @@ func RouteSpecYAML(p *plan.Plan, cfg Config) ([]byte, error) {
 	}
 	b := &builder{p: p, t: p.Topology, cfg: c}
 	var out strings.Builder
-	out.WriteString(`# The route table as data (routeSpecs, internal/snapshot/routes.go), in match order;
+	out.WriteString(`# The route table as data (routeSpecs, internal/snapshot/routespec.go), in match order;
 # routes.yaml is what Envoy gets. Each variant is a route of its own, "<name>:<variant>",
 # matched before the route itself, which takes every other request (no timeout, retried
 # only where it never reached an apiserver); front-proxy comes before each of them.
