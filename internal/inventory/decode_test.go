@@ -1,6 +1,7 @@
 package inventory
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"reflect"
@@ -31,8 +32,8 @@ func aggregatedDoc(t *testing.T, groups ...string) []byte {
 // decoding it whole gives; a group whose bytes are unchanged since the last fetch is handed
 // on as it was (the same versions), a changed one is decoded anew.
 func TestDecodeAggregatedKeepsUnchangedGroups(t *testing.T) {
-	first := aggregatedDoc(t, "a.example.com", "b.example.com", "c.example.com")
-	d1, err := decodeAggregated(first, nil)
+	first, firstAt := pruned(t, aggregatedDoc(t, "a.example.com", "b.example.com", "c.example.com"))
+	d1, err := decodeAggregated(first, firstAt, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,14 +46,13 @@ func TestDecodeAggregatedKeepsUnchangedGroups(t *testing.T) {
 	}
 
 	// b changes (its resource is now widgets9); a and c keep their bytes.
-	second := aggregatedDoc(t, "a.example.com", "b.example.com", "c.example.com")
 	var l apidiscoveryv2.APIGroupDiscoveryList
-	if err := json.Unmarshal(second, &l); err != nil {
+	if err := json.Unmarshal(first, &l); err != nil {
 		t.Fatal(err)
 	}
 	l.Items[1].Versions[0].Resources[0].Resource = "widgets9"
-	second, _ = json.Marshal(l)
-	d2, err := decodeAggregated(second, d1.groups)
+	second, secondAt := pruned(t, must(json.Marshal(l)))
+	d2, err := decodeAggregated(second, secondAt, d1.groups)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +67,7 @@ func TestDecodeAggregatedKeepsUnchangedGroups(t *testing.T) {
 	}
 
 	for _, bad := range []string{`{"kind":"APIGroupDiscoveryList","items":[{"metadata":{"name":1}}]}`, `{"items":[`, `[]`} {
-		if _, err := decodeAggregated([]byte(bad), d1.groups); err == nil {
+		if _, err := decodeAggregated([]byte(bad), nil, d1.groups); err == nil {
 			t.Errorf("%s: decoded without an error", bad)
 		}
 	}
@@ -98,13 +98,69 @@ func crdDocument(b *testing.B, n int) []byte {
 	return doc
 }
 
+// pruned is doc as the fetch's transport hands it on, and where its groups are.
+func pruned(t testing.TB, doc []byte) ([]byte, *groupsAt) {
+	t.Helper()
+	d, err := pruneAggregated(bytes.NewReader(doc), 64<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d.body, &groupsAt{items: d.items, groups: d.groups}
+}
+
+// TestDecodeAggregatedAtPrunedGroups: where pruning says the groups are, they are decoded
+// from there, and the result is what decoding the whole document gives, for documents whose
+// items key comes first, last, twice, or is matched by another key as encoding/json
+// matches keys (case-insensitively).
+func TestDecodeAggregatedAtPrunedGroups(t *testing.T) {
+	groups := `[{"metadata":{"name":"a.example.com"},"versions":[{"version":"v1","resources":[{"resource":"as","verbs":["get"]}]}]},` +
+		`{"metadata":{"name":"b.example.com"},"versions":[{"version":"v1"}]}]`
+	for i, doc := range []string{
+		`{"kind":"APIGroupDiscoveryList","apiVersion":"apidiscovery.k8s.io/v2","metadata":{},"items":` + groups + `}`,
+		`{"items":` + groups + `,"kind":"APIGroupDiscoveryList","apiVersion":"apidiscovery.k8s.io/v2"}`,
+		// More than one key decodes as items: the whole document is decoded.
+		`{"kind":"APIGroupDiscoveryList","items":[{"metadata":{"name":"c.example.com"}}],"items":` + groups + `}`,
+		`{"kind":"APIGroupDiscoveryList","items":` + groups + `,"ITEMS":[]}`,
+		`{"kind":"APIGroupDiscoveryList","Items":[{"metadata":{"name":"c.example.com"}}],"items":` + groups + `}`,
+		`{"kind":"APIGroupDiscoveryList","items":` + groups + `,"Items":[{"metadata":{"name":"c.example.com"}}]}`,
+		`{"kind":"APIGroupDiscoveryList","items":` + groups + `,"item\u017f":null}`,
+	} {
+		body, at := pruned(t, []byte(doc))
+		if fits := at.fit(body); fits != (i < 2) {
+			t.Errorf("%s: pruning says where the groups are: %v", doc, fits)
+		}
+		got, err := decodeAggregated(body, at, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var whole apidiscoveryv2.APIGroupDiscoveryList
+		if err := json.Unmarshal(body, &whole); err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got.meta, whole.TypeMeta) || !reflect.DeepEqual(got.items, whole.Items) {
+			t.Errorf("%s:\ndecoded where pruning put the groups: %+v %+v\ndecoded whole: %+v %+v", doc, got.meta, got.items, whole.TypeMeta, whole.Items)
+		}
+	}
+	// Positions that do not fit the document are not used.
+	body, at := pruned(t, []byte(`{"kind":"APIGroupDiscoveryList","items":`+groups+`}`))
+	for _, bad := range []*groupsAt{
+		nil, {items: at.items}, {items: [2]int{at.items[0] + 1, at.items[1]}, groups: at.groups},
+		{items: at.items, groups: [][2]int{at.groups[1], at.groups[0]}}, {items: at.items, groups: [][2]int{{at.groups[0][0], at.groups[0][1] - 1}}},
+		{items: [2]int{at.items[0], len(body)}, groups: at.groups},
+	} {
+		if bad.fit(body) {
+			t.Errorf("%+v fits %s", bad, body)
+		}
+	}
+}
+
 // BenchmarkDecodeAggregated decodes a document of n CRDs, ten to a group: "whole" as the
 // fetch did before groups were kept (one json.Unmarshal), "first" with no group known, and
-// "fetched" after one group changed.
+// "fetched" after one group changed (each where pruning put the groups).
 func BenchmarkDecodeAggregated(b *testing.B) {
 	for _, n := range []int{2000, 10000} {
-		doc := crdDocument(b, n)
-		known, err := decodeAggregated(doc, nil)
+		doc, at := pruned(b, crdDocument(b, n))
+		known, err := decodeAggregated(doc, at, nil)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -113,7 +169,7 @@ func BenchmarkDecodeAggregated(b *testing.B) {
 			b.Fatal(err)
 		}
 		l.Items[7].Versions[0].Resources[0].Resource = "changed"
-		changed, _ := json.Marshal(l)
+		changed, changedAt := pruned(b, must(json.Marshal(l)))
 		for _, kind := range []string{"whole", "first", "fetched"} {
 			b.Run(fmt.Sprintf("%d/%s", n, kind), func(b *testing.B) {
 				b.SetBytes(int64(len(doc)))
@@ -124,9 +180,9 @@ func BenchmarkDecodeAggregated(b *testing.B) {
 						var l apidiscoveryv2.APIGroupDiscoveryList
 						err = json.Unmarshal(doc, &l)
 					case "first":
-						_, err = decodeAggregated(doc, nil)
+						_, err = decodeAggregated(doc, at, nil)
 					case "fetched":
-						_, err = decodeAggregated(changed, known.groups)
+						_, err = decodeAggregated(changed, changedAt, known.groups)
 					}
 					if err != nil {
 						b.Fatal(err)
@@ -135,4 +191,11 @@ func BenchmarkDecodeAggregated(b *testing.B) {
 			})
 		}
 	}
+}
+
+func must(b []byte, err error) []byte {
+	if err != nil {
+		panic(err)
+	}
+	return b
 }

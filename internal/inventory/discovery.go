@@ -72,21 +72,48 @@ type fetchedDoc struct {
 	groups map[[sha256.Size]byte]apidiscoveryv2.APIGroupDiscovery
 }
 
-// decodeAggregated decodes an aggregated discovery document, taking from known each group
-// whose JSON it already holds. The result is what decoding the whole document gives.
-func decodeAggregated(body []byte, known map[[sha256.Size]byte]apidiscoveryv2.APIGroupDiscovery) (fetchedDoc, error) {
-	var raw struct {
-		metav1.TypeMeta `json:",inline"`
-		Items           []json.RawMessage `json:"items"`
+// groupsAt is where an aggregated document's groups are (prunedDoc): its last items
+// array, '[' to ']', and each group in it.
+type groupsAt struct {
+	items  [2]int
+	groups [][2]int
+}
+
+// decodeAggregated decodes an aggregated discovery document. Where at says the groups are
+// (pruning knows, for a document with one items key), it takes from known each group whose
+// JSON it already holds and decodes the others; otherwise it decodes the whole document. The
+// result is what decoding the whole document gives.
+func decodeAggregated(body []byte, at *groupsAt, known map[[sha256.Size]byte]apidiscoveryv2.APIGroupDiscovery) (fetchedDoc, error) {
+	if at.fit(body) {
+		var top struct {
+			metav1.TypeMeta `json:",inline"`
+			metav1.ListMeta `json:"metadata,omitempty"`
+			Items           []json.RawMessage `json:"items"`
+		}
+		// The document with a 0 for its groups: any other key that decodes as items
+		// (encoding/json matches keys case-insensitively) would show.
+		doc := make([]byte, 0, len(body)-(at.items[1]-at.items[0])+2)
+		doc = append(append(append(doc, body[:at.items[0]+1]...), '0'), body[at.items[1]:]...)
+		if err := json.Unmarshal(doc, &top); err != nil {
+			return fetchedDoc{}, err
+		}
+		if len(top.Items) == 1 && string(top.Items[0]) == "0" {
+			return decodeGroups(body, top.TypeMeta, at.groups, known)
+		}
 	}
-	if err := json.Unmarshal(body, &raw); err != nil {
+	var l apidiscoveryv2.APIGroupDiscoveryList
+	if err := json.Unmarshal(body, &l); err != nil {
 		return fetchedDoc{}, err
 	}
-	d := fetchedDoc{meta: raw.TypeMeta, groups: make(map[[sha256.Size]byte]apidiscoveryv2.APIGroupDiscovery, len(raw.Items))}
-	if raw.Items != nil {
-		d.items = make([]apidiscoveryv2.APIGroupDiscovery, len(raw.Items))
-	}
-	for i, item := range raw.Items {
+	return fetchedDoc{meta: l.TypeMeta, items: l.Items}, nil
+}
+
+// decodeGroups decodes the groups at spans of body, those known as they were.
+func decodeGroups(body []byte, meta metav1.TypeMeta, spans [][2]int, known map[[sha256.Size]byte]apidiscoveryv2.APIGroupDiscovery) (fetchedDoc, error) {
+	d := fetchedDoc{meta: meta, items: make([]apidiscoveryv2.APIGroupDiscovery, len(spans)),
+		groups: make(map[[sha256.Size]byte]apidiscoveryv2.APIGroupDiscovery, len(spans))}
+	for i, span := range spans {
+		item := body[span[0]:span[1]]
 		sum := sha256.Sum256(item)
 		g, ok := known[sum]
 		if !ok {
@@ -98,6 +125,26 @@ func decodeAggregated(body []byte, known map[[sha256.Size]byte]apidiscoveryv2.AP
 		d.groups[sum] = g
 	}
 	return d, nil
+}
+
+// fit reports whether at can be where body's groups are: the items array within body, and
+// each group an object within it, in order.
+func (at *groupsAt) fit(body []byte) bool {
+	if at == nil || len(at.groups) == 0 {
+		return false
+	}
+	open, close := at.items[0], at.items[1]
+	if open < 0 || close >= len(body) || open >= close || body[open] != '[' || body[close] != ']' {
+		return false
+	}
+	prev := open + 1
+	for _, g := range at.groups {
+		if g[0] < prev || g[1] > close || g[0] >= g[1] || body[g[0]] != '{' || body[g[1]-1] != '}' {
+			return false
+		}
+		prev = g[1]
+	}
+	return true
 }
 
 // etags are the ETags to send back, by path.
@@ -151,7 +198,11 @@ func fetchAggregated(ctx context.Context, c rest.Interface, g *guard, prev *Fetc
 			return nil, fmt.Errorf("GET %s: content type %q: %w", path, contentType, errNoAggregatedDiscovery)
 		}
 		prevDoc, _ := prev.docsAt(path)
-		d, err := decodeAggregated(body, prevDoc.groups)
+		var at *groupsAt
+		if items, groups, ok := g.groupsOf(path, body); ok {
+			at = &groupsAt{items: items, groups: groups}
+		}
+		d, err := decodeAggregated(body, at, prevDoc.groups)
 		if err != nil {
 			return nil, fmt.Errorf("GET %s: %w", path, err)
 		}

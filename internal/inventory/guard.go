@@ -106,6 +106,7 @@ type guard struct {
 	refused *RefusedError
 	pruned  []string          // what pruning left out, for the log
 	etags   map[string]string // the ETag of each aggregated document read, by path
+	docs    map[string]prunedDoc
 }
 
 // client is hc (a NoRedirectClient) with the guard's rules; hc is not changed.
@@ -164,6 +165,18 @@ func (g *guard) etagOf(path string) string {
 	return g.etags[path]
 }
 
+// groupsOf is where the groups are in body, the aggregated document read at path, as
+// pruning wrote it; ok is false unless body is what pruning gave.
+func (g *guard) groupsOf(path string, body []byte) (items [2]int, groups [][2]int, ok bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	d, found := g.docs[path]
+	if !found || !bytes.Equal(d.body, body) || d.groups == nil {
+		return items, nil, false
+	}
+	return d.items, d.groups, true
+}
+
 // prunedNotes is what pruning left out of this fetch's answers.
 func (g *guard) prunedNotes() []string {
 	g.mu.Lock()
@@ -206,7 +219,7 @@ func (t guardedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return res, nil
 	}
 	defer body.Close()
-	pruned, notes, err := pruneAggregated(body, int(t.g.max))
+	pruned, err := pruneAggregated(body, int(t.g.max))
 	if top := (*topOverError)(nil); errors.As(err, &top) {
 		return nil, t.g.refuse(&RefusedError{Reason: RefusedTooLarge,
 			msg: fmt.Sprintf("the answer to %s %s is over the limit of %d bytes: %v", req.Method, req.URL.Path, t.g.max, top)})
@@ -215,9 +228,13 @@ func (t guardedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, fmt.Errorf("%s %s: %w", req.Method, req.URL.Path, err)
 	}
 	t.g.mu.Lock()
-	for _, n := range notes {
+	for _, n := range pruned.notes {
 		t.g.pruned = append(t.g.pruned, req.URL.Path+": "+n)
 	}
+	if t.g.docs == nil {
+		t.g.docs = map[string]prunedDoc{}
+	}
+	t.g.docs[req.URL.Path] = pruned
 	if etag := res.Header.Get("ETag"); usableETag(etag) {
 		if t.g.etags == nil {
 			t.g.etags = map[string]string{}
@@ -225,8 +242,8 @@ func (t guardedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		t.g.etags[req.URL.Path] = etag
 	}
 	t.g.mu.Unlock()
-	res.Body = io.NopCloser(bytes.NewReader(pruned))
-	res.ContentLength = int64(len(pruned))
+	res.Body = io.NopCloser(bytes.NewReader(pruned.body))
+	res.ContentLength = int64(len(pruned.body))
 	res.Header.Del("Content-Length")
 	return res, nil
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 
 	"github.com/kube-mvp/kube-mvp/internal/objects"
 )
@@ -76,6 +77,18 @@ func (s *sink) writeByte(c byte) {
 	s.buf.WriteByte(c)
 }
 
+// write is writeByte of each byte of b.
+func (s *sink) write(b []byte) {
+	if s == nil || s.poison != "" {
+		return
+	}
+	if s.buf.Len()+len(b) > s.max {
+		s.spoil(fmt.Sprintf("over what is left of the body limit (%d bytes)", s.max))
+		return
+	}
+	s.buf.Write(b)
+}
+
 func (s *sink) spoil(why string) {
 	if s != nil && s.poison == "" {
 		s.poison = why
@@ -83,29 +96,45 @@ func (s *sink) spoil(why string) {
 	}
 }
 
+// prunedDoc is a pruned document: its bytes, what was left out of it (one note per kind of
+// thing left out, naming the first), and where its groups are in it.
+type prunedDoc struct {
+	body  []byte
+	notes []string
+	// items is where the items array is in body: its '[' and its ']'; groups, each group
+	// kept in it, from its '{' to just after its '}'. Empty unless the document has exactly
+	// one key that encoding/json decodes as items, and it is "items".
+	items  [2]int
+	groups [][2]int
+}
+
 // pruneAggregated copies the JSON document r holds into at most max bytes, as described
-// above, and says what it left out (one note per kind of thing left out, naming the first).
-// Malformed JSON, or a document whose top level (all but its groups) does not fit, fails.
-func pruneAggregated(r io.Reader, max int) ([]byte, []string, error) {
+// above. Malformed JSON, or a document whose top level (all but its groups) does not fit,
+// fails.
+func pruneAggregated(r io.Reader, max int) (prunedDoc, error) {
 	p := &pruner{r: bufio.NewReaderSize(r, 32<<10), noted: map[string]bool{}}
 	c, err := p.next()
 	if err != nil {
-		return nil, nil, unexpected(err)
+		return prunedDoc{}, unexpected(err)
 	}
 	if c != '{' {
-		return nil, nil, &syntaxError{"the document is not an object"}
+		return prunedDoc{}, &syntaxError{"the document is not an object"}
 	}
 	p.top = &sink{max: max}
 	if err := p.object(p.top, 0); err != nil {
-		return nil, nil, err
+		return prunedDoc{}, err
 	}
 	if c, err := p.next(); err != io.EOF {
 		if err == nil {
 			err = &syntaxError{fmt.Sprintf("%q after the document", c)}
 		}
-		return nil, nil, err
+		return prunedDoc{}, err
 	}
-	return p.top.buf.Bytes(), p.notes, nil
+	d := prunedDoc{body: p.top.buf.Bytes(), notes: p.notes}
+	if p.itemsKeys == 1 {
+		d.items, d.groups = p.items, p.spans
+	}
+	return d, nil
 }
 
 type pruner struct {
@@ -116,6 +145,10 @@ type pruner struct {
 	noted  map[string]bool
 
 	groupName string // items[i].metadata.name of the group being read, when seen
+	// items and spans: where the last items array and its groups are in top (prunedDoc).
+	items     [2]int
+	spans     [][2]int
+	itemsKeys int
 }
 
 func (p *pruner) note(kind, msg string) {
@@ -206,9 +239,7 @@ func (p *pruner) object(out *sink, depth int) error {
 		if key.poison != "" {
 			return &syntaxError{"a key longer than " + strconv.Itoa(maxDiscoveryString) + " bytes"}
 		}
-		for _, b := range key.buf.Bytes() {
-			out.writeByte(b)
-		}
+		out.write(key.buf.Bytes())
 		c, err := p.next()
 		if err != nil {
 			return unexpected(err)
@@ -218,6 +249,9 @@ func (p *pruner) object(out *sink, depth int) error {
 		}
 		out.writeByte(':')
 		name, _ := strconv.Unquote(key.buf.String())
+		if depth == 0 && strings.EqualFold(name, "items") {
+			p.itemsKeys++ // as encoding/json matches keys
+		}
 		if depth == 0 && name == "items" {
 			return p.groups(out)
 		}
@@ -239,11 +273,13 @@ func (p *pruner) groups(out *sink) error {
 	if c != '[' {
 		return &syntaxError{"items is not an array"}
 	}
+	open := out.buf.Len()
 	out.writeByte('[')
 	// The groups share what the rest of the document leaves of the limit; 64 bytes are kept
 	// for the document's end.
 	p.budget = out.max - out.buf.Len() - 64
 	kept := 0
+	var spans [][2]int
 	err = p.elements(']', func(c byte, i int) error {
 		if c != '{' {
 			return &syntaxError{"a group is not an object"}
@@ -269,13 +305,14 @@ func (p *pruner) groups(out *sink) error {
 			out.writeByte(',')
 			p.budget--
 		}
-		for _, b := range group.buf.Bytes() {
-			out.writeByte(b)
-		}
+		start := out.buf.Len()
+		out.write(group.buf.Bytes())
+		spans = append(spans, [2]int{start, out.buf.Len()})
 		p.budget -= group.buf.Len()
 		kept++
 		return nil
 	})
+	p.items, p.spans = [2]int{open, out.buf.Len()}, spans // a later items key wins, as in encoding/json
 	out.writeByte(']')
 	return err
 }

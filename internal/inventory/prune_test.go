@@ -43,7 +43,8 @@ func discoveryDoc(t testing.TB, groups ...apidiscoveryv2.APIGroupDiscovery) *api
 
 func prune(t *testing.T, doc []byte, max int) (*apidiscoveryv2.APIGroupDiscoveryList, []string) {
 	t.Helper()
-	out, notes, err := pruneAggregated(bytes.NewReader(doc), max)
+	d, err := pruneAggregated(bytes.NewReader(doc), max)
+	out, notes := d.body, d.notes
 	if err != nil {
 		t.Fatalf("pruneAggregated: %v", err)
 	}
@@ -148,13 +149,14 @@ func TestPruneRefuses(t *testing.T) {
 		`{"items":{}}`, `{"items":[1]}`, `{a:1}`, deep,
 		`{"pad":"` + strings.Repeat("x", 2000) + `"}`,
 	} {
-		out, _, err := pruneAggregated(strings.NewReader(doc), 1<<20)
+		d, err := pruneAggregated(strings.NewReader(doc), 1<<20)
+		out := d.body
 		if err == nil {
 			t.Errorf("%.60q: no error, pruned to %.60q", doc, out)
 		}
 	}
 	var top *topOverError
-	_, _, err := pruneAggregated(strings.NewReader(`{"pad":"`+strings.Repeat("x", 2000)+`"}`), 1<<20)
+	_, err := pruneAggregated(strings.NewReader(`{"pad":"`+strings.Repeat("x", 2000)+`"}`), 1<<20)
 	if !errors.As(err, &top) {
 		t.Errorf("a long string outside the groups: %v, want a topOverError", err)
 	}
@@ -169,7 +171,8 @@ func FuzzPrune(f *testing.F) {
 		if max < 0 || max > 1<<20 {
 			return
 		}
-		out, _, err := pruneAggregated(bytes.NewReader(doc), max)
+		d, err := pruneAggregated(bytes.NewReader(doc), max)
+		out := d.body
 		if err != nil {
 			return
 		}
@@ -211,7 +214,8 @@ func TestPruneMemory(t *testing.T) {
 	runtime.GC()
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
-	out, notes, err := pruneAggregated(doc, limit)
+	d, err := pruneAggregated(doc, limit)
+	out, notes := d.body, d.notes
 	runtime.ReadMemStats(&after)
 	if err != nil {
 		t.Fatal(err)
