@@ -6,17 +6,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"maps"
 	"net"
 	"net/http"
-	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/KimMachineGun/automemlimit/memlimit"
-	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/hashicorp/go-multierror"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -32,12 +28,9 @@ import (
 	"github.com/kube-mvp/kube-mvp/internal/inventory"
 	"github.com/kube-mvp/kube-mvp/internal/makebeforebreak"
 	"github.com/kube-mvp/kube-mvp/internal/objects"
-	"github.com/kube-mvp/kube-mvp/internal/plan"
+	"github.com/kube-mvp/kube-mvp/internal/pipeline"
 	"github.com/kube-mvp/kube-mvp/internal/snapshot"
-	"github.com/kube-mvp/kube-mvp/internal/tablestream"
-	"github.com/kube-mvp/kube-mvp/internal/topology"
 	"github.com/kube-mvp/kube-mvp/internal/xds"
-	tablev1 "github.com/kube-mvp/kube-mvp/proto/kubemvp/table/v1"
 )
 
 var serveCommand = &cli.Command{
@@ -211,23 +204,6 @@ func parseServe(args []string) (serveOptions, error) {
 	return opts, cli.Err(errs)
 }
 
-// translator adapts snapshot.Build to the xds server. An apiserver with an unusable address
-// only loses its endpoint (logged); any other error keeps the previous snapshot.
-func translator(cfg snapshot.Config, log *slog.Logger) xds.Translator {
-	return func(p *plan.Plan) (*cachev3.Snapshot, error) {
-		res, err := snapshot.Build(p, cfg)
-		if res == nil {
-			return nil, err
-		}
-		if merr, ok := err.(interface{ Unwrap() []error }); ok { // Resources despite problems: each an *AddressError
-			for _, e := range merr.Unwrap() {
-				log.Warn("apiserver left out of the endpoints", "error", e)
-			}
-		}
-		return res.Snapshot()
-	}
-}
-
 // runServe runs until ctx ends. ready, if not nil, receives the bound gRPC and admin
 // addresses once both listen (tests use port 0).
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer, ready chan<- [2]string) int {
@@ -252,25 +228,6 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer, read
 func serve(ctx context.Context, opts serveOptions, log *slog.Logger, ready chan<- [2]string) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	m := newServeMetrics(reg)
-
-	// Every decision is made in replan, once per topology change and once per change of the
-	// apiservers extproc's proxy certificate check calls dangerous; Envoy's snapshots and
-	// extproc's table are both translations of these plans.
-	var (
-		planMu    sync.Mutex
-		lastTopo  *topology.Topology
-		dangerous = map[string]string{}
-		replan    func(*topology.Topology) // with planMu held
-		checks    *tablestream.ProxyChecks
-	)
-	checks = &tablestream.ProxyChecks{Log: log, OnChange: func() {
-		planMu.Lock()
-		defer planMu.Unlock()
-		if lastTopo != nil && !maps.Equal(checks.Dangerous(lastTopo), dangerous) {
-			replan(lastTopo)
-		}
-	}}
 	var creds *cptls.Credentials
 	if opts.xdsTLS != nil {
 		var err error
@@ -278,111 +235,15 @@ func serve(ctx context.Context, opts serveOptions, log *slog.Logger, ready chan<
 			return fmt.Errorf("--xds-tls-dir: %w", err)
 		}
 	}
-	var xdsServer *xds.Server
-	var publisher *makebeforebreak.Publisher[*plan.Envoys]
-	// While a connected Envoy refuses the newest configuration, whole routing tables that name
-	// something new wait: that Envoy may not have it (narrowed tables still go out).
-	onRejectedChange := func() {
-		rejected := xdsServer.ConfigRejected()
-		if rejected {
-			m.tableHeld.Set(1)
-			log.Warn("an Envoy refused the newest configuration: routing tables naming something new wait until it accepts one (narrowed ones go out)")
-		} else {
-			m.tableHeld.Set(0)
-			log.Info("every Envoy accepts the newest configuration: held routing tables go out")
-		}
-		if publisher != nil {
-			publisher.Hold(rejected)
-		}
-	}
-	xdsServer = xds.New(xds.Options{
-		Translate: translator(opts.cfg, log), MakeBeforeBreak: opts.mbb, Log: log, OnBuild: m.observeBuild,
-		Admit:  func(e *plan.Envoys) error { return tablestream.Fits(e.Table()) },
-		Limits: opts.limits, RequireRole: creds != nil,
-		OnRefused:        func(reason string, _ error) { m.refused.WithLabelValues(reason).Inc() },
-		OnRejectedChange: onRejectedChange,
+	// inventory → topology → plan → snapshot → xds: internal/pipeline.
+	pl := pipeline.New(pipeline.Options{
+		Snapshot: opts.cfg, MakeBeforeBreak: opts.mbb, Limits: opts.limits, Credentials: creds, Log: log, Registerer: reg,
 	})
-	tables := tablestream.NewServer(tablestream.ServerOptions{Log: log, Registerer: reg, ProxyChecks: checks})
-	mbb := opts.mbb
-	mbb.OnDelay = func(names []makebeforebreak.Name, delay time.Duration) {
-		log.Info("routing table narrowed to what Envoy has; the whole table follows after the delay", "delay", delay, "new", names)
+	watch, err := watchOptions(opts.watch, creds, log, newInventoryMetrics(reg))
+	if err != nil {
+		return err
 	}
-	mbb.OnHoldExpired = func() {
-		log.Warn("a routing table held while an Envoy refuses the newest configuration went out anyway: the serving sets the older table names linger no longer (--cluster-linger), and the Envoys that accepted it need the new one")
-	}
-	publisher = makebeforebreak.NewPublisher(mbb, func(e *plan.Envoys) { tables.Publish(e.Table(), time.Now()) })
-	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "kube_mvp_xds_connected_nodes", Help: "Envoy nodes with at least one open xDS stream.",
-	}, func() float64 {
-		n := 0
-		for _, s := range xdsServer.Status() {
-			if s.Streams > 0 {
-				n++
-			}
-		}
-		return float64(n)
-	}))
-
-	if creds != nil {
-		// Its own certificate, and each Envoy role's as the connected Envoys present it.
-		reg.MustRegister(cptls.NewExpiryCollector(
-			cptls.Expiry{Certificate: cptls.CertificateControlPlane, Role: cptls.RoleXDSServer, NotAfter: creds.NotAfterOf()},
-			cptls.Expiry{Certificate: cptls.CertificateControlPlane, Role: cptls.RoleEnvoyFront, NotAfter: envoyNotAfter(xdsServer, cptls.RoleEnvoyFront)},
-			cptls.Expiry{Certificate: cptls.CertificateControlPlane, Role: cptls.RoleEnvoySidecar, NotAfter: envoyNotAfter(xdsServer, cptls.RoleEnvoySidecar)},
-		))
-	}
-	reg.MustRegister(newNACKCollector(xdsServer))
-	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "kube_mvp_xds_proxy_check_reports",
-		Help: "extprocs whose proxy certificate report xds-server keeps (connected now, or whose stream ended within the grace period).",
-	}, func() float64 { c, e := checks.Reporters(); return float64(c + e) }))
-
-	replan = func(t *topology.Topology) {
-		d := checks.Dangerous(t)
-		logDangerChanges(log, t, dangerous, d)
-		dangerous = d
-		m.dangerous.Set(float64(len(d)))
-		e, err := plan.ForEveryEnvoy(t.WithDangerous(d))
-		if err != nil {
-			m.builds.WithLabelValues("error").Inc()
-			log.Error("no routing plan for the new topology; Envoy and extproc keep the last one", "error", err)
-			return
-		}
-		// Envoy's snapshots first: a plan that cannot be built is held back whole, so
-		// extproc's table never names what Envoy did not receive.
-		if err := xdsServer.Update(e); err != nil {
-			m.planHeld.Set(1)
-			log.Error("the new plan cannot be built into Envoy's configuration and extproc's routing table; Envoy and extproc keep the last good pair", "error", err)
-			return
-		}
-		m.planHeld.Set(0)
-		publisher.Offer(e)
-	}
-	opts.watch.Log = log
-	opts.watch.OnSkipped = func(n int) { m.skipped.Set(float64(n)) }
-	opts.watch.OnDiscoveryRefused = func(reason string) { m.discoveryRefused.WithLabelValues(reason).Inc() }
-	opts.watch.OnDiscoveryPruned = m.discoveryPruned.Inc
-	if opts.watch.MemoryConfigMap.Name != "" {
-		if creds == nil {
-			return errors.New("--memory-configmap needs --xds-tls-dir")
-		}
-		opts.watch.MemoryCredentials = creds
-		opts.watch.OnMemoryRejected = func(reason string) { m.memoryRejected.WithLabelValues(reason).Inc() }
-	}
-	opts.watch.OnRequestHeaderConfig = func(ok bool) {
-		if ok {
-			m.headerConfigBad.Set(0)
-		} else {
-			m.headerConfigBad.Set(1)
-		}
-	}
-	watcher, err := inventory.NewWatcher(opts.rest, opts.watch, func(t *topology.Topology) {
-		m.observeTopology(t)
-		planMu.Lock()
-		defer planMu.Unlock()
-		lastTopo = t
-		replan(t)
-	})
+	watcher, err := inventory.NewWatcher(opts.rest, watch, pl.OnTopology)
 	if err != nil {
 		return err
 	}
@@ -396,29 +257,12 @@ func serve(ctx context.Context, opts serveOptions, log *slog.Logger, ready chan<
 		grpcLis.Close()
 		return fmt.Errorf("--admin-address: %w", err)
 	}
-	grpcOpts := []grpc.ServerOption{
-		// An Envoy opens one ADS stream, extproc one table stream; a few more per
-		// connection allow for reconnects, nothing allows a flood on one connection.
-		grpc.MaxConcurrentStreams(16),
-		// Envoy and extproc hold their streams for days; keepalives find dead peers.
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
-	}
-	if creds != nil {
-		grpcOpts = append(grpcOpts, grpc.Creds(credentials.NewTLS(creds.ServerConfig())))
-		grpcOpts = append(grpcOpts, grpcPolicy.ServerOptions(func(method string, role cptls.Role, err error) {
-			xdsServer.Refused("role", fmt.Errorf("%s: %w", method, err))
-		})...)
-	} else {
-		log.Warn("--xds-insecure-plaintext: anyone who reaches the gRPC port gets Envoy's configuration and the routing table, and may join as any Envoy node")
-	}
 	// The streams and the watch outlive the signal by --shutdown-delay.
 	runCtx, stopRun := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopRun()
-	g := grpc.NewServer(grpcOpts...)
-	xdsServer.Register(runCtx, g)
-	tablev1.RegisterTableServiceServer(g, tables)
-	admin := &http.Server{Handler: xdsServer.AdminHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{})), ReadHeaderTimeout: 10 * time.Second}
+	g := grpcServer(creds, pl.XDS(), log)
+	pl.Register(runCtx, g)
+	admin := &http.Server{Handler: pl.XDS().AdminHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{})), ReadHeaderTimeout: 10 * time.Second}
 
 	errc := make(chan error, 3)
 	go func() { errc <- g.Serve(grpcLis) }()
@@ -434,7 +278,7 @@ func serve(ctx context.Context, opts serveOptions, log *slog.Logger, ready chan<
 		if opts.shutdownDelay > 0 {
 			// Out of the Service's endpoints (terminating, and /readyz fails) but still
 			// serving whoever a DNS cache still sends here.
-			xdsServer.SetStopping()
+			pl.XDS().SetStopping()
 			log.Info("stopping: serving on until --shutdown-delay is over", "delay", opts.shutdownDelay)
 			select {
 			case <-time.After(opts.shutdownDelay):
@@ -451,6 +295,52 @@ func serve(ctx context.Context, opts serveOptions, log *slog.Logger, ready chan<
 	return err
 }
 
+// watchOptions are the inventory's options with its hooks: the log and its metrics, and
+// creds to sign the memory with.
+func watchOptions(w inventory.WatchOptions, creds *cptls.Credentials, log *slog.Logger, m *inventoryMetrics) (inventory.WatchOptions, error) {
+	w.Log = log
+	w.OnSkipped = func(n int) { m.skipped.Set(float64(n)) }
+	w.OnDiscoveryRefused = func(reason string) { m.discoveryRefused.WithLabelValues(reason).Inc() }
+	w.OnDiscoveryPruned = m.discoveryPruned.Inc
+	if w.MemoryConfigMap.Name != "" {
+		if creds == nil {
+			return w, errors.New("--memory-configmap needs --xds-tls-dir")
+		}
+		w.MemoryCredentials = creds
+		w.OnMemoryRejected = func(reason string) { m.memoryRejected.WithLabelValues(reason).Inc() }
+	}
+	w.OnRequestHeaderConfig = func(ok bool) {
+		if ok {
+			m.headerConfigBad.Set(0)
+		} else {
+			m.headerConfigBad.Set(1)
+		}
+	}
+	return w, nil
+}
+
+// grpcServer is the gRPC port's server: with creds, mutual TLS and grpcPolicy (refusals
+// counted by the ADS server); without, plaintext to anyone.
+func grpcServer(creds *cptls.Credentials, x *xds.Server, log *slog.Logger) *grpc.Server {
+	grpcOpts := []grpc.ServerOption{
+		// An Envoy opens one ADS stream, extproc one table stream; a few more per
+		// connection allow for reconnects, nothing allows a flood on one connection.
+		grpc.MaxConcurrentStreams(16),
+		// Envoy and extproc hold their streams for days; keepalives find dead peers.
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+	}
+	if creds != nil {
+		grpcOpts = append(grpcOpts, grpc.Creds(credentials.NewTLS(creds.ServerConfig())))
+		grpcOpts = append(grpcOpts, grpcPolicy.ServerOptions(func(method string, role cptls.Role, err error) {
+			x.Refused("role", fmt.Errorf("%s: %w", method, err))
+		})...)
+	} else {
+		log.Warn("--xds-insecure-plaintext: anyone who reaches the gRPC port gets Envoy's configuration and the routing table, and may join as any Envoy node")
+	}
+	return grpc.NewServer(grpcOpts...)
+}
+
 // grpcPolicy is who may call what on the gRPC port: Envoys the xDS services, extproc the
 // routing table. Nothing else is served to anyone.
 var grpcPolicy = cptls.Policy{
@@ -465,41 +355,12 @@ var grpcPolicy = cptls.Policy{
 
 var envoyRoles = []cptls.Role{cptls.RoleEnvoyFront, cptls.RoleEnvoySidecar}
 
-// logDangerChanges logs each apiserver of t that became dangerous (now) or stopped being so
-// since before.
-func logDangerChanges(log *slog.Logger, t *topology.Topology, before, now map[string]string) {
-	for _, id := range slices.Sorted(maps.Keys(now)) {
-		if before[id] == now[id] {
-			continue
-		}
-		s, _ := t.Server(id)
-		log.Error("extproc reports that the apiserver takes the proxy certificate for an ordinary client's: requests whose identity kube-mvp sets go only to other apiservers, or get a 503 naming it",
-			"apiserver", id, "hostname", s.Hostname, "address", s.Address, "reason", now[id])
-	}
-	for _, id := range slices.Sorted(maps.Keys(before)) {
-		if _, still := now[id]; !still {
-			s, _ := t.Server(id)
-			log.Info("no extproc reports the apiserver dangerous any more: requests whose identity kube-mvp sets may go to it again",
-				"apiserver", id, "hostname", s.Hostname, "address", s.Address)
-		}
-	}
-}
-
-type serveMetrics struct {
-	apiservers   *prometheus.GaugeVec
-	builds       *prometheus.CounterVec
-	buildSeconds prometheus.Histogram
-	updates      prometheus.Counter
-	states       *apiserverStateCollector
-	refused      *prometheus.CounterVec
-	skipped      prometheus.Gauge
-	dangerous    prometheus.Gauge
+// inventoryMetrics are what the inventory's hooks export (the pipeline's own metrics are
+// internal/pipeline's).
+type inventoryMetrics struct {
+	skipped prometheus.Gauge
 	// headerConfigBad: the request-header ConfigMap is malformed or incomplete.
 	headerConfigBad prometheus.Gauge
-	// planHeld: the newest plan could not be built; the last good one stays in force.
-	planHeld prometheus.Gauge
-	// tableHeld: an Envoy refused the newest configuration; new routing tables wait.
-	tableHeld prometheus.Gauge
 	// memoryRejected counts the versions of the memory ConfigMap rejected as a whole.
 	memoryRejected *prometheus.CounterVec
 	// discoveryRefused counts the discovery fetches failed by an answer refused.
@@ -508,31 +369,8 @@ type serveMetrics struct {
 	discoveryPruned prometheus.Counter
 }
 
-func newServeMetrics(reg prometheus.Registerer) *serveMetrics {
-	m := &serveMetrics{
-		apiservers: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "kube_mvp_xds_apiservers", Help: "Apiservers known from identity Leases, by state (live, dead).",
-		}, []string{"state"}),
-		builds: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kube_mvp_xds_translations_total", Help: "Translations of the topology into Envoy config, by result.",
-		}, []string{"result"}),
-		buildSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "kube_mvp_xds_translation_duration_seconds", Help: "Time to translate the topology into Envoy config.",
-			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 12),
-		}),
-		updates: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "kube_mvp_xds_topology_updates_total", Help: "Topologies built from the watched objects.",
-		}),
-	}
-	m.refused = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "kube_mvp_xds_refused_total",
-		Help: "gRPC calls and xDS streams refused, by reason (role: no or wrong control-plane certificate role; node: a node that does not fit its certificate; envoy-version: an Envoy older than kube-mvp needs; max-nodes, max-streams: a limit reached; fetch: unary xDS fetch).",
-	}, []string{"reason"})
-	// Every reason internal/xds refuses for starts at 0, so that increase() sees the first
-	// refusal (the chart's KubeMVPXDSStreamsRefused alert).
-	for _, reason := range []string{"role", "node", "envoy-version", "max-nodes", "max-streams", "fetch"} {
-		m.refused.WithLabelValues(reason)
-	}
+func newInventoryMetrics(reg prometheus.Registerer) *inventoryMetrics {
+	m := &inventoryMetrics{}
 	m.skipped = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "kube_mvp_xds_objects_skipped",
 		Help: "Watched objects the last topology build skipped or only partly used (each is logged once when it appears), such as identity Leases that are not believable: a holderIdentity that is not <name>_<uid>, a renewTime in the future, an address that is not an IP and port.",
@@ -540,14 +378,6 @@ func newServeMetrics(reg prometheus.Registerer) *serveMetrics {
 	m.headerConfigBad = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "kube_mvp_xds_request_header_config_malformed",
 		Help: "1 while kube-system/extension-apiserver-authentication's requestheader keys are malformed or missing: the last good header names stay in use (with none, nothing is published and /readyz fails), and every name read before stays stripped from clients.",
-	})
-	m.planHeld = prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "kube_mvp_xds_plan_held",
-		Help: "1 while the newest routing plan cannot be built into Envoy's configuration: every Envoy keeps its snapshot and extproc its routing table, the last good pair (the log says why).",
-	})
-	m.dangerous = prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "kube_mvp_xds_dangerous_apiservers",
-		Help: "Apiservers that an extproc's proxy certificate check found taking the proxy certificate for an ordinary client's: left out of the front-proxy clusters (see the log and /debug/topology).",
 	})
 	m.memoryRejected = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kube_mvp_xds_memory_rejected_total",
@@ -560,34 +390,12 @@ func newServeMetrics(reg prometheus.Registerer) *serveMetrics {
 	for _, reason := range []string{inventory.RefusedRedirect, inventory.RefusedTooLarge} {
 		m.discoveryRefused.WithLabelValues(reason)
 	}
-	m.states = newAPIServerStateCollector()
 	m.discoveryPruned = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "kube_mvp_xds_discovery_pruned_total",
 		Help: "Discovery fetches from an apiserver used in part: groups, versions or lists over the bounds (or over --max-discovery-body) left out, the rest used. The log names the apiserver and what was left out.",
 	})
-	m.tableHeld = prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "kube_mvp_xds_routing_table_held",
-		Help: "1 while a connected Envoy refuses the newest configuration (a NACK): routing tables that name a serving set, cluster or apiserver extproc does not know yet wait (narrowed ones go out), so that extproc never routes to what that Envoy lacks.",
-	})
-	reg.MustRegister(m.states, m.apiservers, m.builds, m.buildSeconds, m.updates, m.refused, m.skipped, m.headerConfigBad, m.planHeld, m.tableHeld, m.dangerous, m.memoryRejected, m.discoveryRefused, m.discoveryPruned)
+	reg.MustRegister(m.skipped, m.headerConfigBad, m.memoryRejected, m.discoveryRefused, m.discoveryPruned)
 	return m
 }
 
 const discoveryRefusedHelp = "Discovery fetches from an apiserver failed because its answer was refused, by reason (redirect: a redirect, never followed; too-large: a body over --max-discovery-body). The apiserver's previous discovery stays in use; the log names the apiserver."
-
-func (m *serveMetrics) observeBuild(d time.Duration, err error) {
-	m.buildSeconds.Observe(d.Seconds())
-	if err != nil {
-		m.builds.WithLabelValues("error").Inc()
-		return
-	}
-	m.builds.WithLabelValues("ok").Inc()
-}
-
-func (m *serveMetrics) observeTopology(t *topology.Topology) {
-	m.updates.Inc()
-	m.states.t.Store(t)
-	live := len(t.Live())
-	m.apiservers.WithLabelValues("live").Set(float64(live))
-	m.apiservers.WithLabelValues("dead").Set(float64(len(t.APIServers) - live))
-}

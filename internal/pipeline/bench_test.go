@@ -1,4 +1,4 @@
-package main
+package pipeline_test
 
 import (
 	"context"
@@ -20,6 +20,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kube-mvp/kube-mvp/internal/objects"
+	"github.com/kube-mvp/kube-mvp/internal/pipeline"
 	"github.com/kube-mvp/kube-mvp/internal/plan"
 	"github.com/kube-mvp/kube-mvp/internal/snapshot"
 	"github.com/kube-mvp/kube-mvp/internal/xds"
@@ -88,7 +89,7 @@ func BenchmarkConvergence(b *testing.B) {
 		srv.Update(e)
 	}
 
-	srv = xds.New(xds.Options{Translate: translator(snapshot.Config{ListenPort: 6443}, slog.New(slog.DiscardHandler)), Log: slog.New(slog.DiscardHandler)})
+	srv = xds.New(xds.Options{Translate: pipeline.Translation{Config: snapshot.Config{ListenPort: 6443}, Log: slog.New(slog.DiscardHandler)}.Snapshot, Log: slog.New(slog.DiscardHandler)})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	g := grpc.NewServer()
