@@ -45,8 +45,8 @@ func TestParseCertgen(t *testing.T) {
 				"--dns-names", "kmvp-xds-server,kmvp-xds-server.kube-mvp.svc", "--labels", "app.kubernetes.io/instance=kmvp,team=cp",
 				"--ca-lifetime=730d", "--cert-lifetime", "2160h", "--propagation-delay", "1h"),
 			check: func(t *testing.T, o certgenOptions) {
-				want := []roleSecret{{cptls.RoleXDSServer, "kmvp-xds"}, {cptls.RoleEnvoyFront, "kmvp-envoy"}, {cptls.RoleExtproc, "kmvp-extproc"}}
-				if !slices.Equal(o.secrets, want) || o.namespace != "kube-mvp" || o.caSecret != "kmvp-ca" || o.rest == nil {
+				want := []certgen.RoleSecret{{Role: cptls.RoleXDSServer, Name: "kmvp-xds"}, {Role: cptls.RoleEnvoyFront, Name: "kmvp-envoy"}, {Role: cptls.RoleExtproc, Name: "kmvp-extproc"}}
+				if !slices.Equal(o.secrets.Roles, want) || o.secrets.Namespace != "kube-mvp" || o.secrets.CASecret != "kmvp-ca" || o.rest == nil {
 					t.Errorf("options %+v", o)
 				}
 				if len(o.specs) != 3 || o.specs[0].Role != cptls.RoleXDSServer || len(o.specs[0].DNSNames) != 2 || len(o.specs[1].DNSNames) != 0 {
@@ -55,8 +55,8 @@ func TestParseCertgen(t *testing.T) {
 				if o.policy != (certgen.Policy{CALifetime: 730 * 24 * time.Hour, CertLifetime: 90 * 24 * time.Hour, PropagationDelay: time.Hour}) {
 					t.Errorf("policy %+v", o.policy)
 				}
-				if o.labels["team"] != "cp" || o.labels["app.kubernetes.io/instance"] != "kmvp" {
-					t.Errorf("labels %v", o.labels)
+				if o.secrets.Labels["team"] != "cp" || o.secrets.Labels["app.kubernetes.io/instance"] != "kmvp" {
+					t.Errorf("labels %v", o.secrets.Labels)
 				}
 			},
 		},
