@@ -81,7 +81,7 @@ func TestDrainEnvoyAndDrained(t *testing.T) {
 	defer stop()
 	drained := make(chan string, 1)
 	go func() {
-		resp, err := http.Get("http://" + a.adminLis.Addr().String() + "/drained")
+		resp, err := http.Get("http://" + a.AdminAddr().String() + "/drained")
 		if err != nil {
 			drained <- err.Error()
 			return
@@ -128,7 +128,7 @@ func TestDrainEnvoyAndDrained(t *testing.T) {
 	defer stopB()
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+b.adminLis.Addr().String()+"/drained", nil)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+b.AdminAddr().String()+"/drained", nil)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)

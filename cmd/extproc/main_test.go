@@ -144,7 +144,7 @@ func TestServe(t *testing.T) {
 	a, stop := runExtproc(t, &logs, hup, "--source", "file:"+fixture, "--listen", "unix:"+sock, "--admin-address", "127.0.0.1:0", "--now", "2026-11-23T10:00:10Z")
 
 	// A second instance on the same socket must not steal it.
-	if _, err := listen("unix:" + sock); err == nil || !strings.Contains(err.Error(), "another process") {
+	if _, err := extproc.Listen("unix:" + sock); err == nil || !strings.Contains(err.Error(), "another process") {
 		t.Errorf("second listener: %v", err)
 	}
 
@@ -163,7 +163,7 @@ func TestServe(t *testing.T) {
 		t.Errorf("health %v %v", hc, err)
 	}
 
-	admin := "http://" + a.adminLis.Addr().String()
+	admin := "http://" + a.AdminAddr().String()
 	for path, want := range map[string]string{
 		"/healthz": "ok",
 		"/readyz":  "ok: routing table ",
@@ -186,19 +186,6 @@ func TestServe(t *testing.T) {
 	stop()
 	if _, err := os.Stat(sock); !os.IsNotExist(err) {
 		t.Errorf("socket left behind: %v", err)
-	}
-}
-
-func TestListenDoesNotRemoveFiles(t *testing.T) {
-	path := filepath.Join(shortTempDir(t), "not-a-socket")
-	if err := os.WriteFile(path, []byte("keep me"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := listen("unix:" + path); err == nil || !strings.Contains(err.Error(), "not a socket") {
-		t.Errorf("listen on a regular file: %v", err)
-	}
-	if b, _ := os.ReadFile(path); string(b) != "keep me" {
-		t.Error("file removed")
 	}
 }
 
@@ -232,7 +219,7 @@ func TestXDSSource(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	admin := "http://" + a.adminLis.Addr().String()
+	admin := "http://" + a.AdminAddr().String()
 
 	// No xds-server yet.
 	if code := immediateStatus(t, decideJobs(t, conn)); code != 503 {
@@ -256,20 +243,20 @@ func TestXDSSource(t *testing.T) {
 	if code := httpStatus(t, admin+"/readyz"); code != 200 {
 		t.Errorf("/readyz with a table: %d", code)
 	}
-	first := a.srv.Version()
+	first := a.Server().Version()
 
 	// xds-server goes away: the last table stays in use.
 	stopTables()
 	time.Sleep(200 * time.Millisecond)
-	if got := cluster(decideJobs(t, conn)); got != "kube-apiservers-only-cp-a" || a.srv.Version() != first {
-		t.Errorf("after the stream dropped: cluster %q, version %q (was %q)", got, a.srv.Version(), first)
+	if got := cluster(decideJobs(t, conn)); got != "kube-apiservers-only-cp-a" || a.Server().Version() != first {
+		t.Errorf("after the stream dropped: cluster %q, version %q (was %q)", got, a.Server().Version(), first)
 	}
 
 	// It comes back with a different table (every Lease counts as alive): extproc reconnects.
 	tables = tablestream.NewServer(tablestream.ServerOptions{})
 	tables.Publish(fileTable(time.Time{}), time.Now())
 	defer serveTables(t, tableAddr, tables, pki)()
-	testutil.WaitFor(t, t.Context(), 30*time.Second, "the table after the reconnect", testutil.Cond(func() bool { return a.srv.Version() != first }))
+	testutil.WaitFor(t, t.Context(), 30*time.Second, "the table after the reconnect", testutil.Cond(func() bool { return a.Server().Version() != first }))
 }
 
 func freeAddr(t *testing.T) string {
@@ -372,11 +359,11 @@ func TestProxyCheckFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.proxyCheck == nil || *cfg.proxyCheck != f {
-		t.Errorf("proxy check files %+v, want %+v", cfg.proxyCheck, f)
+	if cfg.ProxyCheck == nil || *cfg.ProxyCheck != f {
+		t.Errorf("proxy check files %+v, want %+v", cfg.ProxyCheck, f)
 	}
-	if cfg, err := parseArgs(base); err != nil || cfg.proxyCheck != nil {
-		t.Errorf("without the flags: %v, check %+v", err, cfg.proxyCheck)
+	if cfg, err := parseArgs(base); err != nil || cfg.ProxyCheck != nil {
+		t.Errorf("without the flags: %v, check %+v", err, cfg.ProxyCheck)
 	}
 }
 
@@ -472,7 +459,7 @@ func TestProxyCertificateCheck(t *testing.T) {
 	a, stop := runExtproc(t, &logs, hup, "--source", "file:"+table, "--listen", "unix:"+filepath.Join(dir, "s.sock"), "--admin-address", "127.0.0.1:0",
 		"--now", "2026-11-23T10:00:10Z", "--proxy-client-cert", f.Cert, "--proxy-client-key", f.Key, "--peer-ca", f.PeerCA)
 	defer stop()
-	admin := "http://" + a.adminLis.Addr().String()
+	admin := "http://" + a.AdminAddr().String()
 	get := func(path string) (int, string) {
 		res, err := http.Get(admin + path)
 		if err != nil {
@@ -524,19 +511,19 @@ func TestProxyCertificateCheck(t *testing.T) {
 
 // runExtproc starts extproc with args, logging to log and reloading on hup (may be nil);
 // stop ends it and checks that it ended cleanly.
-func runExtproc(t *testing.T, log io.Writer, hup chan os.Signal, args ...string) (a *app, stop func()) {
+func runExtproc(t *testing.T, log io.Writer, hup chan os.Signal, args ...string) (a *extproc.Process, stop func()) {
 	t.Helper()
 	cfg, err := parseArgs(args)
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err = start(cfg, slog.New(slog.NewTextHandler(log, nil)), hup)
+	a, err = extproc.Start(cfg.Config, slog.New(slog.NewTextHandler(log, nil)), hup)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	waited := make(chan error, 1)
-	go func() { waited <- a.wait(ctx) }()
+	go func() { waited <- a.Wait(ctx) }()
 	return a, func() {
 		cancel()
 		if err := <-waited; err != nil {
@@ -574,7 +561,7 @@ func TestStreamLimits(t *testing.T) {
 		"--now", "2026-11-23T10:00:10Z", "--max-streams", "100", "--max-streams-per-connection", "2", "--first-message-timeout", "1h")
 	defer stop()
 	metric := func(name string) string {
-		res, err := http.Get("http://" + a.adminLis.Addr().String() + "/metrics")
+		res, err := http.Get("http://" + a.AdminAddr().String() + "/metrics")
 		if err != nil {
 			t.Fatal(err)
 		}
