@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kube-mvp/kube-mvp/internal/cptls"
+	"github.com/kube-mvp/kube-mvp/internal/memory"
 	"github.com/kube-mvp/kube-mvp/internal/objects"
 )
 
@@ -30,15 +31,15 @@ func (r *replica) lookNames(c cluster, auth *corev1.ConfigMap) (usable bool, str
 	opts.Now = c.now
 	r.w.remember(context.Background(), c.objects(), opts)
 	r.waitForWrite()
-	_, use, usable, _ := before.Observe(auth) // as objects.Build reads it
+	_, use, usable, _ := objects.ObserveRequestHeaderNames(before, auth) // as objects.Build reads it
 	return usable, use.StripNames(), err
 }
 
 // persistedHeaderNames are the names the server's ConfigMap keeps, checked.
-func persistedHeaderNames(t *testing.T, s *cmServer, creds *cptls.Credentials, now time.Time) objects.RequestHeaderNames {
+func persistedHeaderNames(t *testing.T, s *cmServer, creds *cptls.Credentials, now time.Time) memory.RequestHeaderNames {
 	t.Helper()
 	_, pool := creds.Current()
-	n, err := objects.ReadRequestHeaderNames(s.data()[objects.RequestHeaderNamesKey], objects.MemoryTrust{Roots: pool, Now: now})
+	n, err := memory.ReadRequestHeaderNames(s.data()[memory.RequestHeaderNamesKey], memory.Trust{Roots: pool, Now: now})
 	if err != nil {
 		t.Fatalf("the ConfigMap's request-header names: %v", err)
 	}
@@ -64,7 +65,7 @@ func TestHeaderNamesKeptAcrossRestarts(t *testing.T) {
 	if !slices.Contains(p.Seen, "x-custom-group") || p.Good == nil || !slices.Equal(p.Good.Group, []string{"x-custom-group"}) {
 		t.Fatalf("persisted %+v", p)
 	}
-	if got := ids(persisted(t, server, creds, now)); got != ids(objects.Memory{idA: {}}) {
+	if got := ids(persisted(t, server, creds, now)); got != ids(memory.Memory{idA: {}}) {
 		t.Fatalf("the memory beside the names: %s", got)
 	}
 
@@ -117,17 +118,17 @@ func TestHeaderNamesForgedOrRemoved(t *testing.T) {
 	// An attacker rewrites the value without x-custom-group (keeping the signature).
 	server.edit(func(d map[string]string) map[string]string {
 		var v map[string]any
-		_ = json.Unmarshal([]byte(d[objects.RequestHeaderNamesKey]), &v)
+		_ = json.Unmarshal([]byte(d[memory.RequestHeaderNamesKey]), &v)
 		v["seen"] = slices.DeleteFunc(v["seen"].([]any), func(s any) bool { return s == "x-custom-group" })
 		b, _ := json.Marshal(v)
-		d[objects.RequestHeaderNamesKey] = string(b)
+		d[memory.RequestHeaderNamesKey] = string(b)
 		return d
 	})
 	for range 3 {
 		c.now = c.now.Add(time.Second)
 		r.lookNames(c, customGroup)
 	}
-	if n := strings.Count(r.logs.String(), "request-header names in the memory ConfigMap rejected"); n != 1 || strings.Join(r.rejected, " ") != objects.RejectSignature {
+	if n := strings.Count(r.logs.String(), "request-header names in the memory ConfigMap rejected"); n != 1 || strings.Join(r.rejected, " ") != memory.RejectSignature {
 		t.Errorf("want one log line and one rejection (signature), got %v:\n%s", r.rejected, r.logs.String())
 	}
 	if p := persistedHeaderNames(t, server, creds, c.now); !slices.Contains(p.Seen, "x-custom-group") {
@@ -137,21 +138,21 @@ func TestHeaderNamesForgedOrRemoved(t *testing.T) {
 	// A memory entry's signature moved onto the names: rejected too.
 	server.edit(func(d map[string]string) map[string]string {
 		var v, e map[string]any
-		_ = json.Unmarshal([]byte(d[objects.RequestHeaderNamesKey]), &v)
+		_ = json.Unmarshal([]byte(d[memory.RequestHeaderNamesKey]), &v)
 		_ = json.Unmarshal([]byte(d[idA]), &e)
 		v["signedAt"], v["signature"] = e["signedAt"], e["signature"]
 		b, _ := json.Marshal(v)
-		d[objects.RequestHeaderNamesKey] = string(b)
+		d[memory.RequestHeaderNamesKey] = string(b)
 		return d
 	})
 	c.now = c.now.Add(time.Second)
 	r.lookNames(c, customGroup)
-	if strings.Join(r.rejected, " ") != objects.RejectSignature+" "+objects.RejectSignature {
+	if strings.Join(r.rejected, " ") != memory.RejectSignature+" "+memory.RejectSignature {
 		t.Errorf("rejections %v", r.rejected)
 	}
 
 	// The key deleted: written again, and a restart still knows the names.
-	server.edit(func(d map[string]string) map[string]string { delete(d, objects.RequestHeaderNamesKey); return d })
+	server.edit(func(d map[string]string) map[string]string { delete(d, memory.RequestHeaderNamesKey); return d })
 	c.now = c.now.Add(time.Second)
 	r.lookNames(c, customGroup)
 	if p := persistedHeaderNames(t, server, creds, c.now); !slices.Contains(p.Seen, "x-custom-group") {
@@ -192,7 +193,7 @@ func TestHeaderNamesTwoReplicas(t *testing.T) {
 	c.now = c.now.Add(time.Second)
 	one.lookNames(c, other)
 	two.lookNames(c, other)
-	if got := server.data(); got[objects.RequestHeaderNamesKey] != version[objects.RequestHeaderNamesKey] {
+	if got := server.data(); got[memory.RequestHeaderNamesKey] != version[memory.RequestHeaderNamesKey] {
 		t.Error("the replicas still write the names when nothing changed")
 	}
 }
@@ -211,7 +212,7 @@ func TestHeaderNamesWithoutConfigMap(t *testing.T) {
 	}
 	fresh := &Watcher{opts: WatchOptions{Log: slog.New(slog.DiscardHandler)}}
 	before, _ := fresh.learnHeaderNames(authentication(map[string]string{"requestheader-group-headers": `{`}), now)
-	if _, _, usable, _ := before.Observe(authentication(map[string]string{"requestheader-group-headers": `{`})); usable {
+	if _, _, usable, _ := objects.ObserveRequestHeaderNames(before, authentication(map[string]string{"requestheader-group-headers": `{`})); usable {
 		t.Error("a new process without a ConfigMap uses names it never read")
 	}
 }

@@ -9,6 +9,7 @@ import (
 	apidiscoveryv2 "k8s.io/api/apidiscovery/v2"
 	coordinationv1 "k8s.io/api/coordination/v1"
 
+	"github.com/kube-mvp/kube-mvp/internal/memory"
 	"github.com/kube-mvp/kube-mvp/internal/objects"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
@@ -30,10 +31,10 @@ type buildInputs struct {
 	discovery    map[string]*apidiscoveryv2.APIGroupDiscoveryList
 	discoveredAt map[string]time.Time
 	versions     map[string]string
-	headerNames  objects.RequestHeaderNames
+	headerNames  memory.RequestHeaderNames
 	// departed is the memory of the apiservers without discovery in use: Build reads the
 	// memory of no other (theirs changes at every look: the time they were last seen).
-	departed objects.Memory
+	departed memory.Memory
 }
 
 // inputsOf captures what Build will read of objs at opts.Now, but the watched objects other
@@ -54,7 +55,7 @@ func inputsOf(objs objects.Objects, opts objects.Options) *buildInputs {
 	for id, r := range objs.Remembered {
 		if objs.Discovery[id] == nil {
 			if in.departed == nil {
-				in.departed = objects.Memory{}
+				in.departed = memory.Memory{}
 			}
 			in.departed[id] = r
 		}

@@ -20,6 +20,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/kube-mvp/kube-mvp/internal/memory"
 	"github.com/kube-mvp/kube-mvp/internal/objects"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
@@ -29,7 +30,7 @@ import (
 // restart makes a new one within seconds, an upgrade within a minute or so).
 const DefaultDepartedGrace = 2 * time.Minute
 
-// MemoryConfigMap names the ConfigMap that keeps objects.Memory.
+// MemoryConfigMap names the ConfigMap that keeps memory.Memory.
 type MemoryConfigMap struct{ Namespace, Name string }
 
 func (c MemoryConfigMap) String() string { return c.Namespace + "/" + c.Name }
@@ -52,7 +53,7 @@ type MemoryCredentials interface {
 // remember updates the memory of what each apiserver served from this rebuild's view (the
 // Leases, the verified discovery) and from the ConfigMap, starts writing it back if it says
 // something new, and returns it for Build.
-func (w *Watcher) remember(ctx context.Context, objs objects.Objects, opts objects.Options) objects.Memory {
+func (w *Watcher) remember(ctx context.Context, objs objects.Objects, opts objects.Options) memory.Memory {
 	servers, _ := objects.APIServers(objs.Leases, opts)
 	key := w.memoryKey()
 	persisted, cm, rejected, replace := w.persistedMemory(servers, opts.Now)
@@ -73,7 +74,7 @@ func (w *Watcher) remember(ctx context.Context, objs objects.Objects, opts objec
 			w.opts.Log.Info("apiservers removed from the memory ConfigMap are forgotten (a live one is recorded again)", "configmap", w.opts.MemoryConfigMap.String(), "apiservers", forgotten)
 		}
 	}
-	mem := objects.MergeMemory(mine, persisted, opts.Now, grace)
+	mem := memory.Merge(mine, persisted, opts.Now, grace)
 
 	everywhere := map[topology.GroupVersion]bool{}
 	for _, svc := range objs.APIServices {
@@ -83,41 +84,41 @@ func (w *Watcher) remember(ctx context.Context, objs objects.Objects, opts objec
 	}
 	w.served.begin(everywhere)
 	leases := map[string]bool{}
-	verified := map[string]objects.Remembered{}
+	verified := map[string]memory.Remembered{}
 	for _, s := range servers {
 		leases[s.ID] = true
 		if list := objs.Discovery[s.ID]; list != nil && s.Routable() {
-			verified[s.ID] = objects.Remembered{Hostname: s.Hostname, Address: s.Address, Served: w.served.by(list)}
+			verified[s.ID] = memory.Remembered{Hostname: s.Hostname, Address: s.Address, Served: w.served.by(list)}
 		}
 	}
 	live := map[string]bool{}
 	for id := range verified {
 		live[id] = true
 	}
-	observed := mem.Observe(objects.Sighting{Now: opts.Now, Leases: leases, Verified: verified, Grace: grace})
+	observed := mem.Observe(memory.Sighting{Now: opts.Now, Leases: leases, Verified: verified, Grace: grace})
 	var dropped []string
-	w.memory, dropped = objects.BoundMemory(observed, key)
+	w.memory, dropped = memory.Bound(observed, key)
 	if d := strings.Join(dropped, " "); d != w.droppedReported {
 		w.droppedReported = d
 		if d != "" {
 			w.opts.Log.Warn("apiservers not remembered: their discovery or their number exceeds the memory's bounds", "apiservers", dropped,
-				"maxEntries", objects.MaxMemoryEntries, "maxGroupVersions", objects.MaxMemoryGroupVersions, "maxResources", objects.MaxMemoryResources, "maxBytes", objects.MaxMemoryBytes)
+				"maxEntries", memory.MaxEntries, "maxGroupVersions", memory.MaxGroupVersions, "maxResources", memory.MaxResources, "maxBytes", memory.MaxBytes)
 		}
 	}
-	// The request-header names go with the memory (objects.RequestHeaderNamesKey): merged
+	// The request-header names go with the memory (memory.RequestHeaderNamesKey): merged
 	// again with this version of the ConfigMap, so that a write never drops a name it holds.
 	persistedNames := w.persistedNames(cm, opts.Now)
-	w.headerNames = objects.MergeRequestHeaderNames(w.headerNames, persistedNames)
-	needsWrite := replace || objects.NeedsWrite(persisted, w.memory, live) || w.headerNames.NeedsWrite(persistedNames)
+	w.headerNames = memory.MergeRequestHeaderNames(w.headerNames, persistedNames)
+	needsWrite := replace || memory.NeedsWrite(persisted, w.memory, live) || w.headerNames.NeedsWrite(persistedNames)
 	if needsWrite && rejected && !w.persist.mayReplace(opts.Now) {
 		needsWrite = false // replaced again once the interval is over (a rebuild is due then)
 	}
 	if w.memoryStore != nil && needsWrite {
-		data, err := objects.EncodeSignedMemory(w.memory, key, opts.Now)
+		data, err := memory.EncodeSigned(w.memory, key, opts.Now)
 		if err == nil && !w.headerNames.IsZero() {
 			var names string
-			if names, err = objects.EncodeSignedRequestHeaderNames(w.headerNames, key, opts.Now); err == nil {
-				data[objects.RequestHeaderNamesKey] = names
+			if names, err = memory.EncodeSignedRequestHeaderNames(w.headerNames, key, opts.Now); err == nil {
+				data[memory.RequestHeaderNamesKey] = names
 			}
 		}
 		if err != nil {
@@ -162,9 +163,9 @@ func (m *servedMemo) by(list *apidiscoveryv2.APIGroupDiscoveryList) []topology.R
 // process's (after a restart: all it knows), reads the authentication ConfigMap auth
 // against them, and returns the names it read against (objects.Objects.HeaderNames) and
 // what is wrong with auth.
-func (w *Watcher) learnHeaderNames(auth *corev1.ConfigMap, now time.Time) (objects.RequestHeaderNames, error) {
-	before := objects.MergeRequestHeaderNames(w.headerNames, w.persistedNames(w.memoryConfigMap(), now))
-	next, _, _, err := before.Observe(auth)
+func (w *Watcher) learnHeaderNames(auth *corev1.ConfigMap, now time.Time) (memory.RequestHeaderNames, error) {
+	before := memory.MergeRequestHeaderNames(w.headerNames, w.persistedNames(w.memoryConfigMap(), now))
+	next, _, _, err := objects.ObserveRequestHeaderNames(before, auth)
 	w.headerNames = next.GoodSince(before, now)
 	return before, err
 }
@@ -184,16 +185,16 @@ func (w *Watcher) memoryConfigMap() *corev1.ConfigMap {
 }
 
 // persistedNames are the request-header names cm keeps, checked
-// (objects.ReadRequestHeaderNames); none when absent or rejected. A rejection is logged and
+// (memory.ReadRequestHeaderNames); none when absent or rejected. A rejection is logged and
 // counted once per version of cm; the next write replaces the value (this process's names
 // then say more than nothing).
-func (w *Watcher) persistedNames(cm *corev1.ConfigMap, now time.Time) objects.RequestHeaderNames {
+func (w *Watcher) persistedNames(cm *corev1.ConfigMap, now time.Time) memory.RequestHeaderNames {
 	if cm == nil {
-		return objects.RequestHeaderNames{}
+		return memory.RequestHeaderNames{}
 	}
-	value, ok := cm.Data[objects.RequestHeaderNamesKey]
+	value, ok := cm.Data[memory.RequestHeaderNamesKey]
 	if !ok {
-		return objects.RequestHeaderNames{}
+		return memory.RequestHeaderNames{}
 	}
 	var pool *x509.CertPool
 	if w.opts.MemoryCredentials != nil {
@@ -202,14 +203,14 @@ func (w *Watcher) persistedNames(cm *corev1.ConfigMap, now time.Time) objects.Re
 	if c := w.namesRead; c != nil && c.resourceVersion == cm.ResourceVersion && c.pool == pool {
 		return c.names
 	}
-	names, err := objects.ReadRequestHeaderNames(value, objects.MemoryTrust{Roots: pool, Now: now})
-	var why *objects.MemoryRejected
+	names, err := memory.ReadRequestHeaderNames(value, memory.Trust{Roots: pool, Now: now})
+	var why *memory.Rejected
 	if errors.As(err, &why) {
-		w.opts.Log.Warn("request-header names in the memory ConfigMap rejected: starting from this process's own, which replace them", "configmap", w.opts.MemoryConfigMap.String(), "key", objects.RequestHeaderNamesKey, "reason", why.Reason, "error", why.Err)
+		w.opts.Log.Warn("request-header names in the memory ConfigMap rejected: starting from this process's own, which replace them", "configmap", w.opts.MemoryConfigMap.String(), "key", memory.RequestHeaderNamesKey, "reason", why.Reason, "error", why.Err)
 		if w.opts.OnMemoryRejected != nil {
 			w.opts.OnMemoryRejected(why.Reason)
 		}
-		names = objects.RequestHeaderNames{}
+		names = memory.RequestHeaderNames{}
 	}
 	w.namesRead = &namesRead{resourceVersion: cm.ResourceVersion, pool: pool, names: names}
 	return names
@@ -220,28 +221,28 @@ func (w *Watcher) persistedNames(cm *corev1.ConfigMap, now time.Time) objects.Re
 type namesRead struct {
 	resourceVersion string
 	pool            *x509.CertPool
-	names           objects.RequestHeaderNames
+	names           memory.RequestHeaderNames
 }
 
 // memoryKey is the key that signs the memory now (zero without a ConfigMap).
-func (w *Watcher) memoryKey() objects.MemoryKey {
+func (w *Watcher) memoryKey() memory.Key {
 	if w.opts.MemoryCredentials == nil {
-		return objects.MemoryKey{}
+		return memory.Key{}
 	}
 	cert, _ := w.opts.MemoryCredentials.Current()
 	if cert == nil || cert.Leaf == nil {
-		return objects.MemoryKey{}
+		return memory.Key{}
 	}
 	signer, _ := cert.PrivateKey.(crypto.Signer)
-	return objects.MemoryKey{Cert: cert.Leaf, Key: signer}
+	return memory.Key{Cert: cert.Leaf, Key: signer}
 }
 
-// persistedMemory is the memory in the ConfigMap, checked (objects.ReadMemory), and the
+// persistedMemory is the memory in the ConfigMap, checked (memory.Read), and the
 // ConfigMap itself (nil when absent). A memory that is rejected reads as empty; replace says
 // that the next write should replace what the ConfigMap holds even if this process has
 // nothing new to say (a rejected memory, or unsigned entries just migrated), until a write
 // based on this version succeeds.
-func (w *Watcher) persistedMemory(servers []topology.APIServer, now time.Time) (mem objects.Memory, cm *corev1.ConfigMap, rejected, replace bool) {
+func (w *Watcher) persistedMemory(servers []topology.APIServer, now time.Time) (mem memory.Memory, cm *corev1.ConfigMap, rejected, replace bool) {
 	if cm = w.memoryConfigMap(); cm == nil {
 		return nil, nil, false, false
 	}
@@ -254,12 +255,12 @@ func (w *Watcher) persistedMemory(servers []topology.APIServer, now time.Time) (
 	if c := w.memoryRead; c != nil && c.resourceVersion == cm.ResourceVersion && c.pool == pool {
 		return c.memory, cm, c.rejected, c.rejected && w.persist.notReplaced(cm.ResourceVersion)
 	}
-	trust := objects.MemoryTrust{Roots: pool, Now: now, AllowUnsigned: !w.persist.sawSigned(), Servers: servers}
-	reading, err := objects.ReadMemory(cm.Data, trust)
+	trust := memory.Trust{Roots: pool, Now: now, AllowUnsigned: !w.persist.sawSigned(), Servers: servers}
+	reading, err := memory.Read(cm.Data, trust)
 	if reading.Signed {
 		w.persist.noteSigned()
 	}
-	var why *objects.MemoryRejected
+	var why *memory.Rejected
 	if errors.As(err, &why) {
 		// Logged and counted once per version of the object; the next write replaces it.
 		if w.persist.noteRejected(cm.ResourceVersion) {
@@ -269,9 +270,9 @@ func (w *Watcher) persistedMemory(servers []topology.APIServer, now time.Time) (
 			}
 		}
 		if reading.Signed {
-			w.memoryRead = &memoryRead{resourceVersion: cm.ResourceVersion, pool: pool, memory: objects.Memory{}, rejected: true}
+			w.memoryRead = &memoryRead{resourceVersion: cm.ResourceVersion, pool: pool, memory: memory.Memory{}, rejected: true}
 		}
-		return objects.Memory{}, cm, true, w.persist.notReplaced(cm.ResourceVersion)
+		return memory.Memory{}, cm, true, w.persist.notReplaced(cm.ResourceVersion)
 	}
 	if !reading.Signed {
 		if len(reading.Migrated)+len(reading.NotMigrated) == 0 {
@@ -291,7 +292,7 @@ func (w *Watcher) persistedMemory(servers []topology.APIServer, now time.Time) (
 type memoryRead struct {
 	resourceVersion string
 	pool            *x509.CertPool
-	memory          objects.Memory
+	memory          memory.Memory
 	rejected        bool
 }
 
@@ -301,7 +302,7 @@ type memoryRead struct {
 // Two replicas write the same object without fighting: each write is an update carrying the
 // resourceVersion it read (optimistic concurrency), so a write based on an old read fails
 // with a conflict instead of overwriting; the informer then brings the newer object, the
-// next rebuild merges it (objects.MergeMemory: the latest sighting of each apiserver wins)
+// next rebuild merges it (memory.Merge: the latest sighting of each apiserver wins)
 // and writes only if the merge says something new. Both replicas converge on one content.
 //
 // It also keeps what removals are judged by: the IDs in the ConfigMap as this process last
@@ -407,7 +408,7 @@ func (p *memoryWriter) sawSigned() bool {
 // it and are not in persisted, the memory of cm (nil: the ConfigMap is gone), and remembers
 // persisted's IDs for the next time. A rejected memory (rejected) says nothing about
 // removals, nor does the version the last write replaced.
-func (p *memoryWriter) removed(cm *corev1.ConfigMap, persisted objects.Memory, rejected bool) []string {
+func (p *memoryWriter) removed(cm *corev1.ConfigMap, persisted memory.Memory, rejected bool) []string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if rejected {
@@ -464,7 +465,7 @@ func (p *memoryWriter) write(ctx context.Context, data map[string]string, curren
 			p.signed = true
 			p.known = make(map[string]bool, len(data))
 			for id := range data {
-				if id != objects.RequestHeaderNamesKey {
+				if id != memory.RequestHeaderNamesKey {
 					p.known[id] = true
 				}
 			}

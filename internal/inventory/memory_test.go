@@ -25,6 +25,7 @@ import (
 
 	"github.com/kube-mvp/kube-mvp/internal/cptls"
 	"github.com/kube-mvp/kube-mvp/internal/cptls/cptlstest"
+	"github.com/kube-mvp/kube-mvp/internal/memory"
 	"github.com/kube-mvp/kube-mvp/internal/objects"
 	"github.com/kube-mvp/kube-mvp/internal/testutil"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
@@ -192,7 +193,7 @@ func (r *replica) waitForWrite() {
 
 // look is one rebuild after the informer caught up (sync) or not; it waits for the write
 // it starts, if any.
-func (r *replica) look(c cluster, sync bool) objects.Memory {
+func (r *replica) look(c cluster, sync bool) memory.Memory {
 	r.t.Helper()
 	if sync {
 		r.sync()
@@ -205,10 +206,10 @@ func (r *replica) look(c cluster, sync bool) objects.Memory {
 }
 
 // persisted is the server's memory, checked as xds-server checks it.
-func persisted(t *testing.T, s *cmServer, creds *cptls.Credentials, now time.Time) objects.Memory {
+func persisted(t *testing.T, s *cmServer, creds *cptls.Credentials, now time.Time) memory.Memory {
 	t.Helper()
 	_, pool := creds.Current()
-	reading, err := objects.ReadMemory(s.data(), objects.MemoryTrust{Roots: pool, Now: now})
+	reading, err := memory.Read(s.data(), memory.Trust{Roots: pool, Now: now})
 	if err != nil {
 		t.Fatalf("the ConfigMap's memory: %v", err)
 	}
@@ -218,7 +219,7 @@ func persisted(t *testing.T, s *cmServer, creds *cptls.Credentials, now time.Tim
 	return reading.Memory
 }
 
-func ids(m objects.Memory) string { return strings.Join(slices.Sorted(maps.Keys(m)), " ") }
+func ids(m memory.Memory) string { return strings.Join(slices.Sorted(maps.Keys(m)), " ") }
 
 func xdsCreds(t *testing.T) *cptls.Credentials {
 	t.Helper()
@@ -240,13 +241,13 @@ func TestMemoryRejectedAndReplaced(t *testing.T) {
 	now := time.Now()
 	c := cluster{now: now, live: map[string]string{idA: "cp-a", idB: "cp-b"}}
 	r.look(c, true)
-	if got := ids(persisted(t, server, creds, now)); got != ids(objects.Memory{idA: {}, idB: {}}) {
+	if got := ids(persisted(t, server, creds, now)); got != ids(memory.Memory{idA: {}, idB: {}}) {
 		t.Fatalf("written: %s", got)
 	}
 
 	// An attacker adds an entry for cp-a's hostname at another ID, Lease deleted in 2099.
 	forgedID := objects.APIServerIDFor("evil")
-	forged := objects.EncodeMemory(objects.Memory{forgedID: {Hostname: "cp-a", Address: "192.0.2.1:443", Served: []topology.Resource{jobs},
+	forged := memory.Encode(memory.Memory{forgedID: {Hostname: "cp-a", Address: "192.0.2.1:443", Served: []topology.Resource{jobs},
 		LastSeen: now.Truncate(time.Second), LeaseGone: time.Date(2099, 1, 1, 0, 0, 0, 0, time.UTC)}})
 	server.edit(func(d map[string]string) map[string]string { d[forgedID] = forged[forgedID]; return d })
 	c.now = now.Add(time.Second)
@@ -254,14 +255,14 @@ func TestMemoryRejectedAndReplaced(t *testing.T) {
 	if _, ok := mem[forgedID]; ok {
 		t.Fatal("the forged entry is believed")
 	}
-	if got := ids(persisted(t, server, creds, c.now)); got != ids(objects.Memory{idA: {}, idB: {}}) {
+	if got := ids(persisted(t, server, creds, c.now)); got != ids(memory.Memory{idA: {}, idB: {}}) {
 		t.Errorf("after the forgery, the ConfigMap holds %s", got)
 	}
 	for range 3 { // the same version again: not logged again
 		c.now = c.now.Add(time.Second)
 		r.look(c, false)
 	}
-	if n := strings.Count(r.logs.String(), "rejected as a whole"); n != 1 || !strings.Contains(r.logs.String(), "kube-mvp/mem") || strings.Join(r.rejected, " ") != objects.RejectFuture {
+	if n := strings.Count(r.logs.String(), "rejected as a whole"); n != 1 || !strings.Contains(r.logs.String(), "kube-mvp/mem") || strings.Join(r.rejected, " ") != memory.RejectFuture {
 		t.Errorf("want one line naming kube-mvp/mem and one rejection (future), got %v:\n%s", r.rejected, r.logs.String())
 	}
 
@@ -270,10 +271,10 @@ func TestMemoryRejectedAndReplaced(t *testing.T) {
 	server.edit(func(d map[string]string) map[string]string { d[idA] = `{"lastSeen": 12`; return d })
 	c = cluster{now: c.now.Add(replaceInterval)}
 	r.look(c, true)
-	if got := ids(persisted(t, server, creds, c.now)); got != ids(objects.Memory{idA: {}, idB: {}}) {
+	if got := ids(persisted(t, server, creds, c.now)); got != ids(memory.Memory{idA: {}, idB: {}}) {
 		t.Errorf("after garbage, the ConfigMap holds %s", got)
 	}
-	if strings.Join(r.rejected, " ") != objects.RejectFuture+" "+objects.RejectMalformed {
+	if strings.Join(r.rejected, " ") != memory.RejectFuture+" "+memory.RejectMalformed {
 		t.Errorf("rejections %v", r.rejected)
 	}
 }
@@ -288,7 +289,7 @@ func TestMemoryReplacementsSpaced(t *testing.T) {
 	now := time.Now()
 	c := cluster{now: now, live: map[string]string{idA: "cp-a", idB: "cp-b"}}
 	r.look(c, true) // the first write, signed
-	old := objects.EncodeMemory(objects.Memory{idA: {Hostname: "cp-a", Address: "192.0.2.1:443", Served: []topology.Resource{jobs}, LastSeen: now.Truncate(time.Second)}})
+	old := memory.Encode(memory.Memory{idA: {Hostname: "cp-a", Address: "192.0.2.1:443", Served: []topology.Resource{jobs}, LastSeen: now.Truncate(time.Second)}})
 	replaced := 0
 	for step := time.Duration(0); step <= 2*replaceInterval+replaceInterval/2; step += 500 * time.Millisecond {
 		if d := server.data(); len(d) > 0 && signedBy(creds, d) {
@@ -309,7 +310,7 @@ func TestMemoryReplacementsSpaced(t *testing.T) {
 // signedBy reports whether a memory ConfigMap's data is signed by creds' CA.
 func signedBy(creds *cptls.Credentials, data map[string]string) bool {
 	_, pool := creds.Current()
-	reading, err := objects.ReadMemory(data, objects.MemoryTrust{Roots: pool, Now: time.Now()})
+	reading, err := memory.Read(data, memory.Trust{Roots: pool, Now: time.Now()})
 	return err == nil && reading.Signed
 }
 
@@ -332,10 +333,10 @@ func TestMemoryOperatorRemoval(t *testing.T) {
 		one.look(c, true)
 		two.look(c, true)
 	}
-	if got, want := ids(persisted(t, server, creds, c.now)), ids(objects.Memory{idA: {}, idB: {}, idC: {}}); got != want {
+	if got, want := ids(persisted(t, server, creds, c.now)), ids(memory.Memory{idA: {}, idB: {}, idC: {}}); got != want {
 		t.Fatalf("converged on %s, want %s", got, want)
 	}
-	if !maps.EqualFunc(one.w.memory, two.w.memory, objects.Remembered.Equal) {
+	if !maps.EqualFunc(one.w.memory, two.w.memory, memory.Remembered.Equal) {
 		t.Fatalf("the replicas differ: %v\n%v", one.w.memory, two.w.memory)
 	}
 
@@ -367,7 +368,7 @@ func TestMemoryOperatorRemoval(t *testing.T) {
 		one.look(c, true)
 		two.look(c, true)
 	}
-	if got, want := ids(persisted(t, server, creds, c.now)), ids(objects.Memory{idB: {}, idC: {}}); got != want {
+	if got, want := ids(persisted(t, server, creds, c.now)), ids(memory.Memory{idB: {}, idC: {}}); got != want {
 		t.Errorf("after the ConfigMap was deleted: %s, want %s", got, want)
 	}
 
@@ -401,7 +402,7 @@ func TestMemoryMigration(t *testing.T) {
 	server := &cmServer{}
 	now := time.Now().Truncate(time.Second)
 	idGone := objects.APIServerIDFor("cp-gone")
-	old := objects.EncodeMemory(objects.Memory{
+	old := memory.Encode(memory.Memory{
 		idA:    {Hostname: "cp-a", Address: "10.0.0.1:6443", Served: []topology.Resource{jobs}, LastSeen: now.Add(-time.Minute)},
 		idB:    {Hostname: "cp-x", Served: []topology.Resource{jobs}, LastSeen: now.Add(-time.Minute)}, // not its Lease's hostname
 		idGone: {Hostname: "cp-gone", Served: []topology.Resource{jobs}, LastSeen: now.Add(-time.Minute)},
@@ -422,7 +423,7 @@ func TestMemoryMigration(t *testing.T) {
 	server.edit(func(map[string]string) map[string]string { return old })
 	c.now = now.Add(time.Second)
 	r.look(c, true)
-	if strings.Join(r.rejected, " ") != objects.RejectUnsigned {
+	if strings.Join(r.rejected, " ") != memory.RejectUnsigned {
 		t.Errorf("rejections %v, want unsigned", r.rejected)
 	}
 	if got := persisted(t, server, creds, c.now); len(got) != 2 {
@@ -436,11 +437,11 @@ func TestMemoryInProcessBounded(t *testing.T) {
 	w := &Watcher{opts: WatchOptions{Log: slog.New(slog.NewTextHandler(&logs, nil)), DepartedGrace: time.Minute}}
 	now := time.Now()
 	live := map[string]string{}
-	for i := range objects.MaxMemoryEntries + 2 {
+	for i := range memory.MaxEntries + 2 {
 		live[objects.APIServerIDFor(fmt.Sprint("cp-", i))] = fmt.Sprint("cp-", i)
 	}
 	mem := w.remember(context.Background(), cluster{now: now, live: live}.objects(), objects.Options{Now: now})
-	if len(mem) != objects.MaxMemoryEntries || !strings.Contains(logs.String(), "exceeds the memory's bounds") {
-		t.Errorf("%d entries remembered, want %d; log:\n%s", len(mem), objects.MaxMemoryEntries, logs.String())
+	if len(mem) != memory.MaxEntries || !strings.Contains(logs.String(), "exceeds the memory's bounds") {
+		t.Errorf("%d entries remembered, want %d; log:\n%s", len(mem), memory.MaxEntries, logs.String())
 	}
 }

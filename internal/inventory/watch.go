@@ -33,6 +33,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
+	"github.com/kube-mvp/kube-mvp/internal/memory"
 	"github.com/kube-mvp/kube-mvp/internal/objects"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
@@ -85,13 +86,13 @@ type WatchOptions struct {
 	Clock func() time.Time
 	Log   *slog.Logger
 	// DepartedGrace is how long a departed apiserver's last discovery is remembered after
-	// its identity Lease is deleted (objects.Memory); zero means DefaultDepartedGrace.
+	// its identity Lease is deleted (memory.Memory); zero means DefaultDepartedGrace.
 	DepartedGrace time.Duration
 	// MemoryConfigMap names the ConfigMap that keeps that memory across restarts and
 	// replicas; zero keeps it in this process only.
 	MemoryConfigMap MemoryConfigMap
 	// MemoryCredentials sign the entries written to MemoryConfigMap and check those read
-	// (objects.ReadMemory); required with it.
+	// (memory.Read); required with it.
 	MemoryCredentials MemoryCredentials
 	// OnMemoryRejected, if set, is told why the ConfigMap's memory was rejected as a whole,
 	// or the request-header names it keeps (an objects.Reject* reason), once per version of
@@ -124,7 +125,7 @@ type Watcher struct {
 
 	// memory is what each apiserver served when last seen live (rebuild's own, like
 	// reported); persist writes it to the ConfigMap.
-	memory  objects.Memory
+	memory  memory.Memory
 	persist memoryWriter
 	// memoryRead caches the verdict on the ConfigMap's current version; droppedReported
 	// the IDs last logged as over the memory's bounds (rebuild's own).
@@ -153,7 +154,7 @@ type Watcher struct {
 	skipped int
 	// headerNames is what the rebuilds learnt of the identity header names, and what the
 	// memory ConfigMap kept of them (rebuild's own).
-	headerNames objects.RequestHeaderNames
+	headerNames memory.RequestHeaderNames
 
 	mu        sync.Mutex
 	discovery map[string]discovered // by apiserver ID

@@ -5,10 +5,10 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/kube-mvp/kube-mvp/internal/memory"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 
@@ -28,22 +28,12 @@ const (
 	keyExtraPrefixes   = "requestheader-extra-headers-prefix"
 )
 
-// Bounds on what the ConfigMap may say (anyone who may write it in kube-system could make it
-// say anything): a list with more names, or a longer name, is malformed. Real apiservers
-// use one to three names per flag, union over a handful of apiservers.
-const (
-	MaxRequestHeaderNames      = 16
-	MaxRequestHeaderNameLength = 128
-	// MaxSeenRequestHeaderNames bounds RequestHeaderNames.Seen: names and prefixes together.
-	MaxSeenRequestHeaderNames = 64
-)
-
 // RequestHeadersFrom reads the identity header names the apiservers read from their
 // authentication ConfigMap, strictly: every key present must be a JSON list of at most
-// MaxRequestHeaderNames HTTP header names (tokens of at most MaxRequestHeaderNameLength
-// characters), or the whole ConfigMap is malformed and the error names the keys. missing
-// lists the kinds the ConfigMap does not give (all of them when cm is nil); their lists are
-// empty in h.
+// topology.MaxRequestHeaderNames HTTP header names (tokens of at most
+// topology.MaxRequestHeaderNameLength characters), or the whole ConfigMap is malformed and
+// the error names the keys. missing lists the kinds the ConfigMap does not give (all of them
+// when cm is nil); their lists are empty in h.
 func RequestHeadersFrom(cm *corev1.ConfigMap) (h topology.RequestHeaders, missing []string, err error) {
 	if cm == nil {
 		return h, []string{keyUsernameHeaders, keyUIDHeaders, keyGroupHeaders, keyExtraPrefixes}, nil
@@ -60,8 +50,8 @@ func RequestHeadersFrom(cm *corev1.ConfigMap) (h topology.RequestHeaders, missin
 			bad = append(bad, fmt.Sprintf("%s is not a JSON list of strings", key))
 			return nil
 		}
-		if len(names) > MaxRequestHeaderNames {
-			bad = append(bad, fmt.Sprintf("%s lists %d names, more than %d", key, len(names), MaxRequestHeaderNames))
+		if len(names) > topology.MaxRequestHeaderNames {
+			bad = append(bad, fmt.Sprintf("%s lists %d names, more than %d", key, len(names), topology.MaxRequestHeaderNames))
 			return nil
 		}
 		var out []string
@@ -69,8 +59,8 @@ func RequestHeadersFrom(cm *corev1.ConfigMap) (h topology.RequestHeaders, missin
 			if n = strings.ToLower(strings.TrimSpace(n)); n == "" {
 				continue
 			}
-			if !isHeaderName(n) || len(n) > MaxRequestHeaderNameLength {
-				bad = append(bad, fmt.Sprintf("%s: %q is not an HTTP header name of at most %d characters", key, n, MaxRequestHeaderNameLength))
+			if !topology.IsHeaderName(n) || len(n) > topology.MaxRequestHeaderNameLength {
+				bad = append(bad, fmt.Sprintf("%s: %q is not an HTTP header name of at most %d characters", key, n, topology.MaxRequestHeaderNameLength))
 				return nil
 			}
 			if !slices.Contains(out, n) {
@@ -89,45 +79,16 @@ func RequestHeadersFrom(cm *corev1.ConfigMap) (h topology.RequestHeaders, missin
 	return h, missing, nil
 }
 
-// isHeaderName: an RFC 9110 token.
-func isHeaderName(s string) bool {
-	for _, c := range []byte(s) {
-		switch {
-		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
-		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
-		default:
-			return false
-		}
-	}
-	return s != ""
-}
-
-// RequestHeaderNames is what xds-server believes about the identity header names, kept across
-// rebuilds: the last good configuration and every name ever read, which stays stripped from
-// clients whatever the ConfigMap says later (apiservers keep reading their own flags, never
-// what the ConfigMap says). The zero value knows nothing.
-type RequestHeaderNames struct {
-	// Good is the last configuration read without error (defaults filled in); nil: none yet.
-	Good *topology.RequestHeaders `json:"good,omitempty"`
-	// GoodAt is when Good was first read (GoodSince; zero: unknown), so that of two
-	// replicas' last good configurations the later one is persisted.
-	GoodAt time.Time `json:"-"`
-	// Seen are the exact names and the extra prefixes read so far, oldest first, at most
-	// MaxSeenRequestHeaderNames (the oldest not in Good are dropped first).
-	Seen []string `json:"seen,omitempty"`
-	// SeenPrefixes says which of Seen are extra prefixes.
-	SeenPrefixes []string `json:"seenPrefixes,omitempty"`
-}
-
-// Observe reads cm (nil: absent) against what n knows and returns what to use now and the
-// next state; n is not changed. The names used are, per kind, the ConfigMap's; for a kind it
-// does not give, Good's, else the default. A malformed ConfigMap changes nothing: Good is used
-// and err says why; with no Good yet, usable is false (xds-server then publishes nothing, so
-// it stays unready rather than guess). Whatever is used, Strip (the names every client loses)
-// is the defaults, what is used and everything seen before.
-func (n RequestHeaderNames) Observe(cm *corev1.ConfigMap) (next RequestHeaderNames, use topology.RequestHeaders, usable bool, err error) {
+// ObserveRequestHeaderNames reads cm (nil: absent) against what n knows and returns what to
+// use now and the next state; n is not changed. The names used are, per kind, the
+// ConfigMap's; for a kind it does not give, Good's, else the default. A malformed ConfigMap
+// changes nothing: Good is used and err says why; with no Good yet, usable is false
+// (xds-server then publishes nothing, so it stays unready rather than guess). Whatever is
+// used, Strip (the names every client loses) is the defaults, what is used and everything
+// seen before (memory.RequestHeaderNames.InUse).
+func ObserveRequestHeaderNames(n memory.RequestHeaderNames, cm *corev1.ConfigMap) (next memory.RequestHeaderNames, use topology.RequestHeaders, usable bool, err error) {
 	read, _, err := RequestHeadersFrom(cm)
-	next = RequestHeaderNames{Good: n.Good, GoodAt: n.GoodAt, Seen: slices.Clone(n.Seen), SeenPrefixes: slices.Clone(n.SeenPrefixes)}
+	next = memory.RequestHeaderNames{Good: n.Good, GoodAt: n.GoodAt, Seen: slices.Clone(n.Seen), SeenPrefixes: slices.Clone(n.SeenPrefixes)}
 	switch {
 	case err != nil && n.Good == nil:
 		return next, topology.RequestHeaders{}, false, fmt.Errorf("%w; no good configuration was read before, so nothing is published until it is fixed", err)
@@ -167,46 +128,6 @@ func (n RequestHeaderNames) Observe(cm *corev1.ConfigMap) (next RequestHeaderNam
 		good := use
 		next.Good = &good
 	}
-	use = use.OrDefault()
-	for _, name := range use.Names() {
-		next.see(name, false, use)
-	}
-	for _, p := range use.ExtraPrefix {
-		next.see(p, true, use)
-	}
-	use.Former, use.FormerExtraPrefixes = nil, nil
-	for _, s := range next.Seen {
-		isPrefix := slices.Contains(next.SeenPrefixes, s)
-		switch {
-		case isPrefix && !slices.Contains(use.ExtraPrefix, s):
-			use.FormerExtraPrefixes = append(use.FormerExtraPrefixes, s)
-		case !isPrefix && !slices.Contains(use.Names(), s):
-			use.Former = append(use.Former, s)
-		}
-	}
+	next, use = next.InUse(use.OrDefault())
 	return next, use, true, err
-}
-
-func (n *RequestHeaderNames) see(name string, prefix bool, inUse topology.RequestHeaders) {
-	list := &n.Seen
-	if prefix {
-		if !slices.Contains(n.SeenPrefixes, name) {
-			n.SeenPrefixes = append(n.SeenPrefixes, name)
-		}
-	}
-	if slices.Contains(*list, name) {
-		return
-	}
-	*list = append(*list, name)
-	for len(n.Seen) > MaxSeenRequestHeaderNames {
-		i := slices.IndexFunc(n.Seen, func(s string) bool {
-			return !slices.Contains(inUse.Names(), s) && !slices.Contains(inUse.ExtraPrefix, s)
-		})
-		if i < 0 {
-			break
-		}
-		gone := n.Seen[i]
-		n.Seen = slices.Delete(n.Seen, i, i+1)
-		n.SeenPrefixes = slices.DeleteFunc(n.SeenPrefixes, func(s string) bool { return s == gone })
-	}
 }

@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/kube-mvp/kube-mvp/internal/memory"
 	"github.com/kube-mvp/kube-mvp/internal/objects"
 )
 
@@ -21,10 +22,10 @@ func authCM(data map[string]string) *corev1.ConfigMap {
 // flags. So a malformed or deleted key keeps the last good names, a never-good one publishes
 // nothing, and no name read before ever stops being stripped from clients.
 func TestRequestHeaderNamesFailClosed(t *testing.T) {
-	var n objects.RequestHeaderNames
+	var n memory.RequestHeaderNames
 	step := func(what string, cm *corev1.ConfigMap, wantUsable bool, wantErr string) (use []string, group []string, strip []string) {
 		t.Helper()
-		next, h, usable, err := n.Observe(cm)
+		next, h, usable, err := objects.ObserveRequestHeaderNames(n, cm)
 		if usable != wantUsable || (err == nil) != (wantErr == "") || (err != nil && !strings.Contains(err.Error(), wantErr)) {
 			t.Fatalf("%s: usable %v, error %v; want %v, %q", what, usable, err, wantUsable, wantErr)
 		}
@@ -76,7 +77,7 @@ func TestRequestHeaderNamesFailClosed(t *testing.T) {
 	for i := range 100 {
 		step(fmt.Sprint("cycle ", i), authCM(map[string]string{"requestheader-username-headers": fmt.Sprintf(`["X-Cycle-%d","X-Remote-User"]`, i), "requestheader-group-headers": `["X-Group"]`}), true, "")
 	}
-	if len(n.Seen) > objects.MaxSeenRequestHeaderNames || !slices.Contains(n.Seen, "x-group") || !slices.Contains(n.Seen, "x-remote-user") {
-		t.Errorf("seen %d names (max %d), in use kept: %v", len(n.Seen), objects.MaxSeenRequestHeaderNames, n.Seen)
+	if len(n.Seen) > memory.MaxSeenRequestHeaderNames || !slices.Contains(n.Seen, "x-group") || !slices.Contains(n.Seen, "x-remote-user") {
+		t.Errorf("seen %d names (max %d), in use kept: %v", len(n.Seen), memory.MaxSeenRequestHeaderNames, n.Seen)
 	}
 }

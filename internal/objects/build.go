@@ -19,6 +19,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/kube-mvp/kube-mvp/internal/memory"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 
@@ -71,17 +72,17 @@ type Objects struct {
 	// Versions are the apiservers' versions (gitVersion), read with their Discovery, by ID
 	// (optional: for /debug/topology and kubectl mvp status; routing never reads them).
 	Versions map[string]string
-	// Remembered is what departed apiservers served (see Memory): used for every apiserver
+	// Remembered is what departed apiservers served (see memory.Memory): used for every apiserver
 	// without Discovery, as StorageVersions are, so that what only they served is
 	// Unavailable (503) rather than not served (404). One whose Lease is gone is listed as
 	// a dead apiserver while it is remembered.
-	Remembered Memory
+	Remembered memory.Memory
 	// Authentication is kube-system/extension-apiserver-authentication (nil: not published),
 	// for the identity header names the apiservers read.
 	Authentication *corev1.ConfigMap
-	// HeaderNames is what earlier builds learnt of those names (RequestHeaderNames.Observe):
+	// HeaderNames is what earlier builds learnt of those names (ObserveRequestHeaderNames):
 	// the last good configuration and every name read before.
-	HeaderNames RequestHeaderNames
+	HeaderNames memory.RequestHeaderNames
 }
 
 // RequestHeaderConfigError is a malformed or incomplete request-header configuration.
@@ -313,7 +314,7 @@ func Build(objs Objects, opts Options) (*topology.Topology, []error) {
 			t.RefusedNames = append(t.RefusedNames, e.NameRefusal)
 		}
 	}
-	_, headers, usable, err := objs.HeaderNames.Observe(objs.Authentication)
+	_, headers, usable, err := ObserveRequestHeaderNames(objs.HeaderNames, objs.Authentication)
 	if err != nil {
 		errs = append(errs, &RequestHeaderConfigError{err})
 	}

@@ -303,3 +303,39 @@ func union(a, b []string) []string {
 	slices.Sort(out)
 	return slices.Compact(out)
 }
+
+// ServedBy lists the resources and subresources of one apiserver's discovery, sorted, leaving
+// out the group/versions in everywhere: what the memory keeps of it (memory.Remembered.Served).
+func ServedBy(list *apidiscoveryv2.APIGroupDiscoveryList, everywhere map[topology.GroupVersion]bool) []topology.Resource {
+	var out []topology.Resource
+	if list == nil {
+		return nil
+	}
+	for _, g := range list.Items {
+		for _, v := range g.Versions {
+			if everywhere[topology.GroupVersion{Group: g.Name, Version: v.Version}] {
+				continue
+			}
+			for _, res := range v.Resources {
+				if res.Resource == "" || v.Version == "" {
+					continue
+				}
+				r := topology.Resource{Group: g.Name, Version: v.Version, Resource: res.Resource}
+				if checkResource("", r) != nil {
+					continue // never remembered: Build would leave it out anyway
+				}
+				out = append(out, r)
+				for _, sub := range res.Subresources {
+					if sub.Subresource != "" {
+						r.Subresource = sub.Subresource
+						if checkResource("", r) == nil {
+							out = append(out, r)
+						}
+					}
+				}
+			}
+		}
+	}
+	slices.SortFunc(out, topology.CompareResources)
+	return slices.Compact(out)
+}

@@ -1,6 +1,6 @@
 // Package objects is kube-mvp's one path from Kubernetes objects to a topology.Topology:
-// Objects (identity Leases, StorageVersions, APIServices and each apiserver's discovery),
-// Build, which turns them into a Topology, MergeDiscovery, and the fixture format
+// Objects (identity Leases, StorageVersions, APIServices, each apiserver's discovery and the
+// memory of departed apiservers, kept by internal/memory), Build, which turns them into a Topology, MergeDiscovery, and the fixture format
 // (LoadFixture, DecodeFixture, APIServerDiscovery), the offline variant of a cluster. When an
 // apiserver counts as live is decided in liveness.go alone.
 //

@@ -10,6 +10,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/kube-mvp/kube-mvp/internal/memory"
 	"github.com/kube-mvp/kube-mvp/internal/objects"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
@@ -93,7 +94,7 @@ func TestOneAPIServerPerHost(t *testing.T) {
 
 	t.Run("a remembered apiserver at a live one's address", func(t *testing.T) {
 		// c departed; b now has its old address.
-		objs := objects.Objects{Leases: leaseList(t0), Remembered: objects.Memory{
+		objs := objects.Objects{Leases: leaseList(t0), Remembered: memory.Memory{
 			idC: {Hostname: "c", Address: addressOf(idB), Served: []topology.Resource{jobs}, LastSeen: t0.Add(-time.Minute)},
 		}}
 		topo, errs := build(objs, map[string][]topology.Resource{idA: servedOf(idA), idB: servedOf(idB)})
@@ -107,7 +108,7 @@ func TestOneAPIServerPerHost(t *testing.T) {
 	})
 
 	t.Run("a remembered entry for a host under another ID", func(t *testing.T) {
-		objs := objects.Objects{Leases: leaseList(t0), Remembered: objects.Memory{
+		objs := objects.Objects{Leases: leaseList(t0), Remembered: memory.Memory{
 			"apiserver-evil": {Hostname: "a", Address: "10.6.6.6:6443", Served: []topology.Resource{pods}, LastSeen: t0},
 		}}
 		topo, errs := build(objs, map[string][]topology.Resource{idA: servedOf(idA), idB: servedOf(idB)})

@@ -11,6 +11,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/kube-mvp/kube-mvp/internal/memory"
 	"github.com/kube-mvp/kube-mvp/internal/objects"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
@@ -38,7 +39,7 @@ func TestNamesKubernetesWouldRefuse(t *testing.T) {
 		Leases:    []coordinationv1.Lease{leaseAt(idA, now), leaseAt(idB, now)},
 		Discovery: map[string]*apidiscoveryv2.APIGroupDiscoveryList{idA: discoveryOf(append(good, bad...)), idB: discoveryOf([]topology.Resource{pods})},
 		// A departed apiserver remembered with a bad name: the same check on read.
-		Remembered: objects.Memory{idC: {Hostname: "c", Address: addressOf(idC), LastSeen: now, Served: []topology.Resource{
+		Remembered: memory.Memory{idC: {Hostname: "c", Address: addressOf(idC), LastSeen: now, Served: []topology.Resource{
 			{Group: "evil#y.example.com", Version: "v1", Resource: "things"}, {Group: "c.example.com", Version: "v1", Resource: "gadgets"}}}},
 		Authentication: &corev1.ConfigMap{Data: map[string]string{"requestheader-username-headers": `["X-Remote-User"]`, "requestheader-group-headers": `["X-Remote-Group"]`, "requestheader-extra-headers-prefix": `["X-Remote-Extra-"]`}},
 	}

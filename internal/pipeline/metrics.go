@@ -128,7 +128,7 @@ var apiserverStates = [...]string{stateLive, stateUnverified, stateDeparted}
 
 // maxUnverifiedSeries bounds the unverified apiservers given series. Live ones proved
 // themselves over verified TLS at a distinct address and departed ones come from the memory
-// (objects.MaxMemoryEntries), but an unverified one is only a Lease, which anyone who may
+// (memory.MaxEntries), but an unverified one is only a Lease, which anyone who may
 // write Leases in kube-system can make; the first ones by ID get series, all are counted in
 // kube_mvp_xds_apiservers.
 const maxUnverifiedSeries = 16

@@ -25,6 +25,28 @@ type RequestHeaders struct {
 	FormerExtraPrefixes []string `json:"formerExtraPrefixes,omitempty"`
 }
 
+// Bounds on each list of a RequestHeaders, wherever it is read from (the apiservers'
+// authentication ConfigMap, which anyone who may write it in kube-system could make say
+// anything, or xds-server's memory): real apiservers use one to three names per flag, union
+// over a handful of apiservers.
+const (
+	MaxRequestHeaderNames      = 16
+	MaxRequestHeaderNameLength = 128
+)
+
+// IsHeaderName reports whether s is an HTTP header name (an RFC 9110 token).
+func IsHeaderName(s string) bool {
+	for _, c := range []byte(s) {
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return s != ""
+}
+
 // DefaultRequestHeaders are kube-apiserver's (and kubeadm's) X-Remote-User, X-Remote-Uid,
 // X-Remote-Group and X-Remote-Extra-.
 func DefaultRequestHeaders() RequestHeaders {

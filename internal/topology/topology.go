@@ -69,7 +69,8 @@ func (r Resource) String() string {
 	return s
 }
 
-func compareResources(a, b Resource) int {
+// CompareResources orders resources by group, version, resource and subresource.
+func CompareResources(a, b Resource) int {
 	return cmp.Or(
 		cmp.Compare(a.Group, b.Group),
 		cmp.Compare(a.Version, b.Version),
@@ -422,7 +423,7 @@ func (t *Topology) Resources() []Resource {
 	for r := range t.Served {
 		rs = append(rs, r)
 	}
-	slices.SortFunc(rs, compareResources)
+	slices.SortFunc(rs, CompareResources)
 	return rs
 }
 

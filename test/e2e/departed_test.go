@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/kube-mvp/kube-mvp/internal/memory"
 	"github.com/kube-mvp/kube-mvp/internal/objects"
 	"github.com/kube-mvp/kube-mvp/internal/testutil"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
@@ -224,7 +225,7 @@ func rememberedIn(ctx context.Context, c kubernetes.Interface, id, groupVersion 
 	if err != nil {
 		return err
 	}
-	m, err := objects.DecodeMemory(cm.Data)
+	m, err := memory.Decode(cm.Data)
 	if err != nil {
 		return err
 	}

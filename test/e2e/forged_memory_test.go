@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 
+	"github.com/kube-mvp/kube-mvp/internal/memory"
 	"github.com/kube-mvp/kube-mvp/internal/objects"
 	"github.com/kube-mvp/kube-mvp/internal/testutil"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
@@ -51,7 +52,7 @@ func TestForgedMemory(t *testing.T) {
 	if cm, err := configMaps.Get(ctx, "kube-mvp-memory", metav1.GetOptions{}); err == nil {
 		var entry struct{ Served map[string]string }
 		_ = json.Unmarshal([]byte(cm.Data[idA]), &entry)
-		m, _ := objects.DecodeMemory(cm.Data)
+		m, _ := memory.Decode(cm.Data)
 		t.Logf("cp-a's signed entry: %d bytes, %d group/versions, %d resources", len(cm.Data[idA]), len(entry.Served), len(m[idA].Served))
 	}
 	// cp-b departs (killed: its Lease stays, stale): remembered.
@@ -83,7 +84,7 @@ func TestForgedMemory(t *testing.T) {
 	for i := range 1000 {
 		wide = append(wide, topology.Resource{Group: fmt.Sprintf("g%d.evil.example", i), Version: "v1", Resource: "things"})
 	}
-	forged := objects.EncodeMemory(objects.Memory{
+	forged := memory.Encode(memory.Memory{
 		variantID: {Hostname: "cp-a", Address: "192.0.2.1:6443", Served: []topology.Resource{{Group: "batch", Version: "v1", Resource: "jobs"}},
 			LastSeen: now, LeaseGone: time.Date(2099, 1, 1, 0, 0, 0, 0, time.UTC)},
 		wideID: {Hostname: "evil", Address: "192.0.2.2:6443", Served: wide, LastSeen: now},
@@ -150,7 +151,7 @@ func TestForgedMemory(t *testing.T) {
 
 	// An unsigned memory, as before signatures, that migration would accept (cp-b's ID, its
 	// Lease's hostname and address): xds-server has seen signed ones.
-	unsigned := objects.EncodeMemory(objects.Memory{idB: {Hostname: "cp-b", Address: e.cp.Server("cp-b").Address(),
+	unsigned := memory.Encode(memory.Memory{idB: {Hostname: "cp-b", Address: e.cp.Server("cp-b").Address(),
 		Served: []topology.Resource{{Group: "batch", Version: "v1", Resource: "jobs"}}, LastSeen: now}})
 	editMemory(t, ctx, configMaps, func(map[string]string) map[string]string { return unsigned })
 	waitFor(t, ctx, "xds-server writes its own memory over the unsigned one", func() error { request(); return cleaned() })

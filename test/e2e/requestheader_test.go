@@ -15,7 +15,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/kube-mvp/kube-mvp/internal/objects"
+	"github.com/kube-mvp/kube-mvp/internal/memory"
 	"github.com/kube-mvp/kube-mvp/internal/testutil"
 	"github.com/kube-mvp/kube-mvp/test/controlplane"
 	"github.com/kube-mvp/kube-mvp/test/harness"
@@ -143,14 +143,14 @@ func TestCustomRequestHeaderNames(t *testing.T) {
 		// restarted before the apiserver puts the key back (its resync is a minute): the
 		// restarted xds-server knows X-Teams from the memory and strips it.
 		t.Run("group key deleted, then xds-server restarted", func(t *testing.T) {
-			memory := e.adminClient(e.cp.Server("cp-a")).CoreV1().ConfigMaps("default")
+			configMaps := e.adminClient(e.cp.Server("cp-a")).CoreV1().ConfigMaps("default")
 			waitFor(t, ctx, "the request-header names in the memory ConfigMap", func() error {
-				cm, err := memory.Get(ctx, "kube-mvp-memory", metav1.GetOptions{})
+				cm, err := configMaps.Get(ctx, "kube-mvp-memory", metav1.GetOptions{})
 				if err != nil {
 					return err
 				}
-				if v := cm.Data[objects.RequestHeaderNamesKey]; !strings.Contains(v, `"x-teams"`) {
-					return fmt.Errorf("%s: %.200q", objects.RequestHeaderNamesKey, v)
+				if v := cm.Data[memory.RequestHeaderNamesKey]; !strings.Contains(v, `"x-teams"`) {
+					return fmt.Errorf("%s: %.200q", memory.RequestHeaderNamesKey, v)
 				}
 				return nil
 			})

@@ -3,7 +3,6 @@ package objects_test
 import (
 	"maps"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -11,6 +10,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/kube-mvp/kube-mvp/internal/memory"
 	"github.com/kube-mvp/kube-mvp/internal/objects"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
@@ -30,7 +30,7 @@ type memCluster struct {
 	now    time.Time
 	leases map[string]bool // ID -> Lease exists
 	live   map[string]bool // ID -> Lease fresh and discovery verified
-	mem    objects.Memory
+	mem    memory.Memory
 }
 
 func newMemCluster() *memCluster {
@@ -47,17 +47,17 @@ func servedOf(id string) []topology.Resource {
 // look is one rebuild: Observe, then Build with the memory and the live apiservers' discovery.
 func (c *memCluster) look(t *testing.T) *topology.Topology {
 	t.Helper()
-	verified := map[string]objects.Remembered{}
+	verified := map[string]memory.Remembered{}
 	for id, ok := range c.live {
 		if ok {
-			verified[id] = objects.Remembered{Hostname: hostOf[id], Address: addressOf(id), Served: servedOf(id)}
+			verified[id] = memory.Remembered{Hostname: hostOf[id], Address: addressOf(id), Served: servedOf(id)}
 		}
 	}
-	c.mem = c.mem.Observe(objects.Sighting{Now: c.now, Leases: c.leases, Verified: verified, Grace: grace})
+	c.mem = c.mem.Observe(memory.Sighting{Now: c.now, Leases: c.leases, Verified: verified, Grace: grace})
 	return c.build(t, c.mem)
 }
 
-func (c *memCluster) build(t *testing.T, mem objects.Memory) *topology.Topology {
+func (c *memCluster) build(t *testing.T, mem memory.Memory) *topology.Topology {
 	t.Helper()
 	objs := objects.Objects{Discovery: map[string]*apidiscoveryv2.APIGroupDiscoveryList{}, Remembered: mem}
 	for _, id := range slices.Sorted(maps.Keys(c.leases)) {
@@ -197,7 +197,7 @@ func TestMemoryKeepsDepartedHost(t *testing.T) {
 		t.Errorf("a's Lease deleted: hosts %v, a %+v; want a kept at %s, not routable", got, a, addressOf(idA))
 	}
 	// Its address survives a restart of xds-server (the ConfigMap).
-	reloaded, err := objects.DecodeMemory(objects.EncodeMemory(c.mem))
+	reloaded, err := memory.Decode(memory.Encode(c.mem))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -228,8 +228,8 @@ func TestMemoryLiveServerEndsUnavailable(t *testing.T) {
 	}
 	// b starts serving batch/v1 (upgraded): routed to it at once.
 	c.now = c.now.Add(time.Second)
-	verified := map[string]objects.Remembered{idB: {Served: []topology.Resource{jobs, pods}}}
-	c.mem = c.mem.Observe(objects.Sighting{Now: c.now, Leases: c.leases, Verified: verified, Grace: grace})
+	verified := map[string]memory.Remembered{idB: {Served: []topology.Resource{jobs, pods}}}
+	c.mem = c.mem.Observe(memory.Sighting{Now: c.now, Leases: c.leases, Verified: verified, Grace: grace})
 	objs := objects.Objects{
 		Leases:     []coordinationv1.Lease{leaseAt(idA, c.now.Add(-time.Minute)), leaseAt(idB, c.now)},
 		Discovery:  map[string]*apidiscoveryv2.APIGroupDiscoveryList{idB: discoveryOf([]topology.Resource{jobs, pods})},
@@ -275,9 +275,9 @@ func TestMemoryRoundTripAndRestart(t *testing.T) {
 	c.live[idA], c.leases[idA] = false, false
 	c.now = t0.Add(30 * time.Second)
 	c.look(t)
-	data := objects.EncodeMemory(c.mem)
+	data := memory.Encode(c.mem)
 	// A new process: starts from the ConfigMap only.
-	reloaded, err := objects.DecodeMemory(data)
+	reloaded, err := memory.Decode(data)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -286,7 +286,7 @@ func TestMemoryRoundTripAndRestart(t *testing.T) {
 			t.Errorf("%s: reloaded %+v, want %+v", id, reloaded[id], r)
 		}
 	}
-	if objects.NeedsWrite(reloaded, c.mem, map[string]bool{idB: true}) {
+	if memory.NeedsWrite(reloaded, c.mem, map[string]bool{idB: true}) {
 		t.Error("the reloaded memory needs writing again: replicas would write for ever")
 	}
 	restarted := &memCluster{now: c.now.Add(10 * time.Second), leases: c.leases, live: c.live, mem: reloaded}
@@ -297,24 +297,6 @@ func TestMemoryRoundTripAndRestart(t *testing.T) {
 	restarted.now = c.now.Add(grace)
 	if o := outcome(restarted.look(t), jobs); o == topology.Unavailable {
 		t.Errorf("jobs after the grace period counted from the deletion: still unavailable")
-	}
-}
-
-func TestDecodeMemoryMalformed(t *testing.T) {
-	for name, value := range map[string]string{
-		"not json":        `{"lastSeen":`,
-		"no lastSeen":     `{"served":{"batch/v1":"jobs"}}`,
-		"bad gv":          `{"lastSeen":"2026-01-02T03:04:05Z","served":{"a/b/c":"jobs"}}`,
-		"bad resource":    `{"lastSeen":"2026-01-02T03:04:05Z","served":{"batch/v1":"jobs/status/x"}}`,
-		"wrong JSON type": `{"lastSeen":"2026-01-02T03:04:05Z","served":["jobs"]}`,
-		"bad address":     `{"lastSeen":"2026-01-02T03:04:05Z","address":"10.0.0.1","served":{"v1":"pods"}}`,
-	} {
-		_, err := objects.DecodeMemory(map[string]string{"apiserver-good": `{"lastSeen":"2026-01-02T03:04:05Z","served":{"v1":"pods"}}`, "apiserver-x": value})
-		if err == nil {
-			t.Errorf("%s: decoded without error", name)
-		} else if want := `"apiserver-x"`; !strings.Contains(err.Error(), want) {
-			t.Errorf("%s: error %q does not name the entry %s", name, err, want)
-		}
 	}
 }
 
@@ -332,8 +314,8 @@ func TestMergeMemoryTwoWriters(t *testing.T) {
 	r1.look(t)
 	r2.look(t)
 	// r1 writes first; r2 merges what it read, and the other way round.
-	m12 := objects.MergeMemory(r2.mem, r1.mem, r2.now, grace)
-	m21 := objects.MergeMemory(r1.mem, r2.mem, r1.now, grace)
+	m12 := memory.Merge(r2.mem, r1.mem, r2.now, grace)
+	m21 := memory.Merge(r1.mem, r2.mem, r1.now, grace)
 	if len(m12) != len(m21) {
 		t.Fatalf("merges differ: %v vs %v", m12, m21)
 	}
@@ -346,21 +328,21 @@ func TestMergeMemoryTwoWriters(t *testing.T) {
 	if !a.LastSeen.Equal(t0.Add(time.Second)) || !a.LeaseGone.Equal(t0.Add(20*time.Second)) {
 		t.Errorf("merged a: last seen %s, Lease gone %s; want the latest sighting (t0+1s) and the first deletion seen (t0+20s)", a.LastSeen, a.LeaseGone)
 	}
-	if objects.NeedsWrite(m12, m21, nil) {
+	if memory.NeedsWrite(m12, m21, nil) {
 		t.Error("after merging, a replica still has something to write: they would fight")
 	}
-	if !objects.NeedsWrite(r1.mem, m12, nil) {
+	if !memory.NeedsWrite(r1.mem, m12, nil) {
 		t.Error("r1's write lacks r2's later sighting of a, yet nothing to write")
 	}
 	// A restart of a with the same ID beats an older deletion.
 	back := m12[idA]
 	back.LastSeen, back.LeaseGone = t0.Add(time.Minute), time.Time{}
-	merged := objects.MergeMemory(m12, objects.Memory{idA: back}, t0.Add(time.Minute), grace)
+	merged := memory.Merge(m12, memory.Memory{idA: back}, t0.Add(time.Minute), grace)
 	if !merged[idA].LeaseGone.IsZero() {
 		t.Errorf("a seen live after its old deletion still counts as deleted: %+v", merged[idA])
 	}
 	// Past the grace period, the merge drops it whoever still has it.
-	if m := objects.MergeMemory(m12, nil, t0.Add(20*time.Second+grace), grace); len(m) != 1 {
+	if m := memory.Merge(m12, nil, t0.Add(20*time.Second+grace), grace); len(m) != 1 {
 		t.Errorf("after the grace period the merge keeps %v", slices.Collect(maps.Keys(m)))
 	}
 }

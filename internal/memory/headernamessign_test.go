@@ -1,4 +1,4 @@
-package objects_test
+package memory_test
 
 import (
 	"encoding/json"
@@ -9,31 +9,35 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/kube-mvp/kube-mvp/internal/cptls"
+	"github.com/kube-mvp/kube-mvp/internal/memory"
 	"github.com/kube-mvp/kube-mvp/internal/objects"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 
 // sampleNames: a good configuration with a custom group header, after the defaults.
-func sampleNames(t *testing.T, now time.Time) objects.RequestHeaderNames {
+func sampleNames(t *testing.T, now time.Time) memory.RequestHeaderNames {
 	t.Helper()
-	var n objects.RequestHeaderNames
-	next, _, _, err := n.Observe(nil)
+	var n memory.RequestHeaderNames
+	next, _, _, err := objects.ObserveRequestHeaderNames(n, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	n = next.GoodSince(n, now.Add(-time.Hour))
-	next, _, _, err = n.Observe(authCM(map[string]string{"requestheader-group-headers": `["X-Custom-Group"]`}))
+	next, _, _, err = objects.ObserveRequestHeaderNames(n, authCM(map[string]string{"requestheader-group-headers": `["X-Custom-Group"]`}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	return next.GoodSince(n, now)
 }
 
-func wantNamesRejected(t *testing.T, what, value string, trust objects.MemoryTrust, reason string) {
+func wantNamesRejected(t *testing.T, what, value string, trust memory.Trust, reason string) {
 	t.Helper()
-	n, err := objects.ReadRequestHeaderNames(value, trust)
-	var why *objects.MemoryRejected
+	n, err := memory.ReadRequestHeaderNames(value, trust)
+	var why *memory.Rejected
 	if !errors.As(err, &why) {
 		t.Errorf("%s: accepted (%+v), want rejected for %s", what, n, reason)
 		return
@@ -53,17 +57,17 @@ func TestSignedRequestHeaderNames(t *testing.T) {
 	now := time.Now()
 	pki := newSigningCA(t)
 	key := pki.key(t, cptls.RoleXDSServer)
-	trust := objects.MemoryTrust{Roots: pki.roots, Now: now}
+	trust := memory.Trust{Roots: pki.roots, Now: now}
 	names := sampleNames(t, now)
 	if !slices.Contains(names.Seen, "x-custom-group") || !slices.Contains(names.Seen, "x-remote-group") {
 		t.Fatalf("sample names %+v", names)
 	}
 
-	value, err := objects.EncodeSignedRequestHeaderNames(names, key, now)
+	value, err := memory.EncodeSignedRequestHeaderNames(names, key, now)
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := objects.ReadRequestHeaderNames(value, trust)
+	got, err := memory.ReadRequestHeaderNames(value, trust)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,28 +77,28 @@ func TestSignedRequestHeaderNames(t *testing.T) {
 
 	wantNamesRejected(t, "tampered: a seen name removed", editEntry(t, value, func(e map[string]any) {
 		e["seen"] = slices.DeleteFunc(e["seen"].([]any), func(s any) bool { return s == "x-custom-group" })
-	}), trust, objects.RejectSignature)
+	}), trust, memory.RejectSignature)
 	wantNamesRejected(t, "tampered: good changed", editEntry(t, value, func(e map[string]any) {
 		e["good"].(map[string]any)["group"] = []any{"x-remote-group"}
-	}), trust, objects.RejectSignature)
+	}), trust, memory.RejectSignature)
 	wantNamesRejected(t, "unsigned", editEntry(t, value, func(e map[string]any) {
 		delete(e, "signedAt")
 		delete(e, "signer")
 		delete(e, "signature")
-	}), trust, objects.RejectUnsigned)
-	wantNamesRejected(t, "signature without signer", editEntry(t, value, func(e map[string]any) { delete(e, "signer") }), trust, objects.RejectSignature)
-	other, err := objects.EncodeSignedRequestHeaderNames(names, pki.key(t, cptls.RoleExtproc), now)
+	}), trust, memory.RejectUnsigned)
+	wantNamesRejected(t, "signature without signer", editEntry(t, value, func(e map[string]any) { delete(e, "signer") }), trust, memory.RejectSignature)
+	other, err := memory.EncodeSignedRequestHeaderNames(names, pki.key(t, cptls.RoleExtproc), now)
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantNamesRejected(t, "signed by ext-proc", other, trust, objects.RejectSigner)
-	wantNamesRejected(t, "another CA", value, objects.MemoryTrust{Roots: newSigningCA(t).roots, Now: now}, objects.RejectSigner)
-	future, err := objects.EncodeSignedRequestHeaderNames(names, key, now.Add(time.Hour))
+	wantNamesRejected(t, "signed by ext-proc", other, trust, memory.RejectSigner)
+	wantNamesRejected(t, "another CA", value, memory.Trust{Roots: newSigningCA(t).roots, Now: now}, memory.RejectSigner)
+	future, err := memory.EncodeSignedRequestHeaderNames(names, key, now.Add(time.Hour))
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantNamesRejected(t, "signed in the future", future, trust, objects.RejectFuture)
-	wantNamesRejected(t, "not JSON", `{"seen": [`, trust, objects.RejectMalformed)
+	wantNamesRejected(t, "signed in the future", future, trust, memory.RejectFuture)
+	wantNamesRejected(t, "not JSON", `{"seen": [`, trust, memory.RejectMalformed)
 
 	// A memory entry's signature on the names, and the names' signature on an entry.
 	entry := sign(t, sampleMemory(now), key, now)[cpBID]
@@ -103,54 +107,54 @@ func TestSignedRequestHeaderNames(t *testing.T) {
 		_ = json.Unmarshal([]byte(entry), &m)
 		e["signedAt"], e["signer"], e["signature"] = m["signedAt"], m["signer"], m["signature"]
 	})
-	wantNamesRejected(t, "an entry's signature", moved, trust, objects.RejectSignature)
+	wantNamesRejected(t, "an entry's signature", moved, trust, memory.RejectSignature)
 	data := sign(t, sampleMemory(now), key, now)
 	data[cpBID] = editEntry(t, data[cpBID], func(e map[string]any) {
 		m := map[string]any{}
 		_ = json.Unmarshal([]byte(value), &m)
 		e["signedAt"], e["signer"], e["signature"] = m["signedAt"], m["signer"], m["signature"]
 	})
-	wantRejected(t, "the names' signature on an entry", data, trust, objects.RejectSignature)
+	wantRejected(t, "the names' signature on an entry", data, trust, memory.RejectSignature)
 	// The names moved to an apiserver's key are no entry.
 	data = sign(t, sampleMemory(now), key, now)
 	data[cpBID] = value
-	wantRejected(t, "the names under an apiserver ID", data, trust, objects.RejectMalformed)
+	wantRejected(t, "the names under an apiserver ID", data, trust, memory.RejectMalformed)
 }
 
 // TestRequestHeaderNamesInMemory: the names' key is no entry: memories with it are read as
-// without it, it counts in the bytes but not in the entries, and BoundMemory leaves it room.
+// without it, it counts in the bytes but not in the entries, and Bound leaves it room.
 func TestRequestHeaderNamesInMemory(t *testing.T) {
 	now := time.Now()
 	pki := newSigningCA(t)
 	key := pki.key(t, cptls.RoleXDSServer)
-	trust := objects.MemoryTrust{Roots: pki.roots, Now: now}
-	value, err := objects.EncodeSignedRequestHeaderNames(sampleNames(t, now), key, now)
+	trust := memory.Trust{Roots: pki.roots, Now: now}
+	value, err := memory.EncodeSignedRequestHeaderNames(sampleNames(t, now), key, now)
 	if err != nil {
 		t.Fatal(err)
 	}
 	data := sign(t, sampleMemory(now), key, now)
-	data[objects.RequestHeaderNamesKey] = value
+	data[memory.RequestHeaderNamesKey] = value
 	wantAccepted(t, "a memory with the names", data, trust, sampleMemory(now))
-	if m, err := objects.DecodeMemory(data); err != nil || len(m) != 2 {
-		t.Errorf("DecodeMemory: %d entries, %v", len(m), err)
+	if m, err := memory.Decode(data); err != nil || len(m) != 2 {
+		t.Errorf("Decode: %d entries, %v", len(m), err)
 	}
 
-	full := objects.Memory{}
-	for i := range objects.MaxMemoryEntries {
-		full[objects.APIServerIDFor(fmt.Sprintf("cp-%d", i))] = objects.Remembered{Hostname: fmt.Sprintf("cp-%d", i), Served: []topology.Resource{pods}, LastSeen: now.Truncate(time.Second)}
+	full := memory.Memory{}
+	for i := range memory.MaxEntries {
+		full[objects.APIServerIDFor(fmt.Sprintf("cp-%d", i))] = memory.Remembered{Hostname: fmt.Sprintf("cp-%d", i), Served: []topology.Resource{pods}, LastSeen: now.Truncate(time.Second)}
 	}
 	data = sign(t, full, key, now)
-	data[objects.RequestHeaderNamesKey] = value
+	data[memory.RequestHeaderNamesKey] = value
 	wantAccepted(t, "as many entries as allowed, and the names", data, trust, full)
 
 	// Bytes: a memory that fits alone but not with the largest names is rejected as a
-	// whole; BoundMemory leaves the names room.
+	// whole; Bound leaves the names room.
 	largest := largestNames(t, now)
-	lv, err := objects.EncodeSignedRequestHeaderNames(largest, key, now)
+	lv, err := memory.EncodeSignedRequestHeaderNames(largest, key, now)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := objects.ReadRequestHeaderNames(lv, trust); err != nil {
+	if _, err := memory.ReadRequestHeaderNames(lv, trust); err != nil {
 		t.Errorf("the largest names: %v", err)
 	}
 	size := func(d map[string]string) int {
@@ -160,14 +164,14 @@ func TestRequestHeaderNamesInMemory(t *testing.T) {
 		}
 		return n
 	}
-	var big objects.Memory
+	var big memory.Memory
 	for per := 2000; ; per += 10 {
-		big = objects.Memory{}
+		big = memory.Memory{}
 		for i := range 3 {
-			big[objects.APIServerIDFor(fmt.Sprintf("big-%d", i))] = objects.Remembered{Hostname: fmt.Sprintf("big-%d", i), LastSeen: now.Add(-time.Duration(i) * time.Second).Truncate(time.Second), Served: groupVersions(1, per)}
+			big[objects.APIServerIDFor(fmt.Sprintf("big-%d", i))] = memory.Remembered{Hostname: fmt.Sprintf("big-%d", i), LastSeen: now.Add(-time.Duration(i) * time.Second).Truncate(time.Second), Served: groupVersions(1, per)}
 		}
-		if s := size(sign(t, big, key, now)); s > objects.MaxMemoryBytes-len(lv)-len(objects.RequestHeaderNamesKey) {
-			if s > objects.MaxMemoryBytes {
+		if s := size(sign(t, big, key, now)); s > memory.MaxBytes-len(lv)-len(memory.RequestHeaderNamesKey) {
+			if s > memory.MaxBytes {
 				t.Fatalf("no memory fits alone but not with the names (%d bytes at %d)", s, per)
 			}
 			break
@@ -175,32 +179,32 @@ func TestRequestHeaderNamesInMemory(t *testing.T) {
 	}
 	wantAccepted(t, "the memory alone", sign(t, big, key, now), trust, big)
 	data = sign(t, big, key, now)
-	data[objects.RequestHeaderNamesKey] = lv
-	wantRejected(t, "the memory and the names", data, trust, objects.RejectBounds)
-	bounded, dropped := objects.BoundMemory(big, key)
+	data[memory.RequestHeaderNamesKey] = lv
+	wantRejected(t, "the memory and the names", data, trust, memory.RejectBounds)
+	bounded, dropped := memory.Bound(big, key)
 	if len(dropped) == 0 {
-		t.Fatal("BoundMemory left the names no room")
+		t.Fatal("Bound left the names no room")
 	}
 	data = sign(t, bounded, key, now)
-	data[objects.RequestHeaderNamesKey] = lv
+	data[memory.RequestHeaderNamesKey] = lv
 	wantAccepted(t, "a bounded memory with the largest names", data, trust, bounded)
 }
 
-func largestNames(t *testing.T, now time.Time) objects.RequestHeaderNames {
+func largestNames(t *testing.T, now time.Time) memory.RequestHeaderNames {
 	t.Helper()
 	long := func(i int) string {
 		s := fmt.Sprintf("x-%d-", i)
-		return s + strings.Repeat("a", objects.MaxRequestHeaderNameLength-len(s))
+		return s + strings.Repeat("a", topology.MaxRequestHeaderNameLength-len(s))
 	}
 	list := func(from int) []string {
 		var l []string
-		for i := range objects.MaxRequestHeaderNames {
+		for i := range topology.MaxRequestHeaderNames {
 			l = append(l, long(from+i))
 		}
 		return l
 	}
-	n := objects.RequestHeaderNames{Good: &topology.RequestHeaders{User: list(0), UID: list(16), Group: list(32), ExtraPrefix: list(48)}, GoodAt: now.Truncate(time.Second)}
-	for i := range objects.MaxSeenRequestHeaderNames {
+	n := memory.RequestHeaderNames{Good: &topology.RequestHeaders{User: list(0), UID: list(16), Group: list(32), ExtraPrefix: list(48)}, GoodAt: now.Truncate(time.Second)}
+	for i := range memory.MaxSeenRequestHeaderNames {
 		n.Seen = append(n.Seen, long(i))
 		n.SeenPrefixes = append(n.SeenPrefixes, long(i))
 	}
@@ -213,12 +217,12 @@ func TestRequestHeaderNamesBounds(t *testing.T) {
 	now := time.Now()
 	pki := newSigningCA(t)
 	key := pki.key(t, cptls.RoleXDSServer)
-	trust := objects.MemoryTrust{Roots: pki.roots, Now: now}
-	value, err := objects.EncodeSignedRequestHeaderNames(sampleNames(t, now), key, now)
+	trust := memory.Trust{Roots: pki.roots, Now: now}
+	value, err := memory.EncodeSignedRequestHeaderNames(sampleNames(t, now), key, now)
 	if err != nil {
 		t.Fatal(err)
 	}
-	many := make([]any, objects.MaxSeenRequestHeaderNames+1)
+	many := make([]any, memory.MaxSeenRequestHeaderNames+1)
 	for i := range many {
 		many[i] = fmt.Sprintf("x-%d", i)
 	}
@@ -227,23 +231,23 @@ func TestRequestHeaderNamesBounds(t *testing.T) {
 		edit   func(map[string]any)
 		reason string
 	}{
-		{"too many seen", func(e map[string]any) { e["seen"] = many }, objects.RejectBounds},
+		{"too many seen", func(e map[string]any) { e["seen"] = many }, memory.RejectBounds},
 		{"a long seen name", func(e map[string]any) {
-			e["seen"] = []any{"x-" + strings.Repeat("a", objects.MaxRequestHeaderNameLength)}
-		}, objects.RejectBounds},
-		{"too many good names", func(e map[string]any) { e["good"].(map[string]any)["group"] = many[:objects.MaxRequestHeaderNames+1] }, objects.RejectBounds},
-		{"not a header name", func(e map[string]any) { e["seen"] = []any{"x remote"} }, objects.RejectMalformed},
-		{"upper case", func(e map[string]any) { e["seen"] = []any{"X-Remote-User"} }, objects.RejectMalformed},
-		{"twice", func(e map[string]any) { e["seen"] = []any{"x-a", "x-a"} }, objects.RejectMalformed},
-		{"a prefix not seen", func(e map[string]any) { e["seenPrefixes"] = []any{"x-elsewhere-"} }, objects.RejectMalformed},
-		{"former names in good", func(e map[string]any) { e["good"].(map[string]any)["former"] = []any{"x-a"} }, objects.RejectMalformed},
-		{"too long", func(e map[string]any) { e["pad"] = strings.Repeat("a", objects.MaxRequestHeaderNamesBytes) }, objects.RejectBounds},
+			e["seen"] = []any{"x-" + strings.Repeat("a", topology.MaxRequestHeaderNameLength)}
+		}, memory.RejectBounds},
+		{"too many good names", func(e map[string]any) { e["good"].(map[string]any)["group"] = many[:topology.MaxRequestHeaderNames+1] }, memory.RejectBounds},
+		{"not a header name", func(e map[string]any) { e["seen"] = []any{"x remote"} }, memory.RejectMalformed},
+		{"upper case", func(e map[string]any) { e["seen"] = []any{"X-Remote-User"} }, memory.RejectMalformed},
+		{"twice", func(e map[string]any) { e["seen"] = []any{"x-a", "x-a"} }, memory.RejectMalformed},
+		{"a prefix not seen", func(e map[string]any) { e["seenPrefixes"] = []any{"x-elsewhere-"} }, memory.RejectMalformed},
+		{"former names in good", func(e map[string]any) { e["good"].(map[string]any)["former"] = []any{"x-a"} }, memory.RejectMalformed},
+		{"too long", func(e map[string]any) { e["pad"] = strings.Repeat("a", memory.MaxRequestHeaderNamesBytes) }, memory.RejectBounds},
 	} {
 		wantNamesRejected(t, c.what, editEntry(t, value, c.edit), trust, c.reason)
 	}
 	bad := sampleNames(t, now)
 	bad.Seen = append(bad.Seen, "X Bad")
-	if _, err := objects.EncodeSignedRequestHeaderNames(bad, key, now); err == nil {
+	if _, err := memory.EncodeSignedRequestHeaderNames(bad, key, now); err == nil {
 		t.Error("names out of bounds were signed")
 	}
 }
@@ -253,10 +257,10 @@ func TestRequestHeaderNamesBounds(t *testing.T) {
 func TestMergeRequestHeaderNames(t *testing.T) {
 	now := time.Now()
 	persisted := sampleNames(t, now) // defaults, then x-custom-group as the group header
-	var fresh objects.RequestHeaderNames
+	var fresh memory.RequestHeaderNames
 
 	// A restart: nothing in the process; everything persisted is known again.
-	merged := objects.MergeRequestHeaderNames(fresh, persisted)
+	merged := memory.MergeRequestHeaderNames(fresh, persisted)
 	if !slices.Equal(merged.Seen, persisted.Seen) || merged.Good == nil || !slices.Equal(merged.Good.Group, []string{"x-custom-group"}) || !merged.GoodAt.Equal(persisted.GoodAt) {
 		t.Fatalf("merged into nothing: %+v", merged)
 	}
@@ -265,17 +269,17 @@ func TestMergeRequestHeaderNames(t *testing.T) {
 	}
 	// ... then the ConfigMap lost its group key (an attacker deleted it): x-custom-group
 	// stays in use, and stripped.
-	_, use, usable, _ := merged.Observe(authCM(map[string]string{"requestheader-username-headers": `["X-Remote-User"]`}))
+	_, use, usable, _ := objects.ObserveRequestHeaderNames(merged, authCM(map[string]string{"requestheader-username-headers": `["X-Remote-User"]`}))
 	if !usable || !slices.Equal(use.Group, []string{"x-custom-group"}) || !slices.Contains(use.StripNames(), "x-custom-group") {
 		t.Errorf("after a restart and a deleted key: usable %v, %+v", usable, use)
 	}
 	// ... or malformed: the persisted last good is used, not unready.
-	_, use, usable, err := merged.Observe(authCM(map[string]string{"requestheader-group-headers": `nope`}))
+	_, use, usable, err := objects.ObserveRequestHeaderNames(merged, authCM(map[string]string{"requestheader-group-headers": `nope`}))
 	if !usable || err == nil || !slices.Equal(use.Group, []string{"x-custom-group"}) {
 		t.Errorf("after a restart and a malformed ConfigMap: usable %v, %v, %+v", usable, err, use)
 	}
 	// ... or renamed: the old name stays stripped.
-	next, use, _, _ := merged.Observe(authCM(map[string]string{"requestheader-group-headers": `["X-Evil-Group"]`}))
+	next, use, _, _ := objects.ObserveRequestHeaderNames(merged, authCM(map[string]string{"requestheader-group-headers": `["X-Evil-Group"]`}))
 	if !slices.Contains(use.StripNames(), "x-custom-group") || !slices.Contains(use.StripNames(), "x-evil-group") {
 		t.Errorf("after a restart and a renamed group header, stripped %v", use.StripNames())
 	}
@@ -284,7 +288,7 @@ func TestMergeRequestHeaderNames(t *testing.T) {
 		t.Error("a new name and a later good configuration: want only the process's written")
 	}
 	// Nothing persisted, never good: unready.
-	if _, _, usable, _ := fresh.Observe(authCM(map[string]string{"requestheader-group-headers": `nope`})); usable {
+	if _, _, usable, _ := objects.ObserveRequestHeaderNames(fresh, authCM(map[string]string{"requestheader-group-headers": `nope`})); usable {
 		t.Error("never good and nothing persisted: usable")
 	}
 
@@ -292,12 +296,12 @@ func TestMergeRequestHeaderNames(t *testing.T) {
 	// has something new; they converge on the union of the names and the later good
 	// configuration (b's), and then neither writes.
 	a := sampleNames(t, now)
-	var b objects.RequestHeaderNames
-	b, _, _, _ = b.Observe(authCM(map[string]string{"requestheader-uid-headers": `["X-Other-Uid"]`}))
-	b = b.GoodSince(objects.RequestHeaderNames{}, now.Add(time.Second))
+	var b memory.RequestHeaderNames
+	b, _, _, _ = objects.ObserveRequestHeaderNames(b, authCM(map[string]string{"requestheader-uid-headers": `["X-Other-Uid"]`}))
+	b = b.GoodSince(memory.RequestHeaderNames{}, now.Add(time.Second))
 	stored := b // b wrote first
-	for i, replica := range []*objects.RequestHeaderNames{&a, &b, &a, &b} {
-		*replica = objects.MergeRequestHeaderNames(*replica, stored)
+	for i, replica := range []*memory.RequestHeaderNames{&a, &b, &a, &b} {
+		*replica = memory.MergeRequestHeaderNames(*replica, stored)
 		if replica.NeedsWrite(stored) {
 			if i >= 2 {
 				t.Errorf("round %d: still writing %+v over %+v", i, *replica, stored)
@@ -317,8 +321,13 @@ func TestMergeRequestHeaderNames(t *testing.T) {
 	// Bounded: the union keeps at most MaxSeenRequestHeaderNames, the names in use kept.
 	huge := largestNames(t, now)
 	huge.Good = nil
-	m := objects.MergeRequestHeaderNames(persisted, huge)
-	if len(m.Seen) > objects.MaxSeenRequestHeaderNames || !slices.Contains(m.Seen, "x-custom-group") {
+	m := memory.MergeRequestHeaderNames(persisted, huge)
+	if len(m.Seen) > memory.MaxSeenRequestHeaderNames || !slices.Contains(m.Seen, "x-custom-group") {
 		t.Errorf("merged %d names, in use kept: %v", len(m.Seen), slices.Contains(m.Seen, "x-custom-group"))
 	}
+}
+
+// authCM is the apiservers' authentication ConfigMap with data.
+func authCM(data map[string]string) *corev1.ConfigMap {
+	return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: objects.AuthenticationNamespace, Name: objects.AuthenticationConfigMap}, Data: data}
 }

@@ -1,4 +1,4 @@
-package objects
+package memory
 
 import (
 	"cmp"
@@ -25,15 +25,15 @@ import (
 // with xds-server's own TLS key (its control-plane certificate, role xds-server), and a
 // reader checks the signature, that the signer's certificate chains to the control plane's
 // CA bundle and names the xds-server role as of the signing time, and the bounds below. A
-// ConfigMap that fails any check is ignored as a whole (ReadMemory).
+// ConfigMap that fails any check is ignored as a whole (Read).
 //
-// An entry is the JSON of EncodeMemory with three more fields, so that an xds-server that
+// An entry is the JSON of Encode with three more fields, so that an xds-server that
 // does not check signatures still reads it:
 //
 //	apiserver-abc: {"hostname":"cp-a",...,"served":{...},"signedAt":"2026-01-02T03:04:05Z","signer":"<base64 DER certificate>","signature":"<base64>"}
 //
 // The signature is over signedMessage: the purpose string, the apiserver ID (the ConfigMap
-// key, so an entry cannot be moved to another key), the entry as EncodeMemory writes it
+// key, so an entry cannot be moved to another key), the entry as Encode writes it
 // (its canonical form: a reader re-encodes what it decoded) and signedAt, as one JSON
 // object. ECDSA and RSA keys sign its SHA-256 (ECDSA ASN.1, RSA PKCS #1 v1.5), Ed25519 keys
 // the message itself.
@@ -42,30 +42,30 @@ import (
 // a cluster needs (an entry of a kube-apiserver 1.37 lists about 25 group/versions and 125
 // resources and subresources, under 4 KiB with its signature; a cluster runs a handful of
 // apiservers, each with one ID across restarts) and low enough that a memory cannot grow
-// Envoy's routes or xds-server's work without limit: at most MaxMemoryEntries ×
-// MaxMemoryGroupVersions group/versions, and MaxMemoryBytes stays well within a
+// Envoy's routes or xds-server's work without limit: at most MaxEntries ×
+// MaxGroupVersions group/versions, and MaxBytes stays well within a
 // ConfigMap's 1 MiB.
 const (
-	// MaxMemoryEntries is the most apiservers a memory holds.
-	MaxMemoryEntries = 64
-	// MaxMemoryGroupVersions is the most group/versions one entry lists.
-	MaxMemoryGroupVersions = 256
-	// MaxMemoryResources is the most resources and subresources one entry lists.
-	MaxMemoryResources = 4096
-	// MaxMemoryBytes bounds the ConfigMap's data: the keys and values together.
-	MaxMemoryBytes = 512 << 10
-	// MemoryClockSkew is how far in the future (after the reader's now, or an entry's
+	// MaxEntries is the most apiservers a memory holds.
+	MaxEntries = 64
+	// MaxGroupVersions is the most group/versions one entry lists.
+	MaxGroupVersions = 256
+	// MaxResources is the most resources and subresources one entry lists.
+	MaxResources = 4096
+	// MaxBytes bounds the ConfigMap's data: the keys and values together.
+	MaxBytes = 512 << 10
+	// ClockSkew is how far in the future (after the reader's now, or an entry's
 	// signing time) a time in the memory may be: replicas' clocks differ a little. A time
 	// later than that would keep an apiserver remembered for ever.
-	MemoryClockSkew = time.Minute
+	ClockSkew = time.Minute
 )
 
 // memoryPurpose is the first field of every signed message: a signature made for anything
 // else with the same key is not an entry's.
 const memoryPurpose = "kube-mvp.io/xds-server-memory-entry/v1"
 
-// MemoryKey signs a memory's entries: xds-server's certificate and its private key.
-type MemoryKey struct {
+// Key signs a memory's entries: xds-server's certificate and its private key.
+type Key struct {
 	Cert *x509.Certificate
 	Key  crypto.Signer
 }
@@ -81,7 +81,7 @@ func signedMessage(id string, r Remembered, signedAt time.Time) []byte {
 	return b
 }
 
-func (k MemoryKey) sign(msg []byte) ([]byte, error) {
+func (k Key) sign(msg []byte) ([]byte, error) {
 	if k.Cert == nil || k.Key == nil {
 		return nil, errors.New("no signing key")
 	}
@@ -106,7 +106,7 @@ func signatureAlgorithm(cert *x509.Certificate) (x509.SignatureAlgorithm, error)
 }
 
 // maxSignatureLen bounds the length of a signature by k.
-func (k MemoryKey) maxSignatureLen() int {
+func (k Key) maxSignatureLen() int {
 	switch pub := k.Key.Public().(type) {
 	case *ecdsa.PublicKey:
 		n := (pub.Curve.Params().BitSize + 7) / 8
@@ -120,7 +120,7 @@ func (k MemoryKey) maxSignatureLen() int {
 }
 
 // signatureOverhead bounds the bytes k's signature fields add to an entry.
-func (k MemoryKey) signatureOverhead() int {
+func (k Key) signatureOverhead() int {
 	if k.Cert == nil {
 		return 0
 	}
@@ -137,8 +137,8 @@ type signedJSON struct {
 	Signature string     `json:"signature,omitempty"`
 }
 
-// EncodeSignedMemory is m as ConfigMap data, every entry signed by k at now.
-func EncodeSignedMemory(m Memory, k MemoryKey, now time.Time) (map[string]string, error) {
+// EncodeSigned is m as ConfigMap data, every entry signed by k at now.
+func EncodeSigned(m Memory, k Key, now time.Time) (map[string]string, error) {
 	now = now.UTC()
 	data := make(map[string]string, len(m))
 	for _, id := range slices.Sorted(maps.Keys(m)) {
@@ -158,45 +158,45 @@ func EncodeSignedMemory(m Memory, k MemoryKey, now time.Time) (map[string]string
 	return data, nil
 }
 
-// Why ReadMemory rejected a memory: the label of kube_mvp_xds_memory_rejected_total.
+// Why Read rejected a memory: the label of kube_mvp_xds_memory_rejected_total.
 const (
 	RejectMalformed = "malformed" // not an entry's JSON, or what it lists is not resources
 	RejectBounds    = "bounds"    // more entries, group/versions, resources or bytes than allowed
-	RejectFuture    = "future"    // a time after now (or after its signing time) plus MemoryClockSkew
+	RejectFuture    = "future"    // a time after now (or after its signing time) plus ClockSkew
 	RejectUnsigned  = "unsigned"  // entries without a signature where none may be
 	RejectSigner    = "signer"    // a signer certificate not from the CA, not xds-server's, not valid then
 	RejectSignature = "signature" // a signature that does not verify: tampered, or moved to another key
 )
 
-// MemoryRejected is why a memory is not believed at all.
-type MemoryRejected struct {
+// Rejected is why a memory is not believed at all.
+type Rejected struct {
 	Reason string // one of the Reject* constants
 	Err    error
 }
 
-func (e *MemoryRejected) Error() string { return e.Reason + ": " + e.Err.Error() }
-func (e *MemoryRejected) Unwrap() error { return e.Err }
+func (e *Rejected) Error() string { return e.Reason + ": " + e.Err.Error() }
+func (e *Rejected) Unwrap() error { return e.Err }
 
-func rejected(reason, format string, args ...any) *MemoryRejected {
-	return &MemoryRejected{Reason: reason, Err: fmt.Errorf(format, args...)}
+func rejected(reason, format string, args ...any) *Rejected {
+	return &Rejected{Reason: reason, Err: fmt.Errorf(format, args...)}
 }
 
-// MemoryTrust is what ReadMemory checks a memory against.
-type MemoryTrust struct {
+// Trust is what Read checks a memory against.
+type Trust struct {
 	// Roots is the control plane's CA bundle: every signer's certificate must chain to it.
 	Roots *x509.CertPool
-	// Now is the reader's time: no time in the memory may be later than Now+MemoryClockSkew.
+	// Now is the reader's time: no time in the memory may be later than Now+ClockSkew.
 	Now time.Time
 	// AllowUnsigned: the reader has never seen or written a signed memory, so a memory
-	// written before entries were signed may be migrated (see ReadMemory).
+	// written before entries were signed may be migrated (see Read).
 	AllowUnsigned bool
 	// Servers are the apiservers that have an identity Lease now (APIServers), for
 	// migration.
 	Servers []topology.APIServer
 }
 
-// MemoryReading is what ReadMemory found in a memory it accepted.
-type MemoryReading struct {
+// Reading is what Read found in a memory it accepted.
+type Reading struct {
 	Memory Memory
 	// Signed: some entry carries a signature (accepted or not): the memory is past its
 	// migration, and its reader accepts no unsigned entry from now on.
@@ -206,10 +206,10 @@ type MemoryReading struct {
 	Migrated, NotMigrated []string
 }
 
-// ReadMemory checks ConfigMap data written by EncodeSignedMemory and returns the memory it
-// holds, or, if anything is wrong, a *MemoryRejected and no memory at all: a memory is
+// Read checks ConfigMap data written by EncodeSigned and returns the memory it
+// holds, or, if anything is wrong, a *Rejected and no memory at all: a memory is
 // believed whole or not at all. Checked: the bounds (MaxMemory*), every time at most
-// MemoryClockSkew after trust.Now (and an entry's times after its signing time), and every
+// ClockSkew after trust.Now (and an entry's times after its signing time), and every
 // entry's signature, made at its signedAt by a certificate that chains to trust.Roots and
 // names the xds-server role then, over its ID and content.
 //
@@ -218,8 +218,8 @@ type MemoryReading struct {
 // reader writes it back signed) only if its ID has an identity Lease now with the same
 // hostname and, if the entry names one, the same address; the others are left out.
 // Otherwise any unsigned entry rejects the memory.
-func ReadMemory(data map[string]string, trust MemoryTrust) (MemoryReading, error) {
-	reading := MemoryReading{Memory: make(Memory, len(data))}
+func Read(data map[string]string, trust Trust) (Reading, error) {
+	reading := Reading{Memory: make(Memory, len(data))}
 	size := 0
 	for id, v := range data {
 		size += len(id) + len(v)
@@ -229,13 +229,13 @@ func ReadMemory(data map[string]string, trust MemoryTrust) (MemoryReading, error
 		data = maps.Clone(data)
 		delete(data, RequestHeaderNamesKey)
 	}
-	if len(data) > MaxMemoryEntries {
-		return reading, rejected(RejectBounds, "%d entries, at most %d", len(data), MaxMemoryEntries)
+	if len(data) > MaxEntries {
+		return reading, rejected(RejectBounds, "%d entries, at most %d", len(data), MaxEntries)
 	}
-	if size > MaxMemoryBytes {
-		return reading, rejected(RejectBounds, "%d bytes, at most %d", size, MaxMemoryBytes)
+	if size > MaxBytes {
+		return reading, rejected(RejectBounds, "%d bytes, at most %d", size, MaxBytes)
 	}
-	latest := trust.Now.Add(MemoryClockSkew)
+	latest := trust.Now.Add(ClockSkew)
 	type entry struct {
 		id string
 		r  Remembered
@@ -248,15 +248,15 @@ func ReadMemory(data map[string]string, trust MemoryTrust) (MemoryReading, error
 		if err := json.Unmarshal([]byte(data[id]), &j); err != nil {
 			return reading, rejected(RejectMalformed, "entry %q: %v", id, err)
 		}
-		if len(j.Served) > MaxMemoryGroupVersions {
-			return reading, rejected(RejectBounds, "entry %q lists %d group/versions, at most %d", id, len(j.Served), MaxMemoryGroupVersions)
+		if len(j.Served) > MaxGroupVersions {
+			return reading, rejected(RejectBounds, "entry %q lists %d group/versions, at most %d", id, len(j.Served), MaxGroupVersions)
 		}
 		r, err := fromJSON(j.rememberedJSON)
 		if err != nil {
 			return reading, rejected(RejectMalformed, "entry %q: %v", id, err)
 		}
-		if len(r.Served) > MaxMemoryResources {
-			return reading, rejected(RejectBounds, "entry %q lists %d resources, at most %d", id, len(r.Served), MaxMemoryResources)
+		if len(r.Served) > MaxResources {
+			return reading, rejected(RejectBounds, "entry %q lists %d resources, at most %d", id, len(r.Served), MaxResources)
 		}
 		for _, t := range []struct {
 			name string
@@ -298,7 +298,7 @@ func ReadMemory(data map[string]string, trust MemoryTrust) (MemoryReading, error
 	v := verifier{roots: trust.Roots, chains: map[string]error{}}
 	for _, e := range entries {
 		if err := v.verify(e.id, e.r, e.j, latest); err != nil {
-			return MemoryReading{Memory: Memory{}, Signed: true}, err
+			return Reading{Memory: Memory{}, Signed: true}, err
 		}
 		reading.Memory[e.id] = e.r
 	}
@@ -322,7 +322,7 @@ func (v *verifier) verify(id string, r Remembered, j signedJSON, latest time.Tim
 		return rejected(RejectFuture, "entry %q: signedAt %s is in the future", id, signedAt.UTC().Format(time.RFC3339))
 	}
 	for _, t := range []time.Time{r.LastSeen, r.LeaseGone} {
-		if t.After(signedAt.Add(MemoryClockSkew)) {
+		if t.After(signedAt.Add(ClockSkew)) {
 			return rejected(RejectFuture, "entry %q: %s is after its signing time %s", id, t.UTC().Format(time.RFC3339), signedAt.UTC().Format(time.RFC3339))
 		}
 	}
@@ -384,14 +384,14 @@ func (v *verifier) checkSigner(b64 string, signedAt time.Time) (*x509.Certificat
 	return cert, nil
 }
 
-// BoundMemory is m within the bounds its ConfigMap must keep, so that what xds-server
+// Bound is m within the bounds its ConfigMap must keep, so that what xds-server
 // writes it also accepts: an entry with more group/versions or resources than allowed is
-// left out, and of the others the most recently seen are kept, up to MaxMemoryEntries and
-// MaxMemoryBytes with k's signature (k's zero value: no signature, the memory of a process
+// left out, and of the others the most recently seen are kept, up to MaxEntries and
+// MaxBytes with k's signature (k's zero value: no signature, the memory of a process
 // without a ConfigMap), less room for the request-header names when signed
 // (MaxRequestHeaderNamesBytes under RequestHeaderNamesKey). dropped are the IDs left out,
 // sorted.
-func BoundMemory(m Memory, k MemoryKey) (bounded Memory, dropped []string) {
+func Bound(m Memory, k Key) (bounded Memory, dropped []string) {
 	overhead := k.signatureOverhead()
 	type sized struct {
 		id   string
@@ -400,7 +400,7 @@ func BoundMemory(m Memory, k MemoryKey) (bounded Memory, dropped []string) {
 	}
 	var fit []sized
 	for id, r := range m {
-		if len(r.Served) > MaxMemoryResources || len(groupVersionsOf(r.Served)) > MaxMemoryGroupVersions {
+		if len(r.Served) > MaxResources || len(groupVersionsOf(r.Served)) > MaxGroupVersions {
 			dropped = append(dropped, id)
 			continue
 		}
@@ -416,7 +416,7 @@ func BoundMemory(m Memory, k MemoryKey) (bounded Memory, dropped []string) {
 		total = len(RequestHeaderNamesKey) + MaxRequestHeaderNamesBytes
 	}
 	for _, e := range fit {
-		if len(bounded) >= MaxMemoryEntries || total+e.size > MaxMemoryBytes {
+		if len(bounded) >= MaxEntries || total+e.size > MaxBytes {
 			dropped = append(dropped, e.id)
 			continue
 		}

@@ -1,4 +1,4 @@
-package objects
+package memory
 
 import (
 	"encoding/base64"
@@ -27,7 +27,7 @@ const requestHeaderNamesPurpose = "kube-mvp.io/xds-server-request-header-names/v
 
 // MaxRequestHeaderNamesBytes bounds the value under RequestHeaderNamesKey. The names
 // themselves take at most about 25 KiB (MaxSeenRequestHeaderNames names of at most
-// MaxRequestHeaderNameLength in seen and seenPrefixes, four lists of MaxRequestHeaderNames
+// topology.MaxRequestHeaderNameLength in seen and seenPrefixes, four lists of MaxRequestHeaderNames
 // in good); the rest is the signature and its certificate.
 const MaxRequestHeaderNamesBytes = 48 << 10
 
@@ -76,8 +76,9 @@ func (n RequestHeaderNames) IsZero() bool {
 }
 
 // EncodeSignedRequestHeaderNames is n as the value of RequestHeaderNamesKey, signed by k at
-// now. n must be within the bounds ReadRequestHeaderNames checks (Observe keeps it so).
-func EncodeSignedRequestHeaderNames(n RequestHeaderNames, k MemoryKey, now time.Time) (string, error) {
+// now. n must be within the bounds ReadRequestHeaderNames checks
+// (objects.ObserveRequestHeaderNames keeps it so).
+func EncodeSignedRequestHeaderNames(n RequestHeaderNames, k Key, now time.Time) (string, error) {
 	now = now.UTC()
 	if err := checkRequestHeaderNames(n); err != nil {
 		return "", fmt.Errorf("the request-header names are out of bounds: %w", err.Err)
@@ -98,12 +99,12 @@ func EncodeSignedRequestHeaderNames(n RequestHeaderNames, k MemoryKey, now time.
 }
 
 // ReadRequestHeaderNames checks a value written by EncodeSignedRequestHeaderNames and returns
-// the names it holds, or a *MemoryRejected (with the reasons of ReadMemory) and nothing: its
+// the names it holds, or a *Rejected (with the reasons of Read) and nothing: its
 // size, its names (as RequestHeadersFrom reads them, lower-case, Seen at most
 // MaxSeenRequestHeaderNames, SeenPrefixes among Seen), no time after trust.Now plus
-// MemoryClockSkew, and its signature. Unsigned values are never accepted (trust.AllowUnsigned
+// ClockSkew, and its signature. Unsigned values are never accepted (trust.AllowUnsigned
 // is for entries written before entries were signed; these names never were).
-func ReadRequestHeaderNames(value string, trust MemoryTrust) (RequestHeaderNames, error) {
+func ReadRequestHeaderNames(value string, trust Trust) (RequestHeaderNames, error) {
 	if len(value) > MaxRequestHeaderNamesBytes {
 		return RequestHeaderNames{}, rejected(RejectBounds, "%s: %d bytes, at most %d", RequestHeaderNamesKey, len(value), MaxRequestHeaderNamesBytes)
 	}
@@ -124,12 +125,12 @@ func ReadRequestHeaderNames(value string, trust MemoryTrust) (RequestHeaderNames
 	if j.SignedAt == nil || j.Signer == "" || j.Signature == "" {
 		return RequestHeaderNames{}, rejected(RejectSignature, "%s: signedAt, signer and signature go together", RequestHeaderNamesKey)
 	}
-	latest := trust.Now.Add(MemoryClockSkew)
+	latest := trust.Now.Add(ClockSkew)
 	signedAt := *j.SignedAt
 	if signedAt.After(latest) {
 		return RequestHeaderNames{}, rejected(RejectFuture, "%s: signedAt %s is in the future", RequestHeaderNamesKey, signedAt.UTC().Format(time.RFC3339))
 	}
-	if n.GoodAt.After(signedAt.Add(MemoryClockSkew)) {
+	if n.GoodAt.After(signedAt.Add(ClockSkew)) {
 		return RequestHeaderNames{}, rejected(RejectFuture, "%s: goodAt %s is after its signing time %s", RequestHeaderNamesKey, n.GoodAt.UTC().Format(time.RFC3339), signedAt.UTC().Format(time.RFC3339))
 	}
 	v := verifier{roots: trust.Roots, chains: map[string]error{}}
@@ -151,19 +152,19 @@ func ReadRequestHeaderNames(value string, trust MemoryTrust) (RequestHeaderNames
 	return n, nil
 }
 
-// checkRequestHeaderNames: n is what Observe could have made; else why not (RejectBounds
-// or RejectMalformed).
-func checkRequestHeaderNames(n RequestHeaderNames) *MemoryRejected {
-	name := func(what, s string) *MemoryRejected {
-		if len(s) > MaxRequestHeaderNameLength {
-			return rejected(RejectBounds, "%s: a name of %d characters, at most %d", what, len(s), MaxRequestHeaderNameLength)
+// checkRequestHeaderNames: n is what objects.ObserveRequestHeaderNames could have made;
+// else why not (RejectBounds or RejectMalformed).
+func checkRequestHeaderNames(n RequestHeaderNames) *Rejected {
+	name := func(what, s string) *Rejected {
+		if len(s) > topology.MaxRequestHeaderNameLength {
+			return rejected(RejectBounds, "%s: a name of %d characters, at most %d", what, len(s), topology.MaxRequestHeaderNameLength)
 		}
-		if !isHeaderName(s) || strings.ToLower(s) != s {
+		if !topology.IsHeaderName(s) || strings.ToLower(s) != s {
 			return rejected(RejectMalformed, "%s: %q is not a lower-case HTTP header name", what, s)
 		}
 		return nil
 	}
-	list := func(what string, names []string, most int) *MemoryRejected {
+	list := func(what string, names []string, most int) *Rejected {
 		if len(names) > most {
 			return rejected(RejectBounds, "%s lists %d names, at most %d", what, len(names), most)
 		}
@@ -185,7 +186,7 @@ func checkRequestHeaderNames(n RequestHeaderNames) *MemoryRejected {
 			what  string
 			names []string
 		}{{"good user", g.User}, {"good uid", g.UID}, {"good group", g.Group}, {"good extraPrefix", g.ExtraPrefix}} {
-			if err := list(l.what, l.names, MaxRequestHeaderNames); err != nil {
+			if err := list(l.what, l.names, topology.MaxRequestHeaderNames); err != nil {
 				return err
 			}
 		}
@@ -205,9 +206,9 @@ func checkRequestHeaderNames(n RequestHeaderNames) *MemoryRejected {
 }
 
 // MergeRequestHeaderNames is what a process knows (mine) with what was persisted (by it
-// before a restart, or by another replica): every name seen by either, bounded as Observe
-// bounds them (the oldest not in use dropped first), and mine's good configuration if any,
-// else the persisted one. Neither argument is changed.
+// before a restart, or by another replica): every name seen by either, bounded as
+// objects.ObserveRequestHeaderNames bounds them (the oldest not in use dropped first), and
+// mine's good configuration if any, else the persisted one. Neither argument is changed.
 func MergeRequestHeaderNames(mine, persisted RequestHeaderNames) RequestHeaderNames {
 	out := RequestHeaderNames{Good: mine.Good, GoodAt: mine.GoodAt, Seen: slices.Clone(mine.Seen), SeenPrefixes: slices.Clone(mine.SeenPrefixes)}
 	if out.Good == nil && persisted.Good != nil {
@@ -248,8 +249,9 @@ func (n RequestHeaderNames) NeedsWrite(persisted RequestHeaderNames) bool {
 	return n.GoodAt.After(persisted.GoodAt)
 }
 
-// GoodSince is n (what Observe returned from prev) with GoodAt set to now if its good
-// configuration differs from prev's, so that the latest good configuration is recognized.
+// GoodSince is n (what objects.ObserveRequestHeaderNames returned from prev) with GoodAt set
+// to now if its good configuration differs from prev's, so that the latest good
+// configuration is recognized.
 func (n RequestHeaderNames) GoodSince(prev RequestHeaderNames, now time.Time) RequestHeaderNames {
 	if n.Good != nil && (prev.Good == nil || !sameRequestHeaders(*n.Good, *prev.Good)) {
 		n.GoodAt = now.UTC().Truncate(time.Second)

@@ -1,7 +1,6 @@
-package objects
+package memory
 
 import (
-	"cmp"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -9,8 +8,6 @@ import (
 	"slices"
 	"strings"
 	"time"
-
-	apidiscoveryv2 "k8s.io/api/apidiscovery/v2"
 
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
@@ -27,8 +24,8 @@ import (
 // then it is forgotten and its resources answer 404 again.
 //
 // Everything here is a pure function of its arguments (the time is passed in); the watcher
-// (internal/inventory) keeps a Memory, persists it in a ConfigMap and passes it to Build as
-// Objects.Remembered.
+// (internal/inventory) keeps a Memory, persists it in a ConfigMap and passes it to objects.Build
+// as Objects.Remembered.
 type Memory map[string]Remembered
 
 // Remembered is one apiserver as last seen live with verified discovery.
@@ -54,47 +51,6 @@ func (r Remembered) Equal(o Remembered) bool {
 	return r.Hostname == o.Hostname && r.Address == o.Address && slices.Equal(r.Served, o.Served) && r.LastSeen.Equal(o.LastSeen) && r.LeaseGone.Equal(o.LeaseGone)
 }
 
-// ServedBy lists the resources and subresources of one apiserver's discovery, sorted, leaving
-// out the group/versions in everywhere.
-func ServedBy(list *apidiscoveryv2.APIGroupDiscoveryList, everywhere map[topology.GroupVersion]bool) []topology.Resource {
-	var out []topology.Resource
-	if list == nil {
-		return nil
-	}
-	for _, g := range list.Items {
-		for _, v := range g.Versions {
-			if everywhere[topology.GroupVersion{Group: g.Name, Version: v.Version}] {
-				continue
-			}
-			for _, res := range v.Resources {
-				if res.Resource == "" || v.Version == "" {
-					continue
-				}
-				r := topology.Resource{Group: g.Name, Version: v.Version, Resource: res.Resource}
-				if checkResource("", r) != nil {
-					continue // never remembered: Build would leave it out anyway
-				}
-				out = append(out, r)
-				for _, sub := range res.Subresources {
-					if sub.Subresource != "" {
-						r.Subresource = sub.Subresource
-						if checkResource("", r) == nil {
-							out = append(out, r)
-						}
-					}
-				}
-			}
-		}
-	}
-	slices.SortFunc(out, compareResources)
-	return slices.Compact(out)
-}
-
-func compareResources(a, b topology.Resource) int {
-	return cmp.Or(cmp.Compare(a.Group, b.Group), cmp.Compare(a.Version, b.Version),
-		cmp.Compare(a.Resource, b.Resource), cmp.Compare(a.Subresource, b.Subresource))
-}
-
 // Sighting is what one look at the cluster says about the apiservers, for Memory.Observe.
 type Sighting struct {
 	// Now is the time of the look.
@@ -115,7 +71,7 @@ func (m Memory) Observe(s Sighting) Memory {
 	now := s.Now.Truncate(time.Second)
 	out := make(Memory, len(m)+len(s.Verified))
 	for id, r := range s.Verified {
-		served := slices.SortedFunc(slices.Values(r.Served), compareResources)
+		served := slices.SortedFunc(slices.Values(r.Served), topology.CompareResources)
 		out[id] = Remembered{Hostname: r.Hostname, Address: r.Address, Served: slices.Compact(served), LastSeen: now}
 	}
 	for id, r := range m {
@@ -136,12 +92,12 @@ func (m Memory) Observe(s Sighting) Memory {
 	return out
 }
 
-// MergeMemory combines two replicas' memories (two xds-servers writing one ConfigMap), the
+// Merge combines two replicas' memories (two xds-servers writing one ConfigMap), the
 // same whichever comes first: per apiserver, the record seen live last wins, and a Lease
 // deletion counts if it was seen after that sighting (the earliest such, so that the grace
 // period is counted from the first replica that saw it). Records whose grace period has
 // passed by now are dropped.
-func MergeMemory(a, b Memory, now time.Time, grace time.Duration) Memory {
+func Merge(a, b Memory, now time.Time, grace time.Duration) Memory {
 	out := make(Memory, len(a)+len(b))
 	for _, id := range slices.Sorted(maps.Keys(idsOf(a, b))) {
 		ra, inA := a[id]
@@ -227,8 +183,8 @@ type rememberedJSON struct {
 	Served    map[string]string `json:"served"`
 }
 
-// EncodeMemory is m as ConfigMap data, unsigned (xds-server writes EncodeSignedMemory).
-func EncodeMemory(m Memory) map[string]string {
+// Encode is m as ConfigMap data, unsigned (xds-server writes EncodeSigned).
+func Encode(m Memory) map[string]string {
 	data := make(map[string]string, len(m))
 	for id, r := range m {
 		data[id] = encodeRemembered(r)
@@ -271,10 +227,10 @@ func toJSON(r Remembered) rememberedJSON {
 	return j
 }
 
-// DecodeMemory reads ConfigMap data written by EncodeMemory or EncodeSignedMemory, without
-// checking signatures or bounds (xds-server reads its ConfigMap with ReadMemory). The first
+// Decode reads ConfigMap data written by Encode or EncodeSigned, without
+// checking signatures or bounds (xds-server reads its ConfigMap with Read). The first
 // entry it cannot read makes it fail, naming the entry. RequestHeaderNamesKey is no entry.
-func DecodeMemory(data map[string]string) (Memory, error) {
+func Decode(data map[string]string) (Memory, error) {
 	m := make(Memory, len(data))
 	for _, id := range slices.Sorted(maps.Keys(data)) {
 		if id == RequestHeaderNamesKey {
@@ -326,7 +282,7 @@ func fromJSON(j rememberedJSON) (Remembered, error) {
 			r.Served = append(r.Served, topology.Resource{Group: group, Version: version, Resource: res, Subresource: sub})
 		}
 	}
-	slices.SortFunc(r.Served, compareResources)
+	slices.SortFunc(r.Served, topology.CompareResources)
 	r.Served = slices.Compact(r.Served)
 	return r, nil
 }

@@ -1,4 +1,4 @@
-package objects_test
+package memory_test
 
 import (
 	"crypto"
@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kube-mvp/kube-mvp/internal/cptls"
+	"github.com/kube-mvp/kube-mvp/internal/memory"
 	"github.com/kube-mvp/kube-mvp/internal/objects"
 	"github.com/kube-mvp/kube-mvp/internal/testutil"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
@@ -38,7 +39,7 @@ func newSigningCA(t *testing.T) *signingCA {
 
 // key issues a certificate naming role (serverAuth for xds-server, as certgen makes them)
 // and returns it with its key.
-func (c *signingCA) key(t *testing.T, role cptls.Role) objects.MemoryKey {
+func (c *signingCA) key(t *testing.T, role cptls.Role) memory.Key {
 	t.Helper()
 	usage := x509.ExtKeyUsageClientAuth
 	if role == cptls.RoleXDSServer {
@@ -47,7 +48,7 @@ func (c *signingCA) key(t *testing.T, role cptls.Role) objects.MemoryKey {
 	return c.keyWith(t, role, usage)
 }
 
-func (c *signingCA) keyWith(t *testing.T, role cptls.Role, usage x509.ExtKeyUsage) objects.MemoryKey {
+func (c *signingCA) keyWith(t *testing.T, role cptls.Role, usage x509.ExtKeyUsage) memory.Key {
 	t.Helper()
 	leaf, err := c.ca.Issue(&x509.Certificate{Subject: pkix.Name{CommonName: "kube-mvp " + string(role)},
 		ExtKeyUsage: []x509.ExtKeyUsage{usage}, URIs: []*url.URL{role.URI()}})
@@ -58,26 +59,30 @@ func (c *signingCA) keyWith(t *testing.T, role cptls.Role, usage x509.ExtKeyUsag
 	if err != nil {
 		t.Fatal(err)
 	}
-	return objects.MemoryKey{Cert: pair.Leaf, Key: pair.PrivateKey.(crypto.Signer)}
+	return memory.Key{Cert: pair.Leaf, Key: pair.PrivateKey.(crypto.Signer)}
 }
 
 var (
 	cpAID = objects.APIServerIDFor("cp-a")
 	cpBID = objects.APIServerIDFor("cp-b")
+
+	jobs       = topology.Resource{Group: "batch", Version: "v1", Resource: "jobs"}
+	jobsStatus = topology.Resource{Group: "batch", Version: "v1", Resource: "jobs", Subresource: "status"}
+	pods       = topology.Resource{Version: "v1", Resource: "pods"}
 )
 
 // sampleMemory: cp-a departed (its Lease deleted a minute ago), cp-b live.
-func sampleMemory(now time.Time) objects.Memory {
-	return objects.Memory{
+func sampleMemory(now time.Time) memory.Memory {
+	return memory.Memory{
 		cpAID: {Hostname: "cp-a", Address: "10.0.0.1:6443", Served: []topology.Resource{pods, jobs, jobsStatus},
 			LastSeen: now.Add(-2 * time.Minute).Truncate(time.Second), LeaseGone: now.Add(-time.Minute).Truncate(time.Second)},
 		cpBID: {Hostname: "cp-b", Address: "10.0.0.2:6443", Served: []topology.Resource{pods}, LastSeen: now.Truncate(time.Second)},
 	}
 }
 
-func sign(t *testing.T, m objects.Memory, k objects.MemoryKey, at time.Time) map[string]string {
+func sign(t *testing.T, m memory.Memory, k memory.Key, at time.Time) map[string]string {
 	t.Helper()
-	data, err := objects.EncodeSignedMemory(m, k, at)
+	data, err := memory.EncodeSigned(m, k, at)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,10 +90,10 @@ func sign(t *testing.T, m objects.Memory, k objects.MemoryKey, at time.Time) map
 }
 
 // wantRejected checks that data is rejected for reason, as a whole (no memory).
-func wantRejected(t *testing.T, what string, data map[string]string, trust objects.MemoryTrust, reason string) {
+func wantRejected(t *testing.T, what string, data map[string]string, trust memory.Trust, reason string) {
 	t.Helper()
-	reading, err := objects.ReadMemory(data, trust)
-	var why *objects.MemoryRejected
+	reading, err := memory.Read(data, trust)
+	var why *memory.Rejected
 	if !errors.As(err, &why) {
 		t.Errorf("%s: accepted (%d entries), want rejected for %s", what, len(reading.Memory), reason)
 		return
@@ -101,9 +106,9 @@ func wantRejected(t *testing.T, what string, data map[string]string, trust objec
 	}
 }
 
-func wantAccepted(t *testing.T, what string, data map[string]string, trust objects.MemoryTrust, want objects.Memory) objects.MemoryReading {
+func wantAccepted(t *testing.T, what string, data map[string]string, trust memory.Trust, want memory.Memory) memory.Reading {
 	t.Helper()
-	reading, err := objects.ReadMemory(data, trust)
+	reading, err := memory.Read(data, trust)
 	if err != nil {
 		t.Fatalf("%s: %v", what, err)
 	}
@@ -127,7 +132,7 @@ func TestSignedMemory(t *testing.T) {
 	key := pki.key(t, cptls.RoleXDSServer)
 	mem := sampleMemory(now)
 	data := sign(t, mem, key, now)
-	trust := objects.MemoryTrust{Roots: pki.roots, Now: now}
+	trust := memory.Trust{Roots: pki.roots, Now: now}
 
 	reading := wantAccepted(t, "signed", data, trust, mem)
 	if !reading.Signed {
@@ -139,31 +144,31 @@ func TestSignedMemory(t *testing.T) {
 	later := trust
 	later.Now = now.Add(72 * time.Hour)
 	wantAccepted(t, "read after the signer expired", data, later, mem)
-	// DecodeMemory (no checks) still reads the signed format: an xds-server that predates
+	// Decode (no checks) still reads the signed format: an xds-server that predates
 	// signatures reads it too.
-	if m, err := objects.DecodeMemory(data); err != nil || !m[cpAID].Equal(mem[cpAID]) {
-		t.Errorf("DecodeMemory of the signed format: %v %+v", err, m)
+	if m, err := memory.Decode(data); err != nil || !m[cpAID].Equal(mem[cpAID]) {
+		t.Errorf("Decode of the signed format: %v %+v", err, m)
 	}
 
 	// The signature field is replaced by one of the same content with another key.
 	other := pki.key(t, cptls.RoleXDSServer)
-	wrongKey := objects.MemoryKey{Cert: key.Cert, Key: other.Key}
-	wantRejected(t, "signed with a key that is not the certificate's", sign(t, mem, wrongKey, now), trust, objects.RejectSignature)
+	wrongKey := memory.Key{Cert: key.Cert, Key: other.Key}
+	wantRejected(t, "signed with a key that is not the certificate's", sign(t, mem, wrongKey, now), trust, memory.RejectSignature)
 
 	foreign := newSigningCA(t)
-	wantRejected(t, "signed by another control plane's xds-server", sign(t, mem, foreign.key(t, cptls.RoleXDSServer), now), trust, objects.RejectSigner)
-	wantRejected(t, "signed by extproc's certificate", sign(t, mem, pki.key(t, cptls.RoleExtproc), now), trust, objects.RejectSigner)
-	wantRejected(t, "signed by a serving certificate of another role", sign(t, mem, pki.keyWith(t, cptls.RoleEnvoyFront, x509.ExtKeyUsageServerAuth), now), trust, objects.RejectSigner)
-	wantRejected(t, "signed before the certificate was valid", sign(t, sampleMemory(now.Add(-3*time.Hour)), key, now.Add(-2*time.Hour)), trust, objects.RejectSigner)
-	wantRejected(t, "no CA bundle", data, objects.MemoryTrust{Now: now}, objects.RejectSigner)
+	wantRejected(t, "signed by another control plane's xds-server", sign(t, mem, foreign.key(t, cptls.RoleXDSServer), now), trust, memory.RejectSigner)
+	wantRejected(t, "signed by extproc's certificate", sign(t, mem, pki.key(t, cptls.RoleExtproc), now), trust, memory.RejectSigner)
+	wantRejected(t, "signed by a serving certificate of another role", sign(t, mem, pki.keyWith(t, cptls.RoleEnvoyFront, x509.ExtKeyUsageServerAuth), now), trust, memory.RejectSigner)
+	wantRejected(t, "signed before the certificate was valid", sign(t, sampleMemory(now.Add(-3*time.Hour)), key, now.Add(-2*time.Hour)), trust, memory.RejectSigner)
+	wantRejected(t, "no CA bundle", data, memory.Trust{Now: now}, memory.RejectSigner)
 
 	// Moved to another key: the ID is signed.
 	moved := clone(data)
 	moved[objects.APIServerIDFor("cp-c")] = moved[cpAID]
-	wantRejected(t, "an entry copied to another ID", moved, trust, objects.RejectSignature)
+	wantRejected(t, "an entry copied to another ID", moved, trust, memory.RejectSignature)
 	swapped := clone(data)
 	swapped[cpAID], swapped[cpBID] = data[cpBID], data[cpAID]
-	wantRejected(t, "two entries swapped", swapped, trust, objects.RejectSignature)
+	wantRejected(t, "two entries swapped", swapped, trust, memory.RejectSignature)
 
 	// Tampered content.
 	for what, edit := range map[string]func(map[string]any){
@@ -178,87 +183,87 @@ func TestSignedMemory(t *testing.T) {
 	} {
 		bad := clone(data)
 		bad[cpAID] = editEntry(t, bad[cpAID], edit)
-		wantRejected(t, what, bad, trust, objects.RejectSignature)
+		wantRejected(t, what, bad, trust, memory.RejectSignature)
 	}
 	bad := clone(data)
 	bad[cpAID] = editEntry(t, bad[cpAID], func(e map[string]any) { e["signer"] = e["signer"].(string)[:40] })
-	wantRejected(t, "a truncated signer", bad, trust, objects.RejectSigner)
+	wantRejected(t, "a truncated signer", bad, trust, memory.RejectSigner)
 	bad = clone(data)
 	bad[cpAID] = `{"lastSeen": 12`
-	wantRejected(t, "not JSON", bad, trust, objects.RejectMalformed)
+	wantRejected(t, "not JSON", bad, trust, memory.RejectMalformed)
 
 	// Times in the future, even signed: lastSeen, leaseDeletedAt, the signing time itself.
 	future := sampleMemory(now)
 	r := future[cpAID]
 	r.LeaseGone = time.Date(2099, 1, 1, 0, 0, 0, 0, time.UTC)
 	future[cpAID] = r
-	wantRejected(t, "leaseDeletedAt 2099", sign(t, future, key, now), trust, objects.RejectFuture)
+	wantRejected(t, "leaseDeletedAt 2099", sign(t, future, key, now), trust, memory.RejectFuture)
 	future = sampleMemory(now)
 	r = future[cpBID]
-	r.LastSeen = now.Add(2 * objects.MemoryClockSkew)
+	r.LastSeen = now.Add(2 * memory.ClockSkew)
 	future[cpBID] = r
-	wantRejected(t, "lastSeen ahead", sign(t, future, key, now), trust, objects.RejectFuture)
-	wantRejected(t, "signed in the future", sign(t, mem, key, now.Add(time.Hour)), trust, objects.RejectFuture)
+	wantRejected(t, "lastSeen ahead", sign(t, future, key, now), trust, memory.RejectFuture)
+	wantRejected(t, "signed in the future", sign(t, mem, key, now.Add(time.Hour)), trust, memory.RejectFuture)
 	// A little skew between replicas is fine.
 	wantAccepted(t, "signed a few seconds ahead", sign(t, mem, key, now.Add(10*time.Second)), trust, mem)
 
 	// Unsigned entries beside signed ones.
 	mixed := clone(data)
-	for id, v := range objects.EncodeMemory(objects.Memory{objects.APIServerIDFor("cp-c"): {Hostname: "cp-a", Address: "192.0.2.1:443", Served: []topology.Resource{jobs}, LastSeen: now}}) {
+	for id, v := range memory.Encode(memory.Memory{objects.APIServerIDFor("cp-c"): {Hostname: "cp-a", Address: "192.0.2.1:443", Served: []topology.Resource{jobs}, LastSeen: now}}) {
 		mixed[id] = v
 	}
-	wantRejected(t, "an unsigned entry beside signed ones", mixed, objects.MemoryTrust{Roots: pki.roots, Now: now, AllowUnsigned: true}, objects.RejectUnsigned)
+	wantRejected(t, "an unsigned entry beside signed ones", mixed, memory.Trust{Roots: pki.roots, Now: now, AllowUnsigned: true}, memory.RejectUnsigned)
 }
 
 // TestSignedMemoryBounds: a memory over any bound is rejected as a whole, signed or not,
-// and BoundMemory keeps what xds-server writes within them.
+// and Bound keeps what xds-server writes within them.
 func TestSignedMemoryBounds(t *testing.T) {
 	now := time.Now()
 	pki := newSigningCA(t)
 	key := pki.key(t, cptls.RoleXDSServer)
-	trust := objects.MemoryTrust{Roots: pki.roots, Now: now}
+	trust := memory.Trust{Roots: pki.roots, Now: now}
 
-	many := objects.Memory{}
-	for i := range objects.MaxMemoryEntries + 1 {
-		many[objects.APIServerIDFor(fmt.Sprintf("cp-%d", i))] = objects.Remembered{Hostname: fmt.Sprintf("cp-%d", i), Served: []topology.Resource{pods}, LastSeen: now.Add(-time.Duration(i) * time.Second).Truncate(time.Second)}
+	many := memory.Memory{}
+	for i := range memory.MaxEntries + 1 {
+		many[objects.APIServerIDFor(fmt.Sprintf("cp-%d", i))] = memory.Remembered{Hostname: fmt.Sprintf("cp-%d", i), Served: []topology.Resource{pods}, LastSeen: now.Add(-time.Duration(i) * time.Second).Truncate(time.Second)}
 	}
-	wantRejected(t, "too many entries", sign(t, many, key, now), trust, objects.RejectBounds)
+	wantRejected(t, "too many entries", sign(t, many, key, now), trust, memory.RejectBounds)
 
-	wide := objects.Memory{cpAID: {Hostname: "cp-a", LastSeen: now.Truncate(time.Second), Served: groupVersions(objects.MaxMemoryGroupVersions+1, 1)}}
-	wantRejected(t, "too many group/versions", sign(t, wide, key, now), trust, objects.RejectBounds)
-	wantRejected(t, "too many group/versions, unsigned", objects.EncodeMemory(wide), objects.MemoryTrust{Roots: pki.roots, Now: now, AllowUnsigned: true,
-		Servers: []topology.APIServer{{ID: cpAID, Hostname: "cp-a"}}}, objects.RejectBounds)
-	deep := objects.Memory{cpAID: {Hostname: "cp-a", LastSeen: now.Truncate(time.Second), Served: groupVersions(2, objects.MaxMemoryResources/2+1)}}
-	wantRejected(t, "too many resources", sign(t, deep, key, now), trust, objects.RejectBounds)
-	big := objects.Memory{}
+	wide := memory.Memory{cpAID: {Hostname: "cp-a", LastSeen: now.Truncate(time.Second), Served: groupVersions(memory.MaxGroupVersions+1, 1)}}
+	wantRejected(t, "too many group/versions", sign(t, wide, key, now), trust, memory.RejectBounds)
+	wantRejected(t, "too many group/versions, unsigned", memory.Encode(wide), memory.Trust{Roots: pki.roots, Now: now, AllowUnsigned: true,
+		Servers: []topology.APIServer{{ID: cpAID, Hostname: "cp-a"}}}, memory.RejectBounds)
+	deep := memory.Memory{cpAID: {Hostname: "cp-a", LastSeen: now.Truncate(time.Second), Served: groupVersions(2, memory.MaxResources/2+1)}}
+	wantRejected(t, "too many resources", sign(t, deep, key, now), trust, memory.RejectBounds)
+	big := memory.Memory{}
 	for i := range 3 { // 3 entries of 4,000 long resource names: some 700 KB
-		big[objects.APIServerIDFor(fmt.Sprintf("big-%d", i))] = objects.Remembered{Hostname: fmt.Sprintf("big-%d", i), LastSeen: now.Truncate(time.Second), Served: groupVersions(1, 4000)}
+		big[objects.APIServerIDFor(fmt.Sprintf("big-%d", i))] = memory.Remembered{Hostname: fmt.Sprintf("big-%d", i), LastSeen: now.Truncate(time.Second), Served: groupVersions(1, 4000)}
 	}
-	wantRejected(t, "too many bytes", sign(t, big, key, now), trust, objects.RejectBounds)
+	wantRejected(t, "too many bytes", sign(t, big, key, now), trust, memory.RejectBounds)
 
-	// BoundMemory: the oversized entries are left out, the most recently seen kept, and
+	// Bound: the oversized entries are left out, the most recently seen kept, and
 	// the result, signed, is accepted.
-	all := objects.Memory{}
-	for _, m := range []objects.Memory{many, wide, deep, big} {
+	all := memory.Memory{}
+	for _, m := range []memory.Memory{many, wide, deep, big} {
 		for id, r := range m {
 			all[id] = r
 		}
 	}
-	bounded, dropped := objects.BoundMemory(all, key)
+	bounded, dropped := memory.Bound(all, key)
 	if _, ok := bounded[cpAID]; ok {
-		t.Error("BoundMemory kept an entry over the group/version or resource bound")
+		t.Error("Bound kept an entry over the group/version or resource bound")
 	}
 	if len(bounded)+len(dropped) != len(all) || len(bounded) == 0 {
-		t.Errorf("BoundMemory kept %d and dropped %d of %d", len(bounded), len(dropped), len(all))
+		t.Errorf("Bound kept %d and dropped %d of %d", len(bounded), len(dropped), len(all))
 	}
 	if _, ok := bounded[objects.APIServerIDFor("cp-0")]; !ok {
-		t.Error("BoundMemory dropped the most recently seen apiserver")
+		t.Error("Bound dropped the most recently seen apiserver")
 	}
-	if _, err := objects.ReadMemory(sign(t, bounded, key, now), trust); err != nil {
-		t.Errorf("what BoundMemory kept is rejected: %v", err)
+	if _, err := memory.Read(sign(t, bounded, key, now), trust); err != nil {
+		t.Errorf("what Bound kept is rejected: %v", err)
 	}
-	if b, d := objects.BoundMemory(sampleMemory(now), key); len(b) != 2 || len(d) != 0 {
-		t.Errorf("BoundMemory changed a small memory: kept %d, dropped %v", len(b), d)
+	if b, d := memory.Bound(sampleMemory(now), key); len(b) != 2 || len(d) != 0 {
+		t.Errorf("Bound changed a small memory: kept %d, dropped %v", len(b), d)
 	}
 }
 
@@ -271,39 +276,39 @@ func TestUnsignedMemoryMigration(t *testing.T) {
 	pki := newSigningCA(t)
 	mem := sampleMemory(now)
 	idC := objects.APIServerIDFor("cp-c")
-	mem[idC] = objects.Remembered{Hostname: "cp-c", Address: "10.0.0.3:6443", Served: []topology.Resource{jobs}, LastSeen: now.Add(-time.Hour).Truncate(time.Second)}
+	mem[idC] = memory.Remembered{Hostname: "cp-c", Address: "10.0.0.3:6443", Served: []topology.Resource{jobs}, LastSeen: now.Add(-time.Hour).Truncate(time.Second)}
 	idD := objects.APIServerIDFor("cp-d")
-	mem[idD] = objects.Remembered{Hostname: "cp-d", Served: []topology.Resource{jobs}, LastSeen: now.Add(-time.Hour).Truncate(time.Second)}
-	data := objects.EncodeMemory(mem)
+	mem[idD] = memory.Remembered{Hostname: "cp-d", Served: []topology.Resource{jobs}, LastSeen: now.Add(-time.Hour).Truncate(time.Second)}
+	data := memory.Encode(mem)
 	servers := []topology.APIServer{
 		{ID: cpAID, Hostname: "cp-a", Address: "10.0.0.1:6443"},
 		{ID: cpBID, Hostname: "cp-b", Address: "10.0.0.9:6443"}, // another address than recorded
 		{ID: idD, Hostname: "cp-d", Address: "10.0.0.4:6443"},   // recorded without an address
 		{ID: objects.APIServerIDFor("evil"), Hostname: "cp-c", Address: "10.0.0.3:6443"},
 	}
-	trust := objects.MemoryTrust{Roots: pki.roots, Now: now, AllowUnsigned: true, Servers: servers}
-	reading := wantAccepted(t, "unsigned, migrating", data, trust, objects.Memory{cpAID: mem[cpAID], idD: mem[idD]})
+	trust := memory.Trust{Roots: pki.roots, Now: now, AllowUnsigned: true, Servers: servers}
+	reading := wantAccepted(t, "unsigned, migrating", data, trust, memory.Memory{cpAID: mem[cpAID], idD: mem[idD]})
 	if reading.Signed || !sameIDs(reading.Migrated, cpAID, idD) || !sameIDs(reading.NotMigrated, cpBID, idC) {
 		t.Errorf("reading %+v: want %s and %s migrated, %s (address) and %s (no Lease of its own) left out", reading, cpAID, idD, cpBID, idC)
 	}
 
 	noLonger := trust
 	noLonger.AllowUnsigned = false
-	wantRejected(t, "unsigned, read by an xds-server that has seen signed entries", data, noLonger, objects.RejectUnsigned)
+	wantRejected(t, "unsigned, read by an xds-server that has seen signed entries", data, noLonger, memory.RejectUnsigned)
 
-	forged := objects.EncodeMemory(objects.Memory{cpAID: {Hostname: "cp-a", Address: "10.0.0.1:6443", LastSeen: now.Truncate(time.Second),
+	forged := memory.Encode(memory.Memory{cpAID: {Hostname: "cp-a", Address: "10.0.0.1:6443", LastSeen: now.Truncate(time.Second),
 		LeaseGone: time.Date(2099, 1, 1, 0, 0, 0, 0, time.UTC), Served: []topology.Resource{jobs}}})
-	wantRejected(t, "unsigned, leaseDeletedAt 2099", forged, trust, objects.RejectFuture)
+	wantRejected(t, "unsigned, leaseDeletedAt 2099", forged, trust, memory.RejectFuture)
 
-	signed := sign(t, objects.Memory{cpBID: mem[cpBID]}, pki.key(t, cptls.RoleXDSServer), now)
+	signed := sign(t, memory.Memory{cpBID: mem[cpBID]}, pki.key(t, cptls.RoleXDSServer), now)
 	for id, v := range data {
 		if id != cpBID {
 			signed[id] = v
 		}
 	}
-	wantRejected(t, "unsigned beside a signed entry", signed, trust, objects.RejectUnsigned)
+	wantRejected(t, "unsigned beside a signed entry", signed, trust, memory.RejectUnsigned)
 
-	if r, err := objects.ReadMemory(nil, noLonger); err != nil || len(r.Memory) != 0 {
+	if r, err := memory.Read(nil, noLonger); err != nil || len(r.Memory) != 0 {
 		t.Errorf("an empty memory: %+v %v", r, err)
 	}
 }
