@@ -15,9 +15,9 @@ import (
 func TestProxyCertRefused(t *testing.T) {
 	base, err := topology.New(
 		[]topology.APIServer{
-			{ID: "id-1", Hostname: "node-1", Address: "192.0.2.1:6443", Alive: true},
-			{ID: "id-2", Hostname: "node-2", Address: "192.0.2.2:6443", Alive: true},
-			{ID: "id-3", Hostname: "node-3", Address: "192.0.2.3:6443", Alive: true},
+			{ID: "id-1", Hostname: "node-1", Address: "192.0.2.1:6443", Alive: true, Verified: true},
+			{ID: "id-2", Hostname: "node-2", Address: "192.0.2.2:6443", Alive: true, Verified: true},
+			{ID: "id-3", Hostname: "node-3", Address: "192.0.2.3:6443", Alive: true, Verified: true},
 		},
 		map[topology.Resource][]string{
 			{Version: "v1", Resource: "services"}:                                 {"id-1", "id-2", "id-3"},

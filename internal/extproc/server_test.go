@@ -181,9 +181,9 @@ func TestDecisions(t *testing.T) {
 	// way, and a served-everywhere group.
 	direct, err := topology.New(
 		[]topology.APIServer{
-			{ID: "id-1", Hostname: "node-1", Address: "192.0.2.1:6443", Alive: true},
-			{ID: "id-2", Hostname: "node-2", Address: "192.0.2.2:6443", Alive: true},
-			{ID: "id-3", Hostname: "node-3", Address: "192.0.2.3:6443", Alive: true},
+			{ID: "id-1", Hostname: "node-1", Address: "192.0.2.1:6443", Alive: true, Verified: true},
+			{ID: "id-2", Hostname: "node-2", Address: "192.0.2.2:6443", Alive: true, Verified: true},
+			{ID: "id-3", Hostname: "node-3", Address: "192.0.2.3:6443", Alive: true, Verified: true},
 			{ID: "id-4", Hostname: "node-4", Address: "192.0.2.4:6443", Alive: false},
 		},
 		map[topology.Resource][]string{
@@ -540,8 +540,8 @@ func TestDecisionSeriesFollowTheTable(t *testing.T) {
 			served[topology.Resource{Group: "batch", Version: "v1", Resource: "jobs"}] = []string{"apiserver-a"}
 		}
 		tp, err := topology.New([]topology.APIServer{
-			{ID: "apiserver-a", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: true},
-			{ID: "apiserver-b", Hostname: "cp-b", Address: "10.0.0.2:6443", Alive: true},
+			{ID: "apiserver-a", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: true, Verified: true},
+			{ID: "apiserver-b", Hostname: "cp-b", Address: "10.0.0.2:6443", Alive: true, Verified: true},
 		}, served, nil)
 		if err != nil {
 			t.Fatal(err)

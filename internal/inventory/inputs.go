@@ -20,7 +20,8 @@ import (
 // CRDs a build is 4 ms, and there are 24 such rebuilds a minute).
 //
 // Build reads the time only to judge the Leases (objects.APIServers), so the verdicts stand
-// for it. The other watched objects are compared apart, by identity (sameObjects).
+// for it; which apiservers are verified follows from the discovery, compared too
+// (objects.Verify). The other watched objects are compared apart, by identity (sameObjects).
 type buildInputs struct {
 	// leases without their renewals (renewTime, resourceVersion, managedFields).
 	leases []coordinationv1.Lease

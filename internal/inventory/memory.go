@@ -85,10 +85,11 @@ func (w *Watcher) remember(ctx context.Context, objs objects.Objects, opts objec
 	w.served.begin(everywhere)
 	leases := map[string]bool{}
 	verified := map[string]memory.Remembered{}
+	objects.Verify(servers, objs.Discovery)
 	for _, s := range servers {
 		leases[s.ID] = true
-		if list := objs.Discovery[s.ID]; list != nil && s.Routable() {
-			verified[s.ID] = memory.Remembered{Hostname: s.Hostname, Address: s.Address, Served: w.served.by(list)}
+		if s.Routable() {
+			verified[s.ID] = memory.Remembered{Hostname: s.Hostname, Address: s.Address, Served: w.served.by(objs.Discovery[s.ID])}
 		}
 	}
 	live := map[string]bool{}

@@ -603,8 +603,8 @@ func (w *Watcher) discoveryFor(ctx context.Context, leases []coordinationv1.Leas
 		}
 	}
 	for _, s := range servers {
-		if !s.Routable() {
-			continue
+		if !s.Alive || s.Address == "" {
+			continue // its discovery, fetched at its address, is what verifies it
 		}
 		live[s.ID] = true
 		instance := holders[s.ID] + " at " + s.Address

@@ -208,9 +208,9 @@ func TestHoldsDefaultClock(t *testing.T) {
 func TestHoldsObserve(t *testing.T) {
 	pods := topology.Resource{Version: "v1", Resource: "pods"}
 	jobs := topology.Resource{Group: "batch", Version: "v1", Resource: "jobs"}
-	a := topology.APIServer{ID: "id-a", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: true}
-	b := topology.APIServer{ID: "id-b", Hostname: "cp-b", Address: "10.0.0.2:6443", Alive: true}
-	c := topology.APIServer{ID: "id-c", Hostname: "cp-c", Address: "10.0.0.3:6443", Alive: true}
+	a := topology.APIServer{ID: "id-a", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: true, Verified: true}
+	b := topology.APIServer{ID: "id-b", Hostname: "cp-b", Address: "10.0.0.2:6443", Alive: true, Verified: true}
+	c := topology.APIServer{ID: "id-c", Hostname: "cp-c", Address: "10.0.0.3:6443", Alive: true, Verified: true}
 	envoys := func(jobsOn ...string) *plan.Envoys {
 		t.Helper()
 		return envoysOf(t, []topology.APIServer{a, b, c}, map[topology.Resource][]string{pods: {"id-a", "id-b", "id-c"}, jobs: jobsOn})

@@ -24,9 +24,9 @@ func TestNamesOfReturningAPIServer(t *testing.T) {
 		afterEnvoys = envoysOf(t, servers, served, remembered...)
 		return namesOf(afterEnvoys)
 	}
-	a := topology.APIServer{ID: "id-a", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: true}
-	b := topology.APIServer{ID: "id-b", Hostname: "cp-b", Address: "10.0.0.2:6443", Alive: true}
-	c := topology.APIServer{ID: "id-c", Hostname: "cp-c", Address: "10.0.0.3:6443", Alive: true}
+	a := topology.APIServer{ID: "id-a", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: true, Verified: true}
+	b := topology.APIServer{ID: "id-b", Hostname: "cp-b", Address: "10.0.0.2:6443", Alive: true, Verified: true}
+	c := topology.APIServer{ID: "id-c", Hostname: "cp-c", Address: "10.0.0.3:6443", Alive: true, Verified: true}
 	departedA := a
 	departedA.Alive = false
 
@@ -69,14 +69,14 @@ func TestNarrowTo(t *testing.T) {
 	widgets := topology.Resource{Group: "apps", Version: "v1", Resource: "widgets"}
 	pods := topology.Resource{Version: "v1", Resource: "pods"}
 	fresh := topology.Resource{Group: "new.io", Version: "v1", Resource: "things"}
-	a := topology.APIServer{ID: "id-a", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: true}
-	b := topology.APIServer{ID: "id-b", Hostname: "cp-b", Address: "10.0.0.2:6443", Alive: true}
-	c := topology.APIServer{ID: "id-c", Hostname: "cp-c", Address: "10.0.0.3:6443", Alive: true}
-	d := topology.APIServer{ID: "id-d", Hostname: "cp-d", Address: "10.0.0.4:6443", Alive: true}
+	a := topology.APIServer{ID: "id-a", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: true, Verified: true}
+	b := topology.APIServer{ID: "id-b", Hostname: "cp-b", Address: "10.0.0.2:6443", Alive: true, Verified: true}
+	c := topology.APIServer{ID: "id-c", Hostname: "cp-c", Address: "10.0.0.3:6443", Alive: true, Verified: true}
+	d := topology.APIServer{ID: "id-d", Hostname: "cp-d", Address: "10.0.0.4:6443", Alive: true, Verified: true}
 	gadgets := topology.Resource{Group: "apps", Version: "v1", Resource: "gadgets"}
 	// r departed (remembered at its address, so a host of the serving-sets cluster) and
 	// comes back; its ID sorts first.
-	r := topology.APIServer{ID: "id-0", Hostname: "cp-r", Address: "10.0.0.9:6443", Alive: true}
+	r := topology.APIServer{ID: "id-0", Hostname: "cp-r", Address: "10.0.0.9:6443", Alive: true, Verified: true}
 	departedR := r
 	departedR.Alive = false
 	envoys := func(servers []topology.APIServer, served map[topology.Resource][]string) *plan.Envoys {
@@ -134,9 +134,9 @@ func TestNarrowToDangerous(t *testing.T) {
 	widgets := topology.Resource{Group: "apps", Version: "v1", Resource: "widgets"}
 	pods := topology.Resource{Version: "v1", Resource: "pods"}
 	topo, err := topology.New([]topology.APIServer{
-		{ID: "id-a", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: true},
-		{ID: "id-b", Hostname: "cp-b", Address: "10.0.0.2:6443", Alive: true},
-		{ID: "id-c", Hostname: "cp-c", Address: "10.0.0.3:6443", Alive: true},
+		{ID: "id-a", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: true, Verified: true},
+		{ID: "id-b", Hostname: "cp-b", Address: "10.0.0.2:6443", Alive: true, Verified: true},
+		{ID: "id-c", Hostname: "cp-c", Address: "10.0.0.3:6443", Alive: true, Verified: true},
 	}, map[topology.Resource][]string{pods: {"id-a", "id-b", "id-c"}, widgets: {"id-a", "id-c"}}, nil)
 	if err != nil {
 		t.Fatal(err)

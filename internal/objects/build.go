@@ -148,16 +148,7 @@ func Build(objs Objects, opts Options) (*topology.Topology, []error) {
 		opts.Memo.keepOnly(objs.Discovery)
 		objs.Discovery = valid
 	}
-	// An apiserver takes part in routing only once its own discovery was fetched at its
-	// address over verified TLS: a Lease is only a claim, which anyone who may write Leases in
-	// kube-system can make, and a forged one pointing at any address must change nothing.
-	unverified := map[string]bool{}
-	for i, s := range servers {
-		if s.Routable() && objs.Discovery[s.ID] == nil {
-			servers[i].Alive = false
-			unverified[s.ID] = true
-		}
-	}
+	awaiting := Verify(servers, objs.Discovery)
 
 	var everywhere []topology.GroupVersion
 	var aggregated []topology.GroupVersion
@@ -299,11 +290,11 @@ func Build(objs Objects, opts Options) (*topology.Topology, []error) {
 			t.Sources[s.ID] = topology.Source{From: topology.SourceDiscovery, Since: objs.DiscoveredAt[s.ID], Version: objs.Versions[s.ID]}
 		case remembered[s.ID]:
 			r := objs.Remembered[s.ID]
-			t.Sources[s.ID] = topology.Source{From: topology.SourceRemembered, Since: r.LastSeen, LeaseDeleted: r.LeaseGone, Unverified: unverified[s.ID]}
+			t.Sources[s.ID] = topology.Source{From: topology.SourceRemembered, Since: r.LastSeen, LeaseDeleted: r.LeaseGone, AwaitingDiscovery: awaiting[s.ID]}
 		case fromStorageVersions[s.ID]:
-			t.Sources[s.ID] = topology.Source{From: topology.SourceStorageVersions, Unverified: unverified[s.ID]}
+			t.Sources[s.ID] = topology.Source{From: topology.SourceStorageVersions, AwaitingDiscovery: awaiting[s.ID]}
 		default:
-			t.Sources[s.ID] = topology.Source{From: topology.SourceNone, Unverified: unverified[s.ID]}
+			t.Sources[s.ID] = topology.Source{From: topology.SourceNone, AwaitingDiscovery: awaiting[s.ID]}
 		}
 	}
 	for _, err := range errs {

@@ -385,7 +385,7 @@ func verified(objs *objects.Objects, ids ...string) {
 // holder, IP address) is still only a claim, which anyone allowed to write Leases in
 // kube-system can make. Until its apiserver's own discovery was fetched at that address over
 // verified TLS it takes no part in routing: the plan is the one without it, and
-// /debug/topology says why it is not alive. Once verified, it counts.
+// /debug/topology says why it is not routable. Once verified, it counts.
 func TestUnverifiedLeaseChangesNothing(t *testing.T) {
 	const forged = `
 ---
@@ -417,11 +417,11 @@ spec: {holderIdentity: apiserver-r2wj45hxfjj5gvi6cdsk4ea2ay_1, leaseDurationSeco
 	if !reflect.DeepEqual(without.Clusters, with.Clusters) || !reflect.DeepEqual(without.Routes.All(), with.Routes.All()) || !reflect.DeepEqual(without.GroupVersions, with.GroupVersions) {
 		t.Errorf("a fresh Lease without verified discovery changed the plan:\nclusters %v\nwant     %v", with.Clusters, without.Clusters)
 	}
-	if src := with.Topology.Sources["apiserver-r2wj45hxfjj5gvi6cdsk4ea2ay"]; !src.Unverified {
+	if src := with.Topology.Sources["apiserver-r2wj45hxfjj5gvi6cdsk4ea2ay"]; !src.AwaitingDiscovery {
 		t.Errorf("source %+v, want it marked as awaiting verified discovery", src)
 	}
-	if s, _ := with.Topology.Server("apiserver-r2wj45hxfjj5gvi6cdsk4ea2ay"); s.Alive {
-		t.Errorf("unverified apiserver counts as alive: %+v", s)
+	if s, _ := with.Topology.Server("apiserver-r2wj45hxfjj5gvi6cdsk4ea2ay"); s.Verified || s.Routable() {
+		t.Errorf("unverified apiserver counts as verified or routable: %+v", s)
 	}
 	// The sidecar beside cp-a still finds its own apiserver: the one live Lease of that hostname.
 	if id, err := with.Topology.ResolveLocal("cp-a"); err != nil || id != "apiserver-tqsyvnc7rs47fayzipsuqpfg4m" {
@@ -434,7 +434,7 @@ spec: {holderIdentity: apiserver-r2wj45hxfjj5gvi6cdsk4ea2ay_1, leaseDurationSeco
 	}
 	verified(&objs, "apiserver-r2wj45hxfjj5gvi6cdsk4ea2ay")
 	topo, _ := objects.Build(objs, opts)
-	if !slices.Contains(topo.Live(), "apiserver-r2wj45hxfjj5gvi6cdsk4ea2ay") || topo.Sources["apiserver-r2wj45hxfjj5gvi6cdsk4ea2ay"].Unverified {
+	if !slices.Contains(topo.Live(), "apiserver-r2wj45hxfjj5gvi6cdsk4ea2ay") || topo.Sources["apiserver-r2wj45hxfjj5gvi6cdsk4ea2ay"].AwaitingDiscovery {
 		t.Errorf("verified: live %v, source %+v", topo.Live(), topo.Sources["apiserver-r2wj45hxfjj5gvi6cdsk4ea2ay"])
 	}
 }

@@ -3,6 +3,7 @@ package objects_test
 import (
 	"maps"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -344,5 +345,33 @@ func TestMergeMemoryTwoWriters(t *testing.T) {
 	// Past the grace period, the merge drops it whoever still has it.
 	if m := memory.Merge(m12, nil, t0.Add(20*time.Second+grace), grace); len(m) != 1 {
 		t.Errorf("after the grace period the merge keeps %v", slices.Collect(maps.Keys(m)))
+	}
+}
+
+// TestRememberedAddressIsNoVerification: a fresh Lease without an address, of an apiserver
+// remembered at one, does not make it routable there: the memory's address is where it was
+// last verified, and routing needs its discovery verified now (objects.Verify).
+func TestRememberedAddressIsNoVerification(t *testing.T) {
+	lease := leaseAt(idA, t0)
+	delete(lease.Annotations, objects.PeerAdvertiseAnnotation)
+	objs := objects.Objects{
+		Leases:     []coordinationv1.Lease{lease, leaseAt(idB, t0)},
+		Discovery:  map[string]*apidiscoveryv2.APIGroupDiscoveryList{idB: discoveryOf(servedOf(idB))},
+		Remembered: memory.Memory{idA: {Hostname: "a", Address: addressOf(idA), Served: servedOf(idA), LastSeen: t0.Add(-time.Minute)}},
+	}
+	topo, errs := objects.Build(objs, objects.Options{Now: t0})
+	if len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	if s, _ := topo.Server(idA); !s.Alive || s.Verified || s.Routable() {
+		t.Errorf("a: %+v, want alive, unverified, not routable", s)
+	}
+	if o := outcome(topo, jobs); o != topology.Unavailable {
+		t.Errorf("jobs, served only by a: %v, want unavailable", o)
+	}
+	for _, n := range topo.NotRoutable() {
+		if n.ID == idA && !strings.Contains(n.Reason, "own discovery was never read") {
+			t.Errorf("a: reason %q, want its discovery never read", n.Reason)
+		}
 	}
 }

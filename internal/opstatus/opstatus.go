@@ -260,9 +260,9 @@ func Summarize(p *Pages) *Report {
 		for _, a := range v.APIServers {
 			s := APIServer{ID: a.ID, Hostname: a.Hostname, Address: a.Address, Version: a.Version, CapabilitiesFrom: a.From, Since: a.Since, ProxyCertificate: "accepted", NotRoutable: a.NotRoutable}
 			switch {
-			case a.Unverified:
+			case a.AwaitingDiscovery:
 				s.State = "unverified"
-			case a.Routable():
+			case a.Alive && a.NotRoutable == "": // xds-server's verdict: the view has no Verified
 				s.State = "live"
 			case a.From == "remembered":
 				s.State = "departed"

@@ -18,9 +18,9 @@ func TestSummarize(t *testing.T) {
 	since := time.Date(2026, 11, 23, 10, 0, 0, 0, time.UTC)
 	view := &plan.View{
 		APIServers: []plan.APIServerView{
-			{APIServer: topology.APIServer{ID: "a", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: true}, Source: topology.Source{From: "discovery", Since: since, Version: "v1.37.1"}},
-			{APIServer: topology.APIServer{ID: "b", Hostname: "cp-b", Address: "10.0.0.2:6443", Alive: true, Dangerous: "takes it for a client"}, Source: topology.Source{From: "discovery", Since: since}},
-			{APIServer: topology.APIServer{ID: "c", Hostname: "cp-c", Address: "10.0.0.3:6443"}, Source: topology.Source{From: "storageVersions", Unverified: true}, NotRoutable: "its own discovery was never read"},
+			{APIServer: topology.APIServer{ID: "a", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: true, Verified: true}, Source: topology.Source{From: "discovery", Since: since, Version: "v1.37.1"}},
+			{APIServer: topology.APIServer{ID: "b", Hostname: "cp-b", Address: "10.0.0.2:6443", Alive: true, Verified: true, Dangerous: "takes it for a client"}, Source: topology.Source{From: "discovery", Since: since}},
+			{APIServer: topology.APIServer{ID: "c", Hostname: "cp-c", Address: "10.0.0.3:6443"}, Source: topology.Source{From: "storageVersions", AwaitingDiscovery: true}, NotRoutable: "its own discovery was never read"},
 			{APIServer: topology.APIServer{ID: "d", Hostname: "cp-d", Address: "10.0.0.4:6443"}, Source: topology.Source{From: "remembered", Since: since}},
 			{APIServer: topology.APIServer{ID: "e", Hostname: "cp-e"}, Source: topology.Source{From: "none"}},
 		},
@@ -84,7 +84,7 @@ func TestSummarize(t *testing.T) {
 
 	// Nothing routable is said once, as a problem, besides each apiserver's reason.
 	none := &plan.View{APIServers: []plan.APIServerView{
-		{APIServer: topology.APIServer{ID: "c", Hostname: "cp-c"}, Source: topology.Source{From: "storageVersions", Unverified: true}, NotRoutable: "its own discovery was never read"},
+		{APIServer: topology.APIServer{ID: "c", Hostname: "cp-c"}, Source: topology.Source{From: "storageVersions", AwaitingDiscovery: true}, NotRoutable: "its own discovery was never read"},
 	}}
 	r = Summarize(&Pages{XDSAdmin: "http://x", Topology: none})
 	if len(r.Problems) != 1 || !strings.Contains(r.Problems[0], "no apiserver is routable") || r.APIServers[0].NotRoutable == "" {

@@ -161,7 +161,7 @@ func (c *apiserverStateCollector) Collect(ch chan<- prometheus.Metric) {
 		switch {
 		case s.Routable():
 			state = stateLive
-		case src.Unverified:
+		case src.AwaitingDiscovery:
 			if unverified++; unverified > maxUnverifiedSeries {
 				continue
 			}

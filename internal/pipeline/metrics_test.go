@@ -17,7 +17,7 @@ import (
 // maxUnverifiedSeries.
 func TestAPIServerStateSeries(t *testing.T) {
 	servers := []topology.APIServer{
-		{ID: "a-live", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: true},
+		{ID: "a-live", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: true, Verified: true},
 		{ID: "b-departed", Hostname: "cp-b", Address: "10.0.0.2:6443"},
 		{ID: "c-dead", Hostname: "cp-c"},
 	}
@@ -28,7 +28,7 @@ func TestAPIServerStateSeries(t *testing.T) {
 	for i := range maxUnverifiedSeries + 5 {
 		id := fmt.Sprintf("u-%02d", i)
 		servers = append(servers, topology.APIServer{ID: id, Hostname: "forged-" + id, Address: fmt.Sprintf("10.1.0.%d:6443", i)})
-		sources[id] = topology.Source{From: topology.SourceNone, Unverified: true}
+		sources[id] = topology.Source{From: topology.SourceNone, AwaitingDiscovery: true}
 	}
 	top, err := topology.New(servers, nil, nil)
 	if err != nil {

@@ -18,11 +18,11 @@ func upgrade(t *testing.T) *topology.Topology {
 	}
 	tp, err := topology.New(
 		[]topology.APIServer{
-			{ID: "id-c", Hostname: "cp-c", Address: "10.0.0.3:6443", Alive: true},
-			{ID: "id-a", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: true},
-			{ID: "id-b", Hostname: "cp-b", Address: "10.0.0.2:6443", Alive: true},
+			{ID: "id-c", Hostname: "cp-c", Address: "10.0.0.3:6443", Alive: true, Verified: true},
+			{ID: "id-a", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: true, Verified: true},
+			{ID: "id-b", Hostname: "cp-b", Address: "10.0.0.2:6443", Alive: true, Verified: true},
 			{ID: "id-d", Hostname: "cp-d", Address: "10.0.0.4:6443", Alive: false},
-			{ID: "id-e", Hostname: "cp-e", Alive: true}, // alive but no address: not routable
+			{ID: "id-e", Hostname: "cp-e", Alive: true, Verified: true}, // alive but no address: not routable
 		},
 		map[topology.Resource][]string{
 			r("", "v1", "pods", ""):                   {"id-a", "id-b", "id-c"},

@@ -73,9 +73,9 @@ var (
 func table(servers ...topology.APIServer) *plan.Table { return &plan.Table{APIServers: servers} }
 
 var (
-	cpA = topology.APIServer{ID: "apiserver-a", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: true}
-	cpB = topology.APIServer{ID: "apiserver-b", Hostname: "cp-b", Address: "10.0.0.2:6443", Alive: true}
-	cpC = topology.APIServer{ID: "apiserver-c", Hostname: "cp-c", Address: "10.0.0.3:6443", Alive: true}
+	cpA = topology.APIServer{ID: "apiserver-a", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: true, Verified: true}
+	cpB = topology.APIServer{ID: "apiserver-b", Hostname: "cp-b", Address: "10.0.0.2:6443", Alive: true, Verified: true}
+	cpC = topology.APIServer{ID: "apiserver-c", Hostname: "cp-c", Address: "10.0.0.3:6443", Alive: true, Verified: true}
 )
 
 // startMonitor runs a Monitor on f until the test ends.
@@ -155,7 +155,7 @@ func TestMonitorEveryRefuses(t *testing.T) {
 	// cp-c answers now and accepts: ready, cp-a and cp-b listed as warnings.
 	f.set(cpC.Address, accepted)
 	m.SetTable(table(cpA, cpB, cpC, topology.APIServer{ID: "apiserver-d", Hostname: "cp-d", Address: "10.0.0.4:6443"})) // not alive: no change
-	m.SetTable(table(cpA, cpB, topology.APIServer{ID: cpC.ID, Hostname: cpC.Hostname, Address: "10.0.0.3:6443", Alive: true}))
+	m.SetTable(table(cpA, cpB, topology.APIServer{ID: cpC.ID, Hostname: cpC.Hostname, Address: "10.0.0.3:6443", Alive: true, Verified: true}))
 	if n := f.count(cpC.Address); n != 1 {
 		t.Fatalf("cp-c checked %d times; an unchanged table started a round", n)
 	}

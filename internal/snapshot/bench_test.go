@@ -52,6 +52,7 @@ func liveAPIServers(n int) []topology.APIServer {
 			Hostname: fmt.Sprintf("cp-%d", i),
 			Address:  fmt.Sprintf("10.0.0.%d:6443", i+1),
 			Alive:    true,
+			Verified: true,
 		})
 	}
 	return ss

@@ -33,9 +33,9 @@ var jobs = topology.Resource{Group: "batch", Version: "v1", Resource: "jobs"}
 // with an error naming it, and the rest of the configuration is still returned.
 func TestHostnameAddress(t *testing.T) {
 	topo := mustTopology(t, []topology.APIServer{
-		{ID: "apiserver-tqsyvnc7rs47fayzipsuqpfg4m", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: true},
-		{ID: "apiserver-imkgstwjs6opnbwk2ixluu6fiq", Hostname: "cp-b", Address: "cp-b.example.com:6443", Alive: true},
-		{ID: "apiserver-npbtitaxiimvptb5rwlxt4xbci", Hostname: "cp-c", Address: "10.0.0.3", Alive: true},
+		{ID: "apiserver-tqsyvnc7rs47fayzipsuqpfg4m", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: true, Verified: true},
+		{ID: "apiserver-imkgstwjs6opnbwk2ixluu6fiq", Hostname: "cp-b", Address: "cp-b.example.com:6443", Alive: true, Verified: true},
+		{ID: "apiserver-npbtitaxiimvptb5rwlxt4xbci", Hostname: "cp-c", Address: "10.0.0.3", Alive: true, Verified: true},
 	}, map[topology.Resource][]string{jobs: {"apiserver-tqsyvnc7rs47fayzipsuqpfg4m", "apiserver-imkgstwjs6opnbwk2ixluu6fiq"}})
 	res, err := snapshot.Build(mustPlan(t, topo), testConfig())
 	if err == nil {
@@ -109,9 +109,9 @@ func TestConfigErrors(t *testing.T) {
 // name is made of hostnames); if they would, the plan fails naming the cluster.
 func TestClusterNameCollision(t *testing.T) {
 	topo := mustTopology(t, []topology.APIServer{
-		{ID: "apiserver-tqsyvnc7rs47fayzipsuqpfg4m", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: true},
-		{ID: "apiserver-aab", Hostname: "cp-a", Address: "10.0.0.2:6443", Alive: true},
-		{ID: "apiserver-npbtitaxiimvptb5rwlxt4xbci", Hostname: "cp-c", Address: "10.0.0.3:6443", Alive: true},
+		{ID: "apiserver-tqsyvnc7rs47fayzipsuqpfg4m", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: true, Verified: true},
+		{ID: "apiserver-aab", Hostname: "cp-a", Address: "10.0.0.2:6443", Alive: true, Verified: true},
+		{ID: "apiserver-npbtitaxiimvptb5rwlxt4xbci", Hostname: "cp-c", Address: "10.0.0.3:6443", Alive: true, Verified: true},
 	}, map[topology.Resource][]string{
 		jobs: {"apiserver-tqsyvnc7rs47fayzipsuqpfg4m"},
 		{Group: "batch", Version: "v1", Resource: "cronjobs"}: {"apiserver-aab"},

@@ -62,8 +62,8 @@ func sampleTopology(t *testing.T) *topology.Topology {
 	t.Helper()
 	topo, err := topology.New(
 		[]topology.APIServer{
-			{ID: "apiserver-a", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: true},
-			{ID: "apiserver-b", Hostname: "cp-b", Address: "10.0.0.2:6443", Alive: true},
+			{ID: "apiserver-a", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: true, Verified: true},
+			{ID: "apiserver-b", Hostname: "cp-b", Address: "10.0.0.2:6443", Alive: true, Verified: true},
 			{ID: "apiserver-c", Hostname: "cp-c", Address: "10.0.0.3:6443"},
 		},
 		map[topology.Resource][]string{

@@ -83,7 +83,9 @@ const versionBytes = 64
 func content(p *plan.Table) *tablev1.Table {
 	tb := &tablev1.Table{Format: Format}
 	for _, s := range p.APIServers {
-		tb.Apiservers = append(tb.Apiservers, &tablev1.APIServer{Id: s.ID, Hostname: s.Hostname, Address: s.Address, Alive: s.Alive, Dangerous: s.Dangerous})
+		// The wire's alive is Alive and Verified together: what every release of extproc reads
+		// (routable with an address), so an unverified Lease never reaches one.
+		tb.Apiservers = append(tb.Apiservers, &tablev1.APIServer{Id: s.ID, Hostname: s.Hostname, Address: s.Address, Alive: s.Alive && s.Verified, Dangerous: s.Dangerous})
 	}
 	// Every plan of one table routes the same keys (one topology's published resources).
 	// The group/versions' documents travel apart (Plan.document_routes), so that a reader
@@ -181,7 +183,8 @@ func FromProto(tb *tablev1.Table) (*plan.Table, error) {
 		}.OrDefault(),
 	}
 	for _, s := range tb.GetApiservers() {
-		out.APIServers = append(out.APIServers, topology.APIServer{ID: s.GetId(), Hostname: s.GetHostname(), Address: s.GetAddress(), Alive: s.GetAlive(), Dangerous: s.GetDangerous()})
+		alive := s.GetAlive() // Alive and Verified (content)
+		out.APIServers = append(out.APIServers, topology.APIServer{ID: s.GetId(), Hostname: s.GetHostname(), Address: s.GetAddress(), Alive: alive, Verified: alive, Dangerous: s.GetDangerous()})
 	}
 	if n, rows := tableRows(tb); n > MaxTableKeys || rows > MaxTableRows {
 		return nil, fmt.Errorf("table %s: %w: %d keys, %d routes in %d plans, over the limits of %d keys and %d routes", tb.GetVersion(), ErrTooLarge, n, rows, len(tb.GetPlans()), MaxTableKeys, MaxTableRows)

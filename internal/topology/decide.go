@@ -17,7 +17,7 @@ const (
 	// NotServed: the resource is published but no known apiserver serves it any more (only
 	// stale IDs remain). It goes to the default set, whose handler chain answers 404.
 	NotServed
-	// Unavailable: the apiservers that serve the resource are known but none is alive; the
+	// Unavailable: the apiservers that serve the resource are known but none is routable; the
 	// answer is an immediate 503, as upstream gives when its chosen peer does not answer.
 	Unavailable
 )

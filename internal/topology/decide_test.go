@@ -23,7 +23,7 @@ func TestNewRejectsBadInput(t *testing.T) {
 // 503 when only dead ones do.
 // live is an apiserver that is alive, with an address from its ID's last character.
 func live(id string) topology.APIServer {
-	return topology.APIServer{ID: id, Hostname: id, Address: "10.0.0." + id[len(id)-1:] + ":6443", Alive: true}
+	return topology.APIServer{ID: id, Hostname: id, Address: "10.0.0." + id[len(id)-1:] + ":6443", Alive: true, Verified: true}
 }
 
 // resourceOf is resource r of gv.

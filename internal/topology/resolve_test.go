@@ -13,10 +13,10 @@ import (
 // refused rather than believed.
 func TestResolveLocal(t *testing.T) {
 	tp, err := topology.New([]topology.APIServer{
-		{ID: "apiserver-tqsyvnc7rs47fayzipsuqpfg4m", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: true},
+		{ID: "apiserver-tqsyvnc7rs47fayzipsuqpfg4m", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: true, Verified: true},
 		{ID: "apiserver-imkgstwjs6opnbwk2ixluu6fiq", Hostname: "cp-b", Address: "10.0.0.2:6443"}, // restarting
-		{ID: "apiserver-npbtitaxiimvptb5rwlxt4xbci", Hostname: "cp-c", Address: "10.0.0.3:6443", Alive: true},
-		{ID: "apiserver-forged", Hostname: "cp-c", Address: "10.9.9.9:6443", Alive: true},
+		{ID: "apiserver-npbtitaxiimvptb5rwlxt4xbci", Hostname: "cp-c", Address: "10.0.0.3:6443", Alive: true, Verified: true},
+		{ID: "apiserver-forged", Hostname: "cp-c", Address: "10.9.9.9:6443", Alive: true, Verified: true},
 		{ID: "apiserver-old", Hostname: "cp-a", Address: "10.0.0.1:6443"}, // its Lease before a restart
 		{ID: "apiserver-d1", Hostname: "cp-d"},
 		{ID: "apiserver-d2", Hostname: "cp-d"},

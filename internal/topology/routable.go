@@ -23,7 +23,7 @@ func (t *Topology) NotRoutable() []NotRoutable {
 		src := t.Sources[s.ID]
 		var why []string
 		switch {
-		case src.Unverified:
+		case src.AwaitingDiscovery || (s.Alive && !s.Verified && s.Address != ""): // the latter: an address from the memory
 			why = append(why, "its own discovery was never read (an apiserver takes part in routing only once xds-server fetched its discovery at its address over verified TLS; a fixture gives it as a kube-mvp.io/v1alpha1 APIServerDiscovery object)")
 		case src.From == SourceRemembered:
 			why = append(why, "departed (its Lease is stale or deleted): only remembered, for the serving sets that still name it")

@@ -9,17 +9,17 @@ import (
 
 func TestNotRoutable(t *testing.T) {
 	tp, err := topology.New([]topology.APIServer{
-		{ID: "live", Hostname: "a", Address: "10.0.0.1:6443", Alive: true},
+		{ID: "live", Hostname: "a", Address: "10.0.0.1:6443", Alive: true, Verified: true},
 		{ID: "stale", Hostname: "b", Address: "10.0.0.2:6443"},
-		{ID: "unverified", Hostname: "c", Address: "10.0.0.3:6443"},
+		{ID: "unverified", Hostname: "c", Address: "10.0.0.3:6443", Alive: true},
 		{ID: "departed", Hostname: "d", Address: "10.0.0.4:6443"},
-		{ID: "nowhere", Hostname: "e", Alive: true},
+		{ID: "nowhere", Hostname: "e", Alive: true, Verified: true},
 	}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	tp.Sources = map[string]topology.Source{
-		"unverified": {From: topology.SourceNone, Unverified: true},
+		"unverified": {From: topology.SourceNone, AwaitingDiscovery: true},
 		"departed":   {From: topology.SourceRemembered},
 	}
 	want := map[string]string{

@@ -1,5 +1,5 @@
 // Package topology is the pure model at the centre of kube-mvp: which apiservers exist, which
-// are alive, and which of them serve each group/version/resource, and the one routing rule
+// are routable, and which of them serve each group/version/resource, and the one routing rule
 // (DecideResource). internal/plan applies the rule once per topology; the Envoy configuration
 // (internal/snapshot) and the per-request choice (internal/extproc) both read that plan, so
 // they cannot disagree.
@@ -26,8 +26,13 @@ type APIServer struct {
 	Hostname string `json:"hostname,omitempty"`
 	// Address is host:port that peers (and Envoy) dial; empty when unknown.
 	Address string `json:"address,omitempty"`
-	// Alive means the Lease was renewed within the liveness window.
+	// Alive: its identity Lease was renewed within the liveness window
+	// (internal/objects/liveness.go).
 	Alive bool `json:"alive"`
+	// Verified: its own discovery was fetched at its address over verified TLS, or given by
+	// a fixture (internal/objects/verified.go). Views print it as the Source's
+	// AwaitingDiscovery; the routing table's alive is Alive and Verified together.
+	Verified bool `json:"-"`
 	// Dangerous, when not empty, says why requests whose identity kube-mvp sets must not go
 	// to this apiserver: extproc's check of the proxy certificate (internal/proxycert) found
 	// that it takes the certificate for an ordinary client's, not a front proxy's, so such
@@ -37,8 +42,9 @@ type APIServer struct {
 	Dangerous string `json:"dangerous,omitempty"`
 }
 
-// Routable reports whether requests can go to s: its Lease is fresh and its address known.
-func (s APIServer) Routable() bool { return s.Alive && s.Address != "" }
+// Routable reports whether requests can go to s: its Lease is fresh, its discovery verified
+// and its address known. Nothing else decides it.
+func (s APIServer) Routable() bool { return s.Alive && s.Verified && s.Address != "" }
 
 // Resource names a group/version/resource, optionally narrowed to one subresource.
 // Core resources have Group "".
@@ -191,9 +197,10 @@ type Source struct {
 	// LeaseDeleted, for "remembered": when its identity Lease was seen deleted (its grace
 	// period runs from then); zero while the Lease exists.
 	LeaseDeleted time.Time `json:"leaseDeletedAt,omitzero"`
-	// Unverified: its Lease is fresh, but its own discovery has not (yet) been fetched at
-	// its address over verified TLS, so it counts as not alive: it takes no part in routing.
-	Unverified bool `json:"awaitingVerifiedDiscovery,omitempty"`
+	// AwaitingDiscovery: its Lease is fresh and names an address, but its own discovery has
+	// not (yet) been fetched there over verified TLS: not Verified, so it takes no part in
+	// routing.
+	AwaitingDiscovery bool `json:"awaitingVerifiedDiscovery,omitempty"`
 	// Version is its own /version (gitVersion), read with its discovery; for people only.
 	Version string `json:"version,omitempty"`
 }
@@ -390,7 +397,7 @@ func (t *Topology) Server(id string) (APIServer, bool) {
 	return APIServer{}, false
 }
 
-// Live returns the IDs of the apiservers that are alive and dialable, sorted.
+// Live returns the IDs of the routable apiservers (APIServer.Routable), sorted.
 func (t *Topology) Live() []string {
 	var ids []string
 	for _, s := range t.APIServers {

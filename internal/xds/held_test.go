@@ -44,8 +44,8 @@ func TestUpdateHeldWhenAPlanCannotBeBuilt(t *testing.T) {
 			served[topology.Resource{Group: group, Version: "v1", Resource: "things"}] = []string{"apiserver-a"}
 		}
 		tp, err := topology.New([]topology.APIServer{
-			{ID: "apiserver-a", Hostname: "cp-a", Address: "127.0.0.1:1", Alive: true},
-			{ID: "apiserver-b", Hostname: "cp-b", Address: "127.0.0.1:2", Alive: true},
+			{ID: "apiserver-a", Hostname: "cp-a", Address: "127.0.0.1:1", Alive: true, Verified: true},
+			{ID: "apiserver-b", Hostname: "cp-b", Address: "127.0.0.1:2", Alive: true, Verified: true},
 		}, served, nil)
 		if err != nil {
 			t.Fatal(err)

@@ -63,8 +63,8 @@ var noMBB makebeforebreak.Options
 func topo(t *testing.T, liveB bool) *topology.Topology {
 	t.Helper()
 	tp, err := topology.New([]topology.APIServer{
-		{ID: "apiserver-a", Hostname: "cp-a", Address: "127.0.0.1:1", Alive: true},
-		{ID: "apiserver-b", Hostname: "cp-b", Address: "127.0.0.1:2", Alive: liveB},
+		{ID: "apiserver-a", Hostname: "cp-a", Address: "127.0.0.1:1", Alive: true, Verified: true},
+		{ID: "apiserver-b", Hostname: "cp-b", Address: "127.0.0.1:2", Alive: liveB, Verified: true},
 	}, map[topology.Resource][]string{{Group: "batch", Version: "v1", Resource: "jobs"}: {"apiserver-a"}}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -196,9 +196,9 @@ func TestReadyzWaitsForTopology(t *testing.T) {
 func TestLingeringClusters(t *testing.T) {
 	three := func(aliveA bool) *topology.Topology {
 		tp, err := topology.New([]topology.APIServer{
-			{ID: "apiserver-a", Hostname: "cp-a", Address: "127.0.0.1:1", Alive: aliveA},
-			{ID: "apiserver-b", Hostname: "cp-b", Address: "127.0.0.1:2", Alive: true},
-			{ID: "apiserver-c", Hostname: "cp-c", Address: "127.0.0.1:3", Alive: true},
+			{ID: "apiserver-a", Hostname: "cp-a", Address: "127.0.0.1:1", Alive: aliveA, Verified: true},
+			{ID: "apiserver-b", Hostname: "cp-b", Address: "127.0.0.1:2", Alive: true, Verified: true},
+			{ID: "apiserver-c", Hostname: "cp-c", Address: "127.0.0.1:3", Alive: true, Verified: true},
 		}, map[topology.Resource][]string{
 			{Group: "batch", Version: "v1", Resource: "jobs"}: {"apiserver-a", "apiserver-c"},
 			{Group: "", Version: "v1", Resource: "pods"}:      {"apiserver-a", "apiserver-b", "apiserver-c"},

@@ -220,8 +220,8 @@ func walkRegexes(v any, f func(string)) {
 func TestProductRegexesWhateverTheNames(t *testing.T) {
 	long := strings.Repeat("a", 60) + "." + strings.Repeat("b", 60) + "." + strings.Repeat("c", 60) + "." + strings.Repeat("d", 59) + ".example.io" // 253
 	ss := []topology.APIServer{
-		{ID: "apiserver-aaaaaaaaaaaaaaaaaaaaaaaaaa", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: true},
-		{ID: "apiserver-bbbbbbbbbbbbbbbbbbbbbbbbbb", Hostname: "cp-b", Address: "10.0.0.2:6443", Alive: true},
+		{ID: "apiserver-aaaaaaaaaaaaaaaaaaaaaaaaaa", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: true, Verified: true},
+		{ID: "apiserver-bbbbbbbbbbbbbbbbbbbbbbbbbb", Hostname: "cp-b", Address: "10.0.0.2:6443", Alive: true, Verified: true},
 	}
 	served := map[topology.Resource][]string{
 		{Group: long, Version: "v1alpha1", Resource: "things"}:            {ss[0].ID},

@@ -31,7 +31,7 @@ func BigTopology(tb testing.TB, groups, servers int) *topology.Topology {
 		sum := sha256.Sum256([]byte(host))
 		// As kube-apiserver names its identity Lease.
 		id := "apiserver-" + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(sum[:16]))
-		apiservers = append(apiservers, topology.APIServer{ID: id, Hostname: host, Address: fmt.Sprintf("10.20.%d.%d:6443", i/250, i%250+1), Alive: true})
+		apiservers = append(apiservers, topology.APIServer{ID: id, Hostname: host, Address: fmt.Sprintf("10.20.%d.%d:6443", i/250, i%250+1), Alive: true, Verified: true})
 		all = append(all, id)
 	}
 	subsets := [][]string{all}
