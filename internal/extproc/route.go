@@ -68,20 +68,20 @@ func (tb *preparedTable) view(local string) *view {
 	}
 	v.once.Do(func() {
 		servers := tb.plans.APIServers
+		refusals := map[string]*extprocv3.ProcessingResponse{} // by ProxyCertRefused's key
+		refuse := func(ids topology.ServerSet) *extprocv3.ProcessingResponse {
+			key := ids.Key()
+			if refusals[key] == nil {
+				refusals[key] = proxyCertRefusal(servers, ids)
+			}
+			return refusals[key]
+		}
 		v.m = tb.m
-		v.def = newKeyRoute(v.routes.Default, newAnswers(v.routes.Default, servers), tb.m)
+		v.def = newKeyRoute(v.routes.Default, newAnswers(v.routes.Default, refuse), tb.m)
 		distinct := v.routes.Distinct()
 		v.answers = make([]*answers, len(distinct))
-		refusals := map[string]*extprocv3.ProcessingResponse{} // by ProxyCertRefused's key
 		for i, r := range distinct {
-			a := newAnswers(r, nil)
-			if key := r.ProxyCertRefused.Key(); key != "" {
-				if refusals[key] == nil {
-					refusals[key] = proxyCertRefusal(servers, r.ProxyCertRefused)
-				}
-				a.proxyCertRefused = refusals[key]
-			}
-			v.answers[i] = a
+			v.answers[i] = newAnswers(r, refuse)
 		}
 		v.keys = make([]keyRoute, v.routes.Len())
 	})
@@ -99,32 +99,21 @@ func (v *view) route(d plan.Route, key int) *route {
 	return k.rt
 }
 
-// answers are what a decision turns into, whatever key it is for.
+// answers are what a decision turns into, whatever key it is for: one answer per request
+// kind (plan.RequestKind.Index), each for the kind's plan.Route.Destination.
 type answers struct {
-	outcome topology.Outcome
-	// cluster is the value of x-kube-mvp-cluster for requests with their own credentials
-	// (the planned cluster, or for a serving set the serving-sets cluster); empty for
-	// Unavailable.
-	cluster string
 	// lb names a Subset's serving set in the request's dynamic metadata, which Envoy's
 	// router hands the serving-sets cluster's subset load balancer; nil otherwise.
 	lb *structpb.Struct
-	// set holds the routing header naming cluster (and x-kubernetes-peer-proxied for a
-	// subset); proxyCertSet the same for the cluster's front-proxy variant, for requests with
-	// identity headers; upgrade the same two for the clusters' HTTP/1.1 variants, for requests
-	// that ask for a protocol upgrade.
-	set, proxyCertSet []*corev3.HeaderValueOption
-	upgrade           struct{ set, proxyCertSet []*corev3.HeaderValueOption }
-	// resp is the whole answer for a request without client-supplied headers that only
-	// kube-mvp may set; for Unavailable, the immediate 503 for every request (it names the
-	// key: see newKeyRoute). proxyCertResp is the answer for a request whose identity the
-	// Lua filter set.
-	resp, proxyCertResp *extprocv3.ProcessingResponse
-	upgradeResp         struct{ resp, proxyCertResp *extprocv3.ProcessingResponse }
-	// proxyCertRefused, when not nil, answers every request whose identity the Lua filter
-	// set: every apiserver of the cluster is dangerous (plan.Route.ProxyCertRefused), an
-	// immediate 503 naming them.
-	proxyCertRefused *extprocv3.ProcessingResponse
+	// set, for a kind the route forwards, holds the routing header naming the kind's cluster
+	// (and x-kubernetes-peer-proxied for a subset); nil for a kind it refuses.
+	set [len(plan.RequestKinds)][]*corev3.HeaderValueOption
+	// resp is the whole answer for a request of the kind without client-supplied headers
+	// that only kube-mvp may set; for a kind it refuses, the immediate 503 for every
+	// request: Unavailable (it names the key: see newKeyRoute), or every apiserver of the
+	// cluster dangerous for requests whose identity the Lua filter set
+	// (plan.Route.ProxyCertRefused).
+	resp [len(plan.RequestKinds)]*extprocv3.ProcessingResponse
 }
 
 // route is a decision for one key: its answers and the metric to count it in.
@@ -145,43 +134,39 @@ func newKeyRoute(d plan.Route, a *answers, m *metrics) *route {
 	}
 	if d.Outcome == topology.Unavailable {
 		resp := immediate503("no apiserver that serves "+d.Resource.String()+" is available", "kube_mvp_no_live_apiserver")
-		a = &answers{outcome: topology.Unavailable, resp: resp, proxyCertResp: resp}
+		a = &answers{}
+		for k := range a.resp {
+			a.resp[k] = resp
+		}
 	}
 	return &route{answers: a, labels: [4]string{d.Outcome.String(), d.Resource.Group, d.Resource.Version, res}, m: m}
 }
 
-// newAnswers prepares d's answers; servers, when given, are the table's apiservers, which a
-// refusal of front-proxy requests names (otherwise the caller sets proxyCertRefused).
-func newAnswers(d plan.Route, servers []topology.APIServer) *answers {
-	r := &answers{outcome: d.Outcome}
-	if servers != nil && len(d.ProxyCertRefused) > 0 {
-		r.proxyCertRefused = proxyCertRefusal(servers, d.ProxyCertRefused)
+// newAnswers prepares d's answers; refuse makes the answer to requests with the proxy
+// certificate when every apiserver of d's cluster is dangerous.
+func newAnswers(d plan.Route, refuse func(topology.ServerSet) *extprocv3.ProcessingResponse) *answers {
+	a := &answers{}
+	if set := d.Destination(plan.RequestKind{}).ServingSet; set != "" {
+		a.lb = servingSetMetadata(set) // every kind's: the serving set is the route's
 	}
-	if d.Outcome == topology.Unavailable {
-		return r
-	}
-	r.cluster = d.Cluster
-	if d.Outcome == topology.Subset {
-		r.cluster = contract.ClusterServingSets
-		r.lb = servingSetMetadata(d.Cluster)
-	}
-	naming := func(cluster string) []*corev3.HeaderValueOption {
-		set := []*corev3.HeaderValueOption{setHeader(contract.HeaderRoutingCluster, cluster, false)}
-		if d.Outcome == topology.Subset {
+	for _, k := range plan.RequestKinds {
+		dest := d.Destination(k)
+		switch dest.Refused {
+		case plan.RefusedUnavailable:
+			continue // newKeyRoute answers, naming the key
+		case plan.RefusedProxyCert:
+			a.resp[k.Index()] = refuse(d.ProxyCertRefused)
+			continue
+		}
+		set := []*corev3.HeaderValueOption{setHeader(contract.HeaderRoutingCluster, dest.Cluster.String(), false)}
+		if dest.ServingSet != "" {
 			// An apiserver that runs upstream's in-process MVP must not proxy the request again.
 			set = append(set, setHeader(contract.HeaderPeerProxied, "true", false))
 		}
-		return set
+		a.set[k.Index()] = set
+		a.resp[k.Index()] = headersResponse(set, nil, a.lb)
 	}
-	r.set = naming(r.cluster)
-	r.proxyCertSet = naming(contract.ClusterName{Base: r.cluster, ProxyCert: true}.String())
-	r.upgrade.set = naming(contract.ClusterName{Base: r.cluster, HTTP1: true}.String())
-	r.upgrade.proxyCertSet = naming(contract.ClusterName{Base: r.cluster, ProxyCert: true, HTTP1: true}.String())
-	r.resp = headersResponse(r.set, nil, r.lb)
-	r.proxyCertResp = headersResponse(r.proxyCertSet, nil, r.lb)
-	r.upgradeResp.resp = headersResponse(r.upgrade.set, nil, r.lb)
-	r.upgradeResp.proxyCertResp = headersResponse(r.upgrade.proxyCertSet, nil, r.lb)
-	return r
+	return a
 }
 
 func (r *route) count() {
@@ -189,24 +174,15 @@ func (r *route) count() {
 	r.counter.Inc()
 }
 
-// response is a's answer for a request that carries headers only kube-mvp may set (seen,
-// lower-case names), which the listener should have stripped: they are removed, and since
-// the ext_proc filter's mutation rules allow extproc to remove nothing, Envoy then fails the
-// request (disallow_is_error: a 503 Status) rather than forward it. That only happens with
-// a listener that does not strip what this table names: one configured by hand, or one of
-// another configuration version than the table. upgrade: it asks for a protocol upgrade;
-// proxyCert: its identity is the Lua filter's.
-func (a *answers) response(seen []string, upgrade, proxyCert bool) *extprocv3.ProcessingResponse {
-	set := a.set
-	switch {
-	case upgrade && proxyCert:
-		set = a.upgrade.proxyCertSet
-	case upgrade:
-		set = a.upgrade.set
-	case proxyCert:
-		set = a.proxyCertSet
-	}
-	return headersResponse(set, seen, a.lb)
+// response is a's answer for a request of kind k (plan.RequestKind.Index), one a forwards,
+// that carries headers only kube-mvp may set (seen, lower-case names), which the listener
+// should have stripped: they are removed, and since the ext_proc filter's mutation rules
+// allow extproc to remove nothing, Envoy then fails the request (disallow_is_error: a 503
+// Status) rather than forward it. That only happens with a listener that does not strip what
+// this table names: one configured by hand, or one of another configuration version than
+// the table.
+func (a *answers) response(seen []string, k int) *extprocv3.ProcessingResponse {
+	return headersResponse(a.set[k], seen, a.lb)
 }
 
 // proxyCertRefusal is the immediate 503 for requests whose identity the Lua filter set

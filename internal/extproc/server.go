@@ -419,22 +419,13 @@ func (s *Server) requestHeaders(h *extprocv3.HttpHeaders, local string, disc *di
 	} else {
 		rt.count()
 	}
-	if rt.outcome == topology.Unavailable {
-		return rt.resp
+	kind := plan.RequestKind{ProxyCert: proxyCert, Upgrade: upgrade}.Index()
+	resp := rt.resp[kind]
+	if rt.set[kind] == nil {
+		return resp // kube-mvp's own 503: Unavailable, or the proxy certificate refused
 	}
-	if proxyCert && rt.proxyCertRefused != nil {
-		return rt.proxyCertRefused
-	}
-	resp := rt.resp
-	switch {
-	case len(identity) != 0 || len(owned) != 0:
-		resp = rt.response(append(identity, owned...), upgrade, proxyCert)
-	case proxyCert && upgrade:
-		resp = rt.upgradeResp.proxyCertResp
-	case proxyCert:
-		resp = rt.proxyCertResp
-	case upgrade:
-		resp = rt.upgradeResp.resp
+	if len(identity) != 0 || len(owned) != 0 {
+		resp = rt.response(append(identity, owned...), kind)
 	}
 	if tb.plans.Discovery != nil && wantsMergedDiscovery(method, path, accept) {
 		*disc = discoveryState{doc: tb.plans.Discovery, ifNoneMatch: ifNoneMatch}
