@@ -17,7 +17,6 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
-	"github.com/kube-mvp/kube-mvp/internal/contract"
 	"github.com/kube-mvp/kube-mvp/internal/oldestenvoy"
 	"github.com/kube-mvp/kube-mvp/internal/plan"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
@@ -137,15 +136,6 @@ func Build(p *plan.Plan, cfg Config) (*Resources, error) {
 	return res, joined(b.errs)
 }
 
-// envoyCluster is the Envoy cluster extproc names for route r: for a serving set, the
-// serving-sets cluster.
-func envoyCluster(r plan.Route) string {
-	if r.Outcome == topology.Subset {
-		return contract.ClusterServingSets
-	}
-	return r.Cluster
-}
-
 // changeForTest, set only by tests, changes the translated resources before they are checked,
 // to show what the checks refuse.
 var changeForTest func(*Resources)
@@ -169,33 +159,51 @@ func (b *builder) errorf(format string, args ...any) {
 	b.errs = append(b.errs, fmt.Errorf(format, args...))
 }
 
-// producible maps every cluster that extproc may name by the plan's routes (and, with a
-// proxy client certificate, their front-proxy variants) to one resource that leads there, for
+// producible maps every cluster that extproc may name by the plan's routes (for each request
+// kind Envoy has a cluster for: plan.Route.Destination) to one resource that leads there, for
 // checkReferences' error messages.
 func (b *builder) producible() map[string]string {
 	out := map[string]string{}
-	add := func(cluster, what string) {
-		if _, ok := out[cluster]; ok || cluster == "" {
-			return
-		}
-		out[cluster] = what
-		out[contract.ClusterName{Base: cluster, HTTP1: true}.String()] = what + " as an upgrade"
-		if len(b.cfg.Secrets.ProxyClientCert) > 0 {
-			out[contract.ClusterName{Base: cluster, ProxyCert: true}.String()] = what + " with a client certificate"
-			out[contract.ClusterName{Base: cluster, ProxyCert: true, HTTP1: true}.String()] = what + " as an upgrade with a client certificate"
+	add := func(r plan.Route, what string) {
+		for _, k := range b.requestKinds() {
+			d := r.Destination(k)
+			if d.Refused != plan.NotRefused {
+				continue
+			}
+			name := d.Cluster.String()
+			if _, ok := out[name]; ok {
+				continue
+			}
+			out[name] = what
+			if k.Upgrade {
+				out[name] += " as an upgrade"
+			}
+			if k.ProxyCert {
+				out[name] += " with a client certificate"
+			}
 		}
 	}
-	add(b.p.Routes.Default.Cluster, "non-resource requests")
+	add(b.p.Routes.Default, "non-resource requests")
 	for _, r := range b.p.Routes.All() {
 		if r.Resource.IsDocument() {
 			continue // named below, after the resources: a resource is the clearer example
 		}
-		add(envoyCluster(r), r.Resource.String())
+		add(r, r.Resource.String())
 	}
 	for _, gv := range b.p.GroupVersions {
-		add(envoyCluster(gv.Document), "the "+gv.GroupVersion.String()+" document")
+		add(gv.Document, "the "+gv.GroupVersion.String()+" document")
 	}
 	return out
+}
+
+// requestKinds are the kinds of request (plan.RequestKinds) that Envoy has a variant of each
+// apiserver cluster for: with a proxy client certificate every one, otherwise those with the
+// caller's own credentials.
+func (b *builder) requestKinds() []plan.RequestKind {
+	if len(b.cfg.Secrets.ProxyClientCert) > 0 {
+		return plan.RequestKinds[:]
+	}
+	return slices.DeleteFunc(slices.Clone(plan.RequestKinds[:]), func(k plan.RequestKind) bool { return k.ProxyCert })
 }
 
 // validated is every generated Envoy message: PGV generates ValidateAll for each.

@@ -86,6 +86,14 @@ const (
 // request but upgrades, HTTP/1.1 for upgrades.
 type variant[T any] struct{ http2, http1 T }
 
+// of is v's value for requests of kind k.
+func (v variant[T]) of(k plan.RequestKind) T {
+	if k.Upgrade {
+		return v.http1
+	}
+	return v.http2
+}
+
 // healthCheckSocket is the transport_socket_matches entry (and the health check's
 // transport_socket_match_criteria) with which every apiserver cluster's health checks speak
 // HTTP/1.1 (ALPN http/1.1, whatever the cluster speaks) and present the proxy client
@@ -96,11 +104,11 @@ const healthCheckSocket = "health-check"
 
 // clusters returns every cluster, sorted by name, and the endpoints of the EDS ones. Each
 // apiserver cluster (the plan's default or local one, and the serving-sets cluster) is
-// emitted as named, HTTP/2, and as its HTTP/1.1 variant (contract.ClusterName.HTTP1) for upgrades;
-// each of those as named, for requests that carry the caller's own credentials, whose TLS
-// presents no client certificate, and, with a proxy client certificate configured, as its
-// front-proxy variant (contract.ClusterName.ProxyCert), whose TLS presents it, for requests whose
-// identity the Lua filter set from a client certificate it verified.
+// emitted once per request kind (requestKinds, plan.RequestKind.Cluster names the variant):
+// HTTP/2, or HTTP/1.1 for upgrades; with TLS that presents no client certificate for requests
+// that carry the caller's own credentials, or, with a proxy client certificate configured,
+// presents it, for requests whose identity the Lua filter set from a client certificate it
+// verified.
 func (b *builder) clusters() ([]*clusterv3.Cluster, []*endpointv3.ClusterLoadAssignment) {
 	what := "apiserver clusters: "
 	// The typed configs shared by every apiserver cluster are packed (and validated) once.
@@ -153,10 +161,9 @@ func (b *builder) clusters() ([]*clusterv3.Cluster, []*endpointv3.ClusterLoadAss
 
 	var clusters []*clusterv3.Cluster
 	var cla []*endpointv3.ClusterLoadAssignment
-	// add emits the cluster named name with endpoints lb (by apiserver ID, in order ids): HTTP/2
-	// as named, its HTTP/1.1 variant, and the front-proxy variants of both, which leave out the
-	// dangerous apiservers (plan.Plan.ProxyCertExcluded): they take the proxy certificate for
-	// an ordinary client's.
+	// add emits each variant of the cluster named name with endpoints lb (by apiserver ID, in
+	// order ids); the front-proxy variants leave out the dangerous apiservers
+	// (plan.Plan.ProxyCertExcluded): they take the proxy certificate for an ordinary client's.
 	add := func(name string, ids []string, lb map[string]*endpointv3.LbEndpoint, subsets *clusterv3.Cluster_LbSubsetConfig) {
 		var all, withCert []*endpointv3.LbEndpoint
 		for _, id := range ids {
@@ -178,11 +185,12 @@ func (b *builder) clusters() ([]*clusterv3.Cluster, []*endpointv3.ClusterLoadAss
 			}
 			clusters, cla = append(clusters, c), append(cla, assignment)
 		}
-		emit(name, asCaller.http2, protocols.http2, all)
-		emit(contract.ClusterName{Base: name, HTTP1: true}.String(), asCaller.http1, protocols.http1, all)
-		if proxyCert {
-			emit(contract.ClusterName{Base: name, ProxyCert: true}.String(), withProxyCert.http2, protocols.http2, withCert)
-			emit(contract.ClusterName{Base: name, ProxyCert: true, HTTP1: true}.String(), withProxyCert.http1, protocols.http1, withCert)
+		for _, k := range b.requestKinds() {
+			tls, members := asCaller, all
+			if k.ProxyCert {
+				tls, members = withProxyCert, withCert
+			}
+			emit(k.Cluster(name).String(), tls.of(k), protocols.of(k), members)
 		}
 	}
 	for _, c := range b.p.Clusters {

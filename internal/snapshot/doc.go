@@ -228,7 +228,7 @@
 //   - Each of these twice: as named, with upstream TLS that presents no client certificate,
 //     for every request that carries its caller's own credentials (bearer token, Basic,
 //     WebSocket token, none), so that the apiserver authenticates it as it would directly;
-//     and its front-proxy variant (contract.ClusterName.ProxyCert, "<name>/front-proxy", with a
+//     and its front-proxy variant (plan.RequestKind.ProxyCert, "<name>/front-proxy", with a
 //     proxy client certificate configured), which presents the proxy client certificate
 //     kube-mvp-proxy-client-cert, for the requests whose identity extproc set from a
 //     verified client certificate. The proxy certificate never turns a request into anyone.

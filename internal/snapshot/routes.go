@@ -126,7 +126,7 @@ func (rb *routeBuilder) route(s *routeSpec, match *routev3.RouteMatch, f forward
 	if s.to.clusterHeader {
 		a.ClusterSpecifier = &routev3.RouteAction_ClusterHeader{ClusterHeader: contract.HeaderRoutingCluster}
 	} else {
-		a.ClusterSpecifier = &routev3.RouteAction_Cluster{Cluster: f.cluster.String()}
+		a.ClusterSpecifier = &routev3.RouteAction_Cluster{Cluster: f.kind.Cluster(s.to.cluster).String()}
 	}
 	return &routev3.Route{Name: name, Match: match, Action: &routev3.Route_Route{Route: a}, TypedPerFilterConfig: rb.extProc[s.extProc]}
 }

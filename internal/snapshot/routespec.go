@@ -117,8 +117,8 @@ func exactHeader(name, value string) headerMatch {
 }
 
 // A target is where a route sends what it matches: one of the plan's apiserver clusters
-// (each variant picks its variant, contract.ClusterName), the cluster extproc named in the
-// routing header (clusterHeader), or an answer of Envoy's own (direct).
+// (each of the route's variants picks its variant of it: forward.kind), the cluster extproc
+// named in the routing header (clusterHeader), or an answer of Envoy's own (direct).
 type target struct {
 	cluster       string
 	clusterHeader bool
@@ -304,9 +304,9 @@ func (b *builder) proxyCertRefusal(def string) *refusal {
 // A forward is one Envoy route of a spec that forwards: the spec's own, or one of its
 // variants'.
 type forward struct {
-	suffix  string        // of the spec's name; "" for the route itself
-	headers []headerMatch // matched besides the spec's own
-	cluster contract.ClusterName
+	suffix  string           // of the spec's name; "" for the route itself
+	headers []headerMatch    // matched besides the spec's own
+	kind    plan.RequestKind // which variant of the spec's cluster it goes to
 	timeout timeoutPolicy
 	retry   retryPolicy
 	// refused, on a proxy-cert variant, answers instead of forwarding: every apiserver of
@@ -348,7 +348,7 @@ func (s *routeSpec) forwards() iter.Seq[forward] {
 				p := f
 				p.suffix += RouteSuffixProxyCert
 				p.headers = append(slices.Clip(f.headers), proxyCertDecision)
-				p.cluster.ProxyCert = true
+				p.kind.ProxyCert = true
 				p.refused = s.to.proxyCertRefused
 				if !yield(p) {
 					return false
@@ -359,7 +359,7 @@ func (s *routeSpec) forwards() iter.Seq[forward] {
 		if s.variants&variantUpgrade != 0 {
 			if !each(forward{
 				suffix: RouteSuffixUpgrade, headers: upgradeRequested,
-				cluster: contract.ClusterName{Base: s.to.cluster, HTTP1: true}, timeout: noTimeout, retry: retryNeverReached,
+				kind: plan.RequestKind{Upgrade: true}, timeout: noTimeout, retry: retryNeverReached,
 			}) {
 				return
 			}
@@ -372,10 +372,10 @@ func (s *routeSpec) forwards() iter.Seq[forward] {
 			if s.proxied && retry == retryWrites {
 				retry = retryNeverReached
 			}
-			if !each(forward{suffix: c.suffix, headers: classIs[c.value], cluster: contract.ClusterName{Base: s.to.cluster}, timeout: c.timeout, retry: retry}) {
+			if !each(forward{suffix: c.suffix, headers: classIs[c.value], timeout: c.timeout, retry: retry}) {
 				return
 			}
 		}
-		each(forward{cluster: contract.ClusterName{Base: s.to.cluster}, timeout: noTimeout, retry: retryNeverReached})
+		each(forward{timeout: noTimeout, retry: retryNeverReached})
 	}
 }
