@@ -123,8 +123,8 @@ func ClusterNamePart(hostnameOrID string) string {
 // certificate, for requests carrying the identity headers kube-mvp sets for a client
 // certificate it verified; and with HTTP1, speaking HTTP/1.1 for upgrade requests (SPDY and
 // WebSocket exec, attach, port-forward, proxy, WebSocket watches), which cannot travel over
-// HTTP/2 to the apiservers. snapshot emits the clusters and extproc names them: both spell
-// them with String.
+// HTTP/2 to the apiservers. Which variant a request takes is plan.RequestKind's (the one list
+// of them) and plan.Route.Destination's: snapshot emits them, extproc names them.
 type ClusterName struct {
 	Base      string
 	ProxyCert bool // "<base>/front-proxy"

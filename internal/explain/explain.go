@@ -200,19 +200,25 @@ func (e *Explainer) Explain(req Request) (*Explanation, error) {
 		} else {
 			x.Why = append(x.Why, fmt.Sprintf("some resource of route %s does not go to the default cluster, so extproc decides each request", x.Route))
 		}
-		cluster, set, refusal := extprocCluster(d, req.Certificate, x.Class == contract.ClassUpgrade, e.p)
-		if refusal != "" {
+		dest := d.Destination(plan.RequestKind{ProxyCert: req.Certificate, Upgrade: x.Class == contract.ClassUpgrade})
+		switch dest.Refused {
+		case plan.RefusedUnavailable:
+			x.Why = append(x.Why, "extproc answers 503: no apiserver that serves "+d.Resource.String()+" is available (those that would are not live: a stale Lease, no address, or no verified discovery of their own)")
+		case plan.RefusedProxyCert:
+			x.Why = append(x.Why, "extproc answers 503: "+plan.ProxyCertRefusal(e.p.Topology.APIServers, d.ProxyCertRefused))
+		}
+		if dest.Refused != plan.NotRefused {
 			x.Status = 503
-			x.Why = append(x.Why, refusal)
 			x.APIServers = e.servers(d.Servers)
 			return x, nil
 		}
+		cluster := dest.Cluster.String()
 		headers[contract.HeaderRoutingCluster] = cluster
 		if final, err = e.match(req.Target, headers); err != nil {
 			return nil, err
 		}
 		x.FinalRoute = final.GetName()
-		x.Cluster, x.ServingSet = cluster, set
+		x.Cluster, x.ServingSet = cluster, dest.ServingSet
 	case "merges":
 		x.Why = append(x.Why, "the live apiservers differ in what they serve: extproc answers an apiserver's discovery with the merged discovery of every live one")
 	}
@@ -229,22 +235,6 @@ func (e *Explainer) Explain(req Request) (*Explanation, error) {
 	x.APIServers = e.servers(e.members(x.Cluster, x.ServingSet))
 	x.Why = append(x.Why, e.why(d, x)...)
 	return x, nil
-}
-
-// extprocCluster is the cluster extproc names for decision d (internal/extproc's route), the
-// serving set for a subset, or the reason of its immediate 503.
-func extprocCluster(d plan.Route, certificate, upgrade bool, p *plan.Plan) (cluster, set, refusal string) {
-	switch {
-	case d.Outcome == topology.Unavailable:
-		return "", "", "extproc answers 503: no apiserver that serves " + d.Resource.String() + " is available (those that would are not live: a stale Lease, no address, or no verified discovery of their own)"
-	case certificate && len(d.ProxyCertRefused) > 0:
-		return "", "", "extproc answers 503: " + plan.ProxyCertRefusal(p.Topology.APIServers, d.ProxyCertRefused)
-	}
-	cluster = d.Cluster
-	if d.Outcome == topology.Subset {
-		cluster, set = contract.ClusterServingSets, d.Cluster
-	}
-	return contract.ClusterName{Base: cluster, ProxyCert: certificate, HTTP1: upgrade}.String(), set, ""
 }
 
 // members are the apiservers of an Envoy cluster (a variant's: the plan cluster's, less the
