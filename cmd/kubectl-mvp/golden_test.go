@@ -24,13 +24,23 @@ var goldenRequests = [][]string{
 	{"GET", "/apis/batch%2Fv1/jobs"},
 }
 
+// caseRequests are more requests whose explanations a case's golden file keeps.
+var caseRequests = map[string][][]string{
+	"new-crd": {
+		{"GET", "/apis/stable.example.com/v1/namespaces/default/widgets"},
+		{"POST", "/apis/fresh.example.com/v1/namespaces/default/gadgets"},
+		{"GET", "/apis/stable.example.com/v1/namespaces/default/listed"},
+		{"GET", "/apis/stable.example.com/v1/namespaces/default/stale"},
+	},
+}
+
 // TestGoldenExplain keeps explain's text answers for every fixture: a change of what kube-mvp
 // decides, or of how explain says it, shows in review.
 func TestGoldenExplain(t *testing.T) {
 	for _, name := range fixtures.Names(t) {
 		t.Run(name, func(t *testing.T) {
 			var got bytes.Buffer
-			for _, rq := range goldenRequests {
+			for _, rq := range append(goldenRequests, caseRequests[name]...) {
 				args := append([]string{"explain", "-f", fixtures.Path(name), "--now", fixtures.Now.Format("2006-01-02T15:04:05Z")}, rq...)
 				if id := fixtures.SidecarOf(name); id != "" {
 					args = append(args, "--node-id", id)

@@ -18,6 +18,9 @@ const (
 	outcomeNoTable       = "no_table"
 	outcomeNoLocalPlan   = "no_local_plan"
 	outcomeInternalError = "internal_error"
+	// outcomePending: an unavailable key that is a new CRD's no apiserver serves yet
+	// (plan.Route.Pending), counted apart from the keys whose apiservers are all dead.
+	outcomePending = "pending"
 )
 
 // Message types that must not arrive (our processing mode sends request headers only).
@@ -61,7 +64,7 @@ type metrics struct {
 	// decisions mirrors upstream's apiserver_rerouted_request_total{code,group,version,resource}
 	// (k8s.io/apiserver peerproxy), which counts only requests an apiserver proxied to a peer
 	// and labels them with the HTTP code; here every request is decided, so the label is the
-	// outcome (default, subset, not_served, unavailable, no_table, no_local_plan, internal_error). The
+	// outcome (default, subset, not_served, unavailable, pending, no_table, no_local_plan, internal_error). The
 	// group/version/resource labels name the serving-table key the decision used ("resource"
 	// is "pods/log" for a subresource key) and are empty when there is none (non-resource
 	// requests, CRD and aggregated groups, resources nobody publishes), so their values come

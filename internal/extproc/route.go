@@ -126,20 +126,26 @@ type route struct {
 }
 
 // newKeyRoute is the route of d's key, answered as a: the metric's labels name the key, and
-// an Unavailable key's 503 says which resource has no apiserver.
+// an Unavailable key's 503 says which resource has no apiserver, or that a new CRD's is not
+// served yet (d.Pending).
 func newKeyRoute(d plan.Route, a *answers, m *metrics) *route {
 	res := d.Resource.Resource
 	if d.Resource.Subresource != "" {
 		res += "/" + d.Resource.Subresource
 	}
+	outcome := d.Outcome.String()
 	if d.Outcome == topology.Unavailable {
 		resp := immediate503("no apiserver that serves "+d.Resource.String()+" is available", "kube_mvp_no_live_apiserver")
+		if d.Pending {
+			outcome = outcomePending
+			resp = immediate503(d.Resource.String()+" is a new CustomResourceDefinition's that no apiserver serves yet; retry in a moment", "kube_mvp_new_crd_pending")
+		}
 		a = &answers{}
 		for k := range a.resp {
 			a.resp[k] = resp
 		}
 	}
-	return &route{answers: a, labels: [4]string{d.Outcome.String(), d.Resource.Group, d.Resource.Version, res}, m: m}
+	return &route{answers: a, labels: [4]string{outcome, d.Resource.Group, d.Resource.Version, res}, m: m}
 }
 
 // newAnswers prepares d's answers; refuse makes the answer to requests with the proxy

@@ -64,6 +64,10 @@ func unavailable(gvr string) want {
 	return want{message: "no apiserver that serves " + gvr + " is available"}
 }
 
+func pending(gvr string) want {
+	return want{message: gvr + " is a new CustomResourceDefinition's that no apiserver serves yet; retry in a moment"}
+}
+
 // checkResponse asserts that resp is w's answer to req.
 func checkResponse(t *testing.T, req *extprocv3.HttpHeaders, resp *extprocv3.ProcessingResponse, w want) {
 	t.Helper()
@@ -199,6 +203,8 @@ func TestDecisions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	newGV := topology.GroupVersion{Group: "new.example.io", Version: "v1"}
+	direct.SetPending([]topology.Resource{{Group: "crd.example.io", Version: "v1", Resource: "bars"}, {Group: newGV.Group, Version: newGV.Version, Resource: "gizmos"}})
 
 	cases := []struct {
 		name         string
@@ -233,6 +239,14 @@ func TestDecisions(t *testing.T) {
 		// A CRD's or APIService's claim that every apiserver serves a group/version never
 		// overrides the apiservers' own discovery: a resource only node-1 lists goes to node-1.
 		{"a served-everywhere claim does not override who lists it", direct, "GET", "/apis/crd.example.io/v1/foos", subset("kube-apiservers-only-node-1")},
+
+		// A new CRD no apiserver lists yet: a 503 with Retry-After (client-go retries), not an
+		// apiserver that may answer 404; its subresources and, when nothing of its
+		// group/version is listed, the document too.
+		{"new CRD pending", direct, "GET", "/apis/crd.example.io/v1/namespaces/x/bars", pending("crd.example.io/v1/bars")},
+		{"new CRD pending: subresource", direct, "PUT", "/apis/crd.example.io/v1/namespaces/x/bars/b/status", pending("crd.example.io/v1/bars")},
+		{"new CRD pending: create", direct, "POST", "/apis/new.example.io/v1/gizmos", pending("new.example.io/v1/gizmos")},
+		{"new CRD pending: its new group/version's document", direct, "GET", "/apis/new.example.io/v1", pending(newGV.Document().String())},
 
 		// A strict subset serves it: only that subset, and no second proxying.
 		{"strict subset: list jobs", fx, "GET", "/apis/batch/v1/namespaces/default/jobs", subset("kube-apiservers-only-cp-a")},

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"reflect"
+	"slices"
 	"time"
 
 	apidiscoveryv2 "k8s.io/api/apidiscovery/v2"
@@ -19,8 +20,9 @@ import (
 // renewal or the re-judging tick costs the judging of the Leases, not a topology (with 2,000
 // CRDs a build is 4 ms, and there are 24 such rebuilds a minute).
 //
-// Build reads the time only to judge the Leases (objects.APIServers), so the verdicts stand
-// for it; which apiservers are verified follows from the discovery, compared too
+// Build reads the time only to judge the Leases (objects.APIServers) and which CRDs are
+// young enough to be pending (youngCRDs), so the verdicts and the young CRDs stand for it;
+// which apiservers are verified follows from the discovery, compared too
 // (objects.Verify). The other watched objects are compared apart, by identity (sameObjects).
 type buildInputs struct {
 	// leases without their renewals (renewTime, resourceVersion, managedFields).
@@ -33,6 +35,8 @@ type buildInputs struct {
 	discoveredAt map[string]time.Time
 	versions     map[string]string
 	headerNames  memory.RequestHeaderNames
+	// crds are the CRDs young enough to be pending (youngCRDs at this rebuild).
+	crds []objects.CRD
 	// departed is the memory of the apiservers without discovery in use: Build reads the
 	// memory of no other (theirs changes at every look: the time they were last seen).
 	departed memory.Memory
@@ -43,7 +47,7 @@ type buildInputs struct {
 func inputsOf(objs objects.Objects, opts objects.Options) *buildInputs {
 	in := &buildInputs{
 		discovery: objs.Discovery, discoveredAt: objs.DiscoveredAt, versions: objs.Versions,
-		headerNames: objs.HeaderNames,
+		headerNames: objs.HeaderNames, crds: objs.CRDs,
 	}
 	in.headerNames.GoodAt = time.Time{} // when they were first read: Build does not read it
 	for _, l := range objs.Leases {
@@ -70,7 +74,8 @@ func (in *buildInputs) same(prev *buildInputs) bool {
 	return prev != nil && maps.Equal(in.discovery, prev.discovery) && maps.EqualFunc(in.discoveredAt, prev.discoveredAt, time.Time.Equal) &&
 		maps.Equal(in.versions, prev.versions) && in.verdictErrs == prev.verdictErrs &&
 		reflect.DeepEqual(in.servers, prev.servers) && reflect.DeepEqual(in.leases, prev.leases) &&
-		reflect.DeepEqual(in.headerNames, prev.headerNames) && reflect.DeepEqual(in.departed, prev.departed)
+		reflect.DeepEqual(in.headerNames, prev.headerNames) && reflect.DeepEqual(in.departed, prev.departed) &&
+		slices.EqualFunc(in.crds, prev.crds, func(a, b objects.CRD) bool { return a.Name == b.Name && a.Created.Equal(b.Created) })
 }
 
 // sameObjects reports whether objects (the authentication ConfigMap, StorageVersions,

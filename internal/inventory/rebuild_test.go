@@ -229,6 +229,24 @@ func TestRebuildBuildsOnlyWhenSomethingChanged(t *testing.T) {
 		t.Errorf("new header names: handed on %v; want user header x-other-user", t2)
 	}
 
+	// A new CRD no apiserver lists yet is pending while it is young, and then not.
+	w.crds = cache.NewStore(cache.MetaNamespaceKeyFunc)
+	crd := &metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{Name: "gadgets.g00001.example.com", CreationTimestamp: metav1.NewTime(now.Add(-2 * time.Second))}}
+	if err := w.crds.Add(crd); err != nil {
+		t.Fatal(err)
+	}
+	gadgets := topology.Resource{Group: "g00001.example.com", Version: "v1", Resource: "gadgets"}
+	if t2 := step("a new CRD", true); t2 == nil || !t2.Pending[gadgets] {
+		t.Errorf("a new CRD: handed on %v; want %s pending", t2, gadgets)
+	}
+	step("nothing changed, the CRD still young", false)
+	now = now.Add(objects.PendingWindow)
+	renew(idA)
+	renew(idB)
+	if t2 := step("the CRD no longer young", true); t2 == nil || len(t2.Pending) != 0 {
+		t.Errorf("the CRD aged: handed on %v; want nothing pending", t2)
+	}
+
 	l := lease(idB)
 	l.Labels[objects.HostnameLabel] = "cp-x" // no longer the host its ID says
 	update(w.leases, l)

@@ -121,6 +121,7 @@ type Watcher struct {
 	authentication cache.Store
 	svs            cache.Store // nil when the StorageVersion API is off
 	apisvcs        cache.Store
+	crds           cache.Store // metadata only; nil until Run starts watching
 	memoryStore    cache.Store // nil without WatchOptions.MemoryConfigMap
 
 	// memory is what each apiserver served when last seen live (rebuild's own, like
@@ -317,7 +318,10 @@ func (w *Watcher) Run(ctx context.Context) error {
 	// (often hundreds of KB each, never read). Not waited for: without the permission
 	// xds-server still routes, and discovery is refetched every DiscoveryInterval anyway.
 	crdFactory := metadatainformer.NewSharedInformerFactory(w.metadata, 0)
-	crdFactory.ForResource(crdsGVR).Informer().AddEventHandler(apisChanged)
+	crdInformer := crdFactory.ForResource(crdsGVR).Informer()
+	crdInformer.AddEventHandler(apisChanged)
+	crdInformer.AddEventHandler(kick) // a new CRD is pending at once (objects.PendingWindow)
+	w.crds = crdInformer.GetStore()
 
 	leaseFactory.Start(ctx.Done())
 	authFactory.Start(ctx.Done())
@@ -452,6 +456,7 @@ func (w *Watcher) rebuild(ctx context.Context) {
 	opts := w.opts.Options
 	opts.Now = w.opts.Clock()
 	opts.Memo = &w.memo
+	objs.CRDs = youngCRDs(w.crds, opts.Now)
 	objs.Discovery, objs.DiscoveredAt, objs.Versions = w.discoveryFor(ctx, objs.Leases, opts)
 	var headerErr error
 	objs.HeaderNames, headerErr = w.learnHeaderNames(objs.Authentication, opts.Now)
@@ -500,6 +505,27 @@ func (w *Watcher) rebuild(ctx context.Context) {
 	}
 	w.last = t
 	w.onChange(t)
+}
+
+// youngCRDs are the CRDs in store created within objects.PendingWindow of now, sorted by
+// name: the only ones Build reads (pending.go), so an idle rebuild compares none.
+func youngCRDs(store cache.Store, now time.Time) []objects.CRD {
+	if store == nil {
+		return nil
+	}
+	var young []objects.CRD
+	for _, o := range store.List() {
+		m, ok := o.(*metav1.PartialObjectMetadata)
+		if !ok {
+			continue
+		}
+		created := m.CreationTimestamp.Time
+		if age := now.Sub(created); !created.IsZero() && age < objects.PendingWindow && age > -objects.PendingWindow {
+			young = append(young, objects.CRD{Name: m.Name, Created: created})
+		}
+	}
+	slices.SortFunc(young, func(a, b objects.CRD) int { return strings.Compare(a.Name, b.Name) })
+	return young
 }
 
 // convertedAPIService is one version of an APIService, converted (or found malformed).

@@ -72,6 +72,9 @@ type Objects struct {
 	// Versions are the apiservers' versions (gitVersion), read with their Discovery, by ID
 	// (optional: for /debug/topology and kubectl mvp status; routing never reads them).
 	Versions map[string]string
+	// CRDs are the CustomResourceDefinitions, by name and creation time: a new one's
+	// resources that no apiserver lists yet are pending (pending.go).
+	CRDs []CRD
 	// Remembered is what departed apiservers served (see memory.Memory): used for every apiserver
 	// without Discovery, as StorageVersions are, so that what only they served is
 	// Unavailable (503) rather than not served (404). One whose Lease is gone is listed as
@@ -283,6 +286,9 @@ func Build(objs Objects, opts Options) (*topology.Topology, []error) {
 	var routed []error
 	t.Aggregated, routed = aggregatedRoutes(aggregated, objs.Discovery, hasLease)
 	errs = append(errs, routed...)
+	pending, pendingErrs := pendingResources(objs.CRDs, objs.APIServices, served, t, opts.Now)
+	t.SetPending(pending)
+	errs = append(errs, pendingErrs...)
 	t.Sources = make(map[string]topology.Source, len(t.APIServers))
 	for _, s := range t.APIServers {
 		switch {

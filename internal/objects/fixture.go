@@ -23,6 +23,8 @@ import (
 //   - coordination.k8s.io/v1 Lease: apiserver identity Leases;
 //   - internal.apiserver.k8s.io/v1alpha1 StorageVersion;
 //   - apiregistration.k8s.io/v1 APIService: CRD and aggregated groups (served everywhere);
+//   - apiextensions.k8s.io/v1 CustomResourceDefinition: its name and creation time only (a
+//     new CRD's resources no apiserver lists yet are pending);
 //   - kube-mvp.io/v1alpha1 APIServerDiscovery: one apiserver's own discovery, the one kind that
 //     is ours, because Kubernetes has no object for it:
 //
@@ -133,6 +135,13 @@ func decodeDocument(raw []byte, objs *Objects) error {
 			return fmt.Errorf("%s: %w", what, err)
 		}
 		objs.APIServices = append(objs.APIServices, s)
+	case "apiextensions.k8s.io/v1 CustomResourceDefinition":
+		// Only its name and creation time: what the inventory watches (metadata only).
+		var crd metav1.PartialObjectMetadata
+		if err := yaml.Unmarshal(raw, &crd); err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		objs.CRDs = append(objs.CRDs, CRD{Name: crd.Name, Created: crd.CreationTimestamp.Time})
 	case "v1 ConfigMap":
 		var cm corev1.ConfigMap
 		if err := strict(&cm); err != nil {
@@ -153,7 +162,7 @@ func decodeDocument(raw []byte, objs *Objects) error {
 		objs.Discovery[d.Name] = &d.Discovery
 	default:
 		if head.Items == nil {
-			return fmt.Errorf("%s: unknown kind (want Lease, StorageVersion, APIService, %s/%s ConfigMap, %s or a List of them)", what, AuthenticationNamespace, AuthenticationConfigMap, FixtureDiscoveryKind)
+			return fmt.Errorf("%s: unknown kind (want Lease, StorageVersion, APIService, CustomResourceDefinition, %s/%s ConfigMap, %s or a List of them)", what, AuthenticationNamespace, AuthenticationConfigMap, FixtureDiscoveryKind)
 		}
 		var errs []error
 		for i, item := range head.Items {

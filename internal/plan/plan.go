@@ -74,6 +74,9 @@ type Route struct {
 	// (ProxyCertRefusal) rather than going to any of them. Empty otherwise: such requests go
 	// to the cluster's front-proxy variant, whose endpoints leave the dangerous apiservers out.
 	ProxyCertRefused topology.ServerSet `json:"-"`
+	// Pending, for Unavailable: a new CRD's resource no apiserver lists yet
+	// (topology.Decision.Pending); its 503 says Retry-After.
+	Pending bool `json:"-"`
 }
 
 // GroupVersion is the plan of one published group/version.
@@ -199,7 +202,7 @@ func (s *shared) plan(local string) (*Plan, error) {
 	subsets := map[string]topology.ServerSet{}
 	route := func(r topology.Resource, c topology.Capability, name func() string) (Route, error) {
 		d := c.Decide(local, s.live)
-		route := Route{Resource: r, Outcome: d.Outcome, Servers: d.Servers}
+		route := Route{Resource: r, Outcome: d.Outcome, Servers: d.Servers, Pending: d.Pending}
 		switch d.Outcome {
 		case topology.Subset: // d.Servers are c.Live
 			route.Cluster = name()

@@ -71,6 +71,8 @@ type ResourceView struct {
 	// ProxyCertRefused: every apiserver of its cluster is dangerous, by hostname; requests
 	// whose identity kube-mvp sets get a 503 naming them.
 	ProxyCertRefused []string `json:"frontProxyRefused,omitempty"`
+	// Pending: a new CRD's resource no apiserver lists yet (a 503 with Retry-After).
+	Pending bool `json:"pendingNewCRD,omitempty"`
 }
 
 // View is p as xds-server's /debug/topology shows it and the golden files keep it.
@@ -98,7 +100,7 @@ func (p *Plan) View() View {
 	for _, gv := range p.GroupVersions {
 		gvv := GroupVersionView{GroupVersion: gv.GroupVersion.String(), PathPrefix: gv.GroupVersion.PathPrefix(), ExtProc: gv.ExtProc}
 		d := gv.Document
-		gvv.Document = ResourceView{Resource: gv.GroupVersion.Path(), Outcome: d.Outcome.String(), Cluster: d.Cluster, ProxyCertRefused: hostnamesOr(t, d.ProxyCertRefused)}
+		gvv.Document = ResourceView{Resource: gv.GroupVersion.Path(), Outcome: d.Outcome.String(), Cluster: d.Cluster, ProxyCertRefused: hostnamesOr(t, d.ProxyCertRefused), Pending: d.Pending}
 		var servedBy []string
 		for _, r := range gv.Routes {
 			servedBy = append(servedBy, t.Served[r.Resource]...)
@@ -116,7 +118,7 @@ func (p *Plan) View() View {
 			if r.Resource.Subresource != "" {
 				name += "/" + r.Resource.Subresource
 			}
-			rv := ResourceView{Resource: name, Outcome: r.Outcome.String(), Cluster: r.Cluster, ProxyCertRefused: hostnamesOr(t, r.ProxyCertRefused)}
+			rv := ResourceView{Resource: name, Outcome: r.Outcome.String(), Cluster: r.Cluster, ProxyCertRefused: hostnamesOr(t, r.ProxyCertRefused), Pending: r.Pending}
 			for _, id := range t.Served[r.Resource] {
 				rv.ServedBy = append(rv.ServedBy, hostnameOr(t, id))
 			}

@@ -211,6 +211,14 @@ func TestRoutingFacts(t *testing.T) {
 			mergedDiscovery: true,
 			members:         map[string][]string{contract.ClusterDefault: {"cp-a", "cp-b"}, "kube-apiservers-only-cp-a": {"cp-a"}},
 		},
+		"new-crd": {
+			// New CRDs no apiserver lists yet (pending: extproc answers 503 with
+			// Retry-After), and one only cp-a lists: extproc decides both group/versions.
+			extProcGVs:      []string{"fresh.example.com/v1", "stable.example.com/v1"},
+			directGVs:       []string{"core/v1"},
+			mergedDiscovery: true,
+			members:         map[string][]string{contract.ClusterDefault: {"cp-a", "cp-b"}, "kube-apiservers-only-cp-a": {"cp-a"}},
+		},
 	}
 	for _, name := range fixtures.Names(t) {
 		t.Run(name, func(t *testing.T) {

@@ -121,15 +121,16 @@ func content(p *plan.Table) *tablev1.Table {
 			outcome topology.Outcome
 			cluster string
 			refused string // ProxyCertRefused's Key
+			pending bool
 		}
 		index := map[wire]uint32{}
 		add := func(route plan.Route) uint32 { // route's index in pp.Routes
-			r := wire{route.Outcome, route.Cluster, route.ProxyCertRefused.Key()}
+			r := wire{route.Outcome, route.Cluster, route.ProxyCertRefused.Key(), route.Pending}
 			n, ok := index[r]
 			if !ok {
 				n = uint32(len(pp.Routes))
 				index[r] = n
-				pp.Routes = append(pp.Routes, &tablev1.Route{Outcome: outcomes[r.outcome], Cluster: r.cluster, FrontProxyRefused: route.ProxyCertRefused})
+				pp.Routes = append(pp.Routes, &tablev1.Route{Outcome: outcomes[r.outcome], Cluster: r.cluster, FrontProxyRefused: route.ProxyCertRefused, Pending: r.pending})
 			}
 			return n
 		}
@@ -235,7 +236,10 @@ func FromProto(tb *tablev1.Table) (*plan.Table, error) {
 			if err != nil {
 				return nil, malformed("plan %q: route %d: front_proxy_refused: %v", local, i, err)
 			}
-			routes[i] = plan.Route{Outcome: o, Cluster: r.GetCluster(), ProxyCertRefused: refused}
+			if r.GetPending() && o != topology.Unavailable {
+				return nil, malformed("plan %q: route %d is pending but %s", local, i, o)
+			}
+			routes[i] = plan.Route{Outcome: o, Cluster: r.GetCluster(), ProxyCertRefused: refused, Pending: r.GetPending()}
 		}
 		of := make([]uint32, len(keys))
 		for i, at := range order {

@@ -83,6 +83,9 @@ func sameTable(want, got *plan.Table) error {
 			if wr[i].Resource != gr[i].Resource || wr[i].Outcome != gr[i].Outcome || wr[i].Cluster != gr[i].Cluster {
 				return fmt.Errorf("plan %q: %s goes %v to %q, want %v to %q", local, wr[i].Resource, gr[i].Outcome, gr[i].Cluster, wr[i].Outcome, wr[i].Cluster)
 			}
+			if wr[i].Pending != gr[i].Pending {
+				return fmt.Errorf("plan %q: %s pending %v, want %v", local, wr[i].Resource, gr[i].Pending, wr[i].Pending)
+			}
 			if !slices.Equal(wr[i].ProxyCertRefused, gr[i].ProxyCertRefused) {
 				return fmt.Errorf("plan %q: %s refuses front-proxy requests for %v, want %v", local, wr[i].Resource, gr[i].ProxyCertRefused, wr[i].ProxyCertRefused)
 			}
@@ -156,6 +159,33 @@ func TestRoundTrip(t *testing.T) {
 	}
 }
 
+// TestPendingRoundTrip: a new CRD's resource that no apiserver lists yet travels as an
+// unavailable route that is pending (its 503 says Retry-After), apart from the unavailable
+// routes of dead apiservers.
+func TestPendingRoundTrip(t *testing.T) {
+	topo, err := topology.New([]topology.APIServer{{ID: "apiserver-a", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: true, Verified: true}, {ID: "apiserver-c", Hostname: "cp-c"}},
+		map[topology.Resource][]string{{Group: "tools.acme.dev", Version: "v1", Resource: "widgets"}: {"apiserver-c"}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gadgets := topology.Resource{Group: "tools.acme.dev", Version: "v1", Resource: "gadgets"}
+	topo.SetPending([]topology.Resource{gadgets})
+	in := tableOf(t, topo)
+	out, err := tablestream.FromProto(tablestream.ToProto(in, time.Unix(1, 0)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sameTable(in, out); err != nil {
+		t.Fatal(err)
+	}
+	if r := out.Routes[""].Lookup(gadgets); r.Outcome != topology.Unavailable || !r.Pending {
+		t.Errorf("gadgets: %+v, want unavailable and pending", r)
+	}
+	if r := out.Routes[""].Lookup(topology.Resource{Group: "tools.acme.dev", Version: "v1", Resource: "widgets"}); r.Outcome != topology.Unavailable || r.Pending {
+		t.Errorf("widgets (only a dead apiserver serves it): %+v, want unavailable, not pending", r)
+	}
+}
+
 // TestFromProtoRejects: a table that contradicts itself or is of another format is an error
 // of the right kind, never a panic or a partial table.
 func TestFromProtoRejects(t *testing.T) {
@@ -188,6 +218,14 @@ func TestFromProtoRejects(t *testing.T) {
 		{"documents in one plan only", func(tb *tablev1.Table) { tb.Plans[1].DocumentRoutes = nil }, tablestream.ErrMalformed},
 		{"document route out of range", func(tb *tablev1.Table) { tb.Plans[0].DocumentRoutes[0] = 99 }, tablestream.ErrMalformed},
 		{"group/version without version", func(tb *tablev1.Table) { tb.GroupVersions[0].Version = "" }, tablestream.ErrMalformed},
+		{"a pending route that forwards", func(tb *tablev1.Table) {
+			for _, r := range tb.Plans[0].Routes {
+				if r.Outcome != tablev1.Outcome_OUTCOME_UNAVAILABLE {
+					r.Pending = true
+					return
+				}
+			}
+		}, tablestream.ErrMalformed},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tb := proto.CloneOf(good)

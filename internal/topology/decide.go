@@ -46,6 +46,9 @@ type Decision struct {
 	// Servers, for Subset, are the live apiservers that serve Resource; for Unavailable, the
 	// known (dead) ones that would.
 	Servers ServerSet
+	// Pending, with Unavailable: Resource is a new CRD's that no live apiserver lists yet
+	// (Topology.Pending): the 503 says Retry-After, as the apiservers serve it in a moment.
+	Pending bool
 }
 
 // DecideResource is the one routing rule of kube-mvp (docs/design.md): where a request
@@ -65,6 +68,9 @@ type Capability struct {
 	Key Resource
 	// Live are the live, dialable apiservers that serve Key; Known the others that do.
 	Live, Known ServerSet
+	// Pending: Key is a new CRD's resource (or the document of its group/version) that no
+	// apiserver lists yet (Topology.Pending).
+	Pending bool
 }
 
 // Capable is who can serve a request on resource r. For a group/version's document
@@ -72,6 +78,9 @@ type Capability struct {
 // the group/version: an apiserver that serves none of it answers the document with 404.
 func (t *Topology) Capable(r Resource) Capability {
 	c := t.capable(r)
+	if c.Pending {
+		return c
+	}
 	if len(c.Live) == 0 && t.ServedEverywhere[r.GroupVersion()] {
 		// Every apiserver's own chain serves it (a CRD not yet in any live apiserver's
 		// discovery, an aggregated API whose backend discovery failed): never 404 or 503 for
@@ -86,7 +95,11 @@ func (t *Topology) capable(r Resource) Capability {
 	if r.IsDocument() {
 		// Whoever serves some resource of the group/version (subresources add nobody, since
 		// whoever serves a subresource serves its resource).
-		return t.capability(r, t.servingGroupVersion[r.GroupVersion()])
+		ids := t.servingGroupVersion[r.GroupVersion()]
+		if len(ids) == 0 && t.pendingGroupVersion[r.GroupVersion()] {
+			return Capability{Key: r, Pending: true}
+		}
+		return t.capability(r, ids)
 	}
 	key := r
 	capable, published := t.Served[key]
@@ -97,6 +110,9 @@ func (t *Topology) capable(r Resource) Capability {
 		capable, published = t.Served[key]
 	}
 	if !published {
+		if key = r.Parent(); t.Pending[key] {
+			return Capability{Key: key, Pending: true}
+		}
 		return Capability{}
 	}
 	return t.capability(key, capable)
@@ -130,6 +146,8 @@ func (t *Topology) capability(key Resource, ids []string) Capability {
 // itself) when no known apiserver can any more.
 func (c Capability) Decide(local string, live []string) Decision {
 	switch {
+	case c.Pending:
+		return Decision{Outcome: Unavailable, Resource: c.Key, Pending: true}
 	case c.Key == (Resource{}):
 		return Decision{Outcome: Default}
 	case len(c.Live) == 0 && len(c.Known) == 0:

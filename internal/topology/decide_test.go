@@ -1,6 +1,7 @@
 package topology_test
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/kube-mvp/kube-mvp/internal/topology"
@@ -120,5 +121,55 @@ func TestServedEverywhereClaims(t *testing.T) {
 		if _, ok := tp.Served[r]; ok {
 			t.Errorf("%s is published; a claimed group/version's resource every live apiserver (or none) lists needs no route", r)
 		}
+	}
+}
+
+// TestPendingResources: a new CRD's resource that no apiserver lists yet is Unavailable and
+// Pending (a 503 with Retry-After), with its subresources and, when no apiserver lists
+// anything of it, its group/version's document; one some live apiserver lists goes by who
+// lists it, and a pending key names no subresource.
+func TestPendingResources(t *testing.T) {
+	crd := topology.GroupVersion{Group: "stable.example.com", Version: "v1"}
+	fresh := topology.GroupVersion{Group: "fresh.example.com", Version: "v1"}
+	tp, err := topology.New([]topology.APIServer{live("s1"), live("s2")}, map[topology.Resource][]string{
+		resourceOf(crd, "crontabs"): {"s1", "s2"},
+		resourceOf(crd, "listed"):   {"s2"},
+	}, []topology.GroupVersion{crd, fresh})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tp.SetPending([]topology.Resource{
+		resourceOf(crd, "widgets"), resourceOf(crd, "listed"), resourceOf(fresh, "gadgets"),
+		{Group: crd.Group, Version: crd.Version, Resource: "widgets", Subresource: "status"},
+	})
+	widgets := resourceOf(crd, "widgets")
+	for _, c := range []struct {
+		r       topology.Resource
+		outcome topology.Outcome
+		pending bool
+		key     topology.Resource
+	}{
+		{widgets, topology.Unavailable, true, widgets},
+		{topology.Resource{Group: crd.Group, Version: crd.Version, Resource: "widgets", Subresource: "status"}, topology.Unavailable, true, widgets},
+		{resourceOf(crd, "listed"), topology.Subset, false, resourceOf(crd, "listed")},
+		{resourceOf(crd, "crontabs"), topology.Default, false, topology.Resource{}},
+		{crd.Document(), topology.Subset, false, crd.Document()}, // s2 lists some of it
+		{resourceOf(fresh, "gadgets"), topology.Unavailable, true, resourceOf(fresh, "gadgets")},
+		{fresh.Document(), topology.Unavailable, true, fresh.Document()}, // nobody lists anything of it
+		{resourceOf(fresh, "others"), topology.Default, false, topology.Resource{}},
+	} {
+		d := tp.DecideResource(c.r)
+		if d.Outcome != c.outcome || d.Pending != c.pending || d.Resource != c.key {
+			t.Errorf("%s: %s pending=%v key %s, want %s pending=%v key %s", c.r, d.Outcome, d.Pending, d.Resource, c.outcome, c.pending, c.key)
+		}
+	}
+	if len(tp.Pending) != 2 {
+		t.Errorf("Pending = %v, want the two keys no apiserver lists", tp.Pending)
+	}
+	if rs := tp.Resources(); !slices.Contains(rs, widgets) || !slices.Contains(rs, resourceOf(fresh, "gadgets")) {
+		t.Errorf("Resources() = %v: pending keys are routed, so they are listed", rs)
+	}
+	if gvs := tp.GroupVersions(); !slices.Contains(gvs, fresh) {
+		t.Errorf("GroupVersions() = %v, want %s (only pending keys)", gvs, fresh)
 	}
 }

@@ -178,6 +178,13 @@ type Topology struct {
 	// would not accept them (internal/objects: names.go), and where each came from.
 	RefusedNames []NameRefusal `json:"-"`
 
+	// Pending are the resources of CustomResourceDefinitions created a moment ago that no
+	// live apiserver lists yet (internal/objects, pending.go), set with SetPending: a request
+	// for one gets a 503 with Retry-After (Decision.Pending) instead of going to an apiserver
+	// that may not serve it yet and answer 404. pendingGroupVersion are their group/versions.
+	Pending             map[Resource]bool `json:"-"`
+	pendingGroupVersion map[GroupVersion]bool
+
 	byID map[string]int
 	// servingGroupVersion is, per group/version, every apiserver ID that serves one of its
 	// resources (sorted, distinct): the capability of its document, built once by New.
@@ -326,6 +333,22 @@ func New(servers []APIServer, served map[Resource][]string, everywhere []GroupVe
 	return t, nil
 }
 
+// SetPending sets t.Pending to keys (resources, no subresource), before t is shared. A key
+// some apiserver lists is not pending: it goes by who lists it.
+func (t *Topology) SetPending(keys []Resource) {
+	t.Pending, t.pendingGroupVersion = nil, nil
+	for _, k := range keys {
+		if _, listed := t.Served[k]; listed || k.Subresource != "" {
+			continue
+		}
+		if t.Pending == nil {
+			t.Pending, t.pendingGroupVersion = map[Resource]bool{}, map[GroupVersion]bool{}
+		}
+		t.Pending[k] = true
+		t.pendingGroupVersion[k.GroupVersion()] = true
+	}
+}
+
 // WithLocal returns a copy of t for an Envoy running beside apiserver id (sidecar mode).
 func (t *Topology) WithLocal(id string) *Topology {
 	c := *t
@@ -424,22 +447,32 @@ func (t *Topology) Hosts() []string {
 	return ids
 }
 
-// Resources returns every published resource, sorted.
+// Resources returns every published resource and every pending one, sorted.
 func (t *Topology) Resources() []Resource {
-	rs := make([]Resource, 0, len(t.Served))
+	rs := make([]Resource, 0, len(t.Served)+len(t.Pending))
 	for r := range t.Served {
+		rs = append(rs, r)
+	}
+	for r := range t.Pending {
 		rs = append(rs, r)
 	}
 	slices.SortFunc(rs, CompareResources)
 	return rs
 }
 
-// GroupVersions returns every group/version that has at least one published resource, sorted.
+// GroupVersions returns every group/version that has at least one published or pending
+// resource, sorted.
 func (t *Topology) GroupVersions() []GroupVersion {
 	seen := map[GroupVersion]bool{}
 	var gvs []GroupVersion
 	for r := range t.Served {
 		if gv := r.GroupVersion(); !seen[gv] {
+			seen[gv] = true
+			gvs = append(gvs, gv)
+		}
+	}
+	for gv := range t.pendingGroupVersion {
+		if !seen[gv] {
 			seen[gv] = true
 			gvs = append(gvs, gv)
 		}

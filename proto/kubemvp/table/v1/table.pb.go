@@ -870,8 +870,12 @@ type Route struct {
 	// which leaves dangerous apiservers out). A reader that does not know this field sends
 	// them to that twin, which then has no apiserver to offer: a 503 too.
 	FrontProxyRefused []string `protobuf:"bytes,3,rep,name=front_proxy_refused,json=frontProxyRefused,proto3" json:"front_proxy_refused,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// With OUTCOME_UNAVAILABLE: the resource is a new CustomResourceDefinition's that no
+	// apiserver lists yet, so the 503 says Retry-After: 1 (the apiservers serve it in a
+	// moment). A reader that does not know this field answers the 503 without it.
+	Pending       bool `protobuf:"varint,4,opt,name=pending,proto3" json:"pending,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Route) Reset() {
@@ -923,6 +927,13 @@ func (x *Route) GetFrontProxyRefused() []string {
 		return x.FrontProxyRefused
 	}
 	return nil
+}
+
+func (x *Route) GetPending() bool {
+	if x != nil {
+		return x.Pending
+	}
+	return false
 }
 
 var File_kubemvp_table_v1_table_proto protoreflect.FileDescriptor
@@ -987,11 +998,12 @@ const file_kubemvp_table_v1_table_proto_rawDesc = "" +
 	"\x06routes\x18\x02 \x03(\v2\x17.kubemvp.table.v1.RouteR\x06routes\x12'\n" +
 	"\x0fresource_routes\x18\x03 \x03(\rR\x0eresourceRoutes\x12'\n" +
 	"\x0fdocument_routes\x18\x04 \x03(\rR\x0edocumentRoutes\x12=\n" +
-	"\x1bdefault_front_proxy_refused\x18\x05 \x03(\tR\x18defaultFrontProxyRefused\"\x86\x01\n" +
+	"\x1bdefault_front_proxy_refused\x18\x05 \x03(\tR\x18defaultFrontProxyRefused\"\xa0\x01\n" +
 	"\x05Route\x123\n" +
 	"\aoutcome\x18\x01 \x01(\x0e2\x19.kubemvp.table.v1.OutcomeR\aoutcome\x12\x18\n" +
 	"\acluster\x18\x02 \x01(\tR\acluster\x12.\n" +
-	"\x13front_proxy_refused\x18\x03 \x03(\tR\x11frontProxyRefused*|\n" +
+	"\x13front_proxy_refused\x18\x03 \x03(\tR\x11frontProxyRefused\x12\x18\n" +
+	"\apending\x18\x04 \x01(\bR\apending*|\n" +
 	"\aOutcome\x12\x17\n" +
 	"\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fOUTCOME_DEFAULT\x10\x01\x12\x12\n" +
