@@ -19,7 +19,7 @@ import (
 
 	"github.com/kube-mvp/kube-mvp/internal/certgen"
 	"github.com/kube-mvp/kube-mvp/internal/cptls"
-	"github.com/kube-mvp/kube-mvp/internal/cptls/cptlstest"
+	"github.com/kube-mvp/kube-mvp/internal/testutil/cptlstest"
 )
 
 // serve starts a gRPC health server behind the control plane's TLS, callable by extproc only.

@@ -11,7 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/kube-mvp/kube-mvp/internal/cptls"
-	"github.com/kube-mvp/kube-mvp/internal/cptls/cptlstest"
+	"github.com/kube-mvp/kube-mvp/internal/testutil/cptlstest"
 )
 
 // TestExpiryCollector: one series per certificate known now; a file that stops parsing

@@ -24,10 +24,10 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/kube-mvp/kube-mvp/internal/cptls"
-	"github.com/kube-mvp/kube-mvp/internal/cptls/cptlstest"
 	"github.com/kube-mvp/kube-mvp/internal/memory"
 	"github.com/kube-mvp/kube-mvp/internal/objects"
 	"github.com/kube-mvp/kube-mvp/internal/testutil"
+	"github.com/kube-mvp/kube-mvp/internal/testutil/cptlstest"
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 

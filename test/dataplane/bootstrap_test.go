@@ -31,8 +31,8 @@ import (
 	"github.com/kube-mvp/kube-mvp/deploy"
 	"github.com/kube-mvp/kube-mvp/internal/certgen"
 	"github.com/kube-mvp/kube-mvp/internal/cptls"
-	"github.com/kube-mvp/kube-mvp/internal/cptls/cptlstest"
 	"github.com/kube-mvp/kube-mvp/internal/testutil"
+	"github.com/kube-mvp/kube-mvp/internal/testutil/cptlstest"
 )
 
 // chartEnvoy is what the chart gives the Envoy container: its arguments (with the kubelet's

@@ -24,8 +24,8 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/kube-mvp/kube-mvp/internal/cptls"
-	"github.com/kube-mvp/kube-mvp/internal/cptls/cptlstest"
 	"github.com/kube-mvp/kube-mvp/internal/testutil"
+	"github.com/kube-mvp/kube-mvp/internal/testutil/cptlstest"
 	"github.com/kube-mvp/kube-mvp/internal/xds"
 	"github.com/kube-mvp/kube-mvp/internal/xdsstatus"
 	tablev1 "github.com/kube-mvp/kube-mvp/proto/kubemvp/table/v1"

@@ -29,15 +29,6 @@ func (p *PKI) Files(role cptls.Role) cptls.Files { return cptls.DirFiles(p.Dir(r
 // and localhost).
 func New(t testing.TB, root string) *PKI {
 	t.Helper()
-	p, err := Make(root, time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
-
-// Make is New without a testing.TB, for the test harness and the demo.
-func Make(root string, now time.Time) (*PKI, error) {
 	var specs []certgen.Spec
 	for _, r := range cptls.Roles {
 		s := certgen.Spec{Role: r}
@@ -46,17 +37,17 @@ func Make(root string, now time.Time) (*PKI, error) {
 		}
 		specs = append(specs, s)
 	}
-	st, _, err := certgen.Renew(now, certgen.State{}, specs, certgen.DefaultPolicy())
+	st, _, err := certgen.Renew(time.Now(), certgen.State{}, specs, certgen.DefaultPolicy())
 	if err != nil {
-		return nil, err
+		t.Fatal(err)
 	}
 	p := &PKI{Root: root, State: st}
 	for role, leaf := range st.Leaves {
 		if err := WriteLeaf(p.Dir(role), leaf); err != nil {
-			return nil, err
+			t.Fatal(err)
 		}
 	}
-	return p, nil
+	return p
 }
 
 // WriteLeaf writes a role's material into dir (created if need be).
