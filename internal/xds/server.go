@@ -14,7 +14,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
-	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -308,12 +307,6 @@ func (s *Server) Hold() makebeforebreak.Hold {
 	defer s.mu.Unlock()
 	return s.hold
 }
-
-// Joining returns the IDs of the live apiservers still held out of the default cluster.
-func (s *Server) Joining() []string { return slices.Sorted(maps.Keys(s.Hold().Joining)) }
-
-// Lingering returns the names of the clusters kept only for an older routing table.
-func (s *Server) Lingering() []string { return slices.Sorted(maps.Keys(s.Hold().Lingering)) }
 
 // Plans returns the current plans (nil before the first Update).
 func (s *Server) Plans() *plan.Envoys {
