@@ -141,15 +141,6 @@ func (d *Dump) put(typeURL, name string, e *entry) {
 	d.res[typeURL][name] = e
 }
 
-// Len is the number of resources.
-func (d *Dump) Len() int {
-	n := 0
-	for _, m := range d.res {
-		n += len(m)
-	}
-	return n
-}
-
 // typeOrder are the compared types, in the table's order.
 var typeOrder = []string{resourcev3.ListenerType, resourcev3.RouteType, resourcev3.ClusterType, resourcev3.EndpointType, resourcev3.SecretType}
 
