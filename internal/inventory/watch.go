@@ -733,7 +733,7 @@ func (w *Watcher) fetchDiscovery(ctx context.Context, s topology.APIServer, inst
 	w.trigger()
 }
 
-// FetchOptions say how FetchDiscovery asks an apiserver.
+// FetchOptions say how Fetch asks an apiserver.
 type FetchOptions struct {
 	// ServerName is the TLS name checked (unless the configuration is insecure).
 	ServerName string
@@ -752,7 +752,7 @@ type FetchOptions struct {
 // DefaultFetchTimeout is FetchOptions.Timeout when zero.
 const DefaultFetchTimeout = 10 * time.Second
 
-// FetchDiscovery asks one apiserver, at its own address, what it serves itself: the
+// Fetch asks one apiserver, at its own address, what it serves itself: the
 // aggregated discovery documents of /api and /apis with profile=nopeer (so a peer-aware
 // apiserver does not add its peers' APIs), kept whole for the merged discovery (see
 // objects.MergeDiscovery); failing that, whatever client-go negotiates (plain v2, then v1), reduced
@@ -760,17 +760,8 @@ const DefaultFetchTimeout = 10 * time.Second
 // status): "" when /version fails or is not a plausible version, which fails nothing.
 // A redirect or a body over opts.MaxBody anywhere fails the whole fetch with a *RefusedError,
 // except that an aggregated document is pruned (pruneAggregated): one bloated group costs its
-// own entries, not the fetch.
-func FetchDiscovery(ctx context.Context, base *rest.Config, address string, opts FetchOptions) (*apidiscoveryv2.APIGroupDiscoveryList, string, error) {
-	f, err := Fetch(ctx, base, address, opts)
-	if err != nil {
-		return nil, "", err
-	}
-	return f.List, f.Version, nil
-}
-
-// Fetch is FetchDiscovery, giving what a later fetch of the same apiserver may start from
-// (FetchOptions.Previous).
+// own entries, not the fetch. What it gives back is also what a later fetch of the same
+// apiserver may start from (FetchOptions.Previous).
 func Fetch(ctx context.Context, base *rest.Config, address string, opts FetchOptions) (*Fetched, error) {
 	if opts.MaxBody <= 0 {
 		opts.MaxBody = DefaultMaxDiscoveryBody
