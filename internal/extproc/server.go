@@ -80,7 +80,7 @@ type Server struct {
 	extprocv3.UnimplementedExternalProcessorServer
 
 	table atomic.Pointer[preparedTable]
-	setMu sync.Mutex // serialises SetTopology (metrics bookkeeping)
+	setMu sync.Mutex // serialises SetTable (metrics bookkeeping)
 
 	log        *slog.Logger
 	now        func() time.Time
@@ -100,7 +100,7 @@ type Server struct {
 	idleLog      logLimiter
 }
 
-// New returns a Server without a routing table: until the first SetTopology every request
+// New returns a Server without a routing table: until the first SetTable every request
 // is answered 503.
 func New(opts Options) *Server {
 	s := &Server{log: opts.Logger, now: opts.Now, reg: opts.Registry}
@@ -141,20 +141,6 @@ func New(opts Options) *Server {
 
 // Registry is where the Server's metrics are registered.
 func (s *Server) Registry() *prometheus.Registry { return s.reg }
-
-// SetTopology makes the plans of t (plan.ForEveryEnvoy, as xds-server makes them) the
-// routing table; see SetTable. A nil t, or one no plan can be made of, is ignored (logged).
-func (s *Server) SetTopology(t *topology.Topology, version string) {
-	if t == nil {
-		return
-	}
-	tb, err := plan.TableOf(t)
-	if err != nil {
-		s.log.Error("routing table not used: no plan can be made of it", "version", version, "error", err)
-		return
-	}
-	s.SetTable(tb, version)
-}
 
 // SetTable makes p the routing table; requests already being decided finish on the
 // previous one. version names it in metrics and logs (the table stream's content hash, or

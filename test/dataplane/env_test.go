@@ -603,13 +603,24 @@ func editDownstreamTLS(res *snapshot.Resources, edit func(*tlsv3.DownstreamTlsCo
 	return nil
 }
 
+// setExtProcTable gives srv the routing table of the env's topology, as xds-server's stream
+// would.
+func (e *env) setExtProcTable(srv *extproc.Server) {
+	e.t.Helper()
+	tb, err := plan.TableOf(e.topo)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	srv.SetTable(tb, "test")
+}
+
 // startExtProc serves srv, or internal/extproc when srv is nil, on the unix socket sock. A
 // sidecar's local apiserver reaches extproc in the ext_proc streams' metadata, as from Envoy.
 func (e *env) startExtProc(sock string, srv extprocv3.ExternalProcessorServer) {
 	if srv == nil {
 		log := testLogger(e.t)
 		e.ext = extproc.New(extproc.Options{Logger: log})
-		e.ext.SetTopology(e.topo, "test")
+		e.setExtProcTable(e.ext)
 		srv = e.ext
 	}
 	ln, err := net.Listen("unix", sock)

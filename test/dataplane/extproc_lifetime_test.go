@@ -47,7 +47,7 @@ func TestExtProcStreamLifetime(t *testing.T) {
 				proc = holdingProcessor{srv}
 			}
 			e := newEnv(t, envOptions{tick: time.Second, ticks: 3, fake: fakeOptions{watchStep: step}, extProc: proc, envoyVersion: c.version})
-			srv.SetTopology(e.topo, "test")
+			e.setExtProcTable(srv)
 			cl := e.client(nil)
 			cl.Timeout = 0
 			resp, err := cl.Get(e.base + "/apis/batch/v1/namespaces/default/jobs?watch=true")
