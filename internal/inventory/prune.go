@@ -149,6 +149,8 @@ type pruner struct {
 	items     [2]int
 	spans     [][2]int
 	itemsKeys int
+	key       sink // every key is read into it
+	group     sink // every group is read into it
 }
 
 func (p *pruner) note(kind, msg string) {
@@ -232,7 +234,9 @@ func (p *pruner) object(out *sink, depth int) error {
 		if i > 0 {
 			out.writeByte(',')
 		}
-		key := &sink{max: maxDiscoveryString + 2}
+		key := &p.key // read and copied before any value: one sink serves every key
+		key.buf.Reset()
+		key.max, key.poison = maxDiscoveryString+2, ""
 		if err := p.str(key); err != nil {
 			return err
 		}
@@ -248,7 +252,7 @@ func (p *pruner) object(out *sink, depth int) error {
 			return &syntaxError{fmt.Sprintf("%q after a key", c)}
 		}
 		out.writeByte(':')
-		name, _ := strconv.Unquote(key.buf.String())
+		name := keyName(key.buf.Bytes())
 		if depth == 0 && strings.EqualFold(name, "items") {
 			p.itemsKeys++ // as encoding/json matches keys
 		}
@@ -289,7 +293,9 @@ func (p *pruner) groups(out *sink) error {
 			return p.object(nil, 1)
 		}
 		p.groupName = ""
-		group := &sink{max: p.budget - 1} // and a comma
+		group := &p.group // copied out before the next group: one sink serves them all
+		group.buf.Reset()
+		group.max, group.poison = p.budget-1, "" // and a comma
 		if err := p.object(group, 1); err != nil {
 			return err
 		}
@@ -387,6 +393,16 @@ func (p *pruner) str(out *sink) error {
 				return err
 			}
 		}
+		// The bytes that need no look, as many as are read already, copied at once (up to the
+		// bound, so that the byte that reaches it is checked above).
+		limit := maxDiscoveryString - n
+		if n >= maxDiscoveryString {
+			limit = 1 << 30
+		}
+		if k := p.plainRun(out, limit); k > 0 {
+			n += k - 1
+			continue
+		}
 		c, err := p.r.ReadByte()
 		if err != nil {
 			return unexpected(err)
@@ -424,6 +440,73 @@ func (p *pruner) str(out *sink) error {
 			out.writeByte(c)
 		}
 	}
+}
+
+// plainRun copies the bytes of a string already read that are neither a quote, a backslash
+// nor a control character, at most limit of them, and says how many.
+func (p *pruner) plainRun(out *sink, limit int) int {
+	buf, _ := p.r.Peek(p.r.Buffered())
+	i := 0
+	for i < len(buf) && i < limit {
+		if c := buf[i]; c == '"' || c == '\\' || c < 0x20 {
+			break
+		}
+		i++
+	}
+	if i > 0 {
+		out.write(buf[:i])
+		p.r.Discard(i) //nolint:errcheck // i bytes are buffered
+	}
+	return i
+}
+
+// keyName is a key as a string (its quotes off, escapes decoded); discovery's own keys
+// without allocating.
+func keyName(quoted []byte) string {
+	switch string(quoted) {
+	case `"items"`:
+		return "items"
+	case `"versions"`:
+		return "versions"
+	case `"resources"`:
+		return "resources"
+	case `"verbs"`:
+		return "verbs"
+	case `"shortNames"`:
+		return "shortNames"
+	case `"categories"`:
+		return "categories"
+	case `"subresources"`:
+		return "subresources"
+	case `"acceptedTypes"`:
+		return "acceptedTypes"
+	case `"metadata"`:
+		return "metadata"
+	case `"name"`:
+		return "name"
+	case `"resource"`:
+		return "resource"
+	case `"subresource"`:
+		return "subresource"
+	case `"responseKind"`:
+		return "responseKind"
+	case `"scope"`:
+		return "scope"
+	case `"singularResource"`:
+		return "singularResource"
+	case `"version"`:
+		return "version"
+	case `"group"`:
+		return "group"
+	case `"kind"`:
+		return "kind"
+	case `"apiVersion"`:
+		return "apiVersion"
+	case `"freshness"`:
+		return "freshness"
+	}
+	name, _ := strconv.Unquote(string(quoted))
+	return name
 }
 
 func isHex(c byte) bool {

@@ -50,12 +50,12 @@ func pendingResources(crds []CRD, services []APIService, served map[topology.Res
 		}
 		for _, v := range versions[group] {
 			key := topology.Resource{Group: group, Version: v, Resource: plural}
+			if slices.ContainsFunc(served[key], func(id string) bool { s, ok := t.Server(id); return ok && s.Routable() }) {
+				continue // listed (its names were checked then): most young CRDs, soon
+			}
 			if err := checkResource("CustomResourceDefinition "+c.Name, key); err != nil {
 				errs = append(errs, err)
 				break
-			}
-			if slices.ContainsFunc(served[key], func(id string) bool { s, ok := t.Server(id); return ok && s.Routable() }) {
-				continue
 			}
 			if len(keys) == MaxPendingResources {
 				return keys, append(errs, fmt.Errorf("more than %d resources of new CRDs no apiserver lists yet: the rest go to every apiserver at once", MaxPendingResources))
