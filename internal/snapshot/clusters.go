@@ -22,7 +22,7 @@ import (
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 
-// Cluster tuning (see the package doc for why).
+// Cluster tuning (why: docs/envoy-config.md#clusters).
 const (
 	apiserverConnectTimeout = 3 * time.Second
 	extProcConnectTimeout   = 1 * time.Second

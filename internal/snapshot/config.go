@@ -35,7 +35,7 @@ type Config struct {
 	// literal is resolved by Envoy (STRICT_DNS).
 	ExtProcAddress string
 	// ExtProcMessageTimeout bounds how long Envoy waits for extproc's answer to one request's
-	// headers; default 200ms. When it expires the request fails (see the package doc).
+	// headers; default 200ms. When it expires the request fails (docs/envoy-config.md#ext_proc-filter).
 	ExtProcMessageTimeout time.Duration
 	// UpstreamRequestTimeout is the route timeout of every request the apiserver does not
 	// treat as long-running (watches, exec, attach, port-forward, proxy, logs keep none);

@@ -111,7 +111,7 @@ func (b *builder) httpConnectionManager() *hcmv3.HttpConnectionManager {
 		UseRemoteAddress:           wrapperspb.Bool(true),
 		ServerHeaderTransformation: hcmv3.HttpConnectionManager_PASS_THROUGH,
 		// The path is routed and forwarded as the client sent it: each of these would
-		// change the forwarded :path too (doc.go, "Paths"). Set explicitly, so that no
+		// change the forwarded :path too (docs/envoy-config.md#paths). Set explicitly, so that no
 		// runtime default (http_connection_manager.normalize_path,
 		// .path_with_escaped_slashes_action) changes them.
 		NormalizePath:                wrapperspb.Bool(false),

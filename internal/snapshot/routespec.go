@@ -75,7 +75,7 @@ type routeMatch struct {
 	headers []headerMatch
 }
 
-// pathTest is how a route matches the path (as received: see doc.go, Paths).
+// pathTest is how a route matches the path (as received: docs/envoy-config.md#paths).
 type pathTest uint8
 
 const (
@@ -172,7 +172,7 @@ const (
 	variantClasses = variantRead | variantWatch | variantWrite
 )
 
-// timeoutPolicy is a route's timeout (doc.go, Timeouts).
+// timeoutPolicy is a route's timeout (docs/envoy-config.md#timeouts).
 type timeoutPolicy uint8
 
 const (
