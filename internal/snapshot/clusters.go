@@ -51,31 +51,11 @@ const (
 	apiserverKeepaliveTimeout  = 5 * time.Second
 )
 
-// HTTP/2 flow control of the apiserver clusters (http2_protocol_options). Envoy's HTTP/2
-// codec (source/common/http/http2/codec_impl.cc, ConnectionImpl::onData) credits a DATA
-// frame back to the apiserver, stream and connection window alike
-// (MarkDataConsumedForStream), only while the stream is not read-disabled; once the client
-// behind it stops reading and Envoy's buffers towards it pass their watermarks, the bytes
-// stay unconsumed (unconsumed_bytes_) until it reads again. A stalled list or watch thus
-// holds up to its stream window of the connection window. Since Envoy 1.36 the defaults are
-// a 16 MiB stream window, a 24 MiB connection window and 1024 streams: two slow readers
-// stall every request on the connection (lists, watches, writes) while the keepalive pings,
-// which flow control does not hold, still succeed. The rule kept here: stream window ×
-// streams per connection ≤ connection window, so no set of stalled streams can starve the
-// others; Envoy opens another connection past max_concurrent_streams (the lower of it and
-// the apiserver's SETTINGS_MAX_CONCURRENT_STREAMS).
-//   - 100 streams per connection: the apiserver's own default (k8s.io/apiserver
-//     pkg/server/secure_serving.go, when --http2-max-streams-per-connection is unset), so
-//     the cap is the same whatever the apiserver advertises; 10 000 watches on one
-//     apiserver take 100 connections to it, each with its own TLS session.
-//   - 1 MiB stream window: a stream moves window/RTT, 1 GiB/s at a LAN's 1 ms, more than an
-//     apiserver serializes; and it bounds what a stalled stream makes Envoy hold from the
-//     apiserver (the codec buffers up to the stream window, initial_stream_window_size being
-//     also its per-stream buffer limit), 1 MiB instead of 16, on top of what waits towards
-//     the client (the listener's stream window, listener.go, and the downstream
-//     connection's per_connection_buffer_limit_bytes watermark, 1 MiB by default).
-//   - 100 MiB connection window: 100 × 1 MiB, the whole product. It costs no memory by
-//     itself: what is buffered is bounded per stream.
+// HTTP/2 flow control of the apiserver clusters (http2_protocol_options): stream window ×
+// streams per connection ≤ connection window, so that no set of stalled streams (clients that
+// stopped reading) can starve the others: 100 streams per connection (the apiserver's own
+// default), a 1 MiB stream window, a 100 MiB connection window.
+// Why: docs/envoy-config.md#http2-flow-control.
 const (
 	apiserverH2MaxStreams       = 100
 	apiserverH2StreamWindow     = 1 << 20

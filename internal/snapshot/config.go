@@ -52,29 +52,10 @@ type Config struct {
 
 // SecretFiles are absolute paths in Envoy's file system (mounted Secrets, or a kubeadm
 // node's front-proxy-client pair as the chart's copier publishes it, in the same layout).
-// xds-server never opens them: SDS carries only the
-// paths, Envoy reads the files and watches each one's directory, so a renewed file takes
-// effect without a restart and no private key ever travels over xDS. Envoy refuses a key
-// that does not match its certificate (the update is NACKed, the previous pair kept).
-//
-// Any of them may be empty, and then the TLS piece it feeds is left out:
-//
-//   - ServingCert+ServingKey (both or neither) empty: the listener speaks plain HTTP. For
-//     local experiments only: no client certificate can be presented, so only bearer tokens
-//     (or anonymous requests) authenticate.
-//   - ClientCA empty: Envoy does not ask clients for certificates; client-certificate users
-//     cannot authenticate through the proxy (bearer tokens still work). The
-//     x-forwarded-client-cert routes (which engage extproc for identity mapping) are left out.
-//     A ClientCA without a serving certificate is an error: it could never be used.
-//   - ProxyClientCert+ProxyClientKey (both or neither) empty: Envoy presents no client
-//     certificate to the apiservers, and there are no front-proxy clusters; health checks
-//     ask as anonymous. A ClientCA without a proxy client certificate is an error: the
-//     identity of a verified client certificate could not be forwarded, and the request
-//     would reach the apiserver as anonymous.
-//   - PeerCA empty: Envoy does NOT verify the apiservers' serving certificates (TLS is still
-//     used, and SNI still sent). Insecure; for experiments only. A proxy client certificate
-//     without PeerCA is an error: the front-proxy key, as strong as cluster-admin, would be
-//     presented to whoever answers at an apiserver's address.
+// xds-server never opens them: SDS carries only the paths, and Envoy reads the files and
+// watches each one's directory. Any of them may be empty, and then the TLS piece it feeds is
+// left out; some combinations are errors (Config.check names them).
+// What each one left out means: docs/envoy-config.md#leaving-a-secret-out.
 type SecretFiles struct {
 	ServingCert, ServingKey         string
 	ClientCA                        string

@@ -84,7 +84,9 @@ func (b *builder) newRouteBuilder() *routeBuilder {
 	rb.retries[retryReads] = b.envoyRetryPolicy(what, retryOnNeverReached+",retriable-headers,reset", nil, true)
 	rb.retries[retryWrites] = b.envoyRetryPolicy(what, retryOnNeverReached+",retriable-status-codes", apiserverRefusals, false)
 	rb.extProc[extProcOff] = perRoute(&extprocv3.ExtProcPerRoute{Override: &extprocv3.ExtProcPerRoute_Disabled{Disabled: true}})
-	rb.extProc[extProcMayDecide] = perRoute(&extprocv3.ExtProcPerRoute{Override: &extprocv3.ExtProcPerRoute_Overrides{Overrides: &extprocv3.ExtProcOverrides{GrpcInitialMetadata: local, FailureModeAllow: wrapperspb.Bool(true)}}})
+	rb.extProc[extProcMayDecide] = perRoute(&extprocv3.ExtProcPerRoute{Override: &extprocv3.ExtProcPerRoute_Overrides{
+		Overrides: &extprocv3.ExtProcOverrides{GrpcInitialMetadata: local, FailureModeAllow: wrapperspb.Bool(true)},
+	}})
 	if len(local) > 0 {
 		rb.extProc[extProcDecides] = perRoute(&extprocv3.ExtProcPerRoute{Override: &extprocv3.ExtProcPerRoute_Overrides{Overrides: &extprocv3.ExtProcOverrides{GrpcInitialMetadata: local}}})
 	}
@@ -288,64 +290,16 @@ func (b *builder) identityMetadata() *structpb.Struct {
 const retryOnNeverReached = "connect-failure,refused-stream,reset-before-request"
 
 // apiserverRefusals are the statuses a write is retried on (retriable-status-codes), on the
-// write variants of every route but the aggregated ones. For a request the apiserver serves
-// itself (a built-in resource, a CRD, a non-resource path), kube-apiserver answers 429 and
-// 503 only before the request was carried out (k8s.io/apiserver v0.37.1, k8s.io/kubernetes
-// v1.37.1):
-//
-//   - 429 from max-in-flight (pkg/server/filters/maxinflight.go) and from priority and
-//     fairness (priority-and-fairness.go: only when the handler never ran), and while a
-//     stopping apiserver refuses new requests (with_retry_after.go): before the handler;
-//   - 503 "apiserver is shutting down" (waitgroup.go), before the handler; 503 while the
-//     handlers and discovery are still being installed (pkg/util/notfoundhandler: a CRD not
-//     served yet) and while a resource's storage version is not registered
-//     (pkg/endpoints/filters/storageversion.go), both instead of the handler;
-//   - 503 "error calling webhook" (admission webhooks) and MutatingAdmissionPolicy's 503,
-//     and EventRateLimit's 429: admission, which runs before anything is stored (webhooks
-//     must tolerate being called again: sideEffects None or NoneOnDryRun); an eviction's
-//     429 (pkg/registry/core/pod/storage/eviction.go), which refuses before the disruption
-//     budget is touched.
-//
-// So retrying them on another apiserver (previous_hosts) does what client-go does later: it
-// retries 429 and 5xx answers with Retry-After for every verb. Not retried: the other
-// answers with Retry-After, which are not refusals. ErrorNegotiated
-// (pkg/endpoints/handlers/responsewriters/writers.go) sets Retry-After on any Status with
-// details.retryAfterSeconds, so a storage ServerTimeout (500, pkg/storage/errors: a create,
-// update or delete that may have reached etcd) and a 504 timeout carry it too. Nor are 429
-// and 503 on an aggregated group/version (routeSpec.proxied), where the apiserver passes a
-// backend's answer through (kube-aggregator's handler_proxy.go, also its own 503 when
-// forwarding failed, perhaps after the backend had the request), nor on the route itself
-// (long-running: node, service and pod proxy, the proxy verb, exec, attach, port-forward
-// and log, which reach past the apiserver; unclassified; no class) or its upgrade variant.
-// One 503 of an apiserver's own can follow a write done elsewhere: upstream's peer proxy
-// (pkg/util/peerproxy, only with --peer-ca-file) answers 503 when forwarding to a peer
-// failed, perhaps after the peer had it; kube-mvp routes each request to an apiserver that
-// serves it, so that proxy is not needed behind it.
+// write variants of every route but the aggregated ones: kube-apiserver answers 429 and 503
+// for a request it serves itself only before carrying it out.
+// Why, source by source: docs/envoy-config.md#writes-retried-on-429-and-503.
 var apiserverRefusals = []uint32{http.StatusTooManyRequests, http.StatusServiceUnavailable}
 
 // envoyRetryPolicy makes a retry policy on the conditions on (retryOnNeverReached and more),
 // the status codes (with retriable-status-codes) and, with retryAfter, any answer carrying
-// Retry-After (with retriable-headers). The policies (retryPolicy, routeBuilder.retries):
-//
-//   - retryNeverReached, on the route itself (long-running, unclassified, no class) and its
-//     upgrade variant, and on the write variant of an aggregated group/version:
-//     retryOnNeverReached only.
-//   - retryWrites, on every other write variant: also 429 and 503 (apiserverRefusals).
-//   - retryReads, on the read and watch variants (get, list, watch: GET and HEAD the apiserver
-//     runs itself, any number of times without effect): also "reset" and any answer with
-//     Retry-After (a 429 or 503 refusal, a 504 "Too large resource version" another
-//     apiserver may not give, a timeout). A reset after the request was sent is what an
-//     apiserver closing a kept-alive connection (idle close, or the idle connections a
-//     stopping apiserver closes in http.Server.Shutdown), or the keepalive pings closing one
-//     to a frozen apiserver, does to a request Envoy just wrote on it: only "reset" retries
-//     it (RetryStateImpl::wouldRetryFromReset, source/common/router/retry_state_impl.cc),
-//     safe only for a request that may run twice. Replaying it on another apiserver is what
-//     the client would do. Reads of aggregated group/versions too: the backend's get, list
-//     or watch is a read as well.
-//
-// retriable_request_headers was weighed: it would restrict every retry condition of the
-// route to GET, losing the retries of writes that never reached an apiserver. Each retry goes
-// to another host (previous_hosts) when the cluster has one; at most two.
+// Retry-After (with retriable-headers). At most two retries, each to another host
+// (previous_hosts) when the cluster has one. The policies and why each is safe:
+// docs/envoy-config.md#the-retry-policies.
 func (b *builder) envoyRetryPolicy(what, on string, codes []uint32, retryAfter bool) *routev3.RetryPolicy {
 	p := &routev3.RetryPolicy{
 		RetryOn:              on,
