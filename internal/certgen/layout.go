@@ -1,31 +1,18 @@
 package certgen
 
-// Where the state is stored: the keys of the CA Secret and of each role's Secret, which are
-// also the file names of `xds-server certgen --out-dir` (DIR/<CA key>, DIR/<role>/<role key>).
-//
-// CA Secret (type Opaque):
-//
-//	ca.crt         the signing CA's certificate
-//	ca.key         the signing CA's private key
-//	ca-bundle.crt  every trusted CA (signing, next, previous until they expire)
-//	next-ca.crt    rotation phase 1 only: the next CA's certificate
-//	next-ca.key    rotation phase 1 only: the next CA's private key
-//
-// Role Secret (type kubernetes.io/tls), one per role:
-//
-//	tls.crt        the role's certificate
-//	tls.key        its private key
-//	ca.crt         the trust bundle: every trusted CA (the CA Secret's ca-bundle.crt)
+// Where the state is stored: the keys of the CA Secret (type Opaque) and of each role's Secret
+// (type kubernetes.io/tls, one per role), which are also the file names of
+// `xds-server certgen --out-dir` (DIR/<CA key>, DIR/<role>/<role key>).
 const (
-	CACertKey     = "ca.crt"
-	CAKeyKey      = "ca.key"
-	CABundleKey   = "ca-bundle.crt"
-	NextCACertKey = "next-ca.crt"
-	NextCAKeyKey  = "next-ca.key"
+	CACertKey     = "ca.crt"        // CA Secret: the signing CA's certificate
+	CAKeyKey      = "ca.key"        // CA Secret: the signing CA's private key
+	CABundleKey   = "ca-bundle.crt" // CA Secret: every trusted CA (signing, next, previous until they expire)
+	NextCACertKey = "next-ca.crt"   // CA Secret, rotation phase 1 only: the next CA's certificate
+	NextCAKeyKey  = "next-ca.key"   // CA Secret, rotation phase 1 only: the next CA's private key
 
-	CertKey        = "tls.crt"
-	KeyKey         = "tls.key"
-	TrustBundleKey = "ca.crt"
+	CertKey        = "tls.crt" // role Secret: the role's certificate
+	KeyKey         = "tls.key" // role Secret: its private key
+	TrustBundleKey = "ca.crt"  // role Secret: the trust bundle, every trusted CA (the CA Secret's ca-bundle.crt)
 )
 
 // Asking for a renewal now (State.RenewAllRequest, Leaf.RenewRequest): the annotation

@@ -209,7 +209,9 @@ func (r *renewal) run(cur State, want []Spec) (State, error) {
 		}
 		switch {
 		case next != nil:
-			r.note("CA", "replaced", "the CA is unusable (%s): the next CA %s, trusted since %s, signs from now on; pods that have not loaded it yet reject the re-issued certificates until kubelet refreshes their Secret",
+			r.note("CA", "replaced", "the CA is unusable (%s): the next CA %s, trusted since %s, "+
+				"signs from now on; pods that have not loaded it yet reject the "+
+				"re-issued certificates until kubelet refreshes their Secret",
 				problem, caName(next.cert), stamp(issuedAt(next.cert)))
 			signing, next = next, nil
 		default:
@@ -220,7 +222,9 @@ func (r *renewal) run(cur State, want []Spec) (State, error) {
 			if installing {
 				r.note("CA", "created", "none yet: %s", caName(ca.cert))
 			} else {
-				r.note("CA", "replaced", "the CA is unusable (%s): new %s, every certificate is re-issued from it; OUTAGE possible: pods that still hold the previous trust bundle reject the new certificates until kubelet refreshes their Secret (about a minute)",
+				r.note("CA", "replaced", "the CA is unusable (%s): new %s, every certificate is re-issued from it; "+
+					"OUTAGE possible: pods that still hold the previous trust bundle reject "+
+					"the new certificates until kubelet refreshes their Secret (about a minute)",
 					problem, caName(ca.cert))
 			}
 			signing = ca
@@ -236,7 +240,9 @@ func (r *renewal) run(cur State, want []Spec) (State, error) {
 				return State{}, err
 			}
 			next = ca
-			r.note("next CA", "created", "rotation phase 1: the signing %s has less than 1/3 of its lifetime left; %s is trusted from now on and starts signing once it has been in every trust bundle for %s (at %s at the earliest)",
+			r.note("next CA", "created", "rotation phase 1: the signing %s has less than 1/3 of its lifetime "+
+				"left; %s is trusted from now on and starts signing once it "+
+				"has been in every trust bundle for %s (at %s at the earliest)",
 				caName(signing.cert), caName(ca.cert), r.p.PropagationDelay, stamp(issuedAt(ca.cert).Add(r.p.PropagationDelay)))
 		}
 	} else {
@@ -261,7 +267,8 @@ func (r *renewal) run(cur State, want []Spec) (State, error) {
 		case !now.After(since.Add(r.p.PropagationDelay)):
 			// Waiting (strictly longer than the delay: never in the run that made it).
 		default:
-			r.note("CA", "rotated", "rotation phase 2: %s has been trusted since %s (at least %s); it signs from now on and every certificate is re-issued from it; the previous %s stays trusted until it expires",
+			r.note("CA", "rotated", "rotation phase 2: %s has been trusted since %s (at least %s); it signs from now "+
+				"on and every certificate is re-issued from it; the previous %s stays trusted until it expires",
 				caName(next.cert), stamp(since), r.p.PropagationDelay, caName(signing.cert))
 			retire = append(retire, signing.cert)
 			signing, next = next, nil
