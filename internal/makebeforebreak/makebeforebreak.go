@@ -1,47 +1,13 @@
 // Package makebeforebreak decides when a topology change reaches Envoy and extproc. It is
 // the one place that knows about delays, holds and narrowing; xds.Server and xds-server's
-// serve only wire it (plans in, snapshots and routing tables out).
+// serve only wire it (plans in, snapshots and routing tables out). Envoy gets each new
+// snapshot at once, with the Hold that Holds works out; extproc gets a routing table that
+// names something new narrowed at once and whole TableDelay later (Publisher); serving sets
+// linger, and a new apiserver joins the default cluster JoinDelay later (Holds). Everything
+// runs on Options.Clock, so tests step a fake clock instead of sleeping.
 //
-// # When a change reaches Envoy and extproc
-//
-// Every topology change makes new plans (internal/plan, a pure function of the topology).
-// With them, on Options.Clock:
-//
-//   - Envoy gets its new snapshot at once (xds.Server.Update), with the Hold that Holds
-//     works out: serving sets older routing tables may still name, and apiservers that
-//     just became live, kept out of the default cluster for now.
-//   - extproc gets the routing table at once if it names nothing the last one did not
-//     (Names); otherwise narrowed to what Envoy has at once, and whole TableDelay later
-//     (Publisher).
-//   - Linger after a serving set stops being named, Envoy drops it; JoinDelay after an
-//     apiserver becomes live, Envoy's default cluster takes it in. Holds calls back then,
-//     and every Envoy gets its snapshot again.
-//
-// # Why
-//
-// Envoy learns of a change over ADS, extproc over the routing table stream, and neither
-// waits for the other. A request is routed by extproc's table and served by Envoy's
-// clusters, so for a while the two may disagree. Three rules make the new state before
-// breaking the old one:
-//
-//  1. A routing table that names a serving set, cluster or apiserver the last published
-//     table did not reaches extproc whole TableDelay after it is offered, so that every
-//     Envoy, given the matching snapshot at the same moment (possibly by another
-//     xds-server replica), has the endpoints that list the set first; and not while an
-//     Envoy refuses the newest configuration (Publisher.Hold). Meanwhile it goes
-//     out at once narrowed (narrow.go): each new serving set replaced by the largest
-//     subset of it the last table named, so that a new API reaches an apiserver that
-//     serves it rather than the default route's 404. Any other table goes out at once, as
-//     does the first (nothing can be routed without one). See Publisher.
-//  2. A serving set that no plan names any more stays in the endpoints' metadata for
-//     Linger, with the members it had when last named, for requests extproc routed by an
-//     older table. See Holds.
-//  3. An apiserver that becomes live joins the default ("every live apiserver") cluster
-//     only JoinDelay later (it is in serving sets at once): an older table's decision
-//     "the default cluster serves this" did not account for it, and it may not serve what
-//     the others do. See Holds.
-//
-// Everything runs on Options.Clock, so tests step a fake clock instead of sleeping.
+// When each change goes out, and the three rules that make it safe:
+// docs/design.md#when-a-change-reaches-envoy-and-extproc.
 package makebeforebreak
 
 import (
