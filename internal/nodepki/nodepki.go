@@ -1,28 +1,10 @@
 // Package nodepki republishes a certificate and its key that another program rewrites in
 // place (kubeadm's /etc/kubernetes/pki/front-proxy-client.{crt,key}, owned by root, mode
-// 0600) into a directory other containers of the pod read as an unprivileged user.
+// 0600) into a directory other containers of the pod read as an unprivileged user, laid out
+// as the kubelet lays out a Secret volume (a generation per directory, ..data switched
+// atomically), and only a complete, matching pair read twice alike.
 //
-// The directory is laid out as the kubelet lays out a Secret volume, which is what Envoy's
-// watched_directory expects:
-//
-//	DIR/..2006_01_02_15_04_05.NNN/NAME   the files of one generation
-//	DIR/..data -> ..2006_01_02_15_04_05.NNN
-//	DIR/NAME -> ..data/NAME              one symlink per file, made once
-//
-// A new generation is written completely into a new directory before ..data is switched to
-// it by renaming a fresh symlink over it (atomic), so a reader never opens a half-written
-// file, and the rename is a "moved to" event in DIR, on which Envoy re-reads both files. A
-// generation is published only when the source files hold a complete certificate and the
-// key that matches it: kubeadm rewrites its files in place and one at a time, so a read
-// between the two writes (or during one) finds a torn or mismatched pair, which is skipped;
-// the last good pair stays published and the next round tries again. A file read during a
-// write can also be the head of its old content and the tail of its new and still pass those
-// checks, so the pair is read twice and published only when both reads are the same bytes.
-//
-// Limit: a reader that opens the two files one after the other can still take its first
-// file from one generation and the second from the next when a switch falls between its
-// two opens, as with any Secret volume. Envoy's reload on the switch's move event reads
-// both again after it, and switches happen only when the node's pair changed.
+// The layout, the checks and their limit: docs/security.md#how-copy-files-publishes-a-generation.
 package nodepki
 
 import (
