@@ -1,37 +1,10 @@
 // Command extproc is kube-mvp's Envoy external processor: it serves
 // envoy.service.ext_proc.v3.ExternalProcessor, deciding per request which apiservers may
-// serve it (see internal/extproc).
+// serve it (see internal/extproc); `extproc --help` lists its flags. Its subcommands:
+// copy-files republishes a node's front-proxy-client pair (internal/nodepki), drain-envoy
+// drains the Envoy beside it, the chart's preStop hook (internal/drain).
 //
-//	extproc --source xds:HOST:PORT|file:FILE --listen ADDR [flags]   (extproc --help lists them)
-//
-// ADDR is unix:/path/to.sock or host:port. The admin address serves /healthz, /readyz (ready
-// once a routing table is loaded), /metrics and /drained (below). With a file source SIGHUP
-// re-reads the file; SIGTERM or SIGINT stops gracefully.
-//
-// With --proxy-client-cert, --proxy-client-key and --peer-ca (the files Envoy presents and
-// verifies with, in the same pod) extproc asks every live apiserver of its routing table
-// whether it accepts the proxy certificate as a front proxy (internal/proxycert): /readyz
-// fails when every apiserver that answered refuses it, and lists the refusing ones, with what
-// to fix, as warnings when only some do. With an xds source it reports what it found to
-// xds-server (TableService.ReportProxyChecks), which keeps requests whose identity kube-mvp
-// sets away from apiservers that take the proxy certificate for an ordinary client's.
-//
-//	extproc copy-files --file CERT --file KEY --to DIR [--once|--check] [flags]
-//
-// publishes a certificate and key another program rewrites in place (a kubeadm node's
-// front-proxy-client pair) into DIR as the kubelet publishes a Secret volume, a matching pair
-// at a time (internal/nodepki; extproc copy-files --help). The chart runs it beside Envoy
-// with sidecar.kubeadmFrontProxyClient, so that Envoy and extproc read the node's pair as
-// their own user.
-//
-//	extproc drain-envoy [--envoy-admin 127.0.0.1:9901] [--delay 5s] [--drain-time 45s] [flags]
-//
-// drains the Envoy beside extproc through its admin API, then writes a done file whatever
-// happened, and waits for Envoy to exit (internal/drain; extproc drain-envoy --help): the
-// chart's preStop hook of the extproc container. The Envoy container's preStop hook is
-// extproc's GET /drained, which answers once that file exists (or after
-// --drained-max-wait), so that the kubelet stops Envoy only when it is drained, and extproc,
-// which Envoy needs while it drains, only after Envoy.
+// The commands, the admin pages and signals: docs/operating.md#extprocs-commands.
 package main
 
 import (
