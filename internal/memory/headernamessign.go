@@ -12,15 +12,10 @@ import (
 )
 
 // RequestHeaderNames are kept across restarts in the memory ConfigMap, under one key that
-// is no apiserver ID (those are apiserver-<base32>), signed as the memory's entries are:
-// with xds-server's key, checked against the control plane's CA bundle and the xds-server
-// role as of the signing time. The value is the JSON of the names with the same three
-// signature fields as an entry:
-//
-//	kube-mvp.request-header-names: {"good":{"user":["x-remote-user"],...},"goodAt":"...","seen":["x-remote-user",...],"seenPrefixes":["x-remote-extra-"],"signedAt":"...","signer":"...","signature":"..."}
-//
-// The signature is over the purpose requestHeaderNamesPurpose (not an entry's: neither
-// signature can be moved to the other), the key, the value's canonical JSON and signedAt.
+// is no apiserver ID (those are apiserver-<base32>), signed as the memory's entries are, but
+// under their own purpose requestHeaderNamesPurpose (neither signature can be moved to the
+// other): over the purpose, the key, the value's canonical JSON and signedAt.
+// The value's format: docs/security.md#the-signed-entrys-format.
 const RequestHeaderNamesKey = "kube-mvp.request-header-names"
 
 const requestHeaderNamesPurpose = "kube-mvp.io/xds-server-request-header-names/v1"

@@ -25,18 +25,9 @@ import (
 // with xds-server's own TLS key (its control-plane certificate, role xds-server), and a
 // reader checks the signature, that the signer's certificate chains to the control plane's
 // CA bundle and names the xds-server role as of the signing time, and the bounds below. A
-// ConfigMap that fails any check is ignored as a whole (Read).
-//
-// An entry is the JSON of Encode with three more fields, so that an xds-server that
-// does not check signatures still reads it:
-//
-//	apiserver-abc: {"hostname":"cp-a",...,"served":{...},"signedAt":"2026-01-02T03:04:05Z","signer":"<base64 DER certificate>","signature":"<base64>"}
-//
-// The signature is over signedMessage: the purpose string, the apiserver ID (the ConfigMap
-// key, so an entry cannot be moved to another key), the entry as Encode writes it
-// (its canonical form: a reader re-encodes what it decoded) and signedAt, as one JSON
-// object. ECDSA and RSA keys sign its SHA-256 (ECDSA ASN.1, RSA PKCS #1 v1.5), Ed25519 keys
-// the message itself.
+// ConfigMap that fails any check is ignored as a whole (Read). An entry is the JSON of Encode
+// plus signedAt, signer and signature (over signedMessage).
+// The format and algorithms: docs/security.md#the-signed-entrys-format.
 
 // The bounds of a memory, for the ConfigMap and the process alike. They are far above what
 // a cluster needs (an entry of a kube-apiserver 1.37 lists about 25 group/versions and 125
