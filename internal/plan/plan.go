@@ -9,10 +9,8 @@
 // internal/snapshot only translates a Plan into Envoy resources; internal/tablestream ships its
 // Routes to extproc; /debug/topology prints it; the make-before-break logic reads its
 // cluster names. topology's rule (Capable, then Capability.Decide) is applied here and
-// nowhere else.
-//
-// A Plan is for one kind of Envoy: a front load balancer (LocalID "") or a sidecar beside
-// one apiserver (LocalID its ID); ForEveryEnvoy makes all of them for a topology.
+// nowhere else. A Plan is for one kind of Envoy: a front load balancer (LocalID "") or a
+// sidecar beside one apiserver (LocalID its ID); ForEveryEnvoy makes all of them for a topology.
 package plan
 
 import (

@@ -8,21 +8,14 @@ import (
 	"github.com/kube-mvp/kube-mvp/internal/topology"
 )
 
-// Requests whose identity kube-mvp sets (the Lua filter's decision "front-proxy") go to the
-// front-proxy variants of the clusters, which present the proxy certificate. An apiserver that
-// takes that certificate for an ordinary client's (topology.APIServer.Dangerous, from
-// extproc's check) would run such a request as the certificate's user, whoever the caller
-// is, and its /readyz health checks pass. So the plan keeps those requests away from it:
-//
-//   - the front-proxy variant of every cluster leaves it out of its endpoints
-//     (Plan.ProxyCertExcluded): while another member of the cluster or serving set is
-//     there, the request goes to that one;
-//   - where every member is dangerous (Route.ProxyCertRefused, Cluster.ProxyCertRefused)
-//     the request gets a 503 with Retry-After whose message (ProxyCertRefusal) names them
-//     and what to fix.
-//
-// Requests with the caller's own credentials are not affected: those apiservers
-// authenticate them as the caller.
+// Requests whose identity kube-mvp sets go to the front-proxy variants of the clusters, which
+// present the proxy certificate. An apiserver that takes it for an ordinary client's
+// (topology.APIServer.Dangerous, from extproc's check) would run them as the certificate's
+// user, so the front-proxy variant of every cluster leaves it out (Plan.ProxyCertExcluded),
+// and where every member is dangerous (Route.ProxyCertRefused, Cluster.ProxyCertRefused) the
+// request gets a 503 with Retry-After naming them and what to fix (ProxyCertRefusal).
+// Requests with the caller's own credentials are not affected.
+// Why: docs/security.md#a-dangerous-apiserver-gets-no-request-whose-identity-kube-mvp-sets.
 
 // refusedIfAll is members when it is not empty and every member is in dangerous; nil
 // otherwise.
