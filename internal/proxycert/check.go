@@ -1,19 +1,12 @@
 // Package proxycert asks an apiserver itself whether it accepts kube-mvp's proxy
 // certificate ("front-proxy client certificate") as a front proxy, and says what to fix when
-// it does not.
-//
-// Envoy presents the proxy certificate only for requests whose identity kube-mvp sets and for
-// its /readyz health checks, which ask as contract.HealthCheckUser in the apiservers' user
-// header. An apiserver accepts that only if the certificate is signed by its
-// --requestheader-client-ca-file and its CN is in its --requestheader-allowed-names (or that
-// list is empty). Nothing xds-server can read tells whether each apiserver does
-// (kube-system/extension-apiserver-authentication is a union over every apiserver, never
-// pruned), and an apiserver that does not fails Envoy's health checks and silently gets no
-// requests at all. Check sends what a health check sends, with the same certificate, and
-// reads who the apiserver says the request came from.
-//
-// The check runs where the key already is: extproc, a container of the Envoy pod
-// (cmd/extproc --proxy-client-cert). xds-server never holds the key.
+// it does not. Envoy presents that certificate for requests whose identity kube-mvp sets and
+// for its /readyz health checks (as contract.HealthCheckUser in the user header); nothing
+// xds-server can read tells whether each apiserver accepts it, and one that does not silently
+// gets no requests at all. Check sends what a health check sends, with the same certificate,
+// and reads who the apiserver says the request came from. It runs where the key already is:
+// extproc, a container of the Envoy pod (cmd/extproc --proxy-client-cert); xds-server never
+// holds the key. Why: docs/security.md#each-apiserver-is-asked-whether-it-accepts-the-proxy-certificate.
 package proxycert
 
 import (
