@@ -5,12 +5,10 @@
 // stream's gRPC metadata) and answer with a header mutation that names the cluster in
 // x-kube-mvp-cluster, strips client-supplied identity and routing headers, or with an
 // immediate Kubernetes Status 503 when the apiservers that serve the resource are all down.
-//
 // Client identity is not decided here: Envoy's Lua filter (internal/snapshot/identity.lua)
-// maps a verified client certificate to front-proxy headers before ext_proc runs, and says so
+// maps a verified client certificate to front-proxy headers before ext_proc runs and says so
 // in contract.HeaderIdentityDecision; such a request goes to the front-proxy variant of the
 // cluster we name (contract.ClusterName.ProxyCert), with the identity headers the filter set.
-//
 // The routing table (a plan.Table) is swapped atomically with SetTable by whatever source
 // feeds it: the table stream from xds-server (internal/tablestream.Follow, whose apply callback
 // has SetTable's signature) or FileSource.
