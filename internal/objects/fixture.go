@@ -18,23 +18,11 @@ import (
 )
 
 // A fixture is a YAML stream of ordinary Kubernetes objects, the offline variant of what the
-// inventory watches:
-//
-//   - coordination.k8s.io/v1 Lease: apiserver identity Leases;
-//   - internal.apiserver.k8s.io/v1alpha1 StorageVersion;
-//   - apiregistration.k8s.io/v1 APIService: CRD and aggregated groups (served everywhere);
-//   - apiextensions.k8s.io/v1 CustomResourceDefinition: its name and creation time only (a
-//     new CRD's resources no apiserver lists yet are pending);
-//   - kube-mvp.io/v1alpha1 APIServerDiscovery: one apiserver's own discovery, the one kind that
-//     is ours, because Kubernetes has no object for it:
-//
-//     apiVersion: kube-mvp.io/v1alpha1
-//     kind: APIServerDiscovery
-//     metadata: {name: <apiserver ID>}
-//     discovery:   # an apidiscovery.k8s.io/v2 APIGroupDiscoveryList: the items of /api and /apis
-//     items: [...]
-//
-// A list (kind: List, or any *List with items) is read item by item.
+// inventory watches: Leases, StorageVersions, APIServices, CustomResourceDefinitions (name and
+// creation time only), and kube-mvp.io/v1alpha1 APIServerDiscovery, one apiserver's own
+// discovery (the one kind that is ours, because Kubernetes has no object for it). A list
+// (kind: List, or any *List with items) is read item by item. The format:
+// docs/testing.md#the-fixture-format.
 
 // FixtureDiscoveryKind and FixtureAPIVersion name the fixture-only kind.
 const (
