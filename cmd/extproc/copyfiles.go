@@ -65,9 +65,9 @@ func (c *copyFilesConfig) flagSet() *pflag.FlagSet {
 	fs.Var(cli.NewValue(&c.interval, 10*time.Second, "DURATION", cli.Duration(time.Second, "a duration of at least 1s")), "interval",
 		"how often the files are read again: a renewal reaches DIR within this")
 	cli.Bool(fs, &c.once, "once", false, "publish once and exit (an init container: the readers start only once DIR holds the pair)")
-	cli.Bool(fs, &c.wait, "wait", false, "with --once: while the files cannot be published (missing, unreadable, not a matching pair), say why, once per reason, and try again every --interval instead of exiting 1 (an init container that waits, naming what to fix, rather than crash-looping)")
+	cli.Bool(fs, &c.wait, "wait", false, "with --once: while the files cannot be published, say why and try again every --interval instead of exiting 1 (an init container that waits)")
 	cli.Bool(fs, &c.check, "check", false, "publish nothing: exit 0 when DIR holds the files' current pair, 1 when not (a liveness probe of a running copy-files)")
-	fs.StringVar(&c.group, "group", "", "the published files' `GID`, and the key readable by that group (mode 0440): the readers' group; the copier must be a member of it (default: the copier's group, the key readable by its user only)")
+	fs.StringVar(&c.group, "group", "", "the published files' group `GID`, the key readable by it (0440); the copier must be a member (default: its own group, the key its user's only)")
 	return fs
 }
 

@@ -63,25 +63,23 @@ type config struct {
 // flagSet defines extproc's flags on c, with their defaults.
 func (c *config) flagSet() *pflag.FlagSet {
 	fs := cli.NewFlagSet("extproc")
-	fs.StringVar(&c.source, "source", "", "where the routing table comes from, a `SOURCE` (required): xds:HOST:PORT, xds-server's table stream (its --xds-address; the last table is kept while it reconnects), or file:FILE, an inventory fixture (YAML) as read by xds-server translate -f")
-	fs.StringVar(&c.tlsDir, "xds-tls-dir", "", "xds source: the control plane's TLS, `DIR`/tls.crt and DIR/tls.key (an extproc certificate) and DIR/ca.crt (the control plane's CA bundle), as made by xds-server certgen; xds-server must present a certificate of that CA naming its role (re-read on change)")
+	fs.StringVar(&c.source, "source", "", "where the routing table comes from, a `SOURCE` (required): xds:HOST:PORT (xds-server's --xds-address) or file:FILE (an inventory fixture)")
+	fs.StringVar(&c.tlsDir, "xds-tls-dir", "", "xds source: the control plane's TLS, `DIR`/tls.crt and tls.key (an extproc certificate) and ca.crt, as made by xds-server certgen")
 	cli.Bool(fs, &c.plaintext, "xds-insecure-plaintext", false, "xds source: no TLS (an xds-server started with the same flag)")
 	fs.StringVar(&c.Listen, "listen", "", "gRPC address `ADDR`: unix:/path/to.sock or host:port (required)")
 	fs.StringVar(&c.AdminAddress, "admin-address", "127.0.0.1:9002", "/healthz, /readyz, /metrics and /drained on `HOST:PORT`")
 	fs.Var(cli.NewValue(&c.Now, time.Time{}, "RFC3339", cli.Time), "now", "file source: judge Lease liveness at this time (default: every Lease is live)")
 	fs.Var(cli.NewValue(&c.PollInterval, 0, "DURATION", cli.Duration(0, "a non-negative duration, e.g. 10s")), "poll-interval",
 		"file source: also re-read the file when it changes, checked this often (0: only on SIGHUP)")
-	fs.StringVar(&c.proxy.Cert, "proxy-client-cert", "", "the front-proxy client certificate Envoy presents to the apiservers (xds-server's --proxy-client-cert), a `FILE` in this container: "+
-		"extproc then asks every live apiserver whether it accepts it as a front proxy, when they change and every 60 s; /readyz fails when every apiserver that answered refuses it "+
-		"and lists those that refuse it, with what to fix; with an xds source it reports them to xds-server, which keeps requests whose identity kube-mvp sets away from those that take it for an ordinary client's (needs --proxy-client-key and --peer-ca; re-read for every round)")
+	fs.StringVar(&c.proxy.Cert, "proxy-client-cert", "", "the proxy client certificate Envoy presents (xds-server's --proxy-client-cert), a `FILE`: check that every live apiserver accepts it")
 	fs.StringVar(&c.proxy.Key, "proxy-client-key", "", "the key of --proxy-client-cert, a `FILE`")
 	fs.StringVar(&c.proxy.PeerCA, "peer-ca", "", "the CA of the apiservers' serving certificates (xds-server's --peer-ca), a `FILE`: the proxy certificate goes only to apiservers it verifies")
 	fs.StringVar(&c.proxy.ServerName, "upstream-server-name", proxycert.DefaultServerName, "with --proxy-client-cert: the SNI sent to the apiservers and the DNS SAN required of them (xds-server's --upstream-server-name), a `NAME`")
 	fs.StringVar(&c.DrainedFile, "drained-file", drain.DefaultDoneFile, "the `FILE` extproc drain-envoy writes when Envoy is drained (its --done-file): GET /drained on the admin address answers once it exists")
 	fs.Var(cli.NewValue(&c.DrainedMaxWait, 2*time.Minute, "DURATION", cli.Duration(0, "a non-negative duration, e.g. 2m")), "drained-max-wait",
-		"GET /drained answers at the latest this long after it was asked, drained or not (longer than drain-envoy's --delay and --drain-time); 0: no /drained (404)")
+		"GET /drained answers at the latest this long after it was asked, drained or not; 0: no /drained (404)")
 	fs.Var(cli.NewValue(&c.ProxyCheckInterval, proxycert.DefaultInterval, "DURATION", cli.Duration(time.Second, "a duration of at least 1s, e.g. 60s")), "proxy-check-interval",
-		"with --proxy-client-cert: how often every live apiserver is asked whether it accepts the proxy certificate, besides at once when the apiservers or the request-header names change")
+		"with --proxy-client-cert: how often every live apiserver is asked whether it accepts the proxy certificate")
 	streams := func(p *int, def int, name, usage string) {
 		fs.Var(cli.NewValue(p, def, "N", func(s string) (int, error) {
 			n, err := strconv.ParseUint(s, 10, 31)
@@ -92,12 +90,11 @@ func (c *config) flagSet() *pflag.FlagSet {
 		}), name, usage)
 	}
 	streams(&c.MaxStreams, extproc.DefaultMaxStreams, "max-streams",
-		"ext_proc streams open at once across connections; one more is refused (gRPC ResourceExhausted, which Envoy answers 503 with Retry-After). "+
-			"One costs about 12 KB: the default is about 48 MiB, well inside the chart's 128 MiB memory limit")
+		"ext_proc streams open at once across connections, about 12 KB each; one more is refused (Envoy answers 503 with Retry-After)")
 	streams(&c.MaxStreamsPerConnection, extproc.DefaultMaxStreamsPerConnection, "max-streams-per-connection",
-		"ext_proc streams open at once on one connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS): Envoy opens another connection rather than exceed it; --max-streams bounds them all")
+		"ext_proc streams open at once on one connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS); --max-streams bounds them all")
 	fs.Var(cli.NewValue(&c.FirstMessageTimeout, extproc.DefaultFirstMessageTimeout, "DURATION", cli.Duration(100*time.Millisecond, "a duration of at least 100ms, e.g. 5s")), "first-message-timeout",
-		"end an ext_proc stream whose first message has not come this long after it opened (Envoy sends it with the stream, then waits xds-server's --extproc-message-timeout, 200ms by default, for the answer)")
+		"end an ext_proc stream whose first message has not come this long after it opened (Envoy sends it with the stream)")
 	fs.Bool("version", false, "print the version and exit")
 	return fs
 }
