@@ -70,7 +70,7 @@ func (o *certgenOptions) flagSets() (cluster, local, both *pflag.FlagSet) {
 	cluster, local, both = cli.NewFlagSet("cluster"), cli.NewFlagSet("local"), cli.NewFlagSet("certgen")
 	cluster.StringVar(&o.kubeconfig, "kubeconfig", "", "the cluster, a kubeconfig `FILE` (default: in-cluster, then $KUBECONFIG)")
 	cluster.StringVar(&o.secrets.Namespace, "namespace", "", "namespace of the Secrets, `NS` (required)")
-	cluster.StringVar(&o.secrets.CASecret, "ca-secret", "", "the CA's Secret `NAME`, type Opaque (required): ca.crt and ca.key (the signing CA), ca-bundle.crt (every trusted CA), next-ca.crt and next-ca.key (only while a rotation waits)")
+	cluster.StringVar(&o.secrets.CASecret, "ca-secret", "", "the CA's Secret `NAME`, type Opaque (required): ca.crt, ca.key, ca-bundle.crt, and next-ca.crt and next-ca.key while a rotation waits")
 	cluster.StringVar(&o.secretList, "secret", "", "the roles to keep and their Secrets, `ROLE=NAME,...`, type kubernetes.io/tls: tls.crt, tls.key, ca.crt (the trust bundle) (required)")
 	cluster.StringVar(&o.labelList, "labels", "", "extra labels on the Secrets, `KEY=VALUE,...` (they always get "+certgen.ManagedByKey+"="+certgen.ManagedByValue+")")
 	local.StringVar(&o.outDir, "out-dir", "", "`DIR`/ca.crt, ca.key, ca-bundle.crt (next-ca.* during a rotation) and DIR/ROLE/tls.crt, tls.key, ca.crt; keys are mode 0600")

@@ -48,7 +48,7 @@ func (e *envoyFlags) flagSet() *pflag.FlagSet {
 		cli.Duration(1, "a positive duration, e.g. 200ms")), "extproc-message-timeout", "how long Envoy waits for extproc")
 	fs.Var(cli.NewValue(&c.UpstreamRequestTimeout, snapshot.DefaultUpstreamRequestTimeout, "DURATION",
 		cli.Duration(1, "a positive duration, e.g. 65s")), "upstream-request-timeout",
-		"route timeout of requests that are not long-running (watch, exec, attach, port-forward, proxy and logs have none); keep it above the apiservers' --request-timeout")
+		"route timeout of requests that are not long-running (those have none); keep it above the apiservers' --request-timeout")
 	fs.StringVar(&c.UpstreamServerName, "upstream-server-name", snapshot.DefaultUpstreamServerName, "SNI and SAN expected of the apiservers, a DNS `NAME`")
 	cli.Bool(fs, &e.anonymous, "anonymous-auth", true, "ignored")
 	// Requests without credentials now reach the apiservers as they are, and they decide.

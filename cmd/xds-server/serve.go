@@ -94,7 +94,7 @@ func (o *serveOptions) flagSet() *pflag.FlagSet {
 	}
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "the cluster to watch, a kubeconfig `FILE` (default: in-cluster, then $KUBECONFIG)")
 	fs.StringVar(&o.xdsAddress, "xds-address", ":18000", "gRPC listen `ADDR` for Envoy and extproc")
-	fs.StringVar(&o.tlsDir, "xds-tls-dir", "", "the control plane's own TLS for that port: `DIR`/tls.crt and DIR/tls.key (an xds-server certificate) and DIR/ca.crt (the control plane's CA bundle), as made by xds-server certgen; every client must present a certificate from that CA naming its role (re-read when the files change)")
+	fs.StringVar(&o.tlsDir, "xds-tls-dir", "", "the control plane's own TLS for that port: `DIR`/tls.crt and tls.key (an xds-server certificate) and ca.crt, as made by xds-server certgen")
 	cli.Bool(fs, &o.plaintext, "xds-insecure-plaintext", false, "serve that port without TLS to anyone who connects (local experiments only: no client is authenticated)")
 	count(&o.limits.MaxNodes, 1000, "max-nodes", "Envoy nodes connected at once")
 	count(&o.limits.MaxStreams, 4000, "max-streams", "xDS streams open at once")
@@ -105,17 +105,17 @@ func (o *serveOptions) flagSet() *pflag.FlagSet {
 		"refetch each apiserver's discovery this often")
 	bodyLimit := cli.NewValue(&o.watch.MaxDiscoveryBody, inventory.DefaultMaxDiscoveryBody, "SIZE", parseBodyLimit)
 	bodyLimit.Format = formatSize
-	fs.Var(bodyLimit, "max-discovery-body", "the most bytes of an apiserver's discovery answer kept (decoded): a larger one fails the fetch, except that an aggregated document up to 32 times larger is pruned into it; bytes, or Ki or Mi (a real aggregated /apis is about 100 KB, 700 KB with 2,000 CRDs)")
+	fs.Var(bodyLimit, "max-discovery-body", "the most bytes of an apiserver's discovery answer kept (decoded; an aggregated document up to 32 times larger is pruned into it): bytes, Ki or Mi")
 	duration(&o.watch.DepartedGrace, inventory.DefaultDepartedGrace, "departed-apiserver-grace", time.Second, "the memory is checked every few seconds",
-		"remember what an apiserver served this long after its identity Lease is deleted (503, not 404, for its APIs meanwhile); while a stale Lease exists it is remembered anyway")
-	fs.StringVar(&o.memoryConfigMap, "memory-configmap", "", "keep that memory in this ConfigMap, `NAMESPACE/NAME`, shared by every replica and read at start (default: in this process only), and with it the request-header names read before and the last good request-header configuration (key kube-mvp.request-header-names); needs --xds-tls-dir: each entry is signed with xds-server's key and believed only if an xds-server certificate of the control plane's CA signed it")
+		"remember what an apiserver served this long after its identity Lease is deleted (503, not 404, for its APIs meanwhile)")
+	fs.StringVar(&o.memoryConfigMap, "memory-configmap", "", "keep that memory and the request-header names in this ConfigMap, `NAMESPACE/NAME`, shared by every replica (default: in this process only)")
 	fs.StringVar(&o.addresses, "apiserver-addresses", "", "addresses for Leases without a peer-advertise address, a `LIST` of HOSTNAME=HOST:PORT")
 	duration(&o.mbb.TableDelay, 2*time.Second, "routing-table-delay", 0, "0 sends each table at once",
 		"send extproc a routing table that names a new serving set or apiserver whole this long after Envoy got it (narrowed to what Envoy has before)")
 	duration(&o.mbb.Linger, 30*time.Second, "cluster-linger", 0, "0 drops unnamed serving sets at once",
 		"keep a serving set no longer named this long, for requests routed by an older table")
 	duration(&o.shutdownDelay, 0, "shutdown-delay", 0, "0 stops at once",
-		"after SIGTERM keep serving this long, /readyz failing, before closing every stream: longer than the cluster DNS caches this replica's address (kubeadm's CoreDNS: 30 s), so that no Envoy or extproc is handed it once it is gone")
+		"after SIGTERM keep serving this long, /readyz failing, before closing every stream: longer than the cluster DNS caches this replica's address")
 	fs.AddFlagSet(o.envoy.flagSet())
 	return fs
 }

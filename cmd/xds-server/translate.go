@@ -74,7 +74,7 @@ func (o *translateOptions) flagSet() *pflag.FlagSet {
 	fs.Var(cli.NewValue(&o.build.Now, time.Time{}, "RFC3339", cli.Time), "now", "judge Lease liveness at this time (default: every Lease is live)")
 	fs.Var(cli.NewValue(&o.build.LivenessWindow, objects.DefaultLivenessWindow, "DURATION", cli.Duration(1, "a positive duration, e.g. 30s")),
 		"liveness-window", "how recent a live Lease's renewal is")
-	fs.StringArrayVar(&o.dangerousFlags, "dangerous-apiserver", nil, "translate as if extproc's proxy certificate check had found the apiserver `ID=REASON` taking the proxy certificate for an ordinary client's (xds-server serve learns that from extproc): the front-proxy clusters leave it out; repeatable")
+	fs.StringArrayVar(&o.dangerousFlags, "dangerous-apiserver", nil, "translate as if extproc had found the apiserver `ID=REASON` taking the proxy certificate for an ordinary client's; repeatable")
 	fs.AddFlagSet(o.envoy.flagSet())
 	return fs
 }
