@@ -74,8 +74,10 @@ func (c *config) flagSet() *pflag.FlagSet {
 	fs.StringVar(&c.proxy.Cert, "proxy-client-cert", "", "the proxy client certificate Envoy presents (xds-server's --proxy-client-cert), a `FILE`: check that every live apiserver accepts it")
 	fs.StringVar(&c.proxy.Key, "proxy-client-key", "", "the key of --proxy-client-cert, a `FILE`")
 	fs.StringVar(&c.proxy.PeerCA, "peer-ca", "", "the CA of the apiservers' serving certificates (xds-server's --peer-ca), a `FILE`: the proxy certificate goes only to apiservers it verifies")
-	fs.StringVar(&c.proxy.ServerName, "upstream-server-name", proxycert.DefaultServerName, "with --proxy-client-cert: the SNI sent to the apiservers and the DNS SAN required of them (xds-server's --upstream-server-name), a `NAME`")
-	fs.StringVar(&c.DrainedFile, "drained-file", drain.DefaultDoneFile, "the `FILE` extproc drain-envoy writes when Envoy is drained (its --done-file): GET /drained on the admin address answers once it exists")
+	fs.StringVar(&c.proxy.ServerName, "upstream-server-name", proxycert.DefaultServerName,
+		"with --proxy-client-cert: the SNI sent to the apiservers and the DNS SAN required of them (xds-server's --upstream-server-name), a `NAME`")
+	fs.StringVar(&c.DrainedFile, "drained-file", drain.DefaultDoneFile,
+		"the `FILE` extproc drain-envoy writes when Envoy is drained (its --done-file): GET /drained on the admin address answers once it exists")
 	fs.Var(cli.NewValue(&c.DrainedMaxWait, 2*time.Minute, "DURATION", cli.Duration(0, "a non-negative duration, e.g. 2m")), "drained-max-wait",
 		"GET /drained answers at the latest this long after it was asked, drained or not; 0: no /drained (404)")
 	fs.Var(cli.NewValue(&c.ProxyCheckInterval, proxycert.DefaultInterval, "DURATION", cli.Duration(time.Second, "a duration of at least 1s, e.g. 60s")), "proxy-check-interval",
@@ -136,7 +138,8 @@ func parseArgs(args []string) (config, error) {
 	case cfg.SourceXDS != "":
 		var err error
 		cfg.XDSTLS, err = cptls.FromFlags(cfg.tlsDir, hasDir, cfg.plaintext, cptls.RoleExtproc,
-			"with an xds source, xds-server serves the routing table only to holders of an extproc certificate of the control plane's CA (xds-server certgen); --xds-insecure-plaintext for an xds-server without TLS")
+			"with an xds source, xds-server serves the routing table only to holders of an extproc certificate of "+
+				"the control plane's CA (xds-server certgen); --xds-insecure-plaintext for an xds-server without TLS")
 		if err != nil {
 			errs = multierror.Append(errs, err)
 		}
@@ -187,7 +190,8 @@ func checkProxyFlags(cfg *config, fs *pflag.FlagSet, errs *multierror.Error) *mu
 		}
 		return errs
 	case p.PeerCA == "":
-		return multierror.Append(errs, errors.New("--proxy-client-cert needs --peer-ca, the CA of the apiservers' serving certificates (xds-server's --peer-ca): the proxy certificate goes only to verified apiservers"))
+		return multierror.Append(errs, errors.New("--proxy-client-cert needs --peer-ca, the CA of the apiservers' "+
+			"serving certificates (xds-server's --peer-ca): the proxy certificate goes only to verified apiservers"))
 	}
 	if n := p.ServerName; n == "" || strings.ContainsAny(n, " /:") || n != strings.ToLower(n) {
 		return multierror.Append(errs, fmt.Errorf("--upstream-server-name %q is not a lower-case DNS name, e.g. %s", n, proxycert.DefaultServerName))
