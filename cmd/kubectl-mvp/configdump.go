@@ -388,7 +388,9 @@ func forwardToPod(ctx context.Context, cfg *rest.Config, ns, pod string, port in
 	case err := <-done:
 		cancel()
 		if s := err.Error(); strings.Contains(strings.ToLower(s), "forbidden") {
-			return "", nil, &forbiddenError{fmt.Sprintf("you may not port-forward to pod %s in namespace %s (%v); config-dump reaches Envoy's admin, on the pod's loopback, through pods/portforward: it needs create on pods/portforward there (the chart's rbac.operators)", pod, ns, err)}
+			return "", nil, &forbiddenError{fmt.Sprintf("you may not port-forward to pod %s in namespace %s (%v); "+
+				"config-dump reaches Envoy's admin, on the pod's loopback, through pods/portforward: "+
+				"it needs create on pods/portforward there (the chart's rbac.operators)", pod, ns, err)}
 		}
 		return "", nil, fmt.Errorf("pod %s: port-forward through the Kubernetes API: %v", pod, err)
 	case <-ctx.Done():

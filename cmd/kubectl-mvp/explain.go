@@ -73,7 +73,8 @@ func (o *explainOptions) flagSet() *pflag.FlagSet {
 	fs.StringVar(&o.class, "class", "", "the request `CLASS` instead of the Lua filter's (read, watch, write, long-running, upgrade)")
 	fs.BoolVar(&o.certificate, "as-certificate", false, "the client presents a certificate Envoy verifies (its identity is set by Envoy: the front-proxy clusters)")
 	fs.BoolVar(&o.token, "as-token", false, "the client sends a bearer token (the default)")
-	fs.StringArrayVar(&o.dangerous, "dangerous-apiserver", nil, "explain as if extproc had found the apiserver `ID=REASON` taking the proxy certificate for an ordinary client's (as xds-server translate); repeatable")
+	fs.StringArrayVar(&o.dangerous, "dangerous-apiserver", nil,
+		"explain as if extproc had found the apiserver `ID=REASON` taking the proxy certificate for an ordinary client's (as xds-server translate); repeatable")
 	fs.StringVar(&o.xdsAdmin, "xds-admin", "", "without -f: xds-server's admin `URL`, e.g. http://127.0.0.1:9100")
 	o.cluster.addFlags(fs, "without -f and --xds-admin")
 	fs.Var(cli.NewValue(&o.build.Now, time.Time{}, "RFC3339", cli.Time), "now", "judge Lease liveness at this time (default: every Lease is live)")
