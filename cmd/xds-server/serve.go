@@ -164,7 +164,9 @@ func parseServe(args []string) (serveOptions, error) {
 	}
 	var err error
 	opts.xdsTLS, err = cptls.FromFlags(opts.tlsDir, opts.tlsDir != "", opts.plaintext, cptls.RoleXDSServer,
-		"the gRPC port hands out Envoy's configuration and the routing table, so only holders of the control plane's certificates may connect (make them with xds-server certgen); --xds-insecure-plaintext serves anyone, for local experiments only")
+		"the gRPC port hands out Envoy's configuration and the routing table, so only "+
+			"holders of the control plane's certificates may connect (make them with xds-server "+
+			"certgen); --xds-insecure-plaintext serves anyone, for local experiments only")
 	if err != nil {
 		errs = multierror.Append(errs, err)
 	}
@@ -192,7 +194,11 @@ func parseServe(args []string) (serveOptions, error) {
 			errs = multierror.Append(errs, fmt.Errorf("--memory-configmap: %v", err))
 		}
 		if opts.tlsDir == "" {
-			errs = multierror.Append(errs, errors.New("--memory-configmap needs --xds-tls-dir: xds-server signs every entry with its own key (DIR/tls.key) and believes only entries an xds-server certificate of the control plane's CA (DIR/ca.crt) signed, so that whoever may write the ConfigMap cannot make xds-server route by it; give --xds-tls-dir, or leave --memory-configmap out to keep the memory in this process only"))
+			errs = multierror.Append(errs, errors.New("--memory-configmap needs --xds-tls-dir: xds-server signs "+
+				"every entry with its own key (DIR/tls.key) and believes only entries an xds-server "+
+				"certificate of the control plane's CA (DIR/ca.crt) signed, so that whoever "+
+				"may write the ConfigMap cannot make xds-server route by it; give --xds-tls-dir, "+
+				"or leave --memory-configmap out to keep the memory in this process only"))
 		}
 	}
 	opts.cfg, errs = opts.envoy.config(errs)
@@ -373,15 +379,22 @@ func newInventoryMetrics(reg prometheus.Registerer) *inventoryMetrics {
 	m := &inventoryMetrics{}
 	m.skipped = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "kube_mvp_xds_objects_skipped",
-		Help: "Watched objects the last topology build skipped or only partly used (each is logged once when it appears), such as identity Leases that are not believable: a holderIdentity that is not <name>_<uid>, a renewTime in the future, an address that is not an IP and port.",
+		Help: "Watched objects the last topology build skipped or only partly used (each is logged once " +
+			"when it appears), such as identity Leases that are not believable: a holderIdentity that " +
+			"is not <name>_<uid>, a renewTime in the future, an address that is not an IP and port.",
 	})
 	m.headerConfigBad = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "kube_mvp_xds_request_header_config_malformed",
-		Help: "1 while kube-system/extension-apiserver-authentication's requestheader keys are malformed or missing: the last good header names stay in use (with none, nothing is published and /readyz fails), and every name read before stays stripped from clients.",
+		Help: "1 while kube-system/extension-apiserver-authentication's requestheader keys are " +
+			"malformed or missing: the last good header names stay in use (with none, nothing is " +
+			"published and /readyz fails), and every name read before stays stripped from clients.",
 	})
 	m.memoryRejected = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kube_mvp_xds_memory_rejected_total",
-		Help: "Versions of the memory ConfigMap (--memory-configmap) ignored as a whole and replaced, by reason (malformed; bounds: too many entries, group/versions, resources or bytes; future: a time in the future; unsigned: an entry without a signature where none may be; signer: a signer certificate not of the control plane's CA or not xds-server's; signature: a signature that does not match its entry and key).",
+		Help: "Versions of the memory ConfigMap (--memory-configmap) ignored as a whole and replaced, by reason " +
+			"(malformed; bounds: too many entries, group/versions, resources or bytes; future: a time in the future; " +
+			"unsigned: an entry without a signature where none may be; signer: a signer certificate not of the " +
+			"control plane's CA or not xds-server's; signature: a signature that does not match its entry and key).",
 	}, []string{"reason"})
 	m.discoveryRefused = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kube_mvp_xds_discovery_refused_total",
@@ -392,10 +405,13 @@ func newInventoryMetrics(reg prometheus.Registerer) *inventoryMetrics {
 	}
 	m.discoveryPruned = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "kube_mvp_xds_discovery_pruned_total",
-		Help: "Discovery fetches from an apiserver used in part: groups, versions or lists over the bounds (or over --max-discovery-body) left out, the rest used. The log names the apiserver and what was left out.",
+		Help: "Discovery fetches from an apiserver used in part: groups, versions or lists over the bounds (or over " +
+			"--max-discovery-body) left out, the rest used. The log names the apiserver and what was left out.",
 	})
 	reg.MustRegister(m.skipped, m.headerConfigBad, m.memoryRejected, m.discoveryRefused, m.discoveryPruned)
 	return m
 }
 
-const discoveryRefusedHelp = "Discovery fetches from an apiserver failed because its answer was refused, by reason (redirect: a redirect, never followed; too-large: a body over --max-discovery-body). The apiserver's previous discovery stays in use; the log names the apiserver."
+const discoveryRefusedHelp = "Discovery fetches from an apiserver failed because its answer was refused, by reason " +
+	"(redirect: a redirect, never followed; too-large: a body over --max-discovery-body). " +
+	"The apiserver's previous discovery stays in use; the log names the apiserver."
