@@ -42,7 +42,9 @@ type ExpiryCollector struct {
 func NewExpiryCollector(certs ...Expiry) *ExpiryCollector {
 	return &ExpiryCollector{
 		desc: prometheus.NewDesc(ExpiryMetric,
-			"Unix time at which a certificate expires, by certificate (control-plane: a role's certificate of the control plane's own CA; proxy-client: the proxy certificate) and role (its holder). Alert on (value - time()) / 86400 < 14.",
+			"Unix time at which a certificate expires, by certificate (control-plane: a "+
+				"role's certificate of the control plane's own CA; proxy-client: the proxy "+
+				"certificate) and role (its holder). Alert on (value - time()) / 86400 < 14.",
 			[]string{"certificate", "role"}, nil),
 		certs: certs,
 	}
