@@ -204,10 +204,12 @@ func (e *Explainer) Explain(req Request) (*Explanation, error) {
 		switch dest.Refused {
 		case plan.RefusedUnavailable:
 			if d.Pending {
-				x.Why = append(x.Why, "extproc answers 503 with Retry-After: 1: "+d.Resource.String()+" is a new CustomResourceDefinition's that no apiserver lists yet (created a moment ago); client-go retries, and once an apiserver lists it, it goes there")
+				x.Why = append(x.Why, "extproc answers 503 with Retry-After: 1: "+d.Resource.String()+" is a new CustomResourceDefinition's "+
+					"that no apiserver lists yet (created a moment ago); client-go retries, and once an apiserver lists it, it goes there")
 				break
 			}
-			x.Why = append(x.Why, "extproc answers 503: no apiserver that serves "+d.Resource.String()+" is available (those that would are not live: a stale Lease, no address, or no verified discovery of their own)")
+			x.Why = append(x.Why, "extproc answers 503: no apiserver that serves "+d.Resource.String()+" is "+
+				"available (those that would are not live: a stale Lease, no address, or no verified discovery of their own)")
 		case plan.RefusedProxyCert:
 			x.Why = append(x.Why, "extproc answers 503: "+plan.ProxyCertRefusal(e.p.Topology.APIServers, d.ProxyCertRefused))
 		}
