@@ -119,7 +119,9 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 		"Requests that arrived carrying a client-supplied identity or routing header, which was removed (Envoy's listener should already have removed them).",
 		"header", strippedNames[:])
 	discovery := counterChildren(m.discovery[:], "kube_mvp_extproc_merged_discovery_total",
-		"GET /apis requests for aggregated discovery: served (the merged document replaced the apiserver's 200), not_modified (304 to the merged ETag), passed (the apiserver's answer went on: not a 200 aggregated document, e.g. 401/403).",
+		"GET /apis requests for aggregated discovery: served (the merged document "+
+			"replaced the apiserver's 200), not_modified (304 to the merged ETag), passed "+
+			"(the apiserver's answer went on: not a 200 aggregated document, e.g. 401/403).",
 		"result", discoveryResults[:])
 	age := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "kube_mvp_extproc_table_age_seconds",
@@ -158,7 +160,8 @@ func (m *metrics) registerStreams(reg prometheus.Registerer, s *Server) {
 	// client waits, and the transport refuses any other before extproc sees it.
 	refused := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kube_mvp_extproc_streams_refused_total",
-		Help: "ext_proc streams refused (ResourceExhausted) because a limit was reached, named by its flag: max-streams (open streams across connections). Envoy answers such a request 503 with Retry-After.",
+		Help: "ext_proc streams refused (ResourceExhausted) because a limit was reached, named by its flag: " +
+			"max-streams (open streams across connections). Envoy answers such a request 503 with Retry-After.",
 	}, []string{"limit"})
 	m.streamsRefused = refused.WithLabelValues("max-streams")
 	m.firstMessageTimeouts = prometheus.NewCounter(prometheus.CounterOpts{
@@ -194,7 +197,9 @@ func counterChildren(children []prometheus.Counter, name, help, label string, va
 func (m *metrics) registerTableUpdates(reg prometheus.Registerer, s *Server) {
 	m.tableFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kube_mvp_extproc_table_update_failures_total",
-		Help: "Routing table updates that failed, by reason: too_large (over the size limit), malformed, unsupported_format (xds-server and extproc of incompatible versions), stream (xds-server unreachable or the stream broke). The last good table stays in use; the log says why and what to do.",
+		Help: "Routing table updates that failed, by reason: too_large (over the size limit), malformed, " +
+			"unsupported_format (xds-server and extproc of incompatible versions), stream (xds-server " +
+			"unreachable or the stream broke). The last good table stays in use; the log says why and what to do.",
 	}, []string{"reason"})
 	for _, r := range tablestream.Reasons {
 		m.tableFailures.WithLabelValues(r)
