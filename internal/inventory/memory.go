@@ -207,7 +207,9 @@ func (w *Watcher) persistedNames(cm *corev1.ConfigMap, now time.Time) memory.Req
 	names, err := memory.ReadRequestHeaderNames(value, memory.Trust{Roots: pool, Now: now})
 	var why *memory.Rejected
 	if errors.As(err, &why) {
-		w.opts.Log.Warn("request-header names in the memory ConfigMap rejected: starting from this process's own, which replace them", "configmap", w.opts.MemoryConfigMap.String(), "key", memory.RequestHeaderNamesKey, "reason", why.Reason, "error", why.Err)
+		w.opts.Log.Warn("request-header names in the memory ConfigMap rejected: "+
+			"starting from this process's own, which replace them",
+			"configmap", w.opts.MemoryConfigMap.String(), "key", memory.RequestHeaderNamesKey, "reason", why.Reason, "error", why.Err)
 		if w.opts.OnMemoryRejected != nil {
 			w.opts.OnMemoryRejected(why.Reason)
 		}
@@ -265,7 +267,9 @@ func (w *Watcher) persistedMemory(servers []topology.APIServer, now time.Time) (
 	if errors.As(err, &why) {
 		// Logged and counted once per version of the object; the next write replaces it.
 		if w.persist.noteRejected(cm.ResourceVersion) {
-			w.opts.Log.Warn("memory ConfigMap rejected as a whole: starting from this process's own memory of departed apiservers, which replaces it", "configmap", w.opts.MemoryConfigMap.String(), "reason", why.Reason, "error", why.Err)
+			w.opts.Log.Warn("memory ConfigMap rejected as a whole: starting from this "+
+				"process's own memory of departed apiservers, which replaces it",
+				"configmap", w.opts.MemoryConfigMap.String(), "reason", why.Reason, "error", why.Err)
 			if w.opts.OnMemoryRejected != nil {
 				w.opts.OnMemoryRejected(why.Reason)
 			}

@@ -301,7 +301,9 @@ func (w *Watcher) Run(ctx context.Context) error {
 		synced = append(synced, svInformer.HasSynced)
 		clusterFactory.Start(ctx.Done())
 	} else {
-		w.opts.Log.Warn("StorageVersion API (internal.apiserver.k8s.io/v1alpha1) is not served; routing from discovery only. Enable it with --feature-gates=StorageVersionAPI=true --runtime-config=internal.apiserver.k8s.io/v1alpha1=true")
+		w.opts.Log.Warn("StorageVersion API (internal.apiserver.k8s.io/v1alpha1) is not served; " +
+			"routing from discovery only. Enable it with --feature-gates=StorageVersionAPI=true " +
+			"--runtime-config=internal.apiserver.k8s.io/v1alpha1=true")
 	}
 	dynFactory := dynamicinformer.NewDynamicSharedInformerFactory(w.dynamic, 0)
 	apisChanged := cache.ResourceEventHandlerFuncs{
@@ -707,14 +709,16 @@ func (w *Watcher) fetchDiscovery(ctx context.Context, s topology.APIServer, inst
 	if ok && d.instance == instance {
 		if err != nil {
 			if d.list == nil {
-				w.opts.Log.Warn("discovery failed: this apiserver takes no part in routing until its discovery can be fetched at its address over verified TLS", "apiserver", s.ID, "address", s.Address, "error", err)
+				w.opts.Log.Warn("discovery failed: this apiserver takes no part in routing until "+
+					"its discovery can be fetched at its address over verified TLS", "apiserver", s.ID, "address", s.Address, "error", err)
 			} else {
 				w.opts.Log.Warn("discovery failed; the previous copy stays in use", "apiserver", s.ID, "address", s.Address, "error", err)
 			}
 			d.failed = true
 		} else {
 			if d.list == nil {
-				w.opts.Log.Info("apiserver discovery fetched", "apiserver", s.ID, "hostname", s.Hostname, "address", s.Address, "groups", len(list.Items), "took", w.opts.Clock().Sub(d.fetched).Round(time.Millisecond))
+				w.opts.Log.Info("apiserver discovery fetched", "apiserver", s.ID, "hostname", s.Hostname, "address", s.Address,
+					"groups", len(list.Items), "took", w.opts.Clock().Sub(d.fetched).Round(time.Millisecond))
 			}
 			if p := strings.Join(pruned, "; "); p != d.pruned {
 				if p != "" { // logged when it changes, not on every fetch
