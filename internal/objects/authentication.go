@@ -111,7 +111,10 @@ func ObserveRequestHeaderNames(n memory.RequestHeaderNames, cm *corev1.ConfigMap
 				key        string
 				read, good []string
 				def        []string
-			}{{keyUsernameHeaders, read.User, n.Good.User, d.User}, {keyUIDHeaders, read.UID, n.Good.UID, d.UID}, {keyGroupHeaders, read.Group, n.Good.Group, d.Group}, {keyExtraPrefixes, read.ExtraPrefix, n.Good.ExtraPrefix, d.ExtraPrefix}} {
+			}{
+				{keyUsernameHeaders, read.User, n.Good.User, d.User}, {keyUIDHeaders, read.UID, n.Good.UID, d.UID},
+				{keyGroupHeaders, read.Group, n.Good.Group, d.Group}, {keyExtraPrefixes, read.ExtraPrefix, n.Good.ExtraPrefix, d.ExtraPrefix},
+			} {
 				if len(k.read) == 0 && !slices.Equal(k.good, k.def) {
 					lost = append(lost, k.key)
 				}

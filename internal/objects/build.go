@@ -410,7 +410,8 @@ func APIServerFromLease(l *coordinationv1.Lease, opts Options) (topology.APIServ
 		return topology.APIServer{}, refuse(name, l, fmt.Sprintf("no %s label, so nothing ties it to an apiserver's host", HostnameLabel))
 	}
 	if want := APIServerIDFor(host); l.Name != want {
-		return topology.APIServer{}, refuse(name, l, fmt.Sprintf("it claims host %q, whose kube-apiserver names its Lease %s: a second Lease for one host could take that apiserver's place in routing", host, want))
+		return topology.APIServer{}, refuse(name, l, fmt.Sprintf("it claims host %q, whose kube-apiserver names its "+
+			"Lease %s: a second Lease for one host could take that apiserver's place in routing", host, want))
 	}
 	s := topology.APIServer{ID: l.Name, Hostname: host}
 	var err error

@@ -120,6 +120,7 @@ func judgeAsOfLastRenewalSeen(servers []topology.APIServer, renewed []time.Time,
 	if now.Sub(newest) <= 2*IdentityLeaseRenewInterval {
 		return nil
 	}
-	return fmt.Errorf("no identity Lease renewal seen for %s (apiservers renew every %s): our Lease watch is more likely stuck than the apiservers dead, so the Leases are judged as of %s, and Envoy's health checks decide",
+	return fmt.Errorf("no identity Lease renewal seen for %s (apiservers renew every %s): our Lease watch is more "+
+		"likely stuck than the apiservers dead, so the Leases are judged as of %s, and Envoy's health checks decide",
 		now.Sub(newest).Round(time.Second), IdentityLeaseRenewInterval, asOf.UTC().Format(time.RFC3339))
 }
