@@ -172,7 +172,8 @@ func Fetch(ctx context.Context, c *http.Client, replicas []Target, extprocs []Ta
 	case code == http.StatusServiceUnavailable:
 		p.Problems = append(p.Problems, "xds-server has no topology yet: "+strings.TrimSpace(string(body)))
 	case code == http.StatusUnauthorized || code == http.StatusForbidden:
-		return nil, fmt.Errorf("xds-server's admin at %s: /debug/topology answered %d: %s (through the Kubernetes API: you need get on pods/proxy in its namespace)", xdsAdmin, code, adminhttp.FirstLine(body))
+		return nil, fmt.Errorf("xds-server's admin at %s: /debug/topology answered %d: %s (through "+
+			"the Kubernetes API: you need get on pods/proxy in its namespace)", xdsAdmin, code, adminhttp.FirstLine(body))
 	case code != http.StatusOK:
 		return nil, fmt.Errorf("xds-server's admin at %s: /debug/topology answered %d: %s (is this xds-server's --admin-address?)", xdsAdmin, code, adminhttp.FirstLine(body))
 	default:
@@ -289,7 +290,9 @@ func Summarize(p *Pages) *Report {
 		}
 	}
 	for _, n := range p.Syncz {
-		e := Envoy{Node: n.NodeID, Role: string(n.Role), EnvoyVersion: n.EnvoyVersion, EnvoySupport: n.EnvoySupport, LocalAPIServer: n.LocalAPIServer, Streams: n.Streams, Version: n.Snapshot, SnapshotError: n.SnapshotError, State: "ACK", XDSServer: p.ConnectedTo[n.NodeID]}
+		e := Envoy{Node: n.NodeID, Role: string(n.Role), EnvoyVersion: n.EnvoyVersion, EnvoySupport: n.EnvoySupport,
+			LocalAPIServer: n.LocalAPIServer, Streams: n.Streams, Version: n.Snapshot, SnapshotError: n.SnapshotError,
+			State: "ACK", XDSServer: p.ConnectedTo[n.NodeID]}
 		if e.EnvoySupport != "" {
 			r.Problems = append(r.Problems, fmt.Sprintf("Envoy %s: %s (docs/compatibility.md#envoy-releases)", n.NodeID, e.EnvoySupport))
 		}
