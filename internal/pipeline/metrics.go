@@ -47,7 +47,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	m.refused = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kube_mvp_xds_refused_total",
-		Help: "gRPC calls and xDS streams refused, by reason (role: no or wrong control-plane certificate role; node: a node that does not fit its certificate; envoy-version: an Envoy older than kube-mvp needs; max-nodes, max-streams: a limit reached; fetch: unary xDS fetch).",
+		Help: "gRPC calls and xDS streams refused, by reason (role: no or wrong control-plane certificate " +
+			"role; node: a node that does not fit its certificate; envoy-version: an Envoy older " +
+			"than kube-mvp needs; max-nodes, max-streams: a limit reached; fetch: unary xDS fetch).",
 	}, []string{"reason"})
 	// Every reason internal/xds refuses for starts at 0, so that increase() sees the first
 	// refusal (the chart's KubeMVPXDSStreamsRefused alert).
@@ -65,7 +67,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m.states = newAPIServerStateCollector()
 	m.tableHeld = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "kube_mvp_xds_routing_table_held",
-		Help: "1 while a connected Envoy refuses the newest configuration (a NACK): routing tables that name a serving set, cluster or apiserver extproc does not know yet wait (narrowed ones go out), so that extproc never routes to what that Envoy lacks.",
+		Help: "1 while a connected Envoy refuses the newest configuration (a NACK): routing " +
+			"tables that name a serving set, cluster or apiserver extproc does not know yet wait " +
+			"(narrowed ones go out), so that extproc never routes to what that Envoy lacks.",
 	})
 	reg.MustRegister(m.states, m.apiservers, m.builds, m.buildSeconds, m.updates, m.refused, m.planHeld, m.tableHeld, m.dangerous)
 	return m
@@ -143,7 +147,10 @@ type apiserverStateCollector struct {
 
 func newAPIServerStateCollector() *apiserverStateCollector {
 	return &apiserverStateCollector{desc: prometheus.NewDesc("kube_mvp_xds_apiserver_state",
-		"Each apiserver of the topology that is live (its own discovery fetched over verified TLS), unverified (a fresh Lease, its discovery not yet fetched: no part in routing) or departed (remembered: its Lease stale or recently deleted), by ID and hostname: 1 for its state, 0 for the others. At most 16 unverified apiservers, the first by ID, have series.",
+		"Each apiserver of the topology that is live (its own discovery fetched over verified "+
+			"TLS), unverified (a fresh Lease, its discovery not yet fetched: no part in routing) or "+
+			"departed (remembered: its Lease stale or recently deleted), by ID and hostname: 1 for its "+
+			"state, 0 for the others. At most 16 unverified apiservers, the first by ID, have series.",
 		[]string{"apiserver", "hostname", "state"}, nil)}
 }
 

@@ -84,7 +84,9 @@ func New(o Options) *Pipeline {
 		p.log.Info("routing table narrowed to what Envoy has; the whole table follows after the delay", "delay", delay, "new", names)
 	}
 	mbb.OnHoldExpired = func() {
-		p.log.Warn("a routing table held while an Envoy refuses the newest configuration went out anyway: the serving sets the older table names linger no longer (--cluster-linger), and the Envoys that accepted it need the new one")
+		p.log.Warn("a routing table held while an Envoy refuses the newest configuration " +
+			"went out anyway: the serving sets the older table names linger no longer " +
+			"(--cluster-linger), and the Envoys that accepted it need the new one")
 	}
 	// time.Now, not the clock: under a fake clock publish runs inside Step, which holds it.
 	p.publisher = makebeforebreak.NewPublisher(mbb, func(e *plan.Envoys) { p.tables.Publish(e.Table(), time.Now()) })
