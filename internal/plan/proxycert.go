@@ -44,7 +44,9 @@ const (
 // gave, which says what to fix. servers are the apiservers of the topology or routing table.
 func ProxyCertRefusal(servers []topology.APIServer, ids topology.ServerSet) string {
 	var b strings.Builder
-	b.WriteString("kube-mvp: every apiserver that could serve this request takes kube-mvp's proxy certificate for an ordinary client's, so the request would run as the certificate's user, not as you; kube-mvp sends it to none of them until that is fixed: ")
+	b.WriteString("kube-mvp: every apiserver that could serve this request takes kube-mvp's proxy " +
+		"certificate for an ordinary client's, so the request would run as the certificate's " +
+		"user, not as you; kube-mvp sends it to none of them until that is fixed: ")
 	for i, id := range ids {
 		if i == refusalMaxNamed {
 			fmt.Fprintf(&b, "; and %d more (xds-server's /debug/topology lists them)", len(ids)-i)

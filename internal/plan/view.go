@@ -78,7 +78,8 @@ type ResourceView struct {
 // View is p as xds-server's /debug/topology shows it and the golden files keep it.
 func (p *Plan) View() View {
 	t := p.Topology
-	v := View{LocalAPIServer: p.LocalID, DefaultCluster: p.DefaultClusterName(), Clusters: p.Clusters, ServingSetsHosts: p.Hosts, RequestHeaders: p.RequestHeaders, Refused: t.Refused, RefusedNames: t.RefusedNames}
+	v := View{LocalAPIServer: p.LocalID, DefaultCluster: p.DefaultClusterName(), Clusters: p.Clusters, ServingSetsHosts: p.Hosts,
+		RequestHeaders: p.RequestHeaders, Refused: t.Refused, RefusedNames: t.RefusedNames}
 	why := map[string]string{}
 	for _, n := range t.NotRoutable() {
 		why[n.ID] = n.Reason
