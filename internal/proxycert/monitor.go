@@ -329,9 +329,12 @@ func (m *Monitor) Report() (ready bool, text string) {
 	switch {
 	case len(refused) == 0:
 	case !ready:
-		fmt.Fprintf(&b, "every apiserver that answered (%d) refuses kube-mvp's proxy certificate: Envoy's requests with it (client certificates, health checks) fail everywhere, so nothing works through kube-mvp. Fix each:\n", len(refused))
+		fmt.Fprintf(&b, "every apiserver that answered (%d) refuses kube-mvp's proxy certificate: "+
+			"Envoy's requests with it (client certificates, health checks) "+
+			"fail everywhere, so nothing works through kube-mvp. Fix each:\n", len(refused))
 	default:
-		fmt.Fprintf(&b, "warning: %d of %d apiservers that answered refuse kube-mvp's proxy certificate (kube-mvp stays ready: Envoy's health checks keep requests away from an apiserver that answers them 401). Fix each:\n",
+		fmt.Fprintf(&b, "warning: %d of %d apiservers that answered refuse kube-mvp's proxy certificate (kube-mvp "+
+			"stays ready: Envoy's health checks keep requests away from an apiserver that answers them 401). Fix each:\n",
 			len(refused), len(refused)+len(accepted))
 	}
 	for _, st := range refused {
