@@ -122,10 +122,13 @@ func (fl *follower) reject(err error) {
 	switch isStream := errors.As(err, &se); {
 	case isStream && status.Code(se.err) == codes.ResourceExhausted:
 		reason = ReasonTooLarge
-		msg = "routing table too large to receive; keeping the previous one. Fix: fewer or smaller CRDs (the merged discovery dominates the table), or a build with a higher table.MaxTableSize on both xds-server and extproc"
+		msg = "routing table too large to receive; keeping the previous one. Fix: " +
+			"fewer or smaller CRDs (the merged discovery dominates the table), or a " +
+			"build with a higher table.MaxTableSize on both xds-server and extproc"
 	case isStream && status.Code(se.err) == codes.Unimplemented:
 		reason = ReasonUnsupportedFormat
-		msg = "xds-server does not serve this extproc's table stream (kubemvp.table.v1.TableService/Subscribe); keeping the last table and reconnecting. Fix: run xds-server and extproc of the same kube-mvp version"
+		msg = "xds-server does not serve this extproc's table stream (kubemvp.table.v1.TableService/Subscribe); " +
+			"keeping the last table and reconnecting. Fix: run xds-server and extproc of the same kube-mvp version"
 	case isStream:
 		reason = ReasonStream
 		msg = "routing table stream lost; keeping the last table and reconnecting. Fix: check that xds-server is running and reachable (--source)"

@@ -274,7 +274,9 @@ func ReportProxyChecks(ctx context.Context, conn grpc.ClientConnInterface, clien
 		if msg := err.Error(); msg != lastErr {
 			lastErr = msg
 			if status.Code(err) == codes.Unimplemented {
-				log.Warn("xds-server does not take proxy certificate reports: it cannot keep requests whose identity kube-mvp sets away from apiservers found dangerous. Fix: run xds-server and extproc of the same kube-mvp version", "error", err)
+				log.Warn("xds-server does not take proxy certificate reports: it cannot keep "+
+					"requests whose identity kube-mvp sets away from apiservers found "+
+					"dangerous. Fix: run xds-server and extproc of the same kube-mvp version", "error", err)
 			} else {
 				log.Warn("proxy certificate report stream lost; reconnecting", "error", err, "retry_in", wait)
 			}

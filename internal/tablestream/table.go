@@ -188,7 +188,9 @@ func FromProto(tb *tablev1.Table) (*plan.Table, error) {
 		out.APIServers = append(out.APIServers, topology.APIServer{ID: s.GetId(), Hostname: s.GetHostname(), Address: s.GetAddress(), Alive: alive, Verified: alive, Dangerous: s.GetDangerous()})
 	}
 	if n, rows := tableRows(tb); n > MaxTableKeys || rows > MaxTableRows {
-		return nil, fmt.Errorf("table %s: %w: %d keys, %d routes in %d plans, over the limits of %d keys and %d routes", tb.GetVersion(), ErrTooLarge, n, rows, len(tb.GetPlans()), MaxTableKeys, MaxTableRows)
+		return nil, fmt.Errorf("table %s: %w: %d keys, %d routes in %d plans, "+
+			"over the limits of %d keys and %d routes",
+			tb.GetVersion(), ErrTooLarge, n, rows, len(tb.GetPlans()), MaxTableKeys, MaxTableRows)
 	}
 	// Every plan routes the same keys: the resources, then (when the plans carry them) each
 	// group/version's document. They are kept once, for all plans.
