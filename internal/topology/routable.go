@@ -24,7 +24,9 @@ func (t *Topology) NotRoutable() []NotRoutable {
 		var why []string
 		switch {
 		case src.AwaitingDiscovery || (s.Alive && !s.Verified && s.Address != ""): // the latter: an address from the memory
-			why = append(why, "its own discovery was never read (an apiserver takes part in routing only once xds-server fetched its discovery at its address over verified TLS; a fixture gives it as a kube-mvp.io/v1alpha1 APIServerDiscovery object)")
+			why = append(why, "its own discovery was never read (an apiserver takes part in routing only "+
+				"once xds-server fetched its discovery at its address over verified TLS; "+
+				"a fixture gives it as a kube-mvp.io/v1alpha1 APIServerDiscovery object)")
 		case src.From == SourceRemembered:
 			why = append(why, "departed (its Lease is stale or deleted): only remembered, for the serving sets that still name it")
 		case !s.Alive:
