@@ -151,7 +151,10 @@ func ParseXDSServer(b []byte) (*Dump, error) {
 	if err := json.Unmarshal(b, &raw); err != nil {
 		return nil, fmt.Errorf("xds-server's /debug/config_dump is not its JSON: %w", err)
 	}
-	keys := map[string]string{"listeners": resourcev3.ListenerType, "routes": resourcev3.RouteType, "clusters": resourcev3.ClusterType, "endpoints": resourcev3.EndpointType, "secrets": resourcev3.SecretType}
+	keys := map[string]string{
+		"listeners": resourcev3.ListenerType, "routes": resourcev3.RouteType, "clusters": resourcev3.ClusterType,
+		"endpoints": resourcev3.EndpointType, "secrets": resourcev3.SecretType,
+	}
 	d := newDump()
 	for key, typeURL := range keys {
 		for i, r := range raw[key] {
