@@ -113,7 +113,8 @@ func Run(ctx context.Context, o Options) (res Result) {
 		if p := recover(); p != nil {
 			log.Error("drain-envoy failed", "panic", fmt.Sprint(p))
 		}
-		log.Info("drain over", "draining", res.Draining, "maxActive", res.MaxActive, "lastActive", res.LastActive, "waited", res.Waited.Round(time.Millisecond), "total", time.Since(start).Round(time.Millisecond))
+		log.Info("drain over", "draining", res.Draining, "maxActive", res.MaxActive, "lastActive", res.LastActive,
+			"waited", res.Waited.Round(time.Millisecond), "total", time.Since(start).Round(time.Millisecond))
 		if res.DoneErr = writeDone(o.DoneFile, summary.Bytes()); res.DoneErr != nil {
 			log.Error("cannot tell Envoy's container the drain is over; it stops when its hook's wait ends", "error", res.DoneErr)
 		}
