@@ -20,47 +20,9 @@ import (
 
 // Envoy's HTTP Lua filter (envoy.extensions.filters.http.lua.v3.Lua), the request path only,
 // on an embedded Lua 5.1 VM (gopher-lua; Envoy runs LuaJIT, whose language is Lua 5.1). The
-// references are to Envoy's source/extensions/filters/http/lua/lua_filter.{h,cc} and
-// wrappers.cc, source/extensions/filters/common/lua/wrappers.cc and
-// docs/root/configuration/http/http_filters/lua_filter.rst.
-//
-// Modelled as Envoy does it:
-//   - Every script is loaded and run once when the configuration is applied, to find its
-//     global envoy_on_request (PerLuaCodeSetup; ThreadLocalState runs it on the main thread
-//     first): a script that does not compile or fails at its top level rejects the
-//     configuration (a NACK). Each worker then has its own Lua state, in which the script ran
-//     once: globals persist across the requests a state serves, and are not shared between
-//     states ("All Lua environments are per worker thread"). Here a bounded pool of states
-//     stands for the workers.
-//   - The script for a request is the most specific LuaPerRoute's (route, else virtual host;
-//     Http::Utility::resolveMostSpecificPerFilterConfig): disabled runs nothing; name selects
-//     a source_codes entry, and a name that has none runs nothing, silently
-//     (FilterConfig::perLuaCodeSetup returns nullptr); without a LuaPerRoute the
-//     default_source_code runs, if any.
-//   - envoy_on_request runs as a coroutine. respond() sends a local reply and yields: the rest
-//     of the script and the rest of the filter chain do not run. A runtime error (in Lua, or an
-//     API misuse) is logged, counts http.<hcm prefix>.lua[.<stat_prefix>].errors, and the
-//     request continues down the filter chain with whatever the script did before it
-//     (Filter::doHeaders -> scriptError; decodeHeaders returns Continue).
-//   - Any header modification clears the route cache, Lua.clear_route_cache being unset (its
-//     default is true: FilterConfig, DecoderCallbacks::onHeadersModified). The connection
-//     manager then matches the route again, with the modified headers, before the next filter.
-//
-// The API is exactly the subset internal/snapshot/identity.lua uses; calling anything else is a
-// Lua runtime error here (as an unimplemented field is a NACK), while Envoy would run it:
-//
-//	handle:headers()          get (repeated headers joined with ","), add, replace, remove,
-//	                          pairs() over it (__pairs; LuaJIT runs Lua 5.2's __pairs)
-//	handle:streamInfo()       downstreamSslConnection()
-//	ssl                       peerCertificatePresented(), peerCertificateValidated(),
-//	                          subjectPeerCertificate(), sha256PeerCertificateDigest(),
-//	                          urlEncodedPemEncodedPeerCertificate()
-//	handle:virtualHost()      metadata() -> get(key): the virtual host's filter_metadata under
-//	                          the filter's name (VirtualHostWrapper, Envoy 1.36)
-//	handle:respond(headers, body), handle:logWarn(message)
-//
-// Only Lua's base, string, table and math libraries are opened (Envoy opens all of LuaJIT's).
-// Pseudo-headers can be read (get) but not modified here.
+// API is exactly the subset internal/snapshot/identity.lua uses; calling anything else is a
+// Lua runtime error here. What is modelled as Envoy does it, the API, and Envoy's sources:
+// test/dataplane/README.md#the-lua-filter.
 
 // luaFilterCfg is one Lua filter of an HTTP connection manager.
 type luaFilterCfg struct {
