@@ -35,24 +35,11 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
-// adminHandler serves a subset of Envoy's admin interface:
-//
-//	/config_dump  the applied resources as an envoy.admin.v3.ConfigDump (protojson; secrets
-//	              redacted as Envoy does; endpoints only with ?include_eds, rebuilt from the
-//	              hosts as Envoy does: serveConfigDump)
-//	/clusters     every cluster with its hosts (address, hostname, health, request
-//	              counters): Envoy's text by default, envoy.admin.v3.Clusters with
-//	              format=json (serveClusters)
-//	/stats        counters and gauges, in name order: Envoy's text ("name: value") by
-//	              default, {"stats":[{"name","value"}]} with format=json, Prometheus' text
-//	              with format=prometheus; filter=<RE2> keeps the names it matches anywhere
-//	              (serveStats)
-//	/ready        200 LIVE once ready
-//	/stats/prometheus  the counters and gauges in Prometheus' text format
-//	/drain_listeners   POST only: graceful drain or stop of the listeners (serveDrainListeners)
-//
-// The admin's own connection manager counts http.admin.downstream_rq_total,
-// downstream_rq_active and downstream_cx_active, and drains as the listeners' do (drain.go).
+// adminHandler serves a subset of Envoy's admin interface: /config_dump (serveConfigDump),
+// /clusters (serveClusters), /stats (serveStats), /ready, /stats/prometheus and
+// /drain_listeners (serveDrainListeners). Its own connection manager counts
+// http.admin.downstream_rq_total, downstream_rq_active and downstream_cx_active, and drains
+// as the listeners' do (drain.go). Each page: test/dataplane/README.md#the-admin-interface.
 func (d *DataPlane) adminHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/config_dump", d.serveConfigDump)

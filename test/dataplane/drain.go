@@ -166,29 +166,12 @@ func connContext(ctx context.Context, _ net.Conn) context.Context {
 
 // drainWriter applies ConnectionManagerImpl::ActiveStream::encodeHeaders' drain step
 // (source/common/http/conn_manager_impl.cc) to a response's headers, just before they are
-// written:
-//
-//   - on a connection not yet draining, when the drain manager's drainClose() is true, the
-//     connection starts draining (ConnectionManagerImpl::startDrainSequence) and
-//     http.<prefix>.downstream_cx_drain_close counts it;
-//   - HTTP/1.1: every response on a draining connection carries "Connection: close", except
-//     an upgrade's or a CONNECT's (encodeHeaders: "the payload is no longer HTTP/1.1"), and
-//     Go's server closes the connection after it, as Envoy does once the stream ends;
-//   - HTTP/2: Envoy sends codec_->shutdownNotice() (a GOAWAY with last-stream-id 2^31-1),
-//     then after the connection manager's drain_timeout (default 5 s; our configuration
-//     does not set it and the allowlist refuses it) the final GOAWAY (onDrainTimeout), and
-//     closes the connection once no stream remains (checkForDeferredClose). Here the
-//     response carries "Connection: close", which x/net/http2's server turns into its
-//     graceful shutdown of the connection (the header itself is not sent): one GOAWAY
-//     (NO_ERROR) with the last stream id it processed, at once, streams already open run to
-//     their end, a stream above the id is refused, and the connection closes about a second
-//     (x/net's goAwayTimeout) after its last stream ended. Go is stricter on both counts: it
-//     refuses a stream the client raced against the GOAWAY that Envoy's first notice would
-//     still take, and closes an emptied connection without waiting for drain_timeout.
-//
-// Upgrade responses (101) are written by hijacking the connection (stream.tunnel), not
-// through here: such a response takes no drain decision here (Envoy's does, counting
-// downstream_cx_drain_close, with no effect on the tunnel).
+// written: a connection starts draining when the drain manager's drainClose() is true, and
+// every response on a draining connection carries "Connection: close" (over HTTP/2, x/net's
+// graceful shutdown: one GOAWAY). Upgrade responses (101) are written by hijacking the
+// connection (stream.tunnel), not through here: they take no drain decision (Envoy's does,
+// counting downstream_cx_drain_close, with no effect on the tunnel).
+// Envoy's steps and where Go differs: test/dataplane/DRAIN.md#connection-manager-on-each-response.
 type drainWriter struct {
 	http.ResponseWriter
 	d       *DataPlane

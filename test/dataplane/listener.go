@@ -153,23 +153,10 @@ func (t *tlsSwitchListener) Accept() (net.Conn, error) {
 // validation context is given, client certificates are requested and verified against it,
 // required only with require_client_certificate (Envoy: without it, a client that presents
 // no certificate is accepted, one that presents an invalid certificate is not); the ALPN
-// protocols offered; session resumption as below.
-//
-// Session resumption. Envoy (ServerContextImpl's constructor,
-// source/common/tls/server_context_impl.cc) turns BoringSSL's tickets off with
-// disable_stateless_session_resumption (SSL_OP_NO_TICKET) and its server-side session cache
-// with disable_stateful_session_resumption (SSL_SESS_CACHE_OFF). BoringSSL resumes TLS 1.3
-// by ticket only ("We only implement stateless resumption in TLS 1.3", tls13_server.cc
-// add_new_session_tickets): the session cache is TLS 1.2 session IDs alone. Go's server,
-// too, resumes by ticket only, TLS 1.2 and 1.3, and has no hook to resume a TLS 1.2 session
-// ID: so tickets (both versions) are modelled, with one key per bound listener; the session
-// cache is not (a TLS 1.2 client resuming by session ID gets a full handshake here, where
-// Envoy without disable_stateful_session_resumption would resume it). A resumed
-// connection's certificate is presented but not validated (runLua): BoringSSL does not run
-// the verification callback on resumption. Go's server restores the verified chains from
-// the ticket, after checking the leaf has not expired and the chain still verifies against
-// the current ClientCAs; Envoy makes neither check (a new client CA changes its session ID
-// context, though, which refuses the old sessions too).
+// protocols offered; session tickets (one key per bound listener) unless
+// disable_stateless_session_resumption, the TLS 1.2 session-ID cache not modelled. A resumed
+// connection's certificate is presented but not validated (runLua).
+// Why, with Envoy's and BoringSSL's sources: test/dataplane/README.md#downstream-tls-session-resumption.
 func (d *DataPlane) downstreamTLSConfig(name string, ticketKey [32]byte) (*tls.Config, error) {
 	cfg := d.config()
 	lc := cfg.listeners[name]
