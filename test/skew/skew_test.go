@@ -121,11 +121,8 @@ var xdsTypes = []struct{ short, url string }{
 // every request unless the old version's want says otherwise (a known gap must show exactly
 // as pinned).
 //
-// Found (see README in this package): bf535e6's listener is NACKed by Envoy (its ext_proc
-// filter's mutation_rules.allow_expression is over RE2's program-size limit), so bf535e6
-// never served a request through real Envoy: the states in which Envoy has only an old
-// xds-server's configuration serve nothing. From 2fddc4c on, every state serves every
-// request.
+// Found: bf535e6 never served a request through real Envoy (its listener is NACKed); from
+// 2fddc4c on, every state serves every request. Details: test/skew/README.md#findings-bf535e6.
 func TestVersionSkew(t *testing.T) {
 	ctx := testutil.Context(t, 10*time.Minute)
 	cp := controlplane.ForTest(t, ctx, controlplane.Options{Servers: []controlplane.ServerSpec{
