@@ -10,19 +10,9 @@
 //	    --disable-hot-restart --log-level info \
 //	    [--drain-time-s N] [--drain-strategy gradual|immediate]
 //
-// The flags it takes are Envoy's: -c/--config-path, --config-yaml, --service-node,
-// --service-cluster, --reject-unknown-dynamic-fields, --disable-hot-restart, -l/--log-level,
-// --drain-time-s (default 600) and --drain-strategy (default gradual; the server's drain
-// manager, which the admin's POST /drain_listeners?graceful starts: see
-// test/dataplane/DRAIN.md), --version; and one of its own, --envoy-version 1.N[.P], the Envoy
-// release it models (test/dataplane/envoyversion.go). Any other flag is refused, as Envoy's parser refuses
-// an unknown one; a bootstrap field the stand-in does not implement is an error at start
-// naming the field.
-//
-// SIGTERM (and SIGINT) stop it at once, cutting every connection, as Envoy's: its signal
-// handler (source/server/server.cc: RunHelper::RunHelper) calls InstanceImpl::shutdown, which
-// exits the event loop without draining; a graceful drain is the admin's /drain_listeners,
-// before the signal.
+// The flags it takes are Envoy's (any other is refused, as Envoy's parser refuses an unknown
+// one), and --envoy-version 1.N[.P], the Envoy release it models; SIGTERM stops it at once, as
+// Envoy's. Each flag, the signals, and why: test/dataplane/README.md#envoy-stand-in.
 package main
 
 import (
