@@ -234,12 +234,16 @@ func (d *DataPlane) serveConfigDump(w http.ResponseWriter, r *http.Request) {
 	add(ld)
 	cd := &adminv3.ClustersConfigDump{VersionInfo: cfg.version[resource.ClusterType]}
 	for _, n := range sortedNames(cfg.raw[resource.ClusterType]) {
-		cd.DynamicActiveClusters = append(cd.DynamicActiveClusters, &adminv3.ClustersConfigDump_DynamicCluster{VersionInfo: cfg.version[resource.ClusterType], Cluster: pack(cfg.raw[resource.ClusterType][n].(*clusterv3.Cluster))})
+		cd.DynamicActiveClusters = append(cd.DynamicActiveClusters, &adminv3.ClustersConfigDump_DynamicCluster{
+			VersionInfo: cfg.version[resource.ClusterType], Cluster: pack(cfg.raw[resource.ClusterType][n].(*clusterv3.Cluster)),
+		})
 	}
 	add(cd)
 	rd := &adminv3.RoutesConfigDump{}
 	for _, n := range sortedNames(cfg.raw[resource.RouteType]) {
-		rd.DynamicRouteConfigs = append(rd.DynamicRouteConfigs, &adminv3.RoutesConfigDump_DynamicRouteConfig{VersionInfo: cfg.version[resource.RouteType], RouteConfig: pack(cfg.raw[resource.RouteType][n].(*routev3.RouteConfiguration))})
+		rd.DynamicRouteConfigs = append(rd.DynamicRouteConfigs, &adminv3.RoutesConfigDump_DynamicRouteConfig{
+			VersionInfo: cfg.version[resource.RouteType], RouteConfig: pack(cfg.raw[resource.RouteType][n].(*routev3.RouteConfiguration)),
+		})
 	}
 	add(rd)
 	sd := &adminv3.SecretsConfigDump{}

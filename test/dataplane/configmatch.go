@@ -34,7 +34,8 @@ func compileRE2(re string) (*regexp.Regexp, error) {
 		return nil, err // RE2's message, as Envoy's NACK carries it
 	}
 	if size > re2MaxProgramSizeErrorLevel {
-		return nil, fmt.Errorf("regex '%s' RE2 program size of %d > max program size of %d set for the error level threshold. Increase configured max program size if necessary.", re, size, re2MaxProgramSizeErrorLevel)
+		return nil, fmt.Errorf("regex '%s' RE2 program size of %d > max program size of %d set for the "+
+			"error level threshold. Increase configured max program size if necessary.", re, size, re2MaxProgramSizeErrorLevel)
 	}
 	return regexp.Compile(`^(?:` + re + `)$`)
 }

@@ -290,7 +290,8 @@ func routeCacheDecision(action extprocfilterv3.ExternalProcessor_RouteCacheActio
 // headers response and sendResp whether the response headers are to be sent too, after the
 // processor's mode_override (from ep's processing_mode in the request phase). s is the
 // stream once the exchange has finished.
-func (st *stream) awaitHeadersReply(ep *extProcCfg, sp string, ch <-chan extProcResult, requestPhase bool, abandon func()) (s extprocv3.ExternalProcessor_ProcessClient, hr *extprocv3.HeadersResponse, sendResp, ok bool) {
+func (st *stream) awaitHeadersReply(ep *extProcCfg, sp string, ch <-chan extProcResult, requestPhase bool, abandon func()) (
+	s extprocv3.ExternalProcessor_ProcessClient, hr *extprocv3.HeadersResponse, sendResp, ok bool) {
 	d := st.d
 	timer := time.NewTimer(ep.messageTimeout)
 	defer timer.Stop()

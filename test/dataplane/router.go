@@ -198,7 +198,8 @@ func (st *stream) router(rt *route) {
 	case connectFailure:
 		d.stats.inc(cp + "upstream_cx_connect_fail")
 		st.addFlag(flagConnectFailure)
-		st.localReply(http.StatusServiceUnavailable, "upstream connect error or disconnect/reset before headers. reset reason: connection failure, transport failure reason: "+errString(lastErr), "upstream_reset_before_response_started{connection_failure}")
+		st.localReply(http.StatusServiceUnavailable, "upstream connect error or disconnect/reset before headers. "+
+			"reset reason: connection failure, transport failure reason: "+errString(lastErr), "upstream_reset_before_response_started{connection_failure}")
 	case refusedStream, remoteReset:
 		// Envoy's Filter::streamResetReasonToResponseFlag (source/common/router/router.cc):
 		// RemoteReset and RemoteRefusedStreamReset are UR; the body and details name the
@@ -208,10 +209,12 @@ func (st *stream) router(rt *route) {
 			reason = "remote refused stream reset"
 		}
 		st.addFlag(flagRemoteReset)
-		st.localReply(http.StatusServiceUnavailable, "upstream connect error or disconnect/reset before headers. reset reason: "+reason, "upstream_reset_before_response_started{"+strings.ReplaceAll(reason, " ", "_")+"}")
+		st.localReply(http.StatusServiceUnavailable, "upstream connect error or disconnect/reset "+
+			"before headers. reset reason: "+reason, "upstream_reset_before_response_started{"+strings.ReplaceAll(reason, " ", "_")+"}")
 	default:
 		st.addFlag(flagConnTermination)
-		st.localReply(http.StatusServiceUnavailable, "upstream connect error or disconnect/reset before headers. reset reason: connection termination", "upstream_reset_before_response_started{connection_termination}")
+		st.localReply(http.StatusServiceUnavailable, "upstream connect error or disconnect/reset before "+
+			"headers. reset reason: connection termination", "upstream_reset_before_response_started{connection_termination}")
 	}
 }
 
