@@ -180,7 +180,14 @@ func run(ctx context.Context, out io.Writer, exit bool) error {
 	if exit {
 		return nil
 	}
-	step("kube-mvp is up. In another shell:\n\n    export KUBECONFIG=%s\n    kubectl --context kube-mvp get jobs\n    kubectl --context round-robin get jobs\n\n    make build && export PATH=$PWD/bin:$PATH   # kubectl mvp\n    kubectl mvp status --xds-admin %s --extproc-admin %s\n    kubectl mvp explain GET /apis/batch/v1/jobs --xds-admin %s\n    kubectl mvp config-dump --xds-admin %s --envoy-admin %s\n\n    xds-server admin: %s/debug/topology  %s/debug/config_dump\n    data plane admin: %s/clusters  %s/config_dump\n    extproc metrics:  %s/metrics\n\nCtrl-C stops everything.",
+	step("kube-mvp is up. In another shell:\n\n"+
+		"    export KUBECONFIG=%s\n    kubectl --context kube-mvp get jobs\n    kubectl --context round-robin get jobs\n\n"+
+		"    make build && export PATH=$PWD/bin:$PATH   # kubectl mvp\n"+
+		"    kubectl mvp status --xds-admin %s --extproc-admin %s\n"+
+		"    kubectl mvp explain GET /apis/batch/v1/jobs --xds-admin %s\n"+
+		"    kubectl mvp config-dump --xds-admin %s --envoy-admin %s\n\n"+
+		"    xds-server admin: %s/debug/topology  %s/debug/config_dump\n    data plane admin: %s/clusters  %s/config_dump\n    extproc metrics:  %s/metrics\n\n"+
+		"Ctrl-C stops everything.",
 		kubeconfig, k.XDSAdmin, k.ExtprocAdmin, k.XDSAdmin, k.XDSAdmin, k.Envoy.Admin, k.XDSAdmin, k.XDSAdmin, k.Envoy.Admin, k.Envoy.Admin, k.ExtprocAdmin)
 	<-ctx.Done()
 	return nil

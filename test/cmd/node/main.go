@@ -30,7 +30,9 @@ func run(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("node", flag.ContinueOnError)
 	mode := fs.String("mode", "front", "how the chart runs Envoy: front (Deployment + Service) or sidecar (DaemonSet on the control-plane node)")
 	exit := fs.Bool("exit", false, "stop after the checks instead of running until interrupted")
-	envoyImage := fs.String("envoy-image", node.EnvoyImage, "an Envoy image archive (docker save or OCI, one tagged image) to run instead of the test stand-in: imported into the node's containerd and given to the chart as image.envoy")
+	envoyImage := fs.String("envoy-image", node.EnvoyImage, "an Envoy image archive (docker save or OCI, one tagged "+
+		"image) to run instead of the test stand-in: imported into "+
+		"the node's containerd and given to the chart as image.envoy")
 	kubeadm := fs.Bool("kubeadm-pki", false, "sidecar mode: Envoy presents the node's kubeadm front-proxy pair (/etc/kubernetes/pki), sidecar.kubeadmFrontProxyClient")
 	if err := fs.Parse(args); err != nil {
 		return err
