@@ -150,7 +150,8 @@ func decodeDocument(raw []byte, objs *Objects) error {
 		objs.Discovery[d.Name] = &d.Discovery
 	default:
 		if head.Items == nil {
-			return fmt.Errorf("%s: unknown kind (want Lease, StorageVersion, APIService, CustomResourceDefinition, %s/%s ConfigMap, %s or a List of them)", what, AuthenticationNamespace, AuthenticationConfigMap, FixtureDiscoveryKind)
+			return fmt.Errorf("%s: unknown kind (want Lease, StorageVersion, APIService, "+
+				"CustomResourceDefinition, %s/%s ConfigMap, %s or a List of them)", what, AuthenticationNamespace, AuthenticationConfigMap, FixtureDiscoveryKind)
 		}
 		var errs []error
 		for i, item := range head.Items {
