@@ -164,7 +164,20 @@ func (b *builder) errorf(format string, args ...any) {
 // checkReferences' error messages.
 func (b *builder) producible() map[string]string {
 	out := map[string]string{}
-	add := func(r plan.Route, what string) {
+	// Routes that go alike name the same clusters: each such set once (a plan has thousands
+	// of routes and a handful of destinations).
+	type alike struct {
+		outcome topology.Outcome
+		cluster string
+		refused bool
+	}
+	seen := map[alike]bool{}
+	add := func(r plan.Route, what func() string) {
+		a := alike{r.Outcome, r.Cluster, len(r.ProxyCertRefused) > 0}
+		if seen[a] {
+			return
+		}
+		seen[a] = true
 		for _, k := range b.requestKinds() {
 			d := r.Destination(k)
 			if d.Refused != plan.NotRefused {
@@ -174,7 +187,7 @@ func (b *builder) producible() map[string]string {
 			if _, ok := out[name]; ok {
 				continue
 			}
-			out[name] = what
+			out[name] = what()
 			if k.Upgrade {
 				out[name] += " as an upgrade"
 			}
@@ -183,15 +196,15 @@ func (b *builder) producible() map[string]string {
 			}
 		}
 	}
-	add(b.p.Routes.Default, "non-resource requests")
+	add(b.p.Routes.Default, func() string { return "non-resource requests" })
 	for _, r := range b.p.Routes.All() {
 		if r.Resource.IsDocument() {
 			continue // named below, after the resources: a resource is the clearer example
 		}
-		add(r, r.Resource.String())
+		add(r, r.Resource.String)
 	}
 	for _, gv := range b.p.GroupVersions {
-		add(gv.Document, "the "+gv.GroupVersion.String()+" document")
+		add(gv.Document, func() string { return "the " + gv.GroupVersion.String() + " document" })
 	}
 	return out
 }
