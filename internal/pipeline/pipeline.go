@@ -92,7 +92,7 @@ func New(o Options) *Pipeline {
 	p.publisher = makebeforebreak.NewPublisher(mbb, func(e *plan.Envoys) { p.tables.Publish(e.Table(), time.Now()) })
 
 	p.xds = xds.New(xds.Options{
-		Translate: p.translation.Snapshot, MakeBeforeBreak: o.MakeBeforeBreak, Log: o.Log, OnBuild: p.metrics.observeBuild,
+		Translate: (&reusing{translate: p.translation.Snapshot}).Snapshot, MakeBeforeBreak: o.MakeBeforeBreak, Log: o.Log, OnBuild: p.metrics.observeBuild,
 		Admit:  func(e *plan.Envoys) error { return tablestream.Fits(e.Table()) },
 		Limits: o.Limits, RequireRole: o.Credentials != nil,
 		OnRefused:        func(reason string, _ error) { p.metrics.refused.WithLabelValues(reason).Inc() },

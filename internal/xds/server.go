@@ -65,9 +65,6 @@ type Server struct {
 	// built are the current snapshots by local apiserver ("" for front proxies): nodes of
 	// one kind share one translation.
 	built map[string]*cachev3.Snapshot
-	// translated is the last translation by local apiserver, reused while a new plan is the
-	// same for translation (reuse.go).
-	translated map[string]translation
 	// streams counts open xDS streams (both protocols).
 	streams    int
 	opts       Options
@@ -139,8 +136,7 @@ func peerCertificateOf(c *x509.Certificate) *xdsstatus.PeerCertificate {
 
 // Options configure New.
 type Options struct {
-	// Translate makes a plan's Envoy resources. It must depend on the plan alone: the Server
-	// reuses its last result while the plan is the same for translation (reuse.go).
+	// Translate makes a plan's Envoy resources.
 	Translate Translator
 	// Admit, if set, checks plans before Update builds them: one it refuses is held back like
 	// one that cannot be built. xds-server checks that extproc's routing table of the plans
@@ -234,13 +230,7 @@ func (s *Server) Update(e *plan.Envoys) error {
 // buildInUseLocked builds the snapshot of every plan in use into s.built: the front proxy's
 // and that of each apiserver a sidecar is connected beside.
 func (s *Server) buildInUseLocked() error {
-	inUse := append([]string{""}, s.sidecarsLocked()...)
-	for local := range s.translated {
-		if !slices.Contains(inUse, local) {
-			delete(s.translated, local) // no Envoy of that kind is connected
-		}
-	}
-	for _, local := range inUse {
+	for _, local := range append([]string{""}, s.sidecarsLocked()...) {
 		if _, ok := s.built[local]; ok {
 			continue
 		}
@@ -259,21 +249,10 @@ func (s *Server) buildInUseLocked() error {
 
 // buildLocked translates the plan for local ("" the front proxy) with the current hold.
 func (s *Server) buildLocked(local string) (*cachev3.Snapshot, error) {
-	held := s.hold.Apply(s.envoys.For(local))
-	if last, ok := s.translated[local]; ok && sameForTranslation(last.in, held) {
-		s.translated[local] = translation{in: held, out: last.out} // the older plan is let go
-		return last.out, nil
-	}
 	start := s.now()
-	snap, err := s.translate(held)
+	snap, err := s.translate(s.hold.Apply(s.envoys.For(local)))
 	if s.opts.OnBuild != nil {
 		s.opts.OnBuild(s.now().Sub(start), err)
-	}
-	if err == nil {
-		if s.translated == nil {
-			s.translated = map[string]translation{}
-		}
-		s.translated[local] = translation{in: held, out: snap}
 	}
 	return snap, err
 }

@@ -196,7 +196,32 @@ func (n *Node) Install(ctx context.Context, opts InstallOptions) (*Installed, er
 		}
 		in.Endpoint = net.JoinHostPort(svc.Spec.ClusterIP, "443")
 	}
-	return in, n.WaitWorkloads(ctx, Namespace, 4*time.Minute)
+	if err := n.WaitWorkloads(ctx, Namespace, 4*time.Minute); err != nil {
+		return nil, err
+	}
+	// Ready pods are not yet a reachable Service: kube-proxy programs the ClusterIP once the
+	// EndpointSlice lists them (a loaded CI machine once timed out the first dial).
+	return in, waitReachable(ctx, in.Endpoint, 2*time.Minute)
+}
+
+// waitReachable waits until a TCP connection to endpoint is accepted.
+func waitReachable(ctx context.Context, endpoint string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		c, err := (&net.Dialer{Timeout: 2 * time.Second}).DialContext(ctx, "tcp", endpoint)
+		if err == nil {
+			c.Close()
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("kube-mvp's endpoint %s not reachable after %v: %w", endpoint, timeout, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
 }
 
 // WaitWorkloads waits until every Deployment and DaemonSet of namespace is ready.
