@@ -83,12 +83,11 @@ func postOnly(h http.HandlerFunc) http.HandlerFunc {
 // envoy.reloadable_features.non_graceful_drain_notifies_connections (newer than v1.36):
 //
 //   - skip_exit without graceful: 400 "skip_exit requires graceful\n";
-//   - graceful: already draining, 200 "OK\n" and nothing else; else the server's drain
-//     manager starts its drain sequence (drain.go), whose completion after the drain time
-//     stops the listeners unless skip_exit. Until then the listeners keep accepting (Envoy:
-//     there is no other version of the listeners to take new connections);
-//   - otherwise: the listeners stop at once; no drain sequence starts, so no connection is
-//     drain-closed.
+//   - graceful: already draining, 200 "OK\n" and nothing else; else the server's drain manager
+//     starts its drain sequence (drain.go), whose completion after the drain time stops the
+//     listeners unless skip_exit. Until then the listeners keep accepting (Envoy: there is no
+//     other version of the listeners to take new connections);
+//   - otherwise: the listeners stop at once; no drain sequence starts, none is drain-closed.
 //
 // inboundonly (only listeners whose traffic_direction is INBOUND) is refused with 400: our
 // listeners have no traffic_direction (the allowlist refuses it), so Envoy would stop none

@@ -25,12 +25,11 @@ type h2Keepalive struct {
 // http2_protocol_options: Envoy's multiplexed HTTP/2 pool (source/common/http/http2/
 // conn_pool.cc on source/common/conn_pool/conn_pool_base.cc). Per host it keeps connections
 // and hands each stream one that has room for it; a new connection is opened only when no
-// connection (the one being established included: its streams wait for it) has room, so
-// many concurrent requests share one connection until the server's
-// SETTINGS_MAX_CONCURRENT_STREAMS is reached (Envoy: ActiveClient's concurrent stream limit
-// is the min of max_concurrent_streams and the peer's setting, and
-// ConnPoolImplBase::shouldCreateNewConnection counts the streams the connections can still
-// take).
+// connection (the one being established included: its streams wait for it) has room, so many
+// concurrent requests share one connection until the server's SETTINGS_MAX_CONCURRENT_STREAMS
+// is reached (Envoy: ActiveClient's concurrent stream limit is the min of
+// max_concurrent_streams and the peer's setting, and ConnPoolImplBase::shouldCreateNewConnection
+// counts the streams the connections can still take).
 //
 // Every connection is one http2.ClientConn (Transport.NewClientConn) used through
 // ClientConn.RoundTrip only: unlike http2.Transport.RoundTrip it never re-sends a request on

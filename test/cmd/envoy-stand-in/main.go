@@ -7,8 +7,7 @@
 //	envoy-stand-in -c /etc/kube-mvp/bootstrap/envoy.yaml --service-node "$POD_NAME" \
 //	    --reject-unknown-dynamic-fields --service-cluster kube-mvp \
 //	    [--config-yaml '{"node": {"metadata": {"kube-mvp.io/local-apiserver": "NODE"}}}'] \
-//	    --disable-hot-restart --log-level info \
-//	    [--drain-time-s N] [--drain-strategy gradual|immediate]
+//	    --disable-hot-restart --log-level info [--drain-time-s N] [--drain-strategy gradual|immediate]
 //
 // The flags it takes are Envoy's (any other is refused, as Envoy's parser refuses an unknown
 // one), and --envoy-version 1.N[.P], the Envoy release it models; SIGTERM stops it at once, as
