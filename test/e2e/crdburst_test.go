@@ -41,12 +41,10 @@ var crdBurstResults struct {
 // $KUBE_MVP_CRD_BURST (default 10: make test checks that it runs; make bench: 200, 1,000,
 // 2,000). Per burst it reports, side by side with the apiservers in the same run:
 //
-//	xds-cpu-µs/crd         xds-server's CPU per CRD, from the first POST until the merged
-//	                       /apis through kube-mvp lists the last CRD
+//	xds-cpu-µs/crd         xds-server's CPU per CRD, first POST until kube-mvp's /apis lists the last
 //	apiservers-cpu-µs/crd  both kube-apiservers' CPU per CRD over the same time
 //	crds/s                 the apply rate (the POSTs' own time)
-//	apis-lag-p50-ms, -p99  how long the merged /apis through kube-mvp listed a CRD after
-//	                       cp-a's own /apis did, sampled on about 40 CRDs per burst
+//	apis-lag-p50-ms, -p99  how much later kube-mvp's /apis listed a CRD than cp-a's own (~40 sampled a burst)
 //	xds-peak-rss-MB        xds-server's peak resident set after the burst
 //
 // and, once: xds-server's idle CPU over $KUBE_MVP_IDLE_WINDOW (default 2s; make bench: 60s)

@@ -33,13 +33,8 @@ import (
 //
 // The dangerous apiserver, cp-c, would run every request kube-mvp forwards for a client
 // certificate as the proxy certificate's user, and its /readyz health checks pass: extproc
-// reports it to xds-server, which leaves it out of the front-proxy clusters. While cp-a is
-// live, a certificate user's SelfSubjectReview through kube-mvp, many times over, equals the
-// direct one (round robin over cp-a and cp-c would have answered "front-proxy-client" half
-// of the time); a bearer token still reaches cp-c. batch/v1, which only cp-c serves, gets
-// extproc's 503 Status with Retry-After naming cp-c and what to fix; with cp-a and cp-b
-// stopped, cp-c alone could serve anything: a certificate user gets the same 503 from
-// Envoy's routes, never an answer as someone else.
+// reports it to xds-server, which leaves it out of the front-proxy clusters. What the test
+// asserts of it (certificate and token users, batch/v1, cp-c alone): docs/testing.md#end-to-end.
 func TestProxyCertificateCheck(t *testing.T) {
 	fix := fmt.Sprintf("add its CN %q to --requestheader-allowed-names and its issuer's CA (CN=kube-mvp-test-front-proxy-ca) to --requestheader-client-ca-file", controlplane.ProxyClientCN)
 

@@ -37,11 +37,10 @@ import (
 // reset and resume. The balancer's numbers are logged for contrast (docs/testing.md, "End to end").
 //
 // gates-on: v1.36.4 → v1.37.1 with the test gates (StorageVersion API, peer-proxy gate), cp-b
-// frozen (SIGSTOP) while cp-a upgrades, xds-server's watches on cp-b.
-// cluster-defaults: v1.35.8 → v1.36.4 as real clusters of those releases run (the v1.35.8
-// Leases carry no address: xds-server gets --apiserver-addresses), with load on an API only
-// v1.36 serves. To stay within make test's time budget the cluster-defaults variant runs on
-// this pair only, not also on v1.36.4 → v1.37.1.
+// frozen (SIGSTOP) while cp-a upgrades, xds-server's watches on cp-b. cluster-defaults:
+// v1.35.8 → v1.36.4 as real clusters of those releases run (the v1.35.8 Leases carry no
+// address: xds-server gets --apiserver-addresses), with load on an API only v1.36 serves; to
+// stay within make test's time budget, on this pair only, not also on v1.36.4 → v1.37.1.
 func TestRollingUpgrade(t *testing.T) {
 	t.Run("gates-on", func(t *testing.T) {
 		rollingUpgrade(t, upgradePlan{from: "v1.36.4", to: "v1.37.1", freeze: "cp-b"})

@@ -110,16 +110,10 @@ var xdsTypes = []struct{ short, url string }{
 // Deployment (two replicas) and the Envoy pods (Envoy + extproc) independently, in either
 // order. Envoy is the test data plane, which refuses what Envoy v1.36 refuses; "Envoy on old"
 // means it follows an old xds-server (its configuration is the old version's, or what it
-// keeps of a newer one after NACKs). Every state logs a matrix line: per Envoy resource type
-// ACK (the version applied) or NACK, extproc's table stream, and the results of Job and
-// ConfigMap lists (Jobs only cp-a serves) and of a client-certificate SelfSubjectReview
-// compared with the apiserver's direct answer.
-//
-// Asserted: no request is ever answered with another identity than the caller's, or with a
-// wrong answer (a 404 for Jobs, a list of the wrong kind); a request that is not served
-// fails closed (no listener: the connection is refused; or a 5xx Status). Each state serves
-// every request unless the old version's want says otherwise (a known gap must show exactly
-// as pinned).
+// keeps of a newer one after NACKs). Every state logs a matrix line; no request may be
+// answered with another identity than the caller's or a wrong answer, one not served fails
+// closed, and each state serves every request unless the old version's want says otherwise:
+// what is logged and asserted, test/skew/README.md#the-states.
 //
 // Found: bf535e6 never served a request through real Envoy (its listener is NACKed); from
 // 2fddc4c on, every state serves every request. Details: test/skew/README.md#findings-bf535e6.
