@@ -38,7 +38,9 @@ func TestDrainEnvoyFlags(t *testing.T) {
 		}
 	}
 	var stdout bytes.Buffer
-	if code := run([]string{"drain-envoy", "--help"}, &stdout, io.Discard); code != 0 || !strings.Contains(stdout.String(), "drain_listeners?graceful") || !strings.Contains(stdout.String(), "--drain-time-s") {
+	if code := run([]string{"drain-envoy", "--help"}, &stdout, io.Discard); code != 0 ||
+		!strings.Contains(stdout.String(), "drain_listeners?graceful") ||
+		!strings.Contains(stdout.String(), "--drain-time-s") {
 		t.Errorf("--help: exit %d %q", code, stdout.String())
 	}
 }

@@ -239,7 +239,9 @@ func TestXDSSource(t *testing.T) {
 	tables := tablestream.NewServer(tablestream.ServerOptions{})
 	tables.Publish(fileTable(time.Date(2026, 11, 23, 10, 0, 10, 0, time.UTC)), time.Now())
 	stopTables := serveTables(t, tableAddr, tables, pki)
-	testutil.WaitFor(t, t.Context(), 30*time.Second, "batch/v1 jobs decided to kube-apiservers-only-cp-a from the first table", testutil.Cond(func() bool { return cluster(decideJobs(t, conn)) == "kube-apiservers-only-cp-a" }))
+	testutil.WaitFor(t, t.Context(), 30*time.Second,
+		"batch/v1 jobs decided to kube-apiservers-only-cp-a from the first table",
+		testutil.Cond(func() bool { return cluster(decideJobs(t, conn)) == "kube-apiservers-only-cp-a" }))
 	if code := httpStatus(t, admin+"/readyz"); code != 200 {
 		t.Errorf("/readyz with a table: %d", code)
 	}
@@ -347,9 +349,12 @@ func TestProxyCheckFlags(t *testing.T) {
 		{[]string{"--proxy-client-cert", f.Cert, "--proxy-client-key", f.Key}, "--proxy-client-cert needs --peer-ca"},
 		{[]string{"--peer-ca", f.PeerCA}, "--peer-ca applies only with --proxy-client-cert and --proxy-client-key"},
 		{[]string{"--upstream-server-name", "apiserver.example.com"}, "--upstream-server-name applies only with --proxy-client-cert"},
-		{[]string{"--proxy-client-cert", f.Cert, "--proxy-client-key", f.Key, "--peer-ca", f.PeerCA, "--upstream-server-name", "Kubernetes:443"}, `--upstream-server-name "Kubernetes:443" is not a lower-case DNS name`},
+		{[]string{"--proxy-client-cert", f.Cert, "--proxy-client-key", f.Key, "--peer-ca", f.PeerCA,
+			"--upstream-server-name", "Kubernetes:443"},
+			`--upstream-server-name "Kubernetes:443" is not a lower-case DNS name`},
 		{[]string{"--proxy-client-cert", f.Cert, "--proxy-client-key", f.PeerCA, "--peer-ca", f.PeerCA}, "--proxy-client-cert, --proxy-client-key, --peer-ca: proxy client certificate " + f.Cert},
-		{[]string{"--proxy-client-cert", f.Cert, "--proxy-client-key", f.Key, "--peer-ca", filepath.Join(dir, "nope")}, "--proxy-client-cert, --proxy-client-key, --peer-ca: peer CA: open " + filepath.Join(dir, "nope")},
+		{[]string{"--proxy-client-cert", f.Cert, "--proxy-client-key", f.Key, "--peer-ca", filepath.Join(dir,
+			"nope")}, "--proxy-client-cert, --proxy-client-key, --peer-ca: peer CA: open " + filepath.Join(dir, "nope")},
 	} {
 		if _, err := parseArgs(append(base, c.args...)); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%v: %v, want %q", c.args, err, c.want)
@@ -384,7 +389,8 @@ func newCheckPKI(t *testing.T) *checkPKI {
 	if p.frontProxyCA, err = testutil.NewCA("front-proxy-ca"); err != nil {
 		t.Fatal(err)
 	}
-	leaf, err := p.servingCA.Issue(&x509.Certificate{Subject: pkix.Name{CommonName: "kube-apiserver"}, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, DNSNames: []string{"kubernetes.default.svc"}})
+	leaf, err := p.servingCA.Issue(&x509.Certificate{Subject: pkix.Name{CommonName: "kube-apiserver"},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, DNSNames: []string{"kubernetes.default.svc"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -469,7 +475,10 @@ func TestProxyCertificateCheck(t *testing.T) {
 		b, _ := io.ReadAll(res.Body)
 		return res.StatusCode, string(b)
 	}
-	refusedB := "  - apiserver-imkgstwjs6opnbwk2ixluu6fiq (hostname cp-b, address " + refusing + `): does not accept the proxy certificate as a front proxy: add its CN "front-proxy-client" to --requestheader-allowed-names and its issuer's CA (CN=front-proxy-ca) to --requestheader-client-ca-file`
+	refusedB := "  - apiserver-imkgstwjs6opnbwk2ixluu6fiq (hostname cp-b, address " + refusing +
+		`): does not accept the proxy certificate as a front proxy: add its CN ` +
+		`"front-proxy-client" to --requestheader-allowed-names and its issuer's CA ` +
+		`(CN=front-proxy-ca) to --requestheader-client-ca-file`
 	var code int
 	var body string
 	testutil.WaitFor(t, t.Context(), 30*time.Second, "/readyz warning about cp-b", testutil.Cond(func() bool {
@@ -482,7 +491,9 @@ func TestProxyCertificateCheck(t *testing.T) {
 	}
 	if _, metrics := get("/metrics"); !strings.Contains(metrics, `kube_mvp_extproc_proxy_certificate_accepted{apiserver="apiserver-tqsyvnc7rs47fayzipsuqpfg4m"} 1`) ||
 		!strings.Contains(metrics, `kube_mvp_extproc_proxy_certificate_accepted{apiserver="apiserver-imkgstwjs6opnbwk2ixluu6fiq"} 0`) ||
-		!strings.Contains(metrics, fmt.Sprintf(`kube_mvp_certificate_expiry_timestamp_seconds{certificate="proxy-client",role="extproc"} %s`+"\n", strconv.FormatFloat(float64(p.proxy.Cert.NotAfter.Unix()), 'g', -1, 64))) {
+		!strings.Contains(metrics,
+			fmt.Sprintf(`kube_mvp_certificate_expiry_timestamp_seconds{certificate="proxy-client",role="extproc"} %s`+
+				"\n", strconv.FormatFloat(float64(p.proxy.Cert.NotAfter.Unix()), 'g', -1, 64))) {
 		t.Errorf("/metrics lacks the gauges:\n%s", metrics)
 	}
 

@@ -107,8 +107,14 @@ func (f *portForwardAPI) serveForward(w http.ResponseWriter, r *http.Request) {
 }
 
 const (
-	testXDSDump   = `{"listeners":[],"routes":[],"clusters":[{"@type":"type.googleapis.com/envoy.config.cluster.v3.Cluster","name":"c","type":"STATIC"},{"@type":"type.googleapis.com/envoy.config.cluster.v3.Cluster","name":"new","type":"STATIC"}],"endpoints":[],"secrets":[]}`
-	testEnvoyDump = `{"configs":[{"@type":"type.googleapis.com/envoy.admin.v3.ClustersConfigDump","version_info":"v9","dynamic_active_clusters":[{"version_info":"v9","cluster":{"@type":"type.googleapis.com/envoy.config.cluster.v3.Cluster","name":"c","type":"STATIC"}}]}]}`
+	testXDSDump = `{"listeners":[],"routes":[],"clusters":[{"@type":"type.googleapis.com/` +
+		`envoy.config.cluster.v3.Cluster","name":"c","type":"STATIC"},` +
+		`{"@type":"type.googleapis.com/envoy.config.cluster.v3.Cluster","name":"new",` +
+		`"type":"STATIC"}],"endpoints":[],"secrets":[]}`
+	testEnvoyDump = `{"configs":[{"@type":"type.googleapis.com/envoy.admin.v3.ClustersConfigDump",` +
+		`"version_info":"v9","dynamic_active_clusters":[{"version_info":"v9",` +
+		`"cluster":{"@type":"type.googleapis.com/envoy.config.cluster.v3.Cluster","name":"c",` +
+		`"type":"STATIC"}}]}]}`
 )
 
 // TestConfigDumpThroughTheKubernetesAPI: without --xds-admin, config-dump reads xds-server
@@ -172,14 +178,19 @@ func TestConfigDumpThroughTheKubernetesAPI(t *testing.T) {
 	}
 	api.envoyPort, api.envoys[0].Annotations = "9901", nil
 
-	if code, _, errOut := configDump("--envoy-admin-port", "9999"); code != 1 || !strings.Contains(errOut, "no Envoy's admin could be read: ") || !strings.Contains(errOut, "pod envoy-a: Envoy's admin does not answer") || !strings.Contains(errOut, "--envoy-admin-port") {
+	if code, _, errOut := configDump("--envoy-admin-port", "9999"); code != 1 ||
+		!strings.Contains(errOut, "no Envoy's admin could be read: ") ||
+		!strings.Contains(errOut, "pod envoy-a: Envoy's admin does not answer") ||
+		!strings.Contains(errOut, "--envoy-admin-port") {
 		t.Errorf("another admin port: exit %d, %q", code, errOut)
 	}
 	if code, _, errOut := configDump("--node", "envoy-b"); code != 1 || !strings.Contains(errOut, "no running Envoy pod envoy-b in namespace kube-mvp") {
 		t.Errorf("--node of a pending pod: exit %d, %q", code, errOut)
 	}
 	api.forbidPortForward = true
-	if code, _, errOut := configDump(); code != 1 || !strings.Contains(errOut, "you may not port-forward to pod envoy-a in namespace kube-mvp") || !strings.Contains(errOut, "create on pods/portforward") {
+	if code, _, errOut := configDump(); code != 1 ||
+		!strings.Contains(errOut, "you may not port-forward to pod envoy-a in namespace kube-mvp") ||
+		!strings.Contains(errOut, "create on pods/portforward") {
 		t.Errorf("port-forward forbidden: exit %d, %q", code, errOut)
 	}
 	api.xds = nil

@@ -108,7 +108,9 @@ func TestExplainMatchesDataPlane(t *testing.T) {
 	}
 }
 
-func checkAgainstDataPlane(t *testing.T, router *dataplane.Router, eds map[string]*endpointv3.ClusterLoadAssignment, ask func(method, path string, cert bool) *extprocv3.ProcessingResponse, method, target string, cert bool, x *explain.Explanation) {
+func checkAgainstDataPlane(t *testing.T, router *dataplane.Router,
+	eds map[string]*endpointv3.ClusterLoadAssignment, ask func(method, path string,
+		cert bool) *extprocv3.ProcessingResponse, method, target string, cert bool, x *explain.Explanation) {
 	t.Helper()
 	what := method + " " + target
 	if cert {

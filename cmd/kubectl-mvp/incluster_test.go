@@ -31,7 +31,9 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if f.forbidden {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusForbidden)
-		json.NewEncoder(w).Encode(metav1.Status{TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"}, Status: "Failure", Reason: metav1.StatusReasonForbidden, Code: 403, Message: `pods is forbidden: User "u" cannot list resource "pods"`})
+		json.NewEncoder(w).Encode(metav1.Status{TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"},
+			Status: "Failure", Reason: metav1.StatusReasonForbidden, Code: 403,
+			Message: `pods is forbidden: User "u" cannot list resource "pods"`})
 		return
 	}
 	const ns = "/api/v1/namespaces/kube-mvp/pods"
@@ -51,11 +53,15 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		case "xds-0:9100/proxy/debug/topology":
 			json.NewEncoder(w).Encode(f.view)
 		case "xds-0:9100/proxy/debug/syncz":
-			w.Write([]byte(`[{"nodeID":"envoy-a","role":"envoy-front","openStreams":1,"snapshotVersion":"v9","types":{"type.googleapis.com/envoy.config.route.v3.RouteConfiguration":{"sent":"1","acked":"1"}}}]`))
+			w.Write([]byte(`[{"nodeID":"envoy-a","role":"envoy-front","openStreams":1,"snapshotVersion":"v9",` +
+				`"types":{"type.googleapis.com/envoy.config.route.v3.RouteConfiguration":{"sent":"1",` +
+				`"acked":"1"}}}]`))
 		case "envoy-a:9002/proxy/readyz":
 			w.Write([]byte("ok: routing table t1\n"))
 		case "envoy-a:9002/proxy/metrics":
-			w.Write([]byte("# TYPE kube_mvp_extproc_table_version_info gauge\nkube_mvp_extproc_table_version_info{version=\"t1\"} 1\n# TYPE kube_mvp_extproc_table_age_seconds gauge\nkube_mvp_extproc_table_age_seconds 12\n"))
+			w.Write([]byte("# TYPE kube_mvp_extproc_table_version_info gauge\nkube_mvp_extproc_table_version_info{vers" +
+				"ion=\"t1\"} 1\n# TYPE kube_mvp_extproc_table_age_seconds " +
+				"gauge\nkube_mvp_extproc_table_age_seconds 12\n"))
 		default:
 			http.NotFound(w, r)
 		}
@@ -127,7 +133,9 @@ func TestStatusThroughTheKubernetesAPI(t *testing.T) {
 
 	api.envoys = nil
 	api.xds = []corev1.Pod{pod("xds-0", "admin", 9100, corev1.PodPending)}
-	if code, _, errOut := status(); code != 1 || !strings.Contains(errOut, "no running xds-server pod in namespace kube-mvp: kube-mvp is down (xds-server pod xds-0 is not running: Pending, c ImagePullBackOff)") {
+	if code, _, errOut := status(); code != 1 ||
+		!strings.Contains(errOut,
+			"no running xds-server pod in namespace kube-mvp: kube-mvp is down (xds-server pod xds-0 is not running: Pending, c ImagePullBackOff)") {
 		t.Errorf("kube-mvp down: exit %d, %q", code, errOut)
 	}
 	api.xds = nil

@@ -132,7 +132,8 @@ func TestServeAgainstMixedControlPlane(t *testing.T) {
 		if path == "/metrics" {
 			// Its own certificate, and the connected Envoy's.
 			for _, role := range []cptls.Role{cptls.RoleXDSServer, cptls.RoleEnvoyFront} {
-				want := fmt.Sprintf(`kube_mvp_certificate_expiry_timestamp_seconds{certificate="control-plane",role="%s"} %s`, role, strconv.FormatFloat(float64(certNotAfter(t, cpTLS.Files(role).Cert).Unix()), 'g', -1, 64))
+				want := fmt.Sprintf(`kube_mvp_certificate_expiry_timestamp_seconds{certificate="control-plane",role="%s"} %s`,
+					role, strconv.FormatFloat(float64(certNotAfter(t, cpTLS.Files(role).Cert).Unix()), 'g', -1, 64))
 				if !strings.Contains(string(body), want+"\n") {
 					t.Errorf("/metrics lacks %q", want)
 				}

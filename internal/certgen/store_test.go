@@ -47,12 +47,16 @@ func TestKeepSecrets(t *testing.T) {
 			t.Errorf("Secret %s lacks a key: %v", name, s.Data)
 		}
 	}
-	if summary, err := certgen.KeepSecrets(ctx, client, opts, storeSpecs, certgen.DefaultPolicy(), storeNow, discard); err != nil || !strings.Contains(summary, "0 change(s)") || !strings.Contains(summary, "3 unchanged") {
+	if summary, err := certgen.KeepSecrets(ctx, client, opts, storeSpecs, certgen.DefaultPolicy(), storeNow,
+		discard); err != nil || !strings.Contains(summary, "0 change(s)") ||
+		!strings.Contains(summary, "3 unchanged") {
 		t.Errorf("second run: %q, %v", summary, err)
 	}
 
 	opts.Roles[1].Name = "opaque"
-	if _, err := client.CoreV1().Secrets("kube-mvp").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "opaque", Namespace: "kube-mvp"}, Type: corev1.SecretTypeOpaque}, metav1.CreateOptions{}); err != nil {
+	if _, err := client.CoreV1().Secrets("kube-mvp").Create(ctx,
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "opaque", Namespace: "kube-mvp"},
+			Type: corev1.SecretTypeOpaque}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := certgen.KeepSecrets(ctx, client, opts, storeSpecs, certgen.DefaultPolicy(), storeNow, discard); !errors.Is(err, certgen.ErrBadSecret) {
@@ -91,7 +95,9 @@ func TestKeepFiles(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "extproc-file"), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := certgen.KeepFiles(certgen.Files{Dir: filepath.Join(dir, "extproc-file"), Name: "--out-dir"}, storeSpecs, certgen.DefaultPolicy(), storeNow, discard); err == nil || !strings.HasPrefix(err.Error(), "--out-dir: ") {
+	if _, err := certgen.KeepFiles(certgen.Files{Dir: filepath.Join(dir, "extproc-file"), Name: "--out-dir"},
+		storeSpecs, certgen.DefaultPolicy(), storeNow, discard); err == nil ||
+		!strings.HasPrefix(err.Error(), "--out-dir: ") {
 		t.Errorf("a file as the directory: %v", err)
 	}
 }

@@ -49,7 +49,9 @@ func translated(t *testing.T) side {
 		t.Fatal(err)
 	}
 	s := side{}
-	for typeURL, list := range map[string][]types.Resource{resourcev3.ListenerType: res.Listeners, resourcev3.RouteType: res.Routes, resourcev3.ClusterType: res.Clusters, resourcev3.EndpointType: res.Endpoints, resourcev3.SecretType: res.Secrets} {
+	for typeURL, list := range map[string][]types.Resource{resourcev3.ListenerType: res.Listeners,
+		resourcev3.RouteType: res.Routes, resourcev3.ClusterType: res.Clusters,
+		resourcev3.EndpointType: res.Endpoints, resourcev3.SecretType: res.Secrets} {
 		for _, r := range list {
 			s[typeURL] = append(s[typeURL], proto.Clone(r))
 		}
@@ -88,7 +90,9 @@ func anyJSON(t *testing.T, m proto.Message) json.RawMessage {
 func xdsServerJSON(t *testing.T, s side) []byte {
 	t.Helper()
 	out := map[string][]json.RawMessage{}
-	for key, typeURL := range map[string]string{"listeners": resourcev3.ListenerType, "routes": resourcev3.RouteType, "clusters": resourcev3.ClusterType, "endpoints": resourcev3.EndpointType, "secrets": resourcev3.SecretType} {
+	for key, typeURL := range map[string]string{"listeners": resourcev3.ListenerType,
+		"routes": resourcev3.RouteType, "clusters": resourcev3.ClusterType, "endpoints": resourcev3.EndpointType,
+		"secrets": resourcev3.SecretType} {
 		out[key] = []json.RawMessage{}
 		for _, m := range s[typeURL] {
 			out[key] = append(out[key], anyJSON(t, m))
@@ -124,7 +128,9 @@ func envoyJSON(t *testing.T, s side, version string, o envoyOptions) []byte {
 	ld := &adminv3.ListenersConfigDump{VersionInfo: version}
 	for _, m := range s[resourcev3.ListenerType] {
 		l := m.(*listenerv3.Listener)
-		ld.DynamicListeners = append(ld.DynamicListeners, &adminv3.ListenersConfigDump_DynamicListener{Name: l.GetName(), ActiveState: &adminv3.ListenersConfigDump_DynamicListenerState{VersionInfo: version, Listener: pack(l)}})
+		ld.DynamicListeners = append(ld.DynamicListeners,
+			&adminv3.ListenersConfigDump_DynamicListener{Name: l.GetName(),
+				ActiveState: &adminv3.ListenersConfigDump_DynamicListenerState{VersionInfo: version, Listener: pack(l)}})
 	}
 	cd := &adminv3.ClustersConfigDump{VersionInfo: version}
 	for _, m := range s[resourcev3.ClusterType] {
@@ -177,7 +183,8 @@ func rebuilt(cla *endpointv3.ClusterLoadAssignment) *endpointv3.ClusterLoadAssig
 				w = 1
 			}
 			g.LbEndpoints = append(g.LbEndpoints, &endpointv3.LbEndpoint{
-				HostIdentifier:      &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{Address: e.GetEndpoint().GetAddress(), Hostname: e.GetEndpoint().GetHostname(), HealthCheckConfig: &endpointv3.Endpoint_HealthCheckConfig{}}},
+				HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{Address: e.GetEndpoint().GetAddress(),
+					Hostname: e.GetEndpoint().GetHostname(), HealthCheckConfig: &endpointv3.Endpoint_HealthCheckConfig{}}},
 				Metadata:            e.GetMetadata(),
 				HealthStatus:        corev3.HealthStatus_HEALTHY,
 				LoadBalancingWeight: wrapperspb.UInt32(w),
@@ -262,7 +269,8 @@ func TestDifferences(t *testing.T) {
 	theirs[resourcev3.ClusterType] = append(theirs[resourcev3.ClusterType], &clusterv3.Cluster{Name: "gone", ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_STATIC}})
 	cla := theirs[resourcev3.EndpointType][0].(*endpointv3.ClusterLoadAssignment)
 	extra := proto.Clone(cla.GetEndpoints()[0].GetLbEndpoints()[0]).(*endpointv3.LbEndpoint)
-	extra.GetEndpoint().Address = &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{Address: "192.0.2.9", PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: 6443}}}}
+	extra.GetEndpoint().Address = &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{Address: "192.0.2.9",
+		PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: 6443}}}}
 	cla.GetEndpoints()[0].LbEndpoints = append(cla.GetEndpoints()[0].LbEndpoints, extra)
 	warming := &clusterv3.Cluster{Name: "warming-up", ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_STATIC}}
 	ours[resourcev3.ClusterType] = append(ours[resourcev3.ClusterType], warming)
@@ -328,7 +336,12 @@ func TestDifferences(t *testing.T) {
 func TestNonEDSEndpointsSkipped(t *testing.T) {
 	ours := translated(t)
 	static := &clusterv3.Cluster{Name: "static", ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_STATIC},
-		LoadAssignment: &endpointv3.ClusterLoadAssignment{ClusterName: "static", Endpoints: []*endpointv3.LocalityLbEndpoints{{LbEndpoints: []*endpointv3.LbEndpoint{{HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{Address: &corev3.Address{Address: &corev3.Address_Pipe{Pipe: &corev3.Pipe{Path: "/x.sock"}}}}}}}}}}}
+		LoadAssignment: &endpointv3.ClusterLoadAssignment{ClusterName: "static",
+			Endpoints: []*endpointv3.LocalityLbEndpoints{{LbEndpoints: []*endpointv3.LbEndpoint{{
+				HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{
+					Address: &corev3.Address{Address: &corev3.Address_Pipe{Pipe: &corev3.Pipe{Path: "/x.sock"}}},
+				}},
+			}}}}}}
 	ours[resourcev3.ClusterType] = append(ours[resourcev3.ClusterType], static)
 	theirs := ours.clone()
 	theirs[resourcev3.EndpointType] = append(theirs[resourcev3.EndpointType], static.GetLoadAssignment())
@@ -403,7 +416,10 @@ func TestBadInput(t *testing.T) {
 			t.Errorf("ParseEnvoy(%q): no error", b)
 		}
 	}
-	d, problems, err := ParseEnvoy([]byte(`{"configs":[{"@type":"type.googleapis.com/envoy.admin.v3.ClustersConfigDump","dynamic_active_clusters":[{"cluster":{"@type":"type.googleapis.com/unknown.Type"}},{"cluster":{"@type":"type.googleapis.com/envoy.config.cluster.v3.Cluster","name":"ok"}}]},{"@type":"type.googleapis.com/envoy.admin.v3.BootstrapConfigDump","bootstrap":{}}, 7]}`))
+	d, problems, err := ParseEnvoy([]byte(`{"configs":[{"@type":"type.googleapis.com/envoy.admin.v3.ClustersConfigDump",` +
+		`"dynamic_active_clusters":[{"cluster":{"@type":"type.googleapis.com/unknown.Type"}},` +
+		`{"cluster":{"@type":"type.googleapis.com/envoy.config.cluster.v3.Cluster","name":"ok"}}]},` +
+		`{"@type":"type.googleapis.com/envoy.admin.v3.BootstrapConfigDump","bootstrap":{}}, 7]}`))
 	if err != nil || d.Len() != 1 || len(problems) != 2 {
 		t.Errorf("ParseEnvoy with an unknown type: %v, %d resources, problems %q", err, d.Len(), problems)
 	}

@@ -103,7 +103,9 @@ func TestMutualTLS(t *testing.T) {
 	if err := check(otherAddr, clientCreds(t, pki, cptls.RoleExtproc)); err == nil || !strings.Contains(err.Error(), "not from the control plane's CA") {
 		t.Errorf("server of another CA: %v, want a verification error", err)
 	}
-	if _, err := cptls.Load(cptls.Files{Cert: pki.Files(cptls.RoleEnvoyFront).Cert, Key: pki.Files(cptls.RoleEnvoyFront).Key, CA: pki.Files(cptls.RoleXDSServer).CA}, cptls.RoleXDSServer, nil); err == nil ||
+	if _, err := cptls.Load(cptls.Files{Cert: pki.Files(cptls.RoleEnvoyFront).Cert,
+		Key: pki.Files(cptls.RoleEnvoyFront).Key, CA: pki.Files(cptls.RoleXDSServer).CA}, cptls.RoleXDSServer,
+		nil); err == nil ||
 		!strings.Contains(err.Error(), "incompatible key usage") {
 		t.Errorf("an Envoy certificate loaded as xds-server's: %v, want refused", err)
 	}

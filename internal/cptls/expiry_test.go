@@ -45,7 +45,9 @@ func TestExpiryCollector(t *testing.T) {
 	}
 	notAfter := sidecar.NotAfter()
 	want := `
-# HELP kube_mvp_certificate_expiry_timestamp_seconds Unix time at which a certificate expires, by certificate (control-plane: a role's certificate of the control plane's own CA; proxy-client: the proxy certificate) and role (its holder). Alert on (value - time()) / 86400 < 14.
+# HELP kube_mvp_certificate_expiry_timestamp_seconds Unix time at which a certificate expires, by certificate ` +
+		`(control-plane: a role's certificate of the control plane's own CA; proxy-client: the proxy certificate) ` +
+		`and role (its holder). Alert on (value - time()) / 86400 < 14.
 # TYPE kube_mvp_certificate_expiry_timestamp_seconds gauge
 kube_mvp_certificate_expiry_timestamp_seconds{certificate="control-plane",role="extproc"} ` + unix(creds.NotAfter()) + `
 kube_mvp_certificate_expiry_timestamp_seconds{certificate="proxy-client",role="extproc"} ` + unix(notAfter) + `

@@ -12,8 +12,10 @@ import (
 // not guessed at, so a new kind of route shows up as an error rather than a wrong answer.
 func TestUnknownMatchersAreErrors(t *testing.T) {
 	for name, m := range map[string]*routev3.RouteMatch{
-		"path":   {PathSpecifier: &routev3.RouteMatch_Path{Path: "/x"}},
-		"header": {PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}, Headers: []*routev3.HeaderMatcher{{Name: "h", HeaderMatchSpecifier: &routev3.HeaderMatcher_StringMatch{StringMatch: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Prefix{Prefix: "a"}}}}}},
+		"path": {PathSpecifier: &routev3.RouteMatch_Path{Path: "/x"}},
+		"header": {PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"},
+			Headers: []*routev3.HeaderMatcher{{Name: "h",
+				HeaderMatchSpecifier: &routev3.HeaderMatcher_StringMatch{StringMatch: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Prefix{Prefix: "a"}}}}}},
 	} {
 		e := &Explainer{routes: []*routev3.Route{{Name: name, Match: m}}}
 		if _, err := e.match("/x", map[string]string{"h": "a"}); err == nil || !strings.Contains(err.Error(), "not one explain knows") {

@@ -38,10 +38,13 @@ func TestMergedDiscovery(t *testing.T) {
 		wantGzip   bool     // the body gzip-compressed
 	}{
 		{"kubectl", "GET", "/apis", []string{"accept", kubectlAccept}, []string{":status", "200", "content-type", v2}, 200, false},
-		{"protobuf answer", "GET", "/apis?timeout=32s", []string{"accept", kubectlAccept}, []string{":status", "200", "content-type", "application/vnd.kubernetes.protobuf;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"}, 200, false},
+		{"protobuf answer", "GET", "/apis?timeout=32s", []string{"accept", kubectlAccept}, []string{":status",
+			"200", "content-type",
+			"application/vnd.kubernetes.protobuf;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"}, 200, false},
 		{"client has it", "GET", "/apis", []string{"accept", v2, "if-none-match", topo.Discovery.ETag}, []string{":status", "200", "content-type", v2}, 304, false},
 		{"client accepts gzip", "GET", "/apis", []string{"accept", kubectlAccept, "accept-encoding", "gzip"}, []string{":status", "200", "content-type", v2}, 200, true},
-		{"client accepts gzip, has it", "GET", "/apis", []string{"accept", v2, "accept-encoding", "br, gzip;q=0.5", "if-none-match", topo.Discovery.ETag}, []string{":status", "200", "content-type", v2}, 304, false},
+		{"client accepts gzip, has it", "GET", "/apis", []string{"accept", v2, "accept-encoding", "br, gzip;q=0.5",
+			"if-none-match", topo.Discovery.ETag}, []string{":status", "200", "content-type", v2}, 304, false},
 		{"client refuses gzip", "GET", "/apis", []string{"accept", v2, "Accept-Encoding", "gzip;q=0, identity"}, []string{":status", "200", "content-type", v2}, 200, false},
 		{"client has an older one", "GET", "/apis", []string{"accept", v2, "if-none-match", `"0"`}, []string{":status", "200", "content-type", v2}, 200, false},
 		{"refused by the apiserver", "GET", "/apis", []string{"accept", v2}, []string{":status", "403", "content-type", "application/json"}, 0, false},

@@ -73,7 +73,10 @@ func TestTableMemory(t *testing.T) {
 	streams := int64(DefaultMaxStreams) * streamBytes
 	runtime.KeepAlive(raw)
 	const mib = 1 << 20
-	t.Logf("table at the limits: %d bytes, %d keys × %d plans; parsed %.1f MiB, parsing and converting %.1f MiB, in use %.1f MiB; peak while the next arrives %.1f MiB, with %d open streams %.1f MiB of the chart's %d MiB",
+	t.Logf("table at the limits: %d bytes, %d keys × %d plans; parsed %.1f MiB, parsing and "+
+		"converting %.1f MiB, in use %.1f MiB; peak while the next arrives %.1f MiB, with %d open "+
+		"streams %.1f MiB of the chart's %d MiB",
+
 		len(raw), keys, len(srv.table.Load().plans.Routes), float64(parsed)/mib, float64(parsed+converting)/mib, float64(inUse)/mib,
 		float64(peak)/mib, DefaultMaxStreams, float64(peak+streams)/mib, chartMemoryLimit/mib)
 	// What the process needs besides: an idle extproc's resident memory (its code, runtime,

@@ -269,7 +269,9 @@ func TestDecisions(t *testing.T) {
 
 		// The apiservers that serve it are known but dead: 503 Status.
 		{"capable servers dead", fx, "GET", "/apis/storagemigration.k8s.io/v1alpha1/storageversionmigrations", unavailable("storagemigration.k8s.io/v1alpha1/storageversionmigrations")},
-		{"capable servers dead: subresource", fx, "PATCH", "/apis/storagemigration.k8s.io/v1alpha1/storageversionmigrations/m/status", unavailable("storagemigration.k8s.io/v1alpha1/storageversionmigrations/status")},
+		{"capable servers dead: subresource", fx, "PATCH",
+			"/apis/storagemigration.k8s.io/v1alpha1/storageversionmigrations/m/status",
+			unavailable("storagemigration.k8s.io/v1alpha1/storageversionmigrations/status")},
 		{"capable servers dead (direct)", direct, "GET", "/apis/old.io/v1beta1/relics", unavailable("old.io/v1beta1/relics")},
 		{"same fixture, every Lease live: the subset", allLive, "GET", "/apis/storagemigration.k8s.io/v1alpha1/storageversionmigrations", subset("kube-apiservers-only-cp-c")},
 		{"same fixture, every Lease live: pods everywhere", allLive, "GET", "/api/v1/pods", routed("kube-apiservers")},

@@ -86,7 +86,9 @@ func crdDocument(b *testing.B, n int) []byte {
 				ResponseKind: &metav1.GroupVersionKind{Group: group, Version: "v1", Kind: fmt.Sprintf("Widget%05d", j)},
 				Verbs:        []string{"create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"},
 				Categories:   []string{"all"},
-				Subresources: []apidiscoveryv2.APISubresourceDiscovery{{Subresource: "status", ResponseKind: &metav1.GroupVersionKind{Group: group, Version: "v1", Kind: fmt.Sprintf("Widget%05d", j)}, Verbs: []string{"get", "patch", "update"}}},
+				Subresources: []apidiscoveryv2.APISubresourceDiscovery{{Subresource: "status",
+					ResponseKind: &metav1.GroupVersionKind{Group: group, Version: "v1", Kind: fmt.Sprintf("Widget%05d", j)},
+					Verbs:        []string{"get", "patch", "update"}}},
 			})
 		}
 		l.Items = append(l.Items, apidiscoveryv2.APIGroupDiscovery{ObjectMeta: metav1.ObjectMeta{Name: group}, Versions: []apidiscoveryv2.APIVersionDiscovery{v}})

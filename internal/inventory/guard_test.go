@@ -209,7 +209,10 @@ func TestDiscoveryBodyBounded(t *testing.T) {
 	legacy := map[string]http.HandlerFunc{
 		"/api":    json(`{"kind":"APIVersions","versions":["v1"]}`),
 		"/api/v1": json(`{"kind":"APIResourceList","groupVersion":"v1","resources":[{"name":"pods","namespaced":true,"kind":"Pod","verbs":["get"]}]}`),
-		"/apis":   json(`{"kind":"APIGroupList","apiVersion":"v1","groups":[{"name":"big.example.com","versions":[{"groupVersion":"big.example.com/v1","version":"v1"}],"preferredVersion":{"groupVersion":"big.example.com/v1","version":"v1"}}]}`),
+		"/apis": json(`{"kind":"APIGroupList","apiVersion":"v1","groups":[{"name":"big.example.com",` +
+			`"versions":[{"groupVersion":"big.example.com/v1","version":"v1"}],` +
+			`"preferredVersion":{"groupVersion":"big.example.com/v1","version":"v1"}}]}`),
+
 		"/apis/big.example.com/v1": json(`{"kind":"APIResourceList","groupVersion":"big.example.com/v1","resources":[],"pad":"` +
 			strings.Repeat("x", limit) + `"}`),
 	}
@@ -266,7 +269,9 @@ func TestDiscoveryPruned(t *testing.T) {
 		if v > 0 {
 			b.WriteString(",")
 		}
-		fmt.Fprintf(&b, `{"version":"v%d","resources":[{"resource":"things","responseKind":{"group":"bloated.example.com","version":"v%d","kind":"Thing"},"scope":"Namespaced","verbs":["get","list"],"categories":[`, v+1, v+1)
+		fmt.Fprintf(&b,
+			`{"version":"v%d","resources":[{"resource":"things","responseKind":{"group":"bloated.example.com","version":"v%d","kind":"Thing"},"scope":"Namespaced","verbs":["get","list"],"categories":[`,
+			v+1, v+1)
 		for c := range 7000 {
 			if c > 0 {
 				b.WriteString(",")
@@ -275,7 +280,9 @@ func TestDiscoveryPruned(t *testing.T) {
 		}
 		b.WriteString(`]}],"freshness":"Current"}`)
 	}
-	b.WriteString(`]},{"metadata":{"name":"batch"},"versions":[{"version":"v1","resources":[{"resource":"jobs","responseKind":{"group":"batch","version":"v1","kind":"Job"},"scope":"Namespaced","verbs":["get","list"]}],"freshness":"Current"}]}]}`)
+	b.WriteString(`]},{"metadata":{"name":"batch"},"versions":[{"version":"v1",` +
+		`"resources":[{"resource":"jobs","responseKind":{"group":"batch","version":"v1",` +
+		`"kind":"Job"},"scope":"Namespaced","verbs":["get","list"]}],"freshness":"Current"}]}]}`)
 	body := b.String()
 	if len(body) < 30<<20 {
 		t.Fatalf("the document is %d bytes", len(body))

@@ -96,8 +96,10 @@ func idleCluster(tb testing.TB, n int, now time.Time, onChange func(*topology.To
 		tb.Fatal(err)
 	}
 	return &Watcher{
-		cfg:  &rest.Config{},
-		opts: WatchOptions{Options: objects.Options{LivenessWindow: objects.DefaultLivenessWindow}, DiscoveryInterval: time.Hour, DepartedGrace: DefaultDepartedGrace, Log: slog.New(slog.DiscardHandler), Clock: func() time.Time { return now }},
+		cfg: &rest.Config{},
+		opts: WatchOptions{Options: objects.Options{LivenessWindow: objects.DefaultLivenessWindow},
+			DiscoveryInterval: time.Hour, DepartedGrace: DefaultDepartedGrace, Log: slog.New(slog.DiscardHandler),
+			Clock: func() time.Time { return now }},
 		kick: make(chan struct{}, 1), discovery: discovery, onChange: onChange, published: true,
 		leases: leases, authentication: auth, apisvcs: apisvcs, svs: svs,
 	}

@@ -168,7 +168,8 @@ func TestRequestHeaderNamesInMemory(t *testing.T) {
 	for per := 2000; ; per += 10 {
 		big = memory.Memory{}
 		for i := range 3 {
-			big[objects.APIServerIDFor(fmt.Sprintf("big-%d", i))] = memory.Remembered{Hostname: fmt.Sprintf("big-%d", i), LastSeen: now.Add(-time.Duration(i) * time.Second).Truncate(time.Second), Served: groupVersions(1, per)}
+			big[objects.APIServerIDFor(fmt.Sprintf("big-%d", i))] = memory.Remembered{Hostname: fmt.Sprintf("big-%d",
+				i), LastSeen: now.Add(-time.Duration(i) * time.Second).Truncate(time.Second), Served: groupVersions(1, per)}
 		}
 		if s := size(sign(t, big, key, now)); s > memory.MaxBytes-len(lv)-len(memory.RequestHeaderNamesKey) {
 			if s > memory.MaxBytes {

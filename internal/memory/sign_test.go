@@ -225,7 +225,8 @@ func TestSignedMemoryBounds(t *testing.T) {
 
 	many := memory.Memory{}
 	for i := range memory.MaxEntries + 1 {
-		many[objects.APIServerIDFor(fmt.Sprintf("cp-%d", i))] = memory.Remembered{Hostname: fmt.Sprintf("cp-%d", i), Served: []topology.Resource{pods}, LastSeen: now.Add(-time.Duration(i) * time.Second).Truncate(time.Second)}
+		many[objects.APIServerIDFor(fmt.Sprintf("cp-%d", i))] = memory.Remembered{Hostname: fmt.Sprintf("cp-%d", i),
+			Served: []topology.Resource{pods}, LastSeen: now.Add(-time.Duration(i) * time.Second).Truncate(time.Second)}
 	}
 	wantRejected(t, "too many entries", sign(t, many, key, now), trust, memory.RejectBounds)
 

@@ -487,7 +487,9 @@ func TestReadersSeeMatchingPairs(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	t.Logf("%d renewals, %d generations published, %d reads (%d across a switch); syncs: %d unchanged, %d published, %d skipped", renewals.Load(), published.Load(), reads.Load(), switched.Load(), results[Unchanged].Load(), results[Published].Load(), results[Skipped].Load())
+	t.Logf("%d renewals, %d generations published, %d reads (%d across a switch); syncs: %d unchanged, %d published, %d skipped",
+		renewals.Load(), published.Load(), reads.Load(), switched.Load(), results[Unchanged].Load(),
+		results[Published].Load(), results[Skipped].Load())
 	if published.Load() < 3 || stable.Load() < 100 {
 		t.Errorf("too little happened: %d generations, %d reads without a switch", published.Load(), stable.Load())
 	}

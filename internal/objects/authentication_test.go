@@ -43,7 +43,9 @@ func TestRequestHeaderNamesFailClosed(t *testing.T) {
 		data map[string]string
 		err  string
 	}{
-		{"malformed group key", map[string]string{"requestheader-username-headers": `["X-Remote-User"]`, "requestheader-group-headers": `["X-Group"`}, "is malformed: requestheader-group-headers is not a JSON list"},
+		{"malformed group key", map[string]string{"requestheader-username-headers": `["X-Remote-User"]`,
+			"requestheader-group-headers": `["X-Group"`},
+			"is malformed: requestheader-group-headers is not a JSON list"},
 		{"group key deleted", map[string]string{"requestheader-username-headers": `["X-Remote-User"]`}, "does not give [requestheader-group-headers"},
 		{"a name that is no header", map[string]string{"requestheader-group-headers": `["X-Group\r\nX-Remote-User: admin"]`}, "is not an HTTP header name"},
 		{"too many names", map[string]string{"requestheader-group-headers": `["` + strings.Repeat(`X-G", "`, 16) + `X-G17"]`}, "more than 16"},
@@ -58,7 +60,9 @@ func TestRequestHeaderNamesFailClosed(t *testing.T) {
 
 	// Prepended names (the apiservers merge their own back after them): written under every
 	// name, and still stripped once they are gone again.
-	user, _, _ := step("prepended", authCM(map[string]string{"requestheader-username-headers": `["X-Attacker-User","X-Remote-User"]`, "requestheader-group-headers": `["X-Attacker-Group","X-Group"]`}), true, "")
+	user, _, _ := step("prepended",
+		authCM(map[string]string{"requestheader-username-headers": `["X-Attacker-User","X-Remote-User"]`,
+			"requestheader-group-headers": `["X-Attacker-Group","X-Group"]`}), true, "")
 	if !slices.Equal(user, []string{"x-attacker-user", "x-remote-user"}) {
 		t.Errorf("prepended: user names %v, want both", user)
 	}

@@ -180,7 +180,9 @@ func TestBuildChecksLeases(t *testing.T) {
 		{"no holder", lease("apiserver-tqsyvnc7rs47fayzipsuqpfg4m", "", fresh, "10.0.0.1:6443"), "Lease kube-system/apiserver-tqsyvnc7rs47fayzipsuqpfg4m rejected: holderIdentity missing", false},
 		{"someone else's holder", lease("apiserver-tqsyvnc7rs47fayzipsuqpfg4m", "kube-controller-manager_1", fresh, "10.0.0.1:6443"), `rejected: holderIdentity "kube-controller-manager_1"`, false},
 		{"holder without the separator", lease("apiserver-tqsyvnc7rs47fayzipsuqpfg4m", "apiserver-aaab", fresh, "10.0.0.1:6443"), `holderIdentity "apiserver-aaab"`, false},
-		{"renewTime in the future", lease("apiserver-tqsyvnc7rs47fayzipsuqpfg4m", "apiserver-tqsyvnc7rs47fayzipsuqpfg4m_6f1c", "2099-01-01T00:00:00.000000Z", "10.0.0.1:6443"), "rejected: renewTime 2099-01-01T00:00:00Z is", false},
+		{"renewTime in the future", lease("apiserver-tqsyvnc7rs47fayzipsuqpfg4m",
+			"apiserver-tqsyvnc7rs47fayzipsuqpfg4m_6f1c", "2099-01-01T00:00:00.000000Z", "10.0.0.1:6443"),
+			"rejected: renewTime 2099-01-01T00:00:00Z is", false},
 		{"a URL", lease("apiserver-tqsyvnc7rs47fayzipsuqpfg4m", "apiserver-tqsyvnc7rs47fayzipsuqpfg4m_6f1c", fresh, "127.0.0.1:1/evil?x=1"), `"127.0.0.1:1/evil?x=1" is not an IP address and port`, false},
 		{"a DNS name", lease("apiserver-tqsyvnc7rs47fayzipsuqpfg4m", "apiserver-tqsyvnc7rs47fayzipsuqpfg4m_6f1c", fresh, "evil.example.com:443"), "is not an IP address and port", false},
 		{"user info", lease("apiserver-tqsyvnc7rs47fayzipsuqpfg4m", "apiserver-tqsyvnc7rs47fayzipsuqpfg4m_6f1c", fresh, "u:p@10.0.0.1:6443"), "is not an IP address and port", false},
@@ -273,7 +275,9 @@ func TestAllLeasesStale(t *testing.T) {
 	}
 	found := false
 	for _, e := range errs {
-		found = found || strings.Contains(e.Error(), "no identity Lease renewal seen for 1h0m0s (apiservers renew every 10s): our Lease watch is more likely stuck than the apiservers dead, so the Leases are judged as of 2026-11-23T10:00:15Z")
+		found = found ||
+			strings.Contains(e.Error(),
+				"no identity Lease renewal seen for 1h0m0s (apiservers renew every 10s): our Lease watch is more likely stuck than the apiservers dead, so the Leases are judged as of 2026-11-23T10:00:15Z")
 	}
 	if !found {
 		t.Errorf("no renewal seen for an hour: no error says so: %v", errs)
@@ -357,13 +361,17 @@ data:
 		t.Fatal(err)
 	}
 	topo, errs = objects.Build(objs, objects.Options{})
-	if topo != nil || len(errs) != 1 || !strings.Contains(errs[0].Error(), "ConfigMap kube-system/extension-apiserver-authentication is malformed: requestheader-uid-headers is not a JSON list of strings") {
+	if topo != nil || len(errs) != 1 ||
+		!strings.Contains(errs[0].Error(),
+			"ConfigMap kube-system/extension-apiserver-authentication is malformed: requestheader-uid-headers is not a JSON list of strings") {
 		t.Errorf("malformed, never good before: topology %v, errors %v; want none and the reason", topo != nil, errs)
 	}
 	if h, missing, err := objects.RequestHeadersFrom(nil); err != nil || len(missing) != 4 || !reflect.DeepEqual(h.OrDefault(), topology.DefaultRequestHeaders()) {
 		t.Errorf("no ConfigMap: %+v, %v, %v; want the defaults", h, missing, err)
 	}
-	if _, err := objects.DecodeFixture(strings.NewReader("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: other, namespace: kube-system}\n")); err == nil || !strings.Contains(err.Error(), "the only ConfigMap read is kube-system/extension-apiserver-authentication") {
+	otherConfigMap := "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: other, namespace: kube-system}\n"
+	if _, err := objects.DecodeFixture(strings.NewReader(otherConfigMap)); err == nil ||
+		!strings.Contains(err.Error(), "the only ConfigMap read is kube-system/extension-apiserver-authentication") {
 		t.Errorf("another ConfigMap: %v", err)
 	}
 }

@@ -41,7 +41,9 @@ func TestNamesKubernetesWouldRefuse(t *testing.T) {
 		// A departed apiserver remembered with a bad name: the same check on read.
 		Remembered: memory.Memory{idC: {Hostname: "c", Address: addressOf(idC), LastSeen: now, Served: []topology.Resource{
 			{Group: "evil#y.example.com", Version: "v1", Resource: "things"}, {Group: "c.example.com", Version: "v1", Resource: "gadgets"}}}},
-		Authentication: &corev1.ConfigMap{Data: map[string]string{"requestheader-username-headers": `["X-Remote-User"]`, "requestheader-group-headers": `["X-Remote-Group"]`, "requestheader-extra-headers-prefix": `["X-Remote-Extra-"]`}},
+		Authentication: &corev1.ConfigMap{Data: map[string]string{"requestheader-username-headers": `["X-Remote-User"]`,
+			"requestheader-group-headers":        `["X-Remote-Group"]`,
+			"requestheader-extra-headers-prefix": `["X-Remote-Extra-"]`}},
 	}
 	objs.APIServices = append(objs.APIServices, objects.APIService{})
 	objs.APIServices[0].Name = "v1.evil#z.example.com"
@@ -117,9 +119,11 @@ func TestDiscoveryBounds(t *testing.T) {
 		list.Items[len(list.Items)-1].Name = fmt.Sprintf("g%d.example.com", g)
 	}
 	objs := objects.Objects{
-		Leases:         []coordinationv1.Lease{leaseAt(idA, now)},
-		Discovery:      map[string]*apidiscoveryv2.APIGroupDiscoveryList{idA: list},
-		Authentication: &corev1.ConfigMap{Data: map[string]string{"requestheader-username-headers": `["X-Remote-User"]`, "requestheader-group-headers": `["X-Remote-Group"]`, "requestheader-extra-headers-prefix": `["X-Remote-Extra-"]`}},
+		Leases:    []coordinationv1.Lease{leaseAt(idA, now)},
+		Discovery: map[string]*apidiscoveryv2.APIGroupDiscoveryList{idA: list},
+		Authentication: &corev1.ConfigMap{Data: map[string]string{"requestheader-username-headers": `["X-Remote-User"]`,
+			"requestheader-group-headers":        `["X-Remote-Group"]`,
+			"requestheader-extra-headers-prefix": `["X-Remote-Extra-"]`}},
 	}
 	topo, errs := objects.Build(objs, objects.Options{Now: now})
 	if topo == nil {

@@ -19,8 +19,12 @@ func TestSummarize(t *testing.T) {
 	view := &plan.View{
 		APIServers: []plan.APIServerView{
 			{APIServer: topology.APIServer{ID: "a", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: true, Verified: true}, Source: topology.Source{From: "discovery", Since: since, Version: "v1.37.1"}},
-			{APIServer: topology.APIServer{ID: "b", Hostname: "cp-b", Address: "10.0.0.2:6443", Alive: true, Verified: true, Dangerous: "takes it for a client"}, Source: topology.Source{From: "discovery", Since: since}},
-			{APIServer: topology.APIServer{ID: "c", Hostname: "cp-c", Address: "10.0.0.3:6443"}, Source: topology.Source{From: "storageVersions", AwaitingDiscovery: true}, NotRoutable: "its own discovery was never read"},
+			{APIServer: topology.APIServer{ID: "b", Hostname: "cp-b", Address: "10.0.0.2:6443", Alive: true,
+				Verified: true, Dangerous: "takes it for a client"}, Source: topology.Source{From: "discovery",
+				Since: since}},
+			{APIServer: topology.APIServer{ID: "c", Hostname: "cp-c", Address: "10.0.0.3:6443"},
+				Source:      topology.Source{From: "storageVersions", AwaitingDiscovery: true},
+				NotRoutable: "its own discovery was never read"},
 			{APIServer: topology.APIServer{ID: "d", Hostname: "cp-d", Address: "10.0.0.4:6443"}, Source: topology.Source{From: "remembered", Since: since}},
 			{APIServer: topology.APIServer{ID: "e", Hostname: "cp-e"}, Source: topology.Source{From: "none"}},
 		},
@@ -35,7 +39,8 @@ func TestSummarize(t *testing.T) {
 		}},
 	}
 	syncz := []xdsstatus.NodeStatus{
-		{NodeID: "ok", Role: "envoy-front", EnvoyVersion: "1.40.0", Streams: 1, Snapshot: "v1", Types: map[string]*xdsstatus.TypeStatus{"type.googleapis.com/envoy.config.route.v3.RouteConfiguration": {Sent: "1", Acked: "1"}}},
+		{NodeID: "ok", Role: "envoy-front", EnvoyVersion: "1.40.0", Streams: 1, Snapshot: "v1",
+			Types: map[string]*xdsstatus.TypeStatus{"type.googleapis.com/envoy.config.route.v3.RouteConfiguration": {Sent: "1", Acked: "1"}}},
 		{NodeID: "bad", Streams: 1, Snapshot: "v2", Types: map[string]*xdsstatus.TypeStatus{
 			"type.googleapis.com/envoy.config.route.v3.RouteConfiguration":       {Sent: "2", Acked: "1", NackError: "bad regex", NackedNext: "2"},
 			"type.googleapis.com/envoy.config.cluster.v3.Cluster":                {Sent: "2", Acked: "2"},
@@ -52,12 +57,16 @@ func TestSummarize(t *testing.T) {
 	for _, a := range r.APIServers {
 		states[a.Hostname] = a.State + " " + a.ProxyCertificate
 	}
-	for host, want := range map[string]string{"cp-a": "live accepted", "cp-b": "live refused: takes it for a client", "cp-c": "unverified accepted", "cp-d": "departed accepted", "cp-e": "stale accepted"} {
+	for host, want := range map[string]string{"cp-a": "live accepted",
+		"cp-b": "live refused: takes it for a client", "cp-c": "unverified accepted", "cp-d": "departed accepted",
+		"cp-e": "stale accepted"} {
 		if states[host] != want {
 			t.Errorf("%s: %q, want %q", host, states[host], want)
 		}
 	}
-	if len(r.PartiallyServed) != 3 || r.PartiallyServed[1].Cluster != "kube-apiservers-serving" || r.PartiallyServed[1].ServingSet != "kube-apiservers-only-cp-a" || r.PartiallyServed[2].Resource != "batch/v1/cronjobs" {
+	if len(r.PartiallyServed) != 3 || r.PartiallyServed[1].Cluster != "kube-apiservers-serving" ||
+		r.PartiallyServed[1].ServingSet != "kube-apiservers-only-cp-a" ||
+		r.PartiallyServed[2].Resource != "batch/v1/cronjobs" {
 		t.Errorf("partially served: %+v", r.PartiallyServed)
 	}
 	envoys := map[string]Envoy{}

@@ -61,7 +61,8 @@ func (f *fakeAPIServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case f.answer != 0:
 		writeStatus(w, f.answer, "something went wrong")
 	case f.forbid:
-		writeStatus(w, 403, fmt.Sprintf(`selfsubjectreviews.authentication.k8s.io is forbidden: User %q cannot create resource "selfsubjectreviews" in API group "authentication.k8s.io" at the cluster scope`, user))
+		writeStatus(w, 403,
+			fmt.Sprintf(`selfsubjectreviews.authentication.k8s.io is forbidden: User %q cannot create resource "selfsubjectreviews" in API group "authentication.k8s.io" at the cluster scope`, user))
 	default:
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(201)
@@ -138,7 +139,8 @@ func newPKI(t *testing.T) *pki {
 	}
 	server := []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
 	p.serving = pair(p.servingCA, &x509.Certificate{Subject: pkix.Name{CommonName: "kube-apiserver"}, ExtKeyUsage: server, DNSNames: []string{"kubernetes", DefaultServerName}})
-	p.wrongName = pair(p.servingCA, &x509.Certificate{Subject: pkix.Name{CommonName: "kube-apiserver"}, ExtKeyUsage: server, DNSNames: []string{"kubernetes"}, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}})
+	p.wrongName = pair(p.servingCA, &x509.Certificate{Subject: pkix.Name{CommonName: "kube-apiserver"},
+		ExtKeyUsage: server, DNSNames: []string{"kubernetes"}, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}})
 	p.proxy = pair(p.frontProxyCA, &x509.Certificate{Subject: pkix.Name{CommonName: "front-proxy-client"}, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
 	return p
 }

@@ -52,7 +52,9 @@ func readRoutes(t *testing.T, res *snapshot.Resources) []routeFacts {
 	rc := res.Routes[0].(*routev3.RouteConfiguration)
 	var out []routeFacts
 	for _, r := range rc.GetVirtualHosts()[0].GetRoutes() {
-		f := routeFacts{name: r.GetName(), prefix: r.GetMatch().GetPrefix(), sepPrefix: r.GetMatch().GetPathSeparatedPrefix(), path: r.GetMatch().GetPath(), regex: r.GetMatch().GetSafeRegex().GetRegex(), extProc: true}
+		f := routeFacts{name: r.GetName(), prefix: r.GetMatch().GetPrefix(),
+			sepPrefix: r.GetMatch().GetPathSeparatedPrefix(), path: r.GetMatch().GetPath(),
+			regex: r.GetMatch().GetSafeRegex().GetRegex(), extProc: true}
 		for _, h := range r.GetMatch().GetHeaders() {
 			sm := h.GetStringMatch()
 			switch {
@@ -279,7 +281,9 @@ func TestRoutingFacts(t *testing.T) {
 				t.Errorf("second route = %+v, want the routing-header route with ext_proc off", r)
 			}
 			// A client certificate whose identity the Lua filter did not decide is refused.
-			if r := routes[1]; r.name != snapshot.RouteIdentityUndecided || !slices.Equal(r.headers, []string{contract.HeaderXFCC, "!" + contract.HeaderIdentityDecision}) || r.cluster != "direct:503" || r.extProc {
+			if r := routes[1]; r.name != snapshot.RouteIdentityUndecided ||
+				!slices.Equal(r.headers, []string{contract.HeaderXFCC, "!" + contract.HeaderIdentityDecision}) ||
+				r.cluster != "direct:503" || r.extProc {
 				t.Errorf("third route = %+v, want the undecided-identity route: XFCC without decision, a direct 503", r)
 			}
 			// A sidecar's ext_proc streams name its apiserver, so extproc decides by its plan.

@@ -46,7 +46,11 @@ func TestBuildRefusesNewerThanOldestEnvoy(t *testing.T) {
 			c.UpstreamConnectionOptions.HappyEyeballsConfig = &clusterv3.UpstreamConnectionOptions_HappyEyeballsConfig{
 				FirstAddressFamilyVersion: clusterv3.UpstreamConnectionOptions_PIPE, // new after 1.37.0
 			}
-		}, `cluster "kube-apiservers": upstream_connection_options.happy_eyeballs_config.first_address_family_version: value PIPE (3) of enum envoy.config.cluster.v3.UpstreamConnectionOptions.FirstAddressFamilyVersion is not in Envoy 1.37.0`},
+		},
+			`cluster "kube-apiservers": upstream_connection_options.happy_eyeballs_config.first_address` +
+				`_family_version: value PIPE (3) of enum envoy.config.cluster.v3.UpstreamConnectionOptions.` +
+				`FirstAddressFamilyVersion is not in Envoy 1.37.0`},
+
 		{"field in a typed config in a typed config", func(t *testing.T, r *Resources) {
 			l := r.Listeners[0].(*listenerv3.Listener)
 			f := l.FilterChains[0].Filters[0]
@@ -62,12 +66,21 @@ func TestBuildRefusesNewerThanOldestEnvoy(t *testing.T) {
 			ep.AllowContentLengthHeader = true // new after 1.37.0
 			hcm.HttpFilters[i].ConfigType = &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(t, &ep)}
 			f.ConfigType = &listenerv3.Filter_TypedConfig{TypedConfig: mustAny(t, &hcm)}
-		}, `listener "kube-apiserver": filter_chains[0].filters[0].typed_config.(envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager).http_filters[1].typed_config.(envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor).allow_content_length_header: field envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor.allow_content_length_header (number 26) is not in Envoy 1.37.0`},
+		},
+			`listener "kube-apiserver": filter_chains[0].filters[0].typed_config.(envoy.extensions.filt` +
+				`ers.network.http_connection_manager.v3.HttpConnectionManager).http_filters[1].typed_config` +
+				`.(envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor).allow_content_length_header` +
+				`: field envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor.allow_content_length_h` +
+				`eader (number 26) is not in Envoy 1.37.0`},
+
 		{"typed config type", func(t *testing.T, r *Resources) {
 			c := findCluster(t, r, contract.ClusterDefault)
 			c.TypedExtensionProtocolOptions = maps.Clone(c.TypedExtensionProtocolOptions)                                    // the clusters share it
 			c.TypedExtensionProtocolOptions["envoy.upstreams.http.dynamic_modules"] = mustAny(t, &dynamicmodulesv3.Config{}) // new in 1.38
-		}, `cluster "kube-apiservers": typed_extension_protocol_options["envoy.upstreams.http.dynamic_modules"]: typed config type envoy.extensions.upstreams.http.dynamic_modules.v3.Config is not in Envoy 1.37.0`},
+		},
+			`cluster "kube-apiservers": typed_extension_protocol_options["envoy.upstreams.http.dynamic_` +
+				`modules"]: typed config type envoy.extensions.upstreams.http.dynamic_modules.v3.Config is ` +
+				`not in Envoy 1.37.0`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, p, cfg := testInput(t)

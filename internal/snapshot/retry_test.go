@@ -41,7 +41,8 @@ func TestRetryPolicies(t *testing.T) {
 				}
 				rp := a.GetRetryPolicy()
 				if rp.GetNumRetries().GetValue() != 2 || len(rp.GetRetryHostPredicate()) != 1 || rp.GetHostSelectionRetryMaxAttempts() != 20 {
-					t.Errorf("%s: %d retries, host predicates %v, %d host selections; want 2 on other hosts", r.GetName(), rp.GetNumRetries().GetValue(), rp.GetRetryHostPredicate(), rp.GetHostSelectionRetryMaxAttempts())
+					t.Errorf("%s: %d retries, host predicates %v, %d host selections; want 2 on other hosts", r.GetName(),
+						rp.GetNumRetries().GetValue(), rp.GetRetryHostPredicate(), rp.GetHostSelectionRetryMaxAttempts())
 				}
 				n := strings.TrimSuffix(r.GetName(), snapshot.RouteSuffixProxyCert)
 				base, class := n, ""

@@ -197,7 +197,8 @@ func TestEmptyCluster(t *testing.T) {
 	}
 	want := []string{contract.ClusterDefault, contract.ClusterServingSets}
 	for _, c := range slices.Clone(want) {
-		want = append(want, contract.ClusterName{Base: c, HTTP1: true}.String(), contract.ClusterName{Base: c, ProxyCert: true}.String(), contract.ClusterName{Base: c, ProxyCert: true, HTTP1: true}.String())
+		want = append(want, contract.ClusterName{Base: c, HTTP1: true}.String(), contract.ClusterName{Base: c,
+			ProxyCert: true}.String(), contract.ClusterName{Base: c, ProxyCert: true, HTTP1: true}.String())
 	}
 	slices.Sort(want)
 	var got []string

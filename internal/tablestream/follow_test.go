@@ -190,7 +190,8 @@ func TestLargeTableStreams(t *testing.T) {
 	}
 	size := metric(t, reg, "kube_mvp_xds_table_size_bytes", "protobuf")
 	gz := metric(t, reg, "kube_mvp_xds_table_size_bytes", "gzip")
-	t.Logf("%d resources in %d plans, %d bytes of discovery: table %.0f bytes, %.0f gzipped (limit %d)", big.Routes[""].Len(), len(big.Routes), len(big.Discovery.JSON), size, gz, tablestream.MaxTableSize)
+	t.Logf("%d resources in %d plans, %d bytes of discovery: table %.0f bytes, %.0f gzipped (limit %d)",
+		big.Routes[""].Len(), len(big.Routes), len(big.Discovery.JSON), size, gz, tablestream.MaxTableSize)
 	if size == 0 || gz == 0 || size > tablestream.MaxTableSize || size < tablestream.MaxTableSize/2 {
 		t.Errorf("table of %.0f bytes, %.0f gzipped: want within the limit of %d, and more than half of it", size, gz, tablestream.MaxTableSize)
 	}

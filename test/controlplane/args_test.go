@@ -47,7 +47,9 @@ func TestClusterDefaultsArgs(t *testing.T) {
 		{ServerSpec{Name: "c", Version: "v1.36.4", ClusterDefaults: true}, "<none>", "<none>", true, false},
 		{ServerSpec{Name: "d", Version: "v1.37.1", ClusterDefaults: true}, "<none>", "<none>", true, false},
 		{ServerSpec{Name: "e", Version: "v1.37.1", Args: []string{"--feature-gates=APIServerIdentity=true"}}, "APIServerIdentity=true", "internal.apiserver.k8s.io/v1alpha1=true", true, false},
-		{ServerSpec{Name: "f", Version: "v1.37.1", ClusterDefaults: true, Args: []string{"--feature-gates=UnknownVersionInteroperabilityProxy=false"}}, "UnknownVersionInteroperabilityProxy=false", "<none>", false, false},
+		{ServerSpec{Name: "f", Version: "v1.37.1", ClusterDefaults: true,
+			Args: []string{"--feature-gates=UnknownVersionInteroperabilityProxy=false"}},
+			"UnknownVersionInteroperabilityProxy=false", "<none>", false, false},
 		{ServerSpec{Name: "g", Version: "v1.35.8", ClusterDefaults: true, PeerProxy: true}, "", "", false, true},
 		{ServerSpec{Name: "h", Version: "v1.34.0", ClusterDefaults: true}, "", "", false, true},
 	} {

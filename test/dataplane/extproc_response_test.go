@@ -88,9 +88,11 @@ func (p *respHeadersProc) Process(s extprocv3.ExternalProcessor_ProcessServer) e
 	switch tc {
 	case "immediate":
 		resp = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{ImmediateResponse: &extprocv3.ImmediateResponse{
-			Status:  &typev3.HttpStatus{Code: typev3.StatusCode_OK},
-			Body:    []byte(discoveryBody),
-			Headers: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{setHeader("content-type", "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"), setHeader("etag", `"discovery-1"`)}},
+			Status: &typev3.HttpStatus{Code: typev3.StatusCode_OK},
+			Body:   []byte(discoveryBody),
+			Headers: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{setHeader("content-type",
+				"application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"), setHeader("etag",
+				`"discovery-1"`)}},
 			Details: "kube_mvp_discovery",
 		}}}
 	case "mutate":

@@ -310,9 +310,10 @@ func mapsEqual(a, b map[string][]string) bool {
 
 func identityCases() map[string][][]rawATV {
 	return map[string][][]rawATV{
-		"CN and groups":             {{utf8v(oidO, "system:masters")}, {utf8v(oidO, "team-b")}, {utf8v(oidCN, "alice")}},
-		"groups around CN":          {{utf8v(oidO, "g1")}, {utf8v(oidCN, "bob")}, {utf8v(oidO, "g2")}, {utf8v(oidOU, "ignored")}},
-		"printable strings":         {{atv(oidC, val(tagPrintable, []byte("US")))}, {atv(oidO, val(tagPrintable, []byte("kubeadm:cluster-admins")))}, {atv(oidCN, val(tagPrintable, []byte("kubernetes-admin")))}},
+		"CN and groups":    {{utf8v(oidO, "system:masters")}, {utf8v(oidO, "team-b")}, {utf8v(oidCN, "alice")}},
+		"groups around CN": {{utf8v(oidO, "g1")}, {utf8v(oidCN, "bob")}, {utf8v(oidO, "g2")}, {utf8v(oidOU, "ignored")}},
+		"printable strings": {{atv(oidC, val(tagPrintable, []byte("US")))}, {atv(oidO, val(tagPrintable,
+			[]byte("kubeadm:cluster-admins")))}, {atv(oidCN, val(tagPrintable, []byte("kubernetes-admin")))}},
 		"two CNs: the last wins":    {{utf8v(oidCN, "first")}, {utf8v(oidO, "g")}, {utf8v(oidCN, "second")}},
 		"multi-valued RDN":          {{utf8v(oidO, "m1"), utf8v(oidCN, "carol"), utf8v(oidO, "m2")}, {utf8v(oidO, "m3")}},
 		"escapes":                   {{utf8v(oidO, `a,b+c"d\e<f>g;h=i`)}, {utf8v(oidCN, `#x=y z`)}},

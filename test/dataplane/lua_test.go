@@ -266,11 +266,12 @@ func TestLuaNACK(t *testing.T) {
 		"clear_route_cache set":       {lua: &luafilterv3.Lua{DefaultSourceCode: ok, ClearRouteCache: wrapperspb.Bool(true)}, want: "clear_route_cache is not implemented"},
 		"filter-level filter_context": {lua: &luafilterv3.Lua{DefaultSourceCode: ok, FilterContext: &structpb.Struct{}}, want: "filter_context is not implemented"},
 		"package_paths":               {lua: &luafilterv3.Lua{DefaultSourceCode: ok, PackagePaths: []string{"/x/?.lua"}}, want: "package_paths is not implemented"},
-		"source code from a file":     {lua: &luafilterv3.Lua{SourceCodes: map[string]*corev3.DataSource{"a": {Specifier: &corev3.DataSource_Filename{Filename: "/x.lua"}}}}, want: "source_codes.filename is not implemented"},
-		"inline_code":                 {lua: &luafilterv3.Lua{InlineCode: "function envoy_on_request(h) end"}, want: "inline_code is not implemented"},
-		"per-route source_code":       {route: &luafilterv3.LuaPerRoute{Override: &luafilterv3.LuaPerRoute_SourceCode{SourceCode: ok}}, want: "source_code is not implemented"},
-		"per-route disabled false":    {route: &luafilterv3.LuaPerRoute{Override: &luafilterv3.LuaPerRoute_Disabled{Disabled: false}}, want: "Disabled"},
-		"per-route filter_context":    {route: &luafilterv3.LuaPerRoute{Override: &luafilterv3.LuaPerRoute_Name{Name: "s"}, FilterContext: &structpb.Struct{}}, want: "filter_context is not implemented"},
+		"source code from a file": {lua: &luafilterv3.Lua{SourceCodes: map[string]*corev3.DataSource{"a": {Specifier: &corev3.DataSource_Filename{Filename: "/x.lua"}}}},
+			want: "source_codes.filename is not implemented"},
+		"inline_code":              {lua: &luafilterv3.Lua{InlineCode: "function envoy_on_request(h) end"}, want: "inline_code is not implemented"},
+		"per-route source_code":    {route: &luafilterv3.LuaPerRoute{Override: &luafilterv3.LuaPerRoute_SourceCode{SourceCode: ok}}, want: "source_code is not implemented"},
+		"per-route disabled false": {route: &luafilterv3.LuaPerRoute{Override: &luafilterv3.LuaPerRoute_Disabled{Disabled: false}}, want: "Disabled"},
+		"per-route filter_context": {route: &luafilterv3.LuaPerRoute{Override: &luafilterv3.LuaPerRoute_Name{Name: "s"}, FilterContext: &structpb.Struct{}}, want: "filter_context is not implemented"},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {

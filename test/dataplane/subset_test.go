@@ -222,7 +222,8 @@ func subsetMeta() map[string]*structpb.Struct {
 	}
 }
 
-func roleSelectors(fallback clusterv3.Cluster_LbSubsetConfig_LbSubsetFallbackPolicy, selector clusterv3.Cluster_LbSubsetConfig_LbSubsetSelector_LbSubsetSelectorFallbackPolicy) *clusterv3.Cluster_LbSubsetConfig {
+func roleSelectors(fallback clusterv3.Cluster_LbSubsetConfig_LbSubsetFallbackPolicy,
+	selector clusterv3.Cluster_LbSubsetConfig_LbSubsetSelector_LbSubsetSelectorFallbackPolicy) *clusterv3.Cluster_LbSubsetConfig {
 	return &clusterv3.Cluster_LbSubsetConfig{
 		FallbackPolicy: fallback,
 		ListAsAny:      true,
@@ -388,9 +389,17 @@ func TestSubsetConfigNACKed(t *testing.T) {
 		{"panic_mode_any", &clusterv3.Cluster_LbSubsetConfig{PanicModeAny: true}, "lb_subset_config.panic_mode_any"},
 		{"locality_weight_aware", &clusterv3.Cluster_LbSubsetConfig{LocalityWeightAware: true}, "lb_subset_config.locality_weight_aware"},
 		{"metadata_fallback_policy", &clusterv3.Cluster_LbSubsetConfig{MetadataFallbackPolicy: clusterv3.Cluster_LbSubsetConfig_FALLBACK_LIST}, "lb_subset_config.metadata_fallback_policy"},
-		{"selector keys_subset", &clusterv3.Cluster_LbSubsetConfig{SubsetSelectors: []*clusterv3.Cluster_LbSubsetConfig_LbSubsetSelector{{Keys: []string{"a", "b"}, FallbackPolicy: clusterv3.Cluster_LbSubsetConfig_LbSubsetSelector_KEYS_SUBSET, FallbackKeysSubset: []string{"a"}}}}, "lb_subset_config.subset_selectors.fallback_policy"},
-		{"selector default_subset", &clusterv3.Cluster_LbSubsetConfig{SubsetSelectors: []*clusterv3.Cluster_LbSubsetConfig_LbSubsetSelector{{Keys: []string{"a"}, FallbackPolicy: clusterv3.Cluster_LbSubsetConfig_LbSubsetSelector_DEFAULT_SUBSET}}}, "lb_subset_config.subset_selectors.fallback_policy"},
-		{"selector single_host_per_subset", &clusterv3.Cluster_LbSubsetConfig{SubsetSelectors: []*clusterv3.Cluster_LbSubsetConfig_LbSubsetSelector{{Keys: []string{"a"}, SingleHostPerSubset: true}}}, "lb_subset_config.subset_selectors.single_host_per_subset"},
+		{"selector keys_subset",
+			&clusterv3.Cluster_LbSubsetConfig{SubsetSelectors: []*clusterv3.Cluster_LbSubsetConfig_LbSubsetSelector{{Keys: []string{"a",
+				"b"}, FallbackPolicy: clusterv3.Cluster_LbSubsetConfig_LbSubsetSelector_KEYS_SUBSET,
+				FallbackKeysSubset: []string{"a"}}}}, "lb_subset_config.subset_selectors.fallback_policy"},
+		{"selector default_subset",
+			&clusterv3.Cluster_LbSubsetConfig{SubsetSelectors: []*clusterv3.Cluster_LbSubsetConfig_LbSubsetSelector{{Keys: []string{"a"},
+				FallbackPolicy: clusterv3.Cluster_LbSubsetConfig_LbSubsetSelector_DEFAULT_SUBSET}}},
+			"lb_subset_config.subset_selectors.fallback_policy"},
+		{"selector single_host_per_subset",
+			&clusterv3.Cluster_LbSubsetConfig{SubsetSelectors: []*clusterv3.Cluster_LbSubsetConfig_LbSubsetSelector{{Keys: []string{"a"},
+				SingleHostPerSubset: true}}}, "lb_subset_config.subset_selectors.single_host_per_subset"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			errs := checkFields(&clusterv3.Cluster{Name: "c", LbSubsetConfig: tc.lb})

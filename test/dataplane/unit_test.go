@@ -67,8 +67,10 @@ func TestRFC2253BoringSSL(t *testing.T) {
 		{"IA5String and VisibleString", [][]rawATV{{atv(oidCN, val(tagVisible, []byte("vis\xe9")))}, {atv(oidO, val(tagIA5, []byte("i\x01a")))}}, `O=i\01a,CN=vis\C3\A9`},
 		{"NumericString", [][]rawATV{{atv(oidCN, val(tagNumeric, []byte("1\xe9")))}}, `CN=1\C3\A9`},
 		{"times are strings", [][]rawATV{{atv(oidCN, val(tagGenTime, []byte("20250101000000Z")))}, {atv(oidCN, val(23, []byte("250101000000Z")))}}, `CN=250101000000Z,CN=20250101000000Z`},
-		{"BMPString: U+0000 kept; UniversalString", [][]rawATV{{atv(oidCN, val(tagBMP, append(bmp("bé"), 0, 0)))}, {atv(oidO, val(tagUniversal, []byte("\x00\x01\xf6\x00")))}}, `O=\F0\9F\98\80,CN=b\C3\A9\00`},
-		{"not strings: DER", [][]rawATV{{atv(oidDescription, val(tagOctets, []byte("x")))}, {atv(oidCN, val(tagInteger, []byte{5}))}, {atv(oidCN, val(21, []byte("vt")))}, {atv(oidCN, val(27, []byte("gs")))}},
+		{"BMPString: U+0000 kept; UniversalString", [][]rawATV{{atv(oidCN, val(tagBMP, append(bmp("bé"), 0, 0)))},
+			{atv(oidO, val(tagUniversal, []byte("\x00\x01\xf6\x00")))}}, `O=\F0\9F\98\80,CN=b\C3\A9\00`},
+		{"not strings: DER", [][]rawATV{{atv(oidDescription, val(tagOctets, []byte("x")))}, {atv(oidCN,
+			val(tagInteger, []byte{5}))}, {atv(oidCN, val(21, []byte("vt")))}, {atv(oidCN, val(27, []byte("gs")))}},
 			`CN=#1B026773,CN=#15027674,CN=#020105,description=#040178`},
 		{"names BoringSSL knows", [][]rawATV{{utf8v(oidDescription, "a person")}, {utf8v(tel, "+1 555")}, {utf8v(email, "a@b")}, {utf8v(oidLDAPUID, "l")}, {utf8v(oidCN, "dora")}},
 			`CN=dora,UID=l,emailAddress=a@b,telephoneNumber=\+1 555,description=a person`},
@@ -233,7 +235,9 @@ func TestMutationRules(t *testing.T) {
 		}
 	}
 	// extproc may remove nothing, and set no identity header.
-	for _, h := range []string{"authorization", ":path", "host", "x-envoy-foo", "x-remote-", "x-kube-mvp-clusterx", "x-remote-user", "x-remote-extra-foo", "x-forwarded-client-cert", "x-kube-mvp-request-class"} {
+	for _, h := range []string{"authorization", ":path", "host", "x-envoy-foo", "x-remote-",
+		"x-kube-mvp-clusterx", "x-remote-user", "x-remote-extra-foo", "x-forwarded-client-cert",
+		"x-kube-mvp-request-class"} {
 		if checkMutation(r, h) == nil {
 			t.Errorf("%s allowed", h)
 		}
@@ -381,7 +385,9 @@ func TestRouteMatching(t *testing.T) {
 			t.Errorf("%s %v: route %s, want %s", tc.path, tc.hdr, got, tc.want)
 		}
 	}
-	vhs := []*virtualHost{{name: "star", domains: []string{"*"}}, {name: "suffix", domains: []string{"*.example.com"}}, {name: "exact", domains: []string{"api.example.com"}}, {name: "prefix", domains: []string{"api.*"}}}
+	vhs := []*virtualHost{{name: "star", domains: []string{"*"}}, {name: "suffix",
+		domains: []string{"*.example.com"}}, {name: "exact", domains: []string{"api.example.com"}}, {name: "prefix",
+		domains: []string{"api.*"}}}
 	for host, want := range map[string]string{"api.example.com": "exact", "x.example.com": "suffix", "api.other": "prefix", "other": "star"} {
 		if got := selectVirtualHost(vhs, host); got.name != want {
 			t.Errorf("host %s: %s, want %s", host, got.name, want)

@@ -51,7 +51,9 @@ func TestAggregatedWriteSentOnce(t *testing.T) {
 		case r.Method == http.MethodGet && r.URL.Path == gvPath:
 			// The aggregator's availability check and discovery.
 			w.Header().Set("Content-Type", "application/json")
-			fmt.Fprintf(w, `{"kind":"APIResourceList","apiVersion":"v1","groupVersion":"%s/%s","resources":[{"name":"widgets","singularName":"widget","namespaced":true,"kind":"Widget","verbs":["create","get","list"]}]}`, group, version)
+			fmt.Fprintf(w,
+				`{"kind":"APIResourceList","apiVersion":"v1","groupVersion":"%s/%s","resources":[{"name":"widgets","singularName":"widget","namespaced":true,"kind":"Widget","verbs":["create","get","list"]}]}`,
+				group, version)
 		default:
 			http.NotFound(w, r)
 		}

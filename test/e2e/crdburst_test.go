@@ -220,7 +220,10 @@ func measureCRDBursts(b *testing.B) [][2]any {
 		report(prefix+"xds-peak-rss-MB", float64(rss)/(1<<20))
 		report(prefix+"404s-after-listable", float64(notFoundAfterOK))
 		report(prefix+"pending-503s", float64(pending))
-		b.Logf("burst to %d CRDs: xds-server %s of CPU, apiservers %s, %.1f CRDs/s; merged /apis behind cp-a's by %v (p50) and %v (max) over %d samples; xds-server peak RSS %d MB; lists of %d new CRDs through kube-mvp: %d 404s after a first success, %d pending 503s",
+		b.Logf("burst to %d CRDs: xds-server %s of CPU, apiservers %s, %.1f CRDs/s; merged /apis behind "+
+			"cp-a's by %v (p50) and %v (max) over %d samples; xds-server peak RSS %d MB; lists of %d "+
+			"new CRDs through kube-mvp: %d 404s after a first success, %d pending 503s",
+
 			total, xds.Round(time.Millisecond), api.Round(time.Millisecond), float64(n)/posting.Seconds(),
 			lags[len(lags)/2].Round(time.Millisecond), lags[len(lags)-1].Round(time.Millisecond), len(lags), rss>>20, len(lags), notFoundAfterOK, pending)
 	}

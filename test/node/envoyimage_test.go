@@ -41,7 +41,9 @@ func TestImageArchiveRef(t *testing.T) {
 		bad   string
 	}{
 		{"docker save", map[string]string{"manifest.json": `[{"Config":"c.json","RepoTags":["envoyproxy/envoy:v1.40.0"],"Layers":[]}]`}, "envoyproxy/envoy:v1.40.0", ""},
-		{"OCI, containerd's name", map[string]string{"oci-layout": `{}`, "index.json": `{"manifests":[{"annotations":{"io.containerd.image.name":"docker.io/envoyproxy/envoy:v1.39.3","org.opencontainers.image.ref.name":"v1.39.3"}}]}`}, "docker.io/envoyproxy/envoy:v1.39.3", ""},
+		{"OCI, containerd's name", map[string]string{"oci-layout": `{}`,
+			"index.json": `{"manifests":[{"annotations":{"io.containerd.image.name":"docker.io/envoyproxy/envoy:v1.39.3","org.opencontainers.image.ref.name":"v1.39.3"}}]}`},
+			"docker.io/envoyproxy/envoy:v1.39.3", ""},
 		{"OCI, a whole ref.name", map[string]string{"index.json": `{"manifests":[{"annotations":{"org.opencontainers.image.ref.name":"example.com/envoy:v1.38.1"}}]}`}, "example.com/envoy:v1.38.1", ""},
 		{"OCI, a bare tag", map[string]string{"index.json": `{"manifests":[{"annotations":{"org.opencontainers.image.ref.name":"v1.38.1"}}]}`}, "", "names 0 images"},
 		{"two images", map[string]string{"manifest.json": `[{"RepoTags":["a:1"]},{"RepoTags":["b:1"]}]`}, "", "names 2 images"},

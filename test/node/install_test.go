@@ -184,7 +184,9 @@ func (in *installation) checkIdentities(t *testing.T, ctx context.Context) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := in.admin.CoreV1().ServiceAccounts("default").Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "tester"}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+	if _, err := in.admin.CoreV1().ServiceAccounts("default").Create(ctx,
+		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "tester"}}, metav1.CreateOptions{}); err != nil &&
+		!apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
 	token, err := in.node.CP.Server(servers[0].Name).ServiceAccountToken(ctx, "default", "tester")

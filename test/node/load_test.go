@@ -158,7 +158,9 @@ func (in *installation) startRolloutLoad(t *testing.T, ctx context.Context) *loa
 	if _, err := in.admin.CoreV1().Namespaces().Create(setup, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: loadNS}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
-	if _, err := in.admin.CoreV1().ServiceAccounts(loadNS).Create(setup, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "lister"}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+	if _, err := in.admin.CoreV1().ServiceAccounts(loadNS).Create(setup,
+		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "lister"}}, metav1.CreateOptions{}); err != nil &&
+		!apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
 	rb := &rbacv1.RoleBinding{
@@ -324,7 +326,8 @@ func (l *load) lists(ctx context.Context, who string, c *kubernetes.Clientset) {
 }
 
 // listWatch is a ListWatch through c that counts lists, watch starts and watch.Error events.
-func (l *load) listWatch(kind string, list func(context.Context, metav1.ListOptions) (runtime.Object, error), watchFn func(context.Context, metav1.ListOptions) (watch.Interface, error)) *cache.ListWatch {
+func (l *load) listWatch(kind string, list func(context.Context, metav1.ListOptions) (runtime.Object, error),
+	watchFn func(context.Context, metav1.ListOptions) (watch.Interface, error)) *cache.ListWatch {
 	var afterList atomic.Bool // the next plain watch follows a list: not a resumption
 	return &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
@@ -579,7 +582,9 @@ func (l *load) execs(ctx context.Context) {
 			if err != nil || stdout.String() != "done\n" {
 				t.execFailed++
 				l.note(&t.execErrs, "exec started %s: %v: stdout %q stderr %q", started.Format("15:04:05.000"), err, stdout.String(), strings.TrimSpace(stderr.String()))
-				t.failures = append(t.failures, failure{started, time.Now(), fmt.Sprintf("exec started %s: %v: stdout %q stderr %q", started.Format("15:04:05.000"), err, stdout.String(), strings.TrimSpace(stderr.String()))})
+				t.failures = append(t.failures, failure{started, time.Now(),
+					fmt.Sprintf("exec started %s: %v: stdout %q stderr %q", started.Format("15:04:05.000"), err, stdout.String(),
+						strings.TrimSpace(stderr.String()))})
 			} else {
 				t.execOK++
 			}

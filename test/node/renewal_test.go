@@ -95,7 +95,8 @@ func (in *installation) checkRenewal(t *testing.T, ctx context.Context) {
 		return nil
 	})
 	// extproc would present its renewed certificate on its next connection.
-	want := fmt.Sprintf("kube_mvp_certificate_expiry_timestamp_seconds{certificate=\"control-plane\",role=\"extproc\"} %s\n", strconv.FormatFloat(float64(renewed["extproc"].NotAfter.Unix()), 'g', -1, 64))
+	want := fmt.Sprintf("kube_mvp_certificate_expiry_timestamp_seconds{certificate=\"control-plane\",role=\"extproc\"} %s\n",
+		strconv.FormatFloat(float64(renewed["extproc"].NotAfter.Unix()), 'g', -1, 64))
 	testutil.WaitFor(t, ctx, 3*time.Minute, "every extproc holding its renewed certificate", func() error {
 		for _, p := range in.pods(t, ctx, "envoy") {
 			body, err := httpGet(fmt.Sprintf("http://%s/metrics", net.JoinHostPort(p.Status.PodIP, strconv.Itoa(extprocAdmin))))

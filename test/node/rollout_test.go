@@ -131,7 +131,10 @@ func (in *installation) measureStep(t *testing.T, ctx context.Context, l *load, 
 	took := time.Since(start)
 	r := l.take()
 
-	t.Logf("step %q (%s-%s): lists %d ok %d failed; informers %d lists (%d failed), watches %d resumed (%d failed to start, %d ended), %d errors; exec %d/%d; port-forward %d/%d; writes %d (%d failed); took %s",
+	t.Logf("step %q (%s-%s): lists %d ok %d failed; informers %d lists (%d failed), watches %d "+
+		"resumed (%d failed to start, %d ended), %d errors; exec %d/%d; port-forward %d/%d; writes "+
+		"%d (%d failed); took %s",
+
 		name, start.Format("15:04:05"), time.Now().Format("15:04:05"), r.listsOK, r.listsFailed+r.informerListsFailed, r.informerLists, r.informerListsFailed,
 		r.watchResumed, r.watchStartFailed, r.watchEnded, r.watchErrors,
 		r.execOK, r.execOK+r.execFailed, r.pfOK, r.pfOK+r.pfFailed, r.writes, r.writesFailed, took.Round(time.Second))

@@ -37,7 +37,9 @@ var timedOut = regexp.MustCompile(`signal: killed|context deadline exceeded`)
 // flight and connections open, or while kube-proxy still sends new connections to it: what
 // the old chart's Envoy pods (no preStop drain) may cost while they terminate. kubectl words
 // a refused connection as "The connection to the server HOST:443 was refused".
-var undrainedExit = regexp.MustCompile(`connection refused|to the server [^ ]+ was refused|EOF|connection reset by peer|broken pipe|http2: client connection lost|abnormal closure|use of closed network connection|lost connection to pod`)
+var undrainedExit = regexp.MustCompile(`connection refused|to the server [^ ]+ was refused|EOF|connection reset by peer|broken ` +
+	`pipe|http2: client connection lost|abnormal closure|use of closed network connection|lost ` +
+	`connection to pod`)
 
 // TestUpgradeFromOld installs the chart and images of an older commit (oldCommit: its own
 // deploy/kube-mvp, its own tools/images), starts the load of TestRollouts through the
@@ -110,7 +112,8 @@ func TestUpgradeFromOld(t *testing.T) {
 		}
 		return false
 	})
-	t.Logf("step %q: %d lists or sessions cut by an old Envoy pod's undrained exit, %d begun then that hung until their timeout (of %d failures): %q %q", name, len(cut), len(hung), len(r.failures), cut, hung)
+	t.Logf("step %q: %d lists or sessions cut by an old Envoy pod's undrained exit, %d begun then that hung until their timeout (of %d failures): %q %q",
+		name, len(cut), len(hung), len(r.failures), cut, hung)
 	in.checkIdentities(t, ctx)
 
 	// Step 2: the pods of this checkout's chart drain; replacing them loses nothing.
