@@ -81,12 +81,14 @@ envoy-given:
 unit:
 	$(GO) test -race -short ./...
 
-## lint: gofmt over the tree, then staticcheck (STATICCHECK_VERSION, built from Go modules
-## on first use) over every package, the node tests included; the checks a directory turns
-## off are in its staticcheck.conf, with why
+## lint: gofmt over the tree, no comment block of 15+ lines nor line over 200 characters in
+## internal/, cmd/, test/ (tools/lint/comments.sh), then staticcheck (STATICCHECK_VERSION,
+## built from Go modules on first use) over every package, the node tests included; the
+## checks a directory turns off are in its staticcheck.conf, with why
 lint:
 	@unformatted=$$("$$($(GO) env GOROOT)/bin/gofmt" -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './.git/*')); \
 	if [ -n "$$unformatted" ]; then echo "make lint: not gofmt'ed (run gofmt -w on them):"; echo "$$unformatted"; exit 1; fi
+	@sh tools/lint/comments.sh
 	$(STATICCHECK) -tags node ./...
 
 ## vet: go vet ./... (make test runs it; make test-node vets the node tests)
