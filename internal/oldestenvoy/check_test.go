@@ -106,8 +106,8 @@ func TestWireAndReflectionAgree(t *testing.T) {
 func testPlan(t *testing.T) *plan.Plan {
 	t.Helper()
 	topo, err := topology.New([]topology.APIServer{
-		{ID: "apiserver-tqsyvnc7rs47fayzipsuqpfg4m", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: true},
-		{ID: "apiserver-imkgstwjs6opnbwk2ixluu6fiq", Hostname: "cp-b", Address: "10.0.0.2:6443", Alive: true},
+		{ID: "apiserver-tqsyvnc7rs47fayzipsuqpfg4m", Hostname: "cp-a", Address: "10.0.0.1:6443", Alive: true, Verified: true},
+		{ID: "apiserver-imkgstwjs6opnbwk2ixluu6fiq", Hostname: "cp-b", Address: "10.0.0.2:6443", Alive: true, Verified: true},
 	}, map[topology.Resource][]string{{Group: "batch", Version: "v1", Resource: "jobs"}: {"apiserver-tqsyvnc7rs47fayzipsuqpfg4m"}}, nil)
 	if err != nil {
 		t.Fatal(err)
